@@ -1,0 +1,1 @@
+"""Whole-repository context: pack a repository into one prompt."""

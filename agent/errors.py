@@ -1,0 +1,54 @@
+"""Project exceptions. Each carries the process exit code the CLI uses for it.
+
+Exit codes (documented in README.md):
+  0  success (fix: patch produced and tests pass; eval: run completed)
+  1  finished but not resolved (fix: no patch or tests still failing)
+  2  usage error: bad input (missing repo, non-git directory, bad task file, bad flag)
+  3  model endpoint unavailable or answering with errors
+  4  Docker engine or sandbox image unavailable
+  5  git or GitHub problem (dirty tree, detached HEAD, issue not found, rate limit, bad token)
+  130 interrupted (Ctrl-C / SIGTERM); trajectory and results are kept
+"""
+
+from __future__ import annotations
+
+
+class M3AgentError(Exception):
+    """Base error: a one-line message that tells the user what to do next."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(M3AgentError):
+    """Bad input from the user: a path, a file, a flag."""
+
+    exit_code = 2
+
+
+class EndpointError(M3AgentError):
+    """The model server cannot be reached or keeps failing."""
+
+    exit_code = 3
+
+
+class SandboxUnavailable(M3AgentError):
+    """No Docker engine, or the sandbox image is missing."""
+
+    exit_code = 4
+
+
+class GitError(M3AgentError):
+    """A git or GitHub problem the user has to resolve."""
+
+    exit_code = 5
+
+
+class Interrupted(M3AgentError):
+    """Ctrl-C or SIGTERM: the run stopped cleanly and kept what it had."""
+
+    exit_code = 130

@@ -1,0 +1,1 @@
+"""SWE-style evaluation: tasks, runner, grading, reports."""

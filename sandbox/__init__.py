@@ -1,0 +1,1 @@
+"""Docker sandbox where every model-written command runs."""
