@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
 from rich.console import Console
 
@@ -52,20 +51,13 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: one-line errors, documented exit codes."""
     try:
-        rv = app(args=argv, standalone_mode=False)
-    except click.exceptions.UsageError as e:
-        e.show()
-        sys.exit(2)
-    except click.exceptions.Abort:
-        err_console.print("interrupted")
-        sys.exit(130)
+        app(args=argv)  # standalone: usage errors exit 2, --help exits 0
     except KeyboardInterrupt:
-        err_console.print("interrupted: trajectory and results kept")
+        err_console.print("m3-agent: interrupted: trajectory and results kept")
         sys.exit(130)
     except M3AgentError as e:
         err_console.print(f"m3-agent: error: {e}")
         sys.exit(e.exit_code)
-    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

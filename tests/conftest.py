@@ -1,0 +1,66 @@
+"""Shared fixtures. Docker-backed tests use the real engine: under CI=true a missing engine fails them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+
+def _docker_error() -> str | None:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        client.ping()
+        client.close()
+        return None
+    except Exception as e:  # any failure to reach the engine means "no Docker" here
+        return f"Docker engine unreachable: {e}"
+
+
+@pytest.fixture(scope="session")
+def docker_ready() -> None:
+    """Require the real Docker engine: fail under CI=true, skip on a developer machine without it."""
+    err = _docker_error()
+    if err is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{err} (CI=true: Docker tests must run)")
+    pytest.skip(err)
+
+
+@pytest.fixture(scope="session")
+def sandbox_image(docker_ready) -> str:
+    """The project's sandbox image, built once (idempotently) if missing."""
+    from sandbox import DEFAULT_IMAGE, build_image
+
+    return build_image(DEFAULT_IMAGE)
+
+
+def make_git_repo(path: Path, files: dict[str, str], message: str = "initial") -> Path:
+    """Create a real git repository at `path` with `files` committed."""
+    path.mkdir(parents=True, exist_ok=True)
+    for rel, text in files.items():
+        f = path / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True, env=env)
+    subprocess.run(["git", "-C", str(path), "add", "-A"], check=True, env=env)
+    subprocess.run(["git", "-C", str(path), "commit", "-qm", message], check=True, env=env)
+    return path
+
+
+@pytest.fixture
+def git_repo(tmp_path):
+    """Factory: git_repo({"a.py": "..."}) -> Path of a fresh committed repo in tmp."""
+    counter = iter(range(1000))
+
+    def make(files: dict[str, str], name: str | None = None) -> Path:
+        return make_git_repo(tmp_path / (name or f"repo{next(counter)}"), files)
+
+    return make
