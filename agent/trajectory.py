@@ -1,9 +1,116 @@
-"""JSONL trajectories."""
+"""JSONL trajectories: every request, reply, tool call, result, mode, usage and timing, as it happens.
+
+One JSON object per line, flushed at once, so a crash or Ctrl-C leaves a readable file. Each line has
+`kind` (run_start, request, reply, tool_call, tool_result, stall, note, finish) and `t` (seconds since
+the run started). `m3-agent show FILE` renders one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from agent.errors import UsageError
 
 
-def show_command() -> None:
-    """Render a trajectory."""
-    typer.echo("not yet", err=True)
-    raise typer.Exit(2)
+class TrajectoryWriter:
+    """Appends events to a JSONL file; safe to read while it is written."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._t0 = time.monotonic()
+        self._fh = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(path, "a", encoding="utf-8")
+
+    def write(self, kind: str, **data: Any) -> None:
+        """Append one event and flush it to the OS."""
+        if self._fh is None:
+            return
+        record = {"kind": kind, "t": round(time.monotonic() - self._t0, 4), **data}
+        self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            self._fh = None
+
+
+def read_trajectory(path: Path) -> list[dict[str, Any]]:
+    """Read a trajectory; a torn last line (crash mid-write) is ignored, not fatal."""
+    if not path.is_file():
+        raise UsageError(f"no trajectory at {path}: pass the .jsonl file a run wrote")
+    events = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break  # a torn final line: the run died mid-write
+            raise UsageError(f"{path}:{n} is not JSON: is this a trajectory file?") from None
+    return events
+
+
+def _short(text: Any, n: int = 120) -> str:
+    s = str(text if text is not None else "").replace("\n", " ⏎ ")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def render(events: list[dict[str, Any]], console: Console) -> None:
+    """Print a trajectory as a table of turns, then the run's outcome."""
+    table = Table(title="trajectory", show_lines=False)
+    for col in ("t (s)", "turn", "kind", "detail"):
+        table.add_column(col)
+    finish = None
+    for e in events:
+        kind = e.get("kind")
+        if kind == "request":
+            detail = f"mode={e.get('thinking_mode')} ({e.get('mode_reason', '')}) messages={e.get('n_messages')}"
+        elif kind == "reply":
+            u = e.get("usage") or {}
+            detail = (
+                f"finish={e.get('finish_reason')} tool_calls={len(e.get('tool_calls') or [])} "
+                f"tokens in/out/cached={u.get('prompt_tokens')}/{u.get('completion_tokens')}/{u.get('cached_tokens')} "
+                f"{_short(e.get('content'), 60)}"
+            )
+        elif kind == "tool_call":
+            detail = f"{e.get('name')}({_short(e.get('arguments'), 80)})"
+        elif kind == "tool_result":
+            detail = f"{'ok' if e.get('ok') else 'ERR'} {_short(e.get('output'), 90)}"
+        elif kind == "stall":
+            detail = f"[yellow]{e.get('rule')}[/]: {_short(e.get('evidence'))}"
+        elif kind == "finish":
+            finish = e
+            detail = f"[bold]{e.get('status')}[/] {_short(e.get('error') or '', 80)}"
+        else:
+            detail = _short({k: v for k, v in e.items() if k not in ("kind", "t", "turn")})
+        table.add_row(f"{e.get('t', 0):.2f}", str(e.get("turn", "")), str(kind), detail)
+    console.print(table)
+    if finish is None:
+        console.print("[yellow]no finish event: the run was interrupted or is still going[/]")
+    else:
+        u = finish.get("usage") or {}
+        console.print(
+            f"status [bold]{finish.get('status')}[/], turns {finish.get('turns')}, "
+            f"tokens in {u.get('prompt_tokens')} (cached {u.get('cached_tokens')}) out {u.get('completion_tokens')}, "
+            f"modes {finish.get('mode_counts')}"
+        )
+
+
+def show_command(path: Path = typer.Argument(..., help="A trajectory .jsonl file written by a run.")) -> None:
+    """Render a trajectory (JSONL) file with rich."""
+    render(read_trajectory(path), Console())

@@ -1,0 +1,339 @@
+"""The model client: where a request to MiniMax-M3 is built, sent, retried and read back.
+
+Speaks the OpenAI-compatible API of vLLM / SGLang serving M3 through the openai SDK:
+sampling defaults from the model card, `chat_template_kwargs.thinking_mode` per request,
+reasoning read from `message.reasoning` (or `reasoning_content`), usage with cached tokens.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Literal
+
+import httpx
+import openai
+from pydantic import BaseModel, Field
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from agent.errors import EndpointError, M3AgentError
+
+ThinkingMode = Literal["enabled", "disabled", "adaptive"]
+
+_STRAY_THINK_CLOSE = re.compile(r"^\s*</mm:think>\s*")
+_RAW_THINK = re.compile(r"^\s*<mm:think>(.*?)</mm:think>\s*", re.DOTALL)
+# vLLM (new and old wording) and SGLang context-overflow messages.
+_OVERFLOW = re.compile(r"context length|maximum context", re.IGNORECASE)
+_OVERFLOW_NUMBERS = re.compile(
+    r"passed (?P<inp>\d+) input tokens.*?context length is only (?P<limit>\d+)"
+    r"|maximum context length is (?P<limit2>\d+) tokens.*?requested (?P<inp2>\d+)"
+    r"|input \((?P<inp3>\d+) tokens\) is longer than the model's context length \((?P<limit3>\d+)",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+class ModelConfig(BaseModel):
+    """How to reach and sample the model."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key: str = Field(default="EMPTY", repr=False)
+    model: str | None = None  # discovered from /v1/models when not given
+    temperature: float = 1.0  # model card defaults (seed 002)
+    top_p: float = 0.95
+    top_k: int = 40
+    max_tokens: int = 8192
+    request_timeout_s: float = 600.0
+    retry_attempts: int = 8
+    retry_max_s: float = 300.0
+    retry_initial_s: float = 1.0
+    retry_max_wait_s: float = 30.0
+
+
+class Usage(BaseModel):
+    """Token accounting, per request or summed over a run."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def add(self, other: Usage) -> None:
+        """Accumulate another usage into this one."""
+        for name in Usage.model_fields:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def cache_hit_share(self) -> float:
+        """Share of prompt tokens served from the server's prefix cache."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class ToolCall(BaseModel):
+    """One tool call as the server parsed it; `arguments` is the raw JSON string."""
+
+    id: str
+    name: str
+    arguments: str | None = None
+
+
+class ModelReply(BaseModel):
+    """What one chat-completions request returned."""
+
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    latency_s: float = 0.0
+    attempts: int = 1
+
+    def as_message(self) -> dict[str, Any]:
+        """The assistant message to append to history.
+
+        Reasoning goes back in both `reasoning` (read by vLLM) and `reasoning_content` (read by
+        SGLang) so interleaved thinking survives on either server.
+        """
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            msg["reasoning"] = self.reasoning
+            msg["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments or ""}}
+                for c in self.tool_calls
+            ]
+        return msg
+
+
+class ContextOverflowError(M3AgentError):
+    """The request did not fit the server's context window (HTTP 400)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, input_tokens: int | None = None, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.input_tokens = input_tokens
+        self.limit = limit
+
+
+def is_context_overflow(status: int | None, message: str) -> bool:
+    """vLLM's and SGLang's context-length errors: status 400 and the telltale wording."""
+    return status == 400 and bool(_OVERFLOW.search(message or ""))
+
+
+def _overflow_from(message: str) -> ContextOverflowError:
+    m = _OVERFLOW_NUMBERS.search(message)
+    inp = limit = None
+    if m:
+        inp = int(m.group("inp") or m.group("inp2") or m.group("inp3"))
+        limit = int(m.group("limit") or m.group("limit2") or m.group("limit3"))
+    return ContextOverflowError(f"context window exceeded: {message}", input_tokens=inp, limit=limit)
+
+
+def _retryable(exc: BaseException) -> bool:
+    # Connection problems, timeouts, 429, 5xx (incl. the 503 of a warming server). Never 400/401/404.
+    if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError)):
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code >= 500
+    if isinstance(exc, _EmptyReply):
+        return True
+    return False
+
+
+class _EmptyReply(Exception):
+    """The server answered 200 with no choices."""
+
+
+def split_reasoning(content: str | None, reasoning: str | None) -> tuple[str, str | None]:
+    """Normalise content: strip a stray `</mm:think>`, lift raw `<mm:think>` blocks into reasoning."""
+    text = content or ""
+    raw = _RAW_THINK.match(text)
+    if raw:
+        reasoning = (reasoning or "") + raw.group(1).strip()
+        text = text[raw.end():]
+    text = _STRAY_THINK_CLOSE.sub("", text, count=1)
+    return text, reasoning or None
+
+
+class ModelClient:
+    """A thin, retrying client for an M3 endpoint."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+        self._client = openai.OpenAI(
+            base_url=config.base_url,
+            api_key=config.api_key or "EMPTY",
+            timeout=config.request_timeout_s,
+            max_retries=0,  # retries are ours (tenacity), bounded in attempts and time
+        )
+        self._model = config.model
+        self._max_model_len: int | None = None
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _retrying(self) -> Retrying:
+        c = self.config
+        return Retrying(
+            retry=retry_if_exception(_retryable),
+            wait=wait_random_exponential(multiplier=c.retry_initial_s, max=c.retry_max_wait_s),
+            stop=stop_after_attempt(c.retry_attempts) | stop_after_delay(c.retry_max_s),
+            reraise=False,
+        )
+
+    def _call(self, fn, what: str):
+        attempts = 0
+        try:
+            for attempt in self._retrying():
+                with attempt:
+                    attempts += 1
+                    return fn(), attempts
+        except RetryError as e:
+            last = e.last_attempt.exception()
+            raise EndpointError(
+                f"{what} failed after {attempts} attempts at {self.config.base_url}: {_describe(last)}. "
+                "Check that the M3 server is up (GET /health) and the --base-url is right."
+            ) from None
+        except openai.BadRequestError as e:
+            msg = _error_message(e)
+            if is_context_overflow(e.status_code, msg):
+                raise _overflow_from(msg) from None
+            raise EndpointError(f"{what} rejected by the server (400): {msg}") from None
+        except openai.AuthenticationError as e:
+            raise EndpointError(f"{what}: authentication failed (401): {_error_message(e)}. Check the API key.") from None
+        except openai.NotFoundError as e:
+            raise EndpointError(
+                f"{what}: not found (404): {_error_message(e)}. Check --base-url (it usually ends in /v1) "
+                "and the model name."
+            ) from None
+        except openai.APIStatusError as e:
+            raise EndpointError(f"{what} failed ({e.status_code}): {_error_message(e)}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _models(self) -> list[Any]:
+        page, _ = self._call(lambda: self._client.models.list(), "listing models")
+        return list(page.data)
+
+    @property
+    def model(self) -> str:
+        """The served model's id: configured, or the first one `/v1/models` lists."""
+        if self._model is None:
+            models = self._models()
+            if not models:
+                raise EndpointError(f"the server at {self.config.base_url} lists no models")
+            self._model = models[0].id
+            self._max_model_len = getattr(models[0], "max_model_len", None) or (models[0].model_extra or {}).get(
+                "max_model_len"
+            )
+        return self._model
+
+    def max_model_len(self) -> int | None:
+        """The context window the server reports (vLLM's `max_model_len` in `/v1/models`)."""
+        if self._max_model_len is None:
+            for m in self._models():
+                if self._model is None or m.id == self._model:
+                    self._max_model_len = (m.model_extra or {}).get("max_model_len")
+                    break
+        return self._max_model_len
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        thinking_mode: ThinkingMode | None = None,
+        max_tokens: int | None = None,
+    ) -> ModelReply:
+        """Send one chat-completions request; retries transient failures; never returns None."""
+        c = self.config
+        extra_body: dict[str, Any] = {"top_k": c.top_k}
+        if thinking_mode is not None:
+            extra_body["chat_template_kwargs"] = {"thinking_mode": thinking_mode}
+        kwargs: dict[str, Any] = dict(
+            model=self.model,
+            messages=messages,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            max_tokens=max_tokens or c.max_tokens,
+            extra_body=extra_body,
+        )
+        if tools:
+            kwargs["tools"] = tools
+            kwargs["tool_choice"] = "auto"
+
+        def send():
+            resp = self._client.chat.completions.create(**kwargs)
+            if not resp.choices:
+                raise _EmptyReply("the server returned no choices")
+            return resp
+
+        t0 = time.monotonic()
+        resp, attempts = self._call(send, "chat completion")
+        return _reply_from(resp, latency_s=time.monotonic() - t0, attempts=attempts)
+
+
+def _reply_from(resp: Any, *, latency_s: float, attempts: int) -> ModelReply:
+    choice = resp.choices[0]
+    msg = choice.message
+    extra = msg.model_extra or {}
+    reasoning = extra.get("reasoning") or extra.get("reasoning_content")
+    content, reasoning = split_reasoning(msg.content, reasoning)
+    calls = [
+        ToolCall(id=tc.id or f"call_{i}", name=tc.function.name or "", arguments=tc.function.arguments)
+        for i, tc in enumerate(msg.tool_calls or [])
+    ]
+    usage = Usage(requests=1)
+    u = resp.usage
+    if u is not None:
+        usage.prompt_tokens = u.prompt_tokens or 0
+        usage.completion_tokens = u.completion_tokens or 0
+        details = getattr(u, "prompt_tokens_details", None)
+        usage.cached_tokens = (getattr(details, "cached_tokens", None) or 0) if details else 0
+        cdetails = getattr(u, "completion_tokens_details", None)
+        usage.reasoning_tokens = (getattr(cdetails, "reasoning_tokens", None) or 0) if cdetails else 0
+    return ModelReply(
+        content=content,
+        reasoning=reasoning,
+        tool_calls=calls,
+        finish_reason=choice.finish_reason,
+        usage=usage,
+        latency_s=latency_s,
+        attempts=attempts,
+    )
+
+
+def _error_message(e: openai.APIStatusError) -> str:
+    body = e.body
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if body.get("message"):
+            return str(body["message"])
+    return str(e.message)
+
+
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "unknown error"
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}: {_error_message(exc)}"
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__
+        if isinstance(cause, httpx.ConnectError):
+            return "connection refused"
+        return f"connection error ({type(cause).__name__ if cause else exc.__class__.__name__})"
+    return str(exc) or type(exc).__name__
