@@ -1,0 +1,1 @@
+"""A tiny inventory library: the demo repository m3-agent fixes."""
