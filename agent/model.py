@@ -11,7 +11,6 @@ import re
 import time
 from typing import Any, Literal
 
-import httpx
 import openai
 from pydantic import BaseModel, Field
 from tenacity import (
@@ -333,7 +332,9 @@ def _describe(exc: BaseException | None) -> str:
         return f"HTTP {exc.status_code}: {_error_message(exc)}"
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
-        if isinstance(cause, httpx.ConnectError):
+        if isinstance(cause, ConnectionRefusedError) or "refused" in str(cause or "").lower() or (
+            cause is not None and type(cause).__name__ == "ConnectError"
+        ):
             return "connection refused"
-        return f"connection error ({type(cause).__name__ if cause else exc.__class__.__name__})"
+        return f"connection error ({type(cause).__name__ if cause else exc.__class__.__name__}: {cause or exc})"
     return str(exc) or type(exc).__name__

@@ -1,0 +1,142 @@
+"""The model client against the stand-in server, over real HTTP through the openai SDK."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from agent.errors import EndpointError
+from agent.model import ContextOverflowError, ModelClient, ModelConfig, is_context_overflow, split_reasoning
+from agent.standin import StandinServer
+
+FAST_RETRY = dict(retry_initial_s=0.01, retry_max_wait_s=0.05, retry_attempts=4, retry_max_s=10)
+
+
+def _client(srv: StandinServer, **kw) -> ModelClient:
+    return ModelClient(ModelConfig(base_url=srv.base_url, **{**FAST_RETRY, **kw}))
+
+
+def _user(text: str = "hello") -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_request_carries_model_card_sampling_and_thinking_mode():
+    with StandinServer({"turns": [{"content": "hi"}]}) as srv:
+        client = _client(srv)
+        reply = client.complete(_user(), tools=[{"type": "function", "function": {"name": "submit", "parameters": {"type": "object", "properties": {}}}}], thinking_mode="disabled")
+        body = srv.requests[0]
+    assert reply.content == "hi"
+    assert body["model"] == "MiniMaxAI/MiniMax-M3"  # discovered from /v1/models
+    assert body["temperature"] == 1.0 and body["top_p"] == 0.95 and body["top_k"] == 40
+    assert body["chat_template_kwargs"] == {"thinking_mode": "disabled"}
+    assert body["tool_choice"] == "auto"
+    assert body["max_tokens"] == 8192
+
+
+def test_max_model_len_is_read_from_models_listing():
+    with StandinServer({"max_model_len": 32768, "turns": []}) as srv:
+        assert _client(srv).max_model_len() == 32768
+
+
+def test_reasoning_and_tool_calls_are_read_back_and_returned_in_both_fields():
+    turn = {"reasoning": "Look at a.py first.", "tool_calls": [{"name": "file_read", "arguments": {"path": "a.py"}}]}
+    with StandinServer({"turns": [turn]}) as srv:
+        reply = _client(srv).complete(_user(), thinking_mode="enabled")
+    assert reply.reasoning == "Look at a.py first."
+    assert reply.finish_reason == "tool_calls"
+    assert reply.tool_calls[0].name == "file_read"
+    assert reply.tool_calls[0].id.startswith("call_")
+    assert reply.tool_calls[0].arguments == '{"path": "a.py"}' or '"a.py"' in reply.tool_calls[0].arguments
+    msg = reply.as_message()
+    assert msg["reasoning"] == msg["reasoning_content"] == "Look at a.py first."
+    assert msg["tool_calls"][0]["function"]["name"] == "file_read"
+
+
+def test_stray_think_close_is_stripped():
+    script = {"stray_think_close": True, "turns": [{"content": "one"}, {"content": "two"}]}
+    with StandinServer(script) as srv:
+        client = _client(srv)
+        first = client.complete(_user(), thinking_mode="adaptive")
+        msgs = _user() + [first.as_message(), {"role": "user", "content": "again"}]
+        second = client.complete(msgs, thinking_mode="adaptive")
+    assert second.content == "two"
+    assert "</mm:think>" not in second.content
+
+
+def test_split_reasoning_lifts_raw_think_block():
+    assert split_reasoning("<mm:think>plan</mm:think>answer", None) == ("answer", "plan")
+    assert split_reasoning("</mm:think>\nanswer", None) == ("answer", None)
+    assert split_reasoning("plain", "r") == ("plain", "r")
+
+
+@pytest.mark.parametrize("fault", ["503", "500", "drop"])
+def test_transient_faults_are_retried(fault):
+    with StandinServer({"turns": [{"fault": fault}, {"fault": fault}, {"content": "recovered"}]}) as srv:
+        reply = _client(srv).complete(_user())
+        assert len(srv.requests) >= 3
+    assert reply.content == "recovered"
+    assert reply.attempts == 3
+
+
+def test_warming_server_503_is_waited_out():
+    with StandinServer({"loading_s": 0.6, "turns": [{"content": "ready"}]}) as srv:
+        client = ModelClient(ModelConfig(base_url=srv.base_url, model="MiniMaxAI/MiniMax-M3", retry_initial_s=0.2,
+                                         retry_max_wait_s=0.4, retry_attempts=20, retry_max_s=20))
+        t = time.monotonic()
+        reply = client.complete(_user())
+    assert reply.content == "ready"
+    assert time.monotonic() - t >= 0.5
+
+
+def test_retries_are_bounded_and_end_in_one_clear_error():
+    with StandinServer({"on_exhausted": "error", "turns": [{"fault": "500", "repeat": 10}]}) as srv:
+        with pytest.raises(EndpointError) as err:
+            _client(srv, retry_attempts=3).complete(_user())
+        assert len(srv.requests) == 3
+    assert "after 3 attempts" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_context_overflow_is_recognised_not_retried():
+    with StandinServer({"max_model_len": 300, "turns": [{"content": "never"}]}) as srv:
+        with pytest.raises(ContextOverflowError) as err:
+            _client(srv, max_tokens=200).complete(_user("word " * 200))
+        assert len(srv.requests) <= 1
+    assert err.value.limit == 300
+    assert err.value.input_tokens and err.value.input_tokens > 100
+
+
+def test_overflow_texts_of_vllm_and_sglang():
+    vllm_new = "You passed 2000 input tokens and requested 100 output tokens. However, the model's context length is only 1024 tokens"
+    vllm_old = "This model's maximum context length is 1024 tokens. However, you requested 2100 tokens"
+    sglang = "The input (2000 tokens) is longer than the model's context length (1024 tokens)."
+    for text in (vllm_new, vllm_old, sglang):
+        assert is_context_overflow(400, text)
+    assert not is_context_overflow(500, vllm_new)
+    assert not is_context_overflow(400, "bad tool schema")
+
+
+def test_unreachable_server_is_an_endpoint_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = ModelClient(ModelConfig(base_url=f"http://127.0.0.1:{port}/v1", **FAST_RETRY))
+    with pytest.raises(EndpointError) as err:
+        client.complete(_user())
+    assert "connection refused" in str(err.value)
+
+
+def test_usage_reports_cached_tokens_on_append_only_history():
+    long_text = "The repository content line number {} is here.\n"
+    with StandinServer({"turns": [{"content": "a"}, {"content": "b"}]}) as srv:
+        client = _client(srv)
+        msgs = _user("".join(long_text.format(i) for i in range(200)))
+        first = client.complete(msgs)
+        msgs = msgs + [first.as_message(), {"role": "user", "content": "continue"}]
+        second = client.complete(msgs)
+    assert first.usage.cached_tokens == 0
+    assert second.usage.cached_tokens > 0
+    assert second.usage.cached_tokens % 128 == 0
+    assert second.usage.cached_tokens < second.usage.prompt_tokens
