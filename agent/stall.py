@@ -111,7 +111,7 @@ _VOLATILE: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = 
         (r"(?:/private)?/tmp/pytest-of-[^/\s]+/pytest-\d+", "<tmp>", 0),
         (r"(?:/private)?/var/folders/[^/\s]+/[^/\s]+/T", "<tmp>", 0),
         (r"(?:<tmp>|(?:/private)?(?:/var)?/tmp)/tmp[\w-]{3,}", "<tmp>", 0),
-        (r"(?:<tmp>|(?:/private)?(?:/var)?/tmp)(?:/[^\s'\"():,;]+)+", _derandomize, 0),
+        (r"(?:<tmp>|(?:/private)?(?:/var)?/tmp)/[^\s'\"():,;]+", _derandomize, 0),
         (r"\\AppData\\Local\\Temp\\[^\\\s]+", r"\\AppData\\Local\\Temp\\<tmp>", re.I),
         (r"\b((?:localhost|\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:]+\])):\d{1,5}\b", r"\1:<port>", re.I),
         (r"\b(port)\s*[:=]?\s*\d{2,5}\b", r"\1 <port>", re.I),
