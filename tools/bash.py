@@ -1,0 +1,44 @@
+"""`bash`: run a shell command in the sandbox workspace."""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
+from tools.workspace import EXEC_ENV, MAX_TIMEOUT, WORKSPACE, clamp_timeout, exec_result
+
+if TYPE_CHECKING:
+    from sandbox import Sandbox
+
+
+class BashArgs(ToolArgs):
+    """Arguments of bash."""
+
+    command: str = Field(description="Shell command to run (bash) from the repository root")
+    timeout: int = Field(default=60, description="Timeout in seconds")
+
+
+class Bash(Tool):
+    """Runs one bash command line in the workspace; only files persist between calls."""
+
+    name = "bash"
+    description = (
+        "Run a bash command in the repository root inside the sandbox (no network) and return its "
+        "exit code, stdout and stderr. Each call is a fresh shell: cd and exported variables do not persist."
+    )
+    Args = BashArgs
+
+    def __init__(self, *, max_timeout: int = MAX_TIMEOUT) -> None:
+        self.max_timeout = max_timeout
+
+    def run(self, args: BashArgs, sandbox: Sandbox) -> ToolResult:
+        """Run `args.command` with bash; report exit code, stdout, stderr and whether it timed out."""
+        if not args.command.strip():
+            raise ToolCallError("'command' is empty: give the shell command to run.", kind="bad_args")
+        timeout, note = clamp_timeout(args.timeout, self.max_timeout)
+        # bash explicitly: the model writes bash syntax whatever shell the sandbox uses for exec.
+        result = sandbox.exec(f"bash -c {shlex.quote(args.command)}", timeout=timeout, cwd=WORKSPACE, env=EXEC_ENV)
+        return exec_result(result, timeout=timeout, note=note)

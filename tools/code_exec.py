@@ -1,0 +1,40 @@
+"""`code_exec`: run a Python snippet in the sandbox (seed 001 schema)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from tools.tool import Tool, ToolArgs, ToolResult
+from tools.workspace import EXEC_ENV, MAX_TIMEOUT, WORKSPACE, clamp_timeout, exec_result, scratch_file, write_scratch
+
+if TYPE_CHECKING:
+    from sandbox import Sandbox
+
+
+class CodeExecArgs(ToolArgs):
+    """Arguments of code_exec."""
+
+    code: str = Field(description="Python code to execute")
+    timeout: int = Field(default=30, description="Execution timeout in seconds")
+
+
+class CodeExec(Tool):
+    """Writes the code to a scratch file in the sandbox and runs it with python3 from the workspace."""
+
+    name = "code_exec"
+    description = "Execute Python code in a sandboxed environment and return stdout, stderr, and exit code."
+    Args = CodeExecArgs
+
+    def __init__(self, *, max_timeout: int = MAX_TIMEOUT) -> None:
+        self.max_timeout = max_timeout
+
+    def run(self, args: CodeExecArgs, sandbox: Sandbox) -> ToolResult:
+        """Run `args.code` with python3; report exit code, stdout, stderr and whether it timed out."""
+        timeout, note = clamp_timeout(args.timeout, self.max_timeout)
+        script = scratch_file(".py")
+        write_scratch(sandbox, script, args.code)
+        result = sandbox.exec(f"python3 {shlex.quote(script)}", timeout=timeout, cwd=WORKSPACE, env=EXEC_ENV)
+        return exec_result(result, timeout=timeout, note=note)

@@ -1,0 +1,41 @@
+"""`file_write`: write a whole file in the workspace (seed 001 schema)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from tools.tool import Tool, ToolArgs, ToolResult
+from tools.workspace import workspace_path
+
+if TYPE_CHECKING:
+    from sandbox import Sandbox
+
+
+class FileWriteArgs(ToolArgs):
+    """Arguments of file_write."""
+
+    path: str = Field(description="Relative file path")
+    content: str = Field(description="File content to write")
+
+
+class FileWrite(Tool):
+    """Creates or overwrites one file; the sandbox creates parent directories."""
+
+    name = "file_write"
+    description = "Write content to a file, creating parent directories as needed."
+    Args = FileWriteArgs
+
+    def run(self, args: FileWriteArgs, sandbox: Sandbox) -> ToolResult:
+        """Write `args.content` to `args.path` (relative to the repository root)."""
+        rel = workspace_path(args.path, for_write=True)
+        sandbox.write_file(rel, args.content)
+        lines = args.content.count("\n") + (1 if args.content and not args.content.endswith("\n") else 0)
+        size = len(args.content.encode())
+        return ToolResult(
+            output=f"Wrote {rel} ({lines} lines, {size} bytes).",
+            ok=True,
+            data={"path": rel, "bytes": size, "lines": lines},
+            changed_files=[rel],
+        )

@@ -1,0 +1,135 @@
+"""`test_runner`: run pytest or unittest in the sandbox and summarise the JUnit XML report (seed 001 schema)."""
+
+from __future__ import annotations
+
+import shlex
+from importlib import resources
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from tools.junit import TestSummary, parse_junit
+from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
+from tools.workspace import EXEC_ENV, SCRATCH, WORKSPACE, scratch_file, workspace_path, write_scratch
+
+if TYPE_CHECKING:
+    from sandbox import Sandbox
+
+DEFAULT_TIMEOUT = 300
+OUTPUT_TAIL_LINES = 15
+# Exit codes shared by pytest and the bundled unittest runner.
+EXIT_USAGE, EXIT_NO_TESTS = 4, 5
+
+
+class TestRunnerArgs(ToolArgs):
+    """Arguments of test_runner."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+    test_file: str = Field(
+        description=(
+            "Path to the test file to run (also a directory or a test id such as "
+            "tests/test_x.py::test_name; empty string: the whole suite)"
+        )
+    )
+    framework: Literal["pytest", "unittest"] = Field(default="pytest")
+
+
+def targets(test_file: str) -> list[str]:
+    """Split `test_file` into test targets with workspace-relative paths; reject options and escapes."""
+    try:
+        parts = shlex.split(test_file)
+    except ValueError as e:
+        raise ToolCallError(f"test_file could not be read ({e}).", kind="bad_args") from None
+    out = []
+    for part in parts:
+        if part.startswith("-"):
+            raise ToolCallError(
+                f"test_file takes test paths or ids, not options ({part!r}); use bash to pass runner options.",
+                kind="bad_args",
+            )
+        path, sep, rest = part.partition("::")
+        if "/" in path or path.endswith(".py"):
+            path = workspace_path(path)
+        out.append(path + sep + rest)
+    return out
+
+
+def output_tail(stdout: str, stderr: str) -> str:
+    """The last lines of a run's output: what explains a run that produced no report."""
+    lines = [line for line in (stdout + "\n" + stderr).splitlines() if line.strip()]
+    return "\n".join(lines[-OUTPUT_TAIL_LINES:])
+
+
+class TestRunner(Tool):
+    """pytest (with --junitxml) or the bundled unittest runner; the report is parsed on the host."""
+
+    __test__ = False
+
+    name = "test_runner"
+    description = "Run the test suite and return a summary of passes, failures, and error messages."
+    Args = TestRunnerArgs
+
+    def __init__(self, *, timeout: int = DEFAULT_TIMEOUT) -> None:
+        self.timeout = timeout
+
+    def command(self, framework: str, names: list[str], report: str) -> str:
+        """The shell command that runs the tests and writes the JUnit report to `report`."""
+        quoted = " ".join(shlex.quote(n) for n in names)
+        if framework == "pytest":
+            return (
+                f"python3 -m pytest -q -p no:cacheprovider -o junit_family=xunit1 --tb=short "
+                f"--continue-on-collection-errors --junitxml={shlex.quote(report)} {quoted}"
+            )
+        return f"python3 {shlex.quote(SCRATCH + '/unittest_junit.py')} {shlex.quote(report)} {quoted}"
+
+    def run(self, args: TestRunnerArgs, sandbox: Sandbox) -> ToolResult:
+        """Run the tests named by `args.test_file` (all of them when empty) and summarise the outcome."""
+        names = targets(args.test_file)
+        if args.framework == "unittest":
+            if len(names) > 1:
+                raise ToolCallError("unittest takes one test_file at a time.", kind="bad_args")
+            runner = resources.files("tools").joinpath("unittest_junit.py").read_text()
+            write_scratch(sandbox, SCRATCH + "/unittest_junit.py", runner)
+        report = scratch_file(".xml")
+        result = sandbox.exec(
+            self.command(args.framework, names, report), timeout=self.timeout, cwd=WORKSPACE, env=EXEC_ENV
+        )
+        summary = self.summarise(args, result, sandbox, report)
+        ok = summary.problem is None
+        return ToolResult(
+            output=summary.render(),
+            ok=ok,
+            error_kind=None if ok else ("timeout" if summary.timed_out else "execution"),
+            data=summary.model_dump(),
+            running=bool(result.timed_out and (result.stdout or result.stderr)),
+        )
+
+    def summarise(self, args: TestRunnerArgs, result, sandbox: Sandbox, report: str) -> TestSummary:
+        """Parse the report when there is one; say why the run did not test what was asked."""
+        base = {"framework": args.framework, "target": args.test_file.strip()}
+        summary = None if result.timed_out else self.read_report(sandbox, report, base)
+        if summary is None:
+            summary = TestSummary(**base)
+        if result.timed_out:
+            summary.problem = f"timed out after {self.timeout} s; run fewer tests (a file or a test id)"
+        elif result.exit_code == EXIT_USAGE:
+            summary.problem = f"test target not found:\n{output_tail(result.stdout, result.stderr)}"
+        elif summary.total == 0 and summary.problem is None:
+            tail = output_tail(result.stdout, result.stderr)
+            summary.problem = (
+                f"no tests were collected{' from ' + base['target'] if base['target'] else ''}:\n{tail}"
+                if result.exit_code in (0, EXIT_NO_TESTS)
+                else f"the test run failed before running tests (exit code {result.exit_code}):\n{tail}"
+            )
+        summary.exit_code = result.exit_code
+        summary.timed_out = result.timed_out
+        return summary
+
+    @staticmethod
+    def read_report(sandbox: Sandbox, report: str, base: dict[str, str]) -> TestSummary | None:
+        """The parsed JUnit report, or None when the run wrote none (or an unreadable one)."""
+        try:
+            return parse_junit(sandbox.read_file(report), **base)
+        except (FileNotFoundError, ValueError):
+            return None
