@@ -1,12 +1,41 @@
-"""`m3-agent sandbox ...`"""
+"""`m3-agent sandbox build|prune`: the image and the leftovers, over the library functions."""
+
+from __future__ import annotations
 
 import typer
+from rich.console import Console
+
+from sandbox.cleanup import prune
+from sandbox.image import DEFAULT_IMAGE, build_image
 
 app = typer.Typer(no_args_is_help=True)
+console = Console(stderr=True, highlight=False)
 
 
 @app.command("build")
-def build() -> None:
-    """Build the sandbox image."""
-    typer.echo("not yet", err=True)
-    raise typer.Exit(2)
+def build(
+    tag: str = typer.Option(DEFAULT_IMAGE, help="Image tag to build (the default carries the recipe hash)."),
+    base: str = typer.Option(None, help="Base image with python3, pytest, git, patch (present or pullable)."),
+) -> None:
+    """Build the sandbox image (a registry if one answers, else debootstrap + docker import)."""
+    with console.status(f"building {tag}") as status:
+
+        def progress(message: str) -> None:
+            if message.startswith(("debootstrap:", "build:", "tar:")):
+                status.update(message[:120])
+            else:
+                console.print(f"[bold]>[/] {message}")
+
+        result = build_image(tag, base=base, progress=progress)
+    typer.echo(result)
+
+
+@app.command("prune")
+def prune_command(
+    all_: bool = typer.Option(False, "--all", help="Remove every sandbox container, not only orphans."),
+) -> None:
+    """Remove sandbox containers left by processes that no longer run (all of them with --all)."""
+    removed = prune(all=all_)
+    for cid in removed:
+        typer.echo(cid)
+    console.print(f"removed {len(removed)} sandbox container(s)")

@@ -1,0 +1,144 @@
+"""Making sure no sandbox container outlives the process that made it.
+
+Every container carries labels naming its owner (host, pid, the pid's start time). Live sandboxes
+are closed at interpreter exit and on SIGINT / SIGTERM (the previous handlers still run after).
+A SIGKILLed owner cannot clean up: its socket closes, the server inside sees end of input and the
+container (started with auto-remove) goes away by itself; `prune` removes whatever is left anyway.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import os
+import signal
+import socket
+import threading
+from typing import Protocol
+
+import docker.errors
+
+from sandbox.engine import docker_client
+
+LABEL = "m3-agent.sandbox"
+LABEL_PID = "m3-agent.owner-pid"
+LABEL_START = "m3-agent.owner-start"
+LABEL_HOST = "m3-agent.owner-host"
+LABEL_CREATED = "m3-agent.created"
+
+
+class Closable(Protocol):
+    def kill(self) -> None: ...
+
+
+_live: set[Closable] = set()
+_lock = threading.Lock()
+_installed = False
+
+
+def process_start(pid: int) -> str:
+    """The start time of `pid` in clock ticks since boot ("" where /proc is not available)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_labels() -> dict[str, str]:
+    """The labels that tie a container to this process."""
+    return {
+        LABEL: "1",
+        LABEL_PID: str(os.getpid()),
+        LABEL_START: process_start(os.getpid()),
+        LABEL_HOST: socket.gethostname(),
+        LABEL_CREATED: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def owner_alive(labels: dict[str, str]) -> bool:
+    """True when the process named by a container's labels still runs on this host (or cannot be judged)."""
+    if labels.get(LABEL_HOST) != socket.gethostname():
+        return True  # another machine's container: not ours to judge
+    try:
+        pid = int(labels.get(LABEL_PID, ""))
+    except ValueError:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    start = labels.get(LABEL_START, "")
+    return not start or process_start(pid) in ("", start)  # a different start time: the pid was reused
+
+
+def track(sb: Closable) -> None:
+    """Register a live sandbox so exit and signals close it."""
+    global _installed
+    with _lock:
+        _live.add(sb)
+        if _installed:
+            return
+        _installed = True
+    atexit.register(close_all)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            _chain(sig)
+
+
+def untrack(sb: Closable) -> None:
+    """Forget a sandbox that closed normally."""
+    with _lock:
+        _live.discard(sb)
+
+
+def close_all() -> None:
+    """Kill every sandbox this process still has open."""
+    with _lock:
+        boxes = list(_live)
+        _live.clear()
+    for sb in boxes:
+        sb.kill()
+
+
+def _chain(sig: signal.Signals) -> None:
+    previous = signal.getsignal(sig)
+
+    def handler(signum: int, frame: object) -> None:
+        close_all()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(sig, handler)
+
+
+def prune(*, all: bool = False) -> list[str]:
+    """Remove sandbox containers whose owner process is gone (every sandbox container with `all`).
+
+    Returns the short ids of the containers removed.
+    """
+    client = docker_client()
+    removed = []
+    try:
+        for c in client.containers.list(all=True, filters={"label": LABEL}):
+            if not all and owner_alive(c.labels):
+                continue
+            try:
+                c.remove(force=True)
+            except docker.errors.NotFound:
+                pass  # it was auto-removed meanwhile
+            except docker.errors.APIError as e:
+                if e.status_code != 409:  # 409: removal already in progress
+                    raise
+            removed.append(c.short_id)
+    finally:
+        client.close()
+    return removed

@@ -1,0 +1,54 @@
+"""The sandbox's configuration and the result of one command: the data that crosses its boundary."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sandbox.image import DEFAULT_IMAGE
+
+_SIZE = re.compile(r"^\d+[kmg]?$", re.IGNORECASE)
+
+
+class SandboxConfig(BaseModel):
+    """How a sandbox container is made. Every default is the hardened one; loosen per sandbox."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = DEFAULT_IMAGE
+    mount: Literal["copy", "bind"] = Field(
+        "copy", description="copy: the repo is copied into an in-memory /workspace; bind: the host directory "
+        "itself is mounted read-write (for very large repos; commands then change the host files)")
+    network: str = Field("none", description="Docker network mode; 'none' unless a task really needs one")
+    user: str = "1000:1000"
+    memory: str = Field("4g", description="memory limit; swap is set equal, so there is no extra swap")
+    cpus: float = Field(2.0, gt=0)
+    pids_limit: int = Field(256, gt=8)
+    read_only: bool = Field(True, description="read-only root filesystem; /tmp, home and /workspace stay writable")
+    workspace_size: str = Field("2g", description="size of the in-memory /workspace (copy mode)")
+    tmp_size: str = "1g"
+    timeout: float = Field(600.0, gt=0, description="default per-command timeout, seconds")
+    output_limit: int = Field(2 * 1024 * 1024, ge=1024, description="bytes kept per stream (head + tail)")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every command")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra container labels")
+    start_timeout: float = Field(60.0, gt=0)
+
+    @field_validator("memory", "workspace_size", "tmp_size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        if not _SIZE.match(v):
+            raise ValueError(f"{v!r} is not a size like 512m or 4g")
+        return v.lower()
+
+
+class ExecResult(BaseModel):
+    """What one command did. Output over the limit keeps its head and tail with a marker between."""
+
+    stdout: str
+    stderr: str
+    exit_code: int = Field(description="the shell's exit code; 128+N when killed by signal N; 124 on timeout")
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0

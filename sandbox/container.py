@@ -1,0 +1,338 @@
+"""`Sandbox`: one hardened container with a repository in `/workspace` and a fast exec server inside.
+
+    with Sandbox(SandboxConfig(), repo=Path("repo")) as sb:
+        r = sb.exec("pytest -q", timeout=60)
+        sb.write_file("pkg/mod.py", "x = 1\\n")
+        patch = sb.diff()
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from agent.errors import SandboxUnavailable
+from sandbox import cleanup, server
+from sandbox.channel import Channel, ChannelClosed
+from sandbox.config import ExecResult, SandboxConfig
+from sandbox.engine import docker_client, image_exists
+
+WORKSPACE = "/workspace"
+HOME = "/home/sandbox"
+SERVER_SOURCE = Path(server.__file__).read_text()
+ANSWER_MARGIN_S = 30.0  # how much longer than a command's timeout the host waits for the server's answer
+TAR_CHUNK = 1 << 20
+DIFF_LIMIT = 256 * 1024 * 1024
+
+# Everything a command sees in its environment: nothing is inherited from the host.
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": HOME,
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "PYTHONUNBUFFERED": "1",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+
+# Make /workspace a repository with a base commit, and keep interpreter caches out of diffs.
+GIT_INIT = r"""set -e
+if ! git rev-parse -q --verify HEAD >/dev/null 2>&1; then
+  if [ -f .git ]; then rm -f .git; fi
+  if [ ! -d .git ]; then git init -q; fi
+  git add -A
+  git commit -q --allow-empty --no-verify -m "m3-agent: base"
+fi
+for p in '__pycache__/' '*.py[co]' '.pytest_cache/'; do
+  grep -qxF "$p" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; printf '%s\n' "$p" >> .git/info/exclude; }
+done
+git rev-parse HEAD
+"""
+
+DIFF = r"""set -e
+idx=$(mktemp)
+trap 'rm -f "$idx"' EXIT
+if [ -f .git/index ]; then cp .git/index "$idx"; else rm -f "$idx"; fi
+export GIT_INDEX_FILE="$idx"
+git add -A
+git diff --cached --binary --no-color --no-ext-diff BASE
+"""
+
+
+class Sandbox:
+    """A hardened container holding a copy of `repo` (or an empty git repo) at /workspace.
+
+    Use as a context manager, or call `start()` and `close()`. Raises SandboxUnavailable when the
+    engine or the image is missing, and when the container has died.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None, repo: Path | None = None) -> None:
+        self.config = config or SandboxConfig()
+        self.repo = Path(repo) if repo is not None else None
+        if self.repo is not None and not self.repo.is_dir():
+            raise SandboxUnavailable(f"repository {self.repo} is not a directory: pass an existing folder")
+        if self.config.mount == "bind" and self.repo is None:
+            raise SandboxUnavailable("mount='bind' needs a repository to mount: pass repo=")
+        self.id: str | None = None
+        self.base_commit: str | None = None
+        self._client: docker.DockerClient | None = None
+        self._channel: Channel | None = None
+        self._lock = threading.Lock()
+        self._dead: str | None = None
+        self._closed = False
+
+    # lifecycle
+
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> Sandbox:
+        """Create and start the container, copy the repository in, record the base commit."""
+        if self.id is not None:
+            return self
+        client = self._client = docker_client()
+        cfg = self.config
+        if not image_exists(client, cfg.image):
+            raise SandboxUnavailable(f"sandbox image {cfg.image} not found: run `m3-agent sandbox build`")
+        try:
+            self.id = client.api.create_container(
+                cfg.image,
+                command=["python3", "-c", SERVER_SOURCE],
+                user=cfg.user,
+                working_dir=WORKSPACE,
+                environment={**BASE_ENV, **cfg.env},
+                labels={**cfg.labels, **cleanup.owner_labels()},
+                stdin_open=True,
+                detach=False,
+                host_config=client.api.create_host_config(**self._host_config()),
+            )["Id"]
+            cleanup.track(self)
+            sock = client.api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            self._channel = Channel(getattr(sock, "_sock", sock))
+            client.api.start(self.id)
+        except docker.errors.APIError as e:
+            self.close()
+            raise SandboxUnavailable(f"cannot start the sandbox container: {e.explanation or e}") from None
+        try:
+            if self.repo is not None and cfg.mount == "copy":
+                self._copy_in(self.repo)
+            init = self.exec(GIT_INIT, timeout=cfg.start_timeout)
+            if init.exit_code != 0:
+                raise SandboxUnavailable(f"cannot prepare /workspace as a git repository: {init.stderr.strip()[-300:]}")
+            self.base_commit = init.stdout.strip().splitlines()[-1]
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _host_config(self) -> dict:
+        cfg = self.config
+        tmpfs = {
+            "/tmp": f"rw,exec,nosuid,nodev,size={cfg.tmp_size},mode=1777",
+            HOME: f"rw,exec,nosuid,nodev,size=256m,uid={self._uid()},gid={self._gid()},mode=0755",
+        }
+        binds = {}
+        if cfg.mount == "copy":
+            tmpfs[WORKSPACE] = (f"rw,exec,nosuid,nodev,size={cfg.workspace_size},uid={self._uid()},"
+                                f"gid={self._gid()},mode=0755")
+        else:
+            binds[str(self.repo.resolve())] = {"bind": WORKSPACE, "mode": "rw"}
+        return dict(
+            network_mode=cfg.network,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=cfg.pids_limit,
+            mem_limit=cfg.memory,
+            memswap_limit=cfg.memory,
+            nano_cpus=int(cfg.cpus * 1e9),
+            read_only=cfg.read_only,
+            tmpfs=tmpfs,
+            binds=binds or None,
+            init=True,
+            auto_remove=True,
+            ipc_mode="private",
+        )
+
+    def _uid(self) -> str:
+        return self.config.user.split(":")[0]
+
+    def _gid(self) -> str:
+        parts = self.config.user.split(":")
+        return parts[1] if len(parts) > 1 else parts[0]
+
+    def close(self) -> None:
+        """Stop and remove the container (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        cleanup.untrack(self)
+        if self._channel is not None:
+            self._channel.close()
+        if self.id is not None and self._client is not None:
+            _remove(self._client, self.id)
+        if self._client is not None:
+            self._client.close()
+
+    def kill(self) -> None:
+        """Remove the container now, from a signal handler or at exit: uses its own engine connection."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._channel is not None:
+            self._channel.close()
+        if self.id is not None:
+            try:
+                client = docker.from_env(timeout=10)
+                _remove(client, self.id)
+                client.close()
+            except docker.errors.DockerException:
+                pass  # the closed socket still makes the container stop and auto-remove
+
+    @property
+    def alive(self) -> bool:
+        """False once the container has died or been closed."""
+        return self.id is not None and not self._closed and self._dead is None
+
+    # commands and files
+
+    def exec(self, cmd: str, timeout: float | None = None, cwd: str | None = None,
+             env: dict | None = None) -> ExecResult:
+        """Run `cmd` with bash in the container (cwd defaults to /workspace; relative cwd is under it).
+
+        On timeout the command's whole process tree is killed; the sandbox stays usable.
+        """
+        return self._exec(cmd, timeout, cwd, env, self.config.output_limit)
+
+    def _exec(self, cmd: str, timeout: float | None, cwd: str | None, env: dict | None,
+              limit: int) -> ExecResult:
+        timeout = self.config.timeout if timeout is None else timeout
+        req = {"op": "exec", "cmd": cmd, "timeout": timeout, "cwd": cwd,
+               "env": {str(k): str(v) for k, v in (env or {}).items()}, "limit": limit}
+        header, data = self._request(req, answer_timeout=timeout + ANSWER_MARGIN_S)
+        data = data or b""
+        n_out = header["stdout_len"]
+        return ExecResult(
+            stdout=data[:n_out].decode(errors="replace"),
+            stderr=data[n_out:].decode(errors="replace"),
+            exit_code=header["exit_code"],
+            timed_out=header["timed_out"],
+            truncated=header["truncated"],
+            duration_s=round(header["duration_s"], 6),
+        )
+
+    def write_file(self, path: str, data: str | bytes) -> None:
+        """Write a file (relative paths are under /workspace), creating parent directories."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        chunks = [raw[i : i + TAR_CHUNK] for i in range(0, len(raw), TAR_CHUNK)]
+        header, _ = self._request({"op": "write", "path": str(path)}, chunks=chunks)
+        if not header.get("ok"):
+            raise OSError(header.get("error", f"cannot write {path}"))
+
+    def read_file(self, path: str) -> bytes:
+        """The bytes of a file (relative paths are under /workspace); FileNotFoundError when missing."""
+        header, data = self._request({"op": "read", "path": str(path)})
+        if header.get("ok"):
+            return data or b""
+        if header.get("kind") == "missing":
+            raise FileNotFoundError(header["error"])
+        if header.get("kind") == "directory":
+            raise IsADirectoryError(header["error"])
+        raise OSError(header.get("error", f"cannot read {path}"))
+
+    def diff(self) -> str:
+        """`git diff` of /workspace against the base commit, new untracked (not ignored) files included."""
+        r = self._exec(DIFF.replace("BASE", self.base_commit or "HEAD"), self.config.timeout, None, None, DIFF_LIMIT)
+        if r.exit_code != 0 or r.truncated:
+            raise SandboxUnavailable(f"git diff failed in the sandbox: {r.stderr.strip()[-300:]}")
+        return r.stdout
+
+    # plumbing
+
+    def _request(self, req: dict, chunks: list[bytes] | Iterator[bytes] | None = None,
+                 answer_timeout: float = 120.0) -> tuple[dict, bytes | None]:
+        with self._lock:
+            if self._closed or self._channel is None:
+                raise SandboxUnavailable("the sandbox is closed: start a new one")
+            if self._dead is not None:
+                raise SandboxUnavailable(self._dead)
+            try:
+                self._channel.send(req, chunks)
+                return self._channel.receive(answer_timeout)
+            except ChannelClosed as e:
+                self._dead = self._death_note(str(e))
+                raise SandboxUnavailable(self._dead) from None
+
+    def _death_note(self, why: str) -> str:
+        state = ""
+        try:
+            info = self._client.api.inspect_container(self.id)["State"]
+            state = f", OOM-killed={info.get('OOMKilled')}, exit={info.get('ExitCode')}"
+        except (docker.errors.DockerException, TypeError, KeyError):
+            pass
+        diag = self._channel.diagnostics.splitlines()[-1:] if self._channel else []
+        detail = f" ({diag[0][:200]})" if diag else ""
+        return f"sandbox {str(self.id)[:12]} is dead: {why}{state}{detail}; start a new sandbox"
+
+    def _copy_in(self, repo: Path) -> None:
+        """Stream `repo` as a tar into /workspace through the exec server (tmpfs is not reachable by `docker cp`)."""
+        header, _ = self._request({"op": "put_tar", "dest": WORKSPACE}, chunks=_tar_chunks(repo),
+                                  answer_timeout=self.config.start_timeout)
+        if not header.get("ok"):
+            raise SandboxUnavailable(f"copying {repo} into the sandbox failed: {header.get('error', '')[-300:]}")
+
+
+class _ChunkWriter(io.RawIOBase):
+    """A write-only file that hands out what tarfile writes as a list of chunks."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[override]
+        self.parts.append(bytes(b))
+        return len(b)
+
+
+def _tar_chunks(repo: Path) -> Iterator[bytes]:
+    """The repository as tar data, produced lazily; symlinks stay links; unreadable files are skipped."""
+    sink = _ChunkWriter()
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.GNU_FORMAT, bufsize=TAR_CHUNK) as tar:
+        for root, dirs, files in os.walk(repo):
+            dirs.sort()
+            rel_root = os.path.relpath(root, repo)
+            for name in dirs + sorted(files):
+                try:
+                    tar.add(os.path.join(root, name), arcname=os.path.normpath(os.path.join(rel_root, name)),
+                            recursive=False)
+                except OSError:
+                    continue  # unreadable on the host: nothing a sandbox could use either
+                if sink.parts:
+                    yield b"".join(sink.parts)
+                    sink.parts.clear()
+    if sink.parts:
+        yield b"".join(sink.parts)
+
+
+def _remove(client: docker.DockerClient, cid: str) -> None:
+    try:
+        client.api.remove_container(cid, force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as e:
+        if e.status_code != 409:  # 409: the engine is already removing it (auto-remove)
+            raise

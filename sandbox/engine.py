@@ -1,0 +1,36 @@
+"""The connection to the Docker engine, with one clear error when it is not there."""
+
+from __future__ import annotations
+
+import docker
+import docker.errors
+
+from agent.errors import SandboxUnavailable
+
+ENGINE_HINT = "start the Docker engine (or set DOCKER_HOST) and retry"
+
+
+def docker_client(timeout: float = 60) -> docker.DockerClient:
+    """A client for the local engine; raises SandboxUnavailable when it cannot be reached."""
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except docker.errors.DockerException as e:
+        raise SandboxUnavailable(f"Docker engine unreachable ({_first_line(e)}): {ENGINE_HINT}") from None
+    except OSError as e:  # a socket that exists but refuses us
+        raise SandboxUnavailable(f"Docker engine unreachable ({_first_line(e)}): {ENGINE_HINT}") from None
+    return client
+
+
+def image_exists(client: docker.DockerClient, tag: str) -> bool:
+    """True when the engine has an image under `tag`."""
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:200]

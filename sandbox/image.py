@@ -1,0 +1,278 @@
+"""Building the sandbox image and per-task environment images on top of it.
+
+The sandbox image is Debian bookworm with python3, pytest, git, patch, bash and coreutils, plus a thin
+layer that adds the uid-1000 `sandbox` user, `/workspace` and a system git config. Its base comes
+from a registry when one answers (`debian:bookworm-slim` + apt), else from the offline path:
+`debootstrap` into a directory and `docker import` of that tree. Every tag carries a hash of its
+recipe, so a changed recipe builds a new image and an unchanged one returns at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from agent.errors import SandboxUnavailable
+from sandbox.engine import docker_client, image_exists
+
+Progress = Callable[[str], None]
+
+SUITE = "bookworm"
+PACKAGES = ("python3", "python3-pytest", "git", "patch")
+SANDBOX_UID = 1000
+IMAGE_LABEL = "m3-agent.image"
+RECIPE_LABEL = "m3-agent.recipe"
+
+PULL_BASE = f"debian:{SUITE}-slim"
+PULL_RECIPE = f"""FROM {PULL_BASE}
+RUN apt-get update \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {' '.join(PACKAGES)} \\
+ && rm -rf /var/lib/apt/lists/*
+"""
+
+GITCONFIG = (
+    "[safe]\\n\\tdirectory = *\\n"
+    "[user]\\n\\tname = m3-agent\\n\\temail = m3-agent@sandbox.invalid\\n"
+    "[init]\\n\\tdefaultBranch = main\\n"
+    "[advice]\\n\\tdetachedHead = false\\n"
+    "[core]\\n\\tpager = cat\\n"
+)
+
+# The layer every sandbox image gets, whichever base it came from ({base} is filled in at build).
+SANDBOX_LAYER = f"""FROM {{base}}
+USER root
+RUN set -e; \\
+    getent passwd {SANDBOX_UID} >/dev/null || {{ \\
+      echo 'sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:m3-agent sandbox:/home/sandbox:/bin/bash' >> /etc/passwd; \\
+      echo 'sandbox:x:{SANDBOX_UID}:' >> /etc/group; }}; \\
+    mkdir -p /workspace /home/sandbox; \\
+    chown {SANDBOX_UID}:{SANDBOX_UID} /workspace /home/sandbox; \\
+    printf '{GITCONFIG}' > /etc/gitconfig
+ENV HOME=/home/sandbox LANG=C.UTF-8 LC_ALL=C.UTF-8 PAGER=cat GIT_PAGER=cat
+WORKDIR /workspace
+USER {SANDBOX_UID}:{SANDBOX_UID}
+"""
+
+# What a finished image must be able to do (the contract other parts rely on).
+VERIFY_CMD = (
+    "set -e; python3 -c 'import pytest, sys; assert sys.version_info >= (3, 8)'; "
+    "git --version; patch --version; timeout --version; bash --version; tar --version; id -u"
+)
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+BASE_RECIPE_HASH = _digest(SUITE, *PACKAGES, PULL_RECIPE)
+RECIPE_HASH = _digest(BASE_RECIPE_HASH, SANDBOX_LAYER, VERIFY_CMD)
+BASE_IMAGE = f"m3-agent-base:{SUITE}-{BASE_RECIPE_HASH[:12]}"
+DEFAULT_IMAGE = f"m3-agent-sandbox:{RECIPE_HASH[:12]}"
+
+
+def _say(progress: Progress | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, progress: Progress | None = None) -> str:
+    """Build the sandbox image under `tag` and return the tag; returns at once when it already exists.
+
+    `base`: an image (present or pullable) that already has python3, pytest, git and patch; by default
+    `debian:bookworm-slim` plus apt when a registry answers, else debootstrap + docker import (offline).
+    """
+    client = docker_client()
+    try:
+        if image_exists(client, tag):
+            return tag
+        if base is None:
+            base = _default_base(client, progress)
+        elif not image_exists(client, base):
+            _say(progress, f"pulling {base}")
+            if not _try_pull(client, base):
+                raise SandboxUnavailable(f"base image {base!r} is neither present nor pullable: pull it or drop --base")
+        _say(progress, f"building {tag} on {base}")
+        _build(client, SANDBOX_LAYER.replace("{base}", base), tag, {IMAGE_LABEL: "sandbox", RECIPE_LABEL: RECIPE_HASH},
+               progress)
+        _verify(client, tag, progress)
+        return tag
+    finally:
+        client.close()
+
+
+def _default_base(client: docker.DockerClient, progress: Progress | None) -> str:
+    """The bookworm base with the packages: cached, else pulled + apt, else debootstrap."""
+    if image_exists(client, BASE_IMAGE):
+        return BASE_IMAGE
+    _say(progress, f"trying the registry: {PULL_BASE}")
+    if _try_pull(client, PULL_BASE):
+        try:
+            _build(client, PULL_RECIPE, BASE_IMAGE, {IMAGE_LABEL: "base", RECIPE_LABEL: BASE_RECIPE_HASH}, progress)
+            return BASE_IMAGE
+        except SandboxUnavailable as e:
+            _say(progress, f"apt inside the build failed ({e}); falling back to the offline path")
+    else:
+        _say(progress, "no registry answered; using the offline path (debootstrap + docker import)")
+    _debootstrap_base(client, progress)
+    return BASE_IMAGE
+
+
+def _try_pull(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.images.pull(ref)
+    except (docker.errors.APIError, docker.errors.DockerException, OSError):
+        return False
+    return True
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "m3-agent" / "debootstrap"
+
+
+def _debootstrap_base(client: docker.DockerClient, progress: Progress | None) -> None:
+    exe = shutil.which("debootstrap")
+    if exe is None:
+        raise SandboxUnavailable(
+            "no registry reachable and debootstrap is not installed: install debootstrap (apt-get install "
+            "debootstrap) or pass --base IMAGE with python3, pytest, git and patch"
+        )
+    if os.geteuid() != 0:
+        raise SandboxUnavailable("the offline image build runs debootstrap, which needs root: run it with sudo")
+    cache = _cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    mirror = os.environ.get("M3_AGENT_DEBIAN_MIRROR")  # optional local mirror; debootstrap's default otherwise
+    with tempfile.TemporaryDirectory(prefix="m3-agent-rootfs-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        cmd = [exe, "--variant=minbase", f"--include={','.join(PACKAGES)}", f"--cache-dir={cache}", SUITE,
+               str(rootfs)]
+        if mirror:
+            cmd.append(mirror)
+        _say(progress, "debootstrap: " + " ".join(cmd[1:3]) + f" {SUITE}")
+        _stream(cmd, progress, "debootstrap")
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for child in (rootfs / junk).glob("*"):
+                if child.is_file():
+                    child.unlink()
+        tarball = Path(tmp) / "rootfs.tar"
+        _say(progress, "packing the root filesystem")
+        _stream(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball), "."], progress, "tar")
+        _say(progress, f"docker import -> {BASE_IMAGE}")
+        repo, _, tag = BASE_IMAGE.rpartition(":")
+        try:
+            client.api.import_image_from_file(
+                str(tarball), repository=repo, tag=tag,
+                changes=[f"LABEL {IMAGE_LABEL}=base {RECIPE_LABEL}={BASE_RECIPE_HASH}", "CMD [\"bash\"]"],
+            )
+        except docker.errors.APIError as e:
+            raise SandboxUnavailable(f"docker import of the offline base failed: {e.explanation or e}") from None
+    if not image_exists(client, BASE_IMAGE):
+        raise SandboxUnavailable(f"docker import did not produce {BASE_IMAGE}: see `docker images`")
+
+
+def _stream(cmd: list[str], progress: Progress | None, what: str) -> None:
+    """Run `cmd`, passing its output lines to `progress`; raise with the tail of the output on failure."""
+    tail: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line:
+                tail = (tail + [line])[-5:]
+                _say(progress, f"{what}: {line}")
+    if proc.returncode != 0:
+        raise SandboxUnavailable(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)[-400:]}")
+
+
+def _build(client: docker.DockerClient, dockerfile: str, tag: str, labels: dict[str, str],
+           progress: Progress | None, network: str | None = None) -> None:
+    """`docker build` of a context-free Dockerfile, streaming its log lines to `progress`."""
+    try:
+        stream = client.api.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, labels=labels, rm=True,
+                                  forcerm=True, decode=True, network_mode=network)
+        for chunk in stream:
+            if "error" in chunk:
+                raise SandboxUnavailable(f"docker build of {tag} failed: {str(chunk['error']).strip()[:400]}")
+            line = str(chunk.get("stream", "")).strip()
+            if line:
+                _say(progress, f"build: {line}")
+    except docker.errors.APIError as e:
+        raise SandboxUnavailable(f"docker build of {tag} failed: {e.explanation or e}") from None
+    if not image_exists(client, tag):
+        raise SandboxUnavailable(f"docker build did not produce {tag}")
+
+
+def _verify(client: docker.DockerClient, tag: str, progress: Progress | None) -> None:
+    """Run the image once, offline, and check the tools the sandbox relies on; remove it if they are missing."""
+    _say(progress, f"verifying {tag}")
+    try:
+        client.containers.run(tag, ["sh", "-c", VERIFY_CMD], remove=True, network_mode="none",
+                              labels={"m3-agent.verify": "1"})
+    except docker.errors.ContainerError as e:
+        client.images.remove(tag, force=True)
+        err = (e.stderr or b"").decode(errors="replace").strip()[-300:]
+        raise SandboxUnavailable(f"{tag} lacks what the sandbox needs (python3, pytest, git, patch): {err}") from None
+
+
+def env_recipe_hash(base_id: str, packages: Iterable[str], setup: Iterable[str]) -> str:
+    """The cache key of an environment image: its base image id and its recipe."""
+    return _digest(base_id, json.dumps(sorted(set(packages))), json.dumps(list(setup)))[:16]
+
+
+def build_env_image(
+    packages: Sequence[str] = (),
+    setup: Sequence[str] = (),
+    *,
+    base: str = DEFAULT_IMAGE,
+    network: str | None = "host",
+    progress: Progress | None = None,
+) -> str:
+    """Build (or reuse) a per-task image on top of `base` and return its tag.
+
+    `packages` are Debian packages installed with apt; `setup` are shell commands run as root, in
+    order, in `/workspace`. Recipes come from task files, not from the model, so the build may use the
+    network (`network="host"` by default; None for the engine's default, "none" to forbid it). The tag
+    is `m3-agent-env:<hash of base image id + recipe>`, so an unchanged recipe is never rebuilt.
+    """
+    client = docker_client()
+    try:
+        if not image_exists(client, base):
+            if base == DEFAULT_IMAGE:
+                client.close()
+                build_image(base, progress=progress)
+                client = docker_client()
+            else:
+                raise SandboxUnavailable(f"base image {base!r} not found: build it first (m3-agent sandbox build)")
+        base_id = client.images.get(base).id
+        digest = env_recipe_hash(base_id, packages, setup)
+        tag = f"m3-agent-env:{digest}"
+        if image_exists(client, tag):
+            return tag
+        lines = [f"FROM {base}", "USER root"]
+        if packages:
+            pkgs = " ".join(sorted(set(packages)))
+            lines.append(
+                "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
+                f"{pkgs} && rm -rf /var/lib/apt/lists/*"
+            )
+        lines += [f"RUN {json.dumps(['sh', '-c', cmd])}" for cmd in setup]
+        lines.append(f"USER {SANDBOX_UID}:{SANDBOX_UID}")
+        _say(progress, f"building {tag} on {base}")
+        _build(client, "\n".join(lines) + "\n", tag, {IMAGE_LABEL: "env", RECIPE_LABEL: digest}, progress, network)
+        return tag
+    finally:
+        client.close()

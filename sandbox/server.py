@@ -1,0 +1,316 @@
+"""The exec server that runs INSIDE the container, as its main process (under the container's init).
+
+Standard library only, Python >= 3.8: the host sends this file's source as `python3 -c SOURCE`.
+It reads requests from stdin and answers on stdout, one at a time, so a command costs a fork and a
+pipe round trip instead of a `docker exec`.
+
+Framing, both ways: a 4-byte big-endian length, then that many bytes. A request is one JSON frame,
+followed by data frames ended by an empty frame when the op carries data (`put_tar`, `write`). An
+answer is one JSON frame, followed by exactly one data frame when it says `"data": true`.
+
+Each command runs in its own session (so its own process group); on timeout the group and every
+process created since the command began are killed, and the server carries on. Output is kept as
+head + tail per stream, so memory stays bounded whatever the command prints.
+"""
+
+import json
+import os
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+WORKSPACE = "/workspace"
+MARKER = b"\n[... m3-agent sandbox: %d bytes of output omitted ...]\n"
+CHUNK = 1 << 16
+DRAIN_AFTER_EXIT_S = 0.1  # background children may hold the pipes open; wait this long for them
+DRAIN_AFTER_KILL_S = 1.0
+
+_in = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
+
+
+def read_exact(n):
+    """n bytes from stdin, or None at end of input."""
+    parts = []
+    while n:
+        b = _in.read(n)
+        if not b:
+            return None
+        parts.append(b)
+        n -= len(b)
+    return b"".join(parts)
+
+
+def read_frame():
+    head = read_exact(4)
+    if head is None:
+        return None
+    (n,) = struct.unpack(">I", head)
+    return read_exact(n) if n else b""
+
+
+def write_all(data):
+    view = memoryview(data)
+    while view:
+        n = os.write(1, view)
+        view = view[n:]
+
+
+def send(header, data=None):
+    if data is not None:
+        header["data"] = True
+    body = json.dumps(header).encode()
+    parts = [struct.pack(">I", len(body)), body]
+    if data is not None:
+        parts += [struct.pack(">I", len(data)), data]
+    write_all(b"".join(parts))
+
+
+class Capped:
+    """Keeps the first and last bytes of a stream, counting what falls in between."""
+
+    def __init__(self, limit):
+        self.head_max = limit // 2
+        self.tail_max = limit - self.head_max
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data):
+        self.total += len(data)
+        room = self.head_max - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > 2 * self.tail_max + CHUNK:
+                del self.tail[: len(self.tail) - self.tail_max]
+
+    def value(self):
+        """(bytes, truncated)"""
+        dropped = self.total - len(self.head) - min(len(self.tail), self.tail_max)
+        if dropped <= 0:
+            return bytes(self.head + self.tail), False
+        return bytes(self.head) + MARKER % dropped + bytes(self.tail[-self.tail_max:]), True
+
+
+def pids():
+    out = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            out.add(int(name))
+    return out
+
+
+def kill_tree(pgid, before):
+    """Kill the command's process group and every process that appeared while it ran."""
+    me = os.getpid()
+    for _ in range(50):
+        alive = False
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            alive = True
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in pids() - before - {me, 1}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                alive = True
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not alive:
+            return
+        # reap our own zombie so it stops counting as alive
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.01)
+
+
+def shell():
+    return "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+
+
+def resolve(path, cwd=WORKSPACE):
+    return os.path.normpath(os.path.join(cwd, path))
+
+
+def run(req):
+    start = time.monotonic()
+    limit = int(req.get("limit") or 1 << 20)
+    timeout = req.get("timeout")
+    cwd = resolve(req.get("cwd") or WORKSPACE)
+    if not os.path.isdir(cwd):
+        msg = ("m3-agent sandbox: no such directory: %s\n" % cwd).encode()
+        return send({"exit_code": 1, "timed_out": False, "truncated": False, "stdout_len": 0,
+                     "stderr_len": len(msg), "duration_s": 0.0}, msg)
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    before = pids()
+    try:
+        proc = subprocess.Popen([shell(), "-c", req["cmd"]], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as e:  # e.g. the pids limit reached by a previous command's leftovers
+        msg = ("m3-agent sandbox: cannot start the command: %s\n" % e).encode()
+        return send({"exit_code": 126, "timed_out": False, "truncated": False, "stdout_len": 0,
+                     "stderr_len": len(msg), "duration_s": time.monotonic() - start}, msg)
+    out, err = Capped(limit), Capped(limit)
+    caps = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    sel = selectors.DefaultSelector()
+    for fd in caps:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+            sel.register(pidfd, selectors.EVENT_READ)
+        except OSError:
+            pidfd = None
+    deadline = start + float(timeout) if timeout else None
+    timed_out = False
+    exited_at = None
+    while caps:
+        now = time.monotonic()
+        if exited_at is None and pidfd is None and proc.poll() is not None:
+            exited_at = now
+        if deadline is not None and not timed_out and now >= deadline:
+            timed_out = True
+            kill_tree(proc.pid, before)
+            exited_at = now = time.monotonic()
+        waits = []
+        if exited_at is not None:
+            grace_end = exited_at + (DRAIN_AFTER_KILL_S if timed_out else DRAIN_AFTER_EXIT_S)
+            if now >= grace_end:
+                break
+            waits.append(grace_end - now)
+        elif pidfd is None:
+            waits.append(0.02)  # no pidfd: poll for the exit
+        if deadline is not None and not timed_out:
+            waits.append(deadline - now)
+        for key, _ in sel.select(min(waits) if waits else None):
+            if key.fd == pidfd:
+                sel.unregister(pidfd)
+                exited_at = time.monotonic()
+                continue
+            try:
+                data = os.read(key.fd, CHUNK)
+            except BlockingIOError:
+                continue
+            if data:
+                caps[key.fd].add(data)
+            else:
+                sel.unregister(key.fd)
+                del caps[key.fd]
+    sel.close()
+    if pidfd is not None:
+        os.close(pidfd)
+    code = proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+    exit_code = 124 if timed_out else (128 - code if code < 0 else code)
+    out_b, t1 = out.value()
+    err_b, t2 = err.value()
+    send({"exit_code": exit_code, "timed_out": timed_out, "truncated": t1 or t2, "stdout_len": len(out_b),
+          "stderr_len": len(err_b), "duration_s": time.monotonic() - start}, out_b + err_b)
+
+
+def drain_chunks(sink):
+    """Feed the data frames of the current request to `sink` until the empty frame."""
+    while True:
+        chunk = read_frame()
+        if chunk is None:
+            sys.exit(0)
+        if not chunk:
+            return
+        sink(chunk)
+
+
+def put_tar(req):
+    dest = resolve(req.get("dest") or WORKSPACE)
+    os.makedirs(dest, exist_ok=True)
+    proc = subprocess.Popen(["tar", "-x", "-f", "-", "-C", dest, "--no-same-owner"], stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    broken = []
+
+    def sink(chunk):
+        if not broken:
+            try:
+                proc.stdin.write(chunk)
+            except BrokenPipeError:
+                broken.append(True)
+
+    drain_chunks(sink)
+    try:
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    err = proc.stderr.read().decode(errors="replace")
+    code = proc.wait()
+    send({"ok": code == 0, "error": err.strip()[-500:]})
+
+
+def write_file(req):
+    path = resolve(req["path"])
+    parts = []
+    drain_chunks(parts.append)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            for p in parts:
+                f.write(p)
+    except OSError as e:
+        return send({"ok": False, "error": "%s: %s" % (path, e.strerror or e)})
+    send({"ok": True})
+
+
+def read_file(req):
+    path = resolve(req["path"])
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return send({"ok": False, "kind": "missing", "error": "no such file in the sandbox: %s" % path})
+    except IsADirectoryError:
+        return send({"ok": False, "kind": "directory", "error": "a directory, not a file: %s" % path})
+    except OSError as e:
+        return send({"ok": False, "kind": "os", "error": "%s: %s" % (path, e.strerror or e)})
+    send({"ok": True}, data)
+
+
+def harden():
+    """Non-dumpable: other processes of the same user cannot ptrace us or open /proc/<pid>/fd."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except Exception:  # hardening is best effort: an image without ctypes still serves
+        pass
+
+
+OPS = {"exec": run, "put_tar": put_tar, "write": write_file, "read": read_file,
+       "ping": lambda req: send({"ok": True, "pid": os.getpid()})}
+
+
+def main():
+    harden()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.makedirs(os.environ.get("HOME") or "/tmp", exist_ok=True)
+    while True:
+        frame = read_frame()
+        if frame is None:
+            return  # host gone: the container stops and is removed
+        req = json.loads(frame)
+        op = OPS.get(req.get("op"))
+        if op is None:
+            send({"ok": False, "error": "unknown op %r" % req.get("op")})
+            continue
+        op(req)
+
+
+if __name__ == "__main__":
+    main()
