@@ -87,7 +87,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agent.errors import UsageError
 
 STANDIN_HEADER = "X-M3-Standin"
-STANDIN_HEADER_VALUE = "test-double; scripted replies, not a model"
+STANDIN_HEADER_VALUE = "test double; scripted replies, not a model"
 OWNED_BY = "m3-agent-standin (test double, not a model)"
 EXHAUSTED_TEXT = "The stand-in script is exhausted: this is a scripted test double and has no more turns."
 THINKING_MODES = ("enabled", "disabled", "adaptive")
@@ -532,9 +532,12 @@ def _exhausted_reply() -> _Reply:
     return reply
 
 
-def _completion_text(reply: _Reply) -> str:
-    calls = "".join(f"{c['function']['name']} {c['function']['arguments']}" for c in reply.tool_calls)
-    return (reply.reasoning or "") + (reply.content or "") + calls
+def _completion_tokens(reply: _Reply) -> int:
+    """Toy tokens generated: reasoning, content, and each tool call's name and arguments."""
+    parts = [reply.reasoning or "", reply.content or ""]
+    for call in reply.tool_calls:
+        parts += [call["function"]["name"], call["function"]["arguments"]]
+    return sum(len(toy_pieces(p)) for p in parts)
 
 
 # HTTP ---------------------------------------------------------------------------------------------
@@ -722,7 +725,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         reply.prompt_tokens = n
         reply.cached_tokens = state.cache_lookup_and_insert(ids)
-        reply.completion_tokens = len(toy_pieces(_completion_text(reply)))
+        reply.completion_tokens = _completion_tokens(reply)
         state.count_finished(reply.prompt_tokens, reply.completion_tokens, reply.finish_reason)
         if body.get("stream"):
             opts = body.get("stream_options") or {}
@@ -902,7 +905,10 @@ class StandinServer:
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._state.started_at = time.monotonic()
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="m3-standin", daemon=True)
+        # a short poll interval keeps stop() quick (serve_forever checks for shutdown between polls)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="m3-standin", daemon=True
+        )
         self._thread.start()
         return self
 
