@@ -55,7 +55,9 @@ class Settings(BaseSettings):
     )
 
     # The agent loop.
-    thinking: Literal["enabled", "disabled", "adaptive"] = Field("adaptive", description="thinking mode policy")
+    thinking: Literal["controller", "enabled", "disabled", "adaptive"] = Field(
+        "controller", description="thinking mode policy: per-turn controller, or one fixed mode"
+    )
     max_turns: int = Field(40, ge=1, description="turn limit")
     time_limit_s: float | None = Field(None, gt=0, description="wall-clock limit of one run, seconds")
     token_limit: int | None = Field(None, gt=0, description="total token limit of one run")
@@ -75,6 +77,9 @@ class Settings(BaseSettings):
     include_uncommitted: bool = Field(False, description="copy uncommitted changes of the working tree into the run")
     output_dir: Path = Field(Path(".m3-agent"), description="patches and trajectories; relative to the repository")
     branch_prefix: str = Field("m3-agent/issue-", min_length=1, description="result branch name prefix")
+
+    # Everything else the agent loop takes, for advanced use: `[agent]` / `[agent.stall]` tables.
+    agent: dict[str, Any] = Field(default_factory=dict, description="extra AgentConfig fields (advanced)")
 
 
 SECRET_FIELDS = frozenset(name for name, f in Settings.model_fields.items() if "SecretStr" in str(f.annotation))

@@ -1,0 +1,159 @@
+"""Configuration layering: defaults < config file < M3_AGENT_* environment < flags, with provenance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.config import Settings, display_rows, load_settings, mask
+from agent.errors import UsageError
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_defaults_apply_when_nothing_is_configured(tmp_path):
+    settings, sources = load_settings(tmp_path, environ={})
+    assert settings.max_turns == Settings.model_fields["max_turns"].default
+    assert settings.base_url is None
+    assert set(sources.values()) == {"default"}
+    assert set(sources) == set(Settings.model_fields)
+
+
+def test_m3_agent_toml_is_read_with_kebab_or_snake_keys(tmp_path):
+    write(tmp_path / "m3-agent.toml", 'base_url = "http://127.0.0.1:9/v1"\nmax-turns = 7\n[agent]\nmax_tokens = 2048\n')
+    settings, sources = load_settings(tmp_path, environ={})
+    assert settings.base_url == "http://127.0.0.1:9/v1"
+    assert settings.max_turns == 7
+    assert settings.agent == {"max_tokens": 2048}
+    assert sources["max_turns"] == "m3-agent.toml"
+    assert sources["thinking"] == "default"
+
+
+def test_pyproject_table_is_used_only_without_m3_agent_toml(tmp_path):
+    write(tmp_path / "pyproject.toml", '[project]\nname = "x"\n[tool.m3-agent]\nmax_turns = 11\nthinking = "enabled"\n')
+    settings, sources = load_settings(tmp_path, environ={})
+    assert (settings.max_turns, settings.thinking) == (11, "enabled")
+    assert sources["max_turns"] == "pyproject.toml [tool.m3-agent]"
+
+    write(tmp_path / "m3-agent.toml", "max_turns = 5\n")
+    settings, sources = load_settings(tmp_path, environ={})
+    assert settings.max_turns == 5
+    assert settings.thinking == "controller"  # the pyproject table is not merged underneath
+    assert sources["thinking"] == "default"
+
+
+def test_pyproject_without_the_table_is_ignored(tmp_path):
+    write(tmp_path / "pyproject.toml", '[project]\nname = "x"\n')
+    _, sources = load_settings(tmp_path, environ={})
+    assert set(sources.values()) == {"default"}
+
+
+def test_environment_overrides_file_and_flags_override_environment(tmp_path):
+    write(tmp_path / "m3-agent.toml", "max_turns = 7\nsandbox_cpus = 1.5\nimages = 'off'\n")
+    env = {"M3_AGENT_MAX_TURNS": "9", "m3_agent_images": "on"}
+    settings, sources = load_settings(tmp_path, environ=env)
+    assert settings.max_turns == 9 and sources["max_turns"] == "env M3_AGENT_MAX_TURNS"
+    assert settings.images == "on" and sources["images"] == "env m3_agent_images"
+    assert settings.sandbox_cpus == 1.5 and sources["sandbox_cpus"] == "m3-agent.toml"
+
+    settings, sources = load_settings(tmp_path, {"max_turns": 3, "images": None}, environ=env)
+    assert settings.max_turns == 3 and sources["max_turns"] == "flag --max-turns"
+    assert settings.images == "on"  # a flag left unset (None) does not override
+
+
+def test_github_token_from_standard_variables_in_order(tmp_path):
+    settings, sources = load_settings(tmp_path, environ={"GH_TOKEN": "gh-token", "GITHUB_TOKEN": "github-token"})
+    assert settings.github_token.get_secret_value() == "github-token"
+    assert sources["github_token"] == "env GITHUB_TOKEN"
+
+    settings, sources = load_settings(tmp_path, environ={"GH_TOKEN": "gh-token"})
+    assert sources["github_token"] == "env GH_TOKEN"
+
+    settings, sources = load_settings(
+        tmp_path, environ={"GH_TOKEN": "gh-token", "M3_AGENT_GITHUB_TOKEN": "own-token"}
+    )
+    assert settings.github_token.get_secret_value() == "own-token"
+    assert sources["github_token"] == "env M3_AGENT_GITHUB_TOKEN"
+
+
+def test_unknown_key_in_file_names_the_file(tmp_path):
+    write(tmp_path / "m3-agent.toml", "max_turn = 3\n")
+    with pytest.raises(UsageError, match=r"m3-agent.toml: unknown setting 'max_turn'"):
+        load_settings(tmp_path, environ={})
+
+
+def test_bad_value_names_the_layer_it_came_from(tmp_path):
+    with pytest.raises(UsageError, match=r"env M3_AGENT_MAX_TURNS: max_turns: .*integer"):
+        load_settings(tmp_path, environ={"M3_AGENT_MAX_TURNS": "many"})
+    with pytest.raises(UsageError, match=r"flag --thinking: thinking:"):
+        load_settings(tmp_path, {"thinking": "sometimes"}, environ={})
+    write(tmp_path / "m3-agent.toml", "max_turns = [")
+    with pytest.raises(UsageError, match="cannot read config file"):
+        load_settings(tmp_path, environ={})
+
+
+def test_explicit_config_file_replaces_the_lookup(tmp_path):
+    write(tmp_path / "m3-agent.toml", "max_turns = 7\n")
+    other = write(tmp_path / "team.toml", "max_turns = 21\n")
+    settings, sources = load_settings(tmp_path, config_file=other, environ={})
+    assert settings.max_turns == 21 and sources["max_turns"] == str(other)
+    settings, _ = load_settings(tmp_path, environ={"M3_AGENT_CONFIG": str(other)})
+    assert settings.max_turns == 21
+    with pytest.raises(UsageError, match="config file not found"):
+        load_settings(tmp_path, config_file=tmp_path / "missing.toml", environ={})
+
+
+def test_secrets_are_masked_in_display_rows(tmp_path):
+    token = "ghp_0123456789abcdefWXYZ"
+    settings, sources = load_settings(tmp_path, {"api_key": "short"}, environ={"GITHUB_TOKEN": token})
+    rows = {name: (shown, src) for name, shown, src in display_rows(settings, sources)}
+    assert rows["github_token"] == ("****WXYZ", "env GITHUB_TOKEN")
+    assert rows["api_key"] == ("****", "flag --api-key")
+    assert token not in repr(settings)
+    assert mask("") == "" and mask("abc") == "****"
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.upper().startswith("M3_AGENT_")}
+    base.pop("GITHUB_TOKEN", None)
+    base.pop("GH_TOKEN", None)
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args], cwd=cwd, env={**base, **env},
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_config_show_prints_values_sources_and_masks_secrets(tmp_path):
+    write(tmp_path / "m3-agent.toml", "max_turns = 7\n")
+    token = "ghp_secretsecretsecret1234"
+    proc = run_cli("config", "show", "--repo", str(tmp_path), "--json", cwd=tmp_path,
+                   env={"GITHUB_TOKEN": token, "M3_AGENT_THINKING": "enabled", "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert token not in proc.stdout
+    shown = {row["name"]: row for row in json.loads(proc.stdout)}
+    assert shown["max_turns"] == {"name": "max_turns", "value": "7", "source": "m3-agent.toml"}
+    assert shown["thinking"]["source"] == "env M3_AGENT_THINKING"
+    assert shown["github_token"]["value"] == "****1234"
+
+    table = run_cli("config", "show", "--repo", str(tmp_path), cwd=tmp_path,
+                    env={"GITHUB_TOKEN": token, "COLUMNS": "200"})
+    assert table.returncode == 0, table.stderr
+    assert token not in table.stdout
+    line = next(ln for ln in table.stdout.splitlines() if "max_turns" in ln)
+    assert "7" in line and "m3-agent.toml" in line
+
+
+def test_config_show_bad_file_is_a_one_line_usage_error(tmp_path):
+    write(tmp_path / "m3-agent.toml", "nonsense = 1\n")
+    proc = run_cli("config", "show", "--repo", str(tmp_path), cwd=tmp_path, env={})
+    assert proc.returncode == 2
+    assert "unknown setting 'nonsense'" in proc.stderr
+    assert "Traceback" not in proc.stderr
