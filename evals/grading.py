@@ -1,0 +1,315 @@
+"""Grading, in one file: how a patch is applied, how tests are run and read, and how a verdict is decided.
+
+    report = grade(task, model_patch, repo=checked_out_tree, sandbox=SandboxConfig(...))
+    report.resolved, report.tests_status
+
+The steps, each in a fresh sandbox per instance:
+  1. the tree at `base_commit` is copied in (see `evals.tasks.checkout`);
+  2. the model patch is applied: `git apply`, else `patch --fuzz`, else "does not apply";
+  3. the files the test patch touches are reset to base, then `test_patch` is applied;
+  4. the task's `env_setup` commands run, then the tests (default: pytest on the files named by
+     FAIL_TO_PASS and PASS_TO_PASS, results read from JUnit XML), under a timeout that kills them
+     inside the container;
+  5. each test gets a status; the rules below (SWE-bench v5) turn them into a verdict.
+
+The rules, all in `test_passes` and `verdict`:
+  - a test passes when its status is PASSED or XFAIL; a test missing from the results fails;
+  - a SKIPPED test counts as passing for PASS_TO_PASS and as failing for FAIL_TO_PASS;
+  - results that claim success while the test command exited non-zero are rejected (no test passes);
+  - resolved = a non-empty patch applied, every FAIL_TO_PASS test passes and every PASS_TO_PASS test passes.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from agent.errors import M3AgentError
+from evals.tasks import Task, test_ids
+from sandbox import Sandbox, SandboxConfig
+from tools.junit import case_id
+
+Status = Literal["PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"]
+PASSED, FAILED, SKIPPED, ERROR, XFAIL = "PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"
+
+EVAL_DIR = "/tmp/m3-eval"  # outside /workspace, so nothing here shows up in the repository's diff
+JUNIT_PATH = f"{EVAL_DIR}/junit.xml"
+GIT_APPLY = "git apply --verbose --whitespace=nowarn"
+FUZZY_PATCH = "patch --batch --fuzz=5 -p1 --no-backup-if-mismatch"
+STEP_TIMEOUT_S = 120.0  # applying a patch or resetting files; never the tests themselves
+
+
+# --- data --------------------------------------------------------------------------------------------
+
+class Outcome(BaseModel):
+    """The success / failure lists of one category of tests, as in SWE-bench's report.json."""
+
+    success: list[str] = Field(default_factory=list)
+    failure: list[str] = Field(default_factory=list)
+
+
+class TestsStatus(BaseModel):
+    """Every graded test in its category."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+    FAIL_TO_PASS: Outcome = Field(default_factory=Outcome)
+    PASS_TO_PASS: Outcome = Field(default_factory=Outcome)
+    FAIL_TO_FAIL: Outcome = Field(default_factory=Outcome)
+    PASS_TO_FAIL: Outcome = Field(default_factory=Outcome)
+
+
+class InstanceReport(BaseModel):
+    """One instance's verdict: SWE-bench's report.json fields first, then what m3-agent adds."""
+
+    patch_is_None: bool = False
+    patch_exists: bool = False
+    patch_successfully_applied: bool = False
+    resolved: bool = False
+    tests_status: TestsStatus = Field(default_factory=TestsStatus)
+    # m3-agent additions
+    apply_method: Literal["git apply", "patch --fuzz"] | None = None
+    apply_output: str = ""
+    test_exit_code: int | None = None
+    tests_timed_out: bool = False
+    results_rejected: bool = False  # claimed success with a non-zero exit (v5 rule)
+    test_statuses: dict[str, str] = Field(default_factory=dict)
+    test_output: str = ""
+    error: str | None = None  # the instance could not be graded (infrastructure or task fault)
+    timings: dict[str, float] = Field(default_factory=dict)
+
+    def swebench_json(self, instance_id: str) -> dict:
+        """The report in SWE-bench's report.json shape: {instance_id: {...}}."""
+        keep = {"patch_is_None", "patch_exists", "patch_successfully_applied", "resolved", "tests_status"}
+        return {instance_id: self.model_dump(include=keep)}
+
+
+# --- reading test results ----------------------------------------------------------------------------
+
+def parse_junit(xml_text: str | bytes) -> dict[str, str]:
+    """Per-test statuses from a JUnit XML report, keyed by pytest node id (see tools.junit.case_id).
+
+    A test reported more than once (reruns, a teardown error after a pass) keeps its worst status.
+    Raises ValueError when the text is not JUnit XML.
+    """
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError as e:
+        raise ValueError(f"not valid JUnit XML: {e}") from None
+    rank = {PASSED: 0, XFAIL: 1, SKIPPED: 2, FAILED: 3, ERROR: 4}
+    statuses: dict[str, str] = {}
+    for case in root.iter("testcase"):
+        if case.find("error") is not None:
+            status = ERROR
+        elif case.find("failure") is not None:
+            status = FAILED
+        elif (skipped := case.find("skipped")) is not None:
+            status = XFAIL if skipped.get("type") == "pytest.xfail" else SKIPPED
+        else:
+            status = PASSED
+        key = case_id(case)
+        if key not in statuses or rank[status] > rank[statuses[key]]:
+            statuses[key] = status
+    return statuses
+
+
+def trusted_statuses(statuses: dict[str, str], exit_code: int | None, timed_out: bool) -> tuple[dict[str, str], bool]:
+    """Apply the v5 rejection rule; returns (statuses to grade with, rejected?)."""
+    if timed_out:
+        return {}, bool(statuses)
+    claims_success = not any(s in (FAILED, ERROR) for s in statuses.values())
+    if exit_code not in (0, None) and claims_success:
+        return {}, True
+    return statuses, False
+
+
+# --- the verdict -------------------------------------------------------------------------------------
+
+def test_passes(test: str, statuses: dict[str, str], *, skipped_counts: bool) -> bool:
+    """Whether one test passes: PASSED or XFAIL (or SKIPPED where it counts); missing fails."""
+    status = statuses.get(test)
+    return status in (PASSED, XFAIL) or (skipped_counts and status == SKIPPED)
+
+
+def tests_status(task: Task, statuses: dict[str, str]) -> TestsStatus:
+    """Sort the task's tests into success / failure per category (SWE-bench v5 rules)."""
+    out = TestsStatus()
+    extra = task.model_extra or {}
+    categories = {
+        "FAIL_TO_PASS": (task.FAIL_TO_PASS, False),
+        "PASS_TO_PASS": (task.PASS_TO_PASS, True),
+        "FAIL_TO_FAIL": (list(test_ids(extra.get("FAIL_TO_FAIL"))), True),
+        "PASS_TO_FAIL": (list(test_ids(extra.get("PASS_TO_FAIL"))), True),
+    }
+    for name, (tests, skipped_counts) in categories.items():
+        outcome: Outcome = getattr(out, name)
+        for test in tests:
+            passed = test_passes(test, statuses, skipped_counts=skipped_counts)
+            (outcome.success if passed else outcome.failure).append(test)
+    return out
+
+
+def verdict(report: InstanceReport) -> bool:
+    """resolved: a non-empty patch applied, and no FAIL_TO_PASS or PASS_TO_PASS test failed."""
+    status = report.tests_status
+    return (
+        report.patch_exists
+        and report.patch_successfully_applied
+        and report.error is None
+        and not status.FAIL_TO_PASS.failure
+        and not status.PASS_TO_PASS.failure
+    )
+
+
+# --- the steps in the sandbox ------------------------------------------------------------------------
+
+def patch_files(patch: str) -> list[tuple[str, bool]]:
+    """(path, exists before the patch) for every file a unified diff touches."""
+    files: dict[str, bool] = {}
+    for m in re.finditer(r"^diff --git a/(\S+) b/(\S+)$", patch, re.M):
+        files.setdefault(m.group(1), True)
+    for m in re.finditer(r"^--- (\S+)\n\+\+\+ (\S+)", patch, re.M):
+        old, new = m.group(1), m.group(2)
+        if old == "/dev/null" and new.startswith("b/"):
+            files[new[2:]] = False
+        elif old.startswith("a/"):
+            files.setdefault(old[2:], True)
+    return list(files.items())
+
+
+def test_files(task: Task) -> list[str]:
+    """The test files named by the task's test ids (the part before `::`), in first-seen order."""
+    files: dict[str, None] = {}
+    for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]:
+        if "::" in test:
+            files.setdefault(test.split("::", 1)[0], None)
+    return list(files)
+
+
+def test_command(task: Task) -> str:
+    """The shell command that runs the task's tests and writes JUnit XML to JUNIT_PATH.
+
+    The `test_cmd` extension replaces the default; `{junitxml}` and `{test_files}` in it are filled in.
+    Without `{junitxml}` the command is taken to be pytest-like and `--junitxml=...` is appended.
+    """
+    files = " ".join(shlex.quote(f) for f in test_files(task))
+    if task.test_cmd:
+        cmd = task.test_cmd.replace("{test_files}", files)
+        return cmd.replace("{junitxml}", JUNIT_PATH) if "{junitxml}" in cmd else f"{cmd} --junitxml={JUNIT_PATH}"
+    # xunit1 puts the file in each testcase, so node ids come back exactly; --rootdir pins them to the repo.
+    return ("python3 -m pytest -rA -p no:cacheprovider --continue-on-collection-errors --rootdir=. "
+            f"-o junit_family=xunit1 --junitxml={JUNIT_PATH} {files}").rstrip()
+
+
+class _StepFailed(Exception):
+    """A grading step failed in a way that makes the instance an error."""
+
+
+class _Stop(Exception):
+    """Grading ends early with the report as it stands (the patch did not apply)."""
+
+
+def _run(sb: Sandbox, cmd: str, what: str, timeout: float = STEP_TIMEOUT_S) -> str:
+    r = sb.exec(cmd, timeout=timeout)
+    if r.exit_code != 0 or r.timed_out:
+        tail = (r.stdout + r.stderr).strip()[-800:]
+        raise _StepFailed(f"{what} failed (exit {r.exit_code}{', timed out' if r.timed_out else ''}): {tail}")
+    return r.stdout + r.stderr
+
+
+def apply_model_patch(sb: Sandbox, patch: str) -> tuple[str | None, str]:
+    """Apply the model's patch: `git apply`, then fuzzy `patch`; returns (method or None, output)."""
+    sb.write_file(f"{EVAL_DIR}/model.patch", patch if patch.endswith("\n") else patch + "\n")
+    r = sb.exec(f"{GIT_APPLY} {EVAL_DIR}/model.patch", timeout=STEP_TIMEOUT_S)
+    if r.exit_code == 0:
+        return "git apply", r.stdout + r.stderr
+    log = r.stdout + r.stderr
+    r = sb.exec(f"{FUZZY_PATCH} -i {EVAL_DIR}/model.patch", timeout=STEP_TIMEOUT_S)
+    log += r.stdout + r.stderr
+    if r.exit_code == 0:
+        return "patch --fuzz", log
+    # A half-applied fuzzy patch must not leak into the verdict.
+    _run(sb, "git reset -q --hard && git clean -q -fd", "resetting after a failed patch")
+    return None, log
+
+
+def apply_test_patch(sb: Sandbox, test_patch: str) -> None:
+    """Reset the files the test patch touches to base (dropping the model's edits there), then apply it."""
+    if not test_patch.strip():
+        return
+    restore, remove = [], []
+    for path, existed in patch_files(test_patch):
+        (restore if existed else remove).append(shlex.quote(path))
+    if restore:
+        # Files the base commit does not have are removed instead of restored.
+        _run(sb, f"for f in {' '.join(restore)}; do if git cat-file -e HEAD:\"$f\" 2>/dev/null; "
+                 f"then git checkout -q HEAD -- \"$f\"; else rm -f -- \"$f\"; fi; done", "resetting test files")
+    if remove:
+        _run(sb, f"rm -f -- {' '.join(remove)}", "removing files the test patch creates")
+    sb.write_file(f"{EVAL_DIR}/test.patch", test_patch if test_patch.endswith("\n") else test_patch + "\n")
+    _run(sb, f"{GIT_APPLY} {EVAL_DIR}/test.patch", "applying test_patch")
+
+
+def run_tests(sb: Sandbox, task: Task, timeout: float) -> tuple[dict[str, str], int | None, bool, str]:
+    """Run the task's tests; returns (statuses from JUnit XML, exit code, timed out?, output tail)."""
+    sb.exec(f"rm -f {JUNIT_PATH}", timeout=STEP_TIMEOUT_S)
+    r = sb.exec(test_command(task), timeout=timeout)
+    output = (r.stdout + r.stderr)[-20_000:]
+    try:
+        xml = sb.read_file(JUNIT_PATH)
+    except (M3AgentError, OSError):  # no report: every test counts as missing
+        return {}, r.exit_code, r.timed_out, output
+    try:
+        return parse_junit(xml), r.exit_code, r.timed_out, output
+    except ValueError as e:
+        return {}, r.exit_code, r.timed_out, f"{output}\n[m3-agent: {e}]"
+
+
+def grade(task: Task, model_patch: str | None, *, repo: Path, sandbox: SandboxConfig,
+          test_timeout: float = 600.0) -> InstanceReport:
+    """Grade one prediction in a fresh sandbox built from `repo` (the tree at base_commit).
+
+    An empty patch is still run: its tests show whether FAIL_TO_PASS really fails at base, which is
+    how a task is validated; it never counts as resolved.
+    """
+    report = InstanceReport(patch_is_None=model_patch is None, patch_exists=bool(model_patch and model_patch.strip()))
+    clock = time.monotonic()
+    try:
+        with Sandbox(sandbox, repo=repo) as sb:
+            mark = report.timings["sandbox_s"] = _since(clock)
+            sb.exec(f"mkdir -p {EVAL_DIR}", timeout=STEP_TIMEOUT_S)
+            if report.patch_exists:
+                report.apply_method, report.apply_output = apply_model_patch(sb, model_patch or "")
+                report.patch_successfully_applied = report.apply_method is not None
+                if not report.patch_successfully_applied:
+                    report.error = "patch does not apply"
+                    raise _Stop
+            apply_test_patch(sb, task.test_patch)
+            for cmd in task.env_setup:
+                _run(sb, cmd, f"env_setup `{cmd}`", timeout=test_timeout)
+            report.timings["apply_s"] = round(_since(clock) - mark, 3)
+            mark = _since(clock)
+            raw, report.test_exit_code, report.tests_timed_out, report.test_output = run_tests(sb, task, test_timeout)
+            report.timings["tests_s"] = round(_since(clock) - mark, 3)
+            statuses, report.results_rejected = trusted_statuses(raw, report.test_exit_code, report.tests_timed_out)
+            report.test_statuses = raw
+            report.tests_status = tests_status(task, statuses)
+    except _Stop:
+        pass
+    except _StepFailed as e:
+        report.error = str(e)
+    except M3AgentError as e:
+        report.error = f"{type(e).__name__}: {e}"
+    report.resolved = verdict(report)
+    report.timings["total_s"] = _since(clock)
+    return report
+
+
+def _since(start: float) -> float:
+    return round(time.monotonic() - start, 3)

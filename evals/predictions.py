@@ -1,0 +1,58 @@
+"""Predictions in SWE-bench's format: {instance_id, model_name_or_path, model_patch}.
+
+    preds = load_predictions("preds.jsonl", tasks)     # or "gold" / "empty"
+    append_prediction(out / "predictions.jsonl", pred) # readable by the official harness
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from agent.errors import UsageError
+from evals.records import append_record, read_records
+from evals.tasks import Task
+
+GOLD = "gold"
+EMPTY = "empty"
+
+
+class Prediction(BaseModel):
+    """One model's patch for one instance; `model_patch` None means the model gave nothing."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    instance_id: str
+    model_name_or_path: str = "unknown"
+    model_patch: str | None = None
+
+
+def load_predictions(spec: str | Path, tasks: list[Task]) -> dict[str, Prediction]:
+    """Predictions keyed by instance_id: `gold` (the tasks' own patches), `empty`, or a file.
+
+    A file may be .jsonl, a JSON list, or a JSON dict keyed by instance_id, as SWE-bench accepts.
+    """
+    if str(spec) == GOLD:
+        return {t.instance_id: Prediction(instance_id=t.instance_id, model_name_or_path=GOLD, model_patch=t.patch)
+                for t in tasks}
+    if str(spec) == EMPTY:
+        return {t.instance_id: Prediction(instance_id=t.instance_id, model_name_or_path=EMPTY, model_patch="")
+                for t in tasks}
+    path = Path(spec)
+    if not path.is_file():
+        raise UsageError(f"predictions not found: {path} (give a .json / .jsonl file, `gold` or `empty`)")
+    preds: dict[str, Prediction] = {}
+    for n, row in enumerate(read_records(path, "predictions"), 1):
+        try:
+            pred = Prediction.model_validate(row)
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise UsageError(f"{path}: prediction {n}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        preds[pred.instance_id] = pred
+    return preds
+
+
+def append_prediction(path: Path, pred: Prediction) -> None:
+    """Append one prediction as a JSONL line, synced to disk at once."""
+    append_record(path, pred.model_dump(mode="json"))

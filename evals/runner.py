@@ -1,0 +1,311 @@
+"""The eval runner: one instance = one pure function, run by N local worker processes, resumable.
+
+    result = evaluate_instance(task, prediction, config)        # (task, config) -> result, nothing shared
+    results = run_eval(tasks, predictions, config, workers=2)   # the local executor over all of them
+
+`evaluate_instance` takes only pydantic models and returns one, so a distributed executor (Ray:
+`ray.remote(evaluate_instance)`) can place instances on other machines without a redesign; the
+local executor here runs each instance in its own process so that a per-instance timeout can
+really stop it. Every finished instance is appended and fsynced to `results.jsonl` at once; a rerun
+skips what is there, and its first act is to prune containers left by a killed run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import multiprocessing
+import multiprocessing.connection
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.errors import Interrupted, M3AgentError, SandboxUnavailable, UsageError
+from evals.grading import InstanceReport, grade
+from evals.predictions import Prediction, append_prediction
+from evals.records import append_record, read_jsonl_tolerant
+from evals.tasks import Task, checkout
+from sandbox import SandboxConfig
+
+RESULTS_FILE = "results.jsonl"
+PREDICTIONS_FILE = "predictions.jsonl"
+KILL_GRACE_S = 10.0
+
+
+class EvalConfig(BaseModel):
+    """Everything an instance needs besides its task: where repositories are, sandbox, limits, agent."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    output_dir: Path
+    repos: Path | None = None
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    test_timeout: float = Field(600.0, gt=0, description="seconds for the test command of one instance")
+    instance_timeout: float = Field(3600.0, gt=0, description="seconds for one whole instance (agent + grading)")
+    model_name: str = "m3-agent"
+    agent: dict[str, Any] | None = Field(None, description="AgentConfig fields: set for `eval run`, None to grade")
+
+
+class AgentStats(BaseModel):
+    """What the agent's run cost and how it went (`eval run` only)."""
+
+    status: str
+    turns: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    requests: int = 0
+    cache_hit_share: float = 0.0
+    mode_counts: dict[str, int] = Field(default_factory=dict)
+    stalls: int = 0
+    wall_s: float = 0.0
+    model_s: float = 0.0
+    cost_usd: float | None = None
+    error: str | None = None
+    trajectory_path: str | None = None
+
+
+class InstanceResult(BaseModel):
+    """One finished instance: the prediction, the agent's run (if any), the grading report."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    instance_id: str
+    model_name_or_path: str
+    model_patch: str | None
+    report: InstanceReport
+    agent: AgentStats | None = None
+    error: str | None = None  # the instance failed before or outside grading (timeout, crash, bad repo)
+    wall_s: float = 0.0
+    finished_at: str = ""
+
+    @property
+    def outcome(self) -> Literal["resolved", "unresolved", "error", "empty_patch"]:
+        """One word for tables: resolved, unresolved, error or empty_patch."""
+        if self.error or self.report.error:
+            return "error"
+        if self.report.resolved:
+            return "resolved"
+        return "unresolved" if self.report.patch_exists else "empty_patch"
+
+
+def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalConfig) -> InstanceResult:
+    """Run one instance start to end: the agent (when config.agent is set), then grading.
+
+    Pure in the sense that matters for distribution: inputs are the arguments, the output is the
+    return value; the only side effects are the sandbox containers (removed) and the trajectory file.
+    """
+    start = time.monotonic()
+    name = config.model_name if config.agent is not None else (prediction.model_name_or_path if prediction else "none")
+    patch = prediction.model_patch if prediction else None
+    stats: AgentStats | None = None
+    with tempfile.TemporaryDirectory(prefix="m3-eval-") as tmp:
+        try:
+            tree = checkout(task, Path(tmp) / "repo", repos=config.repos)
+            if config.agent is not None:
+                patch, stats = _agent_patch(task, tree, config)
+            report = grade(task, patch, repo=tree, sandbox=config.sandbox, test_timeout=config.test_timeout)
+            error = None
+        except (UsageError, SandboxUnavailable) as e:
+            report, error = InstanceReport(patch_is_None=patch is None, patch_exists=bool(patch)), str(e)
+    return InstanceResult(instance_id=task.instance_id, model_name_or_path=name, model_patch=patch, report=report,
+                          agent=stats, error=error, wall_s=round(time.monotonic() - start, 3),
+                          finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, AgentStats]:
+    from agent.loop import Agent, AgentConfig  # only `eval run` needs the agent and its dependencies
+
+    agent_config = AgentConfig.model_validate({**config.agent, "sandbox": config.sandbox})
+    trajectory = config.output_dir / "trajectories" / f"{task.instance_id}.jsonl"
+    trajectory.parent.mkdir(parents=True, exist_ok=True)
+    rr = Agent(agent_config).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
+    stats = AgentStats(
+        status=rr.status, turns=rr.turns, prompt_tokens=rr.usage.prompt_tokens,
+        completion_tokens=rr.usage.completion_tokens, cached_tokens=rr.usage.cached_tokens,
+        reasoning_tokens=rr.usage.reasoning_tokens, requests=rr.usage.requests, cache_hit_share=rr.cache_hit_share,
+        mode_counts=dict(rr.mode_counts), stalls=len(rr.stalls), wall_s=rr.timings.wall_s, model_s=rr.timings.model_s,
+        cost_usd=rr.cost_usd, error=rr.error, trajectory_path=str(rr.trajectory_path or trajectory),
+    )
+    return rr.patch or "", stats
+
+
+# --- results on disk ---------------------------------------------------------------------------------
+
+def load_results(output_dir: Path) -> dict[str, InstanceResult]:
+    """Finished instances in an output directory (the last line per instance wins)."""
+    results: dict[str, InstanceResult] = {}
+    for row in read_jsonl_tolerant(Path(output_dir) / RESULTS_FILE):
+        try:
+            r = InstanceResult.model_validate(row)
+        except ValueError:
+            continue  # a line from an incompatible version: it will be redone
+        results[r.instance_id] = r
+    return results
+
+
+def save_result(output_dir: Path, result: InstanceResult) -> None:
+    """Append the result (and its prediction) durably, and write SWE-bench-shaped per-instance files."""
+    append_record(output_dir / RESULTS_FILE, result.model_dump(mode="json"))
+    append_prediction(output_dir / PREDICTIONS_FILE, Prediction(
+        instance_id=result.instance_id, model_name_or_path=result.model_name_or_path, model_patch=result.model_patch))
+    inst = output_dir / "instances" / result.instance_id
+    inst.mkdir(parents=True, exist_ok=True)
+    (inst / "report.json").write_text(json.dumps(result.report.swebench_json(result.instance_id), indent=2) + "\n")
+    (inst / "test_output.txt").write_text(result.report.test_output)
+    (inst / "patch.diff").write_text(result.model_patch or "")
+
+
+@contextmanager
+def _exclusive(output_dir: Path):
+    """One run per output directory at a time."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with open(output_dir / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"another eval is running in {output_dir}: wait for it or choose another --output") from None
+        yield
+
+
+# --- the local executor ------------------------------------------------------------------------------
+
+Event = Callable[[str, dict[str, Any]], None]  # ("start" | "finish", info)
+
+
+def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig, *,
+             workers: int = 1, retry_errors: bool = False, on_event: Event | None = None) -> list[InstanceResult]:
+    """Evaluate every task with `workers` processes; skips instances already in results.jsonl.
+
+    Returns the results of all tasks (earlier and new) in task order.
+    """
+    if workers < 1:
+        raise UsageError("--workers must be at least 1")
+    output_dir = Path(config.output_dir)
+    with _exclusive(output_dir):
+        _prune_leftovers()
+        done = load_results(output_dir)
+        if retry_errors:
+            done = {k: v for k, v in done.items() if v.outcome != "error"}
+        pending = [t for t in tasks if t.instance_id not in done]
+        for t in tasks:
+            if t.instance_id in done and on_event:
+                on_event("skip", {"result": done[t.instance_id]})
+        for result in _execute(pending, predictions, config, workers, on_event):
+            save_result(output_dir, result)
+            done[result.instance_id] = result
+            if on_event:
+                on_event("finish", {"result": result})
+    return [done[t.instance_id] for t in tasks if t.instance_id in done]
+
+
+def _prune_leftovers() -> None:
+    """Remove sandbox containers whose owner process is gone (a killed earlier run)."""
+    from sandbox import prune
+
+    try:
+        prune()
+    except Exception as e:  # no engine: the instances will report it one by one
+        print(f"m3-agent: could not prune leftover sandboxes: {e}", file=sys.stderr)
+
+
+def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig, workers: int,
+             on_event: Event | None):
+    """Yield results as instances finish, each in its own process, at most `workers` at a time."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["evals.runner"])  # children fork from a warm interpreter
+    queue = list(reversed(tasks))
+    running: dict[Any, tuple[Any, Any, Task, float]] = {}  # sentinel -> (process, conn, task, started)
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                task = queue.pop()
+                pred = predictions.get(task.instance_id) if predictions is not None else None
+                parent, child = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_child, args=(child, task.model_dump_json(),
+                                                        pred.model_dump_json() if pred else None,
+                                                        config.model_dump_json()), daemon=True)
+                proc.start()
+                child.close()
+                running[proc.sentinel] = (proc, parent, task, time.monotonic())
+                if on_event:
+                    on_event("start", {"instance_id": task.instance_id})
+            ready = multiprocessing.connection.wait(list(running), timeout=1.0)
+            now = time.monotonic()
+            for sentinel in list(running):
+                proc, conn, task, started = running[sentinel]
+                if sentinel in ready or conn.poll():
+                    result = _receive(conn, proc, task, pred_of(predictions, task), now - started)
+                elif now - started > config.instance_timeout:
+                    _stop(proc)
+                    result = _failed(task, pred_of(predictions, task),
+                                     f"instance timed out after {config.instance_timeout:g}s", now - started)
+                else:
+                    continue
+                del running[sentinel]
+                conn.close()
+                proc.join(timeout=KILL_GRACE_S)
+                yield result
+    finally:
+        for proc, conn, _task, _started in running.values():
+            _stop(proc)
+            conn.close()
+        if running:
+            _prune_leftovers()
+
+
+def pred_of(predictions: dict[str, Prediction] | None, task: Task) -> Prediction | None:
+    """The prediction for a task, if predictions were given."""
+    return predictions.get(task.instance_id) if predictions is not None else None
+
+
+def _receive(conn, proc, task: Task, pred: Prediction | None, elapsed: float) -> InstanceResult:
+    try:
+        return InstanceResult.model_validate_json(conn.recv_bytes())
+    except (EOFError, OSError):
+        proc.join(timeout=KILL_GRACE_S)
+        return _failed(task, pred, f"worker process died (exit code {proc.exitcode})", elapsed)
+
+
+def _stop(proc) -> None:
+    """SIGTERM (the sandbox closes its containers), then SIGKILL after a grace period."""
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(timeout=KILL_GRACE_S)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=KILL_GRACE_S)
+
+
+def _failed(task: Task, pred: Prediction | None, why: str, elapsed: float) -> InstanceResult:
+    patch = pred.model_patch if pred else None
+    return InstanceResult(
+        instance_id=task.instance_id, model_name_or_path=pred.model_name_or_path if pred else "none",
+        model_patch=patch, report=InstanceReport(patch_is_None=patch is None, patch_exists=bool(patch)),
+        error=why, wall_s=round(elapsed, 3), finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def _child(conn, task_json: str, pred_json: str | None, config_json: str) -> None:
+    """Worker process body: one instance, its result sent back as JSON."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    task = Task.model_validate_json(task_json)
+    pred = Prediction.model_validate_json(pred_json) if pred_json else None
+    config = EvalConfig.model_validate_json(config_json)
+    try:
+        result = evaluate_instance(task, pred, config)
+    except (M3AgentError, Interrupted) as e:
+        result = _failed(task, pred, f"{type(e).__name__}: {e}", 0.0)
+    except Exception:  # a bug must not take the run down: record it with its traceback
+        result = _failed(task, pred, "internal error: " + traceback.format_exc(limit=5)[-1500:], 0.0)
+    conn.send_bytes(result.model_dump_json().encode())
+    conn.close()

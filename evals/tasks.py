@@ -1,0 +1,255 @@
+"""Tasks in SWE-bench's instance schema, where their repositories come from, and the built-in suite.
+
+    tasks = load_tasks("builtin")                      # or a .json / .jsonl file of instances
+    tree = checkout(tasks[0], dest, repos=Path("mirrors"))   # the tree at base_commit, as a fresh git repo
+
+A task's repository is looked up, in order: the `repo_source` extension (a path or git URL), then
+`--repos DIR` as `DIR/<owner>__<name>` (a clone or a bare mirror), then `repo` itself when it is a
+path or a git URL. Nothing here needs the network unless a task names a remote URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agent.errors import UsageError
+from evals.records import read_records
+
+SUITE_DIR = Path(__file__).parent / "suite"
+BUILTIN = "builtin"
+
+# Fixed identity and dates: the same files always give the same base commit.
+_FIXED_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "m3-agent",
+    "GIT_AUTHOR_EMAIL": "evals@m3-agent.invalid",
+    "GIT_COMMITTER_NAME": "m3-agent",
+    "GIT_COMMITTER_EMAIL": "evals@m3-agent.invalid",
+    "GIT_AUTHOR_DATE": "2025-01-01T00:00:00+00:00",
+    "GIT_COMMITTER_DATE": "2025-01-01T00:00:00+00:00",
+}
+_GIT_QUIET = ["-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null", "-c", "core.autocrlf=false",
+              "-c", "init.defaultBranch=main"]
+
+
+class Task(BaseModel):
+    """One SWE-bench instance, plus optional extensions (test_cmd, env_setup, repo_source).
+
+    Unknown fields are kept, so an instance read from a dataset is written back unchanged.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    instance_id: str
+    repo: str
+    base_commit: str
+    patch: str = ""
+    test_patch: str = ""
+    problem_statement: str = ""
+    hints_text: str = ""
+    created_at: str = ""
+    version: str = ""
+    environment_setup_commit: str | None = None
+    FAIL_TO_PASS: list[str] = Field(default_factory=list)
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    test_cmd: str | None = None  # extension: replaces the default pytest command; see grading.test_command
+    env_setup: list[str] = Field(default_factory=list)  # extension: shell commands run before the tests
+    repo_source: str | None = None  # extension: a path or git URL holding `repo`
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _json_string_list(cls, v: Any) -> Any:
+        return test_ids(v)
+
+
+def test_ids(value: Any) -> Any:
+    """A list of test ids from a list or a JSON-encoded string (SWE-bench's datasets store strings)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            return json.loads(value) if value.strip() else []
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not a JSON list of test ids: {e}") from None
+    return value
+
+
+def load_tasks(spec: str | Path, *, instance_ids: list[str] | None = None) -> list[Task]:
+    """Tasks from `builtin` (the shipped suite) or a .json / .jsonl file; optionally only some ids."""
+    if str(spec) == BUILTIN:
+        tasks = builtin_tasks()
+    else:
+        rows = read_records(Path(spec), "tasks")
+        tasks = [_validate(row, f"{spec}: instance {i + 1}") for i, row in enumerate(rows)]
+    seen: set[str] = set()
+    for t in tasks:
+        if t.instance_id in seen:
+            raise UsageError(f"{spec}: instance_id {t.instance_id!r} appears twice")
+        seen.add(t.instance_id)
+    if instance_ids:
+        missing = sorted(set(instance_ids) - seen)
+        if missing:
+            raise UsageError(f"{spec}: no task with instance_id {', '.join(missing)}")
+        tasks = [t for t in tasks if t.instance_id in set(instance_ids)]
+    return tasks
+
+
+def _validate(row: Any, where: str) -> Task:
+    if not isinstance(row, dict):
+        raise UsageError(f"{where}: expected a JSON object")
+    try:
+        return Task.model_validate(row)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "instance"
+        raise UsageError(f"{where}: {field}: {first['msg']}") from None
+
+
+# --- built-in suite ----------------------------------------------------------------------------------
+
+def builtin_names() -> list[str]:
+    """Names of the shipped tasks (folders of evals/suite)."""
+    return sorted(p.name for p in SUITE_DIR.iterdir() if (p / "task.json").is_file())
+
+
+def builtin_tasks() -> list[Task]:
+    """The shipped suite, each task's repository materialised with a deterministic base commit."""
+    return [builtin_task(name) for name in builtin_names()]
+
+
+def builtin_task(name: str) -> Task:
+    """One shipped task: task.json + issue.md + gold.patch + test.patch + repo/ (made a git repo)."""
+    src = SUITE_DIR / name
+    if not (src / "task.json").is_file():
+        raise UsageError(f"no built-in task {name!r}; known: {', '.join(builtin_names())}")
+    repo, commit = _materialise_suite_repo(src / "repo")
+    meta = json.loads((src / "task.json").read_text())
+    return Task(
+        **meta,
+        base_commit=commit,
+        problem_statement=(src / "issue.md").read_text(),
+        patch=(src / "gold.patch").read_text(),
+        test_patch=(src / "test.patch").read_text(),
+        repo_source=str(repo),
+    )
+
+
+def cache_dir() -> Path:
+    """Where evals keep materialised repositories: $M3_AGENT_CACHE_DIR, else the XDG cache."""
+    root = os.environ.get("M3_AGENT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "m3-agent")
+    return Path(root)
+
+
+def _materialise_suite_repo(files: Path) -> tuple[Path, str]:
+    """A git repo of `files` in the cache (keyed by content), committed with fixed identity and dates."""
+    digest = hashlib.sha256()
+    entries = sorted(p for p in files.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for p in entries:
+        digest.update(p.relative_to(files).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    dest = cache_dir() / "suite" / f"{files.parent.name}-{digest.hexdigest()[:16]}"
+    if (dest / ".git").is_dir():
+        return dest, _git(dest, "rev-parse", "HEAD").strip()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    for p in entries:
+        target = tmp / p.relative_to(files)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(p.read_bytes())
+    commit = _commit_snapshot(tmp, f"{files.parent.name}: base")
+    try:
+        tmp.rename(dest)  # atomic: a concurrent loader either wins or finds the finished copy
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest, commit
+
+
+def _commit_snapshot(path: Path, message: str) -> str:
+    """git init + add everything + one commit with fixed identity and dates; returns the commit id."""
+    _git(path, "init", "-q")
+    _git(path, "add", "-A", "-f")
+    _git(path, "commit", "-q", "--allow-empty", "-m", message)
+    return _git(path, "rev-parse", "HEAD").strip()
+
+
+def _git(cwd: Path, *args: str, input: bytes | None = None) -> str:
+    env = {**os.environ, **_FIXED_GIT_ENV}
+    proc = subprocess.run(["git", *_GIT_QUIET, *args], cwd=cwd, env=env, capture_output=True, input=input)
+    if proc.returncode != 0:
+        msg = proc.stderr.decode(errors="replace").strip().splitlines()
+        raise UsageError(f"git {args[0]} failed in {cwd}: {msg[-1] if msg else 'exit ' + str(proc.returncode)}")
+    return proc.stdout.decode(errors="replace")
+
+
+# --- repositories ------------------------------------------------------------------------------------
+
+def _is_url(s: str) -> bool:
+    return "://" in s or s.startswith("git@")
+
+
+def repo_source(task: Task, repos: Path | None) -> str:
+    """Where the task's repository is: a local path (clone or bare mirror) or a git URL."""
+    if task.repo_source:
+        return task.repo_source
+    if repos is not None:
+        candidate = Path(repos) / task.repo.replace("/", "__")
+        for c in (candidate, candidate.with_name(candidate.name + ".git")):
+            if c.exists():
+                return str(c)
+        raise UsageError(f"{task.instance_id}: no repository {candidate} (expected a clone or mirror of "
+                         f"{task.repo} named <owner>__<name>)")
+    if _is_url(task.repo) or Path(task.repo).exists():
+        return task.repo
+    raise UsageError(f"{task.instance_id}: don't know where {task.repo} is: pass --repos DIR holding "
+                     f"{task.repo.replace('/', '__')}")
+
+
+def _local_git_dir(source: str, commit: str) -> Path:
+    """A local git directory holding `commit`: the source itself, or a mirror in the cache for a URL."""
+    if not _is_url(source):
+        path = Path(source)
+        if not path.exists():
+            raise UsageError(f"repository not found: {path}")
+        return Path(_git(path, "rev-parse", "--absolute-git-dir").strip())
+    mirror = cache_dir() / "mirrors" / hashlib.sha256(source.encode()).hexdigest()[:16]
+    if not mirror.exists():
+        mirror.parent.mkdir(parents=True, exist_ok=True)
+        _git(mirror.parent, "clone", "-q", "--mirror", source, str(mirror))
+    elif not _has_commit(mirror, commit):
+        _git(mirror, "fetch", "-q", "origin")
+    return mirror
+
+
+def _has_commit(git_dir: Path, commit: str) -> bool:
+    return subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "-e", f"{commit}^{{commit}}"],
+                          capture_output=True).returncode == 0
+
+
+def checkout(task: Task, dest: Path, *, repos: Path | None = None) -> Path:
+    """Write the repository's tree at `task.base_commit` to `dest`, as a fresh one-commit git repo.
+
+    The history is left behind on purpose: the sandbox gets a small .git whatever the repository's size.
+    """
+    git_dir = _local_git_dir(repo_source(task, repos), task.base_commit)
+    if not _has_commit(git_dir, task.base_commit):
+        raise UsageError(f"{task.instance_id}: base_commit {task.base_commit} is not in {git_dir}")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        # A private index: the source repository (maybe a user's clone) is never touched.
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        for args in (["read-tree", task.base_commit], ["checkout-index", "-a", "-f"]):
+            proc = subprocess.run(["git", "--git-dir", str(git_dir), "--work-tree", str(dest), *_GIT_QUIET, *args],
+                                  env=env, capture_output=True)
+            if proc.returncode != 0:
+                raise UsageError(f"{task.instance_id}: cannot check out {task.base_commit}: "
+                                 f"{proc.stderr.decode(errors='replace').strip()}")
+    _commit_snapshot(dest, f"{task.instance_id}: base_commit {task.base_commit}")
+    return dest
