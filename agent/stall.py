@@ -14,7 +14,7 @@ marks the end of each turn, and asks `check()` after each turn:
 Rules, all looking only at history since the last user message (OpenHands' window):
   same_failing_tests  the same failing test set across N consecutive test runs (seed 001)
   repeated_action     the last N actions equal and their observations equal
-  repeated_error      the last N actions equal and every one of them failed
+  repeated_error      the last N actions equal and every one failed (tool error or non-zero exit)
   monologue           the last N assistant messages identical with no tool call between
   alternation         two actions alternating A,B,A,B,... with matching observations
   condensation        N context condensations in a row with nothing else between
@@ -253,11 +253,13 @@ class StallDetector:
         """Return the stall that holds now (most specific rule first), or None."""
         if not self.config.enabled:
             return None
-        for rule in (self._repeated_action, self._repeated_error, self._alternation, self._monologue,
-                     self._same_failing_tests, self._condensation, self._no_file_change):
+        rules = [("repeated_action", self._repeated_action), ("repeated_error", self._repeated_error),
+                 ("alternation", self._alternation), ("monologue", self._monologue),
+                 ("same_failing_tests", self._same_failing_tests), ("condensation", self._condensation),
+                 ("no_file_change", self._no_file_change)]
+        for name, rule in rules:
             evidence = rule()
             if evidence is not None:
-                name = rule.__name__.lstrip("_")
                 return Stall(rule=name, evidence=evidence, turn=self._turn)
         return None
 
