@@ -13,14 +13,10 @@ from tools.file_edit import FileEdit
 from tools.file_read import FileRead
 from tools.file_write import FileWrite
 from tools.junit import FailingTest, TestSummary, parse_junit
+from tools.registry import default_tools
 from tools.submit import Submit
 from tools.test_runner import TestRunner
 from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-
-
-def default_tools(*, test_timeout: int = 300) -> list[Tool]:
-    """The standard tool set: code_exec, file_write, test_runner, file_read, file_edit, bash, submit."""
-    return [CodeExec(), FileWrite(), TestRunner(timeout=test_timeout), FileRead(), FileEdit(), Bash(), Submit()]
 
 
 __all__ = [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
@@ -19,6 +19,9 @@ DEFAULT_TIMEOUT = 300
 OUTPUT_TAIL_LINES = 15
 # Exit codes shared by pytest and the bundled unittest runner.
 EXIT_USAGE, EXIT_NO_TESTS = 4, 5
+# The stdlib-only unittest runner shipped with this package, and where it goes in the sandbox.
+RUNNER_SOURCE = Path(__file__).with_name("unittest_junit.py")
+UNITTEST_RUNNER = SCRATCH + "/unittest_junit.py"
 
 
 class TestRunnerArgs(ToolArgs):
@@ -81,7 +84,7 @@ class TestRunner(Tool):
                 f"python3 -m pytest -q -p no:cacheprovider -o junit_family=xunit1 --tb=short "
                 f"--continue-on-collection-errors --junitxml={shlex.quote(report)} {quoted}"
             )
-        return f"python3 {shlex.quote(SCRATCH + '/unittest_junit.py')} {shlex.quote(report)} {quoted}"
+        return f"python3 {shlex.quote(UNITTEST_RUNNER)} {shlex.quote(report)} {quoted}"
 
     def run(self, args: TestRunnerArgs, sandbox: Sandbox) -> ToolResult:
         """Run the tests named by `args.test_file` (all of them when empty) and summarise the outcome."""
@@ -89,8 +92,7 @@ class TestRunner(Tool):
         if args.framework == "unittest":
             if len(names) > 1:
                 raise ToolCallError("unittest takes one test_file at a time.", kind="bad_args")
-            runner = resources.files("tools").joinpath("unittest_junit.py").read_text()
-            write_scratch(sandbox, SCRATCH + "/unittest_junit.py", runner)
+            write_scratch(sandbox, UNITTEST_RUNNER, RUNNER_SOURCE.read_text())
         report = scratch_file(".xml")
         result = sandbox.exec(
             self.command(args.framework, names, report), timeout=self.timeout, cwd=WORKSPACE, env=EXEC_ENV
