@@ -41,7 +41,7 @@ times), `stray_think_close`, and `fault`:
 A fault turn is consumed by the request it fails, so a retrying client gets the next turn. When a
 conversation runs out of turns, `on_exhausted: "final"` answers a plain assistant message saying
 so (finish_reason stop) and `"error"` answers HTTP 500. During the first `loading_s` seconds every
-route answers 503, as a vLLM server still loading weights does.
+route but /metrics answers 503, as a vLLM server still loading weights does.
 
 Wire details that follow the vLLM version M3 is served with:
 - reasoning is `message.reasoning` / `delta.reasoning`; vLLM removed the `reasoning_content` alias
@@ -425,10 +425,12 @@ class StandinState:
 
     def count_finished(self, prompt_tokens: int, completion_tokens: int, finish_reason: str) -> None:
         """Move the token and request counters after a served reply."""
+        # the engine ends a tool-call reply with "stop"; "tool_calls" exists only in the API layer
+        engine_reason = "stop" if finish_reason == "tool_calls" else finish_reason
         with self.lock:
             self.metrics["prompt_tokens"] += prompt_tokens
             self.metrics["generation_tokens"] += completion_tokens
-            self.finished[finish_reason] = self.finished.get(finish_reason, 0) + 1
+            self.finished[engine_reason] = self.finished.get(engine_reason, 0) + 1
 
     def metrics_text(self) -> str:
         """Prometheus exposition text with vLLM's metric names."""
@@ -453,7 +455,7 @@ class StandinState:
             "# HELP vllm:request_success_total Count of successfully processed requests.",
             "# TYPE vllm:request_success_total counter",
         ]
-        for reason in ("stop", "length", "tool_calls", *sorted(set(finished) - {"stop", "length", "tool_calls"})):
+        for reason in ("stop", "length", "abort", *sorted(set(finished) - {"stop", "length", "abort"})):
             lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(finished.get(reason, 0))}')
         return "\n".join(lines) + "\n"
 
@@ -936,8 +938,7 @@ def standin_command(
 ) -> None:
     """Run the M3 stand-in in the foreground until Ctrl-C.
 
-    It is a scripted TEST DOUBLE speaking vLLM's wire format, not a model: every reply comes from
-    the script.
+    A scripted TEST DOUBLE speaking vLLM's wire format, not a model: every reply comes from the script.
     """
     server = StandinServer(script, host=host, port=port).start()
     stopped = threading.Event()

@@ -487,7 +487,8 @@ def test_metrics_counters_move():
         return out
 
     msgs = [{"role": "user", "content": "hello " * 300}]
-    with StandinServer({"block_size": 16, "turns": [{"content": "a b c", "repeat": 2}]}) as srv:
+    turns = [{"content": "a b c"}, {"tool_calls": [{"name": "read", "arguments": {"path": "a.py"}}]}]
+    with StandinServer({"block_size": 16, "turns": turns}) as srv:
         before = scrape(srv)
         r1 = ask(srv, msgs)
         r2 = ask(srv, msgs)
@@ -498,7 +499,8 @@ def test_metrics_counters_move():
     assert after["vllm:prefix_cache_hits_total"] == cached > 0
     assert after["vllm:prompt_tokens_total"] == r1.usage.prompt_tokens + r2.usage.prompt_tokens
     assert after["vllm:generation_tokens_total"] == r1.usage.completion_tokens + r2.usage.completion_tokens
-    assert after["vllm:request_success_total:stop"] == 2
+    assert after["vllm:request_success_total:stop"] == 2  # the engine ends a tool-call reply with stop too
+    assert after["vllm:request_success_total:length"] == 0
 
 
 # models, routes, errors -------------------------------------------------------------------------
