@@ -117,8 +117,8 @@ def test_unittest_runner_report_is_summarised(tmp_path):
     proc = _run([sys.executable, str(RUNNER_SOURCE), str(report)], root)
     assert proc.returncode == 1, proc.stderr
     s = parse_junit(report.read_bytes(), framework="unittest", target="")
-    # the subtest failure is its own entry; test_sub itself still counts once as passed by unittest
-    assert (s.failed, s.errors, s.skipped) == (2, 2, 1)
+    # the failing subtest is the entry for test_sub; the broken module is an error
+    assert (s.passed, s.failed, s.errors, s.skipped) == (1, 2, 2, 1)
     failing = {t.id: t for t in s.failing}
     assert failing["tests.test_a.T.test_fail"].message == "AssertionError: 1 != 2"
     assert failing["tests.test_a.T.test_error"].kind == "error"
