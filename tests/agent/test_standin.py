@@ -474,6 +474,21 @@ def test_cached_tokens_on_a_growing_conversation(block_size):
     assert seen and other.usage.prompt_tokens_details is None
 
 
+def test_identical_prompt_of_whole_blocks_recomputes_its_last_block():
+    bs = 16
+    with StandinServer({"block_size": bs, "turns": [{"content": "x", "repeat": 40}]}) as srv:
+        msgs = next(m for k in range(1, 40)
+                    if _tokenize(srv, m := [{"role": "user", "content": "word " * k}])["count"] % bs == 0)
+        n = _tokenize(srv, msgs)["count"]
+        first, second = ask(srv, msgs), ask(srv, msgs)
+        longer = [{"role": "user", "content": msgs[0]["content"] + "more"}]
+        third = ask(srv, longer)
+        expected_third = _expected_cached([_tokenize(srv, msgs)["tokens"]], _tokenize(srv, longer)["tokens"], bs)
+    assert first.usage.prompt_tokens_details is None
+    assert second.usage.prompt_tokens == n and second.usage.prompt_tokens_details.cached_tokens == n - bs
+    assert third.usage.prompt_tokens_details.cached_tokens == expected_third > 0
+
+
 def test_metrics_counters_move():
     def scrape(srv) -> dict[str, float]:
         text = get(srv.root_url + "/metrics").text
