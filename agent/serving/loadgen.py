@@ -1,0 +1,201 @@
+"""The project's own load generator: streaming chat requests through the openai SDK.
+
+It measures what `vllm bench serve` measures, the same way: TTFT is the time to the first
+streamed token, ITL every gap between streamed chunks, TPOT a request's (latency - TTFT) /
+(output tokens - 1); throughputs divide token totals (from `usage`, streamed with
+`stream_options.include_usage`) by the wall time of the whole run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+import urllib.request
+
+import openai
+from pydantic import BaseModel, Field
+
+_SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "qui", "dor", "bel", "fen", "gar"]
+
+
+class LoadConfig(BaseModel):
+    """One benchmark run: the seed 000 workload by default (8192 in / 2048 out, 32 at once, 512 prompts)."""
+
+    base_url: str
+    model: str
+    input_len: int = Field(8192, gt=0)
+    output_len: int = Field(2048, gt=0)
+    concurrency: int = Field(32, gt=0)
+    num_prompts: int = Field(512, gt=0)
+    timeout_s: float = Field(3600, gt=0, description="the whole run; unfinished requests count as failed")
+    request_timeout_s: float = Field(600, gt=0)
+    seed: int = 0
+    api_key: str = "EMPTY"
+
+
+class BenchResult(BaseModel):
+    """Metrics under the names `vllm bench serve --save-result` writes."""
+
+    tool: str
+    completed: int
+    failed: int
+    duration: float
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    p99_tpot_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    p99_itl_ms: float
+    first_error: str = ""
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile with linear interpolation between ranks (numpy's default)."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(n))
+
+
+def _count_tokens(base_url: str, model: str, text: str, api_key: str) -> int | None:
+    """Prompt tokens of one user message per the server's /tokenize (vLLM and the stand-in have it)."""
+    root = base_url.removesuffix("/").removesuffix("/v1")
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}]}).encode()
+    req = urllib.request.Request(f"{root}/tokenize", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as r:
+            return int(json.loads(r.read())["count"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def make_prompts(cfg: LoadConfig) -> list[str]:
+    """`num_prompts` distinct random prompts of about `input_len` tokens each (calibrated by /tokenize)."""
+    rng = random.Random(cfg.seed)
+    probe_words = min(cfg.input_len, 512)
+    counted = _count_tokens(cfg.base_url, cfg.model, _words(random.Random(cfg.seed - 1), probe_words), cfg.api_key)
+    per_word = counted / probe_words if counted else 1.0
+    n = max(1, round(cfg.input_len / per_word))
+    return [_words(rng, n) for _ in range(cfg.num_prompts)]
+
+
+class _Sample:
+    __slots__ = ("ttft", "latency", "itl", "input_tokens", "output_tokens", "error")
+
+    def __init__(self) -> None:
+        self.ttft: float | None = None
+        self.latency = 0.0
+        self.itl: list[float] = []
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.error = ""
+
+
+async def _one(client: openai.AsyncOpenAI, cfg: LoadConfig, prompt: str) -> _Sample:
+    s = _Sample()
+    start = time.perf_counter()
+    last = start
+    chunks = 0
+    try:
+        stream = await client.chat.completions.create(
+            model=cfg.model, messages=[{"role": "user", "content": prompt}], max_tokens=cfg.output_len,
+            stream=True, stream_options={"include_usage": True}, temperature=0.0,
+            extra_body={"ignore_eos": True},  # vLLM: generate exactly output_len tokens, as its bench does
+        )
+        async for chunk in stream:
+            now = time.perf_counter()
+            if chunk.usage:
+                s.input_tokens = chunk.usage.prompt_tokens or 0
+                s.output_tokens = chunk.usage.completion_tokens or 0
+            for choice in chunk.choices:
+                d = choice.delta
+                piece = d.content or getattr(d, "reasoning", None) or getattr(d, "reasoning_content", None)
+                if piece or d.tool_calls:
+                    chunks += 1
+                    if s.ttft is None:
+                        s.ttft = now - start
+                    else:
+                        s.itl.append(now - last)
+                    last = now
+    except (openai.OpenAIError, OSError) as e:
+        s.error = f"{type(e).__name__}: {e}"[:300]
+    s.latency = time.perf_counter() - start
+    if not s.error and s.ttft is None:
+        s.error = "no token was streamed"
+    if not s.output_tokens:
+        s.output_tokens = chunks
+    return s
+
+
+async def _run(cfg: LoadConfig, prompts: list[str]) -> tuple[list[_Sample], float]:
+    client = openai.AsyncOpenAI(base_url=cfg.base_url, api_key=cfg.api_key, max_retries=0,
+                                timeout=cfg.request_timeout_s)
+    gate = asyncio.Semaphore(cfg.concurrency)
+
+    async def bounded(p: str) -> _Sample:
+        async with gate:
+            return await _one(client, cfg, p)
+
+    start = time.perf_counter()
+    tasks = [asyncio.create_task(bounded(p)) for p in prompts]
+    done, pending = await asyncio.wait(tasks, timeout=cfg.timeout_s)
+    for t in pending:
+        t.cancel()
+    duration = time.perf_counter() - start
+    await client.close()
+    samples = [t.result() for t in done if not t.cancelled() and t.exception() is None]
+    for _ in range(len(prompts) - len(samples)):
+        cut = _Sample()
+        cut.error = f"not finished within the run's {cfg.timeout_s:g}s"
+        samples.append(cut)
+    return samples, duration
+
+
+def summarize(samples: list[_Sample], duration: float, tool: str) -> BenchResult:
+    """Aggregate per-request samples into `vllm bench serve`'s metrics."""
+    ok = [s for s in samples if not s.error]
+    ms = 1000.0
+    ttft = [s.ttft * ms for s in ok if s.ttft is not None]
+    tpot = [(s.latency - s.ttft) / (s.output_tokens - 1) * ms for s in ok if s.ttft is not None and s.output_tokens > 1]
+    itl = [g * ms for s in ok for g in s.itl]
+    tin = sum(s.input_tokens for s in ok)
+    tout = sum(s.output_tokens for s in ok)
+    d = max(duration, 1e-9)
+
+    def stats(xs: list[float]) -> tuple[float, float, float]:
+        return (statistics.fmean(xs), statistics.median(xs), percentile(xs, 99)) if xs else (0.0, 0.0, 0.0)
+
+    t, p, i = stats(ttft), stats(tpot), stats(itl)
+    return BenchResult(tool=tool, completed=len(ok), failed=len(samples) - len(ok), duration=duration,
+                       total_input_tokens=tin, total_output_tokens=tout, request_throughput=len(ok) / d,
+                       output_throughput=tout / d, total_token_throughput=(tin + tout) / d,
+                       mean_ttft_ms=t[0], median_ttft_ms=t[1], p99_ttft_ms=t[2],
+                       mean_tpot_ms=p[0], median_tpot_ms=p[1], p99_tpot_ms=p[2],
+                       mean_itl_ms=i[0], median_itl_ms=i[1], p99_itl_ms=i[2],
+                       first_error=next((s.error for s in samples if s.error), ""))
+
+
+def run_load(cfg: LoadConfig) -> BenchResult:
+    """Run the workload against `cfg.base_url` and return its metrics."""
+    prompts = make_prompts(cfg)
+    samples, duration = asyncio.run(_run(cfg, prompts))
+    return summarize(samples, duration, "m3-agent loadgen")
