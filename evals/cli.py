@@ -1,12 +1,222 @@
-"""`m3-agent eval ...`"""
+"""`m3-agent eval run | grade | report`: a thin layer over evals.runner and evals.report."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from agent.errors import SandboxUnavailable, UsageError
+from evals.predictions import load_predictions
+from evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
+from evals.runner import EvalConfig, InstanceResult, run_eval
+from evals.tasks import Task, load_tasks
+from sandbox import DEFAULT_IMAGE, SandboxConfig
 
 app = typer.Typer(no_args_is_help=True)
 
+DEFAULT_ROOT = Path(".m3-agent") / "evals"
+
+
+class RunProgress:
+    """Live progress: done / running / resolved so far, tokens, elapsed and ETA; one line per instance."""
+
+    def __init__(self, total: int, console: Console, enabled: bool = True) -> None:
+        self.console = console
+        self.enabled = enabled
+        self.running = self.resolved = self.tokens = 0
+        self.progress = Progress(
+            TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("running {task.fields[running]}  resolved {task.fields[resolved]}  tokens {task.fields[tokens]}"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            console=console, disable=not enabled, transient=False,
+        )
+        self.task_id = self.progress.add_task("eval", total=total, running=0, resolved=0, tokens="0")
+
+    def __enter__(self) -> RunProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def __call__(self, kind: str, info: dict[str, Any]) -> None:
+        if kind == "start":
+            self.running += 1
+        else:
+            r: InstanceResult = info["result"]
+            if kind == "finish":
+                self.running -= 1
+            self.resolved += r.outcome == "resolved"
+            if r.agent:
+                self.tokens += r.agent.prompt_tokens + r.agent.completion_tokens
+            if self.enabled:
+                mark = {"resolved": "[green]resolved", "error": "[red]error", "empty_patch": "[dim]empty patch"}
+                why = f" ({(r.error or r.report.error or '').splitlines()[0][:120]})" if r.outcome == "error" else ""
+                self.console.print(f"{'(earlier) ' if kind == 'skip' else ''}{r.instance_id}: "
+                                   f"{mark.get(r.outcome, '[yellow]unresolved')}[/]{why} {r.wall_s:.1f}s")
+            self.progress.advance(self.task_id)
+        self.progress.update(self.task_id, running=self.running, resolved=self.resolved, tokens=f"{self.tokens:,}")
+
+
+def _cost(usd_per_m_input: float | None, usd_per_m_cached: float | None, usd_per_m_output: float | None,
+          gpu_usd_per_hour: float | None) -> CostModel:
+    return CostModel(usd_per_m_input=usd_per_m_input, usd_per_m_cached=usd_per_m_cached,
+                     usd_per_m_output=usd_per_m_output, gpu_usd_per_hour=gpu_usd_per_hour)
+
+
+def _ids(instance_ids: list[str] | None) -> list[str] | None:
+    out = [i.strip() for chunk in instance_ids or [] for i in chunk.split(",") if i.strip()]
+    return out or None
+
+
+def _require_image(image: str) -> None:
+    """Fail fast, before any instance runs, when the engine or the sandbox image is missing."""
+    from sandbox.engine import docker_client, image_exists
+
+    client = docker_client()
+    try:
+        if not image_exists(client, image):
+            raise SandboxUnavailable(f"sandbox image {image} not found: run `m3-agent sandbox build`")
+    finally:
+        client.close()
+
+
+def _default_output(kind: str, *parts: str) -> Path:
+    """A stable default per (kind, inputs), so that running the same command again resumes."""
+    key = hashlib.sha256("\0".join(str(Path(p).resolve()) if Path(p).exists() else p for p in parts).encode())
+    stem = "-".join(Path(p).stem for p in parts)[:60]
+    return DEFAULT_ROOT / f"{kind}-{stem}-{key.hexdigest()[:8]}"
+
+
+def execute(tasks: list[Task], predictions, config: EvalConfig, *, workers: int, retry_errors: bool,
+            cost: CostModel, quiet: bool, json_out: bool) -> Report:
+    """Run, write the reports into the output directory, print the table (and the JSON summary)."""
+    console = Console(stderr=json_out)
+    _require_image(config.sandbox.image)
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with RunProgress(len(tasks), console, enabled=not quiet) as progress:
+        results = run_eval(tasks, predictions, config, workers=workers, retry_errors=retry_errors, on_event=progress)
+    meta_path = config.output_dir / "run.json"
+    earlier = json.loads(meta_path.read_text()).get("wall_s", 0.0) if meta_path.is_file() else 0.0
+    wall = round(earlier + time.monotonic() - started, 3)  # a resumed run adds to the time already spent
+    meta = {"wall_s": wall, "workers": workers, "model_name": config.model_name, "cost": cost.model_dump(),
+            "instances": len(tasks)}
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    report = build_report(results, tasks=tasks, cost=cost, run_wall_s=wall)
+    paths = write_reports(report, config.output_dir)
+    if not quiet:
+        print_table(report, console)
+        console.print(f"reports: {paths['html']}  {paths['markdown']}  {paths['json']}; "
+                      f"predictions: {config.output_dir / 'predictions.jsonl'}")
+    if json_out:
+        print(report.summary.model_dump_json())
+    return report
+
+
+def _sandbox(image: Optional[str]) -> SandboxConfig:
+    return SandboxConfig(image=image or DEFAULT_IMAGE)
+
+
+@app.command("grade")
+def grade_command(
+    tasks: str = typer.Option(..., "--tasks", "-t", help="Tasks: a .json / .jsonl of SWE-bench instances, or `builtin`."),
+    predictions: str = typer.Option(..., "--predictions", "-p", help="A predictions file, `gold` or `empty`."),
+    repos: Optional[Path] = typer.Option(None, "--repos", help="Folder of clones or mirrors named <owner>__<name>."),
+    workers: int = typer.Option(1, "--workers", "-w", help="Instances graded at once."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results folder (rerun with it to resume)."),
+    instance_ids: Optional[list[str]] = typer.Option(None, "--instance-ids", "-i", help="Only these ids (repeat or comma-separate)."),
+    test_timeout: float = typer.Option(600.0, help="Seconds for one instance's tests."),
+    instance_timeout: float = typer.Option(1800.0, help="Seconds for one whole instance."),
+    image: Optional[str] = typer.Option(None, help="Sandbox image (default: the project image)."),
+    retry_errors: bool = typer.Option(False, "--retry-errors", help="Redo instances that ended in an error."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
+    json_out: bool = typer.Option(False, "--json", help="End with the summary as one JSON object on stdout."),
+) -> None:
+    """Grade existing predictions: resolved = every FAIL_TO_PASS and PASS_TO_PASS test passes."""
+    task_list = load_tasks(tasks, instance_ids=_ids(instance_ids))
+    preds = load_predictions(predictions, task_list)
+    config = EvalConfig(output_dir=output or _default_output("grade", tasks, predictions), repos=repos,
+                        sandbox=_sandbox(image), test_timeout=test_timeout, instance_timeout=instance_timeout)
+    execute(task_list, preds, config, workers=workers, retry_errors=retry_errors, cost=CostModel(), quiet=quiet,
+            json_out=json_out)
+
 
 @app.command("run")
-def run() -> None:
-    """Run the agent on tasks, then grade."""
-    typer.echo("not yet", err=True)
-    raise typer.Exit(2)
+def run_command(
+    tasks: str = typer.Option(..., "--tasks", "-t", help="Tasks: a .json / .jsonl of SWE-bench instances, or `builtin`."),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint of the M3 server (…/v1)."),
+    model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
+    model_name: str = typer.Option("m3-agent", help="model_name_or_path written into the predictions."),
+    repos: Optional[Path] = typer.Option(None, "--repos", help="Folder of clones or mirrors named <owner>__<name>."),
+    workers: int = typer.Option(1, "--workers", "-w", help="Instances run at once."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results folder (rerun with it to resume)."),
+    instance_ids: Optional[list[str]] = typer.Option(None, "--instance-ids", "-i", help="Only these ids (repeat or comma-separate)."),
+    max_turns: Optional[int] = typer.Option(None, help="Turn limit per instance."),
+    thinking: Optional[str] = typer.Option(None, help="controller | enabled | disabled | adaptive."),
+    test_timeout: float = typer.Option(600.0, help="Seconds for one instance's tests."),
+    instance_timeout: float = typer.Option(3600.0, help="Seconds for one whole instance (agent + grading)."),
+    image: Optional[str] = typer.Option(None, help="Sandbox image (default: the project image)."),
+    usd_per_m_input: Optional[float] = typer.Option(None, help="Price: USD per 1M input tokens."),
+    usd_per_m_cached: Optional[float] = typer.Option(None, help="Price: USD per 1M cached input tokens."),
+    usd_per_m_output: Optional[float] = typer.Option(None, help="Price: USD per 1M output tokens."),
+    gpu_usd_per_hour: Optional[float] = typer.Option(None, help="Self-hosted price: GPU USD per hour."),
+    config_file: Optional[Path] = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject."),
+    retry_errors: bool = typer.Option(False, "--retry-errors", help="Redo instances that ended in an error."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
+    json_out: bool = typer.Option(False, "--json", help="End with the summary as one JSON object on stdout."),
+) -> None:
+    """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
+    from agent.config import load_settings
+    from agent.fix import agent_config
+
+    settings, _ = load_settings(".", {"base_url": base_url, "model": model, "max_turns": max_turns,
+                                      "thinking": thinking, "sandbox_image": image}, config_file=config_file)
+    if not settings.base_url:
+        raise UsageError("no endpoint: pass --base-url http://HOST:PORT/v1 (or set base_url in m3-agent.toml)")
+    agent = agent_config(settings, settings.base_url)
+    task_list = load_tasks(tasks, instance_ids=_ids(instance_ids))
+    config = EvalConfig(output_dir=output or _default_output("run", tasks), repos=repos, sandbox=agent.sandbox,
+                        test_timeout=test_timeout, instance_timeout=instance_timeout, model_name=model_name,
+                        agent=agent.model_dump(mode="json"))
+    execute(task_list, None, config, workers=workers, retry_errors=retry_errors, quiet=quiet, json_out=json_out,
+            cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour))
+
+
+@app.command("report")
+def report_command(
+    output: Path = typer.Argument(..., help="A results folder written by `eval run` or `eval grade`."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | json | md | html"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of the terminal."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", "-t", help="The tasks, to count unfinished instances."),
+    usd_per_m_input: Optional[float] = typer.Option(None, help="Price: USD per 1M input tokens."),
+    usd_per_m_cached: Optional[float] = typer.Option(None, help="Price: USD per 1M cached input tokens."),
+    usd_per_m_output: Optional[float] = typer.Option(None, help="Price: USD per 1M output tokens."),
+    gpu_usd_per_hour: Optional[float] = typer.Option(None, help="Self-hosted price: GPU USD per hour."),
+) -> None:
+    """Render the report of a results folder: terminal table, JSON, Markdown or an HTML page with plots."""
+    if not (output / "results.jsonl").is_file():
+        raise UsageError(f"no results in {output}: give the folder an `eval run` or `eval grade` wrote")
+    renderers = {"json": to_json, "md": to_markdown, "markdown": to_markdown, "html": to_html}
+    if fmt != "table" and fmt not in renderers:
+        raise UsageError(f"unknown --format {fmt!r}: use table, json, md or html")
+    prices = (usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour)
+    cost = _cost(*prices) if any(p is not None for p in prices) else None
+    report = report_from_dir(output, tasks=load_tasks(tasks) if tasks else None, cost=cost)
+    if fmt == "table":
+        if out:
+            raise UsageError("--out needs --format json, md or html")
+        print_table(report)
+        return
+    text = renderers[fmt](report)
+    if out:
+        out.write_text(text if text.endswith("\n") else text + "\n")
+    else:
+        print(text)

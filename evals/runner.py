@@ -240,11 +240,12 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
                 running[proc.sentinel] = (proc, parent, task, time.monotonic())
                 if on_event:
                     on_event("start", {"instance_id": task.instance_id})
-            ready = multiprocessing.connection.wait(list(running), timeout=1.0)
+            waitables = [w for sentinel, (_p, conn, _t, _s) in running.items() for w in (sentinel, conn)]
+            ready = multiprocessing.connection.wait(waitables, timeout=1.0)
             now = time.monotonic()
             for sentinel in list(running):
                 proc, conn, task, started = running[sentinel]
-                if sentinel in ready or conn.poll():
+                if sentinel in ready or conn in ready:
                     result = _receive(conn, proc, task, pred_of(predictions, task), now - started)
                 elif now - started > config.instance_timeout:
                     _stop(proc)
