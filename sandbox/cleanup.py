@@ -16,9 +16,7 @@ import socket
 import threading
 from typing import Protocol
 
-import docker.errors
-
-from sandbox.engine import docker_client
+from sandbox.engine import docker_client, remove_container
 
 LABEL = "m3-agent.sandbox"
 LABEL_PID = "m3-agent.owner-pid"
@@ -131,13 +129,7 @@ def prune(*, all: bool = False) -> list[str]:
         for c in client.containers.list(all=True, filters={"label": LABEL}):
             if not all and owner_alive(c.labels):
                 continue
-            try:
-                c.remove(force=True)
-            except docker.errors.NotFound:
-                pass  # it was auto-removed meanwhile
-            except docker.errors.APIError as e:
-                if e.status_code != 409:  # 409: removal already in progress
-                    raise
+            remove_container(client, c.id)
             removed.append(c.short_id)
     finally:
         client.close()

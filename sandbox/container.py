@@ -23,7 +23,7 @@ from agent.errors import SandboxUnavailable
 from sandbox import cleanup, server
 from sandbox.channel import Channel, ChannelClosed
 from sandbox.config import ExecResult, SandboxConfig
-from sandbox.engine import docker_client, image_exists
+from sandbox.engine import docker_client, image_exists, remove_container
 
 WORKSPACE = "/workspace"
 HOME = "/home/sandbox"
@@ -179,27 +179,29 @@ class Sandbox:
             return
         self._closed = True
         cleanup.untrack(self)
-        if self._channel is not None:
-            self._channel.close()
-        if self.id is not None and self._client is not None:
-            _remove(self._client, self.id)
-        if self._client is not None:
-            self._client.close()
+        try:
+            if self.id is not None and self._client is not None:
+                remove_container(self._client, self.id)  # before the socket closes, so auto-remove does not race it
+        finally:
+            if self._channel is not None:
+                self._channel.close()
+            if self._client is not None:
+                self._client.close()
 
     def kill(self) -> None:
         """Remove the container now, from a signal handler or at exit: uses its own engine connection."""
         if self._closed:
             return
         self._closed = True
-        if self._channel is not None:
-            self._channel.close()
         if self.id is not None:
             try:
                 client = docker.from_env(timeout=10)
-                _remove(client, self.id)
+                remove_container(client, self.id)
                 client.close()
             except docker.errors.DockerException:
-                pass  # the closed socket still makes the container stop and auto-remove
+                pass  # the socket closed below still makes the container stop and auto-remove
+        if self._channel is not None:
+            self._channel.close()
 
     @property
     def alive(self) -> bool:
@@ -326,13 +328,3 @@ def _tar_chunks(repo: Path) -> Iterator[bytes]:
                     sink.parts.clear()
     if sink.parts:
         yield b"".join(sink.parts)
-
-
-def _remove(client: docker.DockerClient, cid: str) -> None:
-    try:
-        client.api.remove_container(cid, force=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as e:
-        if e.status_code != 409:  # 409: the engine is already removing it (auto-remove)
-            raise

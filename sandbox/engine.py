@@ -31,6 +31,21 @@ def image_exists(client: docker.DockerClient, tag: str) -> bool:
     return True
 
 
+def remove_container(client: docker.DockerClient, cid: str) -> None:
+    """Kill and remove a container; return once it is gone."""
+    try:
+        client.api.remove_container(cid, force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as e:
+        if e.status_code != 409:  # 409: the engine is already removing it (auto-remove)
+            raise
+        try:
+            client.api.wait(cid, timeout=30, condition="removed")
+        except docker.errors.NotFound:
+            pass
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
     return text.splitlines()[0][:200]

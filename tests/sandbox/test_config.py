@@ -1,0 +1,33 @@
+"""SandboxConfig: hardened defaults and input validation."""
+
+import pytest
+from pydantic import ValidationError
+
+from sandbox import DEFAULT_IMAGE, SandboxConfig
+
+
+def test_defaults_are_the_hardened_ones():
+    cfg = SandboxConfig()
+    assert cfg.image == DEFAULT_IMAGE
+    assert cfg.network == "none"
+    assert cfg.user == "1000:1000"
+    assert cfg.read_only is True
+    assert cfg.mount == "copy"
+    assert cfg.pids_limit <= 1024
+    assert cfg.env == {}
+
+
+@pytest.mark.parametrize("field,value", [("memory", "lots"), ("workspace_size", "-1g"), ("pids_limit", 0),
+                                         ("cpus", 0), ("mount", "overlay"), ("output_limit", 10)])
+def test_bad_values_are_rejected(field, value):
+    with pytest.raises(ValidationError):
+        SandboxConfig(**{field: value})
+
+
+def test_unknown_fields_are_rejected():
+    with pytest.raises(ValidationError):
+        SandboxConfig(privileged=True)
+
+
+def test_sizes_are_normalised():
+    assert SandboxConfig(memory="512M").memory == "512m"
