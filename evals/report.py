@@ -228,6 +228,8 @@ def _headline(s: Summary) -> list[tuple[str, str]]:
 def print_table(report: Report, console: Console | None = None) -> None:
     """The report as rich tables on the terminal."""
     console = console or Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 200)  # logs and pipes: no column cut to 80 characters
     table = Table(title="instances", show_lines=False)
     for col in _COLUMNS:
         table.add_column(col, justify="left" if col in ("instance", "outcome", "agent", "modes") else "right")

@@ -253,3 +253,13 @@ def checkout(task: Task, dest: Path, *, repos: Path | None = None) -> Path:
                                  f"{proc.stderr.decode(errors='replace').strip()}")
     _commit_snapshot(dest, f"{task.instance_id}: base_commit {task.base_commit}")
     return dest
+
+
+def builtin_standin_script(names: list[str] | None = None) -> dict[str, Any]:
+    """A stand-in script playing each built-in task's scripted solution through the tools.
+
+    For tests and demos of `eval run` without a model: each conversation is routed by the first line
+    of its task's issue. It is a test double; a resolved instance here says the machinery works.
+    """
+    conversations = [json.loads((SUITE_DIR / n / "solution.json").read_text()) for n in names or builtin_names()]
+    return {"on_exhausted": "final", "conversations": conversations}
