@@ -76,7 +76,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http import HTTPStatus
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
@@ -301,17 +301,17 @@ class _Cursor:
         return turn
 
 
+@dataclass
 class _Reply:
     """What one served turn sends back, after faults and thinking mode are applied."""
 
-    def __init__(self) -> None:
-        self.reasoning: str | None = None
-        self.content: str | None = None
-        self.tool_calls: list[dict[str, Any]] = []
-        self.finish_reason = "stop"
-        self.prompt_tokens = 0
-        self.cached_tokens = 0
-        self.completion_tokens = 0
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
 
 
 class StandinState:
@@ -528,12 +528,6 @@ def build_reply(turn: Turn, script: Script, request: dict[str, Any], thinking_mo
     return reply
 
 
-def _exhausted_reply() -> _Reply:
-    reply = _Reply()
-    reply.content = EXHAUSTED_TEXT
-    return reply
-
-
 def _completion_tokens(reply: _Reply) -> int:
     """Toy tokens generated: reasoning, content, and each tool call's name and arguments."""
     parts = [reply.reasoning or "", reply.content or ""]
@@ -713,7 +707,7 @@ class _Handler(BaseHTTPRequestHandler):
         if turn is None:
             if script.on_exhausted == "error":
                 raise _server_error(500, "The stand-in script is exhausted")
-            reply = _exhausted_reply()
+            reply = _Reply(content=EXHAUSTED_TEXT)
         else:
             if turn.delay_s:
                 time.sleep(turn.delay_s)
