@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import TYPE_CHECKING
 
 from pydantic import Field
@@ -39,6 +38,5 @@ class Bash(Tool):
         if not args.command.strip():
             raise ToolCallError("'command' is empty: give the shell command to run.", kind="bad_args")
         timeout, note = clamp_timeout(args.timeout, self.max_timeout)
-        # bash explicitly: the model writes bash syntax whatever shell the sandbox uses for exec.
-        result = sandbox.exec(f"bash -c {shlex.quote(args.command)}", timeout=timeout, cwd=WORKSPACE, env=EXEC_ENV)
+        result = sandbox.exec(args.command, timeout=timeout, cwd=WORKSPACE, env=EXEC_ENV)  # the sandbox runs bash
         return exec_result(result, timeout=timeout, note=note)

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from tools.file_read import number_lines
 from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-from tools.workspace import read_text, workspace_path
+from tools.workspace import read_text, workspace_path, write_text
 
 if TYPE_CHECKING:
     from sandbox import Sandbox
@@ -95,7 +95,7 @@ class FileEdit(Tool):
                 "in old_str so it matches exactly once, or set replace_all to true to replace all of them."
             )
         edited = text.replace(old, new) if args.replace_all else text.replace(old, new, 1)
-        sandbox.write_file(rel, edited)
+        write_text(sandbox, rel, edited)
 
         first = line_of(text, found[0])
         new_lines = edited.splitlines()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from tools.tool import Tool, ToolArgs, ToolResult
-from tools.workspace import workspace_path
+from tools.workspace import workspace_path, write_text
 
 if TYPE_CHECKING:
     from sandbox import Sandbox
@@ -30,7 +30,7 @@ class FileWrite(Tool):
     def run(self, args: FileWriteArgs, sandbox: Sandbox) -> ToolResult:
         """Write `args.content` to `args.path` (relative to the repository root)."""
         rel = workspace_path(args.path, for_write=True)
-        sandbox.write_file(rel, args.content)
+        write_text(sandbox, rel, args.content)
         lines = args.content.count("\n") + (1 if args.content and not args.content.endswith("\n") else 0)
         size = len(args.content.encode())
         return ToolResult(

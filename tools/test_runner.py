@@ -10,7 +10,7 @@ from pydantic import Field
 
 from tools.junit import TestSummary, parse_junit
 from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-from tools.workspace import EXEC_ENV, SCRATCH, WORKSPACE, scratch_file, workspace_path, write_scratch
+from tools.workspace import EXEC_ENV, SCRATCH, WORKSPACE, scratch_file, workspace_path
 
 if TYPE_CHECKING:
     from sandbox import Sandbox
@@ -60,7 +60,9 @@ def targets(test_file: str) -> list[str]:
 
 def output_tail(stdout: str, stderr: str) -> str:
     """The last lines of a run's output: what explains a run that produced no report."""
-    lines = [line for line in (stdout + "\n" + stderr).splitlines() if line.strip()]
+    lines = [
+        line for line in (stdout + "\n" + stderr).splitlines() if line.strip() and "generated xml file" not in line
+    ]
     return "\n".join(lines[-OUTPUT_TAIL_LINES:])
 
 
@@ -92,7 +94,7 @@ class TestRunner(Tool):
         if args.framework == "unittest":
             if len(names) > 1:
                 raise ToolCallError("unittest takes one test_file at a time.", kind="bad_args")
-            write_scratch(sandbox, UNITTEST_RUNNER, RUNNER_SOURCE.read_text())
+            sandbox.write_file(UNITTEST_RUNNER, RUNNER_SOURCE.read_text())
         report = scratch_file(".xml")
         result = sandbox.exec(
             self.command(args.framework, names, report), timeout=self.timeout, cwd=WORKSPACE, env=EXEC_ENV
@@ -116,7 +118,11 @@ class TestRunner(Tool):
         if result.timed_out:
             summary.problem = f"timed out after {self.timeout} s; run fewer tests (a file or a test id)"
         elif result.exit_code == EXIT_USAGE:
-            summary.problem = f"test target not found:\n{output_tail(result.stdout, result.stderr)}"
+            what = base["target"] or "the suite"
+            summary.problem = (
+                f"{args.framework} could not run {what} (test file or id not found, or not a test file):\n"
+                f"{output_tail(result.stdout, result.stderr)}"
+            )
         elif summary.total == 0 and summary.problem is None:
             tail = output_tail(result.stdout, result.stderr)
             summary.problem = (

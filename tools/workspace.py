@@ -52,9 +52,12 @@ def scratch_file(suffix: str) -> str:
     return f"{SCRATCH}/{uuid.uuid4().hex[:12]}{suffix}"
 
 
-def write_scratch(sandbox: Sandbox, path: str, text: str) -> None:
-    """Write `text` to an absolute scratch path in the sandbox (outside the workspace)."""
-    sandbox.write_file(path, text)
+def write_text(sandbox: Sandbox, rel: str, text: str) -> None:
+    """Write a workspace file, or raise ToolCallError when the path cannot be written (e.g. it is a directory)."""
+    try:
+        sandbox.write_file(rel, text)
+    except OSError as e:
+        raise ToolCallError(f"Cannot write {rel!r}: {e}") from None
 
 
 def clamp_timeout(requested: int, limit: int) -> tuple[int, str | None]:
@@ -113,6 +116,8 @@ def read_text(sandbox: Sandbox, rel: str) -> str:
         ) from None
     except IsADirectoryError:
         raise ToolCallError(f"{rel!r} is a directory: use bash `ls {rel}` to list it.") from None
+    except OSError as e:
+        raise ToolCallError(f"Cannot read {rel!r}: {e}") from None
     if b"\0" in data[:8192]:
         raise ToolCallError(f"{rel!r} is a binary file ({len(data)} bytes); it cannot be shown as text.")
     return data.decode("utf-8", errors="replace")
