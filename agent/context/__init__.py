@@ -1,1 +1,34 @@
-"""Whole-repository context: pack a repository into one prompt."""
+"""Whole-repository context: pack a repository into one byte-deterministic prompt within a token budget.
+
+    from agent.context import pack_repository, ServerCounter, budget_for_server
+
+    pack = pack_repository(Path("."), issue=issue_text, budget=budget_for_server(url),
+                           counter=ServerCounter(url))
+    prompt = pack.text + "\\n\\n" + issue_text   # the issue goes after the repository
+"""
+
+from agent.context.cache import PackCache, cache_dir
+from agent.context.pack import Pack, PackedFile, SkippedFile, pack_repository
+from agent.context.tokens import (
+    EstimateCounter,
+    ServerCounter,
+    TokenCounter,
+    TokenizerJsonCounter,
+    budget_for_server,
+    budget_for_window,
+)
+
+__all__ = [
+    "EstimateCounter",
+    "Pack",
+    "PackCache",
+    "PackedFile",
+    "ServerCounter",
+    "SkippedFile",
+    "TokenCounter",
+    "TokenizerJsonCounter",
+    "budget_for_server",
+    "budget_for_window",
+    "cache_dir",
+    "pack_repository",
+]

@@ -1,0 +1,119 @@
+"""The on-disk cache of what packing learns about file contents, keyed by git blob id.
+
+One SQLite file under `$M3_AGENT_CACHE_DIR` (else `$XDG_CACHE_HOME/m3-agent`, else
+`~/.cache/m3-agent`): the facts of each content (binary, encoding, shape, defined names) and its
+token count per counter. The cache is an accelerator only: any failure to read or write it is
+ignored and the packer recomputes.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+from agent.context.selection import Facts
+
+CACHE_FILE = "pack-cache.sqlite3"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS facts (
+    blob TEXT PRIMARY KEY, size INTEGER, binary INTEGER, encoding TEXT, chars INTEGER, extra INTEGER,
+    lines INTEGER, final_newline INTEGER, generated INTEGER, defs TEXT
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counts (
+    counter TEXT, blob TEXT, tokens INTEGER, PRIMARY KEY (counter, blob)
+) WITHOUT ROWID;
+"""
+_CHUNK = 900  # SQLite's default limit on bound variables is 999
+
+
+def cache_dir() -> Path:
+    """Where m3-agent keeps caches: $M3_AGENT_CACHE_DIR, else $XDG_CACHE_HOME/m3-agent, else ~/.cache/m3-agent."""
+    explicit = os.environ.get("M3_AGENT_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "m3-agent"
+
+
+class PackCache:
+    """Facts and token counts by blob id; every method is a no-op once the database has failed."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.path = (directory or cache_dir()) / CACHE_FILE
+        self._db: sqlite3.Connection | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error):
+            self.close()
+
+    def close(self) -> None:
+        """Close the database."""
+        if self._db is not None:
+            try:
+                self._db.close()
+            except sqlite3.Error:
+                pass
+        self._db = None
+
+    def __enter__(self) -> PackCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _select(self, sql: str, keys: list[str], extra: tuple = ()) -> list[tuple]:
+        if self._db is None or not keys:
+            return []
+        rows: list[tuple] = []
+        try:
+            for i in range(0, len(keys), _CHUNK):
+                part = keys[i : i + _CHUNK]
+                marks = ",".join("?" * len(part))
+                rows.extend(self._db.execute(sql.format(marks=marks), (*extra, *part)).fetchall())
+        except sqlite3.Error:
+            return []
+        return rows
+
+    def get_facts(self, blobs: list[str]) -> dict[str, Facts]:
+        """Known facts of these blobs."""
+        rows = self._select(
+            "SELECT blob, size, binary, encoding, chars, extra, lines, final_newline, generated, defs "
+            "FROM facts WHERE blob IN ({marks})", blobs)
+        return {
+            r[0]: Facts(size=r[1], binary=bool(r[2]), encoding=r[3], chars=r[4], extra=r[5], lines=r[6],
+                        final_newline=bool(r[7]), generated=bool(r[8]), defs=r[9])
+            for r in rows
+        }
+
+    def put_facts(self, items: dict[str, Facts]) -> None:
+        """Store facts (replacing older ones of the same blobs)."""
+        rows = [(b, f.size, int(f.binary), f.encoding, f.chars, f.extra, f.lines, int(f.final_newline),
+                 int(f.generated), f.defs) for b, f in items.items()]
+        self._write("INSERT OR REPLACE INTO facts VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+
+    def get_counts(self, counter_id: str, blobs: list[str]) -> dict[str, int]:
+        """Known token counts of these blobs under one counter."""
+        rows = self._select("SELECT blob, tokens FROM counts WHERE counter = ? AND blob IN ({marks})", blobs, (counter_id,))
+        return {r[0]: r[1] for r in rows}
+
+    def put_counts(self, counter_id: str, counts: dict[str, int]) -> None:
+        """Store token counts under one counter."""
+        self._write("INSERT OR REPLACE INTO counts VALUES (?,?,?)", [(counter_id, b, n) for b, n in counts.items()])
+
+    def _write(self, sql: str, rows: list[tuple]) -> None:
+        if self._db is None or not rows:
+            return
+        try:
+            self._db.execute("BEGIN")
+            self._db.executemany(sql, rows)
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass

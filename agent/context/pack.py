@@ -1,0 +1,316 @@
+"""`pack_repository`: a whole repository as one byte-deterministic prompt, within a token budget."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.context import layout
+from agent.context.cache import PackCache
+from agent.context.relevance import rank
+from agent.context.selection import (
+    DEFAULT_MAX_FILE_BYTES,
+    CODE_SUFFIXES,
+    Entry,
+    Listing,
+    apply_path_rules,
+    blob_id,
+    compile_globs,
+    content_reason,
+    decode,
+    definitions,
+    list_files,
+    read_bytes,
+)
+from agent.context.tokens import EstimateCounter, TokenCounter
+from agent.errors import UsageError
+
+# Exact counts are planned with a calibrated estimate and checked; a plan this much over is re-cut.
+MAX_TRIM_ROUNDS = 12
+CALIBRATION_SAMPLES = 48
+
+
+class PackedFile(BaseModel):
+    """A file whose text is in the pack."""
+
+    path: str
+    tokens: int = Field(description="tokens of the file's text (without its heading and fences)")
+    bytes: int
+    flags: list[str] = Field(default_factory=list, description='e.g. "non-utf8", "no-final-newline", "symlink"')
+
+
+class SkippedFile(BaseModel):
+    """A file listed in the tree but not packed, and why."""
+
+    path: str
+    reason: str = Field(description="binary, too-large, lockfile, minified, source-map, vendored, generated, "
+                                    "excluded, not-included, symlink-outside, budget, ...")
+    detail: str = ""
+
+
+class Pack(BaseModel):
+    """A packed repository. `text` goes first in the prompt; the issue goes after it, separately."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str = Field(repr=False)
+    files: list[PackedFile]
+    skipped: list[SkippedFile]
+    tokens: int = Field(description="tokens of `text` per the counter")
+    counter_kind: str = Field(description='"server" | "tokenizer.json" | "estimate"')
+    budget: int | None = None
+    head: str | None = Field(None, description="the commit packed, when the repository is a git work tree")
+    total_files: int = 0
+    timings: dict[str, float] = Field(default_factory=dict)
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        """How many files each reason left out."""
+        out: dict[str, int] = {}
+        for s in self.skipped:
+            out[s.reason] = out.get(s.reason, 0) + 1
+        return dict(sorted(out.items()))
+
+
+def _load(listing: Listing, e: Entry, limit: int, data_out: dict[str, bytes] | None = None) -> None:
+    """Read one candidate: its facts, text and blob id; marks it unreadable or too large."""
+    full = os.path.join(listing.root, e.path)
+    try:
+        data, size = read_bytes(full, limit)
+    except OSError as err:
+        e.reason, e.detail = "unreadable", err.strerror or str(err)
+        return
+    e.size = size
+    if data is None:
+        e.reason = "too-large"
+        return
+    if e.blob is None:
+        e.blob = blob_id(data)
+    e.text, e.facts = decode(data)
+    if data_out is not None:
+        data_out[e.path] = data
+
+
+def _flags(e: Entry) -> list[str]:
+    out = []
+    if e.kind == "symlink":
+        out.append("symlink")
+    if e.facts is not None:
+        if e.facts.encoding == "non-utf8":
+            out.append("non-utf8")
+        elif e.facts.encoding == "utf-16":
+            out.append("utf-16")
+        if not e.facts.final_newline:
+            out.append("no-final-newline")
+    return out
+
+
+def pack_repository(
+    repo: Path | str,
+    *,
+    issue: str | None = None,
+    budget: int | None = None,
+    counter: TokenCounter | None = None,
+    include: tuple[str, ...] | list[str] = (),
+    exclude: tuple[str, ...] | list[str] = (),
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    cache: PackCache | bool = True,
+) -> Pack:
+    """Pack the repository at `repo` into one prompt text.
+
+    The text is a header, a tree of every file (packed or not, with skip reasons), the packed files
+    in tree order, and a footer. With `budget`, `pack.tokens <= budget` per `counter` (default: the
+    estimate); when the repository does not fit, files are chosen by relevance to `issue`. The
+    issue itself is never part of the text. `cache` (on by default) keeps facts and token counts
+    by git blob id under the user's cache directory.
+    """
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    if budget is not None and budget <= 0:
+        raise UsageError(f"the token budget must be positive, got {budget}")
+    if max_file_bytes <= 0:
+        raise UsageError(f"max_file_bytes must be positive, got {max_file_bytes}")
+    counter = counter or EstimateCounter()
+    root = Path(repo).expanduser().absolute()
+    listing = list_files(root)
+    apply_path_rules(listing, compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"))
+    timings["list_s"] = time.perf_counter() - t0
+
+    own_cache = cache is True
+    store = PackCache() if cache is True else (cache or None)
+    try:
+        return _pack(listing, store, issue, budget, counter, max_file_bytes, timings, t0)
+    finally:
+        if own_cache and store is not None:
+            store.close()
+
+
+def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: int | None,
+          counter: TokenCounter, max_file_bytes: int, timings: dict[str, float], t0: float) -> Pack:
+    t = time.perf_counter()
+    entries = sorted(listing.entries, key=lambda e: layout.sort_key(e.path))
+    candidates = [e for e in entries if e.reason is None]
+    known = store.get_facts([e.blob for e in candidates if e.blob]) if store else {}
+    new_facts = {}
+    data: dict[str, bytes] = {}
+    dirty = False
+    for e in candidates:
+        facts = known.get(e.blob) if e.blob else None
+        if facts is not None:
+            e.facts, e.size = facts, facts.size
+        else:
+            _load(listing, e, max_file_bytes, data)
+            if e.facts is not None:
+                new_facts[e.blob] = e.facts
+        if e.reason is None and e.facts is not None:
+            e.reason = content_reason(e.path, e.facts, max_file_bytes, e.forced)
+        if e.untracked or (e.index_blob is not None and e.blob != e.index_blob):
+            dirty = True
+    packable = [e for e in candidates if e.reason is None]
+    timings["read_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    _count_files(packable, counter, store, listing, max_file_bytes)
+    timings["count_s"] = time.perf_counter() - t
+
+    head_text = layout.header(git=listing.git, head=listing.head, dirty=dirty, total=len(entries))
+    tree_text = layout.tree(entries)
+    chosen, left_out = packable, []
+    if budget is not None:
+        t = time.perf_counter()
+        chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
+                                listing, store, new_facts, data, max_file_bytes)
+        timings["fit_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    for e in chosen:
+        if e.text is None:
+            _load(listing, e, max_file_bytes)
+    text, tokens = _render(chosen, left_out, entries, head_text, tree_text, counter)
+    while budget is not None and tokens > budget:
+        if not chosen:
+            raise UsageError(f"a budget of {budget} tokens cannot hold even the header and tree of this "
+                             f"repository ({tokens} tokens): raise --budget or exclude paths")
+        chosen, left_out = _trim(chosen, left_out, tokens - budget, counter)
+        text, tokens = _render(chosen, left_out, entries, head_text, tree_text, counter)
+    timings["render_s"] = time.perf_counter() - t
+
+    if store is not None and new_facts:
+        store.put_facts(new_facts)
+    chosen_ids = {id(e) for e in chosen}
+    # model_construct: thousands of rows built from checked values; validation would double the time.
+    files = [PackedFile.model_construct(path=e.path, tokens=e.tokens or 0, bytes=e.size or 0, flags=_flags(e))
+             for e in entries if id(e) in chosen_ids]
+    left_ids = {id(e) for e in left_out}
+    skipped = [SkippedFile.model_construct(path=e.path, reason="budget" if id(e) in left_ids else e.reason or "unknown",
+                                           detail=e.detail) for e in entries if id(e) not in chosen_ids]
+    timings["total_s"] = time.perf_counter() - t0
+    return Pack(text=text, files=files, skipped=skipped, tokens=tokens, counter_kind=counter.kind,
+                budget=budget, head=listing.head, total_files=len(entries), timings=timings)
+
+
+def _count_files(packable: list[Entry], counter: TokenCounter, store: PackCache | None,
+                 listing: Listing, max_file_bytes: int) -> None:
+    """Token counts of file texts: the estimate from facts, exact counts from the cache or the counter."""
+    if isinstance(counter, EstimateCounter):
+        for e in packable:
+            e.tokens = counter.from_shape(e.facts.chars, e.facts.extra)
+        return
+    cached = store.get_counts(counter.id, [e.blob for e in packable]) if store else {}
+    missing = []
+    for e in packable:
+        if e.blob in cached:
+            e.tokens = cached[e.blob]
+        else:
+            missing.append(e)
+    for e in missing:
+        if e.text is None:
+            _load(listing, e, max_file_bytes)
+    counts = counter.count_many([e.text or "" for e in missing])
+    fresh = {}
+    for e, n in zip(missing, counts):
+        e.tokens = n
+        fresh[e.blob] = n
+    if store is not None and fresh:
+        store.put_counts(counter.id, fresh)
+
+
+def _section_cost(e: Entry, estimate: EstimateCounter) -> int:
+    """Tokens of a file's section around its text: heading, fences, language tag."""
+    return estimate.count(layout.section_head(e)) + 6
+
+
+def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
+         budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
+         data: dict[str, bytes], max_file_bytes: int) -> tuple[list[Entry], list[Entry]]:
+    """Choose the files that fit the budget: all when they do, else the most relevant first."""
+    estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
+    fixed = counter.count(head_text + tree_text + "## Files\n\n")
+    costs = {id(e): (e.tokens or 0) + _section_cost(e, estimate) for e in packable}
+    foot_all = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=[]))
+    if fixed + foot_all + sum(costs.values()) <= budget:
+        for i, (_, e) in enumerate(rank(packable, None)):
+            e.rank = i  # in case the exact count of the whole text still calls for a trim
+        return packable, []
+
+    if issue:
+        _ensure_definitions(packable, listing, store, new_facts, data, max_file_bytes)
+    ranked = [e for _, e in rank(packable, issue)]
+    foot = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=ranked[:25])) + 8
+    room = budget - fixed - foot
+    chosen_ids = set()
+    for e in ranked:
+        c = costs[id(e)]
+        if c <= room:
+            chosen_ids.add(id(e))
+            room -= c
+    for i, e in enumerate(ranked):
+        e.rank = i
+    chosen = [e for e in packable if id(e) in chosen_ids]
+    left_out = [e for e in ranked if id(e) not in chosen_ids]
+    return chosen, left_out
+
+
+def _ensure_definitions(packable: list[Entry], listing: Listing, store: PackCache | None, new_facts: dict,
+                        data: dict[str, bytes], max_file_bytes: int) -> None:
+    """Fill in the names each code file defines (cached with its facts), for relevance."""
+    for e in packable:
+        if e.facts.defs is not None:
+            continue
+        name = e.path.rsplit("/", 1)[-1]
+        dot = name.rfind(".")
+        if dot <= 0 or name[dot:].lower() not in CODE_SUFFIXES:
+            e.facts.defs = ""
+        else:
+            raw = data.get(e.path)
+            if raw is None:
+                try:
+                    raw, _ = read_bytes(os.path.join(listing.root, e.path), max_file_bytes)
+                except OSError:
+                    raw = None
+            e.facts.defs = definitions(e.path, raw) if raw else ""
+        new_facts[e.blob] = e.facts
+
+
+def _render(chosen: list[Entry], left_out: list[Entry], entries: list[Entry], head_text: str, tree_text: str,
+            counter: TokenCounter) -> tuple[str, int]:
+    foot = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out)
+    text = layout.render(head_text, tree_text, (layout.section(e) for e in chosen), foot)
+    return text, counter.count(text)
+
+
+def _trim(chosen: list[Entry], left_out: list[Entry], over: int, counter: TokenCounter) -> tuple[list[Entry], list[Entry]]:
+    """Drop the least relevant chosen files until about `over` tokens (plus a margin) are gone."""
+    estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
+    by_rank = sorted(chosen, key=lambda e: -e.rank)
+    target = over + max(8, over // 20)
+    dropped, freed = [], 0
+    for e in by_rank:
+        if freed >= target:
+            break
+        dropped.append(e)
+        freed += (e.tokens or 0) + _section_cost(e, estimate)
+    gone = {id(e) for e in dropped}
+    return [e for e in chosen if id(e) not in gone], sorted(left_out + dropped, key=lambda e: e.rank)

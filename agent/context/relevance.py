@@ -1,0 +1,242 @@
+"""Rank files by relevance to an issue, for packs that cannot hold the whole repository.
+
+Signals, strongest first: paths the issue names (also as stack-trace frames, `a/b.py:12`, or
+dotted module names), names the issue mentions that a file defines, tests of those files, lexical
+similarity of the issue to paths and defined names, then a prior (source code, shallow, small).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+
+from agent.context.selection import CODE_SUFFIXES, Entry
+
+PATH_SCORE = 100.0
+BASENAME_SCORE = 60.0
+FRAME_BONUS = 40.0
+MODULE_SCORE = 80.0
+DEF_SCORE = 30.0
+DEF_CAP = 90.0
+TEST_SCORE = 35.0
+NEIGHBOUR_SCORE = 4.0
+LEXICAL_SCORE = 12.0
+
+_PATH_RE = re.compile(r"(?:[A-Za-z]:)?[\w.\-/\\]*[\w\-]\.[A-Za-z][A-Za-z0-9]{0,9}\b")
+_FRAME_RES = (
+    re.compile(r'File "([^"\n]+)", line \d+'),  # Python
+    re.compile(r"\bat [^\n(]*\(([^()\n]+?):\d+(?::\d+)?\)"),  # JavaScript / Java
+    re.compile(r"([\w.\-/\\]+\.\w+):\d+"),  # compilers, Go, Rust, pytest
+)
+_MODULE_RE = re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\b")
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
+_SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_CODE_SPAN_RE = re.compile(r"`([^`\n]+)`")
+STOPWORDS = frozenset(
+    "the and for with that this from have has had not but are was were when then than there their them they "
+    "which what where who will would should could can cannot does did done into onto over under about after "
+    "before while because also just only some any all each every more most less very such same other into "
+    "your you our its it's isn't doesn't don't get got set use used using run runs new old one two three "
+    "file files line lines code error errors issue bug fix fixed test tests true false none null self".split()
+)
+
+
+def _subwords(name: str) -> list[str]:
+    return [w.lower() for part in name.split("_") for w in _SUBWORD_RE.findall(part) if len(w) > 1]
+
+
+def _code_like(word: str) -> bool:
+    return "_" in word.strip("_") or any(c.isdigit() for c in word) or (
+        any(c.isupper() for c in word[1:]) and any(c.islower() for c in word))
+
+
+def _norm_path(p: str) -> list[str]:
+    p = p.replace("\\", "/")
+    parts = [x for x in p.split("/") if x and x != "."]
+    if len(parts) > 1 and parts[0] in ("a", "b"):  # diff headers: a/src/x.py
+        parts = parts[1:] if len(parts) > 2 else parts
+    return parts
+
+
+class _Index:
+    """Lookups from mentioned paths and names to entries."""
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self.paths = [e.path for e in entries]
+        self.by_name: dict[str, list[int]] = defaultdict(list)
+        for i, path in enumerate(self.paths):
+            self.by_name[path.rsplit("/", 1)[-1]].append(i)
+
+    def match_path(self, parts: list[str]) -> tuple[list[int], bool]:
+        """Entries a mentioned path names: the longest suffix that matches; True when more than a basename."""
+        if not parts:
+            return [], False
+        same_name = self.by_name.get(parts[-1], [])
+        for k in range(len(parts), 1, -1):
+            suffix = "/".join(parts[-k:])
+            hits = [i for i in same_name if self.paths[i] == suffix or self.paths[i].endswith("/" + suffix)]
+            if hits:
+                return hits, True
+        return same_name, len(same_name) == 1 and len(parts) == 1
+
+    def match_exact(self, path: str) -> list[int]:
+        """Entries whose path ends with `path` (whole components)."""
+        name = path.rsplit("/", 1)[-1]
+        return [i for i in self.by_name.get(name, []) if self.paths[i] == path or self.paths[i].endswith("/" + path)]
+
+
+STRONG = 15.0  # a score from the issue's own words: ranked by score alone, whatever the file's size
+GENERIC_STEMS = frozenset({"__init__", "models", "base", "utils", "util", "helpers", "common", "index", "main",
+                           "tests", "test", "conftest", "types", "core", "api", "mod", "lib"})
+
+
+def rank(entries: list[Entry], issue: str | None) -> list[tuple[float, Entry]]:
+    """Entries best first, with their scores.
+
+    Files the issue points at come first, by score. The rest are ordered by value per token (weak
+    lexical signals and the prior over the log of the size), so a budget packs many useful files
+    rather than a few large ones; ties go to the path.
+    """
+    scores = [0.0] * len(entries)
+    if issue:
+        _score_issue(entries, issue, scores)
+
+    def key(i: int) -> tuple:
+        e = entries[i]
+        if scores[i] >= STRONG:
+            return (0, -scores[i], e.path)
+        value = 1.0 + scores[i] + 5.0 * priors[i]
+        return (1, -value / math.log2(16 + (e.tokens or 0)), e.path)
+
+    priors = [_prior(e) for e in entries]
+    order = sorted(range(len(entries)), key=key)
+    return [(scores[i] + priors[i], entries[i]) for i in order]
+
+
+def _prior(e: Entry) -> float:
+    """Without issue signals: source code before other files, shallow before deep; under one point."""
+    path = e.path
+    name = path.rsplit("/", 1)[-1]
+    depth = path.count("/")
+    score = 0.0
+    dot = name.rfind(".")
+    if dot > 0 and name[dot:].lower() in CODE_SUFFIXES:
+        score += 0.5
+    if depth == 0 and name.lower().startswith(("readme", "contributing", "pyproject", "setup.", "package.json")):
+        score += 0.4
+    if any(p in ("test", "tests", "docs", "doc", "examples") for p in path.split("/")[:-1]):
+        score -= 0.2
+    return score - min(depth, 10) * 0.02
+
+
+def _score_issue(entries: list[Entry], issue: str, scores: list[float]) -> None:
+    index = _Index(entries)
+    strong: dict[int, float] = {}
+
+    def add(i: int, s: float) -> None:
+        scores[i] += s
+        strong[i] = max(strong.get(i, 0.0), s)
+
+    # Paths named anywhere, and stack-trace frames (later frames are nearer the failure).
+    seen_paths: set[str] = set()
+    for m in _PATH_RE.finditer(issue):
+        raw = m.group(0)
+        if raw in seen_paths:
+            continue
+        seen_paths.add(raw)
+        hits, specific = index.match_path(_norm_path(raw))
+        for i in hits:
+            add(i, PATH_SCORE if specific else BASENAME_SCORE / len(hits))
+    frames: list[str] = []
+    for rx in _FRAME_RES:
+        frames.extend(m.group(1) for m in rx.finditer(issue))
+    for n, frame in enumerate(frames):
+        hits, specific = index.match_path(_norm_path(frame))
+        if specific:
+            for i in hits:
+                scores[i] += FRAME_BONUS * (0.5 + 0.5 * (n + 1) / len(frames))
+
+    # Dotted module names: pkg.mod.Class -> pkg/mod.py or pkg/mod/__init__.py.
+    for m in set(_MODULE_RE.findall(issue)):
+        parts = m.split(".")
+        if parts[-1] in ("py", "js", "ts", "go", "rs", "md", "txt", "json", "toml", "yaml", "yml", "cfg"):
+            continue
+        for j in range(len(parts), 1, -1):
+            for cand in ("/".join(parts[:j]) + ".py", "/".join(parts[:j]) + "/__init__.py"):
+                hits = index.match_exact(cand)
+                for i in hits:
+                    add(i, MODULE_SCORE / len(hits))
+                if hits:
+                    break
+            else:
+                continue
+            break
+
+    # Names the issue mentions that files define; rarer names weigh more.
+    words = Counter(_IDENT_RE.findall(issue))
+    spans = {w for s in _CODE_SPAN_RE.findall(issue) for w in _IDENT_RE.findall(s)}
+    n_files = max(1, len(entries))
+    wanted = {w for w in words if w.lower() not in STOPWORDS}
+    by_def: dict[str, list[int]] = defaultdict(list)
+    for i, e in enumerate(entries):
+        if e.facts is not None and e.facts.defs:
+            for name in wanted.intersection(e.facts.defs.split()):
+                by_def[name].append(i)
+    def_score: dict[int, float] = defaultdict(float)
+    for word in sorted(by_def):
+        hits = by_def[word]
+        weight = 1.0 if (_code_like(word) or word in spans) else 0.35
+        idf = math.log(1 + n_files / len(hits)) / math.log(1 + n_files)
+        for i in hits:
+            def_score[i] += DEF_SCORE * weight * idf
+    for i, s in def_score.items():
+        add(i, min(DEF_CAP, s))
+
+    # Tests of the files the issue points at.
+    top = sorted(strong, key=lambda i: (-strong[i], entries[i].path))[:8]
+    stems = {}
+    for i in top:
+        parts = entries[i].path.lower().split("/")
+        if any("test" in p or "spec" in p for p in parts):
+            continue
+        stem = parts[-1].split(".", 1)[0]
+        if stem == "__init__" and len(parts) > 1:
+            stem = parts[-2]
+        if len(stem) > 2 and stem not in GENERIC_STEMS:
+            stems[stem] = strong[i]
+    if stems:
+        for i, e in enumerate(entries):
+            parts = e.path.lower().split("/")
+            if not any("test" in p or "spec" in p for p in parts):
+                continue
+            base = parts[-1].split(".", 1)[0]
+            for stem, s in stems.items():
+                low = stem.lower()
+                if (base in (f"test_{low}", f"{low}_test", f"test{low}", f"{low}test", f"{low}_spec", low)
+                        or low in parts[:-1] or low + "s" in parts[:-1]):
+                    scores[i] += TEST_SCORE * min(1.0, s / PATH_SCORE + 0.3)
+                    break
+
+    # Neighbours of the top files: same directory.
+    top_dirs = {entries[i].path.rsplit("/", 1)[0] for i in top if "/" in entries[i].path}
+    for i, e in enumerate(entries):
+        if "/" in e.path and e.path.rsplit("/", 1)[0] in top_dirs:
+            scores[i] += NEIGHBOUR_SCORE
+
+    # Lexical similarity of the issue's words to each file's path and defined names.
+    issue_terms = {t for w in words for t in _subwords(w) if t not in STOPWORDS and len(t) > 2}
+    if not issue_terms:
+        return
+    file_terms: list[set[str]] = []
+    df: Counter[str] = Counter()
+    for e in entries:
+        names = e.path if e.facts is None or not e.facts.defs else e.path + " " + e.facts.defs
+        terms = issue_terms.intersection(" ".join(_SUBWORD_RE.findall(names)).lower().split())
+        file_terms.append(terms)
+        df.update(terms)
+    idf = {t: math.log(1 + n_files / df[t]) for t in df}
+    norm = sum(idf.values()) or 1.0
+    for i, terms in enumerate(file_terms):
+        if terms:
+            scores[i] += LEXICAL_SCORE * sum(idf[t] for t in terms) / norm

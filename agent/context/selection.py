@@ -1,0 +1,420 @@
+"""Which files of a repository a pack covers, and why the ones left out are left out.
+
+A git work tree is listed by git itself (tracked files plus untracked ones that are not ignored, so
+nested `.gitignore` rules are git's own); any other directory is walked with its `.gitignore` and
+`.ignore` files applied the way git applies them. Path rules (lockfiles, vendored trees, ...) are
+decided here without reading a file; content rules (binary, minified, generated, size) from `Facts`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pathspec
+
+from agent.errors import GitError, UsageError
+
+DEFAULT_MAX_FILE_BYTES = 1_048_576
+
+LOCKFILES = frozenset({
+    "package-lock.json", "npm-shrinkwrap.json", "yarn.lock", "pnpm-lock.yaml", "bun.lockb", "bun.lock",
+    "poetry.lock", "Pipfile.lock", "pdm.lock", "uv.lock", "Cargo.lock", "composer.lock", "Gemfile.lock",
+    "go.sum", "mix.lock", "flake.lock", "packages.lock.json", "pubspec.lock", "Podfile.lock",
+    "gradle.lockfile", "deno.lock", "conda-lock.yml",
+})
+VENDORED_DIRS = frozenset({
+    "node_modules", "bower_components", "jspm_packages", "vendor", "vendors", "third_party", "thirdparty",
+    "3rdparty", "site-packages", ".venv", "venv", ".yarn",
+})
+GENERATED_DIRS = frozenset({
+    "__pycache__", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis",
+    ".eggs", "dist", "build", "_build", "target", ".next", ".nuxt", ".svelte-kit", "coverage", "htmlcov",
+    ".gradle", ".terraform", ".parcel-cache", ".turbo",
+})
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", ".pb.go", ".pb.cc", ".pb.h", ".g.dart",
+                      ".freezed.dart", ".designer.cs", ".generated.ts", ".generated.js", ".pyc", ".pyo")
+MINIFIED_SUFFIXES = (".min.js", ".min.mjs", ".min.cjs", ".min.css", "-min.js", "-min.css")
+SOURCE_MAP_SUFFIXES = (".js.map", ".mjs.map", ".cjs.map", ".css.map", ".ts.map")
+MINIFIABLE_SUFFIXES = (".js", ".mjs", ".cjs", ".css")
+# Markers tools put in the first lines of the files they generate.
+GENERATED_MARKERS = (b"@generated", b"DO NOT EDIT")
+MINIFIED_AVG_LINE = 250
+MINIFIED_MIN_BYTES = 2048
+IGNORE_FILES = (".gitignore", ".ignore")
+
+# Bytes that plain text may contain; anything else below 0x20 (and DEL) counts as a control byte.
+_TEXT_CONTROLS = b"\t\n\r\f\v\b\x1b"
+_CONTROL_BYTES = bytes(b for b in range(256) if (b < 0x20 or b == 0x7F) and b not in _TEXT_CONTROLS)
+_NON_CONTROL = bytes(b for b in range(256) if b not in _CONTROL_BYTES)
+PROBE_BYTES = 8192
+
+# Keywords that introduce a definition, by file suffix: used for relevance. One regex per keyword
+# keeps a literal prefix, which the regex engine scans for several times faster than an alternation.
+_DEF_KEYWORDS = {
+    (".py", ".pyi"): ("def", "class"),
+    (".js", ".jsx", ".mjs", ".cjs", ".ts", ".tsx"): ("function", "class", "interface", "type", "enum"),
+    (".go",): ("func", "type"),
+    (".rs",): ("fn", "struct", "enum", "trait", "type", "mod"),
+    (".java", ".kt", ".scala", ".cs", ".swift"): ("class", "interface", "enum", "fun", "func", "def", "struct"),
+    (".rb", ".ex", ".exs"): ("def", "class", "module", "defmodule", "defp"),
+    (".php",): ("function", "class", "interface", "trait"),
+    (".c", ".h", ".cc", ".cpp", ".hpp", ".m"): ("struct", "class", "enum", "union"),
+    (".sh", ".lua"): ("function",),
+}
+_DEF_RES = {
+    suffix: tuple(re.compile(kw.encode() + rb"[ \t]+(?:\([^)\n]*\)[ \t]*)?([A-Za-z_][A-Za-z0-9_]*)") for kw in kws)
+    for suffixes, kws in _DEF_KEYWORDS.items() for suffix in suffixes
+}
+_WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.$")
+CODE_SUFFIXES = frozenset(_DEF_RES)
+
+
+@dataclass(slots=True)
+class Facts:
+    """What the packer knows about one file content: the same for every path with that content."""
+
+    size: int
+    binary: bool
+    encoding: str = "utf-8"  # "utf-8" | "non-utf8" (decoded with replacement) | "utf-16"
+    chars: int = 0
+    extra: int = 0  # UTF-8 bytes beyond one per character, for the estimate
+    lines: int = 0
+    final_newline: bool = True
+    generated: bool = False
+    defs: str | None = None  # space-separated names the file defines; None = not computed yet
+
+
+@dataclass(slots=True)
+class Entry:
+    """One path of the listing, with its fate."""
+
+    path: str  # relative, '/'-separated; odd bytes kept as surrogate escapes
+    kind: str = "file"  # "file" | "symlink" | "submodule" | "dir" (a directory seen as one entry)
+    blob: str | None = None  # git blob id when known without reading (tracked and unmodified)
+    index_blob: str | None = None  # the staged blob of a tracked file the working tree may have changed
+    size: int | None = None
+    reason: str | None = None  # why it is not packed; None = packable
+    detail: str = ""
+    untracked: bool = False
+    forced: bool = False  # matched an include glob: default path rules do not apply
+    facts: Facts | None = None
+    text: str | None = None
+    tokens: int | None = None
+    rank: int = 0  # position in relevance order (0 = most relevant), set when a budget applies
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Listing:
+    """The files under a root, and which snapshot they are."""
+
+    root: Path
+    entries: list[Entry]
+    git: bool
+    head: str | None = None  # commit id, None outside git or before the first commit
+
+
+def blob_id(data: bytes) -> str:
+    """The git blob id of `data` (what `git hash-object` prints)."""
+    h = hashlib.sha1(b"blob %d\0" % len(data))
+    h.update(data)
+    return h.hexdigest()
+
+
+def decode(data: bytes) -> tuple[str | None, Facts]:
+    """Text and facts of a file's bytes; text is None for binary content.
+
+    The whole file is decoded, so a multibyte character is never cut at a probe boundary.
+    """
+    size = len(data)
+    text: str | None = None
+    encoding = "utf-8"
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") and size % 2 == 0:
+        try:
+            text, encoding = data.decode("utf-16"), "utf-16"
+        except UnicodeDecodeError:
+            text = None
+    if text is None:
+        if b"\0" in data:
+            return None, Facts(size=size, binary=True)
+        probe = data[:PROBE_BYTES]
+        controls = len(probe.translate(None, _NON_CONTROL))
+        try:
+            text = data.decode("utf-8")
+            if controls > len(probe) * 0.3:
+                return None, Facts(size=size, binary=True)
+        except UnicodeDecodeError:
+            if controls > len(probe) * 0.1:
+                return None, Facts(size=size, binary=True)
+            text, encoding = data.decode("utf-8", "replace"), "non-utf8"
+    chars = len(text)
+    extra = 0 if text.isascii() else len(text.encode("utf-8", "surrogatepass")) - chars
+    lines = text.count("\n") + (0 if not text or text.endswith("\n") else 1)
+    head = data[:1024]
+    return text, Facts(
+        size=size, binary=False, encoding=encoding, chars=chars, extra=extra, lines=lines,
+        final_newline=not text or text.endswith("\n"),
+        generated=any(m in head for m in GENERATED_MARKERS),
+    )
+
+
+def definitions(path: str, data: bytes) -> str:
+    """Space-separated names `data` defines (functions, classes, types), deduplicated, in order."""
+    dot = path.rfind(".")
+    regexes = _DEF_RES.get(path[dot:].lower(), ()) if dot > path.rfind("/") + 1 else ()
+    names: dict[str, None] = {}
+    for rx in regexes:
+        for m in rx.finditer(data):
+            start = m.start()
+            if start and data[start - 1] in _WORD_BYTES:  # `undef x`, `obj.class y`: not a definition
+                continue
+            names[m.group(1).decode("ascii")] = None
+    return " ".join(names)
+
+
+def path_reason(path: str) -> str | None:
+    """The default path rule that excludes `path`, if any: decided without reading the file."""
+    parts = path.split("/")
+    name = parts[-1]
+    for part in parts[:-1]:
+        if part in VENDORED_DIRS:
+            return "vendored"
+        if part in GENERATED_DIRS or part.endswith(".egg-info"):
+            return "generated"
+    if name in LOCKFILES:
+        return "lockfile"
+    lower = name.lower()
+    if lower.endswith(MINIFIED_SUFFIXES):
+        return "minified"
+    if lower.endswith(SOURCE_MAP_SUFFIXES):
+        return "source-map"
+    if lower.endswith(GENERATED_SUFFIXES):
+        return "generated"
+    return None
+
+
+def content_reason(path: str, facts: Facts, max_file_bytes: int, forced: bool) -> str | None:
+    """The content rule that excludes a file with these facts, if any."""
+    if facts.size > max_file_bytes:
+        return "too-large"
+    if facts.binary:
+        return "binary"
+    if forced:
+        return None
+    if facts.generated:
+        return "generated"
+    if (facts.size >= MINIFIED_MIN_BYTES and path.lower().endswith(MINIFIABLE_SUFFIXES)
+            and facts.size / max(1, facts.lines) > MINIFIED_AVG_LINE):
+        return "minified"
+    return None
+
+
+def _git(root: Path, *args: str) -> bytes:
+    try:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=False)
+    except FileNotFoundError as e:
+        raise GitError("git is not installed: install git to pack a git repository") from e
+    if proc.returncode != 0:
+        msg = proc.stderr.decode(errors="replace").strip().splitlines()
+        raise GitError(f"git {' '.join(args[:2])} failed in {root}: {msg[0] if msg else proc.returncode}")
+    return proc.stdout
+
+
+def _in_git_work_tree(root: Path) -> bool:
+    try:
+        proc = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+                              capture_output=True, check=False)
+    except FileNotFoundError:
+        return False
+    if proc.returncode == 0:
+        return proc.stdout.strip() == b"true"
+    err = proc.stderr.decode(errors="replace")
+    if "dubious ownership" in err or "safe.directory" in err:
+        raise GitError(f"git refuses {root} (dubious ownership): run git config --global --add safe.directory {root}")
+    return False
+
+
+def _list_git(root: Path) -> Listing:
+    staged = _git(root, "ls-files", "-z", "-s")
+    untracked = _git(root, "ls-files", "-z", "-o", "--exclude-standard")
+    changed = {os.fsdecode(p) for p in _git(root, "diff-files", "-z", "--name-only").split(b"\0") if p}
+    head_proc = subprocess.run(["git", "-C", str(root), "rev-parse", "-q", "--verify", "HEAD"],
+                               capture_output=True, check=False)
+    head = head_proc.stdout.decode().strip() or None if head_proc.returncode == 0 else None
+    entries: dict[str, Entry] = {}
+    for record in staged.split(b"\0"):
+        if not record:
+            continue
+        meta, _, raw = record.partition(b"\t")
+        mode, blob, _stage = meta.split(b" ")
+        path = os.fsdecode(raw)
+        if path in entries:  # a conflicted path has several stages: one entry
+            continue
+        if mode == b"160000":
+            entries[path] = Entry(path, kind="submodule", reason="submodule")
+        elif mode == b"120000":
+            entries[path] = Entry(path, kind="symlink")
+        else:
+            if path in changed:
+                entries[path] = Entry(path, index_blob=blob.decode())
+            else:
+                entries[path] = Entry(path, blob=blob.decode())
+    for raw in untracked.split(b"\0"):
+        if not raw:
+            continue
+        path = os.fsdecode(raw)
+        if path.endswith("/"):  # an untracked directory git lists whole: a nested repository
+            entries[path.rstrip("/")] = Entry(path.rstrip("/"), kind="dir", reason="nested-repository")
+        elif path not in entries:
+            full = root / path
+            entries[path] = Entry(path, kind="symlink" if full.is_symlink() else "file", untracked=True)
+    return Listing(root, list(entries.values()), git=True, head=head)
+
+
+class _IgnoreRules:
+    """`.gitignore` / `.ignore` files of a walked directory tree, applied as git applies them."""
+
+    def __init__(self) -> None:
+        self.specs: list[tuple[str, pathspec.PathSpec]] = []  # (directory prefix, rules), outermost first
+
+    def load(self, dir_abs: str, prefix: str) -> int:
+        """Read the ignore files of one directory; how many rule sets were pushed."""
+        lines: list[str] = []
+        for name in IGNORE_FILES:
+            try:
+                with open(os.path.join(dir_abs, name), encoding="utf-8", errors="replace") as f:
+                    lines.extend(f.read().splitlines())
+            except OSError:
+                continue
+        if not lines:
+            return 0
+        self.specs.append((prefix, pathspec.GitIgnoreSpec.from_lines(lines)))
+        return 1
+
+    def ignored(self, rel: str, is_dir: bool) -> bool:
+        """Whether `rel` is ignored: the deepest rule set with a matching rule decides."""
+        for prefix, spec in reversed(self.specs):
+            sub = rel[len(prefix):] if prefix else rel
+            result = spec.check_file(sub + "/" if is_dir else sub)
+            if result.include is not None:
+                return bool(result.include)
+        return False
+
+
+def _list_walk(root: Path) -> Listing:
+    rules = _IgnoreRules()
+    entries: list[Entry] = []
+
+    def walk(dir_abs: str, prefix: str) -> None:
+        pushed = rules.load(dir_abs, prefix)
+        try:
+            with os.scandir(dir_abs) as it:
+                items = sorted(it, key=lambda d: d.name)
+        except OSError:
+            items = []
+        for item in items:
+            rel = prefix + os.fsdecode(item.name)
+            try:
+                is_link = item.is_symlink()
+                is_dir = not is_link and item.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if item.name == ".git":
+                continue
+            if rules.ignored(rel, is_dir):
+                continue
+            if is_dir:
+                if item.name in VENDORED_DIRS or item.name in GENERATED_DIRS:
+                    # Not descended into (node_modules can hold 100k files): one entry for the tree.
+                    reason = "vendored" if item.name in VENDORED_DIRS else "generated"
+                    entries.append(Entry(rel, kind="dir", reason=reason))
+                else:
+                    walk(item.path, rel + "/")
+            elif is_link:
+                entries.append(Entry(rel, kind="symlink"))
+            elif item.is_file(follow_symlinks=False):
+                entries.append(Entry(rel))
+        if pushed:
+            rules.specs.pop()
+
+    walk(str(root), "")
+    return Listing(root, entries, git=False, head=None)
+
+
+def list_files(root: Path) -> Listing:
+    """Every file of the repository at `root` (git-aware), before any rule is applied."""
+    if not root.exists():
+        raise UsageError(f"repository not found: {root}")
+    if not root.is_dir():
+        raise UsageError(f"not a directory: {root}")
+    if _in_git_work_tree(root):
+        return _list_git(root)
+    return _list_walk(root)
+
+
+def compile_globs(globs: tuple[str, ...] | list[str], what: str) -> pathspec.PathSpec | None:
+    """Include/exclude globs (gitignore syntax: `*.py`, `docs/`, `src/**/test_*.py`), or None."""
+    globs = [g for g in globs if g and g.strip()]
+    if not globs:
+        return None
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(globs)
+    except Exception as e:  # pathspec raises several pattern error types
+        raise UsageError(f"bad {what} glob: {e}") from e
+
+
+def apply_path_rules(listing: Listing, include: pathspec.PathSpec | None, exclude: pathspec.PathSpec | None) -> None:
+    """Mark entries left out by globs, default path rules and symlinks that leave the tree."""
+    root_real = os.path.realpath(listing.root)
+    for e in listing.entries:
+        if e.reason is not None:
+            continue
+        if exclude is not None and exclude.match_file(e.path):
+            e.reason = "excluded"
+            continue
+        if include is not None:
+            if not include.match_file(e.path):
+                e.reason = "not-included"
+                continue
+            e.forced = True
+        if not e.forced:
+            e.reason = path_reason(e.path)
+            if e.reason is not None:
+                continue
+        if e.kind == "symlink":
+            full = os.path.join(listing.root, e.path)
+            target = os.path.realpath(full)
+            if target != root_real and not target.startswith(root_real + os.sep):
+                e.reason, e.detail = "symlink-outside", os.readlink(full)
+            elif not os.path.exists(target):
+                e.reason, e.detail = "broken-symlink", os.readlink(full)
+            elif os.path.isdir(target):
+                e.reason, e.detail = "symlink-to-directory", os.readlink(full)
+            else:
+                e.flags.append("symlink to " + os.readlink(full))
+
+
+def read_bytes(path: str, limit: int) -> tuple[bytes | None, int]:
+    """(content, size) of a file; content None when it is over `limit` bytes (not read)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            return None, size
+        chunks = []
+        remaining = size + 1  # one more byte than stat says: a file that grew is read whole
+        while True:
+            chunk = os.read(fd, max(remaining, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return data, len(data)
+    finally:
+        os.close(fd)

@@ -1,0 +1,274 @@
+"""Token counting: the server's `/tokenize`, a local `tokenizer.json`, or a calibrated estimate.
+
+Every counter has a `kind` (what the pack reports), an `id` (the key of its counts in the on-disk
+cache: two counters with the same id must give the same counts) and `count_many(texts)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+from agent.errors import EndpointError, UsageError
+
+# Texts longer than this are counted in pieces cut at line ends (an upper bound of the whole: BPE
+# merges across a cut only lower the count); keeps each /tokenize request a sane size.
+MAX_REQUEST_CHARS = 4_000_000
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """What the packer needs from a tokenizer."""
+
+    kind: str
+    id: str
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        """Token counts of `texts`, in order."""
+        ...
+
+    def count(self, text: str) -> int:
+        """Token count of one text."""
+        ...
+
+
+def text_shape(text: str) -> tuple[int, int]:
+    """(characters, extra UTF-8 bytes beyond one per character): all the estimate looks at."""
+    if text.isascii():
+        return len(text), 0
+    return len(text), len(text.encode("utf-8", "surrogatepass")) - len(text)
+
+
+class EstimateCounter:
+    """A fast estimate from the text's shape: characters, and extra bytes of non-ASCII characters.
+
+    The defaults err high for code under 200k-vocabulary BPE tokenizers (about 3.2 characters a
+    token for ASCII source; CJK characters about one token each). `calibrated` fits `scale` to an
+    exact counter on sample texts.
+    """
+
+    kind = "estimate"
+
+    def __init__(self, chars_per_token: float = 3.2, tokens_per_extra_byte: float = 0.4, scale: float = 1.0) -> None:
+        if chars_per_token <= 0 or tokens_per_extra_byte < 0 or scale <= 0:
+            raise UsageError("estimate parameters must be positive")
+        self.chars_per_token = chars_per_token
+        self.tokens_per_extra_byte = tokens_per_extra_byte
+        self.scale = scale
+        self.id = f"estimate:{chars_per_token:g}:{tokens_per_extra_byte:g}:{scale:.4f}"
+
+    def from_shape(self, chars: int, extra_bytes: int) -> int:
+        """The estimate for a text of this shape (see `text_shape`)."""
+        if chars == 0:
+            return 0
+        return math.ceil((chars / self.chars_per_token + extra_bytes * self.tokens_per_extra_byte) * self.scale)
+
+    def count(self, text: str) -> int:
+        """Estimated tokens of `text`."""
+        return self.from_shape(*text_shape(text))
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        """Estimated tokens of each text."""
+        return [self.count(t) for t in texts]
+
+    def calibrated(self, exact: TokenCounter, samples: list[str]) -> EstimateCounter:
+        """A copy whose scale makes its total over `samples` match `exact`'s (clamped to 0.25-4x)."""
+        samples = [s for s in samples if s]
+        if not samples:
+            return self
+        unscaled = EstimateCounter(self.chars_per_token, self.tokens_per_extra_byte)
+        est = sum(unscaled.count_many(samples))
+        real = sum(exact.count_many(samples))
+        if est <= 0 or real <= 0:
+            return self
+        return EstimateCounter(self.chars_per_token, self.tokens_per_extra_byte, min(4.0, max(0.25, real / est)))
+
+
+class TokenizerJsonCounter:
+    """Exact counts from a Hugging Face `tokenizer.json` (the `tokenizers` package), no special tokens."""
+
+    kind = "tokenizer.json"
+
+    def __init__(self, path: Path | str) -> None:
+        path = Path(path)
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as e:  # an optional extra on some installs
+            raise UsageError("counting with a tokenizer.json needs the 'tokenizers' package: pip install tokenizers") from e
+        try:
+            raw = path.read_bytes()
+            self._tok = Tokenizer.from_str(raw.decode("utf-8"))
+        except (OSError, UnicodeDecodeError, Exception) as e:  # tokenizers raises its own Exception type
+            raise UsageError(f"cannot load tokenizer {path}: {e}") from e
+        self.path = path
+        self.id = "tokenizer.json:" + hashlib.sha256(raw).hexdigest()[:16]
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        """Exact token counts (encoded in one parallel batch)."""
+        if not texts:
+            return []
+        encs = self._tok.encode_batch_fast(texts, add_special_tokens=False) if hasattr(
+            self._tok, "encode_batch_fast") else self._tok.encode_batch(texts, add_special_tokens=False)
+        return [len(e.ids) for e in encs]
+
+    def count(self, text: str) -> int:
+        """Exact token count of one text."""
+        return self.count_many([text])[0]
+
+
+def server_root(base_url: str) -> str:
+    """`http://host:8000/v1` -> `http://host:8000`: /tokenize lives at the server root."""
+    url = base_url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+class _Http:
+    """A small JSON-over-HTTP client with one keep-alive connection per thread."""
+
+    def __init__(self, root: str, timeout: float) -> None:
+        parts = urlsplit(root)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"not an http(s) URL: {root!r}")
+        self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
+        self.prefix = parts.path.rstrip("/")
+        self.timeout = timeout
+        self._local = threading.local()
+
+    def _conn(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+            conn = cls(self.host, self.port, timeout=self.timeout)
+            self._local.conn = conn
+        return conn
+
+    def request(self, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> dict:
+        """Send one request; the decoded JSON answer, or EndpointError naming the failure."""
+        data = None if body is None else json.dumps(body).encode()
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        url = self.prefix + path
+        for attempt in range(2):  # a keep-alive connection the server closed gets one fresh retry
+            conn = self._conn()
+            try:
+                conn.request(method, url, body=data, headers=hdrs)
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                self._local.conn = None
+                if attempt == 0 and isinstance(e, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)):
+                    continue
+                raise EndpointError(f"{method} {self.host}:{self.port}{url} failed: {e}") from e
+            if resp.status != 200:
+                raise EndpointError(f"{method} {url} answered HTTP {resp.status}: {raw[:200].decode(errors='replace')}")
+            try:
+                return json.loads(raw)
+            except ValueError as e:
+                raise EndpointError(f"{method} {url} answered non-JSON: {raw[:200]!r}") from e
+        raise EndpointError(f"{method} {url} failed")  # pragma: no cover - the loop always returns or raises
+
+
+def _split_long(text: str, limit: int) -> list[str]:
+    """Cut a long text at line ends into pieces of at most about `limit` characters."""
+    if len(text) <= limit:
+        return [text]
+    out, start = [], 0
+    while start < len(text):
+        end = min(len(text), start + limit)
+        if end < len(text):
+            nl = text.rfind("\n", start, end)
+            if nl > start:
+                end = nl + 1
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+class ServerCounter:
+    """Exact counts from a vLLM server's `POST /tokenize`, several requests in flight at once.
+
+    `base_url` may end in `/v1`. Construction checks the endpoint (one tiny request) and raises
+    EndpointError when it is missing, so callers can fall back to another counter.
+    """
+
+    kind = "server"
+
+    def __init__(self, base_url: str, model: str | None = None, *, api_key: str | None = None,
+                 timeout: float = 120.0, concurrency: int = 4, check: bool = True) -> None:
+        self.base_url = base_url
+        self.root = server_root(base_url)
+        self._http = _Http(self.root, timeout)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.concurrency = max(1, concurrency)
+        self.model = model or first_model(base_url, api_key=api_key, timeout=timeout)["id"]
+        self.id = f"server:{self.model}"
+        if check:
+            self._count_one("m3-agent")
+
+    def _count_one(self, text: str) -> int:
+        body = {"model": self.model, "prompt": text, "add_special_tokens": False}
+        answer = self._http.request("POST", "/tokenize", body, self._headers)
+        if not isinstance(answer.get("count"), int):
+            raise EndpointError(f"{self.root}/tokenize answered without a count")
+        return answer["count"]
+
+    def _count_text(self, text: str) -> int:
+        if not text:
+            return 0
+        return sum(self._count_one(piece) for piece in _split_long(text, MAX_REQUEST_CHARS))
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        """Exact counts, `concurrency` requests in flight over keep-alive connections."""
+        if len(texts) <= 1 or self.concurrency == 1:
+            return [self._count_text(t) for t in texts]
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="tokenize") as pool:
+            return list(pool.map(self._count_text, texts))
+
+    def count(self, text: str) -> int:
+        """Exact token count of one text."""
+        return self._count_text(text)
+
+
+def first_model(base_url: str, *, api_key: str | None = None, timeout: float = 30.0) -> dict:
+    """The first model card of `GET /v1/models` (vLLM's has `id` and `max_model_len`)."""
+    root = server_root(base_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    answer = _Http(root, timeout).request("GET", "/v1/models", headers=headers)
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if not data or not isinstance(data[0], dict) or "id" not in data[0]:
+        raise EndpointError(f"{root}/v1/models lists no model")
+    return data[0]
+
+
+def budget_for_window(max_model_len: int, *, output_reserve: int = 32_768, growth_reserve: float | int = 0.15) -> int:
+    """The pack budget for a context window: the window less room for output and for the conversation.
+
+    `growth_reserve` is a share of the window when below 1, else a token count.
+    """
+    growth = int(max_model_len * growth_reserve) if growth_reserve < 1 else int(growth_reserve)
+    return max(0, max_model_len - output_reserve - growth)
+
+
+def budget_for_server(base_url: str, *, model: str | None = None, output_reserve: int = 32_768,
+                      growth_reserve: float | int = 0.15, api_key: str | None = None) -> int:
+    """The default pack budget: the served model's `max_model_len` (from /v1/models) less reserves."""
+    root = server_root(base_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    answer = _Http(root, 30.0).request("GET", "/v1/models", headers=headers)
+    cards = [c for c in answer.get("data") or [] if isinstance(c, dict)]
+    card = next((c for c in cards if model is None or c.get("id") == model), None)
+    if card is None:
+        raise EndpointError(f"{root}/v1/models does not list {model or 'any model'}")
+    window = card.get("max_model_len")
+    if not isinstance(window, int) or window <= 0:
+        raise EndpointError(f"{root}/v1/models gives no max_model_len for {card.get('id')}")
+    return budget_for_window(window, output_reserve=output_reserve, growth_reserve=growth_reserve)
