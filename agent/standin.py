@@ -597,6 +597,8 @@ class _Handler(BaseHTTPRequestHandler):
                 pass
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        except Exception as e:  # a stand-in bug must reach the client as a 500, like vLLM's catch-all
+            self._error(_server_error(500, f"Stand-in internal error: {type(e).__name__}: {e}"))
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         """GET routes: /health, /v1/models, /metrics."""
@@ -666,6 +668,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise StandinError(400, "'messages' must be a list of message objects", param="messages")
         tools = body.get("tools")
+        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+            raise StandinError(400, "'tools' must be a list of tool objects", param="tools")
         add_gen = bool(body.get("add_generation_prompt", True))
         return self.state.encode(render_prompt(messages, tools, mode, add_gen))
 

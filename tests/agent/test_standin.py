@@ -534,12 +534,14 @@ def test_unknown_route_bad_json_and_wrong_model():
         missing = get(srv.root_url + "/v2/nothing")
         bad = post(srv.base_url + "/chat/completions", content=b"{not json")
         no_messages = post(srv.base_url + "/chat/completions", json={"model": MODEL})
+        bad_tools = post(srv.base_url + "/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "tools": "read"})
         with pytest.raises(openai.NotFoundError) as wrong_model:
             client(srv).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
         assert srv.turns_served == 0
     assert missing.status_code == 404 and missing.json()["error"]["code"] == 404
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "BadRequestError"
     assert no_messages.status_code == 400 and no_messages.json()["error"]["param"] == "messages"
+    assert bad_tools.status_code == 400 and bad_tools.json()["error"]["param"] == "tools"
     assert wrong_model.value.body["param"] == "model"
 
 
