@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from agent.context import EstimateCounter, ServerCounter, pack_repository
-from agent.errors import Interrupted, M3AgentError, UsageError
+from agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
 from agent.model import ContextOverflowError, ModelClient, ModelConfig, ModelReply, Usage
 from agent.stall import Stall, StallConfig, StallDetector, Step, nudge_message
 from agent.thinking import LoopState, ThinkingConfig, ThinkingPolicy
@@ -188,8 +188,8 @@ class _Run:
 
     def _counter(self):
         try:
-            return ServerCounter(self.cfg.base_url, model=self.client.model)
-        except Exception:  # a server without /tokenize (SGLang): fall back to the estimate
+            return ServerCounter(self.cfg.base_url, model=self.client.model, api_key=self.cfg.api_key)
+        except EndpointError:  # a server without /tokenize (SGLang): fall back to the estimate
             return EstimateCounter()
 
     def _first_messages(self, budget: int | None) -> list[dict[str, Any]]:
