@@ -249,6 +249,16 @@ def test_server_error_faults_give_vllm_error_bodies(fault, exc, status):
         assert ask(srv).choices[0].message.content == "after"  # the fault turn was consumed
 
 
+def test_faults_apply_to_streamed_requests_too():
+    turns = [{"fault": "500"}, {"content": "cut me off here please", "fault": "truncate"}]
+    with StandinServer(turns) as srv:
+        with pytest.raises(openai.InternalServerError):
+            ask(srv, stream=True)
+        chunks = list(ask(srv, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "cut me off " and chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_retrying_client_gets_the_turn_after_a_fault():
     with StandinServer([{"fault": "503"}, {"fault": "500"}, {"content": "third time"}]) as srv:
         r = ask(srv, retries=3)
