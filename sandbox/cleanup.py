@@ -118,15 +118,16 @@ def _chain(sig: signal.Signals) -> None:
     signal.signal(sig, handler)
 
 
-def prune(*, all: bool = False) -> list[str]:
+def prune(*, all: bool = False, labels: dict[str, str] | None = None) -> list[str]:
     """Remove sandbox containers whose owner process is gone (every sandbox container with `all`).
 
-    Returns the short ids of the containers removed.
+    `labels` narrows the search to containers that also carry these labels. Returns the short ids removed.
     """
     client = docker_client()
     removed = []
+    wanted = [LABEL] + [f"{k}={v}" for k, v in (labels or {}).items()]
     try:
-        for c in client.containers.list(all=True, filters={"label": LABEL}):
+        for c in client.containers.list(all=True, filters={"label": wanted}):
             if not all and owner_alive(c.labels):
                 continue
             remove_container(client, c.id)

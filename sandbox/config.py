@@ -20,7 +20,8 @@ class SandboxConfig(BaseModel):
     image: str = DEFAULT_IMAGE
     mount: Literal["copy", "bind"] = Field(
         "copy", description="copy: the repo is copied into an in-memory /workspace; bind: the host directory "
-        "itself is mounted read-write (for very large repos; commands then change the host files)")
+        "itself is mounted read-write (for very large repos; commands then change the host files; set user= to "
+        "the owner of the directory so git can write)")
     network: str = Field("none", description="Docker network mode; 'none' unless a task really needs one")
     user: str = "1000:1000"
     memory: str = Field("4g", description="memory limit; swap is set equal, so there is no extra swap")

@@ -45,7 +45,7 @@ BASE_ENV = {
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
 
-# Make /workspace a repository with a base commit, and keep interpreter caches out of diffs.
+# Make /workspace a repository with a base commit; the user's global ignore keeps interpreter caches out of diffs.
 GIT_INIT = r"""set -e
 if ! git rev-parse -q --verify HEAD >/dev/null 2>&1; then
   if [ -f .git ]; then rm -f .git; fi
@@ -53,9 +53,8 @@ if ! git rev-parse -q --verify HEAD >/dev/null 2>&1; then
   git add -A
   git commit -q --allow-empty --no-verify -m "m3-agent: base"
 fi
-for p in '__pycache__/' '*.py[co]' '.pytest_cache/'; do
-  grep -qxF "$p" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; printf '%s\n' "$p" >> .git/info/exclude; }
-done
+mkdir -p "$HOME/.config/git"
+printf '%s\n' '__pycache__/' '*.py[co]' '.pytest_cache/' > "$HOME/.config/git/ignore"
 git rev-parse HEAD
 """
 

@@ -1,0 +1,138 @@
+"""No container outlives its owner: normal exit, exceptions, SIGINT / SIGTERM, and prune after SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from sandbox import Sandbox, SandboxConfig, prune
+from sandbox.cleanup import LABEL, LABEL_PID, owner_labels
+
+pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def containers_of(pid: int) -> list:
+    client = docker.from_env(timeout=30)
+    try:
+        return client.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_PID}={pid}"]})
+    finally:
+        client.close()
+
+
+def wait_gone(pid: int, seconds: float = 10) -> list:
+    deadline = time.monotonic() + seconds
+    while (left := containers_of(pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def child(image: str, body: str, prelude: str = "") -> subprocess.Popen:
+    """A separate Python process that runs `prelude`, opens a sandbox, prints READY, then runs `body`."""
+    code = "import sys, time\n" + textwrap.dedent(prelude) + textwrap.dedent(f"""
+        from sandbox import Sandbox, SandboxConfig
+        sb = Sandbox(SandboxConfig(image={image!r})).start()
+        print("READY", sb.id, flush=True)
+    """) + textwrap.dedent(body)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("READY"), proc.stderr.read()
+    assert containers_of(proc.pid), "the child's sandbox should be running"
+    return proc
+
+
+def test_closed_on_normal_exit_without_close(no_leftovers):
+    proc = child(no_leftovers, "sys.exit(0)")
+    assert proc.wait(30) == 0
+    assert not containers_of(proc.pid)
+
+
+def test_closed_when_the_with_block_raises(no_leftovers):
+    with pytest.raises(RuntimeError):
+        with Sandbox(SandboxConfig(image=no_leftovers)) as sb:
+            cid = sb.id
+            raise RuntimeError("boom")
+    client = docker.from_env()
+    with pytest.raises(docker.errors.NotFound):
+        client.containers.get(cid)
+    client.close()
+
+
+@pytest.mark.parametrize("sig,expected", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, -signal.SIGINT)])
+def test_closed_on_signal(no_leftovers, sig, expected):
+    proc = child(no_leftovers, "time.sleep(60)")
+    proc.send_signal(sig)
+    code = proc.wait(30)
+    assert code == expected  # the default action still happens after the sandbox is closed
+    assert not containers_of(proc.pid)
+
+
+def test_previous_signal_handler_still_runs(no_leftovers):
+    prelude = """
+        import signal
+        signal.signal(signal.SIGTERM, lambda s, f: (print("MINE", flush=True), sys.exit(7)))
+    """
+    proc = child(no_leftovers, "time.sleep(60)", prelude)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 7
+    assert proc.stdout.read().strip() == "MINE"
+    assert not containers_of(proc.pid)
+
+
+def test_prune_cleans_up_after_sigkill(no_leftovers):
+    proc = child(no_leftovers, "time.sleep(60)")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    prune(labels={LABEL_PID: str(proc.pid)})
+    assert not wait_gone(proc.pid)
+
+
+def test_prune_removes_orphans_and_keeps_live_owners(no_leftovers):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    run_id = uuid.uuid4().hex
+    client = docker.from_env()
+    made = []
+    try:
+        for owner_pid in (dead.pid, os.getpid()):
+            labels = {**owner_labels(), LABEL_PID: str(owner_pid), "m3-agent.test-run": run_id}
+            c = client.containers.run(no_leftovers, ["sleep", "600"], detach=True, labels=labels,
+                                      network_mode="none")
+            made.append(c)
+        orphan, live = made
+        removed = prune(labels={"m3-agent.test-run": run_id})
+        assert removed == [orphan.short_id]
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(orphan.id)
+        assert client.containers.get(live.id).status == "running"
+        assert prune(all=True, labels={"m3-agent.test-run": run_id}) == [live.short_id]
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(live.id)
+    finally:
+        for c in made:
+            try:
+                c.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+        client.close()
+
+
+def test_prune_cli_reports_what_it_removed(no_leftovers):
+    from typer.testing import CliRunner
+
+    from sandbox.cli import app
+
+    result = CliRunner().invoke(app, ["prune"])
+    assert result.exit_code == 0, result.output
+    assert "removed" in result.output
