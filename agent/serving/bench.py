@@ -28,8 +28,8 @@ SEED_B200: dict[str, dict[str, float]] = {
              "p99_itl_ms": 177.08},
 }
 ROWS = [
-    ("Output token throughput (tok/s)", "output_throughput"),
-    ("Total token throughput (tok/s)", "total_token_throughput"),
+    ("Output tok/s", "output_throughput"),
+    ("Total tok/s", "total_token_throughput"),
     ("Mean TTFT (ms)", "mean_ttft_ms"), ("P99 TTFT (ms)", "p99_ttft_ms"),
     ("Mean TPOT (ms)", "mean_tpot_ms"), ("P99 TPOT (ms)", "p99_tpot_ms"),
     ("Mean ITL (ms)", "mean_itl_ms"), ("P99 ITL (ms)", "p99_itl_ms"),
@@ -98,10 +98,11 @@ def table(result: BenchResult, cfg: LoadConfig) -> Table:
     """The result next to the seed's 8x B200 figures (SGLang and vLLM runs)."""
     t = Table(title=f"{cfg.input_len} in / {cfg.output_len} out, {cfg.concurrency} concurrent, "
                     f"{result.completed}/{cfg.num_prompts} prompts ({result.tool}, {result.duration:.1f}s)")
-    t.add_column("metric")
-    t.add_column("this endpoint", justify="right")
-    t.add_column("seed 000 B200 SGLang", justify="right")
-    t.add_column("seed 000 B200 vLLM", justify="right")
+    t.add_column("metric", no_wrap=True)
+    t.add_column("this run", justify="right", no_wrap=True)
+    t.add_column("B200 SGLang", justify="right", no_wrap=True)
+    t.add_column("B200 vLLM", justify="right", no_wrap=True)
+    t.caption = "B200 columns: seed 000's 8x B200 figures for the same workload"
     for label, key in ROWS:
         t.add_row(label, _fmt(getattr(result, key)), _fmt(SEED_B200["sglang"].get(key)), _fmt(SEED_B200["vllm"].get(key)))
     return t
