@@ -153,16 +153,21 @@ def commit_message(issue: Issue, run: RunResult) -> str:
 # ----- the endpoint -------------------------------------------------------------------------------
 
 
-def resolve_endpoint(settings: Settings) -> str:
-    """The base URL to talk to: `base_url`, else the endpoint `serve` brings up; UsageError without either."""
+def resolve_endpoint(settings: Settings, notice: Notice | None = None) -> str:
+    """The base URL to talk to; with `serve`, the profile's endpoint (reused if healthy, else launched).
+
+    UsageError when neither `base_url` nor `serve` is set.
+    """
+    if settings.serve:
+        from agent.serving.endpoint import ensure_endpoint
+
+        def progress(phase: str, message: str) -> None:
+            if notice:
+                notice(f"serve: {message}")
+
+        return ensure_endpoint(settings.serve, base_url=settings.base_url, progress=progress).rstrip("/")
     if settings.base_url:
         return settings.base_url.rstrip("/")
-    if settings.serve:
-        try:
-            from agent.serving import ensure_endpoint  # type: ignore[attr-defined]
-        except ImportError:
-            raise UsageError("--serve is not available in this build: pass --base-url") from None
-        return str(ensure_endpoint(settings.serve)).rstrip("/")
     raise UsageError(
         "no model endpoint: pass --base-url URL (e.g. http://gpu-node:8000/v1) or --serve PROFILE, "
         "or set base_url in m3-agent.toml / M3_AGENT_BASE_URL"
@@ -220,7 +225,7 @@ def agent_config(settings: Settings, base_url: str) -> AgentConfig:
 # ----- the whole flow -----------------------------------------------------------------------------
 
 
-def tests_passed(tests: dict[str, Any] | None) -> bool:
+def suite_passed(tests: dict[str, Any] | None) -> bool:
     """The last test run passed: some tests ran, none failed or errored, it finished in time."""
     if not tests:
         return False
@@ -277,7 +282,7 @@ def fix_issue(
         the_issue, client = issue, None
     else:
         the_issue, client = resolve_issue(issue, root, settings)
-    base_url = resolve_endpoint(settings)
+    base_url = resolve_endpoint(settings, notice)
     check_endpoint(base_url)
     config = agent_config(settings, base_url)
 
@@ -339,7 +344,7 @@ def fix_issue(
         if apply:
             gitwork.apply_to_worktree(root, run.patch, expected_tree=tree if include else None)
             result.applied = True
-    result.resolved = bool(run.patch.strip()) and run.status in ("submitted", "finished") and tests_passed(
+    result.resolved = bool(run.patch.strip()) and run.status in ("submitted", "finished") and suite_passed(
         run.final_tests
     )
     result.exit_code = 0 if result.resolved else 1
@@ -365,7 +370,7 @@ def _call_summary(name: str, arguments: str | None) -> str:
     return f"{name} {_short(first, 70)}".strip()
 
 
-def test_line(tests: dict[str, Any] | None) -> str:
+def describe_tests(tests: dict[str, Any] | None) -> str:
     """`3 passed, 1 failed` style summary of a test_runner result."""
     if not tests:
         return "-"
@@ -433,7 +438,7 @@ class LiveProgress:
         elif event.kind == "tool_call":
             self.tool = _call_summary(event.data.get("name", "?"), event.data.get("arguments"))
         elif event.kind == "tool_result" and "failing" in event.data.get("data", {}):
-            self.tests = test_line(event.data["data"])
+            self.tests = describe_tests(event.data["data"])
         elif event.kind == "stall":
             self.stalls += 1
         self._read_usage()
@@ -465,7 +470,7 @@ def _summary(result: FixResult) -> Group:
     u = run.usage
     lines.append(Text(f"tokens: {u.prompt_tokens:,} in ({run.cache_hit_share:.0%} cached) · "
                       f"{u.completion_tokens:,} out · thinking {run.mode_counts}"))
-    lines.append(Text(f"tests: {test_line(run.final_tests)}"))
+    lines.append(Text(f"tests: {describe_tests(run.final_tests)}"))
     if result.branch:
         lines.append(Text(f"branch: {result.branch} ({result.commit[:12] if result.commit else ''})"))
         lines.append(Text(f"patch:  {result.patch_path}"))
