@@ -29,8 +29,7 @@ from agent.context.tokens import EstimateCounter, TokenCounter
 from agent.errors import UsageError
 
 # Exact counts are planned with a calibrated estimate and checked; a plan this much over is re-cut.
-MAX_TRIM_ROUNDS = 12
-CALIBRATION_SAMPLES = 48
+TOP_UP_ROUNDS = 3
 
 
 class PackedFile(BaseModel):
@@ -195,6 +194,31 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
                              f"repository ({tokens} tokens): raise --budget or exclude paths")
         chosen, left_out = _trim(chosen, left_out, tokens - budget, counter)
         text, tokens = _render(chosen, left_out, entries, head_text, tree_text, counter)
+    generous = True
+    for _ in range(TOP_UP_ROUNDS):
+        # The plan is cautious (per-file counts add up to more than the whole): fill what is left,
+        # first counting on the footer's list of left-out files to shrink, then without.
+        if budget is None or not left_out:
+            break
+        slack = budget - tokens
+        if generous:  # a try only: the exact count of the grown text decides
+            slack += _footer_saving(chosen, left_out, entries, counter) + max(16, slack // 50)
+        more = _top_up(left_out, slack, counter)
+        if not more:
+            break
+        for e in more:
+            if e.text is None:
+                _load(listing, e, max_file_bytes)
+        added = {id(e) for e in more}
+        grown = sorted(chosen + more, key=lambda e: layout.sort_key(e.path))
+        rest = [e for e in left_out if id(e) not in added]
+        grown_text, grown_tokens = _render(grown, rest, entries, head_text, tree_text, counter)
+        if grown_tokens > budget:
+            if not generous:
+                break
+            generous = False
+            continue
+        chosen, left_out, text, tokens = grown, rest, grown_text, grown_tokens
     timings["render_s"] = time.perf_counter() - t
 
     if store is not None and new_facts:
@@ -239,7 +263,7 @@ def _count_files(packable: list[Entry], counter: TokenCounter, store: PackCache 
 
 def _section_cost(e: Entry, estimate: EstimateCounter) -> int:
     """Tokens of a file's section around its text: heading, fences, language tag."""
-    return estimate.count(layout.section_head(e)) + 6
+    return estimate.count(layout.section_head(e)) + estimate.count("````" + layout.language(e.path) + "\n\n````\n\n")
 
 
 def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
@@ -299,6 +323,25 @@ def _render(chosen: list[Entry], left_out: list[Entry], entries: list[Entry], he
     foot = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out)
     text = layout.render(head_text, tree_text, (layout.section(e) for e in chosen), foot)
     return text, counter.count(text)
+
+
+def _footer_saving(chosen: list[Entry], left_out: list[Entry], entries: list[Entry], counter: TokenCounter) -> int:
+    """Tokens the footer's list of left-out files costs now (it goes when they all fit)."""
+    estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
+    now = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out)
+    return max(0, estimate.count(now) - estimate.count(layout.footer(packed=len(entries), total=len(entries), budget_left=[])))
+
+
+def _top_up(left_out: list[Entry], slack: int, counter: TokenCounter) -> list[Entry]:
+    """Left-out files, most relevant first, whose planned cost fits in `slack` tokens."""
+    estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
+    more = []
+    for e in left_out:
+        cost = (e.tokens or 0) + _section_cost(e, estimate)
+        if cost <= slack:
+            more.append(e)
+            slack -= cost
+    return more
 
 
 def _trim(chosen: list[Entry], left_out: list[Entry], over: int, counter: TokenCounter) -> tuple[list[Entry], list[Entry]]:

@@ -1,0 +1,135 @@
+"""Budgets: never exceeded with an exact counter; files the issue points at are packed first."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.context import EstimateCounter, ServerCounter, TokenizerJsonCounter, pack_repository
+from agent.context.relevance import rank
+from agent.context.selection import Entry, Facts
+from agent.errors import UsageError
+from agent.standin import StandinServer
+
+
+def _module(name: str, n: int) -> str:
+    body = "".join(f"def {name}_helper_{i}(value):\n    return value * {i} + len('{name}')\n\n" for i in range(n))
+    return f'"""Module {name}."""\n\n' + body
+
+
+PROJECT = {
+    "README.md": "# shop\n\nA small shop library.\n",
+    "shop/__init__.py": "",
+    "shop/billing.py": _module("billing", 30) + "def compute_total(items):\n    return sum(items)\n",
+    "shop/cart.py": _module("cart", 25),
+    "shop/catalog.py": _module("catalog", 40),
+    "shop/deep/nested/payments.py": _module("payments", 35),
+    "shop/search.py": _module("search", 20),
+    "tests/test_billing.py": "from shop.billing import compute_total\n\ndef test_total():\n    assert compute_total([1]) == 1\n",
+    "tests/test_cart.py": _module("test_cart", 10),
+    "docs/guide.md": "Guide text. " * 300 + "\n",
+}
+
+
+def _ranked_paths(root, issue):
+    pack = pack_repository(root)
+    entries = []
+    for f in pack.files:
+        text = (root / f.path).read_text()
+        from agent.context.selection import definitions
+
+        entries.append(Entry(f.path, tokens=f.tokens, facts=Facts(size=f.bytes, binary=False,
+                                                                  defs=definitions(f.path, text.encode()))))
+    return [e.path for _, e in rank(entries, issue)]
+
+
+@pytest.mark.parametrize("fraction", [0.15, 0.3, 0.5, 0.8, 0.97])
+def test_budget_is_never_exceeded_with_a_tokenizer_json(repo, tokenizer_json, fraction):
+    root = repo(PROJECT)
+    counter = TokenizerJsonCounter(tokenizer_json)
+    full = pack_repository(root, counter=counter)
+    budget = int(full.tokens * fraction)
+    pack = pack_repository(root, issue="compute_total is wrong", budget=budget, counter=counter)
+    assert pack.tokens <= budget
+    assert counter.count(pack.text) == pack.tokens  # the figure is the exact count of the text sent
+    assert pack.counter_kind == "tokenizer.json"
+    assert 0 < len(pack.files) < len(full.files)
+
+
+def test_budget_is_never_exceeded_with_the_server_counter(repo):
+    root = repo(PROJECT)
+    with StandinServer({"turns": []}) as srv:
+        counter = ServerCounter(srv.base_url)
+        full = pack_repository(root, counter=counter)
+        for fraction in (0.2, 0.6, 0.95):
+            budget = int(full.tokens * fraction)
+            pack = pack_repository(root, issue="shop/cart.py crashes", budget=budget, counter=counter)
+            assert pack.tokens <= budget
+            assert counter.count(pack.text) == pack.tokens
+            assert pack.counter_kind == "server"
+            assert "shop/cart.py" in {f.path for f in pack.files}
+
+
+def test_a_budget_that_holds_everything_packs_everything(repo):
+    root = repo(PROJECT)
+    full = pack_repository(root)
+    same = pack_repository(root, budget=full.tokens)
+    assert same.text == full.text and same.tokens <= full.tokens
+    assert not [s for s in same.skipped if s.reason == "budget"]
+
+
+def test_a_budget_smaller_than_header_and_tree_is_a_usage_error(repo):
+    root = repo(PROJECT)
+    with pytest.raises(UsageError, match="cannot hold even the header and tree"):
+        pack_repository(root, budget=20)
+    with pytest.raises(UsageError, match="positive"):
+        pack_repository(root, budget=0)
+
+
+def test_relevance_puts_the_file_named_in_the_issue_first(repo):
+    root = repo(PROJECT)
+    assert _ranked_paths(root, "Crash in shop/deep/nested/payments.py when paying")[0] == "shop/deep/nested/payments.py"
+    assert _ranked_paths(root, "payments.py raises on refunds")[0] == "shop/deep/nested/payments.py"
+
+
+def test_relevance_follows_stack_trace_frames_with_absolute_paths(repo):
+    root = repo(PROJECT)
+    trace = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/dev/work/shop/shop/cart.py", line 12, in add\n'
+        '  File "/home/dev/work/shop/shop/catalog.py", line 40, in lookup\n'
+        "KeyError: 'sku'\n"
+    )
+    ranked = _ranked_paths(root, trace)
+    assert ranked[:2] == ["shop/catalog.py", "shop/cart.py"]  # the innermost frame first
+
+
+def test_relevance_finds_files_defining_mentioned_names_and_their_tests(repo):
+    root = repo(PROJECT)
+    ranked = _ranked_paths(root, "`compute_total` returns the wrong sum for an empty cart")
+    assert ranked[0] == "shop/billing.py"
+    assert ranked.index("tests/test_billing.py") < ranked.index("shop/catalog.py")
+    dotted = _ranked_paths(root, "shop.search is slow")
+    assert dotted[0] == "shop/search.py"
+
+
+def test_a_tight_budget_packs_the_named_file_and_lists_what_it_left_out(repo):
+    root = repo(PROJECT)
+    full = pack_repository(root)
+    payments = next(f for f in full.files if f.path == "shop/deep/nested/payments.py")
+    overhead = full.tokens - sum(f.tokens for f in full.files)
+    budget = overhead + payments.tokens + 150
+    pack = pack_repository(root, issue="shop/deep/nested/payments.py: refunds are negative", budget=budget)
+    assert "shop/deep/nested/payments.py" in [f.path for f in pack.files]
+    assert pack.tokens <= budget
+    left = [s.path for s in pack.skipped if s.reason == "budget"]
+    assert "shop/catalog.py" in left
+    assert "Left out to fit the token budget" in pack.text
+
+
+def test_without_an_issue_source_code_is_preferred(repo):
+    root = repo(PROJECT)
+    full = pack_repository(root)
+    pack = pack_repository(root, budget=full.tokens // 2, counter=EstimateCounter())
+    packed = {f.path for f in pack.files}
+    assert "docs/guide.md" not in packed
+    assert "shop/search.py" in packed
