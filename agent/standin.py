@@ -92,6 +92,13 @@ OWNED_BY = "m3-agent-standin (test double, not a model)"
 EXHAUSTED_TEXT = "The stand-in script is exhausted: this is a scripted test double and has no more turns."
 THINKING_MODES = ("enabled", "disabled", "adaptive")
 STRAY_THINK_CLOSE = "</mm:think>\n\n"
+# the /metrics counters, named as vLLM names them (each exported as vllm:<key>_total)
+COUNTERS = (
+    ("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+    ("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+    ("prompt_tokens", "Number of prefill tokens processed."),
+    ("generation_tokens", "Number of generation tokens processed."),
+)
 
 Fault = Literal[
     "500",
@@ -332,12 +339,7 @@ class StandinState:
         self._vocab: dict[str, int] = {}
         self._pieces: list[str] = []
         self._blocks: set[bytes] = set()
-        self.metrics = {
-            "prefix_cache_queries": 0,
-            "prefix_cache_hits": 0,
-            "prompt_tokens": 0,
-            "generation_tokens": 0,
-        }
+        self.metrics = {key: 0 for key, _ in COUNTERS}
         self.finished: dict[str, int] = {}
 
     # tokens ---------------------------------------------------------------------------------------
@@ -438,20 +440,11 @@ class StandinState:
         with self.lock:
             m = dict(self.metrics)
             finished = dict(self.finished)
-        lines = [
-            "# m3-agent stand-in: a scripted test double, not a model",
-            "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
-            "# TYPE vllm:prefix_cache_queries_total counter",
-            f"vllm:prefix_cache_queries_total{{{labels}}} {float(m['prefix_cache_queries'])}",
-            "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.",
-            "# TYPE vllm:prefix_cache_hits_total counter",
-            f"vllm:prefix_cache_hits_total{{{labels}}} {float(m['prefix_cache_hits'])}",
-            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{{{labels}}} {float(m['prompt_tokens'])}",
-            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{{{labels}}} {float(m['generation_tokens'])}",
+        lines = ["# m3-agent stand-in: a scripted test double, not a model"]
+        for key, help_text in COUNTERS:
+            name = f"vllm:{key}_total"
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name}{{{labels}}} {float(m[key])}"]
+        lines += [
             "# HELP vllm:request_success_total Count of successfully processed requests.",
             "# TYPE vllm:request_success_total counter",
         ]
