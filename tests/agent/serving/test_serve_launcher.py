@@ -165,3 +165,32 @@ def test_cli_start_refuses_without_gpus_and_when_the_plan_does_not_fit(fake_nvid
     r = _serve("start", "--profile", "h200-tp8", "--port", str(free_port()))
     assert r.returncode == 2 and "no GPU found" in r.stderr and "--skip-gpu-check" in r.stderr
     assert launcher.load_state() is None
+
+
+@pytest.mark.timeout(900)  # the session's sandbox image may have to be built first
+def test_docker_runner_starts_a_named_container_and_stop_removes_it(docker_ready, sandbox_image, tmp_path, monkeypatch):
+    monkeypatch.setenv("M3_AGENT_STATE_DIR", str(tmp_path / "state"))
+    site = tmp_path / "site"
+    (site / "v1").mkdir(parents=True)
+    (site / "health").write_text("ok")
+    (site / "v1" / "models").write_text(json.dumps({"data": [{"id": "minimax-m3", "max_model_len": 4096}]}))
+    site.chmod(0o755)
+    port = free_port()
+    name = f"m3-agent-test-serve-{port}"
+    # A stand-in for an engine image: the sandbox image's python answering /health and /v1/models.
+    cmd = build_command(get_profile("b200"), "docker").model_copy(update={
+        "argv": ["docker", "run", "-d", "--name", name, "--network", "host", "-v", f"{site}:/srv:ro", "-w", "/srv",
+                 sandbox_image, "python3", "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        "port": port, "container": name, "served_model_name": "minimax-m3"})
+    try:
+        state = launcher.start(cmd, timeout_s=60)
+        assert state.container == name and launcher.is_running(state)
+        st = launcher.status()
+        assert st.phase == "ready" and st.max_model_len == 4096
+        stopped = _serve("stop", "--grace", "2")
+        assert stopped.returncode == 0 and f"container {name}" in stopped.stdout
+        gone = subprocess.run(["docker", "inspect", name], capture_output=True)
+        assert gone.returncode != 0  # stopped and removed
+        assert state.log_follower_pid is not None and _dead(state.log_follower_pid)
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
