@@ -426,8 +426,3 @@ def follow(path: str | Path, *, until: Callable[[], bool], emit: Callable[[str],
                 return
             else:
                 time.sleep(poll_s)
-
-
-def state_json(state: ServeState) -> str:
-    """The state as pretty JSON (for `status --json`)."""
-    return json.dumps(state.model_dump(), indent=2)
