@@ -325,6 +325,8 @@ def wait_ready(state: ServeState, *, timeout_s: float, progress: Progress | None
             raise _failure(state, f"the {state.engine} server exited during start-up"
                            + (f" (exit code {code})" if code is not None else ""), code)
         phase, models, max_len = probe(state.base_url, state.served_model_name)
+        if phase == "ready" and shown == "loading":
+            say("healthy", "/health answers 200")  # both came up between two polls
         if phase != shown:
             shown = phase
             detail = {"loading": "waiting for /health (weights loading)",

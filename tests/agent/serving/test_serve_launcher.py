@@ -51,7 +51,7 @@ def test_start_goes_through_loading_to_model_listed_and_stop_from_another_proces
     port = free_port()
     state = launcher.start(_cmd(port), timeout_s=30, progress=lambda phase, msg: phases.append(phase))
     main = [p for p in phases if p != "log"]
-    assert main[0] == "launching" and main[1] == "loading" and main[-1] == "model listed"
+    assert main == ["launching", "loading", "healthy", "model listed"]
     assert state.base_url == f"http://127.0.0.1:{port}/v1"
     log = Path(state.log_path).read_text()
     assert "fake engine argv: serve MiniMaxAI/MiniMax-M3 --tensor-parallel-size 8 --block-size 128" in log
