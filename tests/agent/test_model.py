@@ -81,13 +81,14 @@ def test_transient_faults_are_retried(fault):
 
 
 def test_warming_server_503_is_waited_out():
-    with StandinServer({"loading_s": 0.6, "turns": [{"content": "ready"}]}) as srv:
-        client = ModelClient(ModelConfig(base_url=srv.base_url, model="MiniMaxAI/MiniMax-M3", retry_initial_s=0.2,
-                                         retry_max_wait_s=0.4, retry_attempts=20, retry_max_s=20))
+    with StandinServer({"loading_s": 1.5, "turns": [{"content": "ready"}]}) as srv:
         t = time.monotonic()
+        client = ModelClient(ModelConfig(base_url=srv.base_url, model="MiniMaxAI/MiniMax-M3", retry_initial_s=0.2,
+                                         retry_max_wait_s=0.4, retry_attempts=40, retry_max_s=30))
         reply = client.complete(_user())
     assert reply.content == "ready"
-    assert time.monotonic() - t >= 0.5
+    assert reply.attempts >= 2  # it saw the 503s of a loading server and waited them out
+    assert time.monotonic() - t >= 1.0
 
 
 def test_retries_are_bounded_and_end_in_one_clear_error():
