@@ -194,3 +194,14 @@ def test_docker_runner_starts_a_named_container_and_stop_removes_it(docker_ready
         assert state.log_follower_pid is not None and _dead(state.log_follower_pid)
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def test_logs_follow_ends_when_the_server_ends(fake_bin, cleanup_endpoints):
+    launcher.start(_cmd(free_port()), timeout_s=30)
+    follower = subprocess.Popen([sys.executable, "-m", "agent.serving", "logs", "--follow", "-n", "2"],
+                                stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    time.sleep(3)  # the follower is reading the live log by now
+    assert follower.poll() is None
+    launcher.stop(grace_s=5)
+    out, _ = follower.communicate(timeout=20)
+    assert follower.returncode == 0 and "Application startup complete" in out
