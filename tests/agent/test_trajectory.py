@@ -1,0 +1,77 @@
+"""Trajectories: written line by line, readable after a crash, rendered by `m3-agent show`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agent.errors import UsageError
+from agent.trajectory import TrajectoryWriter, read_trajectory
+
+
+def test_each_event_is_on_disk_as_soon_as_it_is_written(tmp_path):
+    path = tmp_path / "t.jsonl"
+    w = TrajectoryWriter(path)
+    w.write("request", turn=1, thinking_mode="enabled")
+    # Read by another reader before close: a crash right now would leave this line.
+    assert json.loads(path.read_text().splitlines()[0])["thinking_mode"] == "enabled"
+    w.write("finish", status="submitted")
+    w.close()
+    assert [e["kind"] for e in read_trajectory(path)] == ["request", "finish"]
+
+
+def test_a_torn_last_line_is_ignored(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"kind": "request", "t": 0, "turn": 1}\n{"kind": "reply", "t": 0.1, "tur')
+    assert [e["kind"] for e in read_trajectory(path)] == ["request"]
+
+
+def test_garbage_in_the_middle_is_a_usage_error(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('not json\n{"kind": "finish"}\n')
+    with pytest.raises(UsageError, match="not JSON"):
+        read_trajectory(path)
+
+
+def test_missing_file_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no trajectory"):
+        read_trajectory(tmp_path / "nope.jsonl")
+
+
+def _show(path) -> subprocess.CompletedProcess:
+    code = "from agent.cli import main; main()"
+    return subprocess.run([sys.executable, "-c", code, "show", str(path)], capture_output=True, text=True,
+                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+def test_show_renders_turns_and_outcome(tmp_path):
+    path = tmp_path / "t.jsonl"
+    w = TrajectoryWriter(path)
+    w.write("request", turn=1, thinking_mode="enabled", mode_reason="plan the first turn", n_messages=2)
+    w.write("reply", turn=1, finish_reason="tool_calls", tool_calls=[{"name": "bash"}],
+            usage={"prompt_tokens": 900, "completion_tokens": 20, "cached_tokens": 768}, content="")
+    w.write("tool_call", turn=1, name="bash", arguments='{"command": "pytest"}')
+    w.write("tool_result", turn=1, ok=False, output="1 failed")
+    w.write("finish", status="stalled", turns=1, usage={"prompt_tokens": 900, "completion_tokens": 20,
+                                                        "cached_tokens": 768}, mode_counts={"enabled": 1})
+    w.close()
+    proc = _show(path)
+    assert proc.returncode == 0, proc.stderr
+    for text in ("mode=enabled", "bash", "1 failed", "stalled", "cached 768"):
+        assert text in proc.stdout
+
+
+def test_show_of_an_interrupted_run_says_so(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"kind": "request", "t": 0, "turn": 1, "thinking_mode": "disabled"}\n')
+    proc = _show(path)
+    assert proc.returncode == 0 and "no finish event" in proc.stdout
+
+
+def test_show_of_a_missing_file_is_one_line_and_exit_2(tmp_path):
+    proc = _show(tmp_path / "missing.jsonl")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no trajectory" in proc.stderr
