@@ -142,14 +142,17 @@ def export_tree(root: Path, tree: str, dest: Path) -> Path:
     with _temp_index(root) as env:
         git(root, "read-tree", tree, env=env)
         git(root, "checkout-index", "-a", f"--prefix={dest}{os.sep}", env=env)
-    ident = {
+    # Fixed identity, date and message: the same tree gives the same commit id in every run, so the
+    # packed prompt (which names the commit) stays byte-identical and the server's prefix cache hits.
+    fixed = {
         "GIT_AUTHOR_NAME": FALLBACK_IDENTITY["name"], "GIT_AUTHOR_EMAIL": FALLBACK_IDENTITY["email"],
         "GIT_COMMITTER_NAME": FALLBACK_IDENTITY["name"], "GIT_COMMITTER_EMAIL": FALLBACK_IDENTITY["email"],
+        "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
     }
     git(dest, "init", "-q")
     # -f: every exported file is tracked upstream, even if a .gitignore pattern matches it.
-    git(dest, "add", "-A", "-f", env=ident)
-    git(dest, "-c", "commit.gpgsign=false", "commit", "-q", "--allow-empty", "-m", "base", env=ident)
+    git(dest, "add", "-A", "-f", env=fixed)
+    git(dest, "-c", "commit.gpgsign=false", "commit", "-q", "--allow-empty", "-m", "m3-agent base", env=fixed)
     return dest
 
 

@@ -109,6 +109,8 @@ def test_export_of_head_is_an_independent_repo_without_uncommitted_changes(repo,
     assert sh(dest, "status", "--porcelain") == ""
     assert sh(dest, "ls-files").split() == [".gitignore", "README.md", "calc.py"]
     assert user_state(repo) == before
+    again = gitwork.export_tree(repo, gitwork.tree_of(repo, "HEAD"), tmp_path / "again")
+    assert sh(again, "rev-parse", "HEAD") == sh(dest, "rev-parse", "HEAD")  # same tree, same commit id
 
 
 def test_snapshot_includes_uncommitted_and_untracked_but_not_ignored(repo, tmp_path):
