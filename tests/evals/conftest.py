@@ -16,7 +16,7 @@ def eval_cache(tmp_path_factory):
         yield path
 
 
-def sandbox_containers(**labels: str) -> list:
+def _sandbox_containers(**labels: str) -> list:
     """Sandbox containers (running or not) carrying all of `labels`."""
     import docker
 
@@ -31,11 +31,17 @@ def sandbox_containers(**labels: str) -> list:
 
 
 @pytest.fixture
+def sandbox_containers():
+    """The function listing sandbox containers by label (for tests that watch containers come and go)."""
+    return _sandbox_containers
+
+
+@pytest.fixture
 def test_label(sandbox_image, request):
     """A label unique to this test for the sandboxes it makes; fails the test if any is left behind."""
     value = f"{request.node.name[:40]}-{os.getpid()}"
     yield {"m3-agent.test": value}
-    left = sandbox_containers(**{"m3-agent.test": value})
+    left = _sandbox_containers(**{"m3-agent.test": value})
     for c in left:
         c.remove(force=True)
     assert not left, f"containers left behind: {[c.short_id for c in left]}"

@@ -1,0 +1,136 @@
+"""The runner: resume, durable results, per-instance timeouts, SIGKILL survival, one run per folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent.errors import UsageError
+from evals.grading import InstanceReport
+from evals.predictions import Prediction, load_predictions
+from evals.runner import RESULTS_FILE, EvalConfig, InstanceResult, _exclusive, load_results, run_eval, save_result
+from evals.tasks import Task, builtin_task
+from sandbox import SandboxConfig
+
+
+def _result(instance_id: str, **kw) -> InstanceResult:
+    return InstanceResult(instance_id=instance_id, model_name_or_path="m", model_patch="p", report=InstanceReport(), **kw)
+
+
+def test_a_line_cut_short_by_a_crash_is_skipped_and_closed_off(tmp_path):
+    save_result(tmp_path, _result("a-1"))
+    with open(tmp_path / RESULTS_FILE, "a") as f:
+        f.write('{"instance_id": "b-1", "model_na')  # SIGKILL in the middle of a write
+    assert list(load_results(tmp_path)) == ["a-1"]
+    save_result(tmp_path, _result("c-1"))
+    assert list(load_results(tmp_path)) == ["a-1", "c-1"]
+    lines = (tmp_path / RESULTS_FILE).read_text().splitlines()
+    assert json.loads(lines[-1])["instance_id"] == "c-1"
+    swe = json.loads((tmp_path / "instances" / "c-1" / "report.json").read_text())
+    assert set(swe["c-1"]) == {"patch_is_None", "patch_exists", "patch_successfully_applied", "resolved", "tests_status"}
+    preds = [json.loads(x) for x in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert preds[-1] == {"instance_id": "c-1", "model_name_or_path": "m", "model_patch": "p"}
+
+
+def test_the_last_result_of_an_instance_wins(tmp_path):
+    save_result(tmp_path, _result("a-1", error="boom"))
+    save_result(tmp_path, _result("a-1"))
+    assert load_results(tmp_path)["a-1"].error is None
+
+
+def test_one_run_per_output_folder(tmp_path):
+    with _exclusive(tmp_path):
+        with pytest.raises(UsageError, match="another eval is running"):
+            run_eval([], None, EvalConfig(output_dir=tmp_path))
+
+
+@pytest.mark.docker
+def test_a_rerun_skips_finished_instances_and_can_retry_errors(tmp_path, test_label):
+    roman, chunks = builtin_task("roman"), builtin_task("chunks")
+    config = EvalConfig(output_dir=tmp_path, sandbox=SandboxConfig(labels=test_label))
+    preds = load_predictions("gold", [roman, chunks])
+    run_eval([roman], preds, config)
+    save_result(tmp_path, _result(chunks.instance_id, error="sandbox vanished"))
+    events: list[tuple[str, str]] = []
+
+    def record(kind, info):
+        events.append((kind, info.get("instance_id") or info["result"].instance_id))
+
+    results = run_eval([roman, chunks], preds, config, on_event=record)
+    assert [k for k, _ in events] == ["skip", "skip"]
+    assert results[1].outcome == "error"
+    events.clear()
+    results = run_eval([roman, chunks], preds, config, retry_errors=True, on_event=record)
+    assert events == [("skip", roman.instance_id), ("start", chunks.instance_id), ("finish", chunks.instance_id)]
+    assert [r.outcome for r in results] == ["resolved", "resolved"]
+
+
+def _hanging_task(git_repo) -> Task:
+    repo = git_repo({"tests/test_slow.py": "import time\n\ndef test_hang():\n    time.sleep(300)\n"}, name="slow")
+    base = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return Task(instance_id="slow-1", repo=str(repo), base_commit=base, FAIL_TO_PASS=["tests/test_slow.py::test_hang"])
+
+
+@pytest.mark.docker
+def test_an_instance_timeout_stops_the_worker_and_its_container(tmp_path, git_repo, test_label, sandbox_containers):
+    task = _hanging_task(git_repo)
+    config = EvalConfig(output_dir=tmp_path, sandbox=SandboxConfig(labels=test_label), test_timeout=120,
+                        instance_timeout=4)
+    start = time.monotonic()
+    [result] = run_eval([task], {task.instance_id: Prediction(instance_id=task.instance_id, model_patch="")}, config)
+    assert result.outcome == "error" and result.error == "instance timed out after 4s"
+    assert time.monotonic() - start < 30
+    assert sandbox_containers(**test_label) == []
+
+
+DRIVER = """
+import json, sys
+from pathlib import Path
+from evals.predictions import Prediction
+from evals.runner import EvalConfig, run_eval
+from evals.tasks import Task
+from sandbox import SandboxConfig
+args = json.loads(sys.argv[1])
+tasks = [Task.model_validate(t) for t in args["tasks"]]
+preds = {t.instance_id: Prediction(instance_id=t.instance_id, model_patch=t.patch) for t in tasks}
+run_eval(tasks, preds, EvalConfig(output_dir=Path(args["out"]), sandbox=SandboxConfig(labels=args["labels"]),
+                                  test_timeout=120))
+"""
+
+
+@pytest.mark.docker
+def test_a_sigkilled_run_loses_nothing_finished_and_the_next_start_cleans_up(tmp_path, git_repo, test_label,
+                                                                            sandbox_containers):
+    tasks = [builtin_task("roman"), builtin_task("chunks"), _hanging_task(git_repo)]
+    out = tmp_path / "out"
+    args = json.dumps({"tasks": [t.model_dump() for t in tasks], "out": str(out), "labels": test_label})
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, args], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # two finished, the hanging one running in its container
+            if len(load_results(out)) == 2 and sandbox_containers(**test_label):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run did not reach the hanging instance")
+        running = [c.id for c in sandbox_containers(**test_label)]
+        finished = (out / RESULTS_FILE).read_text()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    config = EvalConfig(output_dir=out, sandbox=SandboxConfig(labels=test_label), test_timeout=2)
+    started: list[str] = []
+    results = run_eval(tasks, {t.instance_id: Prediction(instance_id=t.instance_id, model_patch=t.patch) for t in tasks},
+                       config, on_event=lambda kind, info: kind == "start" and started.append(info["instance_id"]))
+    assert started == ["slow-1"]
+    assert (out / RESULTS_FILE).read_text().startswith(finished)  # nothing finished was lost or rewritten
+    assert [r.outcome for r in results] == ["resolved", "resolved", "empty_patch"]
+    assert results[2].report.tests_timed_out
+    assert not {c.id for c in sandbox_containers(**test_label)} & set(running)
