@@ -1,14 +1,16 @@
 """Building the sandbox image and per-task environment images on top of it.
 
-The sandbox image is Debian bookworm with python3, pytest, git, patch, bash and coreutils, plus a thin
-layer that adds the uid-1000 `sandbox` user, `/workspace` and a system git config. Its base comes
-from a registry when one answers (`debian:bookworm-slim` + apt), else from the offline path:
+The sandbox image is Debian bookworm with python3, pytest, git, patch, procps, bash and coreutils,
+plus a thin layer that adds the uid-1000 `sandbox` user, `/workspace` and a system git config. Its
+base comes from a registry when one answers (`debian:bookworm-slim` + apt), else from the offline path:
 `debootstrap` into a directory and `docker import` of that tree. Every tag carries a hash of its
 recipe, so a changed recipe builds a new image and an unchanged one returns at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -16,7 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import docker
@@ -28,7 +30,7 @@ from sandbox.engine import docker_client, image_exists
 Progress = Callable[[str], None]
 
 SUITE = "bookworm"
-PACKAGES = ("python3", "python3-pytest", "git", "patch")
+PACKAGES = ("python3", "python3-pytest", "git", "patch", "procps")
 SANDBOX_UID = 1000
 IMAGE_LABEL = "m3-agent.image"
 RECIPE_LABEL = "m3-agent.recipe"
@@ -66,7 +68,7 @@ USER {SANDBOX_UID}:{SANDBOX_UID}
 # What a finished image must be able to do (the contract other parts rely on).
 VERIFY_CMD = (
     "set -e; python3 -c 'import pytest, sys; assert sys.version_info >= (3, 8)'; "
-    "git --version; patch --version; timeout --version; bash --version; tar --version; id -u"
+    "git --version; patch --version; timeout --version; bash --version; tar --version; ps --version; id -u"
 )
 
 
@@ -99,19 +101,43 @@ def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, progress: 
     try:
         if image_exists(client, tag):
             return tag
-        if base is None:
-            base = _default_base(client, progress)
-        elif not image_exists(client, base):
-            _say(progress, f"pulling {base}")
-            if not _try_pull(client, base):
-                raise SandboxUnavailable(f"base image {base!r} is neither present nor pullable: pull it or drop --base")
-        _say(progress, f"building {tag} on {base}")
-        _build(client, SANDBOX_LAYER.replace("{base}", base), tag, {IMAGE_LABEL: "sandbox", RECIPE_LABEL: RECIPE_HASH},
-               progress)
-        _verify(client, tag, progress)
+        with _build_lock(progress):
+            if image_exists(client, tag):  # another process built it while we waited
+                return tag
+            _build_sandbox(client, tag, base, progress)
         return tag
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def _build_lock(progress: Progress | None) -> Iterator[None]:
+    """One image build at a time on this host: parallel test runs would otherwise all debootstrap."""
+    lock_path = _cache_dir().parent / "build.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(progress, "another process is building the image; waiting for it")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build_sandbox(client: docker.DockerClient, tag: str, base: str | None, progress: Progress | None) -> None:
+    if base is None:
+        base = _default_base(client, progress)
+    elif not image_exists(client, base):
+        _say(progress, f"pulling {base}")
+        if not _try_pull(client, base):
+            raise SandboxUnavailable(f"base image {base!r} is neither present nor pullable: pull it or drop --base")
+    _say(progress, f"building {tag} on {base}")
+    _build(client, SANDBOX_LAYER.replace("{base}", base), tag, {IMAGE_LABEL: "sandbox", RECIPE_LABEL: RECIPE_HASH},
+           progress)
+    _verify(client, tag, progress)
 
 
 def _default_base(client: docker.DockerClient, progress: Progress | None) -> str:
@@ -251,12 +277,9 @@ def build_env_image(
     client = docker_client()
     try:
         if not image_exists(client, base):
-            if base == DEFAULT_IMAGE:
-                client.close()
-                build_image(base, progress=progress)
-                client = docker_client()
-            else:
+            if base != DEFAULT_IMAGE:
                 raise SandboxUnavailable(f"base image {base!r} not found: build it first (m3-agent sandbox build)")
+            build_image(base, progress=progress)
         base_id = client.images.get(base).id
         digest = env_recipe_hash(base_id, packages, setup)
         tag = f"m3-agent-env:{digest}"
@@ -271,8 +294,11 @@ def build_env_image(
             )
         lines += [f"RUN {json.dumps(['sh', '-c', cmd])}" for cmd in setup]
         lines.append(f"USER {SANDBOX_UID}:{SANDBOX_UID}")
-        _say(progress, f"building {tag} on {base}")
-        _build(client, "\n".join(lines) + "\n", tag, {IMAGE_LABEL: "env", RECIPE_LABEL: digest}, progress, network)
+        with _build_lock(progress):
+            if not image_exists(client, tag):
+                _say(progress, f"building {tag} on {base}")
+                _build(client, "\n".join(lines) + "\n", tag, {IMAGE_LABEL: "env", RECIPE_LABEL: digest}, progress,
+                       network)
         return tag
     finally:
         client.close()
