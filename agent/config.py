@@ -113,7 +113,7 @@ def find_config_file(root: Path) -> tuple[Path, str] | None:
     if pyproject.is_file():
         tool = _read_toml(pyproject).get("tool", {})
         if isinstance(tool, dict) and "m3-agent" in tool:
-            return pyproject, f"pyproject.toml [{PYPROJECT_TABLE}]"
+            return pyproject, f"pyproject.toml ({PYPROJECT_TABLE})"
     return None
 
 
@@ -123,7 +123,7 @@ def read_config_file(path: Path, label: str | None = None) -> dict[str, Any]:
     if path.name == "pyproject.toml":
         data = data.get("tool", {}).get("m3-agent", {})
         if not isinstance(data, dict):
-            raise UsageError(f"{path}: [{PYPROJECT_TABLE}] must be a table")
+            raise UsageError(f"{path}: {PYPROJECT_TABLE} must be a table")
     return _normalise_keys(data, label or str(path))
 
 

@@ -42,6 +42,7 @@ from agent.config import Settings, display_rows, load_settings
 from agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError
 from agent.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
 from agent.loop import Agent, AgentConfig, AgentEvent, RunResult
+from tools import Tool
 
 Callback = Callable[[AgentEvent], None]
 Notice = Callable[[str], None]
@@ -247,14 +248,15 @@ def fix_issue(
     base: str | None = None,
     callbacks: list[Callback] | None = None,
     on_notice: Notice | None = None,
-    tools: list | None = None,
+    tools: list[Tool] | None = None,
 ) -> FixResult:
     """Fix `issue` in `repo` and return what was made; the user's checkout is left as it was.
 
     `issue` is a spec (number, `owner/repo#n`, URL, file, text) or an `Issue`. `settings` defaults
-    to the layered configuration of `repo`. Progress goes to `callbacks` (AgentEvent), notices
-    (skipped images, excluded changes) to `on_notice`. Raises the project errors: UsageError,
-    EndpointError, SandboxUnavailable, GitError, Interrupted.
+    to the layered configuration of `repo`. Progress goes to `callbacks`: the loop's AgentEvents,
+    preceded by a `fix_start` event (issue, title, trajectory_path, base_commit, max_turns). Notices
+    (skipped images, excluded changes) go to `on_notice`. `tools` replaces the default tool set.
+    Raises the project errors: UsageError, EndpointError, SandboxUnavailable, GitError, Interrupted.
     """
     notices: list[str] = []
 
@@ -306,26 +308,31 @@ def fix_issue(
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     trajectory = out_dir / f"issue-{the_issue.key}-{stamp}.jsonl"
 
-    for cb in callbacks or []:
-        cb(AgentEvent(kind="fix_start", turn=0, data={
-            "issue": the_issue.reference, "title": the_issue.title, "trajectory_path": str(trajectory),
-            "base_commit": base_commit, "max_turns": config.max_turns,
-        }))
     work = Path(tempfile.mkdtemp(prefix="m3-agent-fix-"))
     try:
         copy = gitwork.export_tree(root, tree, work / (root.name or "repo"))
         agent = Agent(config, tools=tools, callbacks=callbacks)
+
+        def run_once(issue_input: str | list[dict], path: Path) -> RunResult:
+            start = AgentEvent(kind="fix_start", turn=0, data={
+                "issue": the_issue.reference, "title": the_issue.title, "trajectory_path": str(path),
+                "base_commit": base_commit, "max_turns": config.max_turns,
+            })
+            for cb in callbacks or []:
+                cb(start)
+            try:
+                return agent.run(repo=copy, issue=issue_input, trajectory_path=path)
+            except Interrupted:
+                raise Interrupted(f"interrupted: trajectory kept at {path}; the sandbox was removed") from None
+
         try:
-            run = agent.run(repo=copy, issue=content, trajectory_path=trajectory)
+            run = run_once(content, trajectory)
         except EndpointError as e:
             if settings.images != "auto" or isinstance(content, str) or not _IMAGE_REJECTED.search(str(e)):
                 raise
             notice("the endpoint rejected the issue's images (text-only model): running again without them")
             content = the_issue.text()
-            trajectory = trajectory.with_name(trajectory.stem + "-text.jsonl")
-            run = agent.run(repo=copy, issue=content, trajectory_path=trajectory)
-        except Interrupted:
-            raise Interrupted(f"interrupted: trajectory kept at {trajectory}; the sandbox was removed") from None
+            run = run_once(content, trajectory.with_name(trajectory.stem + "-text.jsonl"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -531,7 +538,7 @@ def fix_command(
 
         def on_notice(text: str) -> None:
             if not json_out:
-                err.print(f"m3-agent: {text}")
+                err.print(f"m3-agent: {text}", markup=False, soft_wrap=True)
 
         if show_progress:
             with LiveProgress(err, max_turns=settings.max_turns, label=_short(spec, 50)) as progress:
@@ -579,5 +586,5 @@ def config_show(
     for col in ("setting", "value", "source"):
         table.add_column(col)
     for name, value, source in rows:
-        table.add_row(name, value, source, style="dim" if source == "default" else None)
+        table.add_row(Text(name), Text(value), Text(source), style="dim" if source == "default" else None)
     Console(highlight=False).print(table)

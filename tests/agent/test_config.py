@@ -41,7 +41,7 @@ def test_pyproject_table_is_used_only_without_m3_agent_toml(tmp_path):
     write(tmp_path / "pyproject.toml", '[project]\nname = "x"\n[tool.m3-agent]\nmax_turns = 11\nthinking = "enabled"\n')
     settings, sources = load_settings(tmp_path, environ={})
     assert (settings.max_turns, settings.thinking) == (11, "enabled")
-    assert sources["max_turns"] == "pyproject.toml [tool.m3-agent]"
+    assert sources["max_turns"] == "pyproject.toml (tool.m3-agent)"
 
     write(tmp_path / "m3-agent.toml", "max_turns = 5\n")
     settings, sources = load_settings(tmp_path, environ={})

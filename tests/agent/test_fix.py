@@ -11,7 +11,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import docker
@@ -234,3 +238,75 @@ def test_ctrl_c_stops_cleanly_keeps_the_trajectory_and_removes_the_sandbox(repo,
     assert containers_of(proc.pid) == []
     assert "m3-agent/" not in git(repo, "branch")
     assert git(repo, "status", "--porcelain") == ""
+
+
+class TextOnlyFront:
+    """A text-only vLLM in front of the stand-in: image inputs get vLLM's 400, the rest is relayed.
+
+    (`vllm serve ... --language-model-only` answers an image part with "At most 0 image(s) ...".)
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.rejected = 0
+        front = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _relay(self, body: bytes | None) -> None:
+                req = urllib.request.Request(upstream + self.path, data=body, method=self.command,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as resp:
+                        status, data = resp.status, resp.read()
+                except urllib.error.HTTPError as e:
+                    status, data = e.code, e.read()
+                self._send(status, data)
+
+            def _send(self, status: int, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802
+                self._relay(None)
+
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                messages = json.loads(body).get("messages", []) if self.path.endswith("/chat/completions") else []
+                if any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
+                       for m in messages):
+                    front.rejected += 1
+                    return self._send(400, json.dumps({"error": {
+                        "message": "At most 0 image(s) may be provided in one prompt.",
+                        "type": "BadRequestError", "param": None, "code": 400}}).encode())
+                self._relay(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_text_only_endpoint_rejecting_images_gets_the_issue_again_without_them(repo, fix_cli):
+    with FakeGitHub() as gh, StandinServer({"turns": FIXING}) as srv:
+        gh.add_issue("acme", "widgets", 9, "add() subtracts", f"![result]({gh.web}/assets/shot.png)")
+        git(repo, "remote", "add", "origin", f"{gh.web}/acme/widgets.git")
+        front = TextOnlyFront(srv.root_url)
+        try:
+            code, out, err = fix_cli("9", "--repo", str(repo), "--base-url", front.base_url, "--json")
+        finally:
+            front.close()
+        assert code == 0, err
+        assert front.rejected == 1
+        assert isinstance(first_user_content(srv), str)  # what reached the model: text only
+    result = json.loads(out)
+    assert result["images_sent"] == 0 and result["resolved"] is True
+    assert any("rejected the issue's images" in n for n in result["notices"])
+    assert len(list((repo / ".m3-agent").glob("issue-9-*.jsonl"))) == 2  # the refused run's trajectory is kept
