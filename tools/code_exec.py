@@ -34,7 +34,7 @@ class CodeExec(Tool):
     def run(self, args: CodeExecArgs, sandbox: Sandbox) -> ToolResult:
         """Run `args.code` with python3; report exit code, stdout, stderr and whether it timed out."""
         timeout, note = clamp_timeout(args.timeout, self.max_timeout)
-        script = scratch_file(".py")
+        script = scratch_file(".py", args.code)
         sandbox.write_file(script, args.code)
         # The script lives in scratch space; PYTHONPATH lets it import the repository's modules as from its root.
         env = {**EXEC_ENV, "PYTHONPATH": WORKSPACE}

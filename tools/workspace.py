@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -47,9 +48,13 @@ def workspace_path(path: str, *, for_write: bool = False) -> str:
     return rel
 
 
-def scratch_file(suffix: str) -> str:
-    """A fresh absolute path in the sandbox's scratch directory."""
-    return f"{SCRATCH}/{uuid.uuid4().hex[:12]}{suffix}"
+def scratch_file(suffix: str, content: str | None = None) -> str:
+    """An absolute path in the sandbox's scratch directory: named after `content` when given, else fresh.
+
+    Naming by content keeps a rerun's output (tracebacks show the path) identical, which stall detection needs.
+    """
+    name = hashlib.sha256(content.encode()).hexdigest()[:12] if content is not None else uuid.uuid4().hex[:12]
+    return f"{SCRATCH}/{name}{suffix}"
 
 
 def write_text(sandbox: Sandbox, rel: str, text: str) -> None:

@@ -53,6 +53,13 @@ def test_code_exec_reports_failure_and_stderr(sb, tools):
     assert "before" in r.output and "bad thing" in r.output
 
 
+def test_code_exec_same_code_gives_the_same_output(sb, tools):
+    code = "raise ValueError('same every time')"
+    first, second = call(sb, tools, "code_exec", code=code), call(sb, tools, "code_exec", code=code)
+    assert "ValueError: same every time" in first.output
+    assert first.output == second.output  # the traceback's script path does not change between runs
+
+
 def test_code_exec_timeout_is_reported_and_the_sandbox_stays_usable(sb, tools):
     r = call(sb, tools, "code_exec", code="import time\nprint('started', flush=True)\ntime.sleep(30)", timeout=1)
     assert (r.ok, r.error_kind, r.data["timed_out"]) == (False, "timeout", True)
