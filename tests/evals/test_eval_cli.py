@@ -1,0 +1,101 @@
+"""`m3-agent eval grade | run | report` as a user runs them: real processes, the stand-in over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agent.standin import StandinServer
+from evals.tasks import builtin_standin_script
+
+
+def m3(*args: str, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout)
+
+
+def _main_error(capsys, *args: str) -> str:
+    """Run the CLI entry point in-process; return its error message after checking exit code 2."""
+    from agent.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert "Traceback" not in err
+    assert err.startswith("m3-agent: error: "), err
+    return "".join(err.strip().splitlines())  # the console wraps long lines at 80 columns in a pipe
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
+    missing = tmp_path / "nope.json"
+    assert _main_error(capsys, "eval", "grade", "--tasks", str(missing), "-p", "gold") == \
+        f"m3-agent: error: tasks not found: {missing}"
+    assert "predictions not found" in _main_error(capsys, "eval", "grade", "--tasks", "builtin", "-p", str(tmp_path / "p"))
+    assert "no results in" in _main_error(capsys, "eval", "report", str(tmp_path))
+    (tmp_path / "results.jsonl").write_text("")
+    assert "unknown --format 'pdf'" in _main_error(capsys, "eval", "report", str(tmp_path), "--format", "pdf")
+    monkeypatch.chdir(tmp_path)
+    assert "pass --base-url" in _main_error(capsys, "eval", "run", "--tasks", "builtin")
+
+
+@pytest.mark.docker
+def test_grade_json_ends_with_the_summary_and_report_renders_it(tmp_path, sandbox_image):
+    out = tmp_path / "out"
+    r = m3("eval", "grade", "--tasks", "builtin", "--predictions", "gold", "-i", "m3-agent__roman-1,m3-agent__lru-1",
+           "--workers", "2", "--output", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["total_instances"] == 2 and summary["resolved_instances"] == 2
+    assert sorted(summary["resolved_ids"]) == ["m3-agent__lru-1", "m3-agent__roman-1"]
+    assert summary["unresolved_ids"] == [] and summary["error_ids"] == []
+    assert "resolved" in r.stderr  # the table and progress went to stderr
+
+    r = m3("eval", "report", str(out), "--format", "md")
+    assert r.returncode == 0 and r.stdout.startswith("# m3-agent eval report")
+    r = m3("eval", "report", str(out), "--format", "html", "--out", str(tmp_path / "r.html"))
+    assert r.returncode == 0 and (tmp_path / "r.html").read_text().count("<svg") == 3
+    r = m3("eval", "report", str(out), "--format", "table")
+    assert r.returncode == 0 and "m3-agent__roman-1" in r.stdout
+    for name in ("results.jsonl", "predictions.jsonl", "summary.json", "report.html", "report.md", "run.json"):
+        assert (out / name).is_file(), name
+
+
+WRONG_CHUNKS = {
+    "match": "chunked() silently drops the last items",
+    "turns": [
+        {"tool_calls": [{"name": "file_edit", "arguments": {
+            "path": "chunks.py", "old_str": '"""Split sequences into chunks."""', "new_str": '"""Chunks."""'}}]},
+        {"content": "Done.", "tool_calls": [{"name": "submit", "arguments": {}}]},
+    ],
+}
+
+
+@pytest.mark.docker
+def test_run_resolves_what_the_scripted_solutions_solve(tmp_path, sandbox_image):
+    solved = ["roman", "lru", "slugify"]
+    script = builtin_standin_script(solved)
+    script["conversations"].append(WRONG_CHUNKS)
+    out = tmp_path / "run"
+    ids = ",".join(f"m3-agent__{n}-1" for n in [*solved, "chunks"])
+    with StandinServer(script) as srv:
+        r = m3("eval", "run", "--tasks", "builtin", "-i", ids, "--base-url", srv.base_url, "--workers", "2",
+               "--output", str(out), "--gpu-usd-per-hour", "3.64", "--json", "-q", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert srv.requests, "the agent never reached the stand-in"
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(summary["resolved_ids"]) == sorted(f"m3-agent__{n}-1" for n in solved)
+    assert summary["unresolved_ids"] == ["m3-agent__chunks-1"]
+    assert summary["prompt_tokens"] > 0 and summary["turns"] >= 4 * 2
+    assert sum(summary["mode_counts"].values()) == summary["turns"]
+    assert summary["cost_usd"] > 0 and summary["run_cost_usd"] > 0
+
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert {p["instance_id"] for p in preds} == set(ids.split(","))
+    for p in preds:
+        assert set(p) == {"instance_id", "model_name_or_path", "model_patch"}
+        assert p["model_name_or_path"] == "m3-agent" and p["model_patch"].startswith("diff --git")
+        assert (out / "trajectories" / f"{p['instance_id']}.jsonl").stat().st_size > 0
