@@ -31,6 +31,8 @@ def shown(name: str) -> str:
     """A path or name as printed: as is when plain, else JSON-quoted (control bytes, odd bytes, markers)."""
     if (_PLAIN_NAME.fullmatch(name) and name == name.strip() and "  (" not in name
             and not name.startswith("#")):
+        if name.isascii():
+            return name
         try:
             name.encode("utf-8")
             return name
@@ -139,12 +141,17 @@ def section_head(e: Entry) -> str:
     return f"### {shown(e.path)}{note}\n"
 
 
-def section(e: Entry) -> str:
-    """One file section: heading, fenced verbatim text."""
+def section_parts(e: Entry) -> tuple[str, str, str]:
+    """One file section as (opening, text, closing): heading and fence, verbatim text, fence."""
     text = e.text or ""
     fence = fence_for(text)
     end = "" if not text or text.endswith("\n") else "\n"
-    return f"{section_head(e)}{fence}{language(e.path)}\n{text}{end}{fence}\n\n"
+    return f"{section_head(e)}{fence}{language(e.path)}\n", text, f"{end}{fence}\n\n"
+
+
+def section(e: Entry) -> str:
+    """One file section: heading, fenced verbatim text."""
+    return "".join(section_parts(e))
 
 
 def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int = 25) -> str:
@@ -157,6 +164,10 @@ def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int
     return "".join(out)
 
 
-def render(head: str, tree_text: str, sections: Iterable[str], foot: str) -> str:
-    """The whole pack text."""
-    return "".join([head, tree_text, "## Files\n\n", *sections, foot])
+def render(head: str, tree_text: str, chosen: Iterable[Entry], foot: str) -> str:
+    """The whole pack text: one join, so each file's text is copied once."""
+    parts = [head, tree_text, "## Files\n\n"]
+    for e in chosen:
+        parts.extend(section_parts(e))
+    parts.append(foot)
+    return "".join(parts)

@@ -1,0 +1,280 @@
+"""Benchmark: pack a large real repository with m3-agent, repomix (npm) and gitingest (PyPI), in one run.
+
+The repository is the Django source distribution from PyPI (about 6,900 files, 72 MB), unpacked
+into a fresh git repository under the benchmark cache. The peers are installed there too (repomix
+with npm, gitingest into its own venv), never into the project's environment.
+
+Measured, each as a fresh process on the same tree, best of --runs:
+  ours_full_s     `python -m agent.context` (the `m3-agent pack` command) packing everything
+  repomix_s       repomix, the faster of its default run and --no-security-check
+  gitingest_s     gitingest
+  budget_cold_s   pack_repository(..., budget=1,000,000) with an empty count cache
+  budget_warm_s   the same again with the cache filled
+Without --base-url, token counts come from the estimate (said in the output).
+
+    python benchmarks/pack.py [--runs 3] [--cache-dir DIR] [--base-url URL] [--skip-peers]
+
+The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+DJANGO_VERSION = "5.2.8"
+REPOMIX_VERSION = "1.18.1"
+GITINGEST_VERSION = "0.3.1"
+BUDGET = 1_000_000
+ISSUE = """QuerySet.bulk_create() with update_conflicts=True fails when a field uses db_column
+
+Calling `bulk_create(objs, update_conflicts=True, unique_fields=["external_id"], update_fields=["name"])`
+on a model whose fields set `db_column` generates SQL with the attribute names instead of the column
+names in the ON CONFLICT clause:
+
+Traceback (most recent call last):
+  File "/srv/app/sync.py", line 41, in sync
+    Item.objects.bulk_create(items, update_conflicts=True, unique_fields=["external_id"], update_fields=["name"])
+  File "/usr/lib/python3/site-packages/django/db/models/manager.py", line 87, in manager_method
+    return getattr(self.get_queryset(), name)(*args, **kwargs)
+  File "/usr/lib/python3/site-packages/django/db/models/query.py", line 804, in bulk_create
+    returned_columns = self._batched_insert(
+  File "/usr/lib/python3/site-packages/django/db/models/sql/compiler.py", line 1812, in as_sql
+    on_conflict_suffix_sql = self.connection.ops.on_conflict_suffix_sql(
+  File "/usr/lib/python3/site-packages/django/db/backends/postgresql/operations.py", line 370, in on_conflict_suffix_sql
+django.db.utils.ProgrammingError: column "externalId" does not exist
+"""
+
+# Runs a command and reports its wall time and the peak RSS of the process tree it waited for.
+_WRAPPER = r"""
+import json, resource, subprocess, sys, time
+cmd = json.loads(sys.argv[1])
+t = time.perf_counter()
+p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+elapsed = time.perf_counter() - t
+print(json.dumps({"s": elapsed, "rc": p.returncode, "peak_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+                  "err": p.stderr.decode(errors="replace")[-600:]}))
+"""
+
+# Times pack_repository in a fresh process: cold (empty cache) then warm.
+_BUDGET_RUN = r"""
+import json, os, sys, time
+from pathlib import Path
+args = json.loads(sys.argv[1])
+from agent.context import EstimateCounter, ServerCounter, pack_repository
+counter = ServerCounter(args["base_url"]) if args["base_url"] else EstimateCounter()
+times = []
+for _ in range(2):
+    t = time.perf_counter()
+    pack = pack_repository(Path(args["repo"]), issue=args["issue"], budget=args["budget"], counter=counter)
+    times.append(time.perf_counter() - t)
+print(json.dumps({"cold_s": times[0], "warm_s": times[1], "tokens": pack.tokens, "files": len(pack.files),
+                  "kind": pack.counter_kind, "first": [f.path for f in pack.files if "bulk" in f.path or
+                  f.path.endswith("models/query.py")][:3], "timings": pack.timings}))
+"""
+
+
+def log(msg: str) -> None:
+    """Progress on stderr; stdout is the report."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """Run a set-up command, failing loudly."""
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def ensure_django(cache: Path) -> Path:
+    """The Django sdist from PyPI, unpacked into a git repository with one commit (made once)."""
+    repo = cache / f"django-{DJANGO_VERSION}-repo"
+    if (repo / ".git").is_dir():
+        return repo
+    dl = cache / "downloads"
+    dl.mkdir(parents=True, exist_ok=True)
+    sdist = next(dl.glob(f"[dD]jango-{DJANGO_VERSION}.tar.gz"), None)
+    if sdist is None:
+        log(f"downloading the Django {DJANGO_VERSION} sdist")
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"django=={DJANGO_VERSION}",
+             "-d", str(dl)])
+        sdist = next(dl.glob(f"[dD]jango-{DJANGO_VERSION}.tar.gz"))
+    tmp = Path(tempfile.mkdtemp(dir=cache))
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp, filter="data")
+    shutil.move(str(next(tmp.iterdir())), repo)
+    shutil.rmtree(tmp)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.com",
+           "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.com"}
+    run(["git", "init", "-q", "-b", "main", str(repo)], env=env)
+    run(["git", "-C", str(repo), "add", "-A"], env=env)
+    run(["git", "-C", str(repo), "commit", "-qm", f"Django {DJANGO_VERSION} sdist"], env=env)
+    return repo
+
+
+def ensure_repomix(cache: Path) -> list[str] | None:
+    """repomix installed with npm under the cache; None when npm cannot install it."""
+    prefix = cache / "peers" / "npm"
+    main = prefix / "node_modules" / "repomix" / "bin" / "repomix.cjs"
+    if not main.exists():
+        log(f"installing repomix {REPOMIX_VERSION} with npm")
+        try:
+            run(["npm", "install", "--prefix", str(prefix), f"repomix@{REPOMIX_VERSION}", "--no-audit", "--no-fund"])
+        except (OSError, subprocess.CalledProcessError) as e:
+            log(f"repomix unavailable: {e}")
+            return None
+    if not main.exists():
+        bins = prefix / "node_modules" / ".bin" / "repomix"
+        return [str(bins)] if bins.exists() else None
+    return ["node", str(main)]
+
+
+def ensure_gitingest(cache: Path) -> list[str] | None:
+    """gitingest installed into its own venv under the cache; None when pip cannot install it."""
+    venv = cache / "peers" / "gitingest-venv"
+    exe = venv / "bin" / "gitingest"
+    if not exe.exists():
+        log(f"installing gitingest {GITINGEST_VERSION} into its own venv")
+        try:
+            run([sys.executable, "-m", "venv", str(venv)])
+            run([str(venv / "bin" / "pip"), "install", "-q", f"gitingest=={GITINGEST_VERSION}"])
+        except (OSError, subprocess.CalledProcessError) as e:
+            log(f"gitingest unavailable: {e}")
+            return None
+    return [str(exe)]
+
+
+def measure(cmd: list[str], runs: int, env: dict | None = None, before=None) -> dict:
+    """Best-of-`runs` wall time and the largest peak RSS of `cmd` run as a fresh process each time."""
+    best, peak, err = None, 0, ""
+    for _ in range(runs):
+        if before:
+            before()
+        out = subprocess.run([sys.executable, "-c", _WRAPPER, json.dumps(cmd)], capture_output=True, text=True,
+                             env=env or os.environ.copy(), check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        if r["rc"] != 0:
+            raise RuntimeError(f"{cmd[0]} exited {r['rc']}: {r['err']}")
+        best = r["s"] if best is None else min(best, r["s"])
+        peak = max(peak, r["peak_kb"])
+        err = r["err"]
+    return {"s": best, "peak_mb": peak / 1024, "stderr": err}
+
+
+def sha(path: Path) -> str:
+    """sha256 of a file."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def main() -> None:
+    """Run the benchmark and print the report; the last line is one JSON object."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cache-dir", type=Path,
+                    default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "m3-agent-pack-bench")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each tool; the best counts")
+    ap.add_argument("--base-url", default=None, help="a vLLM server for exact counts (default: the estimate)")
+    ap.add_argument("--skip-peers", action="store_true", help="measure m3-agent only")
+    args = ap.parse_args()
+    cache = args.cache_dir
+    cache.mkdir(parents=True, exist_ok=True)
+    repo = ensure_django(cache)
+    files = len(run(["git", "-C", str(repo), "ls-files", "-z"]).stdout.split("\0")) - 1
+    size_mb = sum((repo / p).stat().st_size for p in run(["git", "-C", str(repo), "ls-files", "-z"]).stdout.split("\0")
+                  if p) / 1e6
+    out_dir = Path(tempfile.mkdtemp(prefix="m3-pack-bench-"))
+    report: dict = {"repo": f"django-{DJANGO_VERSION} sdist", "files": files, "repo_mb": round(size_mb, 1)}
+    counter_note = f"server /tokenize at {args.base_url}" if args.base_url else "estimate (no server given)"
+    log(f"Django {DJANGO_VERSION}: {files} files, {size_mb:.1f} MB; token counts: {counter_note}")
+    try:
+        # Page cache warm for everyone: one untimed read of the tree.
+        for p in repo.rglob("*"):
+            if p.is_file():
+                p.read_bytes()
+
+        ours_out = out_dir / "ours.md"
+        cache_env = {**os.environ, "M3_AGENT_CACHE_DIR": str(out_dir / "m3-cache")}
+        ours_cmd = [sys.executable, "-m", "agent.context", "--repo", str(repo), "-o", str(ours_out), "--no-cache",
+                    "--counter", "server" if args.base_url else "estimate"]
+        if args.base_url:
+            ours_cmd += ["--base-url", args.base_url, "--budget", str(10**9)]
+        ours = measure(ours_cmd, args.runs, env=cache_env)
+        first_sha = sha(ours_out)
+        measure(ours_cmd, 1, env=cache_env)
+        report["deterministic"] = sha(ours_out) == first_sha
+        report["ours_full_s"] = round(ours["s"], 3)
+        report["peak_mb"] = round(ours["peak_mb"], 1)
+        report["ours_out_mb"] = round(ours_out.stat().st_size / 1e6, 1)
+        tail = ours_out.read_bytes()[-4096:].decode(errors="replace")
+        report["ours_files"] = int(tail.rsplit("\nPacked ", 1)[1].split(" ", 1)[0])
+        log(f"ours full: {ours['s']:.2f} s, peak {ours['peak_mb']:.0f} MB, {report['ours_out_mb']} MB out")
+
+        budget_env = {**os.environ, "M3_AGENT_CACHE_DIR": str(out_dir / "budget-cache")}
+        colds, warms, info = [], [], {}
+        for i in range(args.runs):
+            shutil.rmtree(out_dir / "budget-cache", ignore_errors=True)
+            proc = subprocess.run([sys.executable, "-c", _BUDGET_RUN, json.dumps(
+                {"repo": str(repo), "issue": ISSUE, "budget": BUDGET, "base_url": args.base_url})],
+                capture_output=True, text=True, env=budget_env, check=True)
+            info = json.loads(proc.stdout.strip().splitlines()[-1])
+            colds.append(info["cold_s"])
+            warms.append(info["warm_s"])
+        report["budget_cold_s"] = round(min(colds), 3)
+        report["budget_warm_s"] = round(min(warms), 3)
+        report["budget_tokens"] = info["tokens"]
+        report["budget_files"] = info["files"]
+        report["counter"] = info["kind"] + ("" if args.base_url else " (no server: estimated counts)")
+        log(f"ours budget {BUDGET:,}: cold {min(colds):.3f} s, warm {min(warms):.3f} s, {info['tokens']:,} tokens, "
+            f"{info['files']} files; mentioned files packed: {info['first']}")
+
+        peers = {}
+        if not args.skip_peers:
+            repomix = ensure_repomix(cache)
+            if repomix:
+                rm_out = out_dir / "repomix.xml"
+                default = measure(repomix + [str(repo), "-o", str(rm_out), "--quiet"], args.runs)
+                fast = measure(repomix + [str(repo), "-o", str(rm_out), "--quiet", "--no-security-check"], args.runs)
+                report["repomix_default_s"] = round(default["s"], 3)
+                report["repomix_no_security_check_s"] = round(fast["s"], 3)
+                report["repomix_s"] = round(min(default["s"], fast["s"]), 3)
+                report["repomix_peak_mb"] = round(max(default["peak_mb"], fast["peak_mb"]), 1)
+                report["repomix_files"] = rm_out.read_text(errors="replace").count("<file path=")
+                peers["repomix"] = report["repomix_s"]
+                log(f"repomix {REPOMIX_VERSION}: {default['s']:.2f} s default, {fast['s']:.2f} s without the "
+                    f"security check, {report['repomix_files']} files")
+            gitingest = ensure_gitingest(cache)
+            if gitingest:
+                gi_out = out_dir / "gitingest.txt"
+                gi = measure(gitingest + [str(repo), "-o", str(gi_out)], args.runs)
+                report["gitingest_s"] = round(gi["s"], 3)
+                report["gitingest_peak_mb"] = round(gi["peak_mb"], 1)
+                report["gitingest_files"] = gi_out.read_text(errors="replace").count("\nFILE: ")
+                peers["gitingest"] = report["gitingest_s"]
+                log(f"gitingest {GITINGEST_VERSION}: {gi['s']:.2f} s, {report['gitingest_files']} files")
+        report.setdefault("repomix_s", None)
+        report.setdefault("gitingest_s", None)
+        if peers:
+            best = min(peers.values())
+            report["best_peer"] = min(peers, key=peers.get)
+            report["speedup_vs_best_peer"] = round(best / report["ours_full_s"], 2)
+        else:
+            report["speedup_vs_best_peer"] = None
+        report["targets_met"] = {
+            "speedup_vs_best_peer>=15": report["speedup_vs_best_peer"] is not None and report["speedup_vs_best_peer"] >= 15,
+            "budget_cold_s<=1.5": report["budget_cold_s"] <= 1.5,
+            "budget_warm_s<=0.3": report["budget_warm_s"] <= 0.3,
+        }
+        report["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
