@@ -31,11 +31,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sandbox import ExecResult  # noqa: E402
 from tools import default_tools, execute_call  # noqa: E402
 
 CACHE = Path(os.environ.get("M3_BENCH_CACHE", Path.home() / ".cache" / "m3-agent" / "bench-peers"))
@@ -74,7 +74,6 @@ CASES: list[tuple[str, str, str, str, str | None]] = [
 
 PEER_SCRIPT = r"""
 import json, statistics, sys, time
-from types import SimpleNamespace
 from minisweagent.exceptions import FormatError
 from minisweagent.models.utils.actions_toolcall import parse_toolcall_actions
 cases, repeat = json.load(sys.stdin)
@@ -105,7 +104,7 @@ class RecordingSandbox:
 
     def exec(self, cmd: str, timeout=None, cwd=None, env=None):
         self.commands.append(cmd)
-        return SimpleNamespace(stdout="", stderr="", exit_code=0, timed_out=False, truncated=False, duration_s=0.0)
+        return ExecResult(stdout="", stderr="", exit_code=0)
 
 
 def log(msg: str) -> None:

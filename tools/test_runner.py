@@ -10,10 +10,10 @@ from pydantic import Field
 
 from tools.junit import TestSummary, parse_junit
 from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-from tools.workspace import EXEC_ENV, SCRATCH, WORKSPACE, scratch_file, workspace_path
+from tools.workspace import EXEC_ENV, SCRATCH, WORKSPACE, scratch_file, still_running, workspace_path
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from sandbox import ExecResult, Sandbox
 
 DEFAULT_TIMEOUT = 300
 OUTPUT_TAIL_LINES = 15
@@ -106,10 +106,10 @@ class TestRunner(Tool):
             ok=ok,
             error_kind=None if ok else ("timeout" if summary.timed_out else "execution"),
             data=summary.model_dump(),
-            running=bool(result.timed_out and (result.stdout or result.stderr)),
+            running=still_running(result),
         )
 
-    def summarise(self, args: TestRunnerArgs, result, sandbox: Sandbox, report: str) -> TestSummary:
+    def summarise(self, args: TestRunnerArgs, result: ExecResult, sandbox: Sandbox, report: str) -> TestSummary:
         """Parse the report when there is one; say why the run did not test what was asked."""
         base = {"framework": args.framework, "target": args.test_file.strip()}
         summary = None if result.timed_out else self.read_report(sandbox, report, base)

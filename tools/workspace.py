@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tools.tool import ToolCallError, ToolResult
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from sandbox import ExecResult, Sandbox
 
 WORKSPACE = "/workspace"
 # Scratch files (code to run, JUnit reports) live outside the workspace so they never show in the diff.
@@ -81,7 +81,12 @@ def clip(text: str, limit: int = STREAM_CHARS) -> str:
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
 
 
-def exec_result(result: Any, *, timeout: int, note: str | None = None) -> ToolResult:
+def still_running(result: ExecResult) -> bool:
+    """A command stopped by its timeout while producing output: slow work, not a stall."""
+    return bool(result.timed_out and (result.stdout or result.stderr))
+
+
+def exec_result(result: ExecResult, *, timeout: int, note: str | None = None) -> ToolResult:
     """Turn a sandbox ExecResult into the tool result of a command-running tool (bash, code_exec)."""
     lines = [f"exit code: {result.exit_code}"]
     if result.timed_out:
@@ -91,7 +96,7 @@ def exec_result(result: Any, *, timeout: int, note: str | None = None) -> ToolRe
             lines.append(f"{label}:\n{clip(text.rstrip())}")
     if not result.stdout and not result.stderr:
         lines.append("(no output)")
-    if getattr(result, "truncated", False):
+    if result.truncated:
         lines.append("(output was truncated: the middle part is left out)")
     if note:
         lines.append(f"note: {note}")
@@ -104,10 +109,10 @@ def exec_result(result: Any, *, timeout: int, note: str | None = None) -> ToolRe
         data={
             "exit_code": result.exit_code,
             "timed_out": result.timed_out,
-            "truncated": bool(getattr(result, "truncated", False)),
-            "duration_s": getattr(result, "duration_s", None),
+            "truncated": result.truncated,
+            "duration_s": result.duration_s,
         },
-        running=bool(result.timed_out and (result.stdout or result.stderr)),
+        running=still_running(result),
     )
 
 

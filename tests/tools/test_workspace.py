@@ -1,9 +1,8 @@
 """Workspace paths, timeouts and output clipping shared by the tools."""
 
-from types import SimpleNamespace
-
 import pytest
 
+from sandbox.config import ExecResult
 from tools.tool import ToolCallError
 from tools.workspace import clamp_timeout, clip, exec_result, workspace_path
 
@@ -52,8 +51,7 @@ def test_clip_keeps_head_and_tail():
 
 
 def _exec(**kw):
-    return SimpleNamespace(**{"stdout": "", "stderr": "", "exit_code": 0, "timed_out": False, "truncated": False,
-                              "duration_s": 0.1, **kw})
+    return ExecResult(**{"stdout": "", "stderr": "", "exit_code": 0, "duration_s": 0.1, **kw})
 
 
 def test_exec_result_reports_exit_code_and_streams():
@@ -68,3 +66,16 @@ def test_exec_result_timeout_with_output_is_running_not_stalled():
     assert "timed out after 5 s" in r.output
     silent = exec_result(_exec(exit_code=124, timed_out=True), timeout=5)
     assert silent.running is False and "(no output)" in silent.output
+
+
+def test_test_runner_targets_are_workspace_paths_or_ids():
+    from tools.test_runner import targets
+
+    assert targets("") == []
+    assert targets("/workspace/tests/test_a.py::TestX::test_y[1-2]") == ["tests/test_a.py::TestX::test_y[1-2]"]
+    assert targets("tests/a.py tests/b.py") == ["tests/a.py", "tests/b.py"]
+    assert targets("tests.test_a.T.test_ok") == ["tests.test_a.T.test_ok"]
+    for bad in ("-x tests", "../other/test_a.py", "'unclosed"):
+        with pytest.raises(ToolCallError) as e:
+            targets(bad)
+        assert e.value.kind == "bad_args"
