@@ -74,6 +74,7 @@ CASES: list[tuple[str, str, str, str, str | None]] = [
 
 PEER_SCRIPT = r"""
 import json, statistics, sys, time
+from types import SimpleNamespace
 from minisweagent.exceptions import FormatError
 from minisweagent.models.utils.actions_toolcall import parse_toolcall_actions
 cases, repeat = json.load(sys.stdin)
