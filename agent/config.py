@@ -34,6 +34,8 @@ CONFIG_FILE = "m3-agent.toml"
 PYPROJECT_TABLE = "tool.m3-agent"
 # Checked in this order when M3_AGENT_GITHUB_TOKEN is unset; the first one set wins.
 GITHUB_TOKEN_ENVS = ("GITHUB_TOKEN", "GH_TOKEN")
+# Flags whose name is not the setting's name with dashes.
+FLAG_NAMES = {"time_limit_s": "--time-limit"}
 
 
 class Settings(BaseSettings):
@@ -49,9 +51,11 @@ class Settings(BaseSettings):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     api_key: SecretStr = Field(SecretStr("EMPTY"), description="API key sent to the endpoint")
     model: str | None = Field(None, description="served model name; None = the first one /v1/models lists")
-    serve: str | None = Field(None, description="serving profile to launch/reuse when base_url is unset")
+    serve: str | None = Field(
+        None, description="serving profile: reuse a healthy endpoint for it (base_url, if set) or launch one"
+    )
     images: Literal["auto", "on", "off"] = Field(
-        "auto", description="send issue images to the model: auto = when /v1/models says the model takes images"
+        "auto", description="issue images as image inputs: auto = send, resend as text if the endpoint refuses"
     )
 
     # The agent loop.
@@ -67,7 +71,6 @@ class Settings(BaseSettings):
     sandbox_image: str | None = Field(None, description="Docker image the tools run in; None = the project image")
     sandbox_memory: str = Field("4g", description="container memory limit")
     sandbox_cpus: float = Field(2.0, gt=0, description="container CPU limit")
-    command_timeout_s: float = Field(120.0, gt=0, description="timeout of one tool command, seconds")
 
     # Issues and git.
     github_api_url: str | None = Field(
@@ -175,7 +178,7 @@ def load_settings(
         if name not in Settings.model_fields:
             raise UsageError(f"unknown setting '{name}'")
         if value is not None:
-            layered[name] = (value, f"flag --{name.replace('_', '-')}")
+            layered[name] = (value, f"flag {FLAG_NAMES.get(name, '--' + name.replace('_', '-'))}")
     values = {k: v for k, (v, _) in layered.items()}
     try:
         settings = _LayeredSettings(**values)

@@ -199,7 +199,6 @@ def agent_config(settings: Settings, base_url: str) -> AgentConfig:
         "image": settings.sandbox_image or DEFAULT_IMAGE,
         "memory": settings.sandbox_memory,
         "cpus": settings.sandbox_cpus,
-        "timeout": settings.command_timeout_s,
     }
     extra = dict(settings.agent)
     sandbox.update(extra.pop("sandbox", {}))
@@ -373,7 +372,7 @@ def _call_summary(name: str, arguments: str | None) -> str:
         return f"{name} {_short(arguments, 60)}"
     if not isinstance(args, dict):
         return name
-    first = next((str(v) for k, v in args.items() if k in ("command", "path", "target", "code")), "")
+    first = next((v for v in args.values() if isinstance(v, str) and v.strip()), "")
     return f"{name} {_short(first, 70)}".strip()
 
 
@@ -392,8 +391,9 @@ def describe_tests(tests: dict[str, Any] | None) -> str:
 class LiveProgress:
     """A progress callback: turn, thinking mode, current tool call, last tests, tokens, elapsed.
 
-    Renders with rich on `console` (stderr) while the run lasts. Token counts come from the
-    `reply` records of the run's trajectory, which the loop flushes line by line.
+    On a terminal it is a live rich panel on `console` (stderr); elsewhere (CI logs) one plain line
+    per tool call, test summary and stall. Token counts come from the `reply` records of the run's
+    trajectory, which the loop flushes line by line.
     """
 
     def __init__(self, console: Console, *, max_turns: int, label: str) -> None:
@@ -409,14 +409,17 @@ class LiveProgress:
         self.trajectory: Path | None = None
         self._offset = 0
         self.t0 = time.monotonic()
-        self.live = Live(self.render(), console=console, refresh_per_second=4, transient=True)
+        self.live = Live(self.render(), console=console, refresh_per_second=4, transient=True) \
+            if console.is_terminal else None
 
     def __enter__(self) -> LiveProgress:
-        self.live.start()
+        if self.live:
+            self.live.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.live.stop()
+        if self.live:
+            self.live.stop()
 
     def _read_usage(self) -> None:
         if self.trajectory is None or not self.trajectory.is_file():
@@ -434,22 +437,32 @@ class LiveProgress:
             self.cached_tokens += usage.get("cached_tokens", 0)
             self.completion_tokens += usage.get("completion_tokens", 0)
 
+    def _line(self, text: str) -> None:
+        if self.live is None:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
     def __call__(self, event: AgentEvent) -> None:
         """Take one AgentEvent and redraw."""
         self.turn = max(self.turn, event.turn)
+        data = event.data
         if event.kind == "fix_start":
-            self.trajectory, self._offset = Path(event.data["trajectory_path"]), 0
-            self.label = _short(f"{event.data['issue']} {event.data['title']}", 60)
+            self.trajectory, self._offset = Path(data["trajectory_path"]), 0
+            self.max_turns = data.get("max_turns", self.max_turns)
+            self.label = _short(f"{data['issue']} {data['title']}", 60)
         elif event.kind == "turn":
-            self.mode = event.data.get("thinking_mode", "-")
+            self.mode = data.get("thinking_mode", "-")
         elif event.kind == "tool_call":
-            self.tool = _call_summary(event.data.get("name", "?"), event.data.get("arguments"))
-        elif event.kind == "tool_result" and "failing" in event.data.get("data", {}):
-            self.tests = describe_tests(event.data["data"])
+            self.tool = _call_summary(data.get("name", "?"), data.get("arguments"))
+            self._line(f"turn {event.turn}/{self.max_turns} [{self.mode}] {self.tool}")
+        elif event.kind == "tool_result" and "failing" in data.get("data", {}):
+            self.tests = describe_tests(data["data"])
+            self._line(f"  tests: {self.tests}")
         elif event.kind == "stall":
             self.stalls += 1
+            self._line(f"  stall: {data.get('rule')}")
         self._read_usage()
-        self.live.update(self.render())
+        if self.live:
+            self.live.update(self.render())
 
     def render(self) -> Table:
         """The progress panel as a two-column grid."""
@@ -458,12 +471,16 @@ class LiveProgress:
         grid.add_column()
         elapsed = time.monotonic() - self.t0
         cached = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        grid.add_row("m3-agent fix", f"{self.label}  ·  {int(elapsed // 60):02d}:{int(elapsed % 60):02d}")
-        grid.add_row("turn", f"{self.turn}/{self.max_turns}   thinking: {self.mode}"
-                     + (f"   stalls: {self.stalls}" if self.stalls else ""))
-        grid.add_row("tool", self.tool)
-        grid.add_row("tests", self.tests)
-        grid.add_row("tokens", f"{self.prompt_tokens:,} in ({cached:.0%} cached) · {self.completion_tokens:,} out")
+        stalls = f"   stalls: {self.stalls}" if self.stalls else ""
+        rows = [
+            ("m3-agent fix", f"{self.label}  ·  {int(elapsed // 60):02d}:{int(elapsed % 60):02d}"),
+            ("turn", f"{self.turn}/{self.max_turns}   thinking: {self.mode}{stalls}"),
+            ("tool", self.tool),
+            ("tests", self.tests),
+            ("tokens", f"{self.prompt_tokens:,} in ({cached:.0%} cached) · {self.completion_tokens:,} out"),
+        ]
+        for name, value in rows:
+            grid.add_row(name, Text(value))  # Text: tool arguments may hold [brackets] rich would parse
         return grid
 
 

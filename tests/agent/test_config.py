@@ -64,8 +64,9 @@ def test_environment_overrides_file_and_flags_override_environment(tmp_path):
     assert settings.images == "on" and sources["images"] == "env m3_agent_images"
     assert settings.sandbox_cpus == 1.5 and sources["sandbox_cpus"] == "m3-agent.toml"
 
-    settings, sources = load_settings(tmp_path, {"max_turns": 3, "images": None}, environ=env)
+    settings, sources = load_settings(tmp_path, {"max_turns": 3, "images": None, "time_limit_s": 60}, environ=env)
     assert settings.max_turns == 3 and sources["max_turns"] == "flag --max-turns"
+    assert sources["time_limit_s"] == "flag --time-limit"
     assert settings.images == "on"  # a flag left unset (None) does not override
 
 
