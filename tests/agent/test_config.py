@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -122,39 +120,53 @@ def test_secrets_are_masked_in_display_rows(tmp_path):
     assert mask("") == "" and mask("abc") == "****"
 
 
-def run_cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.upper().startswith("M3_AGENT_")}
-    base.pop("GITHUB_TOKEN", None)
-    base.pop("GH_TOKEN", None)
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli", *args], cwd=cwd, env={**base, **env},
-        capture_output=True, text=True, timeout=60,
-    )
+@pytest.fixture
+def config_cli(monkeypatch, capsys):
+    """`m3-agent config ...` through the console entry point, in this process: (exit code, stdout, stderr)."""
+    from agent.cli import main
+
+    for name in list(os.environ):
+        if name.upper().startswith("M3_AGENT_") or name in ("GITHUB_TOKEN", "GH_TOKEN"):
+            monkeypatch.delenv(name)
+
+    def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        capsys.readouterr()
+        with monkeypatch.context() as m:
+            for k, v in (env or {}).items():
+                m.setenv(k, v)
+            try:
+                main(["config", *args])
+                code = 0
+            except SystemExit as e:
+                code = e.code or 0
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
 
 
-def test_config_show_prints_values_sources_and_masks_secrets(tmp_path):
+def test_config_show_prints_values_sources_and_masks_secrets(tmp_path, config_cli):
     write(tmp_path / "m3-agent.toml", "max_turns = 7\n")
     token = "ghp_secretsecretsecret1234"
-    proc = run_cli("config", "show", "--repo", str(tmp_path), "--json", cwd=tmp_path,
-                   env={"GITHUB_TOKEN": token, "M3_AGENT_THINKING": "enabled", "COLUMNS": "200"})
-    assert proc.returncode == 0, proc.stderr
-    assert token not in proc.stdout
-    shown = {row["name"]: row for row in json.loads(proc.stdout)}
+    code, out, err = config_cli("show", "--repo", str(tmp_path), "--json",
+                                env={"GITHUB_TOKEN": token, "M3_AGENT_THINKING": "enabled"})
+    assert code == 0, err
+    assert token not in out
+    shown = {row["name"]: row for row in json.loads(out)}
     assert shown["max_turns"] == {"name": "max_turns", "value": "7", "source": "m3-agent.toml"}
     assert shown["thinking"]["source"] == "env M3_AGENT_THINKING"
     assert shown["github_token"]["value"] == "****1234"
 
-    table = run_cli("config", "show", "--repo", str(tmp_path), cwd=tmp_path,
-                    env={"GITHUB_TOKEN": token, "COLUMNS": "200"})
-    assert table.returncode == 0, table.stderr
-    assert token not in table.stdout
-    line = next(ln for ln in table.stdout.splitlines() if "max_turns" in ln)
+    code, out, err = config_cli("show", "--repo", str(tmp_path), env={"GITHUB_TOKEN": token})
+    assert code == 0, err
+    assert token not in out
+    line = next(ln for ln in out.splitlines() if "max_turns" in ln)
     assert "7" in line and "m3-agent.toml" in line
 
 
-def test_config_show_bad_file_is_a_one_line_usage_error(tmp_path):
+def test_config_show_bad_file_is_a_one_line_usage_error(tmp_path, config_cli):
     write(tmp_path / "m3-agent.toml", "nonsense = 1\n")
-    proc = run_cli("config", "show", "--repo", str(tmp_path), cwd=tmp_path, env={})
-    assert proc.returncode == 2
-    assert "unknown setting 'nonsense'" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, _, err = config_cli("show", "--repo", str(tmp_path))
+    assert code == 2
+    assert "unknown setting 'nonsense'" in err
+    assert "Traceback" not in err
