@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-from tools.workspace import EXEC_ENV, MAX_TIMEOUT, WORKSPACE, clamp_timeout, exec_result
+from tools.workspace import MAX_TIMEOUT, run_command
 
 if TYPE_CHECKING:
     from sandbox import Sandbox
@@ -37,6 +37,5 @@ class Bash(Tool):
         """Run `args.command` with bash; report exit code, stdout, stderr and whether it timed out."""
         if not args.command.strip():
             raise ToolCallError("'command' is empty: give the shell command to run.", kind="bad_args")
-        timeout, note = clamp_timeout(args.timeout, self.max_timeout)
-        result = sandbox.exec(args.command, timeout=timeout, cwd=WORKSPACE, env=EXEC_ENV)  # the sandbox runs bash
-        return exec_result(result, timeout=timeout, note=note)
+        # The sandbox runs every command with bash.
+        return run_command(sandbox, args.command, timeout=args.timeout, max_timeout=self.max_timeout)

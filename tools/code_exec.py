@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from tools.tool import Tool, ToolArgs, ToolResult
-from tools.workspace import EXEC_ENV, MAX_TIMEOUT, WORKSPACE, clamp_timeout, exec_result, scratch_file
+from tools.workspace import EXEC_ENV, MAX_TIMEOUT, WORKSPACE, run_command, scratch_file
 
 if TYPE_CHECKING:
     from sandbox import Sandbox
@@ -33,10 +33,9 @@ class CodeExec(Tool):
 
     def run(self, args: CodeExecArgs, sandbox: Sandbox) -> ToolResult:
         """Run `args.code` with python3; report exit code, stdout, stderr and whether it timed out."""
-        timeout, note = clamp_timeout(args.timeout, self.max_timeout)
         script = scratch_file(".py", args.code)
         sandbox.write_file(script, args.code)
         # The script lives in scratch space; PYTHONPATH lets it import the repository's modules as from its root.
         env = {**EXEC_ENV, "PYTHONPATH": WORKSPACE}
-        result = sandbox.exec(f"python3 {shlex.quote(script)}", timeout=timeout, cwd=WORKSPACE, env=env)
-        return exec_result(result, timeout=timeout, note=note)
+        command = f"python3 {shlex.quote(script)}"
+        return run_command(sandbox, command, timeout=args.timeout, max_timeout=self.max_timeout, env=env)

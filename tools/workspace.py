@@ -116,6 +116,15 @@ def exec_result(result: ExecResult, *, timeout: int, note: str | None = None) ->
     )
 
 
+def run_command(
+    sandbox: Sandbox, command: str, *, timeout: int, max_timeout: int, env: dict[str, str] = EXEC_ENV
+) -> ToolResult:
+    """Run `command` in the workspace with the model's timeout (bounded) and report it as a tool result."""
+    bounded, note = clamp_timeout(timeout, max_timeout)
+    result = sandbox.exec(command, timeout=bounded, cwd=WORKSPACE, env=env)
+    return exec_result(result, timeout=bounded, note=note)
+
+
 def read_text(sandbox: Sandbox, rel: str) -> str:
     """Read a workspace file as text, or raise ToolCallError (missing, a directory, binary)."""
     try:
