@@ -86,45 +86,58 @@ def _marker(e: Entry) -> str:
 
 def tree(entries: list[Entry]) -> str:
     """The tree of all entries (sorted by `sort_key`), skip reasons marked, vendored trees folded."""
-    # Directories whose every entry is skipped for one collapsible reason fold into one line.
-    dir_reasons: dict[tuple[str, ...], set[str | None]] = {}
-    dir_counts: dict[tuple[str, ...], int] = {}
-    for e in entries:
-        parts = sort_key(e.path)
-        reason = e.reason if e.reason in COLLAPSIBLE and e.kind != "dir" else None
-        for i in range(1, len(parts)):
-            key = parts[:i]
-            dir_reasons.setdefault(key, set()).add(reason)
-            dir_counts[key] = dir_counts.get(key, 0) + 1
+    keyed = [sort_key(e.path) for e in entries]
+    # Directories holding a vendored or generated file may fold into one line: those whose every
+    # entry is skipped for that one reason. Entries under a directory are contiguous in tree order.
+    candidates = set()
+    for parts, e in zip(keyed, entries):
+        if e.reason in COLLAPSIBLE and e.kind != "dir":
+            candidates.update(parts[:i] for i in range(1, len(parts)))
     lines = ["## Tree\n"]
     opened: tuple[str, ...] = ()
-    folded: tuple[str, ...] | None = None
-    for e in entries:
-        parts = sort_key(e.path)
-        if folded is not None and parts[: len(folded)] == folded:
-            continue
-        folded = None
+    i, n = 0, len(entries)
+    while i < n:
+        parts, e = keyed[i], entries[i]
+        dirs = len(parts) - 1
         common = 0
-        while common < min(len(opened), len(parts) - 1) and opened[common] == parts[common]:
+        limit = min(len(opened), dirs)
+        while common < limit and opened[common] == parts[common]:
             common += 1
         opened = opened[:common]
-        for depth in range(common, len(parts) - 1):
+        folded_to = None
+        for depth in range(common, dirs):
             key = parts[: depth + 1]
-            reasons = dir_reasons[key]
-            if len(reasons) == 1 and next(iter(reasons)) is not None:
-                count = dir_counts[key]
-                lines.append(f"{INDENT * depth}{shown(parts[depth])}/  (skipped: {next(iter(reasons))}, "
-                             f"{count} file{'s' if count != 1 else ''})\n")
-                folded = key
-                break
+            if key in candidates:
+                folded_to = _fold(keyed, entries, i, key)
+                if folded_to is not None:
+                    count = folded_to - i
+                    lines.append(f"{INDENT * depth}{shown(parts[depth])}/  (skipped: {entries[i].reason}, "
+                                 f"{count} file{'s' if count != 1 else ''})\n")
+                    break
             lines.append(f"{INDENT * depth}{shown(parts[depth])}/\n")
             opened = key
-        if folded is not None:
+        if folded_to is not None:
+            i = folded_to
             continue
         name = shown(parts[-1]) + ("/" if e.kind == "dir" else "")
-        lines.append(f"{INDENT * (len(parts) - 1)}{name}{_marker(e) if e.reason else ''}\n")
+        lines.append(f"{INDENT * dirs}{name}{_marker(e) if e.reason else ''}\n")
+        i += 1
     lines.append("\n")
     return "".join(lines)
+
+
+def _fold(keyed: list[tuple[str, ...]], entries: list[Entry], start: int, key: tuple[str, ...]) -> int | None:
+    """The end of the run of entries under directory `key` when all share one collapsible reason."""
+    depth = len(key)
+    reason = entries[start].reason
+    if reason not in COLLAPSIBLE:
+        return None
+    j = start
+    while j < len(entries) and keyed[j][:depth] == key:
+        if entries[j].reason != reason or entries[j].kind == "dir":
+            return None
+        j += 1
+    return j
 
 
 def section_head(e: Entry) -> str:

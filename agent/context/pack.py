@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -30,6 +31,8 @@ from agent.errors import UsageError
 
 # Exact counts are planned with a calibrated estimate and checked; a plan this much over is re-cut.
 TOP_UP_ROUNDS = 3
+CALIBRATION_SAMPLES = 32  # files counted exactly to scale the estimate that plans a budget
+PLAN_MARGIN = 1.1  # planned counts of files not yet counted exactly err this much high
 
 
 class PackedFile(BaseModel):
@@ -175,7 +178,7 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
     timings["read_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    _count_files(packable, counter, store, listing, max_file_bytes)
+    _count_files(packable, counter, store, listing, max_file_bytes, budget)
     timings["count_s"] = time.perf_counter() - t
 
     head_text = layout.header(git=listing.git, head=listing.head, dirty=dirty, total=len(entries))
@@ -188,6 +191,7 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
         timings["fit_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    _count_exact(chosen, counter, store, listing, max_file_bytes)
     for e in chosen:
         if e.text is None:
             _load(listing, e, max_file_bytes)
@@ -210,6 +214,7 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
         more = _top_up(left_out, slack, counter)
         if not more:
             break
+        _count_exact(more, counter, store, listing, max_file_bytes)
         for e in more:
             if e.text is None:
                 _load(listing, e, max_file_bytes)
@@ -240,8 +245,12 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
 
 
 def _count_files(packable: list[Entry], counter: TokenCounter, store: PackCache | None,
-                 listing: Listing, max_file_bytes: int) -> None:
-    """Token counts of file texts: the estimate from facts, exact counts from the cache or the counter."""
+                 listing: Listing, max_file_bytes: int, budget: int | None) -> None:
+    """Token counts of file texts: the estimate from facts, exact counts from the cache or the counter.
+
+    With a budget, an exact counter is asked only about files a plan may choose: the others get a
+    calibrated estimate (scaled to the exact counts known) until `_count_exact` replaces it.
+    """
     if isinstance(counter, EstimateCounter):
         for e in packable:
             e.tokens = counter.from_shape(e.facts.chars, e.facts.extra)
@@ -253,16 +262,37 @@ def _count_files(packable: list[Entry], counter: TokenCounter, store: PackCache 
             e.tokens = cached[e.blob]
         else:
             missing.append(e)
+    if budget is None or len(missing) <= CALIBRATION_SAMPLES:
+        _count_exact(missing, counter, store, listing, max_file_bytes)
+        return
+    known = [e for e in packable if e.blob in cached]
+    if len(known) < CALIBRATION_SAMPLES:
+        sample = missing[:: max(1, len(missing) // CALIBRATION_SAMPLES)][:CALIBRATION_SAMPLES]
+        _count_exact(sample, counter, store, listing, max_file_bytes)
+        known += sample
+    base = EstimateCounter()
+    estimated = sum(base.from_shape(e.facts.chars, e.facts.extra) for e in known)
+    scale = min(4.0, max(0.25, sum(e.tokens for e in known) / estimated)) if estimated else 1.0
     for e in missing:
+        if e.tokens is None:
+            e.tokens = math.ceil(base.from_shape(e.facts.chars, e.facts.extra) * scale * PLAN_MARGIN)
+            e.exact = False
+
+
+def _count_exact(entries: list[Entry], counter: TokenCounter, store: PackCache | None, listing: Listing,
+                 max_file_bytes: int) -> None:
+    """Count these files with the exact counter (one batch) and remember the counts."""
+    todo = [e for e in entries if e.tokens is None or not e.exact]
+    if not todo:
+        return
+    for e in todo:
         if e.text is None:
             _load(listing, e, max_file_bytes)
-    counts = counter.count_many([e.text or "" for e in missing])
-    fresh = {}
-    for e, n in zip(missing, counts):
-        e.tokens = n
-        fresh[e.blob] = n
-    if store is not None and fresh:
-        store.put_counts(counter.id, fresh)
+    counts = counter.count_many([e.text or "" for e in todo])
+    for e, n in zip(todo, counts):
+        e.tokens, e.exact = n, True
+    if store is not None:
+        store.put_counts(counter.id, {e.blob: e.tokens for e in todo})
 
 
 def _section_cost(e: Entry, estimate: EstimateCounter) -> int:
@@ -276,7 +306,9 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
     """Choose the files that fit the budget: all when they do, else the most relevant first."""
     estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
     fixed = counter.count(head_text + tree_text + "## Files\n\n")
-    costs = {id(e): (e.tokens or 0) + _section_cost(e, estimate) for e in packable}
+    for e in packable:
+        e.cost = _section_cost(e, estimate)
+    costs = {id(e): (e.tokens or 0) + e.cost for e in packable}
     foot_all = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=[]))
     if fixed + foot_all + sum(costs.values()) <= budget:
         for i, (_, e) in enumerate(rank(packable, None)):
@@ -341,7 +373,7 @@ def _top_up(left_out: list[Entry], slack: int, counter: TokenCounter) -> list[En
     estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
     more = []
     for e in left_out:
-        cost = (e.tokens or 0) + _section_cost(e, estimate)
+        cost = (e.tokens or 0) + (e.cost or _section_cost(e, estimate))
         if cost <= slack:
             more.append(e)
             slack -= cost
@@ -358,6 +390,6 @@ def _trim(chosen: list[Entry], left_out: list[Entry], over: int, counter: TokenC
         if freed >= target:
             break
         dropped.append(e)
-        freed += (e.tokens or 0) + _section_cost(e, estimate)
+        freed += (e.tokens or 0) + (e.cost or _section_cost(e, estimate))
     gone = {id(e) for e in dropped}
     return [e for e in chosen if id(e) not in gone], sorted(left_out + dropped, key=lambda e: e.rank)

@@ -105,6 +105,8 @@ class Entry:
     facts: Facts | None = None
     text: str | None = None
     tokens: int | None = None
+    exact: bool = True  # False while `tokens` is a calibrated estimate standing in for an exact count
+    cost: int = 0  # planned tokens of its section around the text (heading, fences)
     rank: int = 0  # position in relevance order (0 = most relevant), set when a budget applies
     flags: list[str] = field(default_factory=list)
 

@@ -133,3 +133,35 @@ def test_without_an_issue_source_code_is_preferred(repo):
     packed = {f.path for f in pack.files}
     assert "docs/guide.md" not in packed
     assert "shop/search.py" in packed
+
+
+class CountingServer:
+    """The real server counter, recording which file texts it was asked about."""
+
+    def __init__(self, inner: ServerCounter) -> None:
+        self.inner, self.kind, self.id = inner, inner.kind, inner.id
+        self.files_counted: list[str] = []
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        self.files_counted.extend(texts)
+        return self.inner.count_many(texts)
+
+    def count(self, text: str) -> int:
+        return self.inner.count(text)
+
+
+def test_with_a_budget_the_server_counts_only_files_a_plan_may_choose(repo):
+    files = {f"pkg/mod_{i:03d}.py": _module(f"mod{i}", 3 + i % 7) for i in range(120)}
+    root = repo(files)
+    with StandinServer({"turns": []}) as srv:
+        exact = ServerCounter(srv.base_url)
+        full = pack_repository(root, counter=exact, cache=False)
+        budget = full.tokens // 5
+        counting = CountingServer(exact)
+        pack = pack_repository(root, issue="pkg/mod_042.py is broken", budget=budget, counter=counting)
+        assert pack.tokens <= budget and exact.count(pack.text) == pack.tokens
+        assert "pkg/mod_042.py" in {f.path for f in pack.files}
+        assert len(counting.files_counted) < len(files) // 2  # most files never went to /tokenize
+        for f in pack.files:  # every packed file's figure is exact
+            assert f.tokens == exact.count(files[f.path])
+        assert sum(f.tokens for f in pack.files) > 0.8 * (budget - (full.tokens - sum(f.tokens for f in full.files)))
