@@ -124,7 +124,9 @@ def resolve_issue(spec: str, root: Path, settings: Settings) -> tuple[Issue, Git
         if not text.strip():
             raise UsageError(f"issue file {path} is empty")
         title, body = _title_and_body(text)
-        return Issue(source="file", key=_slug(path.stem) or "file", title=title, body=body), None
+        # `issue-42.md` -> 42, `issue.md` -> from the title: the branch prefix already says "issue".
+        key = re.sub(r"^issue(-|$)", "", _slug(path.stem)) or _slug(title) or "file"
+        return Issue(source="file", key=key, title=title, body=body), None
     if _FILE_LIKE.fullmatch(spec) or ("/" in spec and " " not in spec):
         raise UsageError(f"issue file not found: {spec}")
     title, body = _title_and_body(spec)
@@ -572,7 +574,7 @@ def fix_command(
     else:
         if not quiet and result.patch.strip():
             typer.echo(result.patch, nl=not result.patch.endswith("\n"))
-        err.print(_summary(result))
+        err.print(_summary(result), soft_wrap=True)
     raise typer.Exit(result.exit_code)
 
 

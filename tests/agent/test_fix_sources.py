@@ -63,6 +63,10 @@ def test_issue_file_and_text(git_repo, tmp_path):
     assert (issue.source, issue.key, issue.title, client) == ("file", "bug-report", "add() is wrong", None)
     assert "It subtracts." in issue.text()
 
+    for name, key in (("issue-42.md", "42"), ("issue.md", "add-is-wrong"), ("Issue_Perf.txt", "perf")):
+        (tmp_path / name).write_text("# add() is wrong\n")
+        assert resolve_issue(str(tmp_path / name), repo, settings_for(repo))[0].key == key
+
     issue, _ = resolve_issue("add() subtracts\nplease fix", repo, settings_for(repo))
     assert issue.source == "text" and issue.title == "add() subtracts"
     again, _ = resolve_issue("add() subtracts\nplease fix", repo, settings_for(repo))
