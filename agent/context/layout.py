@@ -84,8 +84,12 @@ def _marker(e: Entry) -> str:
     return f"  (skipped: {e.reason})"
 
 
-def tree(entries: list[Entry]) -> str:
-    """The tree of all entries (sorted by `sort_key`), skip reasons marked, vendored trees folded."""
+def tree(entries: list[Entry], max_depth: int | None = None) -> str:
+    """The tree of all entries (sorted by `sort_key`), skip reasons marked, vendored trees folded.
+
+    With `max_depth`, directories that deep are shown as one line with their file count: the
+    shortened tree a small budget gets.
+    """
     keyed = [sort_key(e.path) for e in entries]
     # Directories holding a vendored or generated file may fold into one line: those whose every
     # entry is skipped for that one reason. Entries under a directory are contiguous in tree order.
@@ -107,6 +111,14 @@ def tree(entries: list[Entry]) -> str:
         folded_to = None
         for depth in range(common, dirs):
             key = parts[: depth + 1]
+            if max_depth is not None and depth >= max_depth:
+                folded_to = i
+                while folded_to < n and keyed[folded_to][: depth + 1] == key:
+                    folded_to += 1
+                count = folded_to - i
+                lines.append(f"{INDENT * depth}{shown(parts[depth])}/  ({count} file{'s' if count != 1 else ''}, "
+                             "not listed: tree shortened to fit the budget)\n")
+                break
             if key in candidates:
                 folded_to = _fold(keyed, entries, i, key)
                 if folded_to is not None:

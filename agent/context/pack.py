@@ -31,6 +31,7 @@ from agent.errors import UsageError
 
 # Exact counts are planned with a calibrated estimate and checked; a plan this much over is re-cut.
 TOP_UP_ROUNDS = 3
+TREE_SHARE = 0.5  # the tree may take at most this share of a budget before it is shortened
 CALIBRATION_SAMPLES = 32  # files counted exactly to scale the estimate that plans a budget
 PLAN_MARGIN = 1.1  # planned counts of files not yet counted exactly err this much high
 
@@ -183,6 +184,8 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
 
     head_text = layout.header(git=listing.git, head=listing.head, dirty=dirty, total=len(entries))
     tree_text = layout.tree(entries)
+    if budget is not None:
+        tree_text = _tree_for_budget(entries, head_text, tree_text, budget, counter)
     chosen, left_out = packable, []
     if budget is not None:
         t = time.perf_counter()
@@ -242,6 +245,19 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
     timings["total_s"] = time.perf_counter() - t0
     return Pack(text=text, files=files, skipped=skipped, tokens=tokens, counter_kind=counter.kind,
                 budget=budget, head=listing.head, total_files=len(entries), timings=timings)
+
+
+def _tree_for_budget(entries: list[Entry], head_text: str, tree_text: str, budget: int, counter: TokenCounter) -> str:
+    """The full tree, or when it would take over TREE_SHARE of the budget, the deepest shortened one that fits."""
+    limit = budget * TREE_SHARE
+    if counter.count(head_text + tree_text) <= limit:
+        return tree_text
+    deepest = max((e.path.count("/") for e in entries), default=0)
+    for depth in range(deepest - 1, -1, -1):
+        shorter = layout.tree(entries, max_depth=depth)
+        if counter.count(head_text + shorter) <= limit:
+            return shorter
+    return tree_text  # nothing fits: the caller reports that the budget cannot hold the header and tree
 
 
 def _count_files(packable: list[Entry], counter: TokenCounter, store: PackCache | None,

@@ -165,3 +165,16 @@ def test_with_a_budget_the_server_counts_only_files_a_plan_may_choose(repo):
         for f in pack.files:  # every packed file's figure is exact
             assert f.tokens == exact.count(files[f.path])
         assert sum(f.tokens for f in pack.files) > 0.8 * (budget - (full.tokens - sum(f.tokens for f in full.files)))
+
+
+def test_a_small_budget_gets_a_shortened_tree_instead_of_an_error(repo):
+    files = {f"app/area_{a}/part_{b}/leaf_{c}.py": f"X = {a}{b}{c}\n" for a in range(4) for b in range(5) for c in range(6)}
+    root = repo(files | {"README.md": "# deep\n"})
+    full = pack_repository(root)
+    tree_tokens = full.tokens - sum(f.tokens for f in full.files)
+    budget = int(tree_tokens * 0.6)
+    pack = pack_repository(root, budget=budget, issue="app/area_2/part_3/leaf_4.py")
+    assert pack.tokens <= budget
+    assert "not listed: tree shortened to fit the budget" in pack.text
+    assert "app/area_2/part_3/leaf_4.py" in {f.path for f in pack.files}
+    assert len(pack.files) + len(pack.skipped) == len(files) + 1  # every file still accounted for
