@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pydantic
 import pytest
 
@@ -511,3 +513,39 @@ def test_every_rule_has_its_own_advice():
     texts = {nudge_message(Stall(rule=r, evidence="e", turn=1)) for r in rules}
     assert len(texts) == len(rules)
     assert "Stall detected (mystery)" in nudge_message(Stall(rule="mystery", evidence="e", turn=1))
+
+
+# ----- with the real agent loop --------------------------------------------------------------------
+
+@pytest.mark.docker
+def test_agent_loop_nudges_once_then_stops_a_run_that_keeps_the_same_failure(git_repo, sandbox_image, tmp_path):
+    """Real loop, real sandbox, stand-in model over HTTP: each 'fix' leaves the same test failing."""
+    from agent.loop import Agent, AgentConfig
+    from agent.standin import StandinServer
+    from sandbox import SandboxConfig
+
+    repo = git_repo({"calc.py": "def add(a, b):\n    return a - b\n",
+                     "tests/test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"})
+    turns = [{"reasoning": "Read the code first.", "tool_calls": [{"name": "file_read", "arguments": {"path": "calc.py"}}]}]
+    for attempt in range(8):
+        wrong = f"def add(a, b):\n    return a - b  # attempt {attempt}\n"
+        turns.append({"tool_calls": [{"name": "file_write", "arguments": {"path": "calc.py", "content": wrong}}]})
+        turns.append({"tool_calls": [{"name": "test_runner", "arguments": {"test_file": "tests"}}]})
+    with StandinServer({"turns": turns, "on_exhausted": "final"}) as srv:
+        cfg = AgentConfig(base_url=srv.base_url, api_key="x", model="MiniMaxAI/MiniMax-M3", max_turns=30,
+                          sandbox=SandboxConfig(image=sandbox_image))
+        result = Agent(cfg).run(repo, "add() subtracts", trajectory_path=tmp_path / "traj.jsonl")
+        requests = list(srv.requests)
+
+    # Test runs at turns 3, 5, 7 -> nudge; the window restarts; runs at 9, 11, 13 -> stop.
+    assert result.status == "stalled"
+    assert [(s.rule, s.turn) for s in result.stalls] == [("same_failing_tests", 7), ("same_failing_tests", 13)]
+    assert "tests/test_calc.py::test_add" in result.stalls[0].evidence
+    nudges = [m["content"] for m in requests[7]["messages"] if m["role"] == "user"]
+    assert "Stall detected (same_failing_tests)" in nudges[-1]
+    modes = [r["chat_template_kwargs"]["thinking_mode"] for r in requests]
+    assert modes[:4] == ["enabled", "disabled", "disabled", "enabled"]  # plan, after read, after edit, after failure
+    reasons = [e["mode_reason"] for e in map(json.loads, (tmp_path / "traj.jsonl").read_text().splitlines())
+               if e["kind"] == "request"]
+    assert modes[7] == "enabled" and reasons[7] == "stall detected"  # the nudge turn, recorded per request
+    assert sum(result.mode_counts.values()) == len(requests) == 13
