@@ -8,11 +8,10 @@
 
 from __future__ import annotations
 
-import io
-import os
-import tarfile
+import queue
+import shutil
+import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +29,7 @@ HOME = "/home/sandbox"
 SERVER_SOURCE = Path(server.__file__).read_text()
 ANSWER_MARGIN_S = 30.0  # how much longer than a command's timeout the host waits for the server's answer
 TAR_CHUNK = 1 << 20
+READ_AHEAD_CHUNKS = 64  # at most this many MiB of tar data wait in memory
 DIFF_LIMIT = 256 * 1024 * 1024
 
 # Everything a command sees in its environment: nothing is inherited from the host.
@@ -106,6 +106,25 @@ class Sandbox:
         cfg = self.config
         if not image_exists(client, cfg.image):
             raise SandboxUnavailable(f"sandbox image {cfg.image} not found: run `m3-agent sandbox build`")
+        tar = _TarStream(self.repo) if self.repo is not None and cfg.mount == "copy" else None
+        try:
+            self._create_and_attach(client)
+            if tar is not None:
+                self._copy_in(tar)
+            init = self.exec(GIT_INIT, timeout=cfg.start_timeout)
+            if init.exit_code != 0:
+                raise SandboxUnavailable(f"cannot prepare /workspace as a git repository: {init.stderr.strip()[-300:]}")
+            self.base_commit = init.stdout.strip().splitlines()[-1]
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if tar is not None:
+                tar.close()
+        return self
+
+    def _create_and_attach(self, client: docker.DockerClient) -> None:
+        cfg = self.config
         try:
             self.id = client.api.create_container(
                 cfg.image,
@@ -123,19 +142,7 @@ class Sandbox:
             self._channel = Channel(getattr(sock, "_sock", sock))
             client.api.start(self.id)
         except docker.errors.APIError as e:
-            self.close()
             raise SandboxUnavailable(f"cannot start the sandbox container: {e.explanation or e}") from None
-        try:
-            if self.repo is not None and cfg.mount == "copy":
-                self._copy_in(self.repo)
-            init = self.exec(GIT_INIT, timeout=cfg.start_timeout)
-            if init.exit_code != 0:
-                raise SandboxUnavailable(f"cannot prepare /workspace as a git repository: {init.stderr.strip()[-300:]}")
-            self.base_commit = init.stdout.strip().splitlines()[-1]
-        except BaseException:
-            self.close()
-            raise
-        return self
 
     def _host_config(self) -> dict:
         cfg = self.config
@@ -287,43 +294,53 @@ class Sandbox:
         detail = f" ({diag[0][:200]})" if diag else ""
         return f"sandbox {str(self.id)[:12]} is dead: {why}{state}{detail}; start a new sandbox"
 
-    def _copy_in(self, repo: Path) -> None:
-        """Stream `repo` as a tar into /workspace through the exec server (tmpfs is not reachable by `docker cp`)."""
-        header, _ = self._request({"op": "put_tar", "dest": WORKSPACE}, chunks=_tar_chunks(repo),
+    def _copy_in(self, tar: _TarStream) -> None:
+        """Stream the tar into /workspace through the exec server (tmpfs is not reachable by `docker cp`)."""
+        header, _ = self._request({"op": "put_tar", "dest": WORKSPACE}, chunks=tar.chunks(),
                                   answer_timeout=self.config.start_timeout)
         if not header.get("ok"):
-            raise SandboxUnavailable(f"copying {repo} into the sandbox failed: {header.get('error', '')[-300:]}")
+            raise SandboxUnavailable(f"copying {tar.repo} into the sandbox failed: {header.get('error', '')[-300:]}")
 
 
-class _ChunkWriter(io.RawIOBase):
-    """A write-only file that hands out what tarfile writes as a list of chunks."""
+class _TarStream:
+    """The repository as tar data from the host's `tar`, read ahead in a thread while the container starts."""
 
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
+    def __init__(self, repo: Path) -> None:
+        exe = shutil.which("tar")
+        if exe is None:
+            raise SandboxUnavailable("copying a repository into the sandbox needs `tar` on this machine: install it")
+        self.repo = repo
+        self._proc = subprocess.Popen([exe, "-C", str(repo), "-cf", "-", "."], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
+        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=READ_AHEAD_CHUNKS)
+        self._thread = threading.Thread(target=self._read, name="m3-agent-tar", daemon=True)
+        self._thread.start()
 
-    def writable(self) -> bool:
-        return True
+    def _read(self) -> None:
+        try:
+            while chunk := self._proc.stdout.read(TAR_CHUNK):
+                self._chunks.put(chunk)
+        finally:
+            self._chunks.put(None)
 
-    def write(self, b) -> int:  # type: ignore[override]
-        self.parts.append(bytes(b))
-        return len(b)
+    def chunks(self) -> Iterator[bytes]:
+        """The tar data, chunk by chunk; raises when tar failed."""
+        while (chunk := self._chunks.get()) is not None:
+            yield chunk
+        self._thread.join()
+        err = self._proc.stderr.read().decode(errors="replace").strip()
+        if self._proc.wait() not in (0, 1):  # 1: some files changed or vanished while being read
+            raise SandboxUnavailable(f"tar of {self.repo} failed: {err[-300:]}")
 
-
-def _tar_chunks(repo: Path) -> Iterator[bytes]:
-    """The repository as tar data, produced lazily; symlinks stay links; unreadable files are skipped."""
-    sink = _ChunkWriter()
-    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.GNU_FORMAT, bufsize=TAR_CHUNK) as tar:
-        for root, dirs, files in os.walk(repo):
-            dirs.sort()
-            rel_root = os.path.relpath(root, repo)
-            for name in dirs + sorted(files):
-                try:
-                    tar.add(os.path.join(root, name), arcname=os.path.normpath(os.path.join(rel_root, name)),
-                            recursive=False)
-                except OSError:
-                    continue  # unreadable on the host: nothing a sandbox could use either
-                if sink.parts:
-                    yield b"".join(sink.parts)
-                    sink.parts.clear()
-    if sink.parts:
-        yield b"".join(sink.parts)
+    def close(self) -> None:
+        """Stop tar if the copy was abandoned."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        while self._thread.is_alive():  # unblock a reader waiting on a full queue
+            try:
+                self._chunks.get_nowait()
+            except queue.Empty:
+                self._thread.join(0.05)
+        self._proc.wait()
+        self._proc.stdout.close()
+        self._proc.stderr.close()
