@@ -31,8 +31,8 @@ def _strip_parser_tags(text: str) -> str:
         text = stripped
 
 
-def _first_object(text: str) -> tuple[Any, str] | None:
-    """Decode the first JSON value in `text`; return it and what followed it."""
+def _first_object(text: str) -> tuple[Any, str, str] | None:
+    """Decode the first JSON object in `text`; return it with the text before and after it."""
     start = text.find("{")
     if start < 0:
         return None
@@ -40,7 +40,7 @@ def _first_object(text: str) -> tuple[Any, str] | None:
         value, end = json.JSONDecoder(strict=False).raw_decode(text, start)
     except json.JSONDecodeError:
         return None
-    return value, text[end:].strip()
+    return value, text[:start].strip(), text[end:].strip()
 
 
 def _loads(text: str) -> Any:
@@ -70,18 +70,20 @@ def _decode(raw: str) -> tuple[Any, list[str]]:
         pass
 
     escaped = _ESCAPE.sub(lambda m: m.group(0) if m.group(1) else "\\\\", text)
+    escape_note = "escaped lone backslashes inside strings"
     if escaped != text:
         try:
-            return _loads(escaped), [*repairs, "escaped lone backslashes inside strings"]
+            return _loads(escaped), [*repairs, escape_note]
         except json.JSONDecodeError:
             pass
 
-    for candidate in (text, escaped):
+    candidates = [(text, [])] + ([(escaped, [escape_note])] if escaped != text else [])
+    for candidate, notes in candidates:
         found = _first_object(candidate)
         if found is not None and isinstance(found[0], dict):
-            value, rest = found
-            note = f"ignored trailing text after the JSON object: {rest[:40]!r}" if rest else ""
-            return value, [*repairs, *([note] if note else [])]
+            value, before, after = found
+            ignored = " ".join(part for part in (before, after) if part)
+            return value, [*repairs, *notes, f"ignored text around the JSON object: {ignored[:40]!r}"]
 
     try:
         value = ast.literal_eval(text.strip())

@@ -43,7 +43,13 @@ def test_parser_tag_at_the_end_of_a_value_is_removed_and_reported():
 def test_trailing_garbage_is_ignored_and_reported():
     args, notes = parse_arguments('{"code": "print(3)"} and then some words', CodeExecArgs)
     assert args.code == "print(3)"
-    assert any("trailing text" in n for n in notes)
+    assert any("ignored text around" in n and "and then" in n for n in notes)
+
+
+def test_leading_prose_and_a_lone_backslash_are_both_repaired_and_reported():
+    args, notes = parse_arguments(r'Calling: {"code": "print(\"\d\")"} ok', CodeExecArgs)
+    assert args.code == 'print("\\d")'
+    assert any("backslash" in n for n in notes) and any("Calling:" in n for n in notes)
 
 
 def test_markdown_fence_is_removed():
