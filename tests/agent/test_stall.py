@@ -45,6 +45,10 @@ def edit(turn: int, text: str, path: str = "calc.py") -> Step:
                 output=f"wrote {len(text)} bytes to {path}", changed_files=[path])
 
 
+def say(turn: int, text: str) -> Step:
+    return Step(turn=turn, tool=None, args=None, output=text)
+
+
 def feed(detector: StallDetector, steps: list[Step]) -> Stall | None:
     """Record each step as its own turn, as the loop does, and return the last check()."""
     stall = None
@@ -208,11 +212,11 @@ def test_changing_thought_text_does_not_hide_a_repeated_action():
     stall = None
     for t, thought in enumerate(["Let me look at calc.py.", "I should check calc.py again.",
                                  "Maybe the bug is in calc.py?", "Reading calc.py once more."], start=1):
-        # The loop records tool calls; the thought that came with them is not part of the action.
+        # Even a loop that records each turn's thought as a message step: actions are compared, not thoughts.
+        d.record(say(t, thought))
         d.record(cat(t))
         d.end_turn(t)
         stall = d.check()
-        assert thought not in (stall.evidence if stall else "")
     assert stall is not None and stall.rule == "repeated_action"
 
 
@@ -262,10 +266,6 @@ def test_repeated_error_near_misses():
 
 
 # ----- rule 3: monologue -------------------------------------------------------------------------
-
-def say(turn: int, text: str) -> Step:
-    return Step(turn=turn, tool=None, args=None, output=text)
-
 
 def test_three_identical_messages_in_a_row_stall():
     d = StallDetector(StallConfig(no_change_turns=0))
