@@ -21,11 +21,14 @@ import hashlib
 import json
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
@@ -511,6 +514,23 @@ def _summary(result: FixResult) -> Group:
     return Group(*lines)
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM (a cancelled CI job, `kill`) like Ctrl-C: the run stops cleanly, the sandbox is removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def fix_command(
     issue_arg: Optional[str] = typer.Argument(
         None, metavar="[ISSUE]", help="Issue number (origin's GitHub repo), owner/repo#N, issue URL, file, or text."
@@ -542,29 +562,15 @@ def fix_command(
     try:
         if issue_arg and issue:
             raise UsageError("give the issue once: as the argument or with --issue")
-        spec = issue_arg or issue
-        if not spec:
-            raise UsageError("which issue? pass a number, an issue URL, a file or text (m3-agent fix --help)")
-        state = gitwork.open_repo(repo)
         flags = {
             "base_url": base_url, "serve": serve, "model": model, "max_turns": max_turns,
             "time_limit_s": time_limit_s, "thinking": thinking, "images": images,
             "include_uncommitted": include_uncommitted, "sandbox_image": sandbox_image,
             "github_api_url": github_api_url, "output_dir": output_dir,
         }
-        settings, _ = load_settings(state.root, flags, config_file=config)
-        show_progress = not quiet and not json_out
-
-        def on_notice(text: str) -> None:
-            if not json_out:
-                err.print(f"m3-agent: {text}", markup=False, soft_wrap=True)
-
-        if show_progress:
-            with LiveProgress(err, max_turns=settings.max_turns, label=_short(spec, 50)) as progress:
-                result = fix_issue(spec, repo=state.root, settings=settings, apply=apply, base=base,
-                                   callbacks=[progress], on_notice=on_notice)
-        else:
-            result = fix_issue(spec, repo=state.root, settings=settings, apply=apply, base=base, on_notice=on_notice)
+        with sigterm_as_interrupt():
+            result = _fix_from_flags(err, issue_arg or issue, repo, flags, config=config, apply=apply, base=base,
+                                     quiet=quiet, json_out=json_out)
     except M3AgentError as e:
         if json_out:
             typer.echo(json.dumps({"resolved": False, "exit_code": e.exit_code, "error": str(e)}))
@@ -576,6 +582,25 @@ def fix_command(
             typer.echo(result.patch, nl=not result.patch.endswith("\n"))
         err.print(_summary(result), soft_wrap=True)
     raise typer.Exit(result.exit_code)
+
+
+def _fix_from_flags(err: Console, spec: str | None, repo: Path, flags: dict[str, Any], *, config: Path | None,
+                    apply: bool, base: str | None, quiet: bool, json_out: bool) -> FixResult:
+    """The command's work once its flags are parsed: settings, notices, progress display, `fix_issue`."""
+    if not spec:
+        raise UsageError("which issue? pass a number, an issue URL, a file or text (m3-agent fix --help)")
+    root = gitwork.open_repo(repo).root
+    settings, _ = load_settings(root, flags, config_file=config)
+
+    def on_notice(text: str) -> None:
+        if not json_out:
+            err.print(f"m3-agent: {text}", markup=False, soft_wrap=True)
+
+    if quiet or json_out:
+        return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, on_notice=on_notice)
+    with LiveProgress(err, max_turns=settings.max_turns, label=_short(spec, 50)) as progress:
+        return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, callbacks=[progress],
+                         on_notice=on_notice)
 
 
 # ----- `m3-agent config` --------------------------------------------------------------------------

@@ -210,7 +210,8 @@ def test_no_docker_engine_exit_4(git_repo, fix_cli, tmp_path):
     assert "m3-agent/" not in git(repo, "branch")
 
 
-def test_ctrl_c_stops_cleanly_keeps_the_trajectory_and_removes_the_sandbox(repo, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_stops_cleanly_keeps_the_trajectory_and_removes_the_sandbox(repo, signum):
     slow = [READ, {"delay_s": 60, "content": "never seen"}]
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("M3_AGENT_")}
     with StandinServer({"turns": slow}) as srv:
@@ -225,7 +226,7 @@ def test_ctrl_c_stops_cleanly_keeps_the_trajectory_and_removes_the_sandbox(repo,
                 time.sleep(0.1)  # the second request is the slow one: the sandbox is up by then
             assert len(srv.requests) == 2, proc.stderr.read() if proc.poll() is not None else "no second request"
             assert containers_of(proc.pid), "the run's sandbox should be up"
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
             _, err = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
