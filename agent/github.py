@@ -73,7 +73,9 @@ class Issue(BaseModel):
         return self.title or self.key
 
     def text(self) -> str:
-        """The issue as the model reads it: heading, body, then the comments in order."""
+        """The issue as the model reads it: files and text verbatim; GitHub issues as heading, body, comments."""
+        if self.source != "github":
+            return self.body.strip() + "\n"
         head = f"# Issue #{self.number}: {self.title}" if self.number is not None else f"# {self.title or 'Issue'}"
         parts = [head]
         if self.url:

@@ -61,7 +61,7 @@ def test_issue_file_and_text(git_repo, tmp_path):
     f.write_text("# add() is wrong\n\nIt subtracts.\n")
     issue, client = resolve_issue(str(f), repo, settings_for(repo))
     assert (issue.source, issue.key, issue.title, client) == ("file", "bug-report", "add() is wrong", None)
-    assert "It subtracts." in issue.text()
+    assert issue.text() == "# add() is wrong\n\nIt subtracts.\n"  # a file goes to the model verbatim
 
     for name, key in (("issue-42.md", "42"), ("issue.md", "add-is-wrong"), ("Issue_Perf.txt", "perf")):
         (tmp_path / name).write_text("# add() is wrong\n")
