@@ -5,8 +5,7 @@ import json
 import pytest
 
 from agent.errors import SandboxUnavailable
-from tools.dispatch import execute_call
-from tools.registry import default_tools
+from tools import default_tools, execute_call
 
 
 class DeadSandbox:

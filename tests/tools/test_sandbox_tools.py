@@ -4,8 +4,7 @@ import json
 
 import pytest
 
-from tools.dispatch import execute_call
-from tools.registry import default_tools
+from tools import default_tools, execute_call
 
 pytestmark = pytest.mark.docker
 

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 
-# Submodule imports: under pytest, tests/ is on sys.path and `import tools` alone can resolve to the
-# tests/tools directory (a namespace package); the public API is checked in a clean process below.
-from tools.registry import default_tools
-from tools.tool import ToolResult, clean_schema
+from tools import ToolResult, default_tools
+from tools.tool import clean_schema
 
 # The three tool definitions of seed 001, as the seed gives them (parameter descriptions aside).
 SEED_PARAMETERS = {
@@ -116,7 +114,7 @@ def test_unittest_runner_ships_inside_the_package():
     assert "JUnitResult" in RUNNER_SOURCE.read_text()
 
 
-def test_public_api_exports_the_contract():
+def test_public_api_imports_in_a_fresh_process():
     code = (
         "from tools import Tool, ToolResult, ToolCallError, default_tools, execute_call\n"
         "print(sorted(t.name for t in default_tools()))"
