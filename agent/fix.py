@@ -45,6 +45,7 @@ from agent.config import Settings, display_rows, load_settings
 from agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError
 from agent.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
 from agent.loop import Agent, AgentConfig, AgentEvent, RunResult
+from sandbox import DEFAULT_IMAGE
 from tools import Tool
 
 Callback = Callable[[AgentEvent], None]
@@ -198,8 +199,6 @@ def check_endpoint(base_url: str, *, timeout: float = 5.0) -> None:
 
 def agent_config(settings: Settings, base_url: str) -> AgentConfig:
     """The AgentConfig the settings describe (the `[agent]` table adds or overrides fields)."""
-    from sandbox import DEFAULT_IMAGE, SandboxConfig
-
     sandbox = {
         "image": settings.sandbox_image or DEFAULT_IMAGE,
         "memory": settings.sandbox_memory,
@@ -216,7 +215,7 @@ def agent_config(settings: Settings, base_url: str) -> AgentConfig:
         "max_total_tokens": settings.token_limit,
         "thinking": {"policy": settings.thinking, **extra.pop("thinking", {})},
         "stall": {"enabled": settings.stall_detection, **extra.pop("stall", {})},
-        "sandbox": SandboxConfig(**sandbox),
+        "sandbox": sandbox,
     }
     values.update(extra)
     try:

@@ -127,6 +127,9 @@ def test_bad_agent_table_is_a_usage_error(tmp_path):
     settings = load_settings(tmp_path, environ={})[0]
     with pytest.raises(UsageError, match="invalid agent setting max_tokens"):
         agent_config(settings, "http://127.0.0.1:9/v1")
+    settings = load_settings(tmp_path, {"sandbox_memory": "lots", "agent": {}}, environ={})[0]
+    with pytest.raises(UsageError, match="invalid agent setting sandbox.memory: .*not a size"):
+        agent_config(settings, "http://127.0.0.1:9/v1")
 
 
 def test_no_endpoint_is_a_usage_error(tmp_path):
