@@ -271,6 +271,7 @@ class _Run:
                 shrinks += 1
                 if shrinks > 3 or not self._shrink(e, budget, shrinks):
                     raise
+                self.stall.record_condensation(turn)
                 continue
             finally:
                 self.result.timings.model_s += time.monotonic() - t
@@ -380,7 +381,7 @@ class _Run:
             self.agent._emit("tool_result", turn, id=call.id, name=call.name, ok=result.ok,
                              error_kind=result.error_kind, data=result.data, output=output)
             self.stall.record(Step(
-                turn=turn, tool=call.name, args=_parsed(call.arguments), output=result.output,
+                turn=turn, tool=call.name, args=_parsed(call.arguments), output=output,
                 error=not result.ok, exit_code=result.data.get("exit_code"), running=result.running,
                 changed_files=list(result.changed_files),
                 failing_tests=[f.get("id", "") for f in result.data["failing"]] if "failing" in result.data else None,
