@@ -229,3 +229,15 @@ def test_trajectory_lines_are_each_valid_json(git_repo, tmp_path):
     run(git_repo, solve_turns(), tmp_path)
     for line in (tmp_path / "traj.jsonl").read_text().splitlines():
         json.loads(line)
+
+
+def test_time_limit(git_repo, tmp_path):
+    result, requests, _ = run(git_repo, solve_turns(), tmp_path, max_wall_s=0.001)
+    assert result.status == "time_limit" and requests == []
+
+
+def test_gpu_hour_cost_and_cost_limit(git_repo, tmp_path):
+    result, requests, _ = run(git_repo, solve_turns(), tmp_path, gpu_usd_per_hour=3.64)
+    assert result.cost_usd == pytest.approx(3.64 * result.timings.wall_s / 3600, rel=0.2)
+    limited, requests, _ = run(git_repo, solve_turns(), tmp_path, usd_per_m_input=1e6, max_cost_usd=1.0)
+    assert limited.status == "cost_limit" and len(requests) == 1
