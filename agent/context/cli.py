@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from enum import Enum
@@ -9,8 +10,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from agent.context.pack import Pack, pack_repository
 from agent.context.selection import DEFAULT_MAX_FILE_BYTES
@@ -68,20 +67,19 @@ def choose_counter(choice: CounterChoice, base_url: str | None, model: str | Non
     return EstimateCounter()
 
 
-def summary_table(pack: Pack, elapsed: float, output: str) -> Table:
+def summary_table(pack: Pack, elapsed: float, output: str) -> str:
     """The summary printed after packing: files packed and skipped by reason, tokens, time."""
-    table = Table(title=f"m3-agent pack -> {output}", show_header=True, header_style="bold")
-    table.add_column("what")
-    table.add_column("files", justify="right")
-    table.add_column("tokens", justify="right")
-    table.add_row("packed", f"{len(pack.files):,}", f"{sum(f.tokens for f in pack.files):,}")
-    for reason, n in pack.skipped_by_reason().items():
-        table.add_row(f"skipped: {reason}", f"{n:,}", "")
+    rows = [("packed", f"{len(pack.files):,} files", f"{sum(f.tokens for f in pack.files):,} tokens")]
+    rows += [(f"skipped: {reason}", f"{n:,} files", "") for reason, n in pack.skipped_by_reason().items()]
     budget = f" of {pack.budget:,} budget" if pack.budget is not None else ""
-    table.add_row("pack text", f"{pack.total_files:,} in tree", f"{pack.tokens:,}{budget}")
-    table.add_row("counter", pack.counter_kind, "")
-    table.add_row("time", f"{elapsed:.2f} s", "")
-    return table
+    rows.append(("pack text", f"{pack.total_files:,} in tree", f"{pack.tokens:,} tokens{budget}"))
+    rows.append(("counter", pack.counter_kind, ""))
+    rows.append(("time", f"{elapsed:.2f} s", ""))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = [f"m3-agent pack -> {output}"]
+    lines += [f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
+    return "\n".join(lines)
 
 
 def pack_command(
@@ -100,7 +98,6 @@ def pack_command(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="do not read or write the token-count cache")] = False,
 ) -> None:
     """Pack a repository into one prompt: header, tree of all files, then files in a stable order."""
-    err = Console(stderr=True, highlight=False)
     started = time.perf_counter()
     if not repo.is_dir():
         raise UsageError(f"repository not found: {repo}")
@@ -111,7 +108,7 @@ def pack_command(
     includes = list(include or []) + list(getattr(settings, "pack_include", None) or [])
     excludes = list(exclude or []) + list(getattr(settings, "pack_exclude", None) or [])
     def warn(msg: str) -> None:
-        err.print(f"m3-agent: warning: {msg}")
+        print(f"m3-agent: warning: {msg}", file=sys.stderr)
 
     tok = choose_counter(counter, base_url, model, tokenizer, api_key, warn)
     if budget is None and base_url:
@@ -123,22 +120,30 @@ def pack_command(
     pack = pack_repository(repo, issue=read_issue(issue), budget=budget, counter=tok, include=tuple(includes),
                            exclude=tuple(excludes), max_file_bytes=max_file_bytes, cache=not no_cache)
     if output is None or str(output) == "-":
-        sys.stdout.write(pack.text)
         sys.stdout.flush()
+        sys.stdout.buffer.write(pack.data)
+        sys.stdout.buffer.flush()
         where = "stdout"
     else:
         try:
-            output.write_text(pack.text, encoding="utf-8", errors="surrogateescape")
+            pack.write(output)
         except OSError as e:
             raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
         where = str(output)
-    err.print(summary_table(pack, time.perf_counter() - started, where))
+    print(summary_table(pack, time.perf_counter() - started, where), file=sys.stderr)
     if pack.counter_kind == "estimate":
-        err.print("token counts are estimates (no server /tokenize or tokenizer.json given)")
+        print("token counts are estimates (no server /tokenize or tokenizer.json given)", file=sys.stderr)
 
 
 def _settings(repo: Path):
-    """The project's layered settings for `repo`, when its configuration module is available."""
+    """The project's layered settings for `repo`, read only when a config file or variable may set them."""
+    pyproject = repo / "pyproject.toml"
+    if not (
+        (repo / "m3-agent.toml").is_file()
+        or (pyproject.is_file() and b"m3-agent" in pyproject.read_bytes())
+        or any(k.startswith("M3_AGENT_") and k != "M3_AGENT_CACHE_DIR" for k in os.environ)
+    ):
+        return None  # nothing to read: skip loading the settings machinery
     try:
         from agent.config import load_settings
     except ImportError:  # configuration is optional for packing

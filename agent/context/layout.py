@@ -18,8 +18,7 @@ from agent.context.selection import Entry
 
 INDENT = "  "
 COLLAPSIBLE = frozenset({"vendored", "generated"})  # a directory all of one of these is one tree line
-_FENCE_RUN = re.compile(r"^ {0,3}(`{3,})", re.MULTILINE)
-_PLAIN_NAME = re.compile(r"[^\x00-\x1f\x7f\"\\]+")
+_FENCE_RUN = re.compile(rb"^ {0,3}(`{3,})", re.MULTILINE)
 
 
 def sort_key(path: str) -> tuple[str, ...]:
@@ -29,8 +28,8 @@ def sort_key(path: str) -> tuple[str, ...]:
 
 def shown(name: str) -> str:
     """A path or name as printed: as is when plain, else JSON-quoted (control bytes, odd bytes, markers)."""
-    if (_PLAIN_NAME.fullmatch(name) and name == name.strip() and "  (" not in name
-            and not name.startswith("#")):
+    if (name.isprintable() and '"' not in name and "\\" not in name and name == name.strip()
+            and "  (" not in name and not name.startswith("#")):
         if name.isascii():
             return name
         try:
@@ -41,11 +40,11 @@ def shown(name: str) -> str:
     return json.dumps(name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
 
 
-def fence_for(text: str) -> str:
-    """Backticks enough to fence `text`: three, or one more than its longest line-opening run."""
-    if "```" not in text:
+def fence_for(content: bytes) -> str:
+    """Backticks enough to fence `content`: three, or one more than its longest line-opening run."""
+    if b"```" not in content:
         return "```"
-    longest = max((len(m) for m in _FENCE_RUN.findall(text)), default=0)
+    longest = max((len(m) for m in _FENCE_RUN.findall(content)), default=0)
     return "`" * max(3, longest + 1)
 
 
@@ -166,17 +165,18 @@ def section_head(e: Entry) -> str:
     return f"### {shown(e.path)}{note}\n"
 
 
-def section_parts(e: Entry) -> tuple[str, str, str]:
-    """One file section as (opening, text, closing): heading and fence, verbatim text, fence."""
-    text = e.text or ""
-    fence = fence_for(text)
-    end = "" if not text or text.endswith("\n") else "\n"
-    return f"{section_head(e)}{fence}{language(e.path)}\n", text, f"{end}{fence}\n\n"
+def section_parts(e: Entry) -> tuple[str, bytes, str]:
+    """One file section as (opening, content, closing): heading and fence, verbatim UTF-8 text, fence."""
+    content = e.content or b""
+    fence = fence_for(content)
+    end = "" if not content or content.endswith(b"\n") else "\n"
+    return f"{section_head(e)}{fence}{language(e.path)}\n", content, f"{end}{fence}\n\n"
 
 
 def section(e: Entry) -> str:
     """One file section: heading, fenced verbatim text."""
-    return "".join(section_parts(e))
+    opening, content, closing = section_parts(e)
+    return opening + content.decode("utf-8") + closing
 
 
 def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int = 25) -> str:
@@ -189,10 +189,15 @@ def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int
     return "".join(out)
 
 
-def render(head: str, tree_text: str, chosen: Iterable[Entry], foot: str) -> str:
-    """The whole pack text: one join, so each file's text is copied once."""
-    parts = [head, tree_text, "## Files\n\n"]
+def render(head: str, tree_text: str, chosen: Iterable[Entry], foot: str) -> tuple[bytes, str]:
+    """The whole pack as UTF-8 bytes (one join, each file's bytes copied once), and the text around
+    the file contents (for counting its shape)."""
+    parts = [head.encode(), tree_text.encode(), b"## Files\n\n"]
+    frame = [head, tree_text, "## Files\n\n"]
     for e in chosen:
-        parts.extend(section_parts(e))
-    parts.append(foot)
-    return "".join(parts)
+        opening, content, closing = section_parts(e)
+        parts += (opening.encode(), content, closing.encode())
+        frame += (opening, closing)
+    parts.append(foot.encode())
+    frame.append(foot)
+    return b"".join(parts), "".join(frame)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter
 
 from agent.context import layout
 from agent.context.cache import PackCache
@@ -26,7 +27,7 @@ from agent.context.selection import (
     list_files,
     read_bytes,
 )
-from agent.context.tokens import EstimateCounter, TokenCounter
+from agent.context.tokens import EstimateCounter, TokenCounter, text_shape
 from agent.errors import UsageError
 
 # Exact counts are planned with a calibrated estimate and checked; a plan this much over is re-cut.
@@ -55,11 +56,13 @@ class SkippedFile(BaseModel):
 
 
 class Pack(BaseModel):
-    """A packed repository. `text` goes first in the prompt; the issue goes after it, separately."""
+    """A packed repository. `text` goes first in the prompt; the issue goes after it, separately.
+
+    The text is kept as UTF-8 bytes (`data`, what `write` saves) and decoded on first use of `text`.
+    """
 
     model_config = ConfigDict(frozen=True)
 
-    text: str = Field(repr=False)
     files: list[PackedFile]
     skipped: list[SkippedFile]
     tokens: int = Field(description="tokens of `text` per the counter")
@@ -68,6 +71,31 @@ class Pack(BaseModel):
     head: str | None = Field(None, description="the commit packed, when the repository is a git work tree")
     total_files: int = 0
     timings: dict[str, float] = Field(default_factory=dict)
+    _data: bytes = PrivateAttr(b"")
+    _text: str | None = PrivateAttr(None)
+
+    @classmethod
+    def from_data(cls, data: bytes, **fields: object) -> Pack:
+        """A pack of these UTF-8 bytes."""
+        pack = cls(**fields)
+        pack._data = data
+        return pack
+
+    @property
+    def text(self) -> str:
+        """The prompt text: header, tree, file sections, footer. Byte-deterministic."""
+        if self._text is None:
+            self._text = self._data.decode("utf-8")
+        return self._text
+
+    @property
+    def data(self) -> bytes:
+        """The prompt text as UTF-8 bytes."""
+        return self._data
+
+    def write(self, path: Path | str) -> None:
+        """Save the text (UTF-8) to a file."""
+        Path(path).write_bytes(self._data)
 
     def skipped_by_reason(self) -> dict[str, int]:
         """How many files each reason left out."""
@@ -77,8 +105,10 @@ class Pack(BaseModel):
         return dict(sorted(out.items()))
 
 
-_FILES = TypeAdapter(list[PackedFile])
-_SKIPPED = TypeAdapter(list[SkippedFile])
+@functools.cache
+def _adapters() -> tuple[TypeAdapter, TypeAdapter]:
+    """Validators of the file lists, built on first use (their schema takes a while to build)."""
+    return TypeAdapter(list[PackedFile]), TypeAdapter(list[SkippedFile])
 
 
 def _load(listing: Listing, e: Entry, limit: int, data_out: dict[str, bytes] | None = None) -> None:
@@ -95,7 +125,7 @@ def _load(listing: Listing, e: Entry, limit: int, data_out: dict[str, bytes] | N
         return
     if e.blob is None:
         e.blob = blob_id(data)
-    e.text, e.facts = decode(data)
+    e.content, e.facts = decode(data)
     if data_out is not None:
         data_out[e.path] = data
 
@@ -196,15 +226,15 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
     t = time.perf_counter()
     _count_exact(chosen, counter, store, listing, max_file_bytes)
     for e in chosen:
-        if e.text is None:
+        if e.content is None:
             _load(listing, e, max_file_bytes)
-    text, tokens = _render(chosen, left_out, entries, head_text, tree_text, counter)
+    data, tokens = _render(chosen, left_out, entries, head_text, tree_text, counter)
     while budget is not None and tokens > budget:
         if not chosen:
             raise UsageError(f"a budget of {budget} tokens cannot hold even the header and tree of this "
                              f"repository ({tokens} tokens): raise --budget or exclude paths")
         chosen, left_out = _trim(chosen, left_out, tokens - budget, counter)
-        text, tokens = _render(chosen, left_out, entries, head_text, tree_text, counter)
+        data, tokens = _render(chosen, left_out, entries, head_text, tree_text, counter)
     generous = True
     for _ in range(TOP_UP_ROUNDS):
         # The plan is cautious (per-file counts add up to more than the whole): fill what is left,
@@ -219,32 +249,33 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
             break
         _count_exact(more, counter, store, listing, max_file_bytes)
         for e in more:
-            if e.text is None:
+            if e.content is None:
                 _load(listing, e, max_file_bytes)
         added = {id(e) for e in more}
         grown = sorted(chosen + more, key=lambda e: layout.sort_key(e.path))
         rest = [e for e in left_out if id(e) not in added]
-        grown_text, grown_tokens = _render(grown, rest, entries, head_text, tree_text, counter)
+        grown_data, grown_tokens = _render(grown, rest, entries, head_text, tree_text, counter)
         if grown_tokens > budget:
             if not generous:
                 break
             generous = False
             continue
-        chosen, left_out, text, tokens = grown, rest, grown_text, grown_tokens
+        chosen, left_out, data, tokens = grown, rest, grown_data, grown_tokens
     timings["render_s"] = time.perf_counter() - t
 
     if store is not None and new_facts:
         store.put_facts(new_facts)
     chosen_ids = {id(e) for e in chosen}
     # One validation call per list (in pydantic-core) is several times faster than a model per row.
-    files = _FILES.validate_python([{"path": e.path, "tokens": e.tokens or 0, "bytes": e.size or 0, "flags": _flags(e)}
+    files_adapter, skipped_adapter = _adapters()
+    files = files_adapter.validate_python([{"path": e.path, "tokens": e.tokens or 0, "bytes": e.size or 0, "flags": _flags(e)}
                                     for e in entries if id(e) in chosen_ids])
     left_ids = {id(e) for e in left_out}
-    skipped = _SKIPPED.validate_python([{"path": e.path, "reason": "budget" if id(e) in left_ids else e.reason or "unknown",
+    skipped = skipped_adapter.validate_python([{"path": e.path, "reason": "budget" if id(e) in left_ids else e.reason or "unknown",
                                          "detail": e.detail} for e in entries if id(e) not in chosen_ids])
     timings["total_s"] = time.perf_counter() - t0
-    return Pack(text=text, files=files, skipped=skipped, tokens=tokens, counter_kind=counter.kind,
-                budget=budget, head=listing.head, total_files=len(entries), timings=timings)
+    return Pack.from_data(data, files=files, skipped=skipped, tokens=tokens, counter_kind=counter.kind,
+                          budget=budget, head=listing.head, total_files=len(entries), timings=timings)
 
 
 def _tree_for_budget(entries: list[Entry], head_text: str, tree_text: str, budget: int, counter: TokenCounter) -> str:
@@ -302,9 +333,9 @@ def _count_exact(entries: list[Entry], counter: TokenCounter, store: PackCache |
     if not todo:
         return
     for e in todo:
-        if e.text is None:
+        if e.content is None:
             _load(listing, e, max_file_bytes)
-    counts = counter.count_many([e.text or "" for e in todo])
+    counts = counter.count_many([(e.content or b"").decode("utf-8") for e in todo])
     for e, n in zip(todo, counts):
         e.tokens, e.exact = n, True
     if store is not None:
@@ -371,10 +402,18 @@ def _ensure_definitions(packable: list[Entry], listing: Listing, store: PackCach
 
 
 def _render(chosen: list[Entry], left_out: list[Entry], entries: list[Entry], head_text: str, tree_text: str,
-            counter: TokenCounter) -> tuple[str, int]:
+            counter: TokenCounter) -> tuple[bytes, int]:
+    """The pack bytes and their token count."""
     foot = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out)
-    text = layout.render(head_text, tree_text, chosen, foot)
-    return text, counter.count(text)
+    data, frame = layout.render(head_text, tree_text, chosen, foot)
+    if isinstance(counter, EstimateCounter):
+        # The estimate depends on characters and extra UTF-8 bytes only, which add up over parts.
+        chars, extra = text_shape(frame)
+        for e in chosen:
+            chars += e.facts.chars
+            extra += e.facts.extra
+        return data, counter.from_shape(chars, extra)
+    return data, counter.count(data.decode("utf-8"))
 
 
 def _footer_saving(chosen: list[Entry], left_out: list[Entry], entries: list[Entry], counter: TokenCounter) -> int:

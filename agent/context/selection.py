@@ -15,8 +15,6 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pathspec
-
 from agent.errors import GitError, UsageError
 
 DEFAULT_MAX_FILE_BYTES = 1_048_576
@@ -45,6 +43,7 @@ MINIFIABLE_SUFFIXES = (".js", ".mjs", ".cjs", ".css")
 GENERATED_MARKERS = (b"@generated", b"DO NOT EDIT")
 MINIFIED_AVG_LINE = 250
 MINIFIED_MIN_BYTES = 2048
+MINIFIED_PROBE = 16384  # minified = long lines on average in this many leading bytes
 IGNORE_FILES = (".gitignore", ".ignore")
 
 # Bytes that plain text may contain; anything else below 0x20 (and DEL) counts as a control byte.
@@ -83,7 +82,7 @@ class Facts:
     encoding: str = "utf-8"  # "utf-8" | "non-utf8" (decoded with replacement) | "utf-16"
     chars: int = 0
     extra: int = 0  # UTF-8 bytes beyond one per character, for the estimate
-    lines: int = 0
+    lines: int = 0  # line ends in the first MINIFIED_PROBE bytes
     final_newline: bool = True
     generated: bool = False
     defs: str | None = None  # space-separated names the file defines; None = not computed yet
@@ -103,7 +102,7 @@ class Entry:
     untracked: bool = False
     forced: bool = False  # matched an include glob: default path rules do not apply
     facts: Facts | None = None
-    text: str | None = None
+    content: bytes | None = None  # the UTF-8 text to pack, once read
     tokens: int | None = None
     exact: bool = True  # False while `tokens` is a calibrated estimate standing in for an exact count
     cost: int = 0  # planned tokens of its section around the text (heading, fences)
@@ -128,14 +127,16 @@ def blob_id(data: bytes) -> str:
     return h.hexdigest()
 
 
-def decode(data: bytes) -> tuple[str | None, Facts]:
-    """Text and facts of a file's bytes; text is None for binary content.
+def decode(data: bytes) -> tuple[bytes | None, Facts]:
+    """The UTF-8 content to pack and the facts of a file's bytes; content is None for binary files.
 
-    The whole file is decoded, so a multibyte character is never cut at a probe boundary.
+    Valid UTF-8 (most files) is packed as it is, so it is checked but not converted; other text is
+    decoded (UTF-16 by its BOM, else UTF-8 with replacement) and re-encoded. The whole file is
+    checked, so a multibyte character is never cut at a probe boundary.
     """
     size = len(data)
-    text: str | None = None
     encoding = "utf-8"
+    text: str | None = None
     if data[:2] in (b"\xff\xfe", b"\xfe\xff") and size % 2 == 0:
         try:
             text, encoding = data.decode("utf-16"), "utf-16"
@@ -146,23 +147,31 @@ def decode(data: bytes) -> tuple[str | None, Facts]:
             return None, Facts(size=size, binary=True)
         probe = data[:PROBE_BYTES]
         controls = len(probe.translate(None, _NON_CONTROL))
-        try:
-            text = data.decode("utf-8")
-            if controls > len(probe) * 0.3:
-                return None, Facts(size=size, binary=True)
-        except UnicodeDecodeError:
-            if controls > len(probe) * 0.1:
-                return None, Facts(size=size, binary=True)
-            text, encoding = data.decode("utf-8", "replace"), "non-utf8"
-    chars = len(text)
-    extra = 0 if text.isascii() else len(text.encode("utf-8", "surrogatepass")) - chars
-    lines = text.count("\n") + (0 if not text or text.endswith("\n") else 1)
-    head = data[:1024]
-    return text, Facts(
-        size=size, binary=False, encoding=encoding, chars=chars, extra=extra, lines=lines,
-        final_newline=not text or text.endswith("\n"),
-        generated=any(m in head for m in GENERATED_MARKERS),
+        if data.isascii():
+            chars = size
+        else:
+            try:
+                chars = len(data.decode("utf-8"))
+            except UnicodeDecodeError:
+                if controls > len(probe) * 0.1:
+                    return None, Facts(size=size, binary=True)
+                text, encoding = data.decode("utf-8", "replace"), "non-utf8"
+        if controls > len(probe) * 0.3:
+            return None, Facts(size=size, binary=True)
+    content = data if text is None else text.encode("utf-8", "surrogatepass")
+    if text is not None:
+        chars = len(text)
+    return content, Facts(
+        size=size, binary=False, encoding=encoding, chars=chars, extra=len(content) - chars,
+        lines=data.count(b"\n", 0, MINIFIED_PROBE),
+        final_newline=not content or content.endswith(b"\n"),
+        generated=_has_marker(data),
     )
+
+
+def _has_marker(data: bytes) -> bool:
+    head = data[:1024]
+    return any(m in head for m in GENERATED_MARKERS)
 
 
 def definitions(path: str, data: bytes) -> str:
@@ -181,12 +190,12 @@ def definitions(path: str, data: bytes) -> str:
 
 def path_reason(path: str) -> str | None:
     """The default path rule that excludes `path`, if any: decided without reading the file."""
-    parts = path.split("/")
-    name = parts[-1]
-    for part in parts[:-1]:
-        if part in VENDORED_DIRS:
+    dirs, _, name = path.rpartition("/")
+    if dirs:
+        parts = dirs.split("/")
+        if not VENDORED_DIRS.isdisjoint(parts):
             return "vendored"
-        if part in GENERATED_DIRS or part.endswith(".egg-info"):
+        if not GENERATED_DIRS.isdisjoint(parts) or ".egg-info" in dirs and any(p.endswith(".egg-info") for p in parts):
             return "generated"
     if name in LOCKFILES:
         return "lockfile"
@@ -211,7 +220,7 @@ def content_reason(path: str, facts: Facts, max_file_bytes: int, forced: bool) -
     if facts.generated:
         return "generated"
     if (facts.size >= MINIFIED_MIN_BYTES and path.lower().endswith(MINIFIABLE_SUFFIXES)
-            and facts.size / max(1, facts.lines) > MINIFIED_AVG_LINE):
+            and min(facts.size, MINIFIED_PROBE) / (facts.lines + 1) > MINIFIED_AVG_LINE):
         return "minified"
     return None
 
@@ -282,7 +291,7 @@ class _IgnoreRules:
     """`.gitignore` / `.ignore` files of a walked directory tree, applied as git applies them."""
 
     def __init__(self) -> None:
-        self.specs: list[tuple[str, pathspec.PathSpec]] = []  # (directory prefix, rules), outermost first
+        self.specs: list = []  # (directory prefix, rules), outermost first
 
     def load(self, dir_abs: str, prefix: str) -> int:
         """Read the ignore files of one directory; how many rule sets were pushed."""
@@ -295,6 +304,8 @@ class _IgnoreRules:
                 continue
         if not lines:
             return 0
+        import pathspec  # only walked directories and globs need it
+
         self.specs.append((prefix, pathspec.GitIgnoreSpec.from_lines(lines)))
         return 1
 
@@ -359,18 +370,20 @@ def list_files(root: Path) -> Listing:
     return _list_walk(root)
 
 
-def compile_globs(globs: tuple[str, ...] | list[str], what: str) -> pathspec.PathSpec | None:
+def compile_globs(globs: tuple[str, ...] | list[str], what: str):
     """Include/exclude globs (gitignore syntax: `*.py`, `docs/`, `src/**/test_*.py`), or None."""
     globs = [g for g in globs if g and g.strip()]
     if not globs:
         return None
+    import pathspec
+
     try:
         return pathspec.GitIgnoreSpec.from_lines(globs)
     except Exception as e:  # pathspec raises several pattern error types
         raise UsageError(f"bad {what} glob: {e}") from e
 
 
-def apply_path_rules(listing: Listing, include: pathspec.PathSpec | None, exclude: pathspec.PathSpec | None) -> None:
+def apply_path_rules(listing: Listing, include, exclude) -> None:
     """Mark entries left out by globs, default path rules and symlinks that leave the tree."""
     root_real = os.path.realpath(listing.root)
     for e in listing.entries:

@@ -11,7 +11,6 @@ import http.client
 import json
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -230,6 +229,8 @@ class ServerCounter:
         """Exact counts, `concurrency` requests in flight over keep-alive connections."""
         if len(texts) <= 1 or self.concurrency == 1:
             return [self._count_text(t) for t in texts]
+        from concurrent.futures import ThreadPoolExecutor  # only servers need threads
+
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="tokenize") as pool:
             return list(pool.map(self._count_text, texts))
 

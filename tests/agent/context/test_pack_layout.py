@@ -80,10 +80,10 @@ def test_file_sections_round_trip_whatever_the_content(repo):
 
 
 def test_fence_is_longer_than_any_line_opening_backtick_run():
-    assert fence_for("plain") == "```"
-    assert fence_for("```\n") == "````"
-    assert fence_for("x\n   `````` y\n") == "```````"
-    assert fence_for("inline ``````` not at line start\n") == "```"  # cannot close a fence
+    assert fence_for(b"plain") == "```"
+    assert fence_for(b"```\n") == "````"
+    assert fence_for(b"x\n   `````` y\n") == "```````"
+    assert fence_for(b"inline ``````` not at line start\n") == "```"  # cannot close a fence
 
 
 def test_odd_file_names_are_quoted_unambiguously(repo, tmp_path):

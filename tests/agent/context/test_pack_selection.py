@@ -114,10 +114,11 @@ def test_multibyte_text_is_never_taken_for_binary():
     # A 3-byte character straddles byte 8192, where a naive probe would cut it.
     text = "a" * 8191 + "日本語のテキスト\n" * 50
     assert len("a" * 8191 + "日".encode()[:1].decode("latin-1")) == 8192
-    decoded, facts = decode(text.encode("utf-8"))
-    assert not facts.binary and decoded == text and facts.encoding == "utf-8"
+    content, facts = decode(text.encode("utf-8"))
+    assert not facts.binary and content == text.encode("utf-8") and facts.encoding == "utf-8"
+    assert facts.chars == len(text) and facts.extra == len(content) - len(text)
     emoji = ("✓ ok 🎉\n" * 3000).encode("utf-8")
-    assert decode(emoji)[0] is not None
+    assert decode(emoji)[0] == emoji
 
 
 def test_non_utf8_text_is_decoded_with_replacement_and_flagged(repo):
