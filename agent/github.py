@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agent.errors import GitError, UsageError
+from agent.errors import GitError
 
 PUBLIC_API = "https://api.github.com"
 PUBLIC_HOST = "github.com"
@@ -128,7 +128,7 @@ def parse_remote(url: str) -> RepoRef:
         name = parts[-1][:-4] if parts[-1].endswith(".git") else parts[-1]
         scheme = parsed.scheme if parsed.scheme in ("http", "https") else "https"
         return RepoRef(host, parts[-2], name, scheme)
-    raise UsageError(f"cannot tell the GitHub repository from remote URL '{url}': pass an issue URL instead")
+    raise GitError(f"the origin remote '{url}' is not a GitHub repository URL: pass the issue URL instead")
 
 
 def parse_issue_url(url: str) -> tuple[RepoRef, int] | None:

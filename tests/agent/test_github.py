@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from agent.errors import GitError, UsageError
+from agent.errors import GitError
 from agent.github import (
     GitHubClient,
     Issue,
@@ -236,8 +236,9 @@ def test_parse_remote(url, expected):
 
 
 def test_parse_remote_rejects_local_paths():
-    with pytest.raises(UsageError, match="cannot tell the GitHub repository"):
+    with pytest.raises(GitError, match="is not a GitHub repository URL") as e:
         parse_remote("/srv/git/widgets.git")
+    assert e.value.exit_code == 5
 
 
 def test_issue_urls_and_api_bases():
