@@ -120,15 +120,15 @@ class TestRunner(Tool):
         elif result.exit_code == EXIT_USAGE:
             what = base["target"] or "the suite"
             summary.problem = (
-                f"{args.framework} could not run {what} (test file or id not found, or not a test file):\n"
-                f"{output_tail(result.stdout, result.stderr)}"
+                f"{args.framework} could not start on {what} (usage error: e.g. a test path or id that does not "
+                f"exist, or a conftest.py that fails to import):\n{output_tail(result.stdout, result.stderr)}"
             )
         elif summary.total == 0 and summary.problem is None:
             tail = output_tail(result.stdout, result.stderr)
             summary.problem = (
                 f"no tests were collected{' from ' + base['target'] if base['target'] else ''}:\n{tail}"
                 if result.exit_code in (0, EXIT_NO_TESTS)
-                else f"the test run failed before running tests (exit code {result.exit_code}):\n{tail}"
+                else f"the test run ended without a test report (exit code {result.exit_code}):\n{tail}"
             )
         summary.exit_code = result.exit_code
         summary.timed_out = result.timed_out

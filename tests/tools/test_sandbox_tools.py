@@ -189,7 +189,7 @@ def test_test_runner_reports_missing_file_no_tests_and_collection_errors(sb, too
         assert (missing.ok, missing.error_kind) == (False, "execution"), framework
         assert "not found" in missing.data["problem"] and "test_nope.py" in missing.data["problem"]
     not_tests = call(sb, tools, "test_runner", test_file="README.md")
-    assert not not_tests.ok and "could not run README.md" in not_tests.data["problem"]
+    assert not not_tests.ok and "could not start on README.md" in not_tests.data["problem"]
     assert "generated xml file" not in not_tests.output
     sb.write_file("lib/helpers.py", "X = 1\n")
     for framework in ("pytest", "unittest"):
@@ -199,6 +199,17 @@ def test_test_runner_reports_missing_file_no_tests_and_collection_errors(sb, too
     broken = call(sb, tools, "test_runner", test_file="tests")
     assert not broken.ok and broken.data["errors"] == 1 and broken.data["passed"] == 1
     assert "tests/test_broken.py" in broken.data["problem"] and "not_a_module" in broken.output
+
+
+def test_test_runner_explains_runs_that_end_without_a_report(sb, tools):
+    sb.write_file("tests/conftest.py", "raise RuntimeError('conftest is broken')\n")
+    r = call(sb, tools, "test_runner", test_file="tests/test_calc.py")
+    assert (r.ok, r.data["exit_code"]) == (False, 4)
+    assert "could not start" in r.data["problem"] and "conftest is broken" in r.data["problem"]
+    sb.write_file("utests/test_exit.py", "import os\nos._exit(3)\n")
+    r = call(sb, tools, "test_runner", test_file="utests/test_exit.py", framework="unittest")
+    assert (r.ok, r.data["exit_code"]) == (False, 3)
+    assert "ended without a test report (exit code 3)" in r.data["problem"]
 
 
 def test_test_runner_timeout(sb, tools):
