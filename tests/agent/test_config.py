@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from agent.config import Settings, display_rows, load_settings, mask
 from agent.errors import UsageError
+from tests.agent.test_fix_sources import cli_main  # noqa: F401 - the in-process CLI fixture
 
 
 def write(path: Path, text: str) -> Path:
@@ -120,35 +120,10 @@ def test_secrets_are_masked_in_display_rows(tmp_path):
     assert mask("") == "" and mask("abc") == "****"
 
 
-@pytest.fixture
-def config_cli(monkeypatch, capsys):
-    """`m3-agent config ...` through the console entry point, in this process: (exit code, stdout, stderr)."""
-    from agent.cli import main
-
-    for name in list(os.environ):
-        if name.upper().startswith("M3_AGENT_") or name in ("GITHUB_TOKEN", "GH_TOKEN"):
-            monkeypatch.delenv(name)
-
-    def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-        capsys.readouterr()
-        with monkeypatch.context() as m:
-            for k, v in (env or {}).items():
-                m.setenv(k, v)
-            try:
-                main(["config", *args])
-                code = 0
-            except SystemExit as e:
-                code = e.code or 0
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
-def test_config_show_prints_values_sources_and_masks_secrets(tmp_path, config_cli):
+def test_config_show_prints_values_sources_and_masks_secrets(tmp_path, cli_main):
     write(tmp_path / "m3-agent.toml", "max_turns = 7\n")
     token = "ghp_secretsecretsecret1234"
-    code, out, err = config_cli("show", "--repo", str(tmp_path), "--json",
+    code, out, err = cli_main("config", "show", "--repo", str(tmp_path), "--json",
                                 env={"GITHUB_TOKEN": token, "M3_AGENT_THINKING": "enabled"})
     assert code == 0, err
     assert token not in out
@@ -157,16 +132,16 @@ def test_config_show_prints_values_sources_and_masks_secrets(tmp_path, config_cl
     assert shown["thinking"]["source"] == "env M3_AGENT_THINKING"
     assert shown["github_token"]["value"] == "****1234"
 
-    code, out, err = config_cli("show", "--repo", str(tmp_path), env={"GITHUB_TOKEN": token})
+    code, out, err = cli_main("config", "show", "--repo", str(tmp_path), env={"GITHUB_TOKEN": token})
     assert code == 0, err
     assert token not in out
     line = next(ln for ln in out.splitlines() if "max_turns" in ln)
     assert "7" in line and "m3-agent.toml" in line
 
 
-def test_config_show_bad_file_is_a_one_line_usage_error(tmp_path, config_cli):
+def test_config_show_bad_file_is_a_one_line_usage_error(tmp_path, cli_main):
     write(tmp_path / "m3-agent.toml", "nonsense = 1\n")
-    code, _, err = config_cli("show", "--repo", str(tmp_path))
+    code, _, err = cli_main("config", "show", "--repo", str(tmp_path))
     assert code == 2
     assert "unknown setting 'nonsense'" in err
     assert "Traceback" not in err

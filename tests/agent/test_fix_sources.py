@@ -146,25 +146,37 @@ def run_fix_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def fix_cli(monkeypatch, capsys):
-    """Run the console entry point (`agent.cli.main`) in this process: (exit code, stdout, stderr)."""
+def cli_main(monkeypatch, capsys):
+    """Run the console entry point (`agent.cli.main`) in this process: (exit code, stdout, stderr).
+
+    M3_AGENT_* and GitHub token variables from outside are removed; `env` adds some for one call.
+    """
     from agent.cli import main
 
     for name in list(os.environ):
         if name.upper().startswith("M3_AGENT_") or name in ("GITHUB_TOKEN", "GH_TOKEN"):
             monkeypatch.delenv(name)
 
-    def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    def run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
         capsys.readouterr()
         with monkeypatch.context() as m:
             for k, v in (env or {}).items():
                 m.setenv(k, v)
-            with pytest.raises(SystemExit) as e:
-                main(["fix", *args])
+            try:
+                main(list(argv))
+                code = 0
+            except SystemExit as e:
+                code = e.code or 0
         out, err = capsys.readouterr()
-        return e.value.code, out, err
+        return code, out, err
 
     return run
+
+
+@pytest.fixture
+def fix_cli(cli_main):
+    """`m3-agent fix ARGS` in this process: (exit code, stdout, stderr)."""
+    return lambda *args, env=None: cli_main("fix", *args, env=env)
 
 
 def assert_one_line_error(result: tuple[int, str, str], code: int, text: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from agent.context import PackCache, TokenizerJsonCounter, cache_dir, pack_repository
+from agent.context.cache import CACHE_FILE
 
 
 class RecordingCounter:
@@ -36,7 +37,7 @@ def test_counts_are_cached_by_blob_and_counter(repo, tokenizer_json, private_cac
     first = RecordingCounter(TokenizerJsonCounter(tokenizer_json))
     pack1 = pack_repository(root, counter=first)
     assert sorted(first.counted()) == sorted(FILES.values())
-    assert (private_cache / "pack-cache.sqlite3").is_file()
+    assert (private_cache / CACHE_FILE).is_file()
 
     again = RecordingCounter(TokenizerJsonCounter(tokenizer_json))
     pack2 = pack_repository(root, counter=again)
@@ -76,12 +77,12 @@ def test_cache_can_be_switched_off(repo, tokenizer_json, private_cache):
     pack_repository(root, counter=rec, cache=False)
     pack_repository(root, counter=rec, cache=False)
     assert len(rec.counted()) == 2 * len(FILES)
-    assert not (private_cache / "pack-cache.sqlite3").exists()
+    assert not (private_cache / CACHE_FILE).exists()
 
 
 def test_a_corrupt_cache_file_is_ignored(repo, private_cache):
     root = repo(FILES)
-    (private_cache / "pack-cache.sqlite3").write_bytes(b"this is not a database" * 100)
+    (private_cache / CACHE_FILE).write_bytes(b"this is not a database" * 100)
     pack = pack_repository(root)
     assert [f.path for f in pack.files] == ["a.py", "b.py", "c/d.py"]
 
