@@ -14,11 +14,11 @@ from pathlib import Path
 
 from agent.context.selection import Facts
 
-CACHE_FILE = "pack-cache.sqlite3"
+CACHE_FILE = "pack-cache-v2.sqlite3"  # the version changes with the tables
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS facts (
     blob TEXT PRIMARY KEY, size INTEGER, binary INTEGER, encoding TEXT, chars INTEGER, extra INTEGER,
-    lines INTEGER, final_newline INTEGER, generated INTEGER, defs TEXT
+    lines INTEGER, final_newline INTEGER, generated INTEGER, defs TEXT, terms TEXT
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counts (
     counter TEXT, blob TEXT, tokens INTEGER, PRIMARY KEY (counter, blob)
@@ -82,19 +82,19 @@ class PackCache:
     def get_facts(self, blobs: list[str]) -> dict[str, Facts]:
         """Known facts of these blobs."""
         rows = self._select(
-            "SELECT blob, size, binary, encoding, chars, extra, lines, final_newline, generated, defs "
+            "SELECT blob, size, binary, encoding, chars, extra, lines, final_newline, generated, defs, terms "
             "FROM facts WHERE blob IN ({marks})", blobs)
         return {
             r[0]: Facts(size=r[1], binary=bool(r[2]), encoding=r[3], chars=r[4], extra=r[5], lines=r[6],
-                        final_newline=bool(r[7]), generated=bool(r[8]), defs=r[9])
+                        final_newline=bool(r[7]), generated=bool(r[8]), defs=r[9], terms=r[10])
             for r in rows
         }
 
     def put_facts(self, items: dict[str, Facts]) -> None:
         """Store facts (replacing older ones of the same blobs)."""
         rows = [(b, f.size, int(f.binary), f.encoding, f.chars, f.extra, f.lines, int(f.final_newline),
-                 int(f.generated), f.defs) for b, f in items.items()]
-        self._write("INSERT OR REPLACE INTO facts VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+                 int(f.generated), f.defs, f.terms) for b, f in items.items()]
+        self._write("INSERT OR REPLACE INTO facts VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
 
     def get_counts(self, counter_id: str, blobs: list[str]) -> dict[str, int]:
         """Known token counts of these blobs under one counter."""

@@ -26,6 +26,7 @@ from agent.context.selection import (
     definitions,
     list_files,
     read_bytes,
+    subword_terms,
 )
 from agent.context.tokens import EstimateCounter, TokenCounter, text_shape
 from agent.errors import UsageError
@@ -343,8 +344,14 @@ def _count_exact(entries: list[Entry], counter: TokenCounter, store: PackCache |
 
 
 def _section_cost(e: Entry, estimate: EstimateCounter) -> int:
-    """Tokens of a file's section around its text: heading, fences, language tag."""
-    return estimate.count(layout.section_head(e)) + estimate.count("````" + layout.language(e.path) + "\n\n````\n\n")
+    """Planned tokens of a file's section around its text (heading, fences, language tag): the
+    estimate of a frame at least as long as the real one, without building it."""
+    path = e.path
+    chars = len(path) + 2 * len(path.rsplit("/", 1)[-1]) // 3 + 24  # heading, fences, language tag, quoting
+    if e.flags or (e.facts is not None and (e.facts.encoding != "utf-8" or not e.facts.final_newline)):
+        chars += 80
+    extra = 0 if path.isascii() else len(path.encode("utf-8", "surrogateescape")) - len(path)
+    return estimate.from_shape(chars, 2 * extra)
 
 
 def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
@@ -384,11 +391,13 @@ def _ensure_definitions(packable: list[Entry], listing: Listing, store: PackCach
                         data: dict[str, bytes] | None, max_file_bytes: int) -> None:
     """Fill in the names each code file defines (cached with its facts), for relevance."""
     for e in packable:
-        if e.facts.defs is not None:
+        if e.facts.defs is not None and e.facts.terms is not None:
             continue
         name = e.path.rsplit("/", 1)[-1]
         dot = name.rfind(".")
-        if dot <= 0 or name[dot:].lower() not in CODE_SUFFIXES:
+        if e.facts.defs is not None:
+            pass
+        elif dot <= 0 or name[dot:].lower() not in CODE_SUFFIXES:
             e.facts.defs = ""
         else:
             raw = data.get(e.path) if data else None
@@ -398,6 +407,7 @@ def _ensure_definitions(packable: list[Entry], listing: Listing, store: PackCach
                 except OSError:
                     raw = None
             e.facts.defs = definitions(e.path, raw) if raw else ""
+        e.facts.terms = subword_terms(e.facts.defs)
         new_facts[e.blob] = e.facts
 
 

@@ -32,6 +32,7 @@ _FRAME_RES = (
 _MODULE_RE = re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\b")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 _SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_PATH_SPLIT = re.compile(r"[/_.\-\s]+")
 _CODE_SPAN_RE = re.compile(r"`([^`\n]+)`")
 STOPWORDS = frozenset(
     "the and for with that this from have has had not but are was were when then than there their them they "
@@ -117,17 +118,19 @@ def rank(entries: list[Entry], issue: str | None) -> list[tuple[float, Entry]]:
 def _prior(e: Entry) -> float:
     """Without issue signals: source code before other files, shallow before deep; under one point."""
     path = e.path
-    name = path.rsplit("/", 1)[-1]
-    depth = path.count("/")
+    dirs, _, name = path.rpartition("/")
     score = 0.0
     dot = name.rfind(".")
     if dot > 0 and name[dot:].lower() in CODE_SUFFIXES:
         score += 0.5
-    if depth == 0 and name.lower().startswith(("readme", "contributing", "pyproject", "setup.", "package.json")):
-        score += 0.4
-    if any(p in ("test", "tests", "docs", "doc", "examples") for p in path.split("/")[:-1]):
+    if not dirs:
+        if name.lower().startswith(("readme", "contributing", "pyproject", "setup.", "package.json")):
+            score += 0.4
+        return score
+    wrapped = "/" + dirs + "/"
+    if "/test" in wrapped or "/docs/" in wrapped or "/doc/" in wrapped or "/examples/" in wrapped:
         score -= 0.2
-    return score - min(depth, 10) * 0.02
+    return score - min(path.count("/"), 10) * 0.02
 
 
 def _score_issue(entries: list[Entry], issue: str, scores: list[float]) -> None:
@@ -207,9 +210,10 @@ def _score_issue(entries: list[Entry], issue: str, scores: list[float]) -> None:
             stems[stem] = strong[i]
     if stems:
         for i, e in enumerate(entries):
-            parts = e.path.lower().split("/")
-            if not any("test" in p or "spec" in p for p in parts):
+            lower = e.path.lower()
+            if "test" not in lower and "spec" not in lower:
                 continue
+            parts = lower.split("/")
             base = parts[-1].split(".", 1)[0]
             for stem, s in stems.items():
                 low = stem.lower()
@@ -219,9 +223,9 @@ def _score_issue(entries: list[Entry], issue: str, scores: list[float]) -> None:
                     break
 
     # Neighbours of the top files: same directory.
-    top_dirs = {entries[i].path.rsplit("/", 1)[0] for i in top if "/" in entries[i].path}
+    top_dirs = {entries[i].path.rpartition("/")[0] for i in top}
     for i, e in enumerate(entries):
-        if "/" in e.path and e.path.rsplit("/", 1)[0] in top_dirs:
+        if e.path.rpartition("/")[0] in top_dirs:
             scores[i] += NEIGHBOUR_SCORE
 
     # Lexical similarity of the issue's words to each file's path and defined names.
@@ -231,10 +235,12 @@ def _score_issue(entries: list[Entry], issue: str, scores: list[float]) -> None:
     file_terms: list[set[str]] = []
     df: Counter[str] = Counter()
     for e in entries:
-        names = e.path if e.facts is None or not e.facts.defs else e.path + " " + e.facts.defs
-        terms = issue_terms.intersection(" ".join(_SUBWORD_RE.findall(names)).lower().split())
+        terms = issue_terms.intersection(_PATH_SPLIT.split(e.path.lower()))
+        if e.facts is not None and e.facts.terms:
+            terms.update(issue_terms.intersection(e.facts.terms.split()))
         file_terms.append(terms)
-        df.update(terms)
+        for t in terms:
+            df[t] += 1
     idf = {t: math.log(1 + n_files / df[t]) for t in df}
     norm = sum(idf.values()) or 1.0
     for i, terms in enumerate(file_terms):

@@ -86,6 +86,7 @@ class Facts:
     final_newline: bool = True
     generated: bool = False
     defs: str | None = None  # space-separated names the file defines; None = not computed yet
+    terms: str | None = None  # the lowercase words of those names (`bulk_create` -> bulk create)
 
 
 @dataclass(slots=True)
@@ -172,6 +173,14 @@ def decode(data: bytes) -> tuple[bytes | None, Facts]:
 def _has_marker(data: bytes) -> bool:
     head = data[:1024]
     return any(m in head for m in GENERATED_MARKERS)
+
+
+_SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+
+
+def subword_terms(names: str) -> str:
+    """The distinct lowercase words in identifiers (`QuerySet bulk_create` -> bulk create query set)."""
+    return " ".join(sorted(set(" ".join(_SUBWORD_RE.findall(names)).lower().split())))
 
 
 def definitions(path: str, data: bytes) -> str:
