@@ -1,15 +1,24 @@
-"""The host end of the exec server's pipe: an attached container socket, demultiplexed and framed.
+"""The host end of the exec server's pipe, framed (see `sandbox/server.py`).
 
-Docker sends a non-TTY container's output in frames of 8-byte headers (stream 1 stdout, 2 stderr,
-then a big-endian length). The server's answers arrive on stdout; its stderr is kept (bounded) to
-explain a crash. Requests go the other way as plain bytes on stdin. See `sandbox/server.py`.
+Two transports. Direct: a Unix socket this process listens on, shared read-only into the container;
+the server connects and proves itself with a one-time token, and frames then flow with no engine in
+between. Attach: the container's stdin/stdout through the engine, where Docker wraps a non-TTY
+container's output in frames of 8-byte headers (stream 1 stdout, 2 stderr, then a big-endian length).
+The attach stream is always open: the server's stderr on it (kept, bounded) explains a crash, and
+its closing is how a killed host lets the container die.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import select
+import shutil
 import socket
 import struct
+import tempfile
+import time
 from collections.abc import Iterable
 
 RECV = 1 << 20
@@ -20,18 +29,90 @@ class ChannelClosed(Exception):
     """The server's end is gone (container stopped, crashed, or the socket timed out)."""
 
 
-class Channel:
-    """Framed requests and answers over an attached container socket."""
+MOUNT_POINT = "/run/m3-agent"
 
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._raw = bytearray()  # undemultiplexed bytes from the socket
-        self._out = bytearray()  # the server's stdout, demultiplexed
+
+class SharedSocket:
+    """A listening Unix socket in a fresh private directory, to be bind-mounted read-only at MOUNT_POINT."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="m3-agent-")
+        os.chmod(self.dir, 0o711)  # the container user may traverse it, nobody may list it
+        self.path = os.path.join(self.dir, "s")
+        self.token = secrets.token_hex(16)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        os.chmod(self.path, 0o666)  # any uid inside may connect; the token tells ours from others
+        self.listener.listen(4)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the server needs to find and prove itself."""
+        return {"M3_AGENT_SOCKET": f"{MOUNT_POINT}/s", "M3_AGENT_TOKEN": self.token}
+
+    def close(self) -> None:
+        """Stop listening and remove the socket and its directory (a connected socket lives on)."""
+        self.listener.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Channel:
+    """Framed requests and answers with the server, over the shared socket or the attach stream."""
+
+    def __init__(self, attach: socket.socket, direct: socket.socket | None = None) -> None:
+        self._attach = attach
+        self._sock = direct or attach
+        self._direct = direct is not None
+        self._raw = bytearray()  # undemultiplexed bytes from the attach stream
+        self._out = bytearray()  # the server's answers, not yet consumed
         self._diag = bytearray()  # the server's stderr, last DIAG_MAX bytes
+
+    @property
+    def transport(self) -> str:
+        """"direct" (shared Unix socket) or "attach" (the engine's stream)."""
+        return "direct" if self._direct else "attach"
+
+    @classmethod
+    def establish(cls, attach: socket.socket, shared: SharedSocket | None, timeout: float) -> Channel:
+        """Wait for the server's first word: a token on the shared socket, or a hello on the attach stream."""
+        stdio = cls(attach)
+        deadline = time.monotonic() + timeout
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                watch = [attach] + ([shared.listener] if shared else [])
+                ready, _, _ = select.select(watch, [], [], left)
+                if shared is not None and shared.listener in ready:
+                    conn, _ = shared.listener.accept()
+                    direct = cls(attach, conn)
+                    try:
+                        header, _ = direct.receive(timeout=5)
+                    except (ChannelClosed, ValueError):
+                        header = {}
+                    if header.get("token") == shared.token:
+                        return direct
+                    conn.close()  # not our server
+                if attach in ready:
+                    stdio._pump()
+                    if len(stdio._out) >= 4:
+                        header, _ = stdio.receive(timeout=left)
+                        if header.get("hello") == "stdio":
+                            return stdio
+                        raise ChannelClosed(f"unexpected first answer from the sandbox: {header}")
+        finally:
+            if shared is not None:
+                shared.close()
+        raise ChannelClosed(f"the sandbox server did not start within {timeout:.0f} s")
 
     @property
     def diagnostics(self) -> str:
         """The tail of what the server wrote to stderr (a traceback when it crashed)."""
+        if self._direct:  # the attach stream is not read in direct mode: take what is there now
+            try:
+                self._attach.settimeout(0.2)
+                while self._drain_attach():
+                    pass
+            except OSError:
+                pass
         return self._diag.decode(errors="replace").strip()
 
     def send(self, header: dict, chunks: Iterable[bytes] | None = None) -> None:
@@ -55,12 +136,13 @@ class Channel:
         return header, data
 
     def close(self) -> None:
-        """Close the socket; the server sees end of input and exits, which stops the container."""
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        """Close both sockets; the server sees end of input and exits, which stops the container."""
+        for sock in {self._sock, self._attach}:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
 
     def _frame(self) -> bytes:
         (n,) = struct.unpack(">I", self._take(4))
@@ -74,15 +156,26 @@ class Channel:
         return data
 
     def _pump(self) -> None:
-        """Read from the socket once and move complete Docker frames to stdout / stderr buffers."""
+        """Read from the socket once: answers straight from the shared socket, or demultiplexed."""
         try:
-            chunk = self._sock.recv(RECV)
+            if self._direct:
+                chunk = self._sock.recv(RECV)
+                if chunk:
+                    self._out += chunk
+                    return
+            elif self._drain_attach():
+                return
         except socket.timeout:
             raise ChannelClosed("the sandbox stopped answering (timed out)") from None
         except OSError as e:
             raise ChannelClosed(f"cannot read from the sandbox: {e}") from None
+        raise ChannelClosed("the sandbox closed its output (the container stopped)")
+
+    def _drain_attach(self) -> bool:
+        """One read of the attach stream, split into stdout (answers) and stderr; False at its end."""
+        chunk = self._attach.recv(RECV)
         if not chunk:
-            raise ChannelClosed("the sandbox closed its output (the container stopped)")
+            return False
         self._raw += chunk
         raw = self._raw
         pos = 0
@@ -98,3 +191,4 @@ class Channel:
                 self._out += payload
             pos += 8 + size
         del raw[:pos]
+        return True

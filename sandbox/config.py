@@ -35,6 +35,9 @@ class SandboxConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every command")
     labels: dict[str, str] = Field(default_factory=dict, description="extra container labels")
     start_timeout: float = Field(60.0, gt=0)
+    transport: Literal["auto", "attach"] = Field(
+        "auto", description="auto: a Unix socket shared read-only with the container when the engine is local "
+        "(fastest); attach: always the engine's attach stream")
 
     @field_validator("memory", "workspace_size", "tmp_size")
     @classmethod

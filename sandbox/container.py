@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ import docker.errors
 
 from agent.errors import SandboxUnavailable
 from sandbox import cleanup, server
-from sandbox.channel import Channel, ChannelClosed
+from sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, SharedSocket
 from sandbox.config import ExecResult, SandboxConfig
 from sandbox.engine import docker_client, image_exists, remove_container
 
@@ -125,26 +126,32 @@ class Sandbox:
 
     def _create_and_attach(self, client: docker.DockerClient) -> None:
         cfg = self.config
+        shared = SharedSocket() if cfg.transport == "auto" and _engine_is_local(client) else None
         try:
             self.id = client.api.create_container(
                 cfg.image,
                 command=["python3", "-c", SERVER_SOURCE],
                 user=cfg.user,
                 working_dir=WORKSPACE,
-                environment={**BASE_ENV, **cfg.env},
+                environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {})},
                 labels={**cfg.labels, **cleanup.owner_labels()},
                 stdin_open=True,
                 detach=False,
-                host_config=client.api.create_host_config(**self._host_config()),
+                host_config=client.api.create_host_config(**self._host_config(shared)),
             )["Id"]
             cleanup.track(self)
             sock = client.api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-            self._channel = Channel(getattr(sock, "_sock", sock))
             client.api.start(self.id)
+            self._channel = Channel.establish(getattr(sock, "_sock", sock), shared, cfg.start_timeout)
         except docker.errors.APIError as e:
             raise SandboxUnavailable(f"cannot start the sandbox container: {e.explanation or e}") from None
+        except ChannelClosed as e:
+            raise SandboxUnavailable(f"the sandbox did not come up: {e}") from None
+        finally:
+            if shared is not None:
+                shared.close()
 
-    def _host_config(self) -> dict:
+    def _host_config(self, shared: SharedSocket | None) -> dict:
         cfg = self.config
         tmpfs = {
             "/tmp": f"rw,exec,nosuid,nodev,size={cfg.tmp_size},mode=1777",
@@ -156,6 +163,8 @@ class Sandbox:
                                 f"gid={self._gid()},mode=0755")
         else:
             binds[str(self.repo.resolve())] = {"bind": WORKSPACE, "mode": "rw"}
+        if shared is not None:
+            binds[shared.dir] = {"bind": MOUNT_POINT, "mode": "ro"}
         return dict(
             network_mode=cfg.network,
             cap_drop=["ALL"],
@@ -344,3 +353,8 @@ class _TarStream:
         self._proc.wait()
         self._proc.stdout.close()
         self._proc.stderr.close()
+
+
+def _engine_is_local(client: docker.DockerClient) -> bool:
+    """True when the engine listens on a Unix socket of this machine, so a host directory can be shared."""
+    return client.api.base_url == "http+docker://localhost" and os.name == "posix"

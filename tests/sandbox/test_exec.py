@@ -12,11 +12,20 @@ from sandbox import ExecResult, Sandbox, SandboxConfig
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture
-def sb(no_leftovers, git_repo):
+@pytest.fixture(params=["auto", "attach"])
+def sb(request, no_leftovers, git_repo):
+    """A sandbox over each transport: the shared socket (auto, local engine) and the engine's attach stream."""
     repo = git_repo({"pkg/__init__.py": "", "pkg/mod.py": "X = 1\n", "README.md": "hello\n"})
-    with Sandbox(SandboxConfig(image=no_leftovers), repo=repo) as box:
+    with Sandbox(SandboxConfig(image=no_leftovers, transport=request.param), repo=repo) as box:
+        assert box._channel.transport == ("direct" if request.param == "auto" else "attach")
         yield box
+
+
+def test_the_shared_socket_is_gone_once_the_server_is_connected(sb):
+    r = sb.exec("env | grep -c M3_AGENT_; ls -A /run/m3-agent 2>/dev/null | wc -l")
+    assert r.stdout.split() == ["0", "0"]  # no token in commands' env, nothing left to connect to
+    code = "import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/m3-agent/s')"
+    assert sb.exec(f'python3 -c "{code}"').exit_code != 0
 
 
 def test_stdout_stderr_and_exit_code_are_separate(sb):
