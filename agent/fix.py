@@ -532,7 +532,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def fix_command(
     issue_arg: Optional[str] = typer.Argument(
-        None, metavar="[ISSUE]", help="Issue number (origin's GitHub repo), owner/repo#N, issue URL, file, or text."
+        None, metavar="ISSUE", help="Issue number (origin's GitHub repo), owner/repo#N, issue URL, file, or text."
     ),
     issue: Optional[str] = typer.Option(None, "--issue", "-i", help="The issue, as ISSUE (instead of the argument)."),
     repo: Path = typer.Option(Path("."), "--repo", "-C", help="The repository to fix."),
