@@ -248,7 +248,7 @@ class PeerWorker:
     def __init__(self, python: Path, base_url: str, tmp: Path) -> None:
         env = {**os.environ, "MSWEA_SILENT_STARTUP": "1", "MSWEA_COST_TRACKING": "ignore_errors",
                "MSWEA_GLOBAL_CONFIG_DIR": str(tmp / "mswea-config"), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-               "LITELLM_LOG": "ERROR"}
+               "LITELLM_LOG": "ERROR", "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1"}  # fail fast, not in ~4 min
         self.stderr = (tmp / "peer-stderr.log").open("w")
         self.proc = subprocess.Popen([str(python), "-c", PEER_WORKER, base_url, MODEL, SUBMIT_SENTINEL],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
@@ -264,7 +264,9 @@ class PeerWorker:
                 result = json.loads(line[len("RESULT "):])
                 break
         else:
-            raise SystemExit(f"the mini-swe-agent worker died; see {self.stderr.name}")
+            self.stderr.flush()
+            tail = Path(self.stderr.name).read_text()[-1500:]
+            raise SystemExit(f"the mini-swe-agent worker died:\n{tail}")
         if "error" in result:
             raise SystemExit(f"mini-swe-agent session failed:\n{result['error']}")
         if result["status"] != "Submitted" or result["turns"] != turns:
