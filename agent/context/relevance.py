@@ -87,7 +87,7 @@ class _Index:
         return [i for i in self.by_name.get(name, []) if self.paths[i] == path or self.paths[i].endswith("/" + path)]
 
 
-STRONG = 15.0  # a score from the issue's own words: ranked by score alone, whatever the file's size
+STRONG = 28.0  # the issue names the file, or a name only it defines: ranked by score alone, whatever its size
 GENERIC_STEMS = frozenset({"__init__", "models", "base", "utils", "util", "helpers", "common", "index", "main",
                            "tests", "test", "conftest", "types", "core", "api", "mod", "lib"})
 
@@ -95,9 +95,9 @@ GENERIC_STEMS = frozenset({"__init__", "models", "base", "utils", "util", "helpe
 def rank(entries: list[Entry], issue: str | None) -> list[tuple[float, Entry]]:
     """Entries best first, with their scores.
 
-    Files the issue points at come first, by score. The rest are ordered by value per token (weak
-    lexical signals and the prior over the log of the size), so a budget packs many useful files
-    rather than a few large ones; ties go to the path.
+    Files the issue names come first, by score. The rest are ordered by value per token (their
+    score and prior over the log of the size), so a budget packs many useful files rather than a
+    few large ones; ties go to the path.
     """
     scores = [0.0] * len(entries)
     if issue:
@@ -192,7 +192,7 @@ def _score_issue(entries: list[Entry], issue: str, scores: list[float]) -> None:
         weight = 1.0 if (_code_like(word) or word in spans) else 0.35
         idf = math.log(1 + n_files / len(hits)) / math.log(1 + n_files)
         for i in hits:
-            def_score[i] += DEF_SCORE * weight * idf
+            def_score[i] += DEF_SCORE * weight * idf * idf  # squared: a name many files define says little
     for i, s in def_score.items():
         add(i, min(DEF_CAP, s))
 
