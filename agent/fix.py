@@ -345,12 +345,16 @@ def fix_issue(
         images_sent=images_sent, notices=notices, run=run, patch=run.patch,
     )
     if run.patch.strip():
-        commit = gitwork.commit_patch(root, base_tree=tree, parent=base_commit, patch=run.patch,
-                                      message=commit_message(the_issue, run))
-        result.commit = commit
-        result.branch = gitwork.create_branch(root, settings.branch_prefix + the_issue.key, commit)
-        result.patch_path = out_dir / (result.branch.rsplit("/", 1)[-1] + ".patch")
+        branch = gitwork.free_branch_name(root, settings.branch_prefix + the_issue.key)
+        # The .patch file first: should the commit fail, the agent's work is still on disk.
+        result.patch_path = out_dir / (branch.rsplit("/", 1)[-1] + ".patch")
         result.patch_path.write_text(run.patch if run.patch.endswith("\n") else run.patch + "\n", encoding="utf-8")
+        try:
+            result.commit = gitwork.commit_patch(root, base_tree=tree, parent=base_commit, patch=run.patch,
+                                                 message=commit_message(the_issue, run))
+        except GitError as e:
+            raise GitError(f"{e}; the patch is kept at {result.patch_path}") from None
+        result.branch = gitwork.create_branch(root, branch, result.commit)
         if apply:
             gitwork.apply_to_worktree(root, run.patch, expected_tree=tree if include else None)
             result.applied = True

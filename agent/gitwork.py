@@ -194,14 +194,20 @@ def commit_patch(root: Path, *, base_tree: str, parent: str, patch: str, message
         patch_file.unlink(missing_ok=True)
 
 
-def create_branch(root: Path, name: str, commit: str) -> str:
-    """Create branch `name` at `commit` without checking it out; `name-2`, `name-3`... if it exists."""
+def free_branch_name(root: Path, name: str) -> str:
+    """`name` if no branch has it, else the first free `name-2`, `name-3`, ..."""
     if not _git_ok(root, "check-ref-format", "--branch", name):
         raise UsageError(f"'{name}' is not a valid branch name (check branch_prefix)")
     candidate, n = name, 1
     while _git_ok(root, "rev-parse", "--verify", "--quiet", f"refs/heads/{candidate}"):
         n += 1
         candidate = f"{name}-{n}"
+    return candidate
+
+
+def create_branch(root: Path, name: str, commit: str) -> str:
+    """Create a branch at `commit` without checking it out, named `free_branch_name(name)`; return its name."""
+    candidate = free_branch_name(root, name)
     git(root, "branch", candidate, commit)
     return candidate
 

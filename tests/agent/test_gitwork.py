@@ -198,3 +198,15 @@ def test_output_dir_is_excluded_from_status_once(repo):
     gitwork.exclude_from_status(repo, out)
     assert sh(repo, "status", "--porcelain") == ""
     assert (repo / ".git" / "info" / "exclude").read_text().count("/.m3-agent/") == 1
+
+
+def test_binary_patch_becomes_a_commit(repo, tmp_path):
+    head = sh(repo, "rev-parse", "HEAD").strip()
+    copy = gitwork.export_tree(repo, gitwork.tree_of(repo, head), tmp_path / "copy")
+    (copy / "logo.bin").write_bytes(bytes(range(256)) * 4)
+    sh(copy, "add", "-A")
+    patch = sh(copy, "diff", "--cached", "--binary", "HEAD")
+    assert "GIT binary patch" in patch
+    commit = gitwork.commit_patch(repo, base_tree=gitwork.tree_of(repo, head), parent=head, patch=patch, message="bin")
+    blob = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:logo.bin"], capture_output=True, check=True).stdout
+    assert blob == bytes(range(256)) * 4
