@@ -96,8 +96,11 @@ def _default_output(kind: str, *parts: str) -> Path:
 
 
 def execute(tasks: list[Task], predictions, config: EvalConfig, *, workers: int, retry_errors: bool,
-            cost: CostModel, quiet: bool, json_out: bool) -> Report:
-    """Run, write the reports into the output directory, print the table (and the JSON summary)."""
+            cost: CostModel, quiet: bool, json_out: bool, all_tasks: list[Task] | None = None) -> Report:
+    """Run, write the reports into the output directory, print the table (and the JSON summary).
+
+    `all_tasks` (default: `tasks`) is what the report counts, so tasks left out show as incomplete.
+    """
     console = Console(stderr=json_out)
     _require_image(config.sandbox.image)
     config.output_dir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +113,7 @@ def execute(tasks: list[Task], predictions, config: EvalConfig, *, workers: int,
     meta = {"wall_s": wall, "workers": workers, "model_name": config.model_name, "cost": cost.model_dump(),
             "instances": len(tasks)}
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-    report = build_report(results, tasks=tasks, cost=cost, run_wall_s=wall)
+    report = build_report(results, tasks=all_tasks or tasks, cost=cost, run_wall_s=wall)
     paths = write_reports(report, config.output_dir)
     if not quiet:
         print_table(report, console)
@@ -143,10 +146,17 @@ def grade_command(
     """Grade existing predictions: resolved = every FAIL_TO_PASS and PASS_TO_PASS test passes."""
     task_list = load_tasks(tasks, instance_ids=_ids(instance_ids))
     preds = load_predictions(predictions, task_list)
+    # As SWE-bench does: only instances with a prediction are graded; the others count as incomplete.
+    predicted = [t for t in task_list if t.instance_id in preds]
+    if not predicted:
+        raise UsageError(f"no prediction in {predictions} names a task of {tasks}: check the instance_id values")
+    strays = len(set(preds) - {t.instance_id for t in task_list})
+    if strays and not quiet:
+        Console(stderr=True).print(f"m3-agent: {strays} prediction(s) name no task here and are ignored")
     config = EvalConfig(output_dir=output or _default_output("grade", tasks, predictions), repos=repos,
                         sandbox=_sandbox(image), test_timeout=test_timeout, instance_timeout=instance_timeout)
-    execute(task_list, preds, config, workers=workers, retry_errors=retry_errors, cost=CostModel(), quiet=quiet,
-            json_out=json_out)
+    execute(predicted, preds, config, workers=workers, retry_errors=retry_errors, cost=CostModel(), quiet=quiet,
+            json_out=json_out, all_tasks=task_list)
 
 
 @app.command("run")

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from agent.standin import StandinServer
-from evals.tasks import builtin_standin_script
+from evals.tasks import builtin_standin_script, builtin_task
 
 
 def m3(*args: str, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -45,14 +45,20 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
 @pytest.mark.docker
 def test_grade_json_ends_with_the_summary_and_report_renders_it(tmp_path, sandbox_image):
     out = tmp_path / "out"
-    r = m3("eval", "grade", "--tasks", "builtin", "--predictions", "gold", "-i", "m3-agent__roman-1,m3-agent__lru-1",
+    preds = tmp_path / "preds.jsonl"  # SWE-bench's format; one stray id, and no prediction for chunks
+    rows = [{"instance_id": f"m3-agent__{n}-1", "model_name_or_path": "gold", "model_patch": builtin_task(n).patch}
+            for n in ("roman", "lru")] + [{"instance_id": "other__repo-9", "model_patch": ""}]
+    preds.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    r = m3("eval", "grade", "--tasks", "builtin", "--predictions", str(preds),
+           "-i", "m3-agent__roman-1,m3-agent__lru-1", "-i", "m3-agent__chunks-1",
            "--workers", "2", "--output", str(out), "--json")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary["total_instances"] == 2 and summary["resolved_instances"] == 2
+    assert summary["total_instances"] == 3 and summary["resolved_instances"] == 2
     assert sorted(summary["resolved_ids"]) == ["m3-agent__lru-1", "m3-agent__roman-1"]
+    assert summary["incomplete_ids"] == ["m3-agent__chunks-1"]
     assert summary["unresolved_ids"] == [] and summary["error_ids"] == []
-    assert "resolved" in r.stderr  # the table and progress went to stderr
+    assert "1 prediction(s) name no task" in r.stderr and "resolved" in r.stderr  # progress and table on stderr
 
     r = m3("eval", "report", str(out), "--format", "md")
     assert r.returncode == 0 and r.stdout.startswith("# m3-agent eval report")
