@@ -67,7 +67,7 @@ class Issue(BaseModel):
 
     @property
     def reference(self) -> str:
-        """How a commit message refers to this issue: `#12`, `owner/repo#12`, or the file/text label."""
+        """How progress and notices name this issue: `#12`, else its title (or key)."""
         if self.number is not None:
             return f"#{self.number}"
         return self.title or self.key
@@ -128,7 +128,8 @@ def parse_remote(url: str) -> RepoRef:
         name = parts[-1][:-4] if parts[-1].endswith(".git") else parts[-1]
         scheme = parsed.scheme if parsed.scheme in ("http", "https") else "https"
         return RepoRef(host, parts[-2], name, scheme)
-    raise GitError(f"the origin remote '{url}' is not a GitHub repository URL: pass the issue URL instead")
+    shown = re.sub(r"//[^/@]*@", "//", url)  # never print credentials embedded in the URL
+    raise GitError(f"the origin remote '{shown}' is not a GitHub repository URL: pass the issue URL instead")
 
 
 def parse_issue_url(url: str) -> tuple[RepoRef, int] | None:

@@ -157,6 +157,9 @@ def test_missing_issue_is_a_git_error_with_the_issue_named(github):
     with pytest.raises(GitError, match=r"issue #99 not found in acme/widgets \(if the repository is private") as e:
         GitHubClient(github.api).get_issue("acme", "widgets", 99)
     assert e.value.exit_code == 5
+    with pytest.raises(GitError) as e:
+        parse_remote("https://user:s3cret@example.com/only-one-part")
+    assert "s3cret" not in str(e.value)
 
 
 def test_rate_limit_says_when_it_resets(github):
