@@ -234,17 +234,6 @@ def content_reason(path: str, facts: Facts, max_file_bytes: int, forced: bool) -
     return None
 
 
-def _git(root: Path, *args: str) -> bytes:
-    try:
-        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=False)
-    except FileNotFoundError as e:
-        raise GitError("git is not installed: install git to pack a git repository") from e
-    if proc.returncode != 0:
-        msg = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise GitError(f"git {' '.join(args[:2])} failed in {root}: {msg[0] if msg else proc.returncode}")
-    return proc.stdout
-
-
 def _in_git_work_tree(root: Path) -> bool:
     try:
         proc = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
@@ -259,13 +248,30 @@ def _in_git_work_tree(root: Path) -> bool:
     return False
 
 
+def _git_many(root: Path, *commands: tuple[str, ...]) -> list[tuple[int, bytes, bytes]]:
+    """Run git commands side by side (the listing's four calls overlap): (returncode, stdout, stderr) each."""
+    try:
+        procs = [subprocess.Popen(["git", "-C", str(root), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for args in commands]
+    except FileNotFoundError as e:
+        raise GitError("git is not installed: install git to pack a git repository") from e
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate()
+        out.append((p.returncode, stdout, stderr))
+    return out
+
+
 def _list_git(root: Path) -> Listing:
-    staged = _git(root, "ls-files", "-z", "-s")
-    untracked = _git(root, "ls-files", "-z", "-o", "--exclude-standard")
-    changed = {os.fsdecode(p) for p in _git(root, "diff-files", "-z", "--name-only").split(b"\0") if p}
-    head_proc = subprocess.run(["git", "-C", str(root), "rev-parse", "-q", "--verify", "HEAD"],
-                               capture_output=True, check=False)
-    head = head_proc.stdout.decode().strip() or None if head_proc.returncode == 0 else None
+    results = _git_many(root, ("ls-files", "-z", "-s"), ("ls-files", "-z", "-o", "--exclude-standard"),
+                        ("diff-files", "-z", "--name-only"), ("rev-parse", "-q", "--verify", "HEAD"))
+    for (code, _, err), what in zip(results[:3], ("ls-files", "ls-files --others", "diff-files")):
+        if code != 0:
+            msg = err.decode(errors="replace").strip().splitlines()
+            raise GitError(f"git {what} failed in {root}: {msg[0] if msg else code}")
+    staged, untracked, changed_raw = (r[1] for r in results[:3])
+    changed = {os.fsdecode(p) for p in changed_raw.split(b"\0") if p}
+    head = results[3][1].decode().strip() or None if results[3][0] == 0 else None
     entries: dict[str, Entry] = {}
     for record in staged.split(b"\0"):
         if not record:
