@@ -55,10 +55,13 @@ def ensure_peer() -> tuple[Path | None, str]:
     CACHE.mkdir(parents=True, exist_ok=True)
     if not (PEER_VENV / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
-    r = subprocess.run([str(PEER_VENV / "bin" / "python"), "-m", "pip", "install", "-q", "vllm"],
-                       capture_output=True, text=True)
+    pip = [str(PEER_VENV / "bin" / "python"), "-m", "pip"]
+    r = subprocess.run([*pip, "install", "-q", "vllm"], capture_output=True, text=True)
     if r.returncode != 0 or not exe.exists():
         return None, f"pip install vllm failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
+    # Their native ops are built against another torch than the one resolved here and fail on import;
+    # the benchmark client never uses them, and transformers skips them when absent.
+    subprocess.run([*pip, "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], capture_output=True)
     return exe, ""
 
 

@@ -122,27 +122,34 @@ async def _one(client: openai.AsyncOpenAI, cfg: LoadConfig, prompt: str) -> _Sam
     last = start
     chunks = 0
     try:
-        stream = await client.chat.completions.create(
+        # Raw SSE lines, parsed with json: building the SDK's chunk models costs more CPU than the
+        # stream itself and would inflate TTFT and ITL under load.
+        async with client.chat.completions.with_streaming_response.create(
             model=cfg.model, messages=[{"role": "user", "content": prompt}], max_tokens=cfg.output_len,
             stream=True, stream_options={"include_usage": True}, temperature=0.0,
             extra_body={"ignore_eos": True},  # vLLM: generate exactly output_len tokens, as its bench does
-        )
-        async for chunk in stream:
-            now = time.perf_counter()
-            if chunk.usage:
-                s.input_tokens = chunk.usage.prompt_tokens or 0
-                s.output_tokens = chunk.usage.completion_tokens or 0
-            for choice in chunk.choices:
-                d = choice.delta
-                piece = d.content or getattr(d, "reasoning", None) or getattr(d, "reasoning_content", None)
-                if piece or d.tool_calls:
-                    chunks += 1
-                    if s.ttft is None:
-                        s.ttft = now - start
-                    else:
-                        s.itl.append(now - last)
-                    last = now
-    except (openai.OpenAIError, OSError) as e:
+        ) as response:
+            async for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter()
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    s.input_tokens = chunk["usage"].get("prompt_tokens") or 0
+                    s.output_tokens = chunk["usage"].get("completion_tokens") or 0
+                for choice in chunk.get("choices") or ():
+                    d = choice.get("delta") or {}
+                    if d.get("content") or d.get("reasoning") or d.get("reasoning_content") or d.get("tool_calls"):
+                        chunks += 1
+                        if s.ttft is None:
+                            s.ttft = now - start
+                        else:
+                            s.itl.append(now - last)
+                        last = now
+    except (openai.OpenAIError, OSError, ValueError) as e:
         s.error = f"{type(e).__name__}: {e}"[:300]
     s.latency = time.perf_counter() - start
     if not s.error and s.ttft is None:
