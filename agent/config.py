@@ -14,6 +14,7 @@ Precedence, lowest to highest:
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -85,7 +86,8 @@ class Settings(BaseSettings):
     agent: dict[str, Any] = Field(default_factory=dict, description="extra AgentConfig fields (advanced)")
 
 
-SECRET_FIELDS = frozenset(name for name, f in Settings.model_fields.items() if "SecretStr" in str(f.annotation))
+# Table-valued settings: their environment variable holds JSON.
+JSON_FIELDS = frozenset({"agent"})
 
 
 def _normalise_keys(table: dict[str, Any], where: str) -> dict[str, Any]:
@@ -107,27 +109,30 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise UsageError(f"cannot read config file {path}: {e}") from e
 
 
-def find_config_file(root: Path) -> tuple[Path, str] | None:
-    """The config file that applies to `root`, with its label: `m3-agent.toml`, else pyproject's table."""
-    own = root / CONFIG_FILE
-    if own.is_file():
-        return own, CONFIG_FILE
-    pyproject = root / "pyproject.toml"
-    if pyproject.is_file():
-        tool = _read_toml(pyproject).get("tool", {})
-        if isinstance(tool, dict) and "m3-agent" in tool:
-            return pyproject, f"pyproject.toml ({PYPROJECT_TABLE})"
-    return None
+def read_config_file(root: Path, explicit: Path | str | None = None) -> tuple[dict[str, Any], str] | None:
+    """The file layer for `root` and its label: `explicit`, else `m3-agent.toml`, else pyproject's table.
 
-
-def read_config_file(path: Path, label: str | None = None) -> dict[str, Any]:
-    """The settings table of one config file (`m3-agent.toml` or a pyproject.toml), keys normalised."""
-    data = _read_toml(path)
-    if path.name == "pyproject.toml":
-        data = data.get("tool", {}).get("m3-agent", {})
-        if not isinstance(data, dict):
-            raise UsageError(f"{path}: {PYPROJECT_TABLE} must be a table")
-    return _normalise_keys(data, label or str(path))
+    None when no file applies. Keys are normalised (`max-turns` -> `max_turns`) and checked.
+    """
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise UsageError(f"config file not found: {path}")
+        data, label = _read_toml(path), str(path)
+        if path.name == "pyproject.toml":
+            data = data.get("tool", {}).get("m3-agent", {})
+    elif (root / CONFIG_FILE).is_file():
+        data, label = _read_toml(root / CONFIG_FILE), CONFIG_FILE
+    elif (root / "pyproject.toml").is_file():
+        tool = _read_toml(root / "pyproject.toml").get("tool", {})
+        if not isinstance(tool, dict) or "m3-agent" not in tool:
+            return None
+        data, label = tool["m3-agent"], f"pyproject.toml ({PYPROJECT_TABLE})"
+    else:
+        return None
+    if not isinstance(data, dict):
+        raise UsageError(f"{label}: {PYPROJECT_TABLE} must be a table")
+    return _normalise_keys(data, label), label
 
 
 def read_env(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[str, tuple[Any, str]]:
@@ -138,7 +143,13 @@ def read_env(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[s
     for name in Settings.model_fields:
         var = ENV_PREFIX + name.upper()
         if var in upper and upper[var][1] != "":
-            found[name] = (upper[var][1], f"env {upper[var][0]}")
+            given, value = upper[var]
+            if name in JSON_FIELDS:
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError as e:
+                    raise UsageError(f"env {given}: not JSON ({e.msg}): give a JSON object") from None
+            found[name] = (value, f"env {given}")
     if "github_token" not in found:
         for var in GITHUB_TOKEN_ENVS:
             if env.get(var):
@@ -162,17 +173,10 @@ def load_settings(
     """
     env = os.environ if environ is None else environ
     layered: dict[str, tuple[Any, str]] = {}
-    explicit = config_file or env.get(ENV_PREFIX + "CONFIG")
-    if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise UsageError(f"config file not found: {path}")
-        found: tuple[Path, str] | None = (path, str(path))
-    else:
-        found = find_config_file(Path(root))
-    if found:
-        path, label = found
-        layered.update({k: (v, label) for k, v in read_config_file(path, label).items()})
+    file_layer = read_config_file(Path(root), config_file or env.get(ENV_PREFIX + "CONFIG"))
+    if file_layer:
+        table, label = file_layer
+        layered.update({k: (v, label) for k, v in table.items()})
     layered.update(read_env(env))
     for name, value in (flags or {}).items():
         if name not in Settings.model_fields:
@@ -186,7 +190,7 @@ def load_settings(
         first = e.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "?"
         where = layered.get(field, (None, "default"))[1]
-        raise UsageError(f"{where}: {field}: {first['msg']}") from e
+        raise UsageError(f"{where}: {field}: {first['msg']}") from None
     sources = {name: layered[name][1] if name in layered else "default" for name in Settings.model_fields}
     return settings, sources
 

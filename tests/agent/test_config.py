@@ -9,7 +9,7 @@ import pytest
 
 from agent.config import Settings, display_rows, load_settings, mask
 from agent.errors import UsageError
-from tests.agent.test_fix_sources import cli_main  # noqa: F401 - the in-process CLI fixture
+from tests.agent.test_fix_sources import cli_main  # noqa: F401, F811 - the in-process CLI fixture
 
 
 def write(path: Path, text: str) -> Path:
@@ -145,3 +145,19 @@ def test_config_show_bad_file_is_a_one_line_usage_error(tmp_path, cli_main):
     assert code == 2
     assert "unknown setting 'nonsense'" in err
     assert "Traceback" not in err
+
+
+def test_table_setting_from_the_environment_is_json(tmp_path):
+    settings, sources = load_settings(tmp_path, environ={"M3_AGENT_AGENT": '{"max_tokens": 512, "stall": {"monologue": 4}}'})
+    assert settings.agent == {"max_tokens": 512, "stall": {"monologue": 4}}
+    assert sources["agent"] == "env M3_AGENT_AGENT"
+    with pytest.raises(UsageError, match="env M3_AGENT_AGENT: not JSON"):
+        load_settings(tmp_path, environ={"M3_AGENT_AGENT": "max_tokens=512"})
+
+
+def test_explicit_pyproject_reads_its_table(tmp_path):
+    other = tmp_path / "shared"
+    other.mkdir()
+    write(other / "pyproject.toml", "[tool.m3-agent]\nmax_turns = 4\n")
+    settings, sources = load_settings(tmp_path, config_file=other / "pyproject.toml", environ={})
+    assert settings.max_turns == 4 and sources["max_turns"] == str(other / "pyproject.toml")

@@ -22,7 +22,7 @@ import docker
 import pytest
 
 from agent.standin import StandinServer
-from tests.agent.test_fix_sources import cli_main, fix_cli  # noqa: F401 - the in-process CLI fixtures
+from tests.agent.test_fix_sources import cli_main, fix_cli  # noqa: F401, F811 - the in-process CLI fixtures
 from tests.agent.test_github import PNG, FakeGitHub
 
 pytestmark = pytest.mark.docker
