@@ -192,14 +192,14 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
     candidates = [e for e in entries if e.reason is None]
     known = store.get_facts([e.blob for e in candidates if e.blob]) if store else {}
     new_facts = {}
-    data: dict[str, bytes] | None = {} if budget is not None else None  # raw bytes kept for relevance only
+    raw: dict[str, bytes] | None = {} if budget is not None else None  # file bytes kept for relevance only
     dirty = False
     for e in candidates:
         facts = known.get(e.blob) if e.blob else None
         if facts is not None:
             e.facts, e.size = facts, facts.size
         else:
-            _load(listing, e, max_file_bytes, data)
+            _load(listing, e, max_file_bytes, raw)
             if e.facts is not None:
                 new_facts[e.blob] = e.facts
         if e.reason is None and e.facts is not None:
@@ -221,47 +221,18 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
     if budget is not None:
         t = time.perf_counter()
         chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
-                                listing, store, new_facts, data, max_file_bytes)
+                                listing, store, new_facts, raw, max_file_bytes)
         timings["fit_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    _count_exact(chosen, counter, store, listing, max_file_bytes)
-    for e in chosen:
-        if e.content is None:
-            _load(listing, e, max_file_bytes)
-    data, tokens = _render(chosen, left_out, entries, head_text, tree_text, counter)
-    while budget is not None and tokens > budget:
-        if not chosen:
-            raise UsageError(f"a budget of {budget} tokens cannot hold even the header and tree of this "
-                             f"repository ({tokens} tokens): raise --budget or exclude paths")
-        chosen, left_out = _trim(chosen, left_out, tokens - budget, counter)
-        data, tokens = _render(chosen, left_out, entries, head_text, tree_text, counter)
-    generous = True
-    for _ in range(TOP_UP_ROUNDS):
-        # The plan is cautious (per-file counts add up to more than the whole): fill what is left,
-        # first counting on the footer's list of left-out files to shrink, then without.
-        if budget is None or not left_out:
-            break
-        slack = budget - tokens
-        if generous:  # a try only: the exact count of the grown text decides
-            slack += _footer_saving(chosen, left_out, entries, counter) + max(16, slack // 50)
-        more = _top_up(left_out, slack, counter)
-        if not more:
-            break
-        _count_exact(more, counter, store, listing, max_file_bytes)
-        for e in more:
-            if e.content is None:
-                _load(listing, e, max_file_bytes)
-        added = {id(e) for e in more}
-        grown = sorted(chosen + more, key=lambda e: layout.sort_key(e.path))
-        rest = [e for e in left_out if id(e) not in added]
-        grown_data, grown_tokens = _render(grown, rest, entries, head_text, tree_text, counter)
-        if grown_tokens > budget:
-            if not generous:
-                break
-            generous = False
-            continue
-        chosen, left_out, data, tokens = grown, rest, grown_data, grown_tokens
+    _prepare(chosen, counter, store, listing, max_file_bytes)
+    data, tokens = _render(chosen, left_out, entries=entries, head_text=head_text, tree_text=tree_text,
+                           counter=counter)
+    if budget is not None:
+        render = functools.partial(_render, entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
+        chosen, left_out, data, tokens = _fit_exactly(
+            chosen, left_out, data, tokens, budget, len(entries), counter, render,
+            lambda more: _prepare(more, counter, store, listing, max_file_bytes))
     timings["render_s"] = time.perf_counter() - t
 
     if store is not None and new_facts:
@@ -269,14 +240,59 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
     chosen_ids = {id(e) for e in chosen}
     # One validation call per list (in pydantic-core) is several times faster than a model per row.
     files_adapter, skipped_adapter = _adapters()
-    files = files_adapter.validate_python([{"path": e.path, "tokens": e.tokens or 0, "bytes": e.size or 0, "flags": _flags(e)}
-                                    for e in entries if id(e) in chosen_ids])
+    files = files_adapter.validate_python(
+        [{"path": e.path, "tokens": e.tokens or 0, "bytes": e.size or 0, "flags": _flags(e)}
+         for e in entries if id(e) in chosen_ids])
     left_ids = {id(e) for e in left_out}
-    skipped = skipped_adapter.validate_python([{"path": e.path, "reason": "budget" if id(e) in left_ids else e.reason or "unknown",
-                                         "detail": e.detail} for e in entries if id(e) not in chosen_ids])
+    skipped = skipped_adapter.validate_python(
+        [{"path": e.path, "reason": "budget" if id(e) in left_ids else e.reason or "unknown", "detail": e.detail}
+         for e in entries if id(e) not in chosen_ids])
     timings["total_s"] = time.perf_counter() - t0
     return Pack.from_data(data, files=files, skipped=skipped, tokens=tokens, counter_kind=counter.kind,
                           budget=budget, head=listing.head, total_files=len(entries), timings=timings)
+
+
+def _prepare(entries: list[Entry], counter: TokenCounter, store: PackCache | None, listing: Listing,
+             max_file_bytes: int) -> None:
+    """Make chosen files ready to render: exact counts and contents."""
+    _count_exact(entries, counter, store, listing, max_file_bytes)
+    for e in entries:
+        if e.content is None:
+            _load(listing, e, max_file_bytes)
+
+
+def _fit_exactly(chosen: list[Entry], left_out: list[Entry], data: bytes, tokens: int, budget: int, total: int,
+                 counter: TokenCounter, render, prepare) -> tuple[list[Entry], list[Entry], bytes, int]:
+    """Hold the plan to the exact count of the text: drop the least relevant files while over the
+    budget, then fill the slack a cautious plan leaves with the most relevant of the rest."""
+    while tokens > budget:
+        if not chosen:
+            raise UsageError(f"a budget of {budget} tokens cannot hold even the header and tree of this "
+                             f"repository ({tokens} tokens): raise --budget or exclude paths")
+        chosen, left_out = _trim(chosen, left_out, tokens - budget, counter)
+        data, tokens = render(chosen, left_out)
+    generous = True  # first count on the footer's list of left-out files to shrink too, then not
+    for _ in range(TOP_UP_ROUNDS):
+        if not left_out:
+            break
+        slack = budget - tokens
+        if generous:  # a try only: the exact count of the grown text decides
+            slack += _footer_saving(chosen, left_out, total, counter) + max(16, slack // 50)
+        more = _top_up(left_out, slack, counter)
+        if not more:
+            break
+        prepare(more)
+        added = {id(e) for e in more}
+        grown = sorted(chosen + more, key=lambda e: layout.sort_key(e.path))
+        rest = [e for e in left_out if id(e) not in added]
+        grown_data, grown_tokens = render(grown, rest)
+        if grown_tokens > budget:
+            if not generous:
+                break
+            generous = False
+            continue
+        chosen, left_out, data, tokens = grown, rest, grown_data, grown_tokens
+    return chosen, left_out, data, tokens
 
 
 def _tree_for_budget(entries: list[Entry], head_text: str, tree_text: str, budget: int, counter: TokenCounter) -> str:
@@ -411,7 +427,7 @@ def _ensure_definitions(packable: list[Entry], listing: Listing, store: PackCach
         new_facts[e.blob] = e.facts
 
 
-def _render(chosen: list[Entry], left_out: list[Entry], entries: list[Entry], head_text: str, tree_text: str,
+def _render(chosen: list[Entry], left_out: list[Entry], *, entries: list[Entry], head_text: str, tree_text: str,
             counter: TokenCounter) -> tuple[bytes, int]:
     """The pack bytes and their token count."""
     foot = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out)
@@ -426,11 +442,11 @@ def _render(chosen: list[Entry], left_out: list[Entry], entries: list[Entry], he
     return data, counter.count(data.decode("utf-8"))
 
 
-def _footer_saving(chosen: list[Entry], left_out: list[Entry], entries: list[Entry], counter: TokenCounter) -> int:
+def _footer_saving(chosen: list[Entry], left_out: list[Entry], total: int, counter: TokenCounter) -> int:
     """Tokens the footer's list of left-out files costs now (it goes when they all fit)."""
     estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
-    now = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out)
-    return max(0, estimate.count(now) - estimate.count(layout.footer(packed=len(entries), total=len(entries), budget_left=[])))
+    now = layout.footer(packed=len(chosen), total=total, budget_left=left_out)
+    return max(0, estimate.count(now) - estimate.count(layout.footer(packed=total, total=total, budget_left=[])))
 
 
 def _top_up(left_out: list[Entry], slack: int, counter: TokenCounter) -> list[Entry]:
