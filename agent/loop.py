@@ -126,6 +126,8 @@ class Agent:
         self.callbacks = list(callbacks or [])
 
     def _emit(self, kind: str, turn: int, **data: Any) -> None:
+        if not self.callbacks:
+            return
         event = AgentEvent(kind=kind, turn=turn, data=data)
         for cb in self.callbacks:
             cb(event)

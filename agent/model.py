@@ -12,6 +12,7 @@ import time
 from typing import Any, Literal
 
 import openai
+from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, Field
 from tenacity import (
     RetryError,
@@ -261,20 +262,22 @@ class ModelClient:
         extra_body: dict[str, Any] = {"top_k": c.top_k}
         if thinking_mode is not None:
             extra_body["chat_template_kwargs"] = {"thinking_mode": thinking_mode}
-        kwargs: dict[str, Any] = dict(
-            model=self.model,
-            messages=messages,
-            temperature=c.temperature,
-            top_p=c.top_p,
-            max_tokens=max_tokens or c.max_tokens,
-            extra_body=extra_body,
-        )
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": c.temperature,
+            "top_p": c.top_p,
+            "max_tokens": max_tokens or c.max_tokens,
+            **extra_body,
+        }
         if tools:
-            kwargs["tools"] = tools
-            kwargs["tool_choice"] = "auto"
+            body["tools"] = tools
+            body["tool_choice"] = "auto"
 
         def send():
-            resp = self._client.chat.completions.create(**kwargs)
+            # Posted as-is: create() re-validates the whole growing history on every turn (most of the
+            # loop's own overhead); the SDK's HTTP client, error types and timeouts still apply.
+            resp = self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
             if not resp.choices:
                 raise _EmptyReply("the server returned no choices")
             return resp
