@@ -35,10 +35,11 @@ def _ranked_paths(root, issue):
     entries = []
     for f in pack.files:
         text = (root / f.path).read_text()
-        from agent.context.selection import definitions
+        from agent.context.selection import definitions, subword_terms
 
-        entries.append(Entry(f.path, tokens=f.tokens, facts=Facts(size=f.bytes, binary=False,
-                                                                  defs=definitions(f.path, text.encode()))))
+        defs = definitions(f.path, text.encode())
+        entries.append(Entry(f.path, tokens=f.tokens, facts=Facts(size=f.bytes, binary=False, defs=defs,
+                                                                  terms=subword_terms(defs))))
     return [e.path for _, e in rank(entries, issue)]
 
 
@@ -178,3 +179,9 @@ def test_a_small_budget_gets_a_shortened_tree_instead_of_an_error(repo):
     assert "not listed: tree shortened to fit the budget" in pack.text
     assert "app/area_2/part_3/leaf_4.py" in {f.path for f in pack.files}
     assert len(pack.files) + len(pack.skipped) == len(files) + 1  # every file still accounted for
+
+
+def test_relevance_uses_lexical_similarity_when_nothing_is_named(repo):
+    root = repo(PROJECT | {"shop/refunds.py": "def compute_refund_rounding(amount):\n    return round(amount, 2)\n"})
+    ranked = _ranked_paths(root, "When a customer gets money back the refund rounding is off by a cent")
+    assert ranked[0] == "shop/refunds.py"
