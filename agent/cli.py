@@ -53,10 +53,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv)  # standalone: usage errors exit 2, --help exits 0
     except KeyboardInterrupt:
-        err_console.print("m3-agent: interrupted: trajectory and results kept")
+        err_console.print("m3-agent: interrupted: trajectory and results kept", markup=False, soft_wrap=True)
         sys.exit(130)
     except M3AgentError as e:
-        err_console.print(f"m3-agent: error: {e}")
+        err_console.print(f"m3-agent: error: {e}", markup=False, soft_wrap=True)
         sys.exit(e.exit_code)
 
 

@@ -63,7 +63,7 @@ class AgentConfig(ModelConfig):
 
 
 class AgentEvent(BaseModel):
-    """What an embedding program sees: kind is turn, tool_call, tool_result, stall or finish."""
+    """What an embedding program sees: kind is turn, reply (with usage), tool_call, tool_result, stall or finish."""
 
     kind: str
     turn: int
@@ -279,6 +279,9 @@ class _Run:
                 self.result.timings.model_s += time.monotonic() - t
             break
         self.result.usage.add(reply.usage)
+        self.agent._emit("reply", turn, finish_reason=reply.finish_reason, tool_calls=len(reply.tool_calls),
+                         usage=reply.usage.model_dump(), total_usage=self.result.usage.model_dump(),
+                         cache_hit_share=round(self.result.usage.cache_hit_share, 4))
         self.traj.write("reply", turn=turn, content=reply.content, reasoning=reply.reasoning,
                         tool_calls=[c.model_dump() for c in reply.tool_calls], finish_reason=reply.finish_reason,
                         usage=reply.usage.model_dump(), latency_s=round(reply.latency_s, 4), attempts=reply.attempts)

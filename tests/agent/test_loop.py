@@ -66,6 +66,8 @@ def test_scripted_fix_is_submitted_with_a_patch(git_repo, tmp_path):
     assert requests[0]["tool_choice"] == "auto"
     kinds = [e.kind for e in events]
     assert kinds[0] == "turn" and kinds[-1] == "finish" and "tool_call" in kinds and "tool_result" in kinds
+    replies = [e for e in events if e.kind == "reply"]
+    assert len(replies) == 4 and replies[-1].data["total_usage"] == result.usage.model_dump()
     assert [e["kind"] for e in traj][0] == "run_start" and traj[-1]["kind"] == "finish"
     assert traj[-1]["status"] == "submitted"
 
