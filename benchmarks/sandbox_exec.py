@@ -9,7 +9,7 @@ In one run, against the same image on the same engine:
   docker SDK      `container.exec_run` (one exec API round trip per command)
 on a trivial command and on a command printing 1 MB. The three are measured in interleaved rounds so
 that load from other processes on the machine hits them alike. `ready_s` is the median time to
-create + start a sandbox with a 40 MB git repository copied in.
+create + start a sandbox with a 40 MB git repository (working tree + .git) copied in.
 
 The last line of output is one JSON object: ours_ms, mini_swe_agent_ms, docker_exec_ms (medians of
 the trivial command, ms), ratio_vs_mini, ready_s, and the 1 MB figures.
@@ -82,28 +82,31 @@ def mini_python() -> Path:
 
 
 def make_repo(size_mb: int = 40) -> Path:
-    """A deterministic git repository of `size_mb` MB of Python-like source, made once."""
+    """A deterministic git repository of Python-like source, `size_mb` MB on disk with its .git, made once."""
     repo = cache_dir() / f"repo-{size_mb}mb"
     if (repo / ".git").is_dir():
         return repo
     rng = random.Random(7)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz_") for _ in range(rng.randint(2, 10)))
              for _ in range(5000)]
-    total, i = 0, 0
-    while total < size_mb * 1_000_000:
-        d = repo / f"pkg{i % 40}" / f"sub{i % 7}"
-        d.mkdir(parents=True, exist_ok=True)
-        lines = ["    " + " = ".join(rng.choice(words) for _ in range(4)) for _ in range(rng.randint(150, 1200))]
-        text = "\n".join(lines) + "\n"
-        (d / f"mod{i}.py").write_text(text)
-        total += len(text)
-        i += 1
     env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.com",
            "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.com"}
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
-    subprocess.run(["git", "-C", str(repo), "commit", "-qm", "bench"], check=True, env=env)
+    i = 0
+    while dir_bytes(repo) < size_mb * 1_000_000:
+        for _ in range(100):  # a batch of files, committed, then measured again (with .git)
+            d = repo / f"pkg{i % 40}" / f"sub{i % 7}"
+            d.mkdir(parents=True, exist_ok=True)
+            lines = ["    " + " = ".join(rng.choice(words) for _ in range(4)) for _ in range(rng.randint(150, 1200))]
+            (d / f"mod{i}.py").write_text("\n".join(lines) + "\n")
+            i += 1
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+        subprocess.run(["git", "-C", str(repo), "commit", "-qm", f"batch {i}"], check=True, env=env)
     return repo
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def worker_answer(proc: subprocess.Popen) -> dict:
@@ -138,7 +141,7 @@ def main() -> None:
 
     image = build_image(DEFAULT_IMAGE)
     repo = make_repo(40)
-    repo_bytes = sum(f.stat().st_size for f in repo.rglob("*") if f.is_file())
+    repo_bytes = dir_bytes(repo)
     py = mini_python()
 
     client = docker.from_env()

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandbox.image import DEFAULT_IMAGE
 
-_SIZE = re.compile(r"^\d+[kmg]?$", re.IGNORECASE)
+_SIZE = re.compile(r"^\d+([kmg]b?)?$", re.IGNORECASE)
 
 
 class SandboxConfig(BaseModel):

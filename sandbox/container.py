@@ -130,7 +130,7 @@ class Sandbox:
         try:
             self.id = client.api.create_container(
                 cfg.image,
-                command=["python3", "-c", SERVER_SOURCE],
+                command=["python3", "-I", "-S", "-c", SERVER_SOURCE],  # -I -S: no site, no PYTHON* env: quick
                 user=cfg.user,
                 working_dir=WORKSPACE,
                 environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {})},

@@ -18,7 +18,9 @@ head + tail per stream, so memory stays bounded whatever the command prints.
 
 import json
 import os
+import re
 import selectors
+import shlex
 import signal
 import struct
 import subprocess
@@ -155,6 +157,71 @@ def shell():
     return "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
 
 
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+WARM_MAX = 8192  # bash's `read` takes a pipe a byte at a time: longer commands start a fresh shell
+
+
+class WarmShell:
+    """A shell started before its command is known, so no fork + exec sits on a command's critical path.
+
+    It waits on a pipe for two NUL-terminated strings, a prologue (cd, exports) and the command, then
+    evals them: the same bash, the same session of its own, just started earlier.
+    """
+
+    def __init__(self):
+        self.proc = None
+        self.fd = None
+
+    def prepare(self):
+        if self.proc is not None:
+            return
+        r, w = os.pipe()
+        script = ('IFS= read -r -d "" __m3_pre <&{0}; IFS= read -r -d "" __m3_cmd <&{0}; exec {0}<&-; '
+                  'eval "$__m3_pre"; unset __m3_pre; eval "$__m3_cmd"').format(r)
+        try:
+            self.proc = subprocess.Popen([shell(), "-c", script], cwd="/", stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(r,),
+                                         start_new_session=True)
+            self.fd = w
+        except OSError:
+            os.close(w)
+        finally:
+            os.close(r)
+
+    def take(self, cmd, cwd, env):
+        """The prepared shell, now running `cmd` in `cwd` with `env` added; None when it cannot serve."""
+        proc, fd = self.proc, self.fd
+        self.proc = self.fd = None
+        if proc is None:
+            return None
+        try:
+            if (len(cmd) <= WARM_MAX and "\0" not in cmd and all(NAME.match(k) for k in env)
+                    and proc.poll() is None):
+                pre = "cd -- %s || exit 1\n" % shlex.quote(cwd)
+                pre += "".join("export %s=%s\n" % (k, shlex.quote(v)) for k, v in env.items())
+                os.write(fd, (pre + "\0" + cmd + "\0").encode("utf-8", "surrogateescape"))
+                return proc
+        except (OSError, ValueError):
+            pass
+        finally:
+            os.close(fd)
+        discard(proc)
+        return None
+
+
+def discard(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+WARM = WarmShell()
+
+
 def resolve(path, cwd=WORKSPACE):
     return os.path.normpath(os.path.join(cwd, path))
 
@@ -168,13 +235,13 @@ def run(req):
         msg = ("m3-agent sandbox: no such directory: %s\n" % cwd).encode()
         return send({"exit_code": 1, "timed_out": False, "truncated": False, "stdout_len": 0,
                      "stderr_len": len(msg), "duration_s": 0.0}, msg)
-    env = dict(os.environ)
-    env.update(req.get("env") or {})
+    extra = req.get("env") or {}
     before = pids()
     try:
-        proc = subprocess.Popen([shell(), "-c", req["cmd"]], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    except OSError as e:  # e.g. the pids limit reached by a previous command's leftovers
+        proc = WARM.take(req["cmd"], cwd, extra) or subprocess.Popen(
+            [shell(), "-c", req["cmd"]], cwd=cwd, env=dict(os.environ, **extra), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except (OSError, ValueError) as e:  # the pids limit reached by leftovers; a NUL in the command
         msg = ("m3-agent sandbox: cannot start the command: %s\n" % e).encode()
         return send({"exit_code": 126, "timed_out": False, "truncated": False, "stdout_len": 0,
                      "stderr_len": len(msg), "duration_s": time.monotonic() - start}, msg)
@@ -342,6 +409,7 @@ def main():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed host socket is an error to handle, not a kill
     os.makedirs(os.environ.get("HOME") or "/tmp", exist_ok=True)
     connect()
+    WARM.prepare()
     while True:
         try:
             frame = read_frame()
@@ -355,6 +423,8 @@ def main():
             send({"ok": False, "error": "unknown op %r" % req.get("op")})
             continue
         op(req)
+        if op is run:
+            WARM.prepare()  # the answer is out: start the next command's shell while the host reads it
 
 
 if __name__ == "__main__":

@@ -127,3 +127,17 @@ def test_exec_is_fast(sb):
         sb.exec("true")
         times.append(time.perf_counter() - t)
     assert sorted(times)[10] < 0.025, f"median exec {sorted(times)[10] * 1000:.1f} ms"
+
+
+def test_long_commands_and_unusual_env_names_take_the_cold_path(sb):
+    r = sb.exec("echo " + "x" * 20_000 + " | wc -c")
+    assert r.stdout == "20001\n"
+    r = sb.exec("env | grep -c '^odd-name=1$'", env={"odd-name": "1"})
+    assert r.stdout == "1\n"
+
+
+def test_a_killed_spare_shell_does_not_break_the_next_command(sb):
+    sb.exec("(sleep 0.3; pkill -9 -f __m3_pre) >/dev/null 2>&1 &")
+    time.sleep(1.0)
+    assert sb.exec("echo still here").stdout == "still here\n"
+    assert sb.exec("echo and again").stdout == "and again\n"
