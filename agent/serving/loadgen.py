@@ -134,7 +134,7 @@ async def _one(client: openai.AsyncOpenAI, cfg: LoadConfig, prompt: str) -> _Sam
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    break
+                    continue  # read to the end of the body: the connection then goes back to the pool
                 now = time.perf_counter()
                 chunk = json.loads(data)
                 if chunk.get("usage"):
@@ -150,7 +150,8 @@ async def _one(client: openai.AsyncOpenAI, cfg: LoadConfig, prompt: str) -> _Sam
                             s.itl.append(now - last)
                         last = now
     except (openai.OpenAIError, OSError, ValueError) as e:
-        s.error = f"{type(e).__name__}: {e}"[:300]
+        cause = f" ({e.__cause__!r})" if e.__cause__ else ""
+        s.error = f"{type(e).__name__}: {e}{cause}"[:300]
     s.latency = time.perf_counter() - start
     if not s.error and s.ttft is None:
         s.error = "no token was streamed"
