@@ -30,6 +30,17 @@ def _main_error(capsys, *args: str) -> str:
     return "".join(err.strip().splitlines())  # the console wraps long lines at 80 columns in a pipe
 
 
+def _main_ok(capsys, *args: str) -> str:
+    """Run the CLI entry point in-process; return its stdout after checking exit code 0."""
+    from agent.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0, captured.err
+    return captured.out
+
+
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
     missing = tmp_path / "nope.json"
     assert _main_error(capsys, "eval", "grade", "--tasks", str(missing), "-p", "gold") == \
@@ -43,7 +54,7 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.docker
-def test_grade_json_ends_with_the_summary_and_report_renders_it(tmp_path, sandbox_image):
+def test_grade_json_ends_with_the_summary_and_report_renders_it(tmp_path, sandbox_image, capsys):
     out = tmp_path / "out"
     preds = tmp_path / "preds.jsonl"  # SWE-bench's format; one stray id, and no prediction for chunks
     rows = [{"instance_id": f"m3-agent__{n}-1", "model_name_or_path": "gold", "model_patch": builtin_task(n).patch}
@@ -60,12 +71,12 @@ def test_grade_json_ends_with_the_summary_and_report_renders_it(tmp_path, sandbo
     assert summary["unresolved_ids"] == [] and summary["error_ids"] == []
     assert "1 prediction(s) name no task" in r.stderr and "resolved" in r.stderr  # progress and table on stderr
 
-    r = m3("eval", "report", str(out), "--format", "md")
-    assert r.returncode == 0 and r.stdout.startswith("# m3-agent eval report")
-    r = m3("eval", "report", str(out), "--format", "html", "--out", str(tmp_path / "r.html"))
-    assert r.returncode == 0 and (tmp_path / "r.html").read_text().count("<svg") == 3
-    r = m3("eval", "report", str(out), "--format", "table")
-    assert r.returncode == 0 and "m3-agent__roman-1" in r.stdout
+    # In-process from here: the same entry point without another interpreter start.
+    assert _main_ok(capsys, "eval", "report", str(out), "--format", "md").startswith("# m3-agent eval report")
+    _main_ok(capsys, "eval", "report", str(out), "--format", "html", "--out", str(tmp_path / "r.html"))
+    assert (tmp_path / "r.html").read_text().count("<svg") == 3
+    table = _main_ok(capsys, "eval", "report", str(out), "--format", "table", "--tasks", "builtin")
+    assert "m3-agent__roman-1" in table and "2/10 (20.0%)" in table  # the whole suite counted: 8 never graded
     for name in ("results.jsonl", "predictions.jsonl", "summary.json", "report.html", "report.md", "run.json"):
         assert (out / name).is_file(), name
 
