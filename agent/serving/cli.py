@@ -12,8 +12,8 @@ from rich.console import Console
 from agent.errors import UsageError
 from agent.serving import launcher
 from agent.serving.bench import run_bench, table
-from agent.serving.endpoint import DEFAULT_TIMEOUT_S, prepare
-from agent.serving.gpus import detect_gpus, summary
+from agent.serving.endpoint import DEFAULT_TIMEOUT_S, plan_request, prepare
+from agent.serving.gpus import auto_profile, detect_gpus, summary
 from agent.serving.loadgen import LoadConfig
 from agent.serving.multinode import ray_tensor_parallel, replicas_behind_router
 from agent.serving.planner import BYTES_PER_PARAM, M3_PARAMS_B, PlanRequest, describe, gpu_memory_for, plan
@@ -73,9 +73,8 @@ def start_command(
     o = Overrides(model=model, served_model_name=served_model_name, port=port, host=host, max_model_len=max_model_len,
                   kv_cache_dtype=kv_cache_dtype, gpu_memory_utilization=gpu_memory_utilization,
                   tensor_parallel_size=tp, text_only=text_only, extra_args=extra_arg)
+    gpus = None
     if profile is None:
-        from agent.serving.gpus import auto_profile
-
         gpus = detect_gpus()
         profile = auto_profile(gpus)
         if profile is None:
@@ -88,7 +87,7 @@ def start_command(
     if nodes > 1 or replicas > 1:
         raise UsageError("--nodes and --replicas print multi-node commands: add --dry-run and run them per node")
     cmd = prepare(profile, engine=engine, runner=runner, overrides=o, check_gpus=not skip_gpu_check, force=force,
-                  progress=_progress)
+                  progress=_progress, gpus=gpus)
     _progress("command", cmd.shell())
     state = launcher.start(cmd, name=name, timeout_s=timeout, progress=_progress, host="127.0.0.1")
     out.print(f"ready: {state.base_url} (model {state.served_model_name}); logs: m3-agent serve logs --name {name}",
@@ -182,8 +181,6 @@ def plan_command(
     _check_choice(precision, tuple(BYTES_PER_PARAM), "--precision")
     req: dict = {}
     if profile:
-        from agent.serving.endpoint import plan_request
-
         p = get_profile(profile, engine)  # type: ignore[arg-type]
         cmd = build_command(p, "native", Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype,
                                                    text_only=text_only))

@@ -46,11 +46,11 @@ def preflight(profile: Profile, cmd: Command, gpus: list[GPU]) -> Plan:
 
 def prepare(profile_name: str, *, engine: Engine | None = None, runner: Runner = "native",
             overrides: Overrides | None = None, check_gpus: bool = True, force: bool = False,
-            progress: launcher.Progress | None = None) -> Command:
+            progress: launcher.Progress | None = None, gpus: list[GPU] | None = None) -> Command:
     """The command to launch for a profile on this machine, after the GPU and memory checks.
 
-    When the profile sets no window and the full 1M window does not fit, the largest window that
-    does is set (vLLM refuses to start when one full-length sequence cannot fit the KV cache).
+    `gpus` is what `detect_gpus()` found, when the caller already asked. When the profile sets no
+    window and the full 1M window does not fit, the largest window that does is set (vLLM refuses to start when one full-length sequence cannot fit the KV cache).
     """
     say = progress or (lambda phase, msg: None)
     profile = get_profile(profile_name, engine)
@@ -58,7 +58,7 @@ def prepare(profile_name: str, *, engine: Engine | None = None, runner: Runner =
     cmd = build_command(profile, runner, o)
     if not check_gpus:
         return cmd
-    gpus = detect_gpus()
+    gpus = detect_gpus() if gpus is None else gpus
     say("gpus", summary(gpus))
     try:
         p = preflight(profile, cmd, gpus)

@@ -121,3 +121,9 @@ def test_profiles_lists_every_profile_with_its_seed():
     res = _run("profiles")
     assert res.exit_code == 0
     assert "mi355x-mxfp4" in res.output and "seed 002" in res.output and "seed 000" in res.output
+
+
+def test_start_without_profile_picks_one_for_the_gpus_found(fake_nvidia_smi):
+    res = _run("start", "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "# h200-tp8 (vllm, native)" in res.output
