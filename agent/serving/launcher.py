@@ -268,8 +268,11 @@ def _launch_native(cmd: Command, log_path: Path) -> tuple[int, str | None]:
         log.write(f"$ {cmd.shell()}\n".encode())
         log.flush()
         # A new session makes the engine a process-group leader: stop ends the group, workers included.
-        proc = subprocess.Popen(cmd.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        try:
+            proc = subprocess.Popen(cmd.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)
+        except OSError as e:
+            raise EndpointError(f"cannot run {exe}: {e.strerror or e}") from None
     return proc.pid, _proc_started(proc.pid)
 
 

@@ -205,3 +205,9 @@ def test_logs_follow_ends_when_the_server_ends(fake_bin, cleanup_endpoints):
     launcher.stop(grace_s=5)
     out, _ = follower.communicate(timeout=20)
     assert follower.returncode == 0 and "Application startup complete" in out
+
+
+def test_an_engine_that_cannot_be_executed_is_an_endpoint_error(fake_bin):
+    (fake_bin / "vllm").write_text("#!/nonexistent/interpreter\n")  # executable, but exec fails
+    with pytest.raises(EndpointError, match="cannot run vllm"):
+        launcher.launch(_cmd(free_port()))
