@@ -28,6 +28,15 @@ from sandbox.engine import docker_client, image_exists, remove_container
 WORKSPACE = "/workspace"
 HOME = "/home/sandbox"
 SERVER_SOURCE = Path(server.__file__).read_text()
+# The server's source travels in its environment (popped at once), its argv[0] is a name of its own,
+# and no command line in the container says "python": `pkill -f python` in a command does not take
+# the sandbox down with it. -I -S: no site import and no PYTHON* variables, for a quick start.
+SERVER_COMMAND = ["bash", "-c", 'exec -a m3-agent-server "$M3_AGENT_PY" -I -S -c "$M3_AGENT_BOOT"']
+SERVER_ENV = {
+    "M3_AGENT_PY": "python3",
+    "M3_AGENT_BOOT": 'import os; exec(compile(os.environ.pop("M3_AGENT_SERVER"), "m3-agent-server", "exec"))',
+    "M3_AGENT_SERVER": SERVER_SOURCE,
+}
 ANSWER_MARGIN_S = 30.0  # how much longer than a command's timeout the host waits for the server's answer
 TAR_CHUNK = 1 << 20
 READ_AHEAD_CHUNKS = 64  # at most this many MiB of tar data wait in memory
@@ -130,10 +139,10 @@ class Sandbox:
         try:
             self.id = client.api.create_container(
                 cfg.image,
-                command=["python3", "-I", "-S", "-c", SERVER_SOURCE],  # -I -S: no site, no PYTHON* env: quick
+                command=SERVER_COMMAND,
                 user=cfg.user,
                 working_dir=WORKSPACE,
-                environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {})},
+                environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {}), **SERVER_ENV},
                 labels={**cfg.labels, **cleanup.owner_labels()},
                 stdin_open=True,
                 detach=False,

@@ -1,6 +1,7 @@
 """The exec server that runs INSIDE the container, as its main process (under the container's init).
 
-Standard library only, Python >= 3.8: the host sends this file's source as `python3 -c SOURCE`.
+Standard library only, Python >= 3.8: the host passes this file's source in the environment and
+starts `python3 -c` on it (see SERVER_COMMAND in container.py).
 It reads requests from stdin and answers on stdout, one at a time, so a command costs a fork and a
 pipe round trip instead of a `docker exec`.
 
@@ -371,11 +372,14 @@ def read_file(req):
 
 
 def harden():
-    """Non-dumpable: other processes of the same user cannot ptrace us or open /proc/<pid>/fd."""
+    """Non-dumpable: other processes of the same user cannot ptrace us or open /proc/<pid>/fd.
+    Renamed: a command killing processes by name does not hit us by accident."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        libc.prctl(15, b"m3-agent-server", 0, 0, 0)  # PR_SET_NAME = 15: `pkill python` does not match us
     except Exception:  # hardening is best effort: an image without ctypes still serves
         pass
 
@@ -387,6 +391,8 @@ OPS = {"exec": run, "put_tar": put_tar, "write": write_file, "read": read_file,
 def connect():
     """Use the host's socket when one is shared with us (fewer hops than the engine's attach stream);
     else stdin/stdout. The first answer says which: the host's token on the socket, a hello on stdout."""
+    for name in ("M3_AGENT_PY", "M3_AGENT_BOOT"):
+        os.environ.pop(name, None)  # how we were started: nothing a command needs
     path = os.environ.pop("M3_AGENT_SOCKET", "")
     token = os.environ.pop("M3_AGENT_TOKEN", "")  # popped: commands never see it
     if path:

@@ -83,7 +83,7 @@ def test_timeout_kills_the_whole_process_tree_and_the_sandbox_stays_usable(sb):
     assert r.stdout == "started\n"
     assert time.monotonic() - started < 5
     left = sb.exec("cat /proc/[0-9]*/comm")
-    assert left.exit_code == 0 and "python3" in left.stdout.split()  # the listing works: it shows the server
+    assert left.exit_code == 0 and "m3-agent-server" in left.stdout.split()  # the listing works
     assert "sleep" not in left.stdout.split(), "a sleep survived the timeout"
     assert sb.exec("echo alive").stdout == "alive\n"
 
@@ -141,3 +141,10 @@ def test_a_killed_spare_shell_does_not_break_the_next_command(sb):
     time.sleep(1.0)
     assert sb.exec("echo still here").stdout == "still here\n"
     assert sb.exec("echo and again").stdout == "and again\n"
+
+
+def test_killing_processes_by_name_does_not_take_the_sandbox_down(sb):
+    r = sb.exec("pkill -f pytho[n]; pkill python3; pkill -f pytes[t]; echo done")
+    assert r.stdout == "done\n"
+    assert sb.exec("echo alive").stdout == "alive\n"
+    assert sb.exec("env | grep -c '^M3_AGENT' || true").stdout == "0\n"
