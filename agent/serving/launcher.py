@@ -211,7 +211,7 @@ def tail(path: str | Path, lines: int = LOG_TAIL) -> list[str]:
 _CAUSES: list[tuple[str, str]] = [
     (r"No common block size|block.size.*mismatch",
      "KV block size: MSA needs --block-size 128 (vLLM) / --page-size 128 (SGLang)"),
-    (r"max_model_len.*larger than the maximum number of tokens|No available memory for the cache blocks"
+    (r"larger than the maximum number of tokens that can be stored in KV cache|No available memory for the cache blocks"
      r"|KV cache is needed|insufficient.*KV cache",
      "the KV cache cannot hold --max-model-len: lower it or add --kv-cache-dtype fp8 (see `m3-agent serve plan`)"),
     (r"out of memory|OutOfMemoryError|CUDA error: out of memory|HIP out of memory",

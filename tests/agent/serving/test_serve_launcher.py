@@ -211,3 +211,23 @@ def test_an_engine_that_cannot_be_executed_is_an_endpoint_error(fake_bin):
     (fake_bin / "vllm").write_text("#!/nonexistent/interpreter\n")  # executable, but exec fails
     with pytest.raises(EndpointError, match="cannot run vllm"):
         launcher.launch(_cmd(free_port()))
+
+
+@pytest.mark.parametrize("line,cause", [
+    ("ValueError: No common block size for 16", "--block-size 128"),
+    ("ValueError: The model's max seq len (1048576) is larger than the maximum number of tokens that can be "
+     "stored in KV cache (550400)", "cannot hold --max-model-len"),
+    ("OSError: [Errno 98] Address already in use", "port is taken"),
+    ("serve: error: argument --tool-call-parser: invalid choice: 'minimax_m3'", "no minimax_m3 parsers"),
+    ("huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo", "HF_TOKEN"),
+    ("RuntimeError: No CUDA GPUs are available", "no usable GPU"),
+    ("vllm: error: unrecognized arguments: --language-model-only", "rejected a flag"),
+    ("torch.distributed.DistBackendError: NCCL error in: ...", "NCCL"),
+])
+def test_likely_cause_names_the_fix(line, cause):
+    assert cause in launcher.likely_cause(["INFO starting", line])
+
+
+def test_likely_cause_of_a_silent_sigkill_is_host_memory():
+    assert "host RAM" in launcher.likely_cause(["Loading weights"], returncode=137)
+    assert launcher.likely_cause(["nothing useful"]).startswith("unknown")
