@@ -4,7 +4,8 @@ The repository is the Django source distribution from PyPI (about 6,900 files, 7
 into a fresh git repository under the benchmark cache. The peers are installed there too (repomix
 with npm, gitingest into its own venv), never into the project's environment.
 
-Measured, each as a fresh process on the same tree, best of --runs:
+Measured, each as a fresh process on the same tree, the tools taking turns in each of --runs
+rounds (best wall time counts; CPU seconds are reported too, as the machine may be shared):
   ours_full_s     `python -m agent.context` (the `m3-agent pack` command) packing everything
   repomix_s       repomix, the faster of its default run and --no-security-check
   gitingest_s     gitingest
@@ -61,7 +62,8 @@ cmd = json.loads(sys.argv[1])
 t = time.perf_counter()
 p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 elapsed = time.perf_counter() - t
-print(json.dumps({"s": elapsed, "rc": p.returncode, "peak_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+use = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"s": elapsed, "cpu_s": use.ru_utime + use.ru_stime, "rc": p.returncode, "peak_kb": use.ru_maxrss,
                   "err": p.stderr.decode(errors="replace")[-600:]}))
 """
 
@@ -151,21 +153,29 @@ def ensure_gitingest(cache: Path) -> list[str] | None:
     return [str(exe)]
 
 
-def measure(cmd: list[str], runs: int, env: dict | None = None, before=None) -> dict:
-    """Best-of-`runs` wall time and the largest peak RSS of `cmd` run as a fresh process each time."""
-    best, peak, err = None, 0, ""
-    for _ in range(runs):
-        if before:
-            before()
-        out = subprocess.run([sys.executable, "-c", _WRAPPER, json.dumps(cmd)], capture_output=True, text=True,
-                             env=env or os.environ.copy(), check=True)
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        if r["rc"] != 0:
-            raise RuntimeError(f"{cmd[0]} exited {r['rc']}: {r['err']}")
-        best = r["s"] if best is None else min(best, r["s"])
-        peak = max(peak, r["peak_kb"])
-        err = r["err"]
-    return {"s": best, "peak_mb": peak / 1024, "stderr": err}
+def run_once(cmd: list[str], env: dict | None = None) -> dict:
+    """One fresh-process run of `cmd`: wall seconds, CPU seconds, peak RSS (of the process tree it waited for)."""
+    out = subprocess.run([sys.executable, "-c", _WRAPPER, json.dumps(cmd)], capture_output=True, text=True,
+                         env=env or os.environ.copy(), check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    if r["rc"] != 0:
+        raise RuntimeError(f"{cmd[0]} exited {r['rc']}: {r['err']}")
+    return r
+
+
+def measure_interleaved(tools: dict[str, tuple[list[str], dict | None]], runs: int) -> dict[str, dict]:
+    """Best-of-`runs` wall and CPU time and the largest peak RSS per tool, the tools taking turns in
+    each round so that a busy moment of the machine falls on all of them alike."""
+    results = {name: {"s": None, "cpu_s": None, "peak_mb": 0.0} for name in tools}
+    for round_no in range(runs):
+        for name, (cmd, env) in tools.items():
+            r = run_once(cmd, env)
+            best = results[name]
+            best["s"] = r["s"] if best["s"] is None else min(best["s"], r["s"])
+            best["cpu_s"] = r["cpu_s"] if best["cpu_s"] is None else min(best["cpu_s"], r["cpu_s"])
+            best["peak_mb"] = max(best["peak_mb"], r["peak_kb"] / 1024)
+            log(f"  round {round_no + 1}: {name} {r['s']:.2f} s wall, {r['cpu_s']:.2f} s CPU")
+    return results
 
 
 def sha(path: Path) -> str:
@@ -204,16 +214,51 @@ def main() -> None:
                     "--counter", "server" if args.base_url else "estimate"]
         if args.base_url:
             ours_cmd += ["--base-url", args.base_url, "--budget", str(10**9)]
-        ours = measure(ours_cmd, args.runs, env=cache_env)
+        tools: dict[str, tuple[list[str], dict | None]] = {"ours": (ours_cmd, cache_env)}
+        rm_out, gi_out = out_dir / "repomix.xml", out_dir / "gitingest.txt"
+        if not args.skip_peers:
+            repomix = ensure_repomix(cache)
+            if repomix:
+                tools["repomix_default"] = (repomix + [str(repo), "-o", str(rm_out), "--quiet"], None)
+                tools["repomix_no_security_check"] = (
+                    repomix + [str(repo), "-o", str(rm_out), "--quiet", "--no-security-check"], None)
+            gitingest = ensure_gitingest(cache)
+            if gitingest:
+                tools["gitingest"] = (gitingest + [str(repo), "-o", str(gi_out)], None)
+        log(f"full packs, {args.runs} rounds: {', '.join(tools)}")
+        results = measure_interleaved(tools, args.runs)
         first_sha = sha(ours_out)
-        measure(ours_cmd, 1, env=cache_env)
+        run_once(ours_cmd, cache_env)
         report["deterministic"] = sha(ours_out) == first_sha
+        ours = results["ours"]
         report["ours_full_s"] = round(ours["s"], 3)
+        report["ours_full_cpu_s"] = round(ours["cpu_s"], 3)
         report["peak_mb"] = round(ours["peak_mb"], 1)
         report["ours_out_mb"] = round(ours_out.stat().st_size / 1e6, 1)
         tail = ours_out.read_bytes()[-4096:].decode(errors="replace")
         report["ours_files"] = int(tail.rsplit("\nPacked ", 1)[1].split(" ", 1)[0])
-        log(f"ours full: {ours['s']:.2f} s, peak {ours['peak_mb']:.0f} MB, {report['ours_out_mb']} MB out")
+        log(f"ours full: {ours['s']:.2f} s, {ours['cpu_s']:.2f} s CPU, peak {ours['peak_mb']:.0f} MB, "
+            f"{report['ours_out_mb']} MB out, {report['ours_files']} files")
+        peers = {}
+        if "repomix_default" in results:
+            default, fast = results["repomix_default"], results["repomix_no_security_check"]
+            report["repomix_default_s"] = round(default["s"], 3)
+            report["repomix_no_security_check_s"] = round(fast["s"], 3)
+            report["repomix_s"] = round(min(default["s"], fast["s"]), 3)
+            report["repomix_cpu_s"] = round(min(default["cpu_s"], fast["cpu_s"]), 3)
+            report["repomix_peak_mb"] = round(max(default["peak_mb"], fast["peak_mb"]), 1)
+            report["repomix_files"] = rm_out.read_text(errors="replace").count("<file path=")
+            peers["repomix"] = report["repomix_s"]
+            log(f"repomix {REPOMIX_VERSION}: {default['s']:.2f} s default, {fast['s']:.2f} s without the "
+                f"security check, {report['repomix_files']} files")
+        if "gitingest" in results:
+            gi = results["gitingest"]
+            report["gitingest_s"] = round(gi["s"], 3)
+            report["gitingest_cpu_s"] = round(gi["cpu_s"], 3)
+            report["gitingest_peak_mb"] = round(gi["peak_mb"], 1)
+            report["gitingest_files"] = gi_out.read_text(errors="replace").count("\nFILE: ")
+            peers["gitingest"] = report["gitingest_s"]
+            log(f"gitingest {GITINGEST_VERSION}: {gi['s']:.2f} s, {report['gitingest_files']} files")
 
         budget_env = {**os.environ, "M3_AGENT_CACHE_DIR": str(out_dir / "budget-cache")}
         colds, warms, info = [], [], {}
@@ -233,30 +278,6 @@ def main() -> None:
         log(f"ours budget {BUDGET:,}: cold {min(colds):.3f} s, warm {min(warms):.3f} s, {info['tokens']:,} tokens, "
             f"{info['files']} files; mentioned files packed: {info['first']}")
 
-        peers = {}
-        if not args.skip_peers:
-            repomix = ensure_repomix(cache)
-            if repomix:
-                rm_out = out_dir / "repomix.xml"
-                default = measure(repomix + [str(repo), "-o", str(rm_out), "--quiet"], args.runs)
-                fast = measure(repomix + [str(repo), "-o", str(rm_out), "--quiet", "--no-security-check"], args.runs)
-                report["repomix_default_s"] = round(default["s"], 3)
-                report["repomix_no_security_check_s"] = round(fast["s"], 3)
-                report["repomix_s"] = round(min(default["s"], fast["s"]), 3)
-                report["repomix_peak_mb"] = round(max(default["peak_mb"], fast["peak_mb"]), 1)
-                report["repomix_files"] = rm_out.read_text(errors="replace").count("<file path=")
-                peers["repomix"] = report["repomix_s"]
-                log(f"repomix {REPOMIX_VERSION}: {default['s']:.2f} s default, {fast['s']:.2f} s without the "
-                    f"security check, {report['repomix_files']} files")
-            gitingest = ensure_gitingest(cache)
-            if gitingest:
-                gi_out = out_dir / "gitingest.txt"
-                gi = measure(gitingest + [str(repo), "-o", str(gi_out)], args.runs)
-                report["gitingest_s"] = round(gi["s"], 3)
-                report["gitingest_peak_mb"] = round(gi["peak_mb"], 1)
-                report["gitingest_files"] = gi_out.read_text(errors="replace").count("\nFILE: ")
-                peers["gitingest"] = report["gitingest_s"]
-                log(f"gitingest {GITINGEST_VERSION}: {gi['s']:.2f} s, {report['gitingest_files']} files")
         report.setdefault("repomix_s", None)
         report.setdefault("gitingest_s", None)
         if peers:
