@@ -76,27 +76,42 @@ def ensure_tokenizer() -> Path:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     TOKENIZER_DIR.mkdir(parents=True, exist_ok=True)
     tok.save(str(TOKENIZER_DIR / "tokenizer.json"))
-    (TOKENIZER_DIR / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "eos_token": "[EOS]",
-        "model_max_length": 1048576,
-        "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
+    (TOKENIZER_DIR / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": "[UNK]",
+                "eos_token": "[EOS]",
+                "model_max_length": 1048576,
+                "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
+            }
+        )
+    )
     return TOKENIZER_DIR
 
 
 def start_standin(port: int, script_path: Path) -> subprocess.Popen:
-    script = {"model": "minimax-m3", "max_model_len": 1048576,
-              "turns": [{"content": " ".join(WORDS[:REPLY_WORDS]), "delay_s": DELAY_S, "repeat": 10**9}]}
+    script = {
+        "model": "minimax-m3",
+        "max_model_len": 1048576,
+        "turns": [{"content": " ".join(WORDS[:REPLY_WORDS]), "delay_s": DELAY_S, "repeat": 10**9}],
+    }
     script_path.write_text(json.dumps(script))
-    code = ("import sys, time; from agent.standin import StandinServer; "
-            f"s = StandinServer({str(script_path)!r}, port={port}).start(); "
-            "print('ready', flush=True); time.sleep(10**6)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True)
+    code = (
+        "import sys, time; from agent.standin import StandinServer; "
+        f"s = StandinServer({str(script_path)!r}, port={port}).start(); "
+        "print('ready', flush=True); time.sleep(10**6)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
 
-def timed(argv: list[str], env: dict | None = None, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, float, float]:
+def timed(
+    argv: list[str], env: dict | None = None, timeout: float = 1800
+) -> tuple[subprocess.CompletedProcess, float, float]:
     """Run argv; return it with its wall time and the CPU seconds it (and its children) used."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -107,9 +122,22 @@ def timed(argv: list[str], env: dict | None = None, timeout: float = 1800) -> tu
     return r, wall, cpu
 
 
-KEYS = ["completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-        "output_throughput", "total_token_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
-        "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms"]
+KEYS = [
+    "completed",
+    "failed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "p99_itl_ms",
+]
 
 
 def main() -> None:
@@ -128,10 +156,29 @@ def main() -> None:
         server = start_standin(port, Path(tmp) / "script.json")
         try:
             log("m3-agent serve bench (built-in load generator)")
-            r, wall, cpu = timed([sys.executable, "-m", "agent.serving", "bench", "--base-url", f"{base}/v1",
-                                  "--model", "minimax-m3", "--input-len", str(a.input_len), "--output-len",
-                                  str(a.output_len), "--concurrency", str(a.concurrency), "--num-prompts",
-                                  str(a.num_prompts), "--tool", "builtin", "--json"])
+            r, wall, cpu = timed(
+                [
+                    sys.executable,
+                    "-m",
+                    "agent.serving",
+                    "bench",
+                    "--base-url",
+                    f"{base}/v1",
+                    "--model",
+                    "minimax-m3",
+                    "--input-len",
+                    str(a.input_len),
+                    "--output-len",
+                    str(a.output_len),
+                    "--concurrency",
+                    str(a.concurrency),
+                    "--num-prompts",
+                    str(a.num_prompts),
+                    "--tool",
+                    "builtin",
+                    "--json",
+                ]
+            )
             if r.returncode != 0:
                 raise SystemExit(f"m3-agent bench failed: {r.stderr.strip()[-500:]}")
             ours = json.loads(r.stdout.strip().splitlines()[-1])
@@ -146,14 +193,43 @@ def main() -> None:
                 out_dir = Path(tmp) / "vllm"
                 out_dir.mkdir()
                 env = {**os.environ, "OPENAI_API_KEY": "EMPTY", "HF_HUB_OFFLINE": "1"}
-                r, wall, cpu = timed([str(peer), "bench", "serve", "--backend", "openai-chat", "--base-url", base,
-                                      "--endpoint", "/v1/chat/completions", "--model", str(tok),
-                                      "--served-model-name", "minimax-m3", "--dataset-name", "random",
-                                      "--random-input-len", str(a.input_len), "--random-output-len",
-                                      str(a.output_len), "--num-prompts", str(a.num_prompts), "--max-concurrency",
-                                      str(a.concurrency), "--percentile-metrics", "ttft,tpot,itl",
-                                      "--metric-percentiles", "99", "--save-result", "--result-dir",
-                                      str(out_dir), "--result-filename", "r.json"], env=env)
+                r, wall, cpu = timed(
+                    [
+                        str(peer),
+                        "bench",
+                        "serve",
+                        "--backend",
+                        "openai-chat",
+                        "--base-url",
+                        base,
+                        "--endpoint",
+                        "/v1/chat/completions",
+                        "--model",
+                        str(tok),
+                        "--served-model-name",
+                        "minimax-m3",
+                        "--dataset-name",
+                        "random",
+                        "--random-input-len",
+                        str(a.input_len),
+                        "--random-output-len",
+                        str(a.output_len),
+                        "--num-prompts",
+                        str(a.num_prompts),
+                        "--max-concurrency",
+                        str(a.concurrency),
+                        "--percentile-metrics",
+                        "ttft,tpot,itl",
+                        "--metric-percentiles",
+                        "99",
+                        "--save-result",
+                        "--result-dir",
+                        str(out_dir),
+                        "--result-filename",
+                        "r.json",
+                    ],
+                    env=env,
+                )
                 saved = out_dir / "r.json"
                 if r.returncode != 0 or not saved.exists():
                     results["vllm_bench_serve"] = {"error": (r.stderr or r.stdout).strip()[-800:]}
@@ -170,17 +246,29 @@ def main() -> None:
         if "error" in res:
             log(f"{name}: unavailable: {res['error']}")
             continue
-        log(f"{name:17} out {res['output_throughput']:9.1f} tok/s  total {res['total_token_throughput']:9.1f} tok/s  "
+        log(
+            f"{name:17} out {res['output_throughput']:9.1f} tok/s  total {res['total_token_throughput']:9.1f} tok/s  "
             f"TTFT {res['mean_ttft_ms']:7.1f} ms (p99 {res['p99_ttft_ms']:7.1f})  ITL {res['mean_itl_ms']:6.2f} ms  "
-            f"wall {res['wall_s']:5.1f}s  cpu {res['cpu_s']:5.1f}s")
-    summary = {"benchmark": "serve_bench", "server": "m3-agent stand-in (scripted test double)",
-               "workload": {"input_len": a.input_len, "output_len": a.output_len, "concurrency": a.concurrency,
-                            "num_prompts": a.num_prompts, "scripted_first_token_delay_ms": DELAY_S * 1000},
-               "m3_agent": ours, "vllm_bench_serve": peer_r}
+            f"wall {res['wall_s']:5.1f}s  cpu {res['cpu_s']:5.1f}s"
+        )
+    summary = {
+        "benchmark": "serve_bench",
+        "server": "m3-agent stand-in (scripted test double)",
+        "workload": {
+            "input_len": a.input_len,
+            "output_len": a.output_len,
+            "concurrency": a.concurrency,
+            "num_prompts": a.num_prompts,
+            "scripted_first_token_delay_ms": DELAY_S * 1000,
+        },
+        "m3_agent": ours,
+        "vllm_bench_serve": peer_r,
+    }
     if "error" not in peer_r:
         summary["ratio_m3_agent_over_peer"] = {
             k: (ours[k] / peer_r[k] if peer_r.get(k) else None)
-            for k in ("output_throughput", "mean_ttft_ms", "mean_itl_ms", "wall_s", "cpu_s")}
+            for k in ("output_throughput", "mean_ttft_ms", "mean_itl_ms", "wall_s", "cpu_s")
+        }
     print(json.dumps(summary))
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from agent.errors import UsageError
-from evals.records import append_record, read_records
+from evals.records import append_record, read_records, validate_record
 from evals.tasks import Task
 
 GOLD = "gold"
@@ -44,11 +44,7 @@ def load_predictions(spec: str | Path, tasks: list[Task]) -> dict[str, Predictio
         raise UsageError(f"predictions not found: {path} (give a .json / .jsonl file, `gold` or `empty`)")
     preds: dict[str, Prediction] = {}
     for n, row in enumerate(read_records(path, "predictions"), 1):
-        try:
-            pred = Prediction.model_validate(row)
-        except ValidationError as e:
-            first = e.errors()[0]
-            raise UsageError(f"{path}: prediction {n}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        pred = validate_record(Prediction, row, f"{path}: prediction {n}")
         preds[pred.instance_id] = pred
     return preds
 

@@ -5,9 +5,25 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from agent.errors import UsageError
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def validate_record(model: type[Model], row: Any, where: str) -> Model:
+    """`row` as a `model`, or a UsageError naming the place and the first bad field."""
+    if not isinstance(row, dict):
+        raise UsageError(f"{where}: expected a JSON object")
+    try:
+        return model.model_validate(row)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(object)"
+        raise UsageError(f"{where}: {field}: {first['msg']}") from None
 
 
 def read_records(path: Path, what: str) -> list[Any]:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from evals.runner import InstanceResult, load_results
+from evals.runner import AgentStats, InstanceResult, load_results
 from evals.tasks import Task
 
 SCHEMA_VERSION = 2
@@ -51,16 +51,7 @@ class InstanceRow(BaseModel):
 
     instance_id: str
     outcome: str
-    agent_status: str | None = None
-    turns: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
-    cache_hit_share: float = 0.0
-    mode_counts: dict[str, int] = Field(default_factory=dict)
-    stalls: int = 0
-    agent_wall_s: float = 0.0
+    agent: AgentStats | None = None  # None when predictions were graded without an agent run
     grading_s: float = 0.0
     wall_s: float = 0.0
     cost_usd: float | None = None
@@ -122,12 +113,13 @@ def build_report(results: list[InstanceResult], *, tasks: list[Task] | None = No
     empty = [r.instance_id for r in finished if not r.report.patch_exists]
     costs = [row.cost_usd for row in rows if row.cost_usd is not None]
     total_cost = round(sum(costs), 6) if costs else None
+    runs = [r.agent for r in finished if r.agent is not None]
     modes: dict[str, int] = {}
-    for row in rows:
-        for k, v in row.mode_counts.items():
+    for a in runs:
+        for k, v in a.mode_counts.items():
             modes[k] = modes.get(k, 0) + v
-    prompt = sum(row.prompt_tokens for row in rows)
-    cached = sum(row.cached_tokens for row in rows)
+    prompt = sum(a.prompt_tokens for a in runs)
+    cached = sum(a.cached_tokens for a in runs)
     wall = run_wall_s if run_wall_s is not None else sum(row.wall_s for row in rows)
     summary = Summary(
         total_instances=len(all_ids),
@@ -148,12 +140,12 @@ def build_report(results: list[InstanceResult], *, tasks: list[Task] | None = No
                                 if r.report.patch_exists and not r.report.patch_successfully_applied and not r.error],
         resolve_rate=round(len(ids["resolved"]) / len(all_ids), 4) if all_ids else 0.0,
         prompt_tokens=prompt,
-        completion_tokens=sum(row.completion_tokens for row in rows),
+        completion_tokens=sum(a.completion_tokens for a in runs),
         cached_tokens=cached,
-        reasoning_tokens=sum(row.reasoning_tokens for row in rows),
+        reasoning_tokens=sum(a.reasoning_tokens for a in runs),
         cache_hit_share=round(cached / prompt, 4) if prompt else 0.0,
-        turns=sum(row.turns for row in rows),
-        stalls=sum(row.stalls for row in rows),
+        turns=sum(a.turns for a in runs),
+        stalls=sum(a.stalls for a in runs),
         mode_counts=modes,
         wall_s=round(wall, 3),
         cost_usd=total_cost,
@@ -165,17 +157,10 @@ def build_report(results: list[InstanceResult], *, tasks: list[Task] | None = No
 
 
 def _row(r: InstanceResult, cost: CostModel) -> InstanceRow:
-    a = r.agent
     c = cost.instance_cost(r)
-    row = InstanceRow(instance_id=r.instance_id, outcome=r.outcome, wall_s=r.wall_s,
-                      grading_s=r.report.timings.get("total_s", 0.0), error=r.error or r.report.error,
-                      cost_usd=round(c, 6) if c is not None else None)
-    if a is not None:
-        row = row.model_copy(update=dict(
-            agent_status=a.status, turns=a.turns, prompt_tokens=a.prompt_tokens, completion_tokens=a.completion_tokens,
-            cached_tokens=a.cached_tokens, reasoning_tokens=a.reasoning_tokens, cache_hit_share=a.cache_hit_share,
-            mode_counts=a.mode_counts, stalls=a.stalls, agent_wall_s=a.wall_s))
-    return row
+    return InstanceRow(instance_id=r.instance_id, outcome=r.outcome, agent=r.agent, wall_s=r.wall_s,
+                       grading_s=r.report.timings.get("total_s", 0.0), error=r.error or r.report.error,
+                       cost_usd=round(c, 6) if c is not None else None)
 
 
 def report_from_dir(output_dir: Path, *, tasks: list[Task] | None = None, cost: CostModel | None = None) -> Report:
@@ -202,10 +187,18 @@ _COLUMNS = ["instance", "outcome", "agent", "turns", "tok in", "tok out", "cache
             "stalls", "agent s", "grade s", "cost"]
 
 
+_NO_AGENT = AgentStats(status="-")
+
+
+def _agent(row: InstanceRow) -> AgentStats:
+    return row.agent or _NO_AGENT
+
+
 def _cells(row: InstanceRow) -> list[str]:
-    return [row.instance_id, row.outcome, row.agent_status or "-", str(row.turns), f"{row.prompt_tokens:,}",
-            f"{row.completion_tokens:,}", f"{row.cached_tokens:,}", f"{row.cache_hit_share:.0%}", _modes(row.mode_counts),
-            str(row.stalls), f"{row.agent_wall_s:.1f}", f"{row.grading_s:.1f}", _money(row.cost_usd)]
+    a = _agent(row)
+    return [row.instance_id, row.outcome, a.status, str(a.turns), f"{a.prompt_tokens:,}", f"{a.completion_tokens:,}",
+            f"{a.cached_tokens:,}", f"{a.cache_hit_share:.0%}", _modes(a.mode_counts), str(a.stalls), f"{a.wall_s:.1f}",
+            f"{row.grading_s:.1f}", _money(row.cost_usd)]
 
 
 def _headline(s: Summary) -> list[tuple[str, str]]:
@@ -291,8 +284,9 @@ def to_html(report: Report) -> str:
     s, rows = report.summary, report.instances
     plots = [
         _bars("wall time per instance", "s", rows, [r.wall_s for r in rows]),
-        _bars("tokens per instance (in + out)", "tok", rows, [r.prompt_tokens + r.completion_tokens for r in rows]),
-        _bars("turns per instance", "turns", rows, [float(r.turns) for r in rows]),
+        _bars("tokens per instance (in + out)", "tok", rows,
+              [_agent(r).prompt_tokens + _agent(r).completion_tokens for r in rows]),
+        _bars("turns per instance", "turns", rows, [float(_agent(r).turns) for r in rows]),
     ]
     legend = " ".join(f'<span style="color:{c}">&#9632; {k}</span>' for k, c in _COLOURS.items())
     head = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in _headline(s))

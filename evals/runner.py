@@ -230,7 +230,7 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
         while queue or running:
             while queue and len(running) < workers:
                 task = queue.pop()
-                pred = predictions.get(task.instance_id) if predictions is not None else None
+                pred = _pred_of(predictions, task)
                 parent, child = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_child, args=(child, task.model_dump_json(),
                                                         pred.model_dump_json() if pred else None,
@@ -246,10 +246,10 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
             for sentinel in list(running):
                 proc, conn, task, started = running[sentinel]
                 if sentinel in ready or conn in ready:
-                    result = _receive(conn, proc, task, pred_of(predictions, task), now - started)
+                    result = _receive(conn, proc, task, _pred_of(predictions, task), now - started)
                 elif now - started > config.instance_timeout:
                     _stop(proc)
-                    result = _failed(task, pred_of(predictions, task),
+                    result = _failed(task, _pred_of(predictions, task),
                                      f"instance timed out after {config.instance_timeout:g}s", now - started)
                 else:
                     continue
@@ -265,8 +265,7 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
             _prune_leftovers()
 
 
-def pred_of(predictions: dict[str, Prediction] | None, task: Task) -> Prediction | None:
-    """The prediction for a task, if predictions were given."""
+def _pred_of(predictions: dict[str, Prediction] | None, task: Task) -> Prediction | None:
     return predictions.get(task.instance_id) if predictions is not None else None
 
 

@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent.errors import UsageError
-from evals.records import read_records
+from evals.records import read_records, validate_record
 
 SUITE_DIR = Path(__file__).parent / "suite"
 BUILTIN = "builtin"
@@ -88,7 +88,7 @@ def load_tasks(spec: str | Path, *, instance_ids: list[str] | None = None) -> li
         tasks = builtin_tasks()
     else:
         rows = read_records(Path(spec), "tasks")
-        tasks = [_validate(row, f"{spec}: instance {i + 1}") for i, row in enumerate(rows)]
+        tasks = [validate_record(Task, row, f"{spec}: instance {i + 1}") for i, row in enumerate(rows)]
     seen: set[str] = set()
     for t in tasks:
         if t.instance_id in seen:
@@ -100,17 +100,6 @@ def load_tasks(spec: str | Path, *, instance_ids: list[str] | None = None) -> li
             raise UsageError(f"{spec}: no task with instance_id {', '.join(missing)}")
         tasks = [t for t in tasks if t.instance_id in set(instance_ids)]
     return tasks
-
-
-def _validate(row: Any, where: str) -> Task:
-    if not isinstance(row, dict):
-        raise UsageError(f"{where}: expected a JSON object")
-    try:
-        return Task.model_validate(row)
-    except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "instance"
-        raise UsageError(f"{where}: {field}: {first['msg']}") from None
 
 
 # --- built-in suite ----------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ cache: two counters with the same id must give the same counts) and `count_many(
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import math
 import threading
@@ -142,7 +141,9 @@ class _Http:
         self.timeout = timeout
         self._local = threading.local()
 
-    def _conn(self) -> http.client.HTTPConnection:
+    def _conn(self):
+        import http.client  # only servers need it; the CLI starts faster without
+
         conn = getattr(self._local, "conn", None)
         if conn is None:
             cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
@@ -152,6 +153,8 @@ class _Http:
 
     def request(self, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> dict:
         """Send one request; the decoded JSON answer, or EndpointError naming the failure."""
+        import http.client
+
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         url = self.prefix + path

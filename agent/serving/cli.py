@@ -39,14 +39,16 @@ def _check_choice(value: str | None, choices: tuple[str, ...], flag: str) -> Non
 def profiles_command() -> None:
     """List the hardware profiles and the seed each comes from."""
     for p in PROFILES:
-        out.print(f"{p.name:24} {p.engine:6} {p.gpus}x {p.gpu:7} {p.precision:6} {p.summary}  [{p.source}]",
-                  markup=False)
+        out.print(
+            f"{p.name:24} {p.engine:6} {p.gpus}x {p.gpu:7} {p.precision:6} {p.summary}  [{p.source}]", markup=False
+        )
 
 
 @app.command("start")
 def start_command(
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Hardware profile (`serve profiles`); "
-                                          "default: picked from the GPUs found."),
+    profile: Optional[str] = typer.Option(
+        None, "--profile", "-p", help="Hardware profile (`serve profiles`); default: picked from the GPUs found."
+    ),
     engine: Optional[str] = typer.Option(None, "--engine", help="vllm or sglang (default: the profile's first)."),
     runner: str = typer.Option("native", "--runner", help="native (engine installed here) or docker."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact command and exit."),
@@ -70,35 +72,58 @@ def start_command(
     """Launch M3 and wait until it lists its model; `--dry-run` prints the command instead."""
     _check_choice(engine, ("vllm", "sglang"), "--engine")
     _check_choice(runner, ("native", "docker"), "--runner")
-    o = Overrides(model=model, served_model_name=served_model_name, port=port, host=host, max_model_len=max_model_len,
-                  kv_cache_dtype=kv_cache_dtype, gpu_memory_utilization=gpu_memory_utilization,
-                  tensor_parallel_size=tp, text_only=text_only, extra_args=extra_arg)
+    o = Overrides(
+        model=model,
+        served_model_name=served_model_name,
+        port=port,
+        host=host,
+        max_model_len=max_model_len,
+        kv_cache_dtype=kv_cache_dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        tensor_parallel_size=tp,
+        text_only=text_only,
+        extra_args=extra_arg,
+    )
     gpus = None
     if profile is None:
         gpus = detect_gpus()
         profile = auto_profile(gpus)
         if profile is None:
-            raise UsageError(f"no profile for this machine ({summary(gpus)}): pass --profile "
-                             f"(see `m3-agent serve profiles`)")
+            raise UsageError(
+                f"no profile for this machine ({summary(gpus)}): pass --profile (see `m3-agent serve profiles`)"
+            )
         _progress("profile", f"{profile} for {summary(gpus)}")
     if dry_run:
         _dry_run(profile, engine, runner, o, nodes=nodes, replicas=replicas)
         return
     if nodes > 1 or replicas > 1:
         raise UsageError("--nodes and --replicas print multi-node commands: add --dry-run and run them per node")
-    cmd = prepare(profile, engine=engine, runner=runner, overrides=o, check_gpus=not skip_gpu_check, force=force,
-                  progress=_progress, gpus=gpus)
+    cmd = prepare(
+        profile,
+        engine=engine,
+        runner=runner,
+        overrides=o,
+        check_gpus=not skip_gpu_check,
+        force=force,
+        progress=_progress,
+        gpus=gpus,
+    )
     _progress("command", cmd.shell())
     state = launcher.start(cmd, name=name, timeout_s=timeout, progress=_progress, host="127.0.0.1")
-    out.print(f"ready: {state.base_url} (model {state.served_model_name}); logs: m3-agent serve logs --name {name}",
-              markup=False)
+    out.print(
+        f"ready: {state.base_url} (model {state.served_model_name}); logs: m3-agent serve logs --name {name}",
+        markup=False,
+    )
 
 
 def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nodes: int, replicas: int) -> None:
     p = get_profile(profile, engine)  # type: ignore[arg-type]
     if nodes > 1 or replicas > 1:
-        steps = (ray_tensor_parallel(p, nodes, overrides=o) if nodes > 1
-                 else replicas_behind_router(p, replicas, overrides=o))
+        steps = (
+            ray_tensor_parallel(p, nodes, overrides=o)
+            if nodes > 1
+            else replicas_behind_router(p, replicas, overrides=o)
+        )
         for step in steps:
             out.print(f"# {step.where}", markup=False)
             out.print(step.command, markup=False)
@@ -124,8 +149,12 @@ def status_command(name: str = NameOpt, as_json: bool = typer.Option(False, "--j
         where = f"container {s.container}" if s.container else f"pid {s.pid}"
         out.print(f"{name}: {s.profile} ({s.engine}, {s.runner}, {where}), up {uptime:.0f}s", markup=False)
         out.print(f"  base URL: {s.base_url}", markup=False)
-        out.print(f"  phase: {st.phase}" + (f"; models: {', '.join(st.models)}" if st.models else "")
-                  + (f"; max_model_len {st.max_model_len}" if st.max_model_len else ""), markup=False)
+        out.print(
+            f"  phase: {st.phase}"
+            + (f"; models: {', '.join(st.models)}" if st.models else "")
+            + (f"; max_model_len {st.max_model_len}" if st.max_model_len else ""),
+            markup=False,
+        )
         if st.detail:
             out.print(f"  {st.detail}", markup=False)
         out.print(f"  log: {s.log_path}", markup=False)
@@ -134,8 +163,11 @@ def status_command(name: str = NameOpt, as_json: bool = typer.Option(False, "--j
 
 
 @app.command("logs")
-def logs_command(name: str = NameOpt, lines: int = typer.Option(50, "--lines", "-n"),
-                 follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the server ends.")) -> None:
+def logs_command(
+    name: str = NameOpt,
+    lines: int = typer.Option(50, "--lines", "-n"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the server ends."),
+) -> None:
     """Print the endpoint's log (the engine's output since `start`)."""
     state = launcher.load_state(name)
     if state is None:
@@ -143,12 +175,17 @@ def logs_command(name: str = NameOpt, lines: int = typer.Option(50, "--lines", "
     for line in launcher.tail(state.log_path, lines):
         out.print(line, markup=False)
     if follow:
-        launcher.follow(state.log_path, until=lambda: not launcher.is_running(state),
-                        emit=lambda line: out.print(line, markup=False))
+        launcher.follow(
+            state.log_path,
+            until=lambda: not launcher.is_running(state),
+            emit=lambda line: out.print(line, markup=False),
+        )
 
 
 @app.command("stop")
-def stop_command(name: str = NameOpt, grace: float = typer.Option(20.0, "--grace", help="Seconds between SIGTERM and SIGKILL.")) -> None:
+def stop_command(
+    name: str = NameOpt, grace: float = typer.Option(20.0, "--grace", help="Seconds between SIGTERM and SIGKILL.")
+) -> None:
     """Stop the endpoint: its whole process group, or its container."""
     state = launcher.stop(name, grace_s=grace)
     if state is None:
@@ -160,7 +197,9 @@ def stop_command(name: str = NameOpt, grace: float = typer.Option(20.0, "--grace
 
 @app.command("plan")
 def plan_command(
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Take GPUs, precision and flags from a profile."),
+    profile: Optional[str] = typer.Option(
+        None, "--profile", "-p", help="Take GPUs, precision and flags from a profile."
+    ),
     engine: Optional[str] = typer.Option(None, "--engine"),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPU count."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU kind, e.g. H200, B200, MI355X."),
@@ -168,8 +207,12 @@ def plan_command(
     detect: bool = typer.Option(False, "--detect", help="Use this machine's GPUs (nvidia-smi / rocm-smi)."),
     precision: Optional[str] = typer.Option(None, "--precision", help="bf16, fp8, mxfp8, mxfp4 or int4."),
     kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="auto (16-bit) or fp8."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Check this window instead of the largest."),
-    input_len: Optional[int] = typer.Option(None, "--input-len", help="Typical prompt tokens (for request concurrency)."),
+    max_model_len: Optional[int] = typer.Option(
+        None, "--max-model-len", help="Check this window instead of the largest."
+    ),
+    input_len: Optional[int] = typer.Option(
+        None, "--input-len", help="Typical prompt tokens (for request concurrency)."
+    ),
     output_len: int = typer.Option(0, "--output-len"),
     utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
     reserve_gb: float = typer.Option(4.0, "--reserve-gb", help="Per-GPU reserve for activations and graphs."),
@@ -182,8 +225,9 @@ def plan_command(
     req: dict = {}
     if profile:
         p = get_profile(profile, engine)  # type: ignore[arg-type]
-        cmd = build_command(p, "native", Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype,
-                                                   text_only=text_only))
+        cmd = build_command(
+            p, "native", Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype, text_only=text_only)
+        )
         req = plan_request(p, cmd, p.gpus, gpu_memory_for(p.gpu)).model_dump()
     if detect:
         found = detect_gpus()
@@ -198,8 +242,12 @@ def plan_command(
         req["gpu_memory_gb"] = gpu_memory
     if "gpus" not in req or "gpu_memory_gb" not in req:
         raise UsageError("say which machine: --profile, --detect, or --gpus N with --gpu KIND or --gpu-memory GB")
-    for key, value in (("precision", precision), ("kv_dtype", kv_dtype), ("max_model_len", max_model_len),
-                       ("gpu_memory_utilization", utilization)):
+    for key, value in (
+        ("precision", precision),
+        ("kv_dtype", kv_dtype),
+        ("max_model_len", max_model_len),
+        ("gpu_memory_utilization", utilization),
+    ):
         if value is not None:
             req[key] = value
     req.update(reserve_gb_per_gpu=reserve_gb, params_b=params_b, text_only=text_only or req.get("text_only", False))
@@ -245,8 +293,15 @@ def bench_command(
             raise UsageError(f"{base_url} lists no model: pass --model")
         model = models[0]
     try:
-        cfg = LoadConfig(base_url=base_url, model=model, input_len=input_len, output_len=output_len,
-                         concurrency=concurrency, num_prompts=num_prompts, timeout_s=timeout)
+        cfg = LoadConfig(
+            base_url=base_url,
+            model=model,
+            input_len=input_len,
+            output_len=output_len,
+            concurrency=concurrency,
+            num_prompts=num_prompts,
+            timeout_s=timeout,
+        )
     except ValueError as e:
         raise UsageError(f"bad bench input: {e}".splitlines()[0]) from None
     result = run_bench(cfg, tool=tool, tokenizer=tokenizer)  # type: ignore[arg-type]

@@ -23,34 +23,50 @@ def plan_request(profile: Profile, cmd: Command, gpu_count: int, gpu_memory_gb: 
     kv = flag_value(args, "--kv-cache-dtype") or "auto"
     overrides = flag_value(args, "--hf-overrides") or ""
     native = AMD_NATIVE_CONTEXT if profile.platform == "amd" and "yarn" not in overrides else NATIVE_CONTEXT
-    return PlanRequest(gpus=gpu_count, gpu_memory_gb=gpu_memory_gb, precision=profile.precision, kv_dtype=kv,
-                       max_model_len=int(length) if length else None,
-                       gpu_memory_utilization=float(util) if util else 0.9,
-                       text_only="--language-model-only" in args, native_context=native)
+    return PlanRequest(
+        gpus=gpu_count,
+        gpu_memory_gb=gpu_memory_gb,
+        precision=profile.precision,
+        kv_dtype=kv,
+        max_model_len=int(length) if length else None,
+        gpu_memory_utilization=float(util) if util else 0.9,
+        text_only="--language-model-only" in args,
+        native_context=native,
+    )
 
 
 def preflight(profile: Profile, cmd: Command, gpus: list[GPU]) -> Plan:
     """Refuse a launch this machine cannot hold; the plan says what would fit."""
     if not gpus:
-        raise UsageError(f"{summary(gpus)}; profile {profile.name} needs {profile.gpus} GPUs "
-                         f"(pass --skip-gpu-check to launch anyway)")
+        raise UsageError(
+            f"{summary(gpus)}; profile {profile.name} needs {profile.gpus} GPUs "
+            f"(pass --skip-gpu-check to launch anyway)"
+        )
     if len(gpus) < profile.gpus:
         raise UsageError(f"profile {profile.name} needs {profile.gpus} GPUs, this machine has {summary(gpus)}")
     memory = min(g.memory_gb for g in gpus)
     p = plan(plan_request(profile, cmd, profile.gpus, memory))
     if not p.fits:
-        raise UsageError(f"profile {profile.name} does not fit {summary(gpus)}: {p.reason} "
-                         f"(--force launches anyway)")
+        raise UsageError(f"profile {profile.name} does not fit {summary(gpus)}: {p.reason} (--force launches anyway)")
     return p
 
 
-def prepare(profile_name: str, *, engine: Engine | None = None, runner: Runner = "native",
-            overrides: Overrides | None = None, check_gpus: bool = True, force: bool = False,
-            progress: launcher.Progress | None = None, gpus: list[GPU] | None = None) -> Command:
+def prepare(
+    profile_name: str,
+    *,
+    engine: Engine | None = None,
+    runner: Runner = "native",
+    overrides: Overrides | None = None,
+    check_gpus: bool = True,
+    force: bool = False,
+    progress: launcher.Progress | None = None,
+    gpus: list[GPU] | None = None,
+) -> Command:
     """The command to launch for a profile on this machine, after the GPU and memory checks.
 
     `gpus` is what `detect_gpus()` found, when the caller already asked. When the profile sets no
-    window and the full 1M window does not fit, the largest window that does is set (vLLM refuses to start when one full-length sequence cannot fit the KV cache).
+    window and the full 1M window does not fit, the largest window that does is set (vLLM refuses
+    to start when one full-length sequence cannot fit the KV cache).
     """
     say = progress or (lambda phase, msg: None)
     profile = get_profile(profile_name, engine)
@@ -74,10 +90,18 @@ def prepare(profile_name: str, *, engine: Engine | None = None, runner: Runner =
     return cmd
 
 
-def ensure_endpoint(profile: str, *, base_url: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                    progress: launcher.Progress | None = None, name: str = launcher.DEFAULT_NAME,
-                    engine: Engine | None = None, runner: Runner = "native", overrides: Overrides | None = None,
-                    check_gpus: bool = True) -> str:
+def ensure_endpoint(
+    profile: str,
+    *,
+    base_url: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: launcher.Progress | None = None,
+    name: str = launcher.DEFAULT_NAME,
+    engine: Engine | None = None,
+    runner: Runner = "native",
+    overrides: Overrides | None = None,
+    check_gpus: bool = True,
+) -> str:
     """A healthy base URL for `profile`: the one given, the one recorded under `name`, or a new launch.
 
     Raises EndpointError when the server cannot be brought up (with its last log lines and the
@@ -90,14 +114,15 @@ def ensure_endpoint(profile: str, *, base_url: str | None = None, timeout_s: flo
     state = launcher.load_state(name)
     if state is not None and launcher.is_running(state):
         if state.profile != profile:
-            raise EndpointError(f"endpoint {name!r} runs profile {state.profile}, not {profile}: "
-                                f"`m3-agent serve stop --name {name}` it, or use --serve {state.profile}")
+            raise EndpointError(
+                f"endpoint {name!r} runs profile {state.profile}, not {profile}: "
+                f"`m3-agent serve stop --name {name}` it, or use --serve {state.profile}"
+            )
         if launcher.probe(state.base_url, state.served_model_name)[0] != "ready":
             say("wait", f"endpoint {name!r} is still starting; waiting for it")
             launcher.wait_ready(state, timeout_s=timeout_s, progress=progress)
         else:
             say("reuse", f"healthy endpoint {name!r} at {state.base_url}")
         return state.base_url
-    cmd = prepare(profile, engine=engine, runner=runner, overrides=overrides, check_gpus=check_gpus,
-                  progress=progress)
+    cmd = prepare(profile, engine=engine, runner=runner, overrides=overrides, check_gpus=check_gpus, progress=progress)
     return launcher.start(cmd, name=name, timeout_s=timeout_s, progress=progress).base_url

@@ -54,8 +54,15 @@ def parse_nvidia_smi(text: str) -> list[GPU]:
             mib = float(parts[2])
         except ValueError:
             continue
-        gpus.append(GPU(index=int(parts[0]), name=parts[1], memory_gb=round(mib / 1024, 1), vendor="nvidia",
-                        kind=gpu_kind(parts[1])))
+        gpus.append(
+            GPU(
+                index=int(parts[0]),
+                name=parts[1],
+                memory_gb=round(mib / 1024, 1),
+                vendor="nvidia",
+                kind=gpu_kind(parts[1]),
+            )
+        )
     return gpus
 
 
@@ -74,8 +81,15 @@ def parse_rocm_smi(text: str) -> list[GPU]:
         total = low.get("vram total memory (b)")
         if total is None or not total.isdigit():
             continue
-        gpus.append(GPU(index=int("".join(c for c in card if c.isdigit()) or 0), name=name,
-                        memory_gb=round(int(total) / 1024**3, 1), vendor="amd", kind=gpu_kind(name)))
+        gpus.append(
+            GPU(
+                index=int("".join(c for c in card if c.isdigit()) or 0),
+                name=name,
+                memory_gb=round(int(total) / 1024**3, 1),
+                vendor="amd",
+                kind=gpu_kind(name),
+            )
+        )
     return gpus
 
 
@@ -91,7 +105,7 @@ def detect_gpus() -> list[GPU]:
 
 
 def summary(gpus: list[GPU]) -> str:
-    """"8x NVIDIA H200 (141 GB)" style description."""
+    """ "8x NVIDIA H200 (141 GB)" style description."""
     if not gpus:
         return "no GPU found (nvidia-smi / rocm-smi)"
     counts = Counter((g.name, g.memory_gb) for g in gpus)

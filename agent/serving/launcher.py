@@ -178,7 +178,9 @@ def http_get(url: str, timeout_s: float = 3.0) -> tuple[int, bytes]:
         return 0, b""
 
 
-def probe(base_url: str, served_model_name: str | None = None, timeout_s: float = 3.0) -> tuple[Phase, list[str], int | None]:
+def probe(
+    base_url: str, served_model_name: str | None = None, timeout_s: float = 3.0
+) -> tuple[Phase, list[str], int | None]:
     """One look at a server: loading (refused or 503), healthy, or ready (the model is listed)."""
     root = base_url.removesuffix("/").removesuffix("/v1")
     if http_get(f"{root}/health", timeout_s)[0] != 200:
@@ -209,35 +211,59 @@ def tail(path: str | Path, lines: int = LOG_TAIL) -> list[str]:
 
 # (pattern in the log, the likely cause and what to do), most specific first.
 _CAUSES: list[tuple[str, str]] = [
-    (r"No common block size|block.size.*mismatch",
-     "KV block size: MSA needs --block-size 128 (vLLM) / --page-size 128 (SGLang)"),
-    (r"larger than the maximum number of tokens that can be stored in KV cache|No available memory for the cache blocks"
-     r"|KV cache is needed|insufficient.*KV cache",
-     "the KV cache cannot hold --max-model-len: lower it or add --kv-cache-dtype fp8 (see `m3-agent serve plan`)"),
-    (r"out of memory|OutOfMemoryError|CUDA error: out of memory|HIP out of memory",
-     "GPU memory: lower --max-model-len, use --kv-cache-dtype fp8 or a smaller precision, or add GPUs "
-     "(see `m3-agent serve plan`)"),
-    (r"Address already in use|address already in use|bind.*in use",
-     "the port is taken: pass --port, or stop the server already on it"),
-    (r"invalid choice: '?minimax[_-]m3|(tool|reasoning).?parser.*minimax[_-]m3.*(not|invalid|unknown)"
-     r"|KeyError: '?minimax[_-]m3",
-     "this engine version has no minimax_m3 parsers: use the minimax-m3 docker image or a newer release"),
-    (r"does not recognize this architecture|model type `?minimax_m3|MiniMaxM3.*not supported",
-     "this engine version does not know MiniMax-M3: use the minimax-m3 docker image or a newer release"),
-    (r"unrecognized arguments|error: argument|No such option",
-     "the engine rejected a flag: its version is older than the flags M3 needs; use the minimax-m3 image"),
-    (r"401|403|gated repo|Access to model .* is restricted|Repository Not Found|HF_TOKEN",
-     "Hugging Face access: export HF_TOKEN and accept the model's license, or pass a local --model path"),
-    (r"No CUDA GPUs are available|Found no NVIDIA driver|no ROCm-capable device|CUDA driver version is insufficient"
-     r"|could not select device driver",
-     "no usable GPU: check nvidia-smi / rocm-smi, the driver, and (docker) the NVIDIA container toolkit"),
-    (r"fa4|FlashAttention-4|illegal memory access|cudaErrorIllegalAddress",
-     "an attention kernel faulted: on CUDA 13 SGLang's fa4 faults (seed 000); use the vLLM engine"),
-    (r"NCCL error|NCCL WARN|ncclSystemError|ncclInternalError",
-     "GPU communication (NCCL): check every GPU is visible, --ipc=host and enough shared memory"),
+    (
+        r"No common block size|block.size.*mismatch",
+        "KV block size: MSA needs --block-size 128 (vLLM) / --page-size 128 (SGLang)",
+    ),
+    (
+        r"larger than the maximum number of tokens that can be stored in KV cache"
+        r"|No available memory for the cache blocks|KV cache is needed|insufficient.*KV cache",
+        "the KV cache cannot hold --max-model-len: lower it or add --kv-cache-dtype fp8 (see `m3-agent serve plan`)",
+    ),
+    (
+        r"out of memory|OutOfMemoryError|CUDA error: out of memory|HIP out of memory",
+        "GPU memory: lower --max-model-len, use --kv-cache-dtype fp8 or a smaller precision, or add GPUs "
+        "(see `m3-agent serve plan`)",
+    ),
+    (
+        r"Address already in use|address already in use|bind.*in use",
+        "the port is taken: pass --port, or stop the server already on it",
+    ),
+    (
+        r"invalid choice: '?minimax[_-]m3|(tool|reasoning).?parser.*minimax[_-]m3.*(not|invalid|unknown)"
+        r"|KeyError: '?minimax[_-]m3",
+        "this engine version has no minimax_m3 parsers: use the minimax-m3 docker image or a newer release",
+    ),
+    (
+        r"does not recognize this architecture|model type `?minimax_m3|MiniMaxM3.*not supported",
+        "this engine version does not know MiniMax-M3: use the minimax-m3 docker image or a newer release",
+    ),
+    (
+        r"unrecognized arguments|error: argument|No such option",
+        "the engine rejected a flag: its version is older than the flags M3 needs; use the minimax-m3 image",
+    ),
+    (
+        r"401|403|gated repo|Access to model .* is restricted|Repository Not Found|HF_TOKEN",
+        "Hugging Face access: export HF_TOKEN and accept the model's license, or pass a local --model path",
+    ),
+    (
+        r"No CUDA GPUs are available|Found no NVIDIA driver|no ROCm-capable device|CUDA driver version is insufficient"
+        r"|could not select device driver",
+        "no usable GPU: check nvidia-smi / rocm-smi, the driver, and (docker) the NVIDIA container toolkit",
+    ),
+    (
+        r"fa4|FlashAttention-4|illegal memory access|cudaErrorIllegalAddress",
+        "an attention kernel faulted: on CUDA 13 SGLang's fa4 faults (seed 000); use the vLLM engine",
+    ),
+    (
+        r"NCCL error|NCCL WARN|ncclSystemError|ncclInternalError",
+        "GPU communication (NCCL): check every GPU is visible, --ipc=host and enough shared memory",
+    ),
     (r"No space left on device", "the disk is full: free space for the weights (~860 GB in BF16)"),
-    (r"command not found|No module named '?(vllm|sglang)",
-     "the engine is not installed here: install it, or use --runner docker"),
+    (
+        r"command not found|No module named '?(vllm|sglang)",
+        "the engine is not installed here: install it, or use --runner docker",
+    ),
 ]
 
 
@@ -255,8 +281,9 @@ def likely_cause(lines: list[str], returncode: int | None = None) -> str:
 def _failure(state: ServeState, what: str, returncode: int | None = None) -> EndpointError:
     lines = tail(state.log_path)
     shown = "\n".join(f"  | {line}" for line in lines) or "  | (the log is empty)"
-    return EndpointError(f"{what}\nlast log lines ({state.log_path}):\n{shown}\n"
-                         f"likely cause: {likely_cause(lines, returncode)}")
+    return EndpointError(
+        f"{what}\nlast log lines ({state.log_path}):\n{shown}\nlikely cause: {likely_cause(lines, returncode)}"
+    )
 
 
 def _launch_native(cmd: Command, log_path: Path) -> tuple[int, str | None]:
@@ -269,8 +296,14 @@ def _launch_native(cmd: Command, log_path: Path) -> tuple[int, str | None]:
         log.flush()
         # A new session makes the engine a process-group leader: stop ends the group, workers included.
         try:
-            proc = subprocess.Popen(cmd.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as e:
             raise EndpointError(f"cannot run {exe}: {e.strerror or e}") from None
     return proc.pid, _proc_started(proc.pid)
@@ -285,10 +318,17 @@ def _launch_docker(cmd: Command, log_path: Path) -> int:
     with open(log_path, "ab") as log:
         log.write(f"$ {cmd.shell()}\n{r.stdout}{r.stderr}".encode())
     if r.returncode != 0:
-        raise EndpointError(f"docker run failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+        raise EndpointError(
+            f"docker run failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
+        )
     with open(log_path, "ab") as log:
-        follower = subprocess.Popen(["docker", "logs", "-f", name], stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        follower = subprocess.Popen(
+            ["docker", "logs", "-f", name],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return follower.pid
 
 
@@ -296,16 +336,27 @@ def launch(cmd: Command, *, name: str = DEFAULT_NAME, host: str = "127.0.0.1") -
     """Start `cmd` detached and record it; does not wait for it to be healthy (see `wait_ready`)."""
     existing = load_state(name)
     if existing and is_running(existing):
-        raise UsageError(f"endpoint {name!r} is already running ({existing.profile}, {existing.base_url}); "
-                         f"`m3-agent serve stop` it first, or pass --name")
+        raise UsageError(
+            f"endpoint {name!r} is already running ({existing.profile}, {existing.base_url}); "
+            f"`m3-agent serve stop` it first, or pass --name"
+        )
     directory = state_dir()
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / f"{name}.log"
     log_path.write_bytes(b"")
-    state = ServeState(name=name, profile=cmd.profile, engine=cmd.engine, runner=cmd.runner, argv=cmd.argv,
-                       env=cmd.env, container=cmd.container, log_path=str(log_path),
-                       base_url=f"http://{host}:{cmd.port}/v1", served_model_name=cmd.served_model_name,
-                       started_at=time.time())
+    state = ServeState(
+        name=name,
+        profile=cmd.profile,
+        engine=cmd.engine,
+        runner=cmd.runner,
+        argv=cmd.argv,
+        env=cmd.env,
+        container=cmd.container,
+        log_path=str(log_path),
+        base_url=f"http://{host}:{cmd.port}/v1",
+        served_model_name=cmd.served_model_name,
+        started_at=time.time(),
+    )
     if cmd.runner == "native":
         state.pid, state.pid_started = _launch_native(cmd, log_path)
     else:
@@ -314,8 +365,9 @@ def launch(cmd: Command, *, name: str = DEFAULT_NAME, host: str = "127.0.0.1") -
     return state
 
 
-def wait_ready(state: ServeState, *, timeout_s: float, progress: Progress | None = None,
-               poll_s: float = 0.5) -> ServeState:
+def wait_ready(
+    state: ServeState, *, timeout_s: float, progress: Progress | None = None, poll_s: float = 0.5
+) -> ServeState:
     """Wait until the server lists its model; on exit or timeout raise with the last log lines."""
     say = progress or (lambda phase, msg: None)
     deadline = time.monotonic() + timeout_s
@@ -325,17 +377,22 @@ def wait_ready(state: ServeState, *, timeout_s: float, progress: Progress | None
     while True:
         if not is_running(state):
             code = _exit_code(state)
-            raise _failure(state, f"the {state.engine} server exited during start-up"
-                           + (f" (exit code {code})" if code is not None else ""), code)
+            raise _failure(
+                state,
+                f"the {state.engine} server exited during start-up"
+                + (f" (exit code {code})" if code is not None else ""),
+                code,
+            )
         phase, models, max_len = probe(state.base_url, state.served_model_name)
         if phase == "ready" and shown == "loading":
             say("healthy", "/health answers 200")  # both came up between two polls
         if phase != shown:
             shown = phase
-            detail = {"loading": "waiting for /health (weights loading)",
-                      "healthy": "/health answers 200; waiting for the model in /v1/models",
-                      "ready": f"model listed: {', '.join(models)}"
-                               + (f" (max_model_len {max_len})" if max_len else "")}[phase]
+            detail = {
+                "loading": "waiting for /health (weights loading)",
+                "healthy": "/health answers 200; waiting for the model in /v1/models",
+                "ready": f"model listed: {', '.join(models)}" + (f" (max_model_len {max_len})" if max_len else ""),
+            }[phase]
             say("model listed" if phase == "ready" else phase, detail)
         if phase == "ready":
             return state
@@ -344,8 +401,11 @@ def wait_ready(state: ServeState, *, timeout_s: float, progress: Progress | None
             last_line = lines[-1]
             say("log", last_line[:160])
         if time.monotonic() >= deadline:
-            raise _failure(state, f"not ready after {timeout_s:g}s; the server keeps running "
-                                  f"(`m3-agent serve status`, `m3-agent serve stop --name {state.name}`)")
+            raise _failure(
+                state,
+                f"not ready after {timeout_s:g}s; the server keeps running "
+                f"(`m3-agent serve status`, `m3-agent serve stop --name {state.name}`)",
+            )
         time.sleep(poll_s)
 
 
@@ -356,8 +416,14 @@ def _exit_code(state: ServeState) -> int | None:
     return None
 
 
-def start(cmd: Command, *, name: str = DEFAULT_NAME, timeout_s: float = 1800, progress: Progress | None = None,
-          host: str = "127.0.0.1") -> ServeState:
+def start(
+    cmd: Command,
+    *,
+    name: str = DEFAULT_NAME,
+    timeout_s: float = 1800,
+    progress: Progress | None = None,
+    host: str = "127.0.0.1",
+) -> ServeState:
     """Launch `cmd` and wait for it; on a crash the leftovers are stopped, on a timeout it keeps running."""
     state = launch(cmd, name=name, host=host)
     try:
@@ -374,8 +440,12 @@ def status(name: str = DEFAULT_NAME) -> EndpointStatus:
     if state is None:
         return EndpointStatus(state=None, running=False, detail=f"no endpoint {name!r} recorded in {state_dir()}")
     if not is_running(state):
-        return EndpointStatus(state=state, running=False, phase="exited",
-                              detail=f"the server is not running; last log line: {' '.join(tail(state.log_path, 1))}")
+        return EndpointStatus(
+            state=state,
+            running=False,
+            phase="exited",
+            detail=f"the server is not running; last log line: {' '.join(tail(state.log_path, 1))}",
+        )
     phase, models, max_len = probe(state.base_url, state.served_model_name)
     return EndpointStatus(state=state, running=True, phase=phase, models=models, max_model_len=max_len)
 

@@ -83,8 +83,12 @@ def _count_tokens(base_url: str, model: str, text: str, api_key: str) -> int | N
     """Prompt tokens of one user message per the server's /tokenize (vLLM and the stand-in have it)."""
     root = base_url.removesuffix("/").removesuffix("/v1")
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}]}).encode()
-    req = urllib.request.Request(f"{root}/tokenize", data=body, method="POST",
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
+    req = urllib.request.Request(
+        f"{root}/tokenize",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
+    )
     try:
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as r:
             return int(json.loads(r.read())["count"])
@@ -125,8 +129,12 @@ async def _one(client: openai.AsyncOpenAI, cfg: LoadConfig, prompt: str) -> _Sam
         # Raw SSE lines, parsed with json: building the SDK's chunk models costs more CPU than the
         # stream itself and would inflate TTFT and ITL under load.
         async with client.chat.completions.with_streaming_response.create(
-            model=cfg.model, messages=[{"role": "user", "content": prompt}], max_tokens=cfg.output_len,
-            stream=True, stream_options={"include_usage": True}, temperature=0.0,
+            model=cfg.model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=cfg.output_len,
+            stream=True,
+            stream_options={"include_usage": True},
+            temperature=0.0,
             extra_body={"ignore_eos": True},  # vLLM: generate exactly output_len tokens, as its bench does
         ) as response:
             async for line in response.iter_lines():
@@ -163,8 +171,9 @@ async def _one(client: openai.AsyncOpenAI, cfg: LoadConfig, prompt: str) -> _Sam
 async def _run(cfg: LoadConfig, prompts: list[str]) -> tuple[list[_Sample], float]:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=cfg.base_url, api_key=cfg.api_key, max_retries=0,
-                                timeout=cfg.request_timeout_s)
+    client = openai.AsyncOpenAI(
+        base_url=cfg.base_url, api_key=cfg.api_key, max_retries=0, timeout=cfg.request_timeout_s
+    )
     gate = asyncio.Semaphore(cfg.concurrency)
 
     async def bounded(p: str) -> _Sample:
@@ -201,13 +210,27 @@ def summarize(samples: list[_Sample], duration: float, tool: str) -> BenchResult
         return (statistics.fmean(xs), statistics.median(xs), percentile(xs, 99)) if xs else (0.0, 0.0, 0.0)
 
     t, p, i = stats(ttft), stats(tpot), stats(itl)
-    return BenchResult(tool=tool, completed=len(ok), failed=len(samples) - len(ok), duration=duration,
-                       total_input_tokens=tin, total_output_tokens=tout, request_throughput=len(ok) / d,
-                       output_throughput=tout / d, total_token_throughput=(tin + tout) / d,
-                       mean_ttft_ms=t[0], median_ttft_ms=t[1], p99_ttft_ms=t[2],
-                       mean_tpot_ms=p[0], median_tpot_ms=p[1], p99_tpot_ms=p[2],
-                       mean_itl_ms=i[0], median_itl_ms=i[1], p99_itl_ms=i[2],
-                       first_error=next((s.error for s in samples if s.error), ""))
+    return BenchResult(
+        tool=tool,
+        completed=len(ok),
+        failed=len(samples) - len(ok),
+        duration=duration,
+        total_input_tokens=tin,
+        total_output_tokens=tout,
+        request_throughput=len(ok) / d,
+        output_throughput=tout / d,
+        total_token_throughput=(tin + tout) / d,
+        mean_ttft_ms=t[0],
+        median_ttft_ms=t[1],
+        p99_ttft_ms=t[2],
+        mean_tpot_ms=p[0],
+        median_tpot_ms=p[1],
+        p99_tpot_ms=p[2],
+        mean_itl_ms=i[0],
+        median_itl_ms=i[1],
+        p99_itl_ms=i[2],
+        first_error=next((s.error for s in samples if s.error), ""),
+    )
 
 
 def run_load(cfg: LoadConfig) -> BenchResult:

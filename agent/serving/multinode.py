@@ -22,8 +22,14 @@ class Step(BaseModel):
     command: str
 
 
-def ray_tensor_parallel(profile: Profile, nodes: int, *, gpus_per_node: int | None = None,
-                        head: str = "<HEAD_IP>", overrides: Overrides | None = None) -> list[Step]:
+def ray_tensor_parallel(
+    profile: Profile,
+    nodes: int,
+    *,
+    gpus_per_node: int | None = None,
+    head: str = "<HEAD_IP>",
+    overrides: Overrides | None = None,
+) -> list[Step]:
     """One model replica split by tensor parallelism over `nodes` nodes, coordinated by Ray."""
     if profile.engine != "vllm":
         raise UsageError("the multi-node tensor-parallel form is for vLLM: pass --engine vllm")
@@ -40,14 +46,17 @@ def ray_tensor_parallel(profile: Profile, nodes: int, *, gpus_per_node: int | No
     env = " ".join(f"{k}={v}" for k, v in cmd.env.items())
     prefix = f"{env} " if env else ""
     steps = [Step(where="head node", command=f"{prefix}ray start --head --port={RAY_PORT}")]
-    steps += [Step(where=f"worker node {i}", command=f"{prefix}ray start --address={head}:{RAY_PORT}")
-              for i in range(1, nodes)]
+    steps += [
+        Step(where=f"worker node {i}", command=f"{prefix}ray start --address={head}:{RAY_PORT}")
+        for i in range(1, nodes)
+    ]
     steps.append(Step(where="head node, once `ray status` shows every GPU", command=cmd.shell()))
     return steps
 
 
-def replicas_behind_router(profile: Profile, replicas: int, *, hosts: list[str] | None = None,
-                           overrides: Overrides | None = None) -> list[Step]:
+def replicas_behind_router(
+    profile: Profile, replicas: int, *, hosts: list[str] | None = None, overrides: Overrides | None = None
+) -> list[Step]:
     """`replicas` independent single-node servers and one router spreading requests over them."""
     if replicas < 2:
         raise UsageError("--replicas needs at least 2 replicas")
@@ -61,7 +70,11 @@ def replicas_behind_router(profile: Profile, replicas: int, *, hosts: list[str] 
     cmd = cmd.model_copy(update={"argv": argv})
     steps = [Step(where=f"node {h}", command=cmd.shell()) for h in hosts]
     workers = " ".join(f"http://{h}:{cmd.port}" for h in hosts)
-    steps.append(Step(where="router host (pip install sglang-router)",
-                      command=f"python -m sglang_router.launch_router --worker-urls {workers} "
-                              f"--policy cache_aware --host 0.0.0.0 --port {ROUTER_PORT}"))
+    steps.append(
+        Step(
+            where="router host (pip install sglang-router)",
+            command=f"python -m sglang_router.launch_router --worker-urls {workers} "
+            f"--policy cache_aware --host 0.0.0.0 --port {ROUTER_PORT}",
+        )
+    )
     return steps

@@ -42,8 +42,18 @@ KV_BYTES_FACTOR = {"auto": 1.0, "bf16": 1.0, "fp16": 1.0, "fp8": 0.5, "fp8_e4m3"
 
 # Memory per GPU in GB as sold (nvidia-smi / rocm-smi report slightly less, in MiB).
 GPU_MEMORY_GB = {
-    "H100": 80, "H800": 80, "A100": 80, "H20": 96, "H200": 141, "GH200": 141, "B200": 180, "B300": 288,
-    "MI300X": 192, "MI325X": 256, "MI350X": 288, "MI355X": 288,
+    "H100": 80,
+    "H800": 80,
+    "A100": 80,
+    "H20": 96,
+    "H200": 141,
+    "GH200": 141,
+    "B200": 180,
+    "B300": 288,
+    "MI300X": 192,
+    "MI325X": 256,
+    "MI350X": 288,
+    "MI355X": 288,
 }
 AMD_GPUS = {"MI300X", "MI325X", "MI350X", "MI355X"}
 STANDARD_WINDOWS = [32_768, 131_072, 262_144, 524_288, 1_048_576]
@@ -132,42 +142,70 @@ def plan(req: PlanRequest) -> Plan:
     pool = usable - weights - reserve
     pool_tokens = max(0.0, pool * GB / per_token)
     largest = min(req.native_context, int(pool_tokens) // BLOCK * BLOCK)
-    windows = [WindowFit(tokens=w, kv_gb=round(kv_gb(w, req.kv_dtype), 2), fits=w <= largest,
-                         concurrency=round(pool_tokens / w, 2))
-               for w in STANDARD_WINDOWS if w <= req.native_context]
+    windows = [
+        WindowFit(
+            tokens=w, kv_gb=round(kv_gb(w, req.kv_dtype), 2), fits=w <= largest, concurrency=round(pool_tokens / w, 2)
+        )
+        for w in STANDARD_WINDOWS
+        if w <= req.native_context
+    ]
     chosen = req.max_model_len or largest
     fits, reason = True, ""
     machine = f"{req.gpus}x {req.gpu_memory_gb:g} GB at utilization {req.gpu_memory_utilization:g}"
     if pool <= 0:
         fits = False
-        reason = (f"the weights do not fit: {req.precision} weights need {weights:.0f} GB plus {reserve:.0f} GB "
-                  f"reserve, {machine} gives {usable:.0f} GB; use more GPUs or a smaller precision")
+        reason = (
+            f"the weights do not fit: {req.precision} weights need {weights:.0f} GB plus {reserve:.0f} GB "
+            f"reserve, {machine} gives {usable:.0f} GB; use more GPUs or a smaller precision"
+        )
     elif req.max_model_len and req.max_model_len > req.native_context:
         fits = False
-        reason = (f"{req.max_model_len} tokens is past the native window of {req.native_context}"
-                  + ("; on AMD use the YaRN profile amd-tp8-1m" if req.native_context < NATIVE_CONTEXT else ""))
+        reason = f"{req.max_model_len} tokens is past the native window of {req.native_context}" + (
+            "; on AMD use the YaRN profile amd-tp8-1m" if req.native_context < NATIVE_CONTEXT else ""
+        )
     elif chosen > largest or largest < BLOCK:
         fits = False
         need = kv_gb(chosen, req.kv_dtype)
         hint = "; use --kv-dtype fp8" if KV_BYTES_FACTOR[req.kv_dtype.lower()] == 1.0 else ""
-        reason = (f"{_fmt_tokens(chosen)} context needs {need:.0f} GB of {req.kv_dtype} KV cache, but only "
-                  f"{pool:.0f} GB is left after {weights:.0f} GB of weights on {machine}: cap --max-model-len "
-                  f"at {largest} or add GPUs{hint}")
+        reason = (
+            f"{_fmt_tokens(chosen)} context needs {need:.0f} GB of {req.kv_dtype} KV cache, but only "
+            f"{pool:.0f} GB is left after {weights:.0f} GB of weights on {machine}: cap --max-model-len "
+            f"at {largest} or add GPUs{hint}"
+        )
     request_conc = round(pool_tokens / req.request_tokens, 2) if req.request_tokens else None
-    return Plan(request=req, usable_gb=round(usable, 2), weights_gb=round(weights, 2), reserve_gb=reserve,
-                kv_pool_gb=round(pool, 2), kv_bytes_per_token=round(per_token, 1),
-                max_model_len=chosen if fits else largest,
-                concurrency=round(pool_tokens / chosen, 2) if fits and chosen else 0.0,
-                request_concurrency=request_conc, windows=windows, fits=fits, reason=reason)
+    return Plan(
+        request=req,
+        usable_gb=round(usable, 2),
+        weights_gb=round(weights, 2),
+        reserve_gb=reserve,
+        kv_pool_gb=round(pool, 2),
+        kv_bytes_per_token=round(per_token, 1),
+        max_model_len=chosen if fits else largest,
+        concurrency=round(pool_tokens / chosen, 2) if fits and chosen else 0.0,
+        request_concurrency=request_conc,
+        windows=windows,
+        fits=fits,
+        reason=reason,
+    )
 
 
-def min_gpus(gpu_memory_gb: float, precision: str, *, tokens: int, kv_dtype: str = "auto",
-             params_b: float = M3_PARAMS_B, **kw) -> int | None:
+def min_gpus(
+    gpu_memory_gb: float, precision: str, *, tokens: int, kv_dtype: str = "auto", params_b: float = M3_PARAMS_B, **kw
+) -> int | None:
     """The smallest power-of-two GPU count (up to 64) that holds the weights and a `tokens` window."""
     n = 1
     while n <= 64:
-        if plan(PlanRequest(gpus=n, gpu_memory_gb=gpu_memory_gb, precision=precision, kv_dtype=kv_dtype,
-                            max_model_len=tokens, params_b=params_b, **kw)).fits:
+        if plan(
+            PlanRequest(
+                gpus=n,
+                gpu_memory_gb=gpu_memory_gb,
+                precision=precision,
+                kv_dtype=kv_dtype,
+                max_model_len=tokens,
+                params_b=params_b,
+                **kw,
+            )
+        ).fits:
             return n
         n *= 2
     return None

@@ -26,20 +26,48 @@ SGLANG_IMAGE = "lmsysorg/sglang:dev-cu13-minimax-m3"
 DEFAULT_MODEL = "MiniMaxAI/MiniMax-M3"
 
 # seed 000: the docker run options used for both engines on NVIDIA.
-NVIDIA_DOCKER_OPTIONS = ["--gpus", "all", "--ipc=host", "-p", "8000:8000",
-                         "-v", "~/.cache/huggingface:/root/.cache/huggingface"]
+NVIDIA_DOCKER_OPTIONS = [
+    "--gpus",
+    "all",
+    "--ipc=host",
+    "-p",
+    "8000:8000",
+    "-v",
+    "~/.cache/huggingface:/root/.cache/huggingface",
+]
 # seed 002: the device options of the ROCm image (the seed's `-it`/`--entrypoint /bin/bash` are for a shell).
-AMD_DOCKER_OPTIONS = ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video",
-                      "--cap-add", "SYS_PTRACE", "--security-opt", "seccomp=unconfined", "--ipc=host",
-                      "--shm-size=16g", "-p", "8000:8000",
-                      "-v", "~/.cache/huggingface:/root/.cache/huggingface"]
+AMD_DOCKER_OPTIONS = [
+    "--device",
+    "/dev/kfd",
+    "--device",
+    "/dev/dri",
+    "--group-add",
+    "video",
+    "--cap-add",
+    "SYS_PTRACE",
+    "--security-opt",
+    "seccomp=unconfined",
+    "--ipc=host",
+    "--shm-size=16g",
+    "-p",
+    "8000:8000",
+    "-v",
+    "~/.cache/huggingface:/root/.cache/huggingface",
+]
 
-_PARSERS_VLLM = ["--tool-call-parser", "minimax_m3", "--reasoning-parser", "minimax_m3",
-                 "--enable-auto-tool-choice"]
-_AMD_ATTN = ["--attention-backend", "TRITON_ATTN", "--mm-encoder-tp-mode", "data",
-             "--mm-encoder-attn-backend", "ROCM_AITER_FA"]
+_PARSERS_VLLM = ["--tool-call-parser", "minimax_m3", "--reasoning-parser", "minimax_m3", "--enable-auto-tool-choice"]
+_AMD_ATTN = [
+    "--attention-backend",
+    "TRITON_ATTN",
+    "--mm-encoder-tp-mode",
+    "data",
+    "--mm-encoder-attn-backend",
+    "ROCM_AITER_FA",
+]
 _AMD_ENV = {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
-_YARN_1M = '{"text_config":{"rope_scaling":{"rope_type":"yarn","factor":2.0,"original_max_position_embeddings":524288}}}'
+_YARN_1M = (
+    '{"text_config":{"rope_scaling":{"rope_type":"yarn","factor":2.0,"original_max_position_embeddings":524288}}}'
+)
 # Flags that only make sense with the vision encoder loaded (seed 002: exclusive with --language-model-only).
 _ENCODER_FLAGS = {"--mm-encoder-tp-mode", "--mm-encoder-attn-backend", "--mm-processor-cache-type"}
 _ENGINE_PORT = {"vllm": 8000, "sglang": 30000}
@@ -63,8 +91,9 @@ class Profile(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     docker_image: str = VLLM_IMAGE
     docker_options: list[str] = Field(default_factory=lambda: list(NVIDIA_DOCKER_OPTIONS))
-    docker_command: list[str] = Field(default_factory=list,
-                                      description="what follows the image (empty: the image's own entrypoint)")
+    docker_command: list[str] = Field(
+        default_factory=list, description="what follows the image (empty: the image's own entrypoint)"
+    )
 
 
 class Command(BaseModel):
@@ -109,98 +138,305 @@ def _quote(arg: str) -> str:
 
 
 def _vllm(name: str, summary: str, source: str, gpu: str, gpus: int, args: list[str], **kw) -> Profile:
-    return Profile(name=name, engine="vllm", summary=summary, source=source, gpu=gpu, gpus=gpus,
-                   launcher=["vllm", "serve"], args=args, **kw)
+    return Profile(
+        name=name,
+        engine="vllm",
+        summary=summary,
+        source=source,
+        gpu=gpu,
+        gpus=gpus,
+        launcher=["vllm", "serve"],
+        args=args,
+        **kw,
+    )
 
 
 def _amd(name: str, summary: str, args: list[str], *, env: dict[str, str] | None = None, **kw) -> Profile:
     kw.setdefault("gpu", "MI355X")
     kw.setdefault("gpus", 8)
-    return _vllm(name, summary, kw.pop("source", "seed 002: AMD ROCm"), kw.pop("gpu"), kw.pop("gpus"), args,
-                 platform="amd", env={**_AMD_ENV, **(env or {})}, docker_image=VLLM_ROCM_IMAGE,
-                 docker_options=list(AMD_DOCKER_OPTIONS), **kw)
+    return _vllm(
+        name,
+        summary,
+        kw.pop("source", "seed 002: AMD ROCm"),
+        kw.pop("gpu"),
+        kw.pop("gpus"),
+        args,
+        platform="amd",
+        env={**_AMD_ENV, **(env or {})},
+        docker_image=VLLM_ROCM_IMAGE,
+        docker_options=list(AMD_DOCKER_OPTIONS),
+        **kw,
+    )
 
 
 def _seed001(name: str, tp: int, gpu: str, summary: str) -> Profile:
     return Profile(
-        name=name, engine="vllm", summary=summary, gpu=gpu, gpus=tp, precision="fp8",
+        name=name,
+        engine="vllm",
+        summary=summary,
+        gpu=gpu,
+        gpus=tp,
+        precision="fp8",
         source="seed 001: Step 4, Launch the vLLM Server" + ("" if tp == 2 else " (--tensor-parallel-size 4 variant)"),
-        launcher=["python", "-m", "vllm.entrypoints.openai.api_server"], model_flag="--model",
-        args=["--served-model-name", "minimax-m3", "--tensor-parallel-size", str(tp), "--quantization", "fp8",
-              "--enable-expert-parallel", "--max-model-len", "131072", "--kv-cache-dtype", "fp8_e5m2",
-              "--gpu-memory-utilization", "0.92", "--enable-chunked-prefill", "--max-num-seqs", "16",
-              "--port", "8000"],
+        launcher=["python", "-m", "vllm.entrypoints.openai.api_server"],
+        model_flag="--model",
+        args=[
+            "--served-model-name",
+            "minimax-m3",
+            "--tensor-parallel-size",
+            str(tp),
+            "--quantization",
+            "fp8",
+            "--enable-expert-parallel",
+            "--max-model-len",
+            "131072",
+            "--kv-cache-dtype",
+            "fp8_e5m2",
+            "--gpu-memory-utilization",
+            "0.92",
+            "--enable-chunked-prefill",
+            "--max-num-seqs",
+            "16",
+            "--port",
+            "8000",
+        ],
     )
 
 
 PROFILES: list[Profile] = [
-    _vllm("h200-tp8", "8x H200 / H20, tensor parallel 8 (BF16)", "seed 002: NVIDIA — TP8 (8x H200 / H20)",
-          "H200", 8, ["--tensor-parallel-size", "8", "--block-size", "128", *_PARSERS_VLLM]),
-    _vllm("h200-tp8-ep", "8x H200 / H20, TP8 + expert parallel (BF16)", "seed 002: TP8 + Expert Parallel",
-          "H200", 8, ["--tensor-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128",
-                      *_PARSERS_VLLM]),
-    _vllm("h200-dp8-ep", "8x H200 / H20, DP8 + expert parallel (BF16)", "seed 002: DP8 + Expert Parallel",
-          "H200", 8, ["--data-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128",
-                      *_PARSERS_VLLM]),
-    _vllm("mxfp8-tp8", "MXFP8 checkpoint, TP8 (about half the VRAM of BF16)", "seed 002: Quantized Variant (MXFP8)",
-          "B200", 8, ["--tensor-parallel-size", "8", "--block-size", "128", *_PARSERS_VLLM],
-          precision="mxfp8", model="MiniMaxAI/MiniMax-M3-MXFP8"),
-    _vllm("blackwell-tp8-ep", "8x B200, TP8 + EP, FlashInfer encoder attention, shm processor cache",
-          "seeds 003/004: Deploying with vLLM", "B200", 8,
-          ["--tensor-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128",
-           "--mm-encoder-attn-backend", "FLASHINFER", "--mm-processor-cache-type", "shm",
-           "--tool-call-parser", "minimax_m3", "--enable-auto-tool-choice", "--reasoning-parser", "minimax_m3",
-           "--trust-remote-code"]),
-    Profile(name="b200", engine="vllm", summary="8x B200 (HGX), TP8, the seed 000 benchmark machine",
-            source="seed 000: Deploying MiniMax-M3 (vLLM docker run)", gpu="B200", gpus=8,
-            launcher=["vllm", "serve"], model_flag="--model",
-            args=["--served-model-name", "minimax-m3", "--tensor-parallel-size", "8", "--trust-remote-code",
-                  "--block-size", "128", *_PARSERS_VLLM]),
-    Profile(name="b200", engine="sglang", summary="8x B200 (HGX), SGLang TP8 with fa4 attention (CUDA 12.8 only)",
-            source="seed 000: Deploying MiniMax-M3 (SGLang docker run)", gpu="B200", gpus=8,
-            launcher=["python3", "-m", "sglang.launch_server"], model_flag="--model-path",
-            args=["--served-model-name", "minimax-m3", "--tp", "8", "--host", "0.0.0.0", "--port", "8000",
-                  "--trust-remote-code", "--mem-fraction-static", "0.65", "--attention-backend", "fa4",
-                  "--page-size", "128", "--moe-runner-backend", "deep_gemm"],
-            docker_image=SGLANG_IMAGE, docker_command=["python3", "-m", "sglang.launch_server"]),
-    Profile(name="blackwell-mxfp8-tp8-ep", engine="sglang",
-            summary="8 GPUs, SGLang TP8 + EP8 with MXFP8 quantization, flashinfer attention",
-            source="seed 004: Deploying with SGLang", gpu="B200", gpus=8, precision="mxfp8",
-            launcher=["python", "-m", "sglang.launch_server"], model_flag="--model-path",
-            args=["--dtype", "bfloat16", "--tp-size", "8", "--ep-size", "8", "--trust-remote-code",
-                  "--mem-fraction-static", "0.8", "--enable-multimodal", "--quantization", "mxfp8",
-                  "--attention-backend", "flashinfer", "--mm-attention-backend", "flashinfer_cudnn",
-                  "--moe-runner-backend", "deep_gemm", "--chunked-prefill-size", "8192",
-                  # seed 004's text is cut off after "minimax-m3-nom"; the parser name is minimax-m3 (M3-SERVING).
-                  "--reasoning-parser", "minimax-m3", "--tool-call-parser", "minimax-m3"],
-            docker_image=SGLANG_IMAGE, docker_command=["python", "-m", "sglang.launch_server"]),
+    _vllm(
+        "h200-tp8",
+        "8x H200 / H20, tensor parallel 8 (BF16)",
+        "seed 002: NVIDIA — TP8 (8x H200 / H20)",
+        "H200",
+        8,
+        ["--tensor-parallel-size", "8", "--block-size", "128", *_PARSERS_VLLM],
+    ),
+    _vllm(
+        "h200-tp8-ep",
+        "8x H200 / H20, TP8 + expert parallel (BF16)",
+        "seed 002: TP8 + Expert Parallel",
+        "H200",
+        8,
+        ["--tensor-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128", *_PARSERS_VLLM],
+    ),
+    _vllm(
+        "h200-dp8-ep",
+        "8x H200 / H20, DP8 + expert parallel (BF16)",
+        "seed 002: DP8 + Expert Parallel",
+        "H200",
+        8,
+        ["--data-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128", *_PARSERS_VLLM],
+    ),
+    _vllm(
+        "mxfp8-tp8",
+        "MXFP8 checkpoint, TP8 (about half the VRAM of BF16)",
+        "seed 002: Quantized Variant (MXFP8)",
+        "B200",
+        8,
+        ["--tensor-parallel-size", "8", "--block-size", "128", *_PARSERS_VLLM],
+        precision="mxfp8",
+        model="MiniMaxAI/MiniMax-M3-MXFP8",
+    ),
+    _vllm(
+        "blackwell-tp8-ep",
+        "8x B200, TP8 + EP, FlashInfer encoder attention, shm processor cache",
+        "seeds 003/004: Deploying with vLLM",
+        "B200",
+        8,
+        [
+            "--tensor-parallel-size",
+            "8",
+            "--enable-expert-parallel",
+            "--block-size",
+            "128",
+            "--mm-encoder-attn-backend",
+            "FLASHINFER",
+            "--mm-processor-cache-type",
+            "shm",
+            "--tool-call-parser",
+            "minimax_m3",
+            "--enable-auto-tool-choice",
+            "--reasoning-parser",
+            "minimax_m3",
+            "--trust-remote-code",
+        ],
+    ),
+    Profile(
+        name="b200",
+        engine="vllm",
+        summary="8x B200 (HGX), TP8, the seed 000 benchmark machine",
+        source="seed 000: Deploying MiniMax-M3 (vLLM docker run)",
+        gpu="B200",
+        gpus=8,
+        launcher=["vllm", "serve"],
+        model_flag="--model",
+        args=[
+            "--served-model-name",
+            "minimax-m3",
+            "--tensor-parallel-size",
+            "8",
+            "--trust-remote-code",
+            "--block-size",
+            "128",
+            *_PARSERS_VLLM,
+        ],
+    ),
+    Profile(
+        name="b200",
+        engine="sglang",
+        summary="8x B200 (HGX), SGLang TP8 with fa4 attention (CUDA 12.8 only)",
+        source="seed 000: Deploying MiniMax-M3 (SGLang docker run)",
+        gpu="B200",
+        gpus=8,
+        launcher=["python3", "-m", "sglang.launch_server"],
+        model_flag="--model-path",
+        args=[
+            "--served-model-name",
+            "minimax-m3",
+            "--tp",
+            "8",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "8000",
+            "--trust-remote-code",
+            "--mem-fraction-static",
+            "0.65",
+            "--attention-backend",
+            "fa4",
+            "--page-size",
+            "128",
+            "--moe-runner-backend",
+            "deep_gemm",
+        ],
+        docker_image=SGLANG_IMAGE,
+        docker_command=["python3", "-m", "sglang.launch_server"],
+    ),
+    Profile(
+        name="blackwell-mxfp8-tp8-ep",
+        engine="sglang",
+        summary="8 GPUs, SGLang TP8 + EP8 with MXFP8 quantization, flashinfer attention",
+        source="seed 004: Deploying with SGLang",
+        gpu="B200",
+        gpus=8,
+        precision="mxfp8",
+        launcher=["python", "-m", "sglang.launch_server"],
+        model_flag="--model-path",
+        args=[
+            "--dtype",
+            "bfloat16",
+            "--tp-size",
+            "8",
+            "--ep-size",
+            "8",
+            "--trust-remote-code",
+            "--mem-fraction-static",
+            "0.8",
+            "--enable-multimodal",
+            "--quantization",
+            "mxfp8",
+            "--attention-backend",
+            "flashinfer",
+            "--mm-attention-backend",
+            "flashinfer_cudnn",
+            "--moe-runner-backend",
+            "deep_gemm",
+            "--chunked-prefill-size",
+            "8192",
+            # seed 004's text is cut off after "minimax-m3-nom"; the parser name is minimax-m3 (M3-SERVING).
+            "--reasoning-parser",
+            "minimax-m3",
+            "--tool-call-parser",
+            "minimax-m3",
+        ],
+        docker_image=SGLANG_IMAGE,
+        docker_command=["python", "-m", "sglang.launch_server"],
+    ),
     _seed001("h200x2-fp8", 2, "H200", "2x H200, FP8 weights (on-the-fly), fp8 KV, 128K window"),
     _seed001("h200x4-fp8", 4, "H200", "4x H200, FP8 weights (on-the-fly), fp8 KV; room for 1M"),
-    _amd("amd-tp8", "AMD MI300X / MI325X / MI355X, TP8 (text or vision)",
-         ["--tensor-parallel-size", "8", "--block-size", "128", *_AMD_ATTN, *_PARSERS_VLLM],
-         source="seed 002: AMD ROCm — TP8 (Text or Vision)"),
-    _amd("amd-tp8-ep", "AMD MI300X / MI325X / MI355X, TP8 + expert parallel",
-         ["--tensor-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128", *_AMD_ATTN,
-          *_PARSERS_VLLM], source="seed 002: AMD ROCm — TP8 + Expert Parallel"),
-    _amd("amd-dp8-ep", "AMD MI300X / MI325X / MI355X, DP8 + expert parallel",
-         ["--data-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128", *_AMD_ATTN,
-          *_PARSERS_VLLM], source="seed 002: AMD ROCm — DP8 + Expert Parallel"),
-    _amd("amd-tp8-1m", "AMD, TP8 + fp8 KV at the full 1M window (YaRN past the native 512K)",
-         ["--block-size", "128", "--kv-cache-dtype", "fp8", "--tensor-parallel-size", "8",
-          "--max-model-len", "1048576", *_AMD_ATTN, "--tool-call-parser", "minimax_m3",
-          "--enable-auto-tool-choice", "--reasoning-parser", "minimax_m3", "--hf-overrides", _YARN_1M],
-         env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, source="seed 002: AMD ROCm notes (1M context)"),
-    _amd("mi355x-mxfp4", "AMD MI350X / MI355X (gfx950), MXFP4 checkpoint, TP4, AITER MoE, text only",
-         ["--tensor-parallel-size", "4", "--block-size", "128", "--moe-backend", "aiter",
-          "--attention-backend", "TRITON_ATTN", "--language-model-only", "--no-enable-prefix-caching",
-          *_PARSERS_VLLM],
-         env={"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "1"}, gpus=4, precision="mxfp4",
-         model="amd/MiniMax-M3-MXFP4", source="seed 002: Quantized Variant (MXFP4, AMD) — AITER MoE"),
-    _amd("mi355x-mxfp4-emulation", "AMD gfx950, MXFP4 checkpoint, TP8, emulated MoE (runs on current images)",
-         ["--tensor-parallel-size", "8", "--block-size", "128", "--moe-backend", "emulation",
-          "--attention-backend", "TRITON_ATTN", *_PARSERS_VLLM],
-         precision="mxfp4", model="amd/MiniMax-M3-MXFP4",
-         source="seed 002: Quantized Variant (MXFP4, AMD) — Emulation MoE"),
+    _amd(
+        "amd-tp8",
+        "AMD MI300X / MI325X / MI355X, TP8 (text or vision)",
+        ["--tensor-parallel-size", "8", "--block-size", "128", *_AMD_ATTN, *_PARSERS_VLLM],
+        source="seed 002: AMD ROCm — TP8 (Text or Vision)",
+    ),
+    _amd(
+        "amd-tp8-ep",
+        "AMD MI300X / MI325X / MI355X, TP8 + expert parallel",
+        ["--tensor-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128", *_AMD_ATTN, *_PARSERS_VLLM],
+        source="seed 002: AMD ROCm — TP8 + Expert Parallel",
+    ),
+    _amd(
+        "amd-dp8-ep",
+        "AMD MI300X / MI325X / MI355X, DP8 + expert parallel",
+        ["--data-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128", *_AMD_ATTN, *_PARSERS_VLLM],
+        source="seed 002: AMD ROCm — DP8 + Expert Parallel",
+    ),
+    _amd(
+        "amd-tp8-1m",
+        "AMD, TP8 + fp8 KV at the full 1M window (YaRN past the native 512K)",
+        [
+            "--block-size",
+            "128",
+            "--kv-cache-dtype",
+            "fp8",
+            "--tensor-parallel-size",
+            "8",
+            "--max-model-len",
+            "1048576",
+            *_AMD_ATTN,
+            "--tool-call-parser",
+            "minimax_m3",
+            "--enable-auto-tool-choice",
+            "--reasoning-parser",
+            "minimax_m3",
+            "--hf-overrides",
+            _YARN_1M,
+        ],
+        env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+        source="seed 002: AMD ROCm notes (1M context)",
+    ),
+    _amd(
+        "mi355x-mxfp4",
+        "AMD MI350X / MI355X (gfx950), MXFP4 checkpoint, TP4, AITER MoE, text only",
+        [
+            "--tensor-parallel-size",
+            "4",
+            "--block-size",
+            "128",
+            "--moe-backend",
+            "aiter",
+            "--attention-backend",
+            "TRITON_ATTN",
+            "--language-model-only",
+            "--no-enable-prefix-caching",
+            *_PARSERS_VLLM,
+        ],
+        env={"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "1"},
+        gpus=4,
+        precision="mxfp4",
+        model="amd/MiniMax-M3-MXFP4",
+        source="seed 002: Quantized Variant (MXFP4, AMD) — AITER MoE",
+    ),
+    _amd(
+        "mi355x-mxfp4-emulation",
+        "AMD gfx950, MXFP4 checkpoint, TP8, emulated MoE (runs on current images)",
+        [
+            "--tensor-parallel-size",
+            "8",
+            "--block-size",
+            "128",
+            "--moe-backend",
+            "emulation",
+            "--attention-backend",
+            "TRITON_ATTN",
+            *_PARSERS_VLLM,
+        ],
+        precision="mxfp4",
+        model="amd/MiniMax-M3-MXFP4",
+        source="seed 002: Quantized Variant (MXFP4, AMD) — Emulation MoE",
+    ),
 ]
 
 
@@ -264,7 +500,7 @@ def remove_flag(args: list[str], flag: str) -> None:
     """Drop `flag` and its value, if present."""
     i = _flag_index(args, flag)
     if i is not None:
-        del args[i:i + (2 if _has_value(args, i) else 1)]
+        del args[i : i + (2 if _has_value(args, i) else 1)]
 
 
 def _names(engine: Engine) -> dict[str, str]:
@@ -277,11 +513,19 @@ def _names(engine: Engine) -> dict[str, str]:
 def required_flags(engine: Engine) -> list[tuple[str, str | None]]:
     """The flags every M3 launch must carry (MSA block size, M3 parsers, tool choice, cached tokens)."""
     if engine == "vllm":
-        return [("--block-size", "128"), ("--tool-call-parser", "minimax_m3"),
-                ("--reasoning-parser", "minimax_m3"), ("--enable-auto-tool-choice", None),
-                ("--enable-prompt-tokens-details", None)]
-    return [("--page-size", "128"), ("--reasoning-parser", "minimax-m3"),
-            ("--tool-call-parser", "minimax-m3"), ("--enable-cache-report", None)]
+        return [
+            ("--block-size", "128"),
+            ("--tool-call-parser", "minimax_m3"),
+            ("--reasoning-parser", "minimax_m3"),
+            ("--enable-auto-tool-choice", None),
+            ("--enable-prompt-tokens-details", None),
+        ]
+    return [
+        ("--page-size", "128"),
+        ("--reasoning-parser", "minimax-m3"),
+        ("--tool-call-parser", "minimax-m3"),
+        ("--enable-cache-report", None),
+    ]
 
 
 def _apply(profile: Profile, o: Overrides) -> tuple[list[str], list[str]]:
@@ -335,8 +579,16 @@ def build_command(profile: Profile, runner: Runner = "native", overrides: Overri
     if runner == "native":
         model_part = [model] if profile.model_flag is None else [profile.model_flag, model]
         argv = [*profile.launcher, *model_part, *args]
-        return Command(profile=profile.name, engine=profile.engine, runner=runner, argv=argv, env=env,
-                       added=added, port=port, served_model_name=served)
+        return Command(
+            profile=profile.name,
+            engine=profile.engine,
+            runner=runner,
+            argv=argv,
+            env=env,
+            added=added,
+            port=port,
+            served_model_name=served,
+        )
     name = container_name(profile.name, profile.engine, port)
     options = list(profile.docker_options)
     # The container listens on the engine's port; publish that port on the same host port.
@@ -346,7 +598,28 @@ def build_command(profile: Profile, runner: Runner = "native", overrides: Overri
     if os.environ.get("HF_TOKEN"):
         env_opts += ["-e", "HF_TOKEN"]  # passes the caller's token through without printing it
     model_flag = profile.model_flag or ("--model" if profile.engine == "vllm" else "--model-path")
-    argv = ["docker", "run", "-d", "--name", name, *options, *env_opts, profile.docker_image,
-            *profile.docker_command, model_flag, model, *args]
-    return Command(profile=profile.name, engine=profile.engine, runner=runner, argv=argv, env={},
-                   added=added, port=port, served_model_name=served, container=name)
+    argv = [
+        "docker",
+        "run",
+        "-d",
+        "--name",
+        name,
+        *options,
+        *env_opts,
+        profile.docker_image,
+        *profile.docker_command,
+        model_flag,
+        model,
+        *args,
+    ]
+    return Command(
+        profile=profile.name,
+        engine=profile.engine,
+        runner=runner,
+        argv=argv,
+        env={},
+        added=added,
+        port=port,
+        served_model_name=served,
+        container=name,
+    )

@@ -23,8 +23,9 @@ def _script(delay_s: float = 0.0) -> dict:
 
 def test_load_generator_measures_the_stand_in(fake_bin):
     with StandinServer(_script(delay_s=0.15)) as srv:
-        cfg = LoadConfig(base_url=srv.base_url, model="minimax-m3", input_len=200, output_len=64, concurrency=4,
-                         num_prompts=8)
+        cfg = LoadConfig(
+            base_url=srv.base_url, model="minimax-m3", input_len=200, output_len=64, concurrency=4, num_prompts=8
+        )
         r = run_load(cfg)
         bodies = srv.requests
     assert r.completed == 8 and r.failed == 0
@@ -42,17 +43,31 @@ def test_load_generator_measures_the_stand_in(fake_bin):
 
 
 def test_failed_requests_are_counted_with_the_first_error(fake_bin):
-    with StandinServer({"model": "minimax-m3", "turns": [{"fault": "500", "repeat": 3}, {"content": "ok", "repeat": 9}]}) as srv:
-        r = run_load(LoadConfig(base_url=srv.base_url, model="minimax-m3", input_len=20, output_len=8,
-                                concurrency=1, num_prompts=5))
+    with StandinServer(
+        {"model": "minimax-m3", "turns": [{"fault": "500", "repeat": 3}, {"content": "ok", "repeat": 9}]}
+    ) as srv:
+        r = run_load(
+            LoadConfig(
+                base_url=srv.base_url, model="minimax-m3", input_len=20, output_len=8, concurrency=1, num_prompts=5
+            )
+        )
     assert r.completed == 2 and r.failed == 3
     assert "InternalServerError" in r.first_error
 
 
 def test_a_run_is_bounded_in_time():
     with StandinServer(_script(delay_s=5)) as srv:
-        r = run_load(LoadConfig(base_url=srv.base_url, model="minimax-m3", input_len=20, output_len=8,
-                                concurrency=2, num_prompts=4, timeout_s=0.5))
+        r = run_load(
+            LoadConfig(
+                base_url=srv.base_url,
+                model="minimax-m3",
+                input_len=20,
+                output_len=8,
+                concurrency=2,
+                num_prompts=4,
+                timeout_s=0.5,
+            )
+        )
     assert r.completed == 0 and r.failed == 4 and "not finished" in r.first_error
     assert r.duration < 2
 
@@ -91,11 +106,23 @@ def test_vllm_bench_serve_is_used_when_installed(fake_bin, tmp_path):
     args = json.loads(argv_file.read_text())
     assert args[:2] == ["bench", "serve"]
     expected = vllm_bench_argv(cfg, result_dir="D", result_file="F", tokenizer="MiniMaxAI/MiniMax-M3")[1:]
-    for flag in ("--backend", "--endpoint", "--dataset-name", "--random-input-len", "--random-output-len",
-                 "--num-prompts", "--max-concurrency", "--model", "--served-model-name", "--base-url"):
+    for flag in (
+        "--backend",
+        "--endpoint",
+        "--dataset-name",
+        "--random-input-len",
+        "--random-output-len",
+        "--num-prompts",
+        "--max-concurrency",
+        "--model",
+        "--served-model-name",
+        "--base-url",
+    ):
         assert args[args.index(flag) + 1] == expected[expected.index(flag) + 1]
     # seed 000's workload, flag for flag
-    assert args[args.index("--random-input-len") + 1] == "8192" and args[args.index("--random-output-len") + 1] == "2048"
+    assert (
+        args[args.index("--random-input-len") + 1] == "8192" and args[args.index("--random-output-len") + 1] == "2048"
+    )
     assert args[args.index("--num-prompts") + 1] == "512" and args[args.index("--max-concurrency") + 1] == "32"
     assert args[args.index("--base-url") + 1] == "http://127.0.0.1:9"
     assert r.tool == "vllm bench serve" and r.completed == 510 and r.failed == 2 and r.first_error == "timeout"
@@ -109,8 +136,24 @@ def test_vllm_result_without_some_keys_still_parses():
 
 def test_cli_bench_prints_a_table_next_to_the_seed_b200_figures(fake_bin):
     with StandinServer(_script()) as srv:
-        res = CliRunner().invoke(app, ["bench", "--base-url", srv.base_url, "--input-len", "40", "--output-len", "16",
-                                       "--concurrency", "2", "--num-prompts", "4", "--tool", "builtin"])
+        res = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--base-url",
+                srv.base_url,
+                "--input-len",
+                "40",
+                "--output-len",
+                "16",
+                "--concurrency",
+                "2",
+                "--num-prompts",
+                "4",
+                "--tool",
+                "builtin",
+            ],
+        )
     assert res.exit_code == 0, res.output
     assert "Output tok/s" in res.output and "Total tok/s" in res.output and "P99 ITL (ms)" in res.output
     assert f"{SEED_B200['sglang']['output_throughput']:,.2f}" in res.output
@@ -120,8 +163,25 @@ def test_cli_bench_prints_a_table_next_to_the_seed_b200_figures(fake_bin):
 
 def test_cli_bench_json_uses_the_recorded_model_name(fake_bin):
     with StandinServer(_script()) as srv:
-        res = CliRunner().invoke(app, ["bench", "--base-url", srv.base_url, "--input-len", "20", "--output-len", "8",
-                                       "--concurrency", "1", "--num-prompts", "2", "--json", "--tool", "builtin"])
+        res = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--base-url",
+                srv.base_url,
+                "--input-len",
+                "20",
+                "--output-len",
+                "8",
+                "--concurrency",
+                "1",
+                "--num-prompts",
+                "2",
+                "--json",
+                "--tool",
+                "builtin",
+            ],
+        )
         models = {b["model"] for b in srv.requests}
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)

@@ -23,14 +23,29 @@ def test_dry_run_prints_the_exact_command_and_what_was_added():
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     assert lines[0].startswith("# h200x2-fp8 (vllm, native)") and "seed 001" in lines[0]
-    assert lines[1] == ("# added to the seed's flags (required for M3): --block-size 128 --tool-call-parser minimax_m3 "
-                        "--reasoning-parser minimax_m3 --enable-auto-tool-choice --enable-prompt-tokens-details")
+    assert lines[1] == (
+        "# added to the seed's flags (required for M3): --block-size 128 --tool-call-parser minimax_m3 "
+        "--reasoning-parser minimax_m3 --enable-auto-tool-choice --enable-prompt-tokens-details"
+    )
     assert shlex.split(lines[2]) == build_command(get_profile("h200x2-fp8"), "native").argv
 
 
 def test_dry_run_docker_and_overrides():
-    res = _run("start", "-p", "b200", "--engine", "sglang", "--runner", "docker", "--dry-run", "--port", "30001",
-               "--max-model-len", "262144", "--text-only")
+    res = _run(
+        "start",
+        "-p",
+        "b200",
+        "--engine",
+        "sglang",
+        "--runner",
+        "docker",
+        "--dry-run",
+        "--port",
+        "30001",
+        "--max-model-len",
+        "262144",
+        "--text-only",
+    )
     assert res.exit_code == 0, res.output
     argv = shlex.split(res.output.splitlines()[-1])
     assert argv[:3] == ["docker", "run", "-d"] and "lmsysorg/sglang:dev-cu13-minimax-m3" in argv
@@ -68,8 +83,11 @@ def test_replicas_form_puts_a_router_in_front():
         assert flag_value(shlex.split(s.command), "--host") == "0.0.0.0"
     router = shlex.split(steps[-1].command)
     assert router[:3] == ["python", "-m", "sglang_router.launch_router"]
-    assert router[router.index("--worker-urls") + 1:router.index("--worker-urls") + 4] == [
-        "http://<NODE_1_IP>:8000", "http://<NODE_2_IP>:8000", "http://<NODE_3_IP>:8000"]
+    assert router[router.index("--worker-urls") + 1 : router.index("--worker-urls") + 4] == [
+        "http://<NODE_1_IP>:8000",
+        "http://<NODE_2_IP>:8000",
+        "http://<NODE_3_IP>:8000",
+    ]
 
 
 def test_multinode_refusals():
@@ -98,8 +116,21 @@ def test_plan_from_a_profile_uses_its_flags():
 
 
 def test_plan_refuses_1m_on_two_h200_with_exit_2():
-    res = _run("plan", "--gpus", "2", "--gpu", "H200", "--precision", "fp8", "--kv-dtype", "fp8",
-               "--max-model-len", "1048576", "--params-b", "229.9")
+    res = _run(
+        "plan",
+        "--gpus",
+        "2",
+        "--gpu",
+        "H200",
+        "--precision",
+        "fp8",
+        "--kv-dtype",
+        "fp8",
+        "--max-model-len",
+        "1048576",
+        "--params-b",
+        "229.9",
+    )
     assert res.exit_code != 0
     assert "does not fit: 1M context needs 120 GB of fp8 KV cache" in str(res.exception)
     assert getattr(res.exception, "exit_code", None) == 2

@@ -6,8 +6,14 @@ import json
 
 from agent.serving.gpus import auto_profile, detect_gpus, gpu_kind, parse_nvidia_smi, parse_rocm_smi, summary
 
-ROCM_JSON = {f"card{i}": {"Card Series": "AMD Instinct MI300X", "VRAM Total Memory (B)": str(206_141_652_992),
-                          "VRAM Total Used Memory (B)": "0"} for i in range(8)}
+ROCM_JSON = {
+    f"card{i}": {
+        "Card Series": "AMD Instinct MI300X",
+        "VRAM Total Memory (B)": str(206_141_652_992),
+        "VRAM Total Used Memory (B)": "0",
+    }
+    for i in range(8)
+}
 
 
 def test_nvidia_smi_rows_become_gpus_in_the_planners_units():

@@ -22,14 +22,20 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _cmd(port: int, profile: str = "h200-tp8"):
-    return build_command(get_profile(profile), "native",
-                         Overrides(port=port, host="127.0.0.1", served_model_name="minimax-m3"))
+    return build_command(
+        get_profile(profile), "native", Overrides(port=port, host="127.0.0.1", served_model_name="minimax-m3")
+    )
 
 
 def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """`m3-agent serve ARGS` in a second process (its own interpreter, same state dir)."""
-    return subprocess.run([sys.executable, "-m", "agent.serving", *args], capture_output=True, text=True,
-                          timeout=timeout, env=os.environ.copy())
+    return subprocess.run(
+        [sys.executable, "-m", "agent.serving", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ.copy(),
+    )
 
 
 def free_port() -> int:
@@ -42,8 +48,9 @@ def _dead(pid: int) -> bool:
     return not launcher._pid_alive(pid)
 
 
-def test_start_goes_through_loading_to_model_listed_and_stop_from_another_process(fake_bin, cleanup_endpoints,
-                                                                                    tmp_path, monkeypatch):
+def test_start_goes_through_loading_to_model_listed_and_stop_from_another_process(
+    fake_bin, cleanup_endpoints, tmp_path, monkeypatch
+):
     worker_file = tmp_path / "worker.pid"
     monkeypatch.setenv("FAKE_ENGINE_CHILD_PID_FILE", str(worker_file))
     monkeypatch.setenv("FAKE_ENGINE_LOADING_S", "1.0")
@@ -126,13 +133,15 @@ def test_missing_engine_is_an_endpoint_error(tmp_path, monkeypatch):
 def test_ensure_endpoint_starts_once_then_reuses(fake_bin, cleanup_endpoints):
     o = Overrides(port=free_port(), host="127.0.0.1", served_model_name="minimax-m3")
     events: list[str] = []
-    url = ensure_endpoint("h200-tp8", overrides=o, check_gpus=False, timeout_s=30,
-                          progress=lambda phase, msg: events.append(phase))
+    url = ensure_endpoint(
+        "h200-tp8", overrides=o, check_gpus=False, timeout_s=30, progress=lambda phase, msg: events.append(phase)
+    )
     pid = launcher.load_state().pid
     assert "model listed" in events
     events.clear()
-    again = ensure_endpoint("h200-tp8", overrides=o, check_gpus=False, timeout_s=30,
-                            progress=lambda phase, msg: events.append(phase))
+    again = ensure_endpoint(
+        "h200-tp8", overrides=o, check_gpus=False, timeout_s=30, progress=lambda phase, msg: events.append(phase)
+    )
     assert again == url and launcher.load_state().pid == pid and events == ["reuse"]
     with pytest.raises(EndpointError, match="runs profile h200-tp8, not b200"):
         ensure_endpoint("b200", check_gpus=False)
@@ -178,10 +187,33 @@ def test_docker_runner_starts_a_named_container_and_stop_removes_it(docker_ready
     port = free_port()
     name = f"m3-agent-test-serve-{port}"
     # A stand-in for an engine image: the sandbox image's python answering /health and /v1/models.
-    cmd = build_command(get_profile("b200"), "docker").model_copy(update={
-        "argv": ["docker", "run", "-d", "--name", name, "--network", "host", "-v", f"{site}:/srv:ro", "-w", "/srv",
-                 sandbox_image, "python3", "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-        "port": port, "container": name, "served_model_name": "minimax-m3"})
+    cmd = build_command(get_profile("b200"), "docker").model_copy(
+        update={
+            "argv": [
+                "docker",
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--network",
+                "host",
+                "-v",
+                f"{site}:/srv:ro",
+                "-w",
+                "/srv",
+                sandbox_image,
+                "python3",
+                "-m",
+                "http.server",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+            ],
+            "port": port,
+            "container": name,
+            "served_model_name": "minimax-m3",
+        }
+    )
     try:
         state = launcher.start(cmd, timeout_s=60)
         assert state.container == name and launcher.is_running(state)
@@ -198,8 +230,12 @@ def test_docker_runner_starts_a_named_container_and_stop_removes_it(docker_ready
 
 def test_logs_follow_ends_when_the_server_ends(fake_bin, cleanup_endpoints):
     launcher.start(_cmd(free_port()), timeout_s=30)
-    follower = subprocess.Popen([sys.executable, "-m", "agent.serving", "logs", "--follow", "-n", "2"],
-                                stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "agent.serving", "logs", "--follow", "-n", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
     time.sleep(3)  # the follower is reading the live log by now
     assert follower.poll() is None
     launcher.stop(grace_s=5)
@@ -213,17 +249,23 @@ def test_an_engine_that_cannot_be_executed_is_an_endpoint_error(fake_bin):
         launcher.launch(_cmd(free_port()))
 
 
-@pytest.mark.parametrize("line,cause", [
-    ("ValueError: No common block size for 16", "--block-size 128"),
-    ("ValueError: The model's max seq len (1048576) is larger than the maximum number of tokens that can be "
-     "stored in KV cache (550400)", "cannot hold --max-model-len"),
-    ("OSError: [Errno 98] Address already in use", "port is taken"),
-    ("serve: error: argument --tool-call-parser: invalid choice: 'minimax_m3'", "no minimax_m3 parsers"),
-    ("huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo", "HF_TOKEN"),
-    ("RuntimeError: No CUDA GPUs are available", "no usable GPU"),
-    ("vllm: error: unrecognized arguments: --language-model-only", "rejected a flag"),
-    ("torch.distributed.DistBackendError: NCCL error in: ...", "NCCL"),
-])
+@pytest.mark.parametrize(
+    "line,cause",
+    [
+        ("ValueError: No common block size for 16", "--block-size 128"),
+        (
+            "ValueError: The model's max seq len (1048576) is larger than the maximum number of tokens that can be "
+            "stored in KV cache (550400)",
+            "cannot hold --max-model-len",
+        ),
+        ("OSError: [Errno 98] Address already in use", "port is taken"),
+        ("serve: error: argument --tool-call-parser: invalid choice: 'minimax_m3'", "no minimax_m3 parsers"),
+        ("huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo", "HF_TOKEN"),
+        ("RuntimeError: No CUDA GPUs are available", "no usable GPU"),
+        ("vllm: error: unrecognized arguments: --language-model-only", "rejected a flag"),
+        ("torch.distributed.DistBackendError: NCCL error in: ...", "NCCL"),
+    ],
+)
 def test_likely_cause_names_the_fix(line, cause):
     assert cause in launcher.likely_cause(["INFO starting", line])
 

@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from agent.errors import UsageError
-from agent.serving.planner import (NATIVE_CONTEXT, PlanRequest, describe, gpu_memory_for, kv_gb, min_gpus, plan,
-                                   weights_gb)
+from agent.serving.planner import (
+    NATIVE_CONTEXT,
+    PlanRequest,
+    describe,
+    gpu_memory_for,
+    kv_gb,
+    min_gpus,
+    plan,
+    weights_gb,
+)
 
 SEED001_PARAMS = 229.9  # seed 001 sizes its tables for 229.9B parameters
 SEED_ARITHMETIC = {"gpu_memory_utilization": 1.0, "reserve_gb_per_gpu": 0.0}  # seed 001: headroom = total - weights
@@ -17,16 +25,25 @@ def test_weights_match_seed_001_vram_table(precision, expected):
     assert weights_gb(SEED001_PARAMS, precision, text_only=True) == pytest.approx(expected, abs=1)
 
 
-@pytest.mark.parametrize("tokens,fp16,fp8", [(32_768, 8, 4), (131_072, 30, 15), (524_288, 120, 60),
-                                             (1_048_576, 240, 120)])
+@pytest.mark.parametrize(
+    "tokens,fp16,fp8", [(32_768, 8, 4), (131_072, 30, 15), (524_288, 120, 60), (1_048_576, 240, 120)]
+)
 def test_kv_cache_matches_seed_001_table(tokens, fp16, fp8):
     assert kv_gb(tokens, "auto") == pytest.approx(fp16, rel=0.07)
     assert kv_gb(tokens, "fp8_e5m2") == pytest.approx(fp8, rel=0.07)
 
 
 def _seed001(gpus: int, gpu: str, tokens: int, **kw) -> PlanRequest:
-    return PlanRequest(gpus=gpus, gpu_memory_gb=gpu_memory_for(gpu), precision="fp8", kv_dtype="fp8",
-                       max_model_len=tokens, params_b=SEED001_PARAMS, text_only=True, **{**SEED_ARITHMETIC, **kw})
+    return PlanRequest(
+        gpus=gpus,
+        gpu_memory_gb=gpu_memory_for(gpu),
+        precision="fp8",
+        kv_dtype="fp8",
+        max_model_len=tokens,
+        params_b=SEED001_PARAMS,
+        text_only=True,
+        **{**SEED_ARITHMETIC, **kw},
+    )
 
 
 def test_two_h200_fp8_headroom_is_seed_001s_52_gb():
@@ -34,8 +51,10 @@ def test_two_h200_fp8_headroom_is_seed_001s_52_gb():
     assert p.kv_pool_gb == pytest.approx(52, abs=1)
 
 
-@pytest.mark.parametrize("tokens,fits", [(32_768, True), (131_072, True), (262_144, True), (300_000, True),
-                                         (524_288, False), (1_048_576, False)])
+@pytest.mark.parametrize(
+    "tokens,fits",
+    [(32_768, True), (131_072, True), (262_144, True), (300_000, True), (524_288, False), (1_048_576, False)],
+)
 def test_two_h200_fp8_context_budget_matches_seed_001(tokens, fits):
     p = plan(_seed001(2, "H200", tokens))
     assert p.fits is fits
@@ -44,8 +63,16 @@ def test_two_h200_fp8_context_budget_matches_seed_001(tokens, fits):
 
 
 def test_one_million_tokens_on_two_h200_is_refused_with_what_to_do():
-    p = plan(PlanRequest(gpus=2, gpu_memory_gb=141, precision="fp8", kv_dtype="fp8", max_model_len=NATIVE_CONTEXT,
-                         params_b=SEED001_PARAMS))
+    p = plan(
+        PlanRequest(
+            gpus=2,
+            gpu_memory_gb=141,
+            precision="fp8",
+            kv_dtype="fp8",
+            max_model_len=NATIVE_CONTEXT,
+            params_b=SEED001_PARAMS,
+        )
+    )
     assert not p.fits
     assert "1M context needs 120 GB of fp8 KV cache" in p.reason
     assert p.max_model_len < 262_144  # the largest window that does fit, offered instead
@@ -61,11 +88,17 @@ def test_four_h100_fp8_stop_at_512k():
     assert not plan(_seed001(4, "H100", NATIVE_CONTEXT)).fits
 
 
-@pytest.mark.parametrize("precision,gpu,smallest", [("bf16", "H200", 4), ("fp8", "H200", 2), ("int4", "H200", 1),
-                                                    ("int4", "H100", 2), ("fp8", "H100", 4)])
+@pytest.mark.parametrize(
+    "precision,gpu,smallest",
+    [("bf16", "H200", 4), ("fp8", "H200", 2), ("int4", "H200", 1), ("int4", "H100", 2), ("fp8", "H100", 4)],
+)
 def test_minimum_gpu_configs_match_seed_001(precision, gpu, smallest):
-    assert min_gpus(gpu_memory_for(gpu), precision, tokens=32_768, params_b=SEED001_PARAMS, text_only=True,
-                    **SEED_ARITHMETIC) == smallest
+    assert (
+        min_gpus(
+            gpu_memory_for(gpu), precision, tokens=32_768, params_b=SEED001_PARAMS, text_only=True, **SEED_ARITHMETIC
+        )
+        == smallest
+    )
 
 
 def test_eight_h200_bf16_is_a_tight_fit_for_m3():
