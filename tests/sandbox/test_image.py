@@ -1,0 +1,131 @@
+"""Images: the sandbox image (idempotent, verified, recipe-hashed tag) and cached per-task env images."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import time
+import uuid
+
+import docker
+import pytest
+from typer.testing import CliRunner
+
+from agent.errors import SandboxUnavailable
+from sandbox import DEFAULT_IMAGE, Sandbox, SandboxConfig, build_env_image, build_image, prune
+from sandbox.cli import app
+from sandbox.image import BASE_IMAGE, RECIPE_HASH, RECIPE_LABEL, _debootstrap_base
+
+
+@pytest.fixture
+def client(docker_ready):
+    c = docker.from_env()
+    yield c
+    c.close()
+
+
+def remove_image(client, tag: str) -> None:
+    try:
+        client.images.remove(tag, force=True)
+    except docker.errors.ImageNotFound:
+        pass
+
+
+@pytest.mark.docker
+def test_build_returns_at_once_when_the_image_exists(sandbox_image, client):
+    started = time.monotonic()
+    assert build_image() == DEFAULT_IMAGE == sandbox_image
+    assert time.monotonic() - started < 5
+    assert RECIPE_HASH.startswith(DEFAULT_IMAGE.rsplit(":", 1)[1])
+    assert client.images.get(DEFAULT_IMAGE).labels[RECIPE_LABEL] == RECIPE_HASH
+
+
+@pytest.mark.docker
+def test_the_image_has_what_the_contract_promises(no_leftovers):
+    with Sandbox(SandboxConfig(image=no_leftovers)) as sb:
+        r = sb.exec("python3 -m pytest --version && git --version && patch --version | head -1 && "
+                    "timeout --version | head -1 && bash --version | head -1 && ps --version && id -un")
+    assert r.exit_code == 0, r.stderr
+    assert "pytest" in r.stdout + r.stderr and "git version" in r.stdout and "GNU patch" in r.stdout
+    assert r.stdout.split()[-1] == "sandbox"
+
+
+@pytest.mark.docker
+def test_building_on_a_given_base_layers_and_verifies(sandbox_image, client):
+    tag = f"m3-agent-sandbox-test:{uuid.uuid4().hex[:8]}"
+    messages: list[str] = []
+    try:
+        assert build_image(tag, base=BASE_IMAGE, progress=messages.append) == tag
+        assert any("verifying" in m for m in messages)
+        out = client.containers.run(tag, ["id", "-u"], remove=True, network_mode="none")
+        assert out.strip() == b"1000"
+    finally:
+        remove_image(client, tag)
+
+
+@pytest.mark.docker
+def test_a_base_that_cannot_build_is_a_clear_error(sandbox_image, client):
+    empty = io.BytesIO()
+    tarfile.open(fileobj=empty, mode="w").close()
+    base = f"m3-agent-empty-test:{uuid.uuid4().hex[:8]}"
+    client.api.import_image_from_data(empty.getvalue(), repository=base.split(":")[0], tag=base.split(":")[1])
+    tag = f"m3-agent-sandbox-test:{uuid.uuid4().hex[:8]}"
+    try:
+        with pytest.raises(SandboxUnavailable, match="docker build of .* failed"):
+            build_image(tag, base=base)
+        with pytest.raises(docker.errors.ImageNotFound):
+            client.images.get(tag)
+    finally:
+        remove_image(client, tag)
+        remove_image(client, base)
+
+
+@pytest.mark.docker
+def test_a_missing_base_is_a_clear_error(sandbox_image):
+    with pytest.raises(SandboxUnavailable, match="neither present nor pullable"):
+        build_image(f"m3-agent-sandbox-test:{uuid.uuid4().hex[:8]}", base="m3-agent-no-such-base:nope")
+
+
+@pytest.mark.docker
+def test_env_images_are_built_on_top_and_cached_by_recipe(no_leftovers, client):
+    marker = uuid.uuid4().hex
+    setup = [f"echo {marker} > /opt/marker", "chmod 644 /opt/marker"]
+    tag = build_env_image(setup=setup, base=no_leftovers)
+    try:
+        assert tag.startswith("m3-agent-env:")
+        started = time.monotonic()
+        assert build_env_image(setup=setup, base=no_leftovers) == tag  # cached: no rebuild
+        assert time.monotonic() - started < 5
+        assert build_env_image(setup=setup + ["true"], base=no_leftovers) != tag
+        with Sandbox(SandboxConfig(image=tag)) as sb:
+            r = sb.exec("cat /opt/marker; id -u")
+        assert r.stdout.split() == [marker, "1000"]
+    finally:
+        remove_image(client, tag)
+        remove_image(client, build_env_image(setup=setup + ["true"], base=no_leftovers))
+
+
+@pytest.mark.docker
+def test_a_missing_image_says_how_to_build_it(docker_ready):
+    with pytest.raises(SandboxUnavailable, match="m3-agent sandbox build"):
+        Sandbox(SandboxConfig(image="m3-agent-sandbox:does-not-exist")).start()
+
+
+def test_no_engine_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    for call in (lambda: Sandbox().start(), build_image, prune):
+        with pytest.raises(SandboxUnavailable, match="Docker engine unreachable.*start the Docker engine"):
+            call()
+
+
+def test_the_offline_path_needs_debootstrap(monkeypatch, docker_ready):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SandboxUnavailable, match="install debootstrap"):
+        _debootstrap_base(docker.from_env(), None)
+
+
+@pytest.mark.docker
+def test_cli_build_prints_the_tag(sandbox_image):
+    result = CliRunner().invoke(app, ["build"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == DEFAULT_IMAGE
