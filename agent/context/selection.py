@@ -43,14 +43,14 @@ MINIFIABLE_SUFFIXES = (".js", ".mjs", ".cjs", ".css")
 GENERATED_MARKERS = (b"@generated", b"DO NOT EDIT")
 MINIFIED_AVG_LINE = 250
 MINIFIED_MIN_BYTES = 2048
-MINIFIED_PROBE = 16384  # minified = long lines on average in this many leading bytes
+MINIFIED_PROBE = 4096  # minified = long lines on average in this many leading bytes
 IGNORE_FILES = (".gitignore", ".ignore")
 
 # Bytes that plain text may contain; anything else below 0x20 (and DEL) counts as a control byte.
 _TEXT_CONTROLS = b"\t\n\r\f\v\b\x1b"
 _CONTROL_BYTES = bytes(b for b in range(256) if (b < 0x20 or b == 0x7F) and b not in _TEXT_CONTROLS)
 _NON_CONTROL = bytes(b for b in range(256) if b not in _CONTROL_BYTES)
-PROBE_BYTES = 8192
+PROBE_BYTES = 4096
 
 # Keywords that introduce a definition, by file suffix: used for relevance. One regex per keyword
 # keeps a literal prefix, which the regex engine scans for several times faster than an alternation.
@@ -171,8 +171,7 @@ def decode(data: bytes) -> tuple[bytes | None, Facts]:
 
 
 def _has_marker(data: bytes) -> bool:
-    head = data[:1024]
-    return any(m in head for m in GENERATED_MARKERS)
+    return any(data.find(m, 0, 1024) >= 0 for m in GENERATED_MARKERS)
 
 
 _SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")

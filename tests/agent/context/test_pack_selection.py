@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.context import pack_repository
-from agent.context.selection import decode, list_files
+from agent.context.selection import PROBE_BYTES, decode, list_files
 from agent.errors import UsageError
 
 IGNORE_TREE = {
@@ -111,9 +111,9 @@ def test_default_exclusions_are_reported_with_their_reasons(repo):
 
 
 def test_multibyte_text_is_never_taken_for_binary():
-    # A 3-byte character straddles byte 8192, where a naive probe would cut it.
-    text = "a" * 8191 + "日本語のテキスト\n" * 50
-    assert len("a" * 8191 + "日".encode()[:1].decode("latin-1")) == 8192
+    # A 3-byte character straddles the end of the binary probe, where a naive check would cut it.
+    text = "a" * (PROBE_BYTES - 1) + "日本語のテキスト\n" * 50
+    assert text.encode("utf-8")[PROBE_BYTES - 1 : PROBE_BYTES + 2] == "日".encode("utf-8")
     content, facts = decode(text.encode("utf-8"))
     assert not facts.binary and content == text.encode("utf-8") and facts.encoding == "utf-8"
     assert facts.chars == len(text) and facts.extra == len(content) - len(text)
