@@ -77,6 +77,10 @@ def test_a_base_that_cannot_build_is_a_clear_error(sandbox_image, client):
             client.images.get(tag)
     finally:
         remove_image(client, tag)
+        base_id = client.images.get(base).id
+        for leftover in client.images.list(all=True, filters={"dangling": True}):
+            if leftover.attrs.get("Parent") == base_id:  # the build's cached step before the failing RUN
+                remove_image(client, leftover.id)
         remove_image(client, base)
 
 
