@@ -86,7 +86,7 @@ class Pack(BaseModel):
     def text(self) -> str:
         """The prompt text: header, tree, file sections, footer. Byte-deterministic."""
         if self._text is None:
-            self._text = self._data.decode("utf-8")
+            self._text = self._data.decode("utf-8", "replace")
         return self._text
 
     @property
@@ -126,7 +126,11 @@ def _load(listing: Listing, e: Entry, limit: int, data_out: dict[str, bytes] | N
         return
     if e.blob is None:
         e.blob = blob_id(data)
-    e.content, e.facts = decode(data)
+    known = e.facts
+    if known is not None and known.encoding == "utf-8" and not known.binary and known.size == size:
+        e.content = data  # cached facts of this blob say it is UTF-8 text: pack the bytes as they are
+    else:
+        e.content, e.facts = decode(data)
     if data_out is not None:
         data_out[e.path] = data
 
@@ -439,7 +443,7 @@ def _render(chosen: list[Entry], left_out: list[Entry], *, entries: list[Entry],
             chars += e.facts.chars
             extra += e.facts.extra
         return data, counter.from_shape(chars, extra)
-    return data, counter.count(data.decode("utf-8"))
+    return data, counter.count(data.decode("utf-8", "replace"))
 
 
 def _footer_saving(chosen: list[Entry], left_out: list[Entry], total: int, counter: TokenCounter) -> int:
