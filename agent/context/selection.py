@@ -263,7 +263,7 @@ def _git_many(root: Path, *commands: tuple[str, ...]) -> list[tuple[int, bytes, 
 
 def _list_git(root: Path) -> Listing:
     results = _git_many(root, ("ls-files", "-z", "-s"), ("ls-files", "-z", "-o", "--exclude-standard"),
-                        ("diff-files", "-z", "--name-only"), ("rev-parse", "-q", "--verify", "HEAD"))
+                        ("diff-files", "-z", "--name-only", "--relative"), ("rev-parse", "-q", "--verify", "HEAD"))
     for (code, _, err), what in zip(results[:3], ("ls-files", "ls-files --others", "diff-files")):
         if code != 0:
             msg = err.decode(errors="replace").strip().splitlines()

@@ -216,3 +216,14 @@ def test_empty_repository_without_commits(tmp_path, git):
     pack = pack_repository(Path(root))
     assert [f.path for f in pack.files] == ["a.py"]
     assert "git repository without commits" in pack.text
+
+
+def test_a_subdirectory_of_a_repository_packs_its_own_files_with_changes_seen(repo):
+    root = repo({"top.py": "TOP = 1\n", "sub/a.py": "A = 1\n", "sub/inner/b.py": "B = 1\n"})
+    pack_repository(root / "sub")  # fills the cache with the committed contents
+    (root / "sub" / "a.py").write_text("A = 2  # changed\n")
+    pack = pack_repository(root / "sub")
+    assert [f.path for f in pack.files] == ["a.py", "inner/b.py"]
+    assert "A = 2  # changed" in pack.text
+    assert "plus uncommitted changes" in pack.text
+    assert next(f for f in pack.files if f.path == "a.py").bytes == len("A = 2  # changed\n")
