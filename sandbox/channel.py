@@ -84,20 +84,24 @@ class Channel:
                 if shared is not None and shared.listener in ready:
                     conn, _ = shared.listener.accept()
                     direct = cls(attach, conn)
+                    direct._raw, direct._diag = stdio._raw, stdio._diag  # stderr seen so far stays readable
                     try:
                         header, _ = direct.receive(timeout=5)
                     except (ChannelClosed, ValueError):
                         header = {}
-                    if header.get("token") == shared.token:
+                    if isinstance(header, dict) and secrets.compare_digest(str(header.get("token")), shared.token):
                         return direct
                     conn.close()  # not our server
                 if attach in ready:
-                    stdio._pump()
+                    try:
+                        stdio._pump()
+                    except ChannelClosed as e:
+                        raise ChannelClosed(f"{e}: {stdio.diagnostics[-300:] or 'no output'}") from None
                     if len(stdio._out) >= 4:
                         header, _ = stdio.receive(timeout=left)
-                        if header.get("hello") == "stdio":
+                        if isinstance(header, dict) and header.get("hello") == "stdio":
                             return stdio
-                        raise ChannelClosed(f"unexpected first answer from the sandbox: {header}")
+                        raise ChannelClosed(f"unexpected first answer from the sandbox: {str(header)[:200]}")
         finally:
             if shared is not None:
                 shared.close()

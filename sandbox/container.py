@@ -19,7 +19,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from agent.errors import SandboxUnavailable
+from agent.errors import SandboxUnavailable, UsageError
 from sandbox import cleanup, server
 from sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, SharedSocket
 from sandbox.config import ExecResult, SandboxConfig
@@ -89,9 +89,9 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self.repo = Path(repo) if repo is not None else None
         if self.repo is not None and not self.repo.is_dir():
-            raise SandboxUnavailable(f"repository {self.repo} is not a directory: pass an existing folder")
+            raise UsageError(f"repository {self.repo} is not a directory: pass an existing folder")
         if self.config.mount == "bind" and self.repo is None:
-            raise SandboxUnavailable("mount='bind' needs a repository to mount: pass repo=")
+            raise UsageError("mount='bind' needs a repository to mount: pass repo=")
         self.id: str | None = None
         self.base_commit: str | None = None
         self._client: docker.DockerClient | None = None
@@ -206,6 +206,8 @@ class Sandbox:
         try:
             if self.id is not None and self._client is not None:
                 remove_container(self._client, self.id)  # before the socket closes, so auto-remove does not race it
+        except (docker.errors.DockerException, OSError):
+            pass  # engine unreachable: the socket closed below still makes the container stop and auto-remove
         finally:
             if self._channel is not None:
                 self._channel.close()
@@ -222,7 +224,7 @@ class Sandbox:
                 client = docker.from_env(timeout=10)
                 remove_container(client, self.id)
                 client.close()
-            except docker.errors.DockerException:
+            except (docker.errors.DockerException, OSError):
                 pass  # the socket closed below still makes the container stop and auto-remove
         if self._channel is not None:
             self._channel.close()
@@ -244,7 +246,9 @@ class Sandbox:
 
     def _exec(self, cmd: str, timeout: float | None, cwd: str | None, env: dict | None,
               limit: int) -> ExecResult:
-        timeout = self.config.timeout if timeout is None else timeout
+        timeout = self.config.timeout if timeout is None else float(timeout)
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, not {timeout}")
         req = {"op": "exec", "cmd": cmd, "timeout": timeout, "cwd": cwd,
                "env": {str(k): str(v) for k, v in (env or {}).items()}, "limit": limit}
         header, data = self._request(req, answer_timeout=timeout + ANSWER_MARGIN_S)
@@ -279,7 +283,11 @@ class Sandbox:
         raise OSError(header.get("error", f"cannot read {path}"))
 
     def diff(self) -> str:
-        """`git diff` of /workspace against the base commit, new untracked (not ignored) files included."""
+        """`git diff` of /workspace against the base commit, new untracked (not ignored) files included.
+
+        The base commit is HEAD of the repository copied in (a fresh commit when it had none), so
+        changes uncommitted on the host at copy time are part of the diff. The real index is untouched.
+        """
         r = self._exec(DIFF.replace("BASE", self.base_commit or "HEAD"), self.config.timeout, None, None, DIFF_LIMIT)
         if r.exit_code != 0 or r.truncated:
             raise SandboxUnavailable(f"git diff failed in the sandbox: {r.stderr.strip()[-300:]}")
@@ -300,14 +308,17 @@ class Sandbox:
             except ChannelClosed as e:
                 self._dead = self._death_note(str(e))
                 raise SandboxUnavailable(self._dead) from None
+            except BaseException:  # half a request sent or half an answer read: the stream is out of step
+                self._dead = f"sandbox {str(self.id)[:12]} is unusable: a request was interrupted; start a new sandbox"
+                raise
 
     def _death_note(self, why: str) -> str:
         state = ""
         try:
             info = self._client.api.inspect_container(self.id)["State"]
             state = f", OOM-killed={info.get('OOMKilled')}, exit={info.get('ExitCode')}"
-        except (docker.errors.DockerException, TypeError, KeyError):
-            pass
+        except (docker.errors.DockerException, OSError, TypeError, KeyError):
+            pass  # the container is often gone already (auto-remove): the note says what we know
         diag = self._channel.diagnostics.splitlines()[-1:] if self._channel else []
         detail = f" ({diag[0][:200]})" if diag else ""
         return f"sandbox {str(self.id)[:12]} is dead: {why}{state}{detail}; start a new sandbox"

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from agent.errors import SandboxUnavailable
+from agent.errors import UsageError
 from sandbox import Sandbox, SandboxConfig
 
 pytestmark = pytest.mark.docker
@@ -108,6 +108,8 @@ def test_bind_mount_works_on_the_host_directory(no_leftovers, git_repo):
     assert (repo / "a.txt").read_text() == "one\ntwo\n"
 
 
-def test_missing_repository_is_a_clear_error(tmp_path):
-    with pytest.raises(SandboxUnavailable, match="not a directory"):
+def test_missing_repository_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="not a directory"):
         Sandbox(repo=tmp_path / "absent")
+    with pytest.raises(UsageError, match="needs a repository"):
+        Sandbox(SandboxConfig(mount="bind"))

@@ -133,3 +133,13 @@ def test_cli_build_prints_the_tag(sandbox_image):
     result = CliRunner().invoke(app, ["build"])
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().splitlines()[-1] == DEFAULT_IMAGE
+
+
+@pytest.mark.docker
+def test_an_image_without_python_fails_to_start_with_the_reason(no_leftovers, client):
+    tag = build_env_image(setup=["rm -f /usr/bin/python3*"], base=no_leftovers)
+    try:
+        with pytest.raises(SandboxUnavailable, match="did not come up.*python3: not found"):
+            Sandbox(SandboxConfig(image=tag)).start()
+    finally:
+        remove_image(client, tag)
