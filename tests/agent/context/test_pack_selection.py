@@ -227,3 +227,15 @@ def test_a_subdirectory_of_a_repository_packs_its_own_files_with_changes_seen(re
     assert "A = 2  # changed" in pack.text
     assert "plus uncommitted changes" in pack.text
     assert next(f for f in pack.files if f.path == "a.py").bytes == len("A = 2  # changed\n")
+
+
+def test_file_names_that_are_not_utf8_are_packed_and_shown_escaped(repo, git):
+    root = repo({"ok.txt": "y\n"})
+    with open(os.path.join(os.fsencode(root), b"caf\xe9.txt"), "wb") as f:
+        f.write(b"latin-1 name\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "odd name")
+    pack = pack_repository(root)
+    assert [f.path for f in pack.files] == [os.fsdecode(b"caf\xe9.txt"), "ok.txt"]
+    assert '### "caf\\\\xe9.txt"\n```txt\nlatin-1 name\n```' in pack.text
+    pack.text.encode("utf-8")  # the text stays valid UTF-8
