@@ -112,6 +112,7 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
     with tempfile.TemporaryDirectory(prefix="m3-eval-") as tmp:
         try:
             tree = checkout(task, Path(tmp) / "repo", repos=config.repos)
+            config = _with_environment(task, config)
             if config.agent is not None:
                 patch, stats = _agent_patch(task, tree, config)
             report = grade(task, patch, repo=tree, sandbox=config.sandbox, test_timeout=config.test_timeout)
@@ -123,10 +124,22 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
                           finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
+def _with_environment(task: Task, config: EvalConfig) -> EvalConfig:
+    """The config with the task's own image (built once per recipe) when the task names an environment."""
+    if task.environment is None:
+        return config
+    from sandbox import build_env_image
+
+    image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image)
+    sandbox = config.sandbox.model_copy(update={"image": image})
+    agent = {**config.agent, "sandbox": {**config.agent.get("sandbox", {}), "image": image}} if config.agent else None
+    return config.model_copy(update={"sandbox": sandbox, "agent": agent})
+
+
 def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, AgentStats]:
     from agent.loop import Agent, AgentConfig  # only `eval run` needs the agent and its dependencies
 
-    agent_config = AgentConfig.model_validate({**config.agent, "sandbox": config.sandbox})
+    agent_config = AgentConfig.model_validate(config.agent)
     trajectory = config.output_dir / "trajectories" / f"{task.instance_id}.jsonl"
     trajectory.parent.mkdir(parents=True, exist_ok=True)
     rr = Agent(agent_config).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)

@@ -40,8 +40,17 @@ _GIT_QUIET = ["-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null", "-
               "-c", "init.defaultBranch=main"]
 
 
+class TaskEnvironment(BaseModel):
+    """An image recipe for a task (extension): Debian packages and root shell commands, built once per recipe."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    packages: list[str] = Field(default_factory=list)
+    setup: list[str] = Field(default_factory=list)
+
+
 class Task(BaseModel):
-    """One SWE-bench instance, plus optional extensions (test_cmd, env_setup, repo_source).
+    """One SWE-bench instance, plus optional extensions (test_cmd, env_setup, environment, repo_source).
 
     Unknown fields are kept, so an instance read from a dataset is written back unchanged.
     """
@@ -62,6 +71,7 @@ class Task(BaseModel):
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     test_cmd: str | None = None  # extension: replaces the default pytest command; see grading.test_command
     env_setup: list[str] = Field(default_factory=list)  # extension: shell commands run before the tests
+    environment: TaskEnvironment | None = None  # extension: the sandbox image is built from this recipe
     repo_source: str | None = None  # extension: a path or git URL holding `repo`
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")

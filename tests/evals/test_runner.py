@@ -134,3 +134,21 @@ def test_a_sigkilled_run_loses_nothing_finished_and_the_next_start_cleans_up(tmp
     assert [r.outcome for r in results] == ["resolved", "resolved", "empty_patch"]
     assert results[2].report.tests_timed_out
     assert not {c.id for c in sandbox_containers(**test_label)} & set(running)
+
+
+@pytest.mark.docker
+def test_a_task_environment_is_built_and_graded_in(tmp_path, git_repo, test_label):
+    from evals.runner import evaluate_instance
+    from evals.tasks import TaskEnvironment
+
+    repo = git_repo({"tests/test_env.py": "def test_baked():\n    assert open('/opt/m3-env/marker').read() == 'baked\\n'\n"})
+    base = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    task = Task(instance_id="env-2", repo=str(repo), base_commit=base, FAIL_TO_PASS=["tests/test_env.py::test_baked"],
+                environment=TaskEnvironment(setup=["mkdir -p /opt/m3-env && echo baked > /opt/m3-env/marker"]))
+    patch = "diff --git a/n.txt b/n.txt\nnew file mode 100644\n--- /dev/null\n+++ b/n.txt\n@@ -0,0 +1 @@\n+n\n"
+    config = EvalConfig(output_dir=tmp_path, sandbox=SandboxConfig(labels=test_label))
+    result = evaluate_instance(task, Prediction(instance_id="env-2", model_patch=patch), config)
+    assert result.outcome == "resolved", result.report.test_output[-500:] or result.error
+    plain = evaluate_instance(task.model_copy(update={"environment": None}),
+                              Prediction(instance_id="env-2", model_patch=patch), config)
+    assert plain.report.tests_status.FAIL_TO_PASS.failure == task.FAIL_TO_PASS  # the marker exists only in that image
