@@ -93,7 +93,7 @@ def pack_command(
     model: Annotated[Optional[str], typer.Option("--model", help="served model name (default: the first listed)")] = None,
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="a local tokenizer.json for exact counts")] = None,
     counter: Annotated[CounterChoice, typer.Option("--counter", help="auto | server | tokenizer | estimate")] = CounterChoice.auto,
-    max_file_bytes: Annotated[int, typer.Option("--max-file-bytes", help="skip files larger than this")] = DEFAULT_MAX_FILE_BYTES,
+    max_file_bytes: Annotated[Optional[int], typer.Option("--max-file-bytes", help=f"skip files larger than this (default {DEFAULT_MAX_FILE_BYTES:,})")] = None,
     output_reserve: Annotated[int, typer.Option("--output-reserve", help="tokens kept for the model's output (default budget)")] = 32_768,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="do not read or write the token-count cache")] = False,
 ) -> None:
@@ -107,6 +107,9 @@ def pack_command(
     api_key = _api_key(settings)
     includes = list(include or []) + list(getattr(settings, "pack_include", None) or [])
     excludes = list(exclude or []) + list(getattr(settings, "pack_exclude", None) or [])
+    if max_file_bytes is None:
+        max_file_bytes = getattr(settings, "pack_max_file_bytes", None) or DEFAULT_MAX_FILE_BYTES
+
     def warn(msg: str) -> None:
         print(f"m3-agent: warning: {msg}", file=sys.stderr)
 
