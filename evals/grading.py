@@ -12,8 +12,9 @@ The steps, each in a fresh sandbox per instance:
      inside the container;
   5. each test gets a status; the rules below (SWE-bench v5) turn them into a verdict.
 
-The rules, all in `test_passes` and `verdict`:
-  - a test passes when its status is PASSED or XFAIL; a test missing from the results fails;
+The rules, all in `status_of`, `test_passes`, `trusted_statuses` and `verdict`:
+  - a test passes when its status is PASSED or XFAIL; a test missing from the results fails
+    (an id cut inside its parameters matches the ids it begins, if they agree);
   - a SKIPPED test counts as passing for PASS_TO_PASS and as failing for FAIL_TO_PASS;
   - results that claim success while the test command exited non-zero are rejected (no test passes);
   - resolved = a non-empty patch applied, every FAIL_TO_PASS test passes and every PASS_TO_PASS test passes.
@@ -131,9 +132,24 @@ def trusted_statuses(statuses: dict[str, str], exit_code: int | None, timed_out:
 
 # --- the verdict -------------------------------------------------------------------------------------
 
+def status_of(test: str, statuses: dict[str, str]) -> str | None:
+    """A test's status; None when it is missing from the results.
+
+    Some SWE-bench datasets hold ids cut inside their parameters (`test_x[a(b`): such an id matches
+    the ids it begins, when they agree on pass or fail (SWE-bench v5 does the same).
+    """
+    if test in statuses:
+        return statuses[test]
+    if test.count("[") > test.count("]"):
+        found = [status for key, status in statuses.items() if key.startswith(test)]
+        if found and len({status in (PASSED, XFAIL) for status in found}) == 1:
+            return found[0]
+    return None
+
+
 def test_passes(test: str, statuses: dict[str, str], *, skipped_counts: bool) -> bool:
     """Whether one test passes: PASSED or XFAIL (or SKIPPED where it counts); missing fails."""
-    status = statuses.get(test)
+    status = status_of(test, statuses)
     return status in (PASSED, XFAIL) or (skipped_counts and status == SKIPPED)
 
 

@@ -93,6 +93,14 @@ def test_v5_rules_skipped_counts_for_pass_to_pass_only_and_missing_fails():
     assert status.PASS_TO_PASS.failure == ["t::p_error", "t::p_missing"]
 
 
+def test_an_id_cut_inside_its_parameters_matches_when_the_candidates_agree():
+    statuses = {"t::f[log(a b)]": PASSED, "t::f[log(c)]": XFAIL, "t::g[x(1)]": PASSED, "t::g[x(2)]": FAILED}
+    status = grading.tests_status(_task(["t::f[log(", "t::g[x(", "t::f[zzz"], ["t::f"]), statuses)
+    assert status.FAIL_TO_PASS.success == ["t::f[log("]
+    assert status.FAIL_TO_PASS.failure == ["t::g[x(", "t::f[zzz"]  # disagreeing candidates; no candidate
+    assert status.PASS_TO_PASS.failure == ["t::f"]  # a whole id never matches by prefix
+
+
 def test_fail_to_fail_and_pass_to_fail_lists_are_reported_when_the_task_has_them():
     task = _task(["t::a"], [], FAIL_TO_FAIL='["t::b"]', PASS_TO_FAIL=["t::c"])
     status = grading.tests_status(task, {"t::a": PASSED, "t::b": FAILED, "t::c": PASSED})
