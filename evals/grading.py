@@ -42,7 +42,7 @@ PASSED, FAILED, SKIPPED, ERROR, XFAIL = "PASSED", "FAILED", "SKIPPED", "ERROR", 
 EVAL_DIR = "/tmp/m3-eval"  # outside /workspace, so nothing here shows up in the repository's diff
 JUNIT_PATH = f"{EVAL_DIR}/junit.xml"
 GIT_APPLY = "git apply --verbose --whitespace=nowarn"
-FUZZY_PATCH = "patch --batch --fuzz=5 -p1 --no-backup-if-mismatch"
+FUZZY_PATCH = "patch --batch --forward --fuzz=5 -p1 --no-backup-if-mismatch"  # --forward: never reverse a hunk
 STEP_TIMEOUT_S = 120.0  # applying a patch or resetting files; never the tests themselves
 
 
@@ -227,10 +227,6 @@ class _StepFailed(Exception):
     """A grading step failed in a way that makes the instance an error."""
 
 
-class _Stop(Exception):
-    """Grading ends early with the report as it stands (the patch did not apply)."""
-
-
 def _run(sb: Sandbox, cmd: str, what: str, timeout: float = STEP_TIMEOUT_S) -> str:
     r = sb.exec(cmd, timeout=timeout)
     if r.exit_code != 0 or r.timed_out:
@@ -298,26 +294,8 @@ def grade(task: Task, model_patch: str | None, *, repo: Path, sandbox: SandboxCo
     clock = time.monotonic()
     try:
         with Sandbox(sandbox, repo=repo) as sb:
-            mark = report.timings["sandbox_s"] = _since(clock)
-            sb.exec(f"mkdir -p {EVAL_DIR}", timeout=STEP_TIMEOUT_S)
-            if report.patch_exists:
-                report.apply_method, report.apply_output = apply_model_patch(sb, model_patch or "")
-                report.patch_successfully_applied = report.apply_method is not None
-                if not report.patch_successfully_applied:
-                    report.error = "patch does not apply"
-                    raise _Stop
-            apply_test_patch(sb, task.test_patch)
-            for cmd in task.env_setup:
-                _run(sb, cmd, f"env_setup `{cmd}`", timeout=test_timeout)
-            report.timings["apply_s"] = round(_since(clock) - mark, 3)
-            mark = _since(clock)
-            raw, report.test_exit_code, report.tests_timed_out, report.test_output = run_tests(sb, task, test_timeout)
-            report.timings["tests_s"] = round(_since(clock) - mark, 3)
-            statuses, report.results_rejected = trusted_statuses(raw, report.test_exit_code, report.tests_timed_out)
-            report.test_statuses = raw
-            report.tests_status = tests_status(task, statuses)
-    except _Stop:
-        pass
+            report.timings["sandbox_s"] = _since(clock)
+            _grade_in(sb, task, model_patch or "", report, test_timeout)
     except _StepFailed as e:
         report.error = str(e)
     except M3AgentError as e:
@@ -325,6 +303,28 @@ def grade(task: Task, model_patch: str | None, *, repo: Path, sandbox: SandboxCo
     report.resolved = verdict(report)
     report.timings["total_s"] = _since(clock)
     return report
+
+
+def _grade_in(sb: Sandbox, task: Task, model_patch: str, report: InstanceReport, test_timeout: float) -> None:
+    """Steps 2-5 in a started sandbox, filling in `report`."""
+    clock = time.monotonic()
+    sb.exec(f"mkdir -p {EVAL_DIR}", timeout=STEP_TIMEOUT_S)
+    if report.patch_exists:
+        report.apply_method, report.apply_output = apply_model_patch(sb, model_patch)
+        report.patch_successfully_applied = report.apply_method is not None
+        if not report.patch_successfully_applied:
+            report.error = "patch does not apply"
+            return
+    apply_test_patch(sb, task.test_patch)
+    for cmd in task.env_setup:
+        _run(sb, cmd, f"env_setup `{cmd}`", timeout=test_timeout)
+    report.timings["apply_s"] = _since(clock)
+    clock = time.monotonic()
+    raw, report.test_exit_code, report.tests_timed_out, report.test_output = run_tests(sb, task, test_timeout)
+    report.timings["tests_s"] = _since(clock)
+    statuses, report.results_rejected = trusted_statuses(raw, report.test_exit_code, report.tests_timed_out)
+    report.test_statuses = raw
+    report.tests_status = tests_status(task, statuses)
 
 
 def _since(start: float) -> float:
