@@ -151,17 +151,28 @@ def _fold(keyed: list[tuple[str, ...]], entries: list[Entry], start: int, key: t
     return j
 
 
-def section_head(e: Entry) -> str:
-    """A file section's heading line, with its flags."""
-    flags = list(e.flags)
+FLAG_NOTES = {
+    "non-utf8": "not UTF-8: decoded with replacement characters",
+    "utf-16": "UTF-16, shown decoded",
+    "no-final-newline": "no newline at end of file",
+}
+
+
+def content_flags(e: Entry) -> list[str]:
+    """What is notable about a file's content: "non-utf8", "utf-16", "no-final-newline"."""
+    out = []
     if e.facts is not None:
-        if e.facts.encoding == "non-utf8":
-            flags.append("not UTF-8: decoded with replacement characters")
-        elif e.facts.encoding == "utf-16":
-            flags.append("UTF-16, shown decoded")
+        if e.facts.encoding in ("non-utf8", "utf-16"):
+            out.append(e.facts.encoding)
         if not e.facts.final_newline:
-            flags.append("no newline at end of file")
-    note = f"  ({'; '.join(flags)})" if flags else ""
+            out.append("no-final-newline")
+    return out
+
+
+def section_head(e: Entry) -> str:
+    """A file section's heading line, with its notes (symlink target, encoding, final newline)."""
+    notes = [*e.flags, *(FLAG_NOTES[f] for f in content_flags(e))]
+    note = f"  ({'; '.join(notes)})" if notes else ""
     return f"### {shown(e.path)}{note}\n"
 
 

@@ -136,17 +136,7 @@ def _load(listing: Listing, e: Entry, limit: int, data_out: dict[str, bytes] | N
 
 
 def _flags(e: Entry) -> list[str]:
-    out = []
-    if e.kind == "symlink":
-        out.append("symlink")
-    if e.facts is not None:
-        if e.facts.encoding == "non-utf8":
-            out.append("non-utf8")
-        elif e.facts.encoding == "utf-16":
-            out.append("utf-16")
-        if not e.facts.final_newline:
-            out.append("no-final-newline")
-    return out
+    return (["symlink"] if e.kind == "symlink" else []) + layout.content_flags(e)
 
 
 def pack_repository(
