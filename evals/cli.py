@@ -185,12 +185,13 @@ def run_command(
 ) -> None:
     """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
     from agent.config import load_settings
-    from agent.fix import agent_config
+    from agent.fix import agent_config, check_endpoint
 
     settings, _ = load_settings(".", {"base_url": base_url, "model": model, "max_turns": max_turns,
                                       "thinking": thinking, "sandbox_image": image}, config_file=config_file)
     if not settings.base_url:
         raise UsageError("no endpoint: pass --base-url http://HOST:PORT/v1 (or set base_url in m3-agent.toml)")
+    check_endpoint(settings.base_url.rstrip("/"))  # exit 3 now, not one retried error per instance
     agent = agent_config(settings, settings.base_url)
     task_list = load_tasks(tasks, instance_ids=_ids(instance_ids))
     config = EvalConfig(output_dir=output or _default_output("run", tasks), repos=repos, sandbox=agent.sandbox,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -51,6 +52,20 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
     assert "unknown --format 'pdf'" in _main_error(capsys, "eval", "report", str(tmp_path), "--format", "pdf")
     monkeypatch.chdir(tmp_path)
     assert "pass --base-url" in _main_error(capsys, "eval", "run", "--tasks", "builtin")
+
+
+def test_run_stops_at_once_when_no_server_listens(tmp_path, capsys, monkeypatch):
+    from agent.cli import main
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "run", "--tasks", "builtin", "--base-url", f"http://127.0.0.1:{port}/v1"])
+    assert exit_info.value.code == 3
+    assert "cannot reach the model server" in capsys.readouterr().err
+    assert not (tmp_path / ".m3-agent").exists()  # nothing was started
 
 
 @pytest.mark.docker
