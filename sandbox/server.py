@@ -1,9 +1,9 @@
 """The exec server that runs INSIDE the container, as its main process (under the container's init).
 
 Standard library only, Python >= 3.8: the host passes this file's source in the environment and
-starts `python3 -c` on it (see SERVER_COMMAND in container.py).
-It reads requests from stdin and answers on stdout, one at a time, so a command costs a fork and a
-pipe round trip instead of a `docker exec`.
+starts `python3 -c` on it (see SERVER_COMMAND in container.py). It serves requests one at a time,
+so a command costs a pipe round trip (its shell is started ahead, see WarmShell) instead of a
+`docker exec`.
 
 Transport: a Unix socket the host listens on, shared read-only into the container, when the engine
 runs on this machine (no hops through the engine); else stdin/stdout through the engine's attach stream.
@@ -33,6 +33,7 @@ MARKER = b"\n[... m3-agent sandbox: %d bytes of output omitted ...]\n"
 CHUNK = 1 << 16
 DRAIN_AFTER_EXIT_S = 0.1  # background children may hold the pipes open; wait this long for them
 DRAIN_AFTER_KILL_S = 1.0
+
 
 class Transport:
     """Where requests come from and answers go: stdin/stdout, or a socket the host shares with us."""
@@ -121,6 +122,7 @@ class Capped:
 
 
 def pids():
+    """Every process id in the container."""
     out = set()
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -174,7 +176,7 @@ class WarmShell:
         self.fd = None
 
     def prepare(self):
-        if self.proc is not None:
+        if self.proc is not None or shell() != "/bin/bash":  # `read -d` is bash's: plain sh starts cold
             return
         r, w = os.pipe()
         script = ('IFS= read -r -d "" __m3_pre <&{0}; IFS= read -r -d "" __m3_cmd <&{0}; exec {0}<&-; '

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from agent.errors import SandboxUnavailable
 from sandbox import ExecResult, Sandbox, SandboxConfig
 
 pytestmark = pytest.mark.docker
@@ -148,3 +149,14 @@ def test_killing_processes_by_name_does_not_take_the_sandbox_down(sb):
     assert r.stdout == "done\n"
     assert sb.exec("echo alive").stdout == "alive\n"
     assert sb.exec("env | grep -c '^M3_AGENT' || true").stdout == "0\n"
+
+
+def test_an_interrupted_request_leaves_the_sandbox_marked_unusable(sb):
+    def chunks():
+        yield b"half a file"
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sb._request({"op": "write", "path": "x"}, chunks=chunks())
+    with pytest.raises(SandboxUnavailable, match="interrupted; start a new sandbox"):
+        sb.exec("echo hi")
