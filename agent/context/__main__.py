@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import typer
@@ -12,6 +13,7 @@ from agent.errors import M3AgentError
 
 def main(argv: list[str] | None = None) -> None:
     """Run `pack` with the CLI's one-line errors and exit codes."""
+    gc.disable()  # a short-lived process with thousands of small objects and no cycles worth collecting
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command(help="Pack a repository into one prompt for the 1M window.")(pack_command)
     try:
