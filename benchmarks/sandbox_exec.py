@@ -9,7 +9,8 @@ In one run, against the same image on the same engine:
   docker SDK      `container.exec_run` (one exec API round trip per command)
 on a trivial command and on a command printing 1 MB. The three are measured in interleaved rounds so
 that load from other processes on the machine hits them alike. `ready_s` is the median time to
-create + start a sandbox with a 40 MB git repository (working tree + .git) copied in.
+create + start a sandbox with a 40 MB git repository (working tree + .git) copied in, next to the
+floor any container pays here (create + start of a bare `--network none` container, same run).
 
 The last line of output is one JSON object: ours_ms, mini_swe_agent_ms, docker_exec_ms (medians of
 the trivial command, ms), ratio_vs_mini, ready_s, and the 1 MB figures.
@@ -183,12 +184,19 @@ def main() -> None:
         raw.remove(force=True)
         client.close()
 
-    ready = []
-    for _ in range(args.ready_runs):
+    ready, floor = [], []
+    client = docker.from_env()
+    for _ in range(args.ready_runs):  # interleaved with the floor: create + start of a bare container, no copy
         t = time.perf_counter()
         sb = Sandbox(SandboxConfig(image=image), repo=repo).start()
         ready.append(time.perf_counter() - t)
         sb.close()
+        t = time.perf_counter()
+        bare = client.containers.create(image, ["sleep", "60"], network_mode="none", labels={BENCH_LABEL: "1"})
+        bare.start()
+        floor.append(time.perf_counter() - t)
+        bare.remove(force=True)
+    client.close()
 
     for name in ("trivial", "1mb"):
         assert sizes["ours"][name] == sizes["sdk"][name], sizes  # all three really moved the same output
@@ -197,7 +205,8 @@ def main() -> None:
     for key, label in (("ours", "ours"), ("mini", "mini-swe-agent"), ("sdk", "docker exec_run")):
         print(f"{label:16}{ms(results[key]['trivial']):>14}{ms(results[key]['1mb']):>12}")
     print(f"ready (create + start + {repo_bytes / 1e6:.0f} MB repo copied in): median {statistics.median(ready):.3f} s"
-          f" of {len(ready)}; mini-swe-agent start (no copy): {mini_start:.3f} s")
+          f" of {len(ready)}; floor (create + start, --network none, nothing else): {statistics.median(floor):.3f} s;"
+          f" mini-swe-agent start (no copy): {mini_start:.3f} s")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     ours_ms, mini_ms = ms(results["ours"]["trivial"]), ms(results["mini"]["trivial"])
     summary = {
@@ -206,6 +215,7 @@ def main() -> None:
         "docker_exec_ms": ms(results["sdk"]["trivial"]),
         "ratio_vs_mini": round(mini_ms / ours_ms, 1),
         "ready_s": round(statistics.median(ready), 3),
+        "start_floor_s": round(statistics.median(floor), 3),
         "ours_1mb_ms": ms(results["ours"]["1mb"]),
         "mini_swe_agent_1mb_ms": ms(results["mini"]["1mb"]),
         "docker_exec_1mb_ms": ms(results["sdk"]["1mb"]),
