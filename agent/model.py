@@ -11,8 +11,6 @@ import re
 import time
 from typing import Any, Literal
 
-import openai
-from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, Field
 from tenacity import (
     RetryError,
@@ -143,6 +141,8 @@ def _overflow_from(message: str) -> ContextOverflowError:
 
 
 def _retryable(exc: BaseException) -> bool:
+    import openai
+
     # Connection problems, timeouts, 429, 5xx (incl. the 503 of a warming server). Never 400/401/404.
     if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError)):
         return True
@@ -172,6 +172,8 @@ class ModelClient:
     """A thin, retrying client for an M3 endpoint."""
 
     def __init__(self, config: ModelConfig) -> None:
+        import openai  # imported on first use: it is most of the CLI's start-up time
+
         self.config = config
         self._client = openai.OpenAI(
             base_url=config.base_url,
@@ -195,6 +197,8 @@ class ModelClient:
         )
 
     def _call(self, fn, what: str):
+        import openai
+
         attempts = 0
         try:
             for attempt in self._retrying():
@@ -274,6 +278,8 @@ class ModelClient:
             body["tools"] = tools
             body["tool_choice"] = "auto"
 
+        from openai.types.chat import ChatCompletion
+
         def send():
             # Posted as-is: create() re-validates the whole growing history on every turn (most of the
             # loop's own overhead); the SDK's HTTP client, error types and timeouts still apply.
@@ -317,7 +323,7 @@ def _reply_from(resp: Any, *, latency_s: float, attempts: int) -> ModelReply:
     )
 
 
-def _error_message(e: openai.APIStatusError) -> str:
+def _error_message(e: Any) -> str:
     body = e.body
     if isinstance(body, dict):
         err = body.get("error", body)
@@ -329,6 +335,8 @@ def _error_message(e: openai.APIStatusError) -> str:
 
 
 def _describe(exc: BaseException | None) -> str:
+    import openai
+
     if exc is None:
         return "unknown error"
     if isinstance(exc, openai.APIStatusError):
