@@ -158,3 +158,11 @@ def test_start_without_profile_picks_one_for_the_gpus_found(fake_nvidia_smi):
     res = _run("start", "--dry-run")
     assert res.exit_code == 0, res.output
     assert "# h200-tp8 (vllm, native)" in res.output
+
+
+def test_plan_detect_reads_this_machines_gpus(fake_nvidia_smi):
+    res = _run("plan", "--detect", "--kv-dtype", "fp8", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["request"]["gpus"] == 8 and data["request"]["gpu_memory_gb"] == 140.4
+    assert data["fits"] and data["max_model_len"] == 1_048_576
