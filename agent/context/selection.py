@@ -39,6 +39,7 @@ GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", ".pb.go", ".pb.cc",
 MINIFIED_SUFFIXES = (".min.js", ".min.mjs", ".min.cjs", ".min.css", "-min.js", "-min.css")
 SOURCE_MAP_SUFFIXES = (".js.map", ".mjs.map", ".cjs.map", ".css.map", ".ts.map")
 MINIFIABLE_SUFFIXES = (".js", ".mjs", ".cjs", ".css")
+_NAMED_SUFFIXES = MINIFIED_SUFFIXES + SOURCE_MAP_SUFFIXES + GENERATED_SUFFIXES
 # Markers tools put in the first lines of the files they generate.
 GENERATED_MARKERS = (b"@generated", b"DO NOT EDIT")
 MINIFIED_AVG_LINE = 250
@@ -208,13 +209,13 @@ def path_reason(path: str) -> str | None:
     if name in LOCKFILES:
         return "lockfile"
     lower = name.lower()
+    if not lower.endswith(_NAMED_SUFFIXES):  # one test for the common case: none of the names below
+        return None
     if lower.endswith(MINIFIED_SUFFIXES):
         return "minified"
     if lower.endswith(SOURCE_MAP_SUFFIXES):
         return "source-map"
-    if lower.endswith(GENERATED_SUFFIXES):
-        return "generated"
-    return None
+    return "generated"
 
 
 def content_reason(path: str, facts: Facts, max_file_bytes: int, forced: bool) -> str | None:
@@ -233,18 +234,11 @@ def content_reason(path: str, facts: Facts, max_file_bytes: int, forced: bool) -
     return None
 
 
-def _in_git_work_tree(root: Path) -> bool:
-    try:
-        proc = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
-                              capture_output=True, check=False)
-    except FileNotFoundError:
-        return False
-    if proc.returncode == 0:
-        return proc.stdout.strip() == b"true"
-    err = proc.stderr.decode(errors="replace")
-    if "dubious ownership" in err or "safe.directory" in err:
-        raise GitError(f"git refuses {root} (dubious ownership): run git config --global --add safe.directory {root}")
-    return False
+def _may_be_git(root: Path) -> bool:
+    """Whether git could see a work tree here: a `.git` in `root` or a parent, or GIT_DIR set."""
+    if os.environ.get("GIT_DIR"):
+        return True
+    return any(os.path.exists(os.path.join(p, ".git")) for p in (root, *root.parents))
 
 
 def _git_many(root: Path, *commands: tuple[str, ...]) -> list[tuple[int, bytes, bytes]]:
@@ -254,16 +248,27 @@ def _git_many(root: Path, *commands: tuple[str, ...]) -> list[tuple[int, bytes, 
                  for args in commands]
     except FileNotFoundError as e:
         raise GitError("git is not installed: install git to pack a git repository") from e
-    out = []
+    out: list[tuple[int, bytes, bytes]] = []
     for p in procs:
         stdout, stderr = p.communicate()
         out.append((p.returncode, stdout, stderr))
     return out
 
 
-def _list_git(root: Path) -> Listing:
-    results = _git_many(root, ("ls-files", "-z", "-s"), ("ls-files", "-z", "-o", "--exclude-standard"),
-                        ("diff-files", "-z", "--name-only", "--relative"), ("rev-parse", "-q", "--verify", "HEAD"))
+def _list_git(root: Path) -> Listing | None:
+    """The git listing of a work tree; None when git says `root` is not in one."""
+    inside, *results = _git_many(
+        root, ("rev-parse", "--is-inside-work-tree"), ("ls-files", "-z", "-s"),
+        ("ls-files", "-z", "-o", "--exclude-standard"), ("diff-files", "-z", "--name-only", "--relative"),
+        ("rev-parse", "-q", "--verify", "HEAD"))
+    if inside[0] != 0:
+        err = inside[2].decode(errors="replace")
+        if "dubious ownership" in err or "safe.directory" in err:
+            raise GitError(f"git refuses {root} (dubious ownership): "
+                           f"run git config --global --add safe.directory {root}")
+        return None
+    if inside[1].strip() != b"true":
+        return None
     for (code, _, err), what in zip(results[:3], ("ls-files", "ls-files --others", "diff-files")):
         if code != 0:
             msg = err.decode(errors="replace").strip().splitlines()
@@ -379,8 +384,10 @@ def list_files(root: Path) -> Listing:
         raise UsageError(f"repository not found: {root}")
     if not root.is_dir():
         raise UsageError(f"not a directory: {root}")
-    if _in_git_work_tree(root):
-        return _list_git(root)
+    if _may_be_git(root):
+        listing = _list_git(root)
+        if listing is not None:
+            return listing
     return _list_walk(root)
 
 
