@@ -144,3 +144,13 @@ def test_killing_the_server_makes_the_sandbox_report_itself_dead(sb):
     assert not sb.alive
     with pytest.raises(SandboxUnavailable, match="is dead.*start a new sandbox"):
         sb.exec("echo again")
+
+
+def test_filling_the_workspace_stops_at_its_size(no_leftovers):
+    with Sandbox(SandboxConfig(image=no_leftovers, workspace_size="64m", tmp_size="32m")) as sb:
+        r = sb.exec("head -c 200000000 /dev/zero > big; echo rc=$?; head -c 100000000 /dev/zero > /tmp/big",
+                    timeout=60)
+        assert "No space left on device" in r.stderr and r.exit_code != 0
+        assert int(sb.exec("stat -c %s big").stdout) <= 64 * 1024 * 1024
+        sb.exec("rm -f big /tmp/big")
+        assert sb.exec("echo ok > small && cat small").stdout == "ok\n"
