@@ -11,7 +11,7 @@ import math
 import re
 from collections import Counter, defaultdict
 
-from agent.context.selection import CODE_SUFFIXES, Entry
+from agent.context.selection import CODE_SUFFIXES, SUBWORD_RE, Entry
 
 PATH_SCORE = 100.0
 BASENAME_SCORE = 60.0
@@ -31,7 +31,6 @@ _FRAME_RES = (
 )
 _MODULE_RE = re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\b")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
-_SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 _PATH_SPLIT = re.compile(r"[/_.\-\s]+")
 _CODE_SPAN_RE = re.compile(r"`([^`\n]+)`")
 STOPWORDS = frozenset(
@@ -44,7 +43,7 @@ STOPWORDS = frozenset(
 
 
 def _subwords(name: str) -> list[str]:
-    return [w.lower() for part in name.split("_") for w in _SUBWORD_RE.findall(part) if len(w) > 1]
+    return [w.lower() for part in name.split("_") for w in SUBWORD_RE.findall(part) if len(w) > 1]
 
 
 def _code_like(word: str) -> bool:

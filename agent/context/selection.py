@@ -175,12 +175,12 @@ def _has_marker(data: bytes) -> bool:
     return any(data.find(m, 0, 1024) >= 0 for m in GENERATED_MARKERS)
 
 
-_SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")  # QuerySet -> Query, Set; HTTPError -> HTTP, Error
 
 
 def subword_terms(names: str) -> str:
     """The distinct lowercase words in identifiers (`QuerySet bulk_create` -> bulk create query set)."""
-    return " ".join(sorted(set(" ".join(_SUBWORD_RE.findall(names)).lower().split())))
+    return " ".join(sorted(set(" ".join(SUBWORD_RE.findall(names)).lower().split())))
 
 
 def definitions(path: str, data: bytes) -> str:
