@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 
 from agent.errors import EndpointError, UsageError
 
-# Texts longer than this are counted in pieces cut at line ends (an upper bound of the whole: BPE
-# merges across a cut only lower the count); keeps each /tokenize request a sane size.
+# Texts longer than this are counted in pieces cut at line ends and summed (a cut can split a token
+# the whole would merge, so the sum is usually at or a little above the whole's count); this keeps
+# each /tokenize request a sane size. Budgeted packs stay below it and are counted whole.
 MAX_REQUEST_CHARS = 4_000_000
 
 
@@ -103,7 +104,7 @@ class TokenizerJsonCounter:
         try:
             raw = path.read_bytes()
             self._tok = Tokenizer.from_str(raw.decode("utf-8"))
-        except (OSError, UnicodeDecodeError, Exception) as e:  # tokenizers raises its own Exception type
+        except Exception as e:  # OSError, UnicodeDecodeError, and the tokenizers library's own errors
             raise UsageError(f"cannot load tokenizer {path}: {e}") from e
         self.path = path
         self.id = "tokenizer.json:" + hashlib.sha256(raw).hexdigest()[:16]
