@@ -19,7 +19,7 @@ from agent.errors import EndpointError, UsageError
 # Texts longer than this are counted in pieces cut at line ends and summed (a cut can split a token
 # the whole would merge, so the sum is usually at or a little above the whole's count); this keeps
 # each /tokenize request a sane size. Budgeted packs stay below it and are counted whole.
-MAX_REQUEST_CHARS = 4_000_000
+MAX_REQUEST_CHARS = 8_000_000
 
 
 @runtime_checkable

@@ -25,49 +25,23 @@ VLLM_ROCM_IMAGE = "vllm/vllm-openai-rocm:minimax-m3"
 SGLANG_IMAGE = "lmsysorg/sglang:dev-cu13-minimax-m3"
 DEFAULT_MODEL = "MiniMaxAI/MiniMax-M3"
 
-# seed 000: the docker run options used for both engines on NVIDIA.
-NVIDIA_DOCKER_OPTIONS = [
-    "--gpus",
-    "all",
-    "--ipc=host",
-    "-p",
-    "8000:8000",
-    "-v",
-    "~/.cache/huggingface:/root/.cache/huggingface",
-]
-# seed 002: the device options of the ROCm image (the seed's `-it`/`--entrypoint /bin/bash` are for a shell).
-AMD_DOCKER_OPTIONS = [
-    "--device",
-    "/dev/kfd",
-    "--device",
-    "/dev/dri",
-    "--group-add",
-    "video",
-    "--cap-add",
-    "SYS_PTRACE",
-    "--security-opt",
-    "seccomp=unconfined",
-    "--ipc=host",
-    "--shm-size=16g",
-    "-p",
-    "8000:8000",
-    "-v",
-    "~/.cache/huggingface:/root/.cache/huggingface",
-]
+def _flags(text: str) -> list[str]:
+    """Shell words: the catalog below reads like the seeds' commands."""
+    return shlex.split(text)
 
-_PARSERS_VLLM = ["--tool-call-parser", "minimax_m3", "--reasoning-parser", "minimax_m3", "--enable-auto-tool-choice"]
-_AMD_ATTN = [
-    "--attention-backend",
-    "TRITON_ATTN",
-    "--mm-encoder-tp-mode",
-    "data",
-    "--mm-encoder-attn-backend",
-    "ROCM_AITER_FA",
-]
-_AMD_ENV = {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
-_YARN_1M = (
-    '{"text_config":{"rope_scaling":{"rope_type":"yarn","factor":2.0,"original_max_position_embeddings":524288}}}'
+
+# seed 000: the docker run options used for both engines on NVIDIA.
+NVIDIA_DOCKER_OPTIONS = _flags("--gpus all --ipc=host -p 8000:8000 -v ~/.cache/huggingface:/root/.cache/huggingface")
+# seed 002: the device options of the ROCm image (the seed's `-it`/`--entrypoint /bin/bash` are for a shell).
+AMD_DOCKER_OPTIONS = _flags(
+    "--device /dev/kfd --device /dev/dri --group-add video --cap-add SYS_PTRACE --security-opt seccomp=unconfined "
+    "--ipc=host --shm-size=16g -p 8000:8000 -v ~/.cache/huggingface:/root/.cache/huggingface"
 )
+
+_PARSERS = "--tool-call-parser minimax_m3 --reasoning-parser minimax_m3 --enable-auto-tool-choice"
+_AMD_ATTN = "--attention-backend TRITON_ATTN --mm-encoder-tp-mode data --mm-encoder-attn-backend ROCM_AITER_FA"
+_AMD_ENV = {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}  # seed 002: "set the following before any of the serve commands"
+_YARN_1M = '{"text_config":{"rope_scaling":{"rope_type":"yarn","factor":2.0,"original_max_position_embeddings":524288}}}'
 # Flags that only make sense with the vision encoder loaded (seed 002: exclusive with --language-model-only).
 _ENCODER_FLAGS = {"--mm-encoder-tp-mode", "--mm-encoder-attn-backend", "--mm-processor-cache-type"}
 _ENGINE_PORT = {"vllm": 8000, "sglang": 30000}
@@ -137,307 +111,90 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
-def _vllm(name: str, summary: str, source: str, gpu: str, gpus: int, args: list[str], **kw) -> Profile:
+def _vllm(name: str, summary: str, source: str, gpu: str, args: str, *, gpus: int = 8, **kw) -> Profile:
+    return Profile(name=name, engine="vllm", summary=summary, source=source, gpu=gpu, gpus=gpus,
+                   launcher=["vllm", "serve"], args=_flags(args), **kw)
+
+
+def _amd(name: str, summary: str, source: str, args: str, *, env: dict[str, str] | None = None, **kw) -> Profile:
+    return _vllm(name, summary, source, "MI355X", args, platform="amd", env={**_AMD_ENV, **(env or {})},
+                 docker_image=VLLM_ROCM_IMAGE, docker_options=list(AMD_DOCKER_OPTIONS), **kw)
+
+
+def _seed001(name: str, tp: int, summary: str) -> Profile:
+    variant = "" if tp == 2 else " (its --tensor-parallel-size 4 variant)"
     return Profile(
-        name=name,
-        engine="vllm",
-        summary=summary,
-        source=source,
-        gpu=gpu,
-        gpus=gpus,
-        launcher=["vllm", "serve"],
-        args=args,
-        **kw,
+        name=name, engine="vllm", summary=summary, gpu="H200", gpus=tp, precision="fp8",
+        source=f"seed 001: Step 4, Launch the vLLM Server{variant}",
+        launcher=["python", "-m", "vllm.entrypoints.openai.api_server"], model_flag="--model",
+        args=_flags(f"--served-model-name minimax-m3 --tensor-parallel-size {tp} --quantization fp8 "
+                    "--enable-expert-parallel --max-model-len 131072 --kv-cache-dtype fp8_e5m2 "
+                    "--gpu-memory-utilization 0.92 --enable-chunked-prefill --max-num-seqs 16 --port 8000"),
     )
 
 
-def _amd(name: str, summary: str, args: list[str], *, env: dict[str, str] | None = None, **kw) -> Profile:
-    kw.setdefault("gpu", "MI355X")
-    kw.setdefault("gpus", 8)
-    return _vllm(
-        name,
-        summary,
-        kw.pop("source", "seed 002: AMD ROCm"),
-        kw.pop("gpu"),
-        kw.pop("gpus"),
-        args,
-        platform="amd",
-        env={**_AMD_ENV, **(env or {})},
-        docker_image=VLLM_ROCM_IMAGE,
-        docker_options=list(AMD_DOCKER_OPTIONS),
-        **kw,
-    )
-
-
-def _seed001(name: str, tp: int, gpu: str, summary: str) -> Profile:
-    return Profile(
-        name=name,
-        engine="vllm",
-        summary=summary,
-        gpu=gpu,
-        gpus=tp,
-        precision="fp8",
-        source="seed 001: Step 4, Launch the vLLM Server" + ("" if tp == 2 else " (--tensor-parallel-size 4 variant)"),
-        launcher=["python", "-m", "vllm.entrypoints.openai.api_server"],
-        model_flag="--model",
-        args=[
-            "--served-model-name",
-            "minimax-m3",
-            "--tensor-parallel-size",
-            str(tp),
-            "--quantization",
-            "fp8",
-            "--enable-expert-parallel",
-            "--max-model-len",
-            "131072",
-            "--kv-cache-dtype",
-            "fp8_e5m2",
-            "--gpu-memory-utilization",
-            "0.92",
-            "--enable-chunked-prefill",
-            "--max-num-seqs",
-            "16",
-            "--port",
-            "8000",
-        ],
-    )
-
-
+# fmt: off
 PROFILES: list[Profile] = [
-    _vllm(
-        "h200-tp8",
-        "8x H200 / H20, tensor parallel 8 (BF16)",
-        "seed 002: NVIDIA — TP8 (8x H200 / H20)",
-        "H200",
-        8,
-        ["--tensor-parallel-size", "8", "--block-size", "128", *_PARSERS_VLLM],
-    ),
-    _vllm(
-        "h200-tp8-ep",
-        "8x H200 / H20, TP8 + expert parallel (BF16)",
-        "seed 002: TP8 + Expert Parallel",
-        "H200",
-        8,
-        ["--tensor-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128", *_PARSERS_VLLM],
-    ),
-    _vllm(
-        "h200-dp8-ep",
-        "8x H200 / H20, DP8 + expert parallel (BF16)",
-        "seed 002: DP8 + Expert Parallel",
-        "H200",
-        8,
-        ["--data-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128", *_PARSERS_VLLM],
-    ),
-    _vllm(
-        "mxfp8-tp8",
-        "MXFP8 checkpoint, TP8 (about half the VRAM of BF16)",
-        "seed 002: Quantized Variant (MXFP8)",
-        "B200",
-        8,
-        ["--tensor-parallel-size", "8", "--block-size", "128", *_PARSERS_VLLM],
-        precision="mxfp8",
-        model="MiniMaxAI/MiniMax-M3-MXFP8",
-    ),
-    _vllm(
-        "blackwell-tp8-ep",
-        "8x B200, TP8 + EP, FlashInfer encoder attention, shm processor cache",
-        "seeds 003/004: Deploying with vLLM",
-        "B200",
-        8,
-        [
-            "--tensor-parallel-size",
-            "8",
-            "--enable-expert-parallel",
-            "--block-size",
-            "128",
-            "--mm-encoder-attn-backend",
-            "FLASHINFER",
-            "--mm-processor-cache-type",
-            "shm",
-            "--tool-call-parser",
-            "minimax_m3",
-            "--enable-auto-tool-choice",
-            "--reasoning-parser",
-            "minimax_m3",
-            "--trust-remote-code",
-        ],
-    ),
-    Profile(
-        name="b200",
-        engine="vllm",
-        summary="8x B200 (HGX), TP8, the seed 000 benchmark machine",
-        source="seed 000: Deploying MiniMax-M3 (vLLM docker run)",
-        gpu="B200",
-        gpus=8,
-        launcher=["vllm", "serve"],
-        model_flag="--model",
-        args=[
-            "--served-model-name",
-            "minimax-m3",
-            "--tensor-parallel-size",
-            "8",
-            "--trust-remote-code",
-            "--block-size",
-            "128",
-            *_PARSERS_VLLM,
-        ],
-    ),
-    Profile(
-        name="b200",
-        engine="sglang",
-        summary="8x B200 (HGX), SGLang TP8 with fa4 attention (CUDA 12.8 only)",
-        source="seed 000: Deploying MiniMax-M3 (SGLang docker run)",
-        gpu="B200",
-        gpus=8,
-        launcher=["python3", "-m", "sglang.launch_server"],
-        model_flag="--model-path",
-        args=[
-            "--served-model-name",
-            "minimax-m3",
-            "--tp",
-            "8",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            "8000",
-            "--trust-remote-code",
-            "--mem-fraction-static",
-            "0.65",
-            "--attention-backend",
-            "fa4",
-            "--page-size",
-            "128",
-            "--moe-runner-backend",
-            "deep_gemm",
-        ],
-        docker_image=SGLANG_IMAGE,
-        docker_command=["python3", "-m", "sglang.launch_server"],
-    ),
-    Profile(
-        name="blackwell-mxfp8-tp8-ep",
-        engine="sglang",
-        summary="8 GPUs, SGLang TP8 + EP8 with MXFP8 quantization, flashinfer attention",
-        source="seed 004: Deploying with SGLang",
-        gpu="B200",
-        gpus=8,
-        precision="mxfp8",
-        launcher=["python", "-m", "sglang.launch_server"],
-        model_flag="--model-path",
-        args=[
-            "--dtype",
-            "bfloat16",
-            "--tp-size",
-            "8",
-            "--ep-size",
-            "8",
-            "--trust-remote-code",
-            "--mem-fraction-static",
-            "0.8",
-            "--enable-multimodal",
-            "--quantization",
-            "mxfp8",
-            "--attention-backend",
-            "flashinfer",
-            "--mm-attention-backend",
-            "flashinfer_cudnn",
-            "--moe-runner-backend",
-            "deep_gemm",
-            "--chunked-prefill-size",
-            "8192",
+    _vllm("h200-tp8", "8x H200 / H20, tensor parallel 8 (BF16)", "seed 002: NVIDIA — TP8 (8x H200 / H20)", "H200",
+          f"--tensor-parallel-size 8 --block-size 128 {_PARSERS}"),
+    _vllm("h200-tp8-ep", "8x H200 / H20, TP8 + expert parallel (BF16)", "seed 002: TP8 + Expert Parallel", "H200",
+          f"--tensor-parallel-size 8 --enable-expert-parallel --block-size 128 {_PARSERS}"),
+    _vllm("h200-dp8-ep", "8x H200 / H20, DP8 + expert parallel (BF16)", "seed 002: DP8 + Expert Parallel", "H200",
+          f"--data-parallel-size 8 --enable-expert-parallel --block-size 128 {_PARSERS}"),
+    _vllm("mxfp8-tp8", "MXFP8 checkpoint, TP8 (about half the VRAM of BF16)", "seed 002: Quantized Variant (MXFP8)",
+          "B200", f"--tensor-parallel-size 8 --block-size 128 {_PARSERS}",
+          precision="mxfp8", model="MiniMaxAI/MiniMax-M3-MXFP8"),
+    _vllm("blackwell-tp8-ep", "8x B200, TP8 + EP, FlashInfer encoder attention, shm processor cache",
+          "seeds 003/004: Deploying with vLLM", "B200",
+          "--tensor-parallel-size 8 --enable-expert-parallel --block-size 128 --mm-encoder-attn-backend FLASHINFER "
+          "--mm-processor-cache-type shm --tool-call-parser minimax_m3 --enable-auto-tool-choice "
+          "--reasoning-parser minimax_m3 --trust-remote-code"),
+    _vllm("b200", "8x B200 (HGX), TP8, the seed 000 benchmark machine", "seed 000: Deploying MiniMax-M3 (vLLM docker run)",
+          "B200", f"--served-model-name minimax-m3 --tensor-parallel-size 8 --trust-remote-code --block-size 128 {_PARSERS}",
+          model_flag="--model"),
+    Profile(name="b200", engine="sglang", summary="8x B200 (HGX), SGLang TP8 with fa4 attention (CUDA 12.8 only)",
+            source="seed 000: Deploying MiniMax-M3 (SGLang docker run)", gpu="B200", gpus=8,
+            launcher=["python3", "-m", "sglang.launch_server"], model_flag="--model-path",
+            args=_flags("--served-model-name minimax-m3 --tp 8 --host 0.0.0.0 --port 8000 --trust-remote-code "
+                        "--mem-fraction-static 0.65 --attention-backend fa4 --page-size 128 "
+                        "--moe-runner-backend deep_gemm"),
+            docker_image=SGLANG_IMAGE, docker_command=["python3", "-m", "sglang.launch_server"]),
+    Profile(name="blackwell-mxfp8-tp8-ep", engine="sglang",
+            summary="8 GPUs, SGLang TP8 + EP8 with MXFP8 quantization, flashinfer attention",
+            source="seed 004: Deploying with SGLang", gpu="B200", gpus=8, precision="mxfp8",
+            launcher=["python", "-m", "sglang.launch_server"], model_flag="--model-path",
             # seed 004's text is cut off after "minimax-m3-nom"; the parser name is minimax-m3 (M3-SERVING).
-            "--reasoning-parser",
-            "minimax-m3",
-            "--tool-call-parser",
-            "minimax-m3",
-        ],
-        docker_image=SGLANG_IMAGE,
-        docker_command=["python", "-m", "sglang.launch_server"],
-    ),
-    _seed001("h200x2-fp8", 2, "H200", "2x H200, FP8 weights (on-the-fly), fp8 KV, 128K window"),
-    _seed001("h200x4-fp8", 4, "H200", "4x H200, FP8 weights (on-the-fly), fp8 KV; room for 1M"),
-    _amd(
-        "amd-tp8",
-        "AMD MI300X / MI325X / MI355X, TP8 (text or vision)",
-        ["--tensor-parallel-size", "8", "--block-size", "128", *_AMD_ATTN, *_PARSERS_VLLM],
-        source="seed 002: AMD ROCm — TP8 (Text or Vision)",
-    ),
-    _amd(
-        "amd-tp8-ep",
-        "AMD MI300X / MI325X / MI355X, TP8 + expert parallel",
-        ["--tensor-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128", *_AMD_ATTN, *_PARSERS_VLLM],
-        source="seed 002: AMD ROCm — TP8 + Expert Parallel",
-    ),
-    _amd(
-        "amd-dp8-ep",
-        "AMD MI300X / MI325X / MI355X, DP8 + expert parallel",
-        ["--data-parallel-size", "8", "--enable-expert-parallel", "--block-size", "128", *_AMD_ATTN, *_PARSERS_VLLM],
-        source="seed 002: AMD ROCm — DP8 + Expert Parallel",
-    ),
-    _amd(
-        "amd-tp8-1m",
-        "AMD, TP8 + fp8 KV at the full 1M window (YaRN past the native 512K)",
-        [
-            "--block-size",
-            "128",
-            "--kv-cache-dtype",
-            "fp8",
-            "--tensor-parallel-size",
-            "8",
-            "--max-model-len",
-            "1048576",
-            *_AMD_ATTN,
-            "--tool-call-parser",
-            "minimax_m3",
-            "--enable-auto-tool-choice",
-            "--reasoning-parser",
-            "minimax_m3",
-            "--hf-overrides",
-            _YARN_1M,
-        ],
-        env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
-        source="seed 002: AMD ROCm notes (1M context)",
-    ),
-    _amd(
-        "mi355x-mxfp4",
-        "AMD MI350X / MI355X (gfx950), MXFP4 checkpoint, TP4, AITER MoE, text only",
-        [
-            "--tensor-parallel-size",
-            "4",
-            "--block-size",
-            "128",
-            "--moe-backend",
-            "aiter",
-            "--attention-backend",
-            "TRITON_ATTN",
-            "--language-model-only",
-            "--no-enable-prefix-caching",
-            *_PARSERS_VLLM,
-        ],
-        env={"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "1"},
-        gpus=4,
-        precision="mxfp4",
-        model="amd/MiniMax-M3-MXFP4",
-        source="seed 002: Quantized Variant (MXFP4, AMD) — AITER MoE",
-    ),
-    _amd(
-        "mi355x-mxfp4-emulation",
-        "AMD gfx950, MXFP4 checkpoint, TP8, emulated MoE (runs on current images)",
-        [
-            "--tensor-parallel-size",
-            "8",
-            "--block-size",
-            "128",
-            "--moe-backend",
-            "emulation",
-            "--attention-backend",
-            "TRITON_ATTN",
-            *_PARSERS_VLLM,
-        ],
-        precision="mxfp4",
-        model="amd/MiniMax-M3-MXFP4",
-        source="seed 002: Quantized Variant (MXFP4, AMD) — Emulation MoE",
-    ),
+            args=_flags("--dtype bfloat16 --tp-size 8 --ep-size 8 --trust-remote-code --mem-fraction-static 0.8 "
+                        "--enable-multimodal --quantization mxfp8 --attention-backend flashinfer "
+                        "--mm-attention-backend flashinfer_cudnn --moe-runner-backend deep_gemm "
+                        "--chunked-prefill-size 8192 --reasoning-parser minimax-m3 --tool-call-parser minimax-m3"),
+            docker_image=SGLANG_IMAGE, docker_command=["python", "-m", "sglang.launch_server"]),
+    _seed001("h200x2-fp8", 2, "2x H200, FP8 weights (on-the-fly), fp8 KV, 128K window"),
+    _seed001("h200x4-fp8", 4, "4x H200, FP8 weights (on-the-fly), fp8 KV; room for 1M"),
+    _amd("amd-tp8", "AMD MI300X / MI325X / MI355X, TP8 (text or vision)", "seed 002: AMD ROCm — TP8 (Text or Vision)",
+         f"--tensor-parallel-size 8 --block-size 128 {_AMD_ATTN} {_PARSERS}"),
+    _amd("amd-tp8-ep", "AMD MI300X / MI325X / MI355X, TP8 + expert parallel", "seed 002: AMD ROCm — TP8 + Expert Parallel",
+         f"--tensor-parallel-size 8 --enable-expert-parallel --block-size 128 {_AMD_ATTN} {_PARSERS}"),
+    _amd("amd-dp8-ep", "AMD MI300X / MI325X / MI355X, DP8 + expert parallel", "seed 002: AMD ROCm — DP8 + Expert Parallel",
+         f"--data-parallel-size 8 --enable-expert-parallel --block-size 128 {_AMD_ATTN} {_PARSERS}"),
+    _amd("amd-tp8-1m", "AMD, TP8 + fp8 KV at the full 1M window (YaRN past the native 512K)",
+         "seed 002: AMD ROCm notes (1M context)",
+         f"--block-size 128 --kv-cache-dtype fp8 --tensor-parallel-size 8 --max-model-len 1048576 {_AMD_ATTN} "
+         f"--tool-call-parser minimax_m3 --enable-auto-tool-choice --reasoning-parser minimax_m3 "
+         f"--hf-overrides {shlex.quote(_YARN_1M)}",
+         env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}),
+    _amd("mi355x-mxfp4", "AMD MI350X / MI355X (gfx950), MXFP4 checkpoint, TP4, AITER MoE, text only",
+         "seed 002: Quantized Variant (MXFP4, AMD) — AITER MoE",
+         f"--tensor-parallel-size 4 --block-size 128 --moe-backend aiter --attention-backend TRITON_ATTN "
+         f"--language-model-only --no-enable-prefix-caching {_PARSERS}",
+         env={"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "1"}, gpus=4, precision="mxfp4",
+         model="amd/MiniMax-M3-MXFP4"),
+    _amd("mi355x-mxfp4-emulation", "AMD gfx950, MXFP4 checkpoint, TP8, emulated MoE (runs on current images)",
+         "seed 002: Quantized Variant (MXFP4, AMD) — Emulation MoE",
+         f"--tensor-parallel-size 8 --block-size 128 --moe-backend emulation --attention-backend TRITON_ATTN {_PARSERS}",
+         precision="mxfp4", model="amd/MiniMax-M3-MXFP4"),
 ]
+# fmt: on
 
 
 def profile_names() -> list[str]:
