@@ -41,7 +41,9 @@ AMD_DOCKER_OPTIONS = _flags(
 _PARSERS = "--tool-call-parser minimax_m3 --reasoning-parser minimax_m3 --enable-auto-tool-choice"
 _AMD_ATTN = "--attention-backend TRITON_ATTN --mm-encoder-tp-mode data --mm-encoder-attn-backend ROCM_AITER_FA"
 _AMD_ENV = {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}  # seed 002: "set the following before any of the serve commands"
-_YARN_1M = '{"text_config":{"rope_scaling":{"rope_type":"yarn","factor":2.0,"original_max_position_embeddings":524288}}}'
+_YARN_1M = (
+    '{"text_config":{"rope_scaling":{"rope_type":"yarn","factor":2.0,"original_max_position_embeddings":524288}}}'
+)
 # Flags that only make sense with the vision encoder loaded (seed 002: exclusive with --language-model-only).
 _ENCODER_FLAGS = {"--mm-encoder-tp-mode", "--mm-encoder-attn-backend", "--mm-processor-cache-type"}
 _ENGINE_PORT = {"vllm": 8000, "sglang": 30000}
@@ -149,8 +151,9 @@ PROFILES: list[Profile] = [
           "--tensor-parallel-size 8 --enable-expert-parallel --block-size 128 --mm-encoder-attn-backend FLASHINFER "
           "--mm-processor-cache-type shm --tool-call-parser minimax_m3 --enable-auto-tool-choice "
           "--reasoning-parser minimax_m3 --trust-remote-code"),
-    _vllm("b200", "8x B200 (HGX), TP8, the seed 000 benchmark machine", "seed 000: Deploying MiniMax-M3 (vLLM docker run)",
-          "B200", f"--served-model-name minimax-m3 --tensor-parallel-size 8 --trust-remote-code --block-size 128 {_PARSERS}",
+    _vllm("b200", "8x B200 (HGX), TP8, the seed 000 benchmark machine",
+          "seed 000: Deploying MiniMax-M3 (vLLM docker run)", "B200",
+          f"--served-model-name minimax-m3 --tensor-parallel-size 8 --trust-remote-code --block-size 128 {_PARSERS}",
           model_flag="--model"),
     Profile(name="b200", engine="sglang", summary="8x B200 (HGX), SGLang TP8 with fa4 attention (CUDA 12.8 only)",
             source="seed 000: Deploying MiniMax-M3 (SGLang docker run)", gpu="B200", gpus=8,
@@ -173,9 +176,11 @@ PROFILES: list[Profile] = [
     _seed001("h200x4-fp8", 4, "4x H200, FP8 weights (on-the-fly), fp8 KV; room for 1M"),
     _amd("amd-tp8", "AMD MI300X / MI325X / MI355X, TP8 (text or vision)", "seed 002: AMD ROCm — TP8 (Text or Vision)",
          f"--tensor-parallel-size 8 --block-size 128 {_AMD_ATTN} {_PARSERS}"),
-    _amd("amd-tp8-ep", "AMD MI300X / MI325X / MI355X, TP8 + expert parallel", "seed 002: AMD ROCm — TP8 + Expert Parallel",
+    _amd("amd-tp8-ep", "AMD MI300X / MI325X / MI355X, TP8 + expert parallel",
+         "seed 002: AMD ROCm — TP8 + Expert Parallel",
          f"--tensor-parallel-size 8 --enable-expert-parallel --block-size 128 {_AMD_ATTN} {_PARSERS}"),
-    _amd("amd-dp8-ep", "AMD MI300X / MI325X / MI355X, DP8 + expert parallel", "seed 002: AMD ROCm — DP8 + Expert Parallel",
+    _amd("amd-dp8-ep", "AMD MI300X / MI325X / MI355X, DP8 + expert parallel",
+         "seed 002: AMD ROCm — DP8 + Expert Parallel",
          f"--data-parallel-size 8 --enable-expert-parallel --block-size 128 {_AMD_ATTN} {_PARSERS}"),
     _amd("amd-tp8-1m", "AMD, TP8 + fp8 KV at the full 1M window (YaRN past the native 512K)",
          "seed 002: AMD ROCm notes (1M context)",
@@ -191,7 +196,8 @@ PROFILES: list[Profile] = [
          model="amd/MiniMax-M3-MXFP4"),
     _amd("mi355x-mxfp4-emulation", "AMD gfx950, MXFP4 checkpoint, TP8, emulated MoE (runs on current images)",
          "seed 002: Quantized Variant (MXFP4, AMD) — Emulation MoE",
-         f"--tensor-parallel-size 8 --block-size 128 --moe-backend emulation --attention-backend TRITON_ATTN {_PARSERS}",
+         f"--tensor-parallel-size 8 --block-size 128 --moe-backend emulation --attention-backend TRITON_ATTN "
+         f"{_PARSERS}",
          precision="mxfp4", model="amd/MiniMax-M3-MXFP4"),
 ]
 # fmt: on
