@@ -134,26 +134,14 @@ def test_vllm_result_without_some_keys_still_parses():
     assert r.completed == 3 and r.output_throughput == 5.0 and r.mean_ttft_ms == 0
 
 
-def test_cli_bench_prints_a_table_next_to_the_seed_b200_figures(fake_bin):
+def _bench_cli(base_url: str, *extra: str):
+    """`serve bench` in-process on a tiny workload with the built-in generator."""
+    return CliRunner().invoke(app, ["bench", "--base-url", base_url, "--tool", "builtin", *extra])
+
+
+def test_cli_bench_prints_a_table_next_to_the_seed_b200_figures():
     with StandinServer(_script()) as srv:
-        res = CliRunner().invoke(
-            app,
-            [
-                "bench",
-                "--base-url",
-                srv.base_url,
-                "--input-len",
-                "40",
-                "--output-len",
-                "16",
-                "--concurrency",
-                "2",
-                "--num-prompts",
-                "4",
-                "--tool",
-                "builtin",
-            ],
-        )
+        res = _bench_cli(srv.base_url, *"--input-len 40 --output-len 16 --concurrency 2 --num-prompts 4".split())
     assert res.exit_code == 0, res.output
     assert "Output tok/s" in res.output and "Total tok/s" in res.output and "P99 ITL (ms)" in res.output
     assert f"{SEED_B200['sglang']['output_throughput']:,.2f}" in res.output
@@ -161,27 +149,9 @@ def test_cli_bench_prints_a_table_next_to_the_seed_b200_figures(fake_bin):
     assert "4/4 prompts" in res.output
 
 
-def test_cli_bench_json_uses_the_recorded_model_name(fake_bin):
+def test_cli_bench_json_uses_the_served_model_name():
     with StandinServer(_script()) as srv:
-        res = CliRunner().invoke(
-            app,
-            [
-                "bench",
-                "--base-url",
-                srv.base_url,
-                "--input-len",
-                "20",
-                "--output-len",
-                "8",
-                "--concurrency",
-                "1",
-                "--num-prompts",
-                "2",
-                "--json",
-                "--tool",
-                "builtin",
-            ],
-        )
+        res = _bench_cli(srv.base_url, *"--input-len 20 --output-len 8 --concurrency 1 --num-prompts 2 --json".split())
         models = {b["model"] for b in srv.requests}
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
