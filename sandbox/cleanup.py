@@ -30,8 +30,9 @@ class Closable(Protocol):
 
 
 _live: set[Closable] = set()
-_lock = threading.Lock()
-_installed = False
+_lock = threading.RLock()  # re-entrant: a signal handler may run while the main thread holds it
+_at_exit = False
+_on_signals = False
 
 
 def process_start(pid: int) -> str:
@@ -75,16 +76,17 @@ def owner_alive(labels: dict[str, str]) -> bool:
 
 def track(sb: Closable) -> None:
     """Register a live sandbox so exit and signals close it."""
-    global _installed
+    global _at_exit, _on_signals
     with _lock:
         _live.add(sb)
-        if _installed:
-            return
-        _installed = True
-    atexit.register(close_all)
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            _chain(sig)
+        if not _at_exit:
+            _at_exit = True
+            atexit.register(close_all)
+        # signal handlers can only be set from the main thread: the first sandbox made there sets them
+        if not _on_signals and threading.current_thread() is threading.main_thread():
+            _on_signals = True
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                _chain(sig)
 
 
 def untrack(sb: Closable) -> None:
