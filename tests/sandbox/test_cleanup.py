@@ -136,3 +136,10 @@ def test_prune_cli_reports_what_it_removed(no_leftovers):
     result = CliRunner().invoke(app, ["prune"])
     assert result.exit_code == 0, result.output
     assert "removed" in result.output
+
+
+def test_after_sigkill_the_container_removes_itself(no_leftovers):
+    proc = child(no_leftovers, "time.sleep(60)")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not wait_gone(proc.pid, seconds=20)  # no prune: its server saw the socket close and exited
