@@ -94,8 +94,9 @@ def _say(progress: Progress | None, message: str) -> None:
 def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, progress: Progress | None = None) -> str:
     """Build the sandbox image under `tag` and return the tag; returns at once when it already exists.
 
-    `base`: an image (present or pullable) that already has python3, pytest, git and patch; by default
-    `debian:bookworm-slim` plus apt when a registry answers, else debootstrap + docker import (offline).
+    `base`: an image (present or pullable) that already has bash, python3 (>= 3.8), pytest, git, patch,
+    tar and procps; by default `debian:bookworm-slim` plus apt when a registry answers, else debootstrap +
+    docker import (offline). Every new image is run once, offline, to check those tools are there.
     """
     client = docker_client()
     try:
