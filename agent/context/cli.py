@@ -48,8 +48,9 @@ def read_issue(value: str | None) -> str | None:
 
 
 def choose_counter(choice: CounterChoice, base_url: str | None, model: str | None, tokenizer: Path | None,
-                   api_key: str | None, warn) -> TokenCounter:
-    """The counter the flags ask for; `auto` falls back (with a warning) when the server does not answer."""
+                   api_key: str | None, warn, repo: Path = Path(".")) -> TokenCounter:
+    """The counter the flags ask for; `auto` falls back (with a warning) when the server does not answer;
+    `estimate` with a server is calibrated against its /tokenize on a sample of `repo`."""
     if choice == CounterChoice.tokenizer or (choice == CounterChoice.auto and tokenizer and not base_url):
         if tokenizer is None:
             raise UsageError("--counter tokenizer needs --tokenizer PATH (a tokenizer.json)")
@@ -64,7 +65,33 @@ def choose_counter(choice: CounterChoice, base_url: str | None, model: str | Non
                 raise
             warn(f"no /tokenize at {base_url} ({e}); counting with " + ("the tokenizer.json" if tokenizer else "the estimate"))
             return TokenizerJsonCounter(tokenizer) if tokenizer else EstimateCounter()
+    if choice == CounterChoice.estimate and base_url:
+        try:
+            server = ServerCounter(base_url, model, api_key=api_key)
+        except EndpointError as e:
+            warn(f"no /tokenize at {base_url} to calibrate the estimate ({e})")
+            return EstimateCounter()
+        return calibrated_estimate(repo, server)
     return EstimateCounter()
+
+
+def calibrated_estimate(repo: Path, exact: TokenCounter, samples: int = 32) -> EstimateCounter:
+    """The estimate scaled to `exact` on a spread-out sample of the repository's text files."""
+    from agent.context.selection import apply_path_rules, decode, list_files, read_bytes
+
+    listing = list_files(repo.absolute())
+    apply_path_rules(listing, None, None)
+    paths = sorted(e.path for e in listing.entries if e.reason is None and e.kind == "file")
+    texts = []
+    for path in paths[:: max(1, len(paths) // samples)]:
+        try:
+            data, _ = read_bytes(str(listing.root / path), 256 * 1024)
+        except OSError:
+            continue
+        content = decode(data)[0] if data is not None else None
+        if content:
+            texts.append(content.decode("utf-8", "replace"))
+    return EstimateCounter().calibrated(exact, texts[:samples])
 
 
 def summary_table(pack: Pack, elapsed: float, output: str) -> str:
@@ -113,7 +140,7 @@ def pack_command(
     def warn(msg: str) -> None:
         print(f"m3-agent: warning: {msg}", file=sys.stderr)
 
-    tok = choose_counter(counter, base_url, model, tokenizer, api_key, warn)
+    tok = choose_counter(counter, base_url, model, tokenizer, api_key, warn, repo)
     if budget is None and base_url:
         try:
             budget = budget_for_server(base_url, model=getattr(tok, "model", model), output_reserve=output_reserve,

@@ -80,3 +80,18 @@ def test_bad_input_is_a_one_line_usage_error(tmp_path, repo):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     proc = run_pack("--repo", str(root), "--counter", "server")
     assert proc.returncode == 2 and "needs --base-url" in proc.stderr
+
+
+def test_estimate_with_a_server_is_calibrated_against_tokenize(repo):
+    from agent.context.cli import calibrated_estimate
+
+    root = repo({f"m{i}.py": "x = foo(bar, baz)  # call\n" * (5 + i) for i in range(12)})
+    with StandinServer({"turns": []}) as srv:
+        server = ServerCounter(srv.base_url)
+        est = calibrated_estimate(root, server)
+        texts = [(root / f"m{i}.py").read_text() for i in range(12)]
+        exact = sum(server.count_many(texts))
+        assert abs(sum(est.count_many(texts)) - exact) <= 0.05 * exact
+        proc = run_pack("--repo", str(root), "--counter", "estimate", "--base-url", srv.base_url)
+        assert proc.returncode == 0, proc.stderr
+        assert "estimate" in proc.stderr
