@@ -27,6 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent.serving.bench import vllm_bench_argv
+from agent.serving.loadgen import LoadConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("M3_BENCH_CACHE", Path.home() / ".cache" / "m3-agent" / "bench-peers"))
 PEER_VENV = CACHE / "vllm-venv"
@@ -97,8 +100,11 @@ def start_standin(port: int, script_path: Path) -> subprocess.Popen:
         "turns": [{"content": " ".join(WORDS[:REPLY_WORDS]), "delay_s": DELAY_S, "repeat": 10**9}],
     }
     script_path.write_text(json.dumps(script))
+    # socketserver's listen backlog is 5: 32 connections opened at once then get reset now and then.
+    # A real server's is in the thousands (uvicorn: 2048), so the benchmark's server gets 128.
     code = (
-        "import sys, time; from agent.standin import StandinServer; "
+        "import time; from http.server import ThreadingHTTPServer; ThreadingHTTPServer.request_queue_size = 128; "
+        "from agent.standin import StandinServer; "
         f"s = StandinServer({str(script_path)!r}, port={port}).start(); "
         "print('ready', flush=True); time.sleep(10**6)"
     )
@@ -156,29 +162,10 @@ def main() -> None:
         server = start_standin(port, Path(tmp) / "script.json")
         try:
             log("m3-agent serve bench (built-in load generator)")
-            r, wall, cpu = timed(
-                [
-                    sys.executable,
-                    "-m",
-                    "agent.serving",
-                    "bench",
-                    "--base-url",
-                    f"{base}/v1",
-                    "--model",
-                    "minimax-m3",
-                    "--input-len",
-                    str(a.input_len),
-                    "--output-len",
-                    str(a.output_len),
-                    "--concurrency",
-                    str(a.concurrency),
-                    "--num-prompts",
-                    str(a.num_prompts),
-                    "--tool",
-                    "builtin",
-                    "--json",
-                ]
-            )
+            workload = (f"--input-len {a.input_len} --output-len {a.output_len} --concurrency {a.concurrency} "
+                        f"--num-prompts {a.num_prompts}").split()
+            r, wall, cpu = timed([sys.executable, "-m", "agent.serving", "bench", "--base-url", f"{base}/v1",
+                                  "--model", "minimax-m3", *workload, "--tool", "builtin", "--json"])
             if r.returncode != 0:
                 raise SystemExit(f"m3-agent bench failed: {r.stderr.strip()[-500:]}")
             ours = json.loads(r.stdout.strip().splitlines()[-1])
@@ -193,43 +180,11 @@ def main() -> None:
                 out_dir = Path(tmp) / "vllm"
                 out_dir.mkdir()
                 env = {**os.environ, "OPENAI_API_KEY": "EMPTY", "HF_HUB_OFFLINE": "1"}
-                r, wall, cpu = timed(
-                    [
-                        str(peer),
-                        "bench",
-                        "serve",
-                        "--backend",
-                        "openai-chat",
-                        "--base-url",
-                        base,
-                        "--endpoint",
-                        "/v1/chat/completions",
-                        "--model",
-                        str(tok),
-                        "--served-model-name",
-                        "minimax-m3",
-                        "--dataset-name",
-                        "random",
-                        "--random-input-len",
-                        str(a.input_len),
-                        "--random-output-len",
-                        str(a.output_len),
-                        "--num-prompts",
-                        str(a.num_prompts),
-                        "--max-concurrency",
-                        str(a.concurrency),
-                        "--percentile-metrics",
-                        "ttft,tpot,itl",
-                        "--metric-percentiles",
-                        "99",
-                        "--save-result",
-                        "--result-dir",
-                        str(out_dir),
-                        "--result-filename",
-                        "r.json",
-                    ],
-                    env=env,
-                )
+                cfg = LoadConfig(base_url=f"{base}/v1", model="minimax-m3", input_len=a.input_len,
+                                 output_len=a.output_len, concurrency=a.concurrency, num_prompts=a.num_prompts)
+                # The same command `m3-agent serve bench --tool vllm` runs, with the peer venv's executable.
+                argv = vllm_bench_argv(cfg, result_dir=str(out_dir), result_file="r.json", tokenizer=str(tok))
+                r, wall, cpu = timed([str(peer), *argv[1:]], env=env)
                 saved = out_dir / "r.json"
                 if r.returncode != 0 or not saved.exists():
                     results["vllm_bench_serve"] = {"error": (r.stderr or r.stdout).strip()[-800:]}

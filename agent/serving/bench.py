@@ -53,53 +53,27 @@ ROWS = [
 ]
 
 
-def vllm_bench_argv(
-    cfg: LoadConfig,
-    *,
-    result_dir: str,
-    result_file: str,
-    tokenizer: str | None = None,
-    served_model_name: str | None = None,
-) -> list[str]:
+def vllm_bench_argv(cfg: LoadConfig, *, result_dir: str, result_file: str, tokenizer: str | None = None,
+                    served_model_name: str | None = None) -> list[str]:
     """The seed 000 `vllm bench serve` command for `cfg`, saving its JSON result."""
-    root = cfg.base_url.removesuffix("/").removesuffix("/v1")
-    argv = [
-        "vllm",
-        "bench",
-        "serve",
-        "--backend",
-        "openai-chat",
-        "--base-url",
-        root,
-        "--endpoint",
-        "/v1/chat/completions",
-        "--model",
-        tokenizer or cfg.model,
-        "--served-model-name",
-        served_model_name or cfg.model,
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(cfg.input_len),
-        "--random-output-len",
-        str(cfg.output_len),
-        "--num-prompts",
-        str(cfg.num_prompts),
-        "--max-concurrency",
-        str(cfg.concurrency),
-        "--seed",
-        str(cfg.seed),
-        "--percentile-metrics",
-        "ttft,tpot,itl",
-        "--metric-percentiles",
-        "50,99",
-        "--save-result",
-        "--result-dir",
-        result_dir,
-        "--result-filename",
-        result_file,
-    ]
-    return argv
+    options = {
+        "--backend": "openai-chat",
+        "--base-url": cfg.base_url.removesuffix("/").removesuffix("/v1"),
+        "--endpoint": "/v1/chat/completions",
+        "--model": tokenizer or cfg.model,  # vllm bench loads its tokenizer from this name
+        "--served-model-name": served_model_name or cfg.model,
+        "--dataset-name": "random",
+        "--random-input-len": str(cfg.input_len),
+        "--random-output-len": str(cfg.output_len),
+        "--num-prompts": str(cfg.num_prompts),
+        "--max-concurrency": str(cfg.concurrency),
+        "--seed": str(cfg.seed),
+        "--percentile-metrics": "ttft,tpot,itl",
+        "--metric-percentiles": "50,99",
+        "--result-dir": result_dir,
+        "--result-filename": result_file,
+    }
+    return ["vllm", "bench", "serve", *(x for kv in options.items() for x in kv), "--save-result"]
 
 
 def run_vllm_bench(cfg: LoadConfig, *, tokenizer: str | None = None) -> BenchResult:
