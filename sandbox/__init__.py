@@ -5,6 +5,17 @@
     build_image()                                   # once; returns at once when the image exists
     with Sandbox(SandboxConfig(), repo=Path("repo")) as sb:
         print(sb.exec("pytest -q", timeout=60).stdout)
+
+Where things happen:
+  config.py     SandboxConfig (hardened defaults: network none, uid 1000, no capabilities,
+                no-new-privileges, pids/memory/CPU limits, read-only root, init) and ExecResult
+  container.py  Sandbox: creates the container, copies the repo in, exec / files / diff, close
+  server.py     the process inside the container that runs each command (own session, timeout kills
+                the tree, head + tail output cap); a command enters the container in `run()` there
+  channel.py    the host end of the server's pipe (a shared Unix socket, or the engine's attach stream)
+  cleanup.py    owner labels, close at exit and on SIGINT / SIGTERM, `prune` for what a SIGKILL left
+  image.py      the sandbox image (registry or debootstrap + docker import) and per-task env images
+  cli.py        `m3-agent sandbox build|prune`
 """
 
 from sandbox.cleanup import prune
