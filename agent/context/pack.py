@@ -399,26 +399,28 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
 
 def _ensure_definitions(packable: list[Entry], listing: Listing, store: PackCache | None, new_facts: dict,
                         data: dict[str, bytes] | None, max_file_bytes: int) -> None:
-    """Fill in the names each code file defines (cached with its facts), for relevance."""
+    """Fill in the names each code file defines and their words (cached with its facts), for relevance."""
     for e in packable:
         if e.facts.defs is not None and e.facts.terms is not None:
             continue
-        name = e.path.rsplit("/", 1)[-1]
-        dot = name.rfind(".")
-        if e.facts.defs is not None:
-            pass
-        elif dot <= 0 or name[dot:].lower() not in CODE_SUFFIXES:
-            e.facts.defs = ""
-        else:
-            raw = data.get(e.path) if data else None
-            if raw is None:
-                try:
-                    raw, _ = read_bytes(os.path.join(listing.root, e.path), max_file_bytes)
-                except OSError:
-                    raw = None
-            e.facts.defs = definitions(e.path, raw) if raw else ""
+        if e.facts.defs is None:
+            e.facts.defs = _definitions_of(e, listing, data, max_file_bytes)
         e.facts.terms = subword_terms(e.facts.defs)
         new_facts[e.blob] = e.facts
+
+
+def _definitions_of(e: Entry, listing: Listing, data: dict[str, bytes] | None, max_file_bytes: int) -> str:
+    name = e.path.rsplit("/", 1)[-1]
+    dot = name.rfind(".")
+    if dot <= 0 or name[dot:].lower() not in CODE_SUFFIXES:
+        return ""
+    raw = data.get(e.path) if data else None
+    if raw is None:
+        try:
+            raw, _ = read_bytes(os.path.join(listing.root, e.path), max_file_bytes)
+        except OSError:
+            return ""
+    return definitions(e.path, raw) if raw else ""
 
 
 def _render(chosen: list[Entry], left_out: list[Entry], *, entries: list[Entry], head_text: str, tree_text: str,
