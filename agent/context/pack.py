@@ -32,7 +32,7 @@ from agent.context.tokens import EstimateCounter, TokenCounter, text_shape
 from agent.errors import UsageError
 
 # Exact counts are planned with a calibrated estimate and checked; a plan this much over is re-cut.
-TOP_UP_ROUNDS = 3
+TOP_UP_ROUNDS = 2
 TREE_SHARE = 0.5  # the tree may take at most this share of a budget before it is shortened
 CALIBRATION_SAMPLES = 32  # files counted exactly to scale the estimate that plans a budget
 PLAN_MARGIN = 1.1  # planned counts of files not yet counted exactly err this much high
