@@ -532,6 +532,11 @@ def _completion_tokens(reply: _Reply) -> int:
 # HTTP ---------------------------------------------------------------------------------------------
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # socketserver's 5 drops connections when a load test opens dozens at once
+    daemon_threads = True
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "m3-agent-standin/1 (test double)"
     protocol_version = "HTTP/1.1"
@@ -893,7 +898,7 @@ class StandinServer:
         """Bind and serve in a background thread; the loading clock starts now."""
         handler = type("StandinHandler", (_Handler,), {"state": self._state})
         try:
-            self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
+            self._httpd = _Server((self.host, self.port), handler)
         except OSError as e:
             raise UsageError(f"stand-in cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
         self._httpd.daemon_threads = True
