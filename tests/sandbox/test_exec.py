@@ -93,7 +93,7 @@ def test_background_process_does_not_hold_the_command_open(sb):
     started = time.monotonic()
     r = sb.exec("sleep 30 & echo done", timeout=20)
     assert r.stdout == "done\n" and not r.timed_out
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 5
 
 
 def test_large_output_keeps_head_and_tail_with_a_marker(no_leftovers):
@@ -127,7 +127,8 @@ def test_exec_is_fast(sb):
         t = time.perf_counter()
         sb.exec("true")
         times.append(time.perf_counter() - t)
-    assert sorted(times)[10] < 0.025, f"median exec {sorted(times)[10] * 1000:.1f} ms"
+    # a `docker exec` per command costs 65 ms or more here; a loaded CI machine still stays well under 50
+    assert sorted(times)[10] < 0.05, f"median exec {sorted(times)[10] * 1000:.1f} ms"
 
 
 def test_long_commands_and_unusual_env_names_take_the_cold_path(sb):
