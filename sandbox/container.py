@@ -19,7 +19,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from agent.errors import SandboxUnavailable, UsageError
+from agent.errors import GitError, SandboxUnavailable, UsageError
 from sandbox import cleanup, server
 from sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, SharedSocket
 from sandbox.config import ExecResult, SandboxConfig
@@ -55,7 +55,8 @@ BASE_ENV = {
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
 
-# Make /workspace a repository with a base commit; the user's global ignore keeps interpreter caches out of diffs.
+# Make /workspace a repository with a base commit (pinned by a ref in copy mode, so no history rewrite
+# inside can garbage-collect it); the user's global ignore keeps interpreter caches out of diffs.
 GIT_INIT = r"""set -e
 if ! git rev-parse -q --verify HEAD >/dev/null 2>&1; then
   if [ -f .git ]; then rm -f .git; fi
@@ -63,6 +64,7 @@ if ! git rev-parse -q --verify HEAD >/dev/null 2>&1; then
   git add -A
   git commit -q --allow-empty --no-verify -m "m3-agent: base"
 fi
+if [ -n "$M3_KEEP_BASE" ]; then git update-ref refs/m3-agent/base HEAD; fi
 mkdir -p "$HOME/.config/git"
 printf '%s\n' '__pycache__/' '*.py[co]' '.pytest_cache/' > "$HOME/.config/git/ignore"
 git rev-parse HEAD
@@ -121,7 +123,7 @@ class Sandbox:
             self._create_and_attach(client)
             if tar is not None:
                 self._copy_in(tar)
-            init = self.exec(GIT_INIT, timeout=cfg.start_timeout)
+            init = self.exec(GIT_INIT, timeout=cfg.start_timeout, env={"M3_KEEP_BASE": "1"} if tar else None)
             if init.exit_code != 0:
                 raise SandboxUnavailable(f"cannot prepare /workspace as a git repository: {init.stderr.strip()[-300:]}")
             self.base_commit = init.stdout.strip().splitlines()[-1]
@@ -290,7 +292,8 @@ class Sandbox:
         """
         r = self._exec(DIFF.replace("BASE", self.base_commit or "HEAD"), self.config.timeout, None, None, DIFF_LIMIT)
         if r.exit_code != 0 or r.truncated:
-            raise SandboxUnavailable(f"git diff failed in the sandbox: {r.stderr.strip()[-300:]}")
+            raise GitError(f"git diff against the base commit failed in the sandbox (was .git changed?): "
+                           f"{r.stderr.strip()[-300:]}")
         return r.stdout
 
     # plumbing

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from agent.errors import UsageError
+from agent.errors import GitError, UsageError
 from sandbox import Sandbox, SandboxConfig
 
 pytestmark = pytest.mark.docker
@@ -113,3 +113,19 @@ def test_missing_repository_is_a_usage_error(tmp_path):
         Sandbox(repo=tmp_path / "absent")
     with pytest.raises(UsageError, match="needs a repository"):
         Sandbox(SandboxConfig(mount="bind"))
+
+
+def test_diff_survives_history_rewrites_inside(no_leftovers, git_repo):
+    repo = git_repo({"a.txt": "one\n"})
+    with Sandbox(SandboxConfig(image=no_leftovers), repo=repo) as sb:
+        r = sb.exec("echo two >> a.txt && git checkout -q --orphan fresh && git commit -qam rewritten && "
+                    "git branch -D main && git reflog expire --expire=now --all && git gc -q --prune=now")
+        assert r.exit_code == 0, r.stderr
+        assert "+two" in sb.diff()
+
+
+def test_a_destroyed_git_directory_is_a_git_error(no_leftovers, git_repo):
+    with Sandbox(SandboxConfig(image=no_leftovers), repo=git_repo({"a.txt": "one\n"})) as sb:
+        sb.exec("rm -rf .git")
+        with pytest.raises(GitError, match="git diff against the base commit failed"):
+            sb.diff()
