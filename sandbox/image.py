@@ -113,19 +113,21 @@ def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, progress: 
 
 @contextlib.contextmanager
 def _build_lock(progress: Progress | None) -> Iterator[None]:
-    """One image build at a time on this host: parallel test runs would otherwise all debootstrap."""
-    lock_path = _cache_dir().parent / "build.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as f:
+    """One image build at a time on this host: parallel test runs would otherwise all debootstrap.
+
+    The lock file is in the shared temp dir (not a home) so root and users wait for each other; it is
+    opened read-only, which flock allows, so a file another user created serves as well.
+    """
+    fd = os.open(Path(tempfile.gettempdir()) / "m3-agent-image-build.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             _say(progress, "another process is building the image; waiting for it")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _build_sandbox(client: docker.DockerClient, tag: str, base: str | None, progress: Progress | None) -> None:

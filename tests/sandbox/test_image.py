@@ -143,3 +143,28 @@ def test_an_image_without_python_fails_to_start_with_the_reason(no_leftovers, cl
             Sandbox(SandboxConfig(image=tag)).start()
     finally:
         remove_image(client, tag)
+
+
+def test_image_builds_wait_for_each_other():
+    import threading
+
+    from sandbox.image import _build_lock
+
+    order: list[str] = []
+    held = threading.Event()
+
+    def first() -> None:
+        with _build_lock(None):
+            held.set()
+            time.sleep(0.3)
+            order.append("first done")
+
+    t = threading.Thread(target=first)
+    t.start()
+    held.wait(5)
+    messages: list[str] = []
+    with _build_lock(messages.append):
+        order.append("second in")
+    t.join()
+    assert order == ["first done", "second in"]
+    assert messages == ["another process is building the image; waiting for it"]
