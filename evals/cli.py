@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from agent.errors import SandboxUnavailable, UsageError
@@ -59,8 +60,9 @@ class RunProgress:
             if self.enabled:
                 mark = {"resolved": "[green]resolved", "error": "[red]error", "empty_patch": "[dim]empty patch"}
                 why = f" ({(r.error or r.report.error or '').splitlines()[0][:120]})" if r.outcome == "error" else ""
-                self.console.print(f"{'(earlier) ' if kind == 'skip' else ''}{r.instance_id}: "
-                                   f"{mark.get(r.outcome, '[yellow]unresolved')}[/]{why} {r.wall_s:.1f}s")
+                # ids and errors may hold brackets (`test_x[a]`): escaped, they are not read as markup.
+                self.console.print(f"{'(earlier) ' if kind == 'skip' else ''}{escape(r.instance_id)}: "
+                                   f"{mark.get(r.outcome, '[yellow]unresolved')}[/]{escape(why)} {r.wall_s:.1f}s")
             self.progress.advance(self.task_id)
         self.progress.update(self.task_id, running=self.running, resolved=self.resolved, tokens=f"{self.tokens:,}")
 

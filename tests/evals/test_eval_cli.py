@@ -131,3 +131,20 @@ def test_run_resolves_what_the_scripted_solutions_solve(tmp_path, sandbox_image)
         assert set(p) == {"instance_id", "model_name_or_path", "model_patch"}
         assert p["model_name_or_path"] == "m3-agent" and p["model_patch"].startswith("diff --git")
         assert (out / "trajectories" / f"{p['instance_id']}.jsonl").stat().st_size > 0
+
+
+def test_progress_prints_ids_and_errors_with_brackets_verbatim():
+    from rich.console import Console
+
+    from evals.cli import RunProgress
+    from evals.grading import InstanceReport
+    from evals.runner import InstanceResult
+
+    console = Console(record=True, width=200)
+    with RunProgress(1, console) as progress:
+        progress("start", {"instance_id": "o__r-1"})
+        progress("finish", {"result": InstanceResult(instance_id="o__r-1[red]", model_name_or_path="m", model_patch="d",
+                                                     report=InstanceReport(patch_exists=True), error="boom [/] [bold")})
+    text = console.export_text()
+    assert "o__r-1[red]: error (boom [/] [bold)" in text
+    assert "1/1" in text and "resolved 0" in text
