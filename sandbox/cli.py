@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import typer
 from rich.console import Console
 
@@ -18,13 +20,17 @@ def build(
     base: str = typer.Option(None, help="Base image with python3, pytest, git, patch (present or pullable)."),
 ) -> None:
     """Build the sandbox image (a registry if one answers, else debootstrap + docker import)."""
+    last_detail = [0.0]
     with console.status(f"building {tag}") as status:
 
         def progress(message: str) -> None:
-            if message.startswith(("debootstrap:", "build:", "tar:")):
-                status.update(message[:120])
-            else:
+            if not message.startswith(("debootstrap:", "build:", "tar:")):
                 console.print(f"[bold]>[/] {message}")
+            elif console.is_terminal:
+                status.update(message[:120])
+            elif time.monotonic() - last_detail[0] > 5:  # a log, not a terminal: a detail line now and then
+                last_detail[0] = time.monotonic()
+                console.print(f"  {message[:160]}")
 
         result = build_image(tag, base=base, progress=progress)
     typer.echo(result)
