@@ -193,7 +193,7 @@ def _exclusive(output_dir: Path):
 
 # --- the local executor ------------------------------------------------------------------------------
 
-Event = Callable[[str, dict[str, Any]], None]  # ("start" | "finish", info)
+Event = Callable[[str, dict[str, Any]], None]  # ("start" | "finish" | "skip", info)
 
 
 def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig, *,
