@@ -8,6 +8,7 @@ ignored and the packer recomputes.
 
 from __future__ import annotations
 
+import marshal
 import os
 import sqlite3
 from pathlib import Path
@@ -19,6 +20,9 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS facts (
     blob TEXT PRIMARY KEY, size INTEGER, binary INTEGER, encoding TEXT, chars INTEGER, extra INTEGER,
     lines INTEGER, final_newline INTEGER, generated INTEGER, defs TEXT, terms TEXT
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS snapshots (
+    key TEXT PRIMARY KEY, data BLOB
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counts (
     counter TEXT, blob TEXT, tokens INTEGER, PRIMARY KEY (counter, blob)
@@ -93,6 +97,23 @@ class PackCache:
         rows = [(b, f.size, int(f.binary), f.encoding, f.chars, f.extra, f.lines, int(f.final_newline),
                  int(f.generated), f.defs, f.terms) for b, f in items.items()]
         self._write("INSERT OR REPLACE INTO facts VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+
+    def get_snapshot(self, key: str) -> dict[str, Facts]:
+        """The facts of every blob of one git index listing, stored whole (one read for a warm pack)."""
+        if self._db is None:
+            return {}
+        try:
+            row = self._db.execute("SELECT data FROM snapshots WHERE key = ?", (key,)).fetchone()
+            rows = marshal.loads(row[0]) if row else []
+            return {r[0]: Facts(*r[1:]) for r in rows}
+        except (sqlite3.Error, ValueError, EOFError, TypeError):
+            return {}
+
+    def put_snapshot(self, key: str, items: dict[str, Facts]) -> None:
+        """Store the facts of one git index listing as one row."""
+        rows = [(b, f.size, f.binary, f.encoding, f.chars, f.extra, f.lines, f.final_newline, f.generated, f.defs,
+                 f.terms) for b, f in items.items()]
+        self._write("INSERT OR REPLACE INTO snapshots VALUES (?, ?)", [(key, marshal.dumps(rows))])
 
     def get_counts(self, counter_id: str, blobs: list[str]) -> dict[str, int]:
         """Known token counts of these blobs under one counter."""

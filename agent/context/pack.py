@@ -184,7 +184,11 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
     t = time.perf_counter()
     entries = sorted(listing.entries, key=lambda e: layout.sort_key(e.path))
     candidates = [e for e in entries if e.reason is None]
-    known = store.get_facts([e.blob for e in candidates if e.blob]) if store else {}
+    known = store.get_snapshot(listing.index_key) if store and listing.index_key else {}
+    unknown = [e.blob for e in candidates if e.blob and e.blob not in known]
+    if store and unknown:
+        known.update(store.get_facts(unknown))
+    snapshot_stale = bool(unknown)
     new_facts = {}
     raw: dict[str, bytes] | None = {} if budget is not None else None  # file bytes kept for relevance only
     dirty = False
@@ -231,6 +235,8 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
 
     if store is not None and new_facts:
         store.put_facts(new_facts)
+    if store is not None and listing.index_key and (snapshot_stale or new_facts):
+        store.put_snapshot(listing.index_key, {e.blob: e.facts for e in candidates if e.blob and e.facts})
     chosen_ids = {id(e) for e in chosen}
     # One validation call per list (in pydantic-core) is several times faster than a model per row.
     files_adapter, skipped_adapter = _adapters()

@@ -120,6 +120,7 @@ class Listing:
     entries: list[Entry]
     git: bool
     head: str | None = None  # commit id, None outside git or before the first commit
+    index_key: str | None = None  # a digest of the git index listing: the key of a cached facts snapshot
 
 
 def blob_id(data: bytes) -> str:
@@ -303,7 +304,7 @@ def _list_git(root: Path) -> Listing | None:
         elif path not in entries:
             full = root / path
             entries[path] = Entry(path, kind="symlink" if full.is_symlink() else "file", untracked=True)
-    return Listing(root, list(entries.values()), git=True, head=head)
+    return Listing(root, list(entries.values()), git=True, head=head, index_key=hashlib.sha1(staged).hexdigest())
 
 
 class _IgnoreRules:
