@@ -110,3 +110,19 @@ def test_facts_are_cached_so_unchanged_files_are_not_reread(repo, private_cache,
     # The binary file's facts come from the cache; the oversized one is only opened for its size.
     assert sorted(p.rsplit("/", 1)[-1] for p in reads) == ["big.txt", "keep.py"]
     assert {s.path: s.reason for s in pack.skipped} == {"bin.dat": "binary", "big.txt": "too-large"}
+
+
+def test_a_warm_pack_reads_the_facts_of_the_whole_index_in_one_snapshot(repo, private_cache, monkeypatch):
+    root = repo({f"m{i}.py": f"V = {i}\n" for i in range(40)} | {"img.bin": b"\0\1"})
+    first = pack_repository(root)
+    lookups: list[int] = []
+    real = PackCache.get_facts
+    monkeypatch.setattr(PackCache, "get_facts", lambda self, blobs: lookups.append(len(blobs)) or real(self, blobs))
+    second = pack_repository(root)
+    assert lookups == []  # every tracked blob's facts came with the snapshot
+    assert second.data == first.data
+    (root / "new.py").write_text("NEW = 1\n")  # untracked: read, not looked up
+    (root / "m3.py").write_text("V = 'changed'\n")  # changed: read, not looked up
+    third = pack_repository(root)
+    assert lookups == []
+    assert "V = 'changed'" in third.text and "NEW = 1" in third.text
