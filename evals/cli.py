@@ -165,6 +165,7 @@ def grade_command(
 def run_command(
     tasks: str = typer.Option(..., "--tasks", "-t", help="Tasks: a .json / .jsonl of SWE-bench instances, or `builtin`."),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint of the M3 server (…/v1)."),
+    serve: Optional[str] = typer.Option(None, "--serve", help="Launch or reuse an M3 endpoint from this serving profile."),
     model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
     model_name: str = typer.Option("m3-agent", help="model_name_or_path written into the predictions."),
     repos: Optional[Path] = typer.Option(None, "--repos", help="Folder of clones or mirrors named <owner>__<name>."),
@@ -187,14 +188,13 @@ def run_command(
 ) -> None:
     """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
     from agent.config import load_settings
-    from agent.fix import agent_config, check_endpoint
+    from agent.fix import agent_config, check_endpoint, resolve_endpoint
 
-    settings, _ = load_settings(".", {"base_url": base_url, "model": model, "max_turns": max_turns,
+    settings, _ = load_settings(".", {"base_url": base_url, "serve": serve, "model": model, "max_turns": max_turns,
                                       "thinking": thinking, "sandbox_image": image}, config_file=config_file)
-    if not settings.base_url:
-        raise UsageError("no endpoint: pass --base-url http://HOST:PORT/v1 (or set base_url in m3-agent.toml)")
-    check_endpoint(settings.base_url.rstrip("/"))  # exit 3 now, not one retried error per instance
-    agent = agent_config(settings, settings.base_url)
+    endpoint = resolve_endpoint(settings, notice=None if quiet else lambda msg: typer.echo(msg, err=True))
+    check_endpoint(endpoint)  # exit 3 now, not one retried error per instance
+    agent = agent_config(settings, endpoint)
     task_list = load_tasks(tasks, instance_ids=_ids(instance_ids))
     config = EvalConfig(output_dir=output or _default_output("run", tasks), repos=repos, sandbox=agent.sandbox,
                         test_timeout=test_timeout, instance_timeout=instance_timeout, model_name=model_name,

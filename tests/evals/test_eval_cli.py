@@ -148,3 +148,15 @@ def test_progress_prints_ids_and_errors_with_brackets_verbatim():
     text = console.export_text()
     assert "o__r-1[red]: error (boom [/] [bold)" in text
     assert "1/1" in text and "resolved 0" in text
+
+
+@pytest.mark.docker
+def test_run_with_serve_reuses_a_healthy_endpoint(tmp_path, sandbox_image):
+    out = tmp_path / "run"
+    with StandinServer(builtin_standin_script(["roman"])) as srv:
+        r = m3("eval", "run", "--tasks", "builtin", "-i", "m3-agent__roman-1", "--serve", "h200-tp8",
+               "--base-url", srv.base_url, "--output", str(out), "--json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert srv.requests
+    assert "serve: " in r.stderr and srv.base_url in r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["resolved_ids"] == ["m3-agent__roman-1"]
