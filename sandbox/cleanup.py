@@ -26,6 +26,8 @@ LABEL_CREATED = "m3-agent.created"
 
 
 class Closable(Protocol):
+    """What `close_all` needs of a sandbox: a way to remove it at once."""
+
     def kill(self) -> None: ...
 
 
