@@ -26,8 +26,13 @@ def sort_key(path: str) -> tuple[str, ...]:
     return tuple(path.split("/"))
 
 
+_SIMPLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@=,\-/]*")  # most names: nothing to check further
+
+
 def shown(name: str) -> str:
     """A path or name as printed: as is when plain, else JSON-quoted (control bytes, odd bytes, markers)."""
+    if _SIMPLE_NAME.fullmatch(name):
+        return name
     if (name.isprintable() and '"' not in name and "\\" not in name and name == name.strip()
             and "  (" not in name and not name.startswith("#")):
         if name.isascii():
