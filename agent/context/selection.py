@@ -258,18 +258,19 @@ def _git_many(root: Path, *commands: tuple[str, ...]) -> list[tuple[int, bytes, 
 
 def _list_git(root: Path) -> Listing | None:
     """The git listing of a work tree; None when git says `root` is not in one."""
-    inside, *results = _git_many(
-        root, ("rev-parse", "--is-inside-work-tree"), ("ls-files", "-z", "-s"),
-        ("ls-files", "-z", "-o", "--exclude-standard"), ("diff-files", "-z", "--name-only", "--relative"),
-        ("rev-parse", "-q", "--verify", "HEAD"))
-    if inside[0] != 0:
-        err = inside[2].decode(errors="replace")
-        if "dubious ownership" in err or "safe.directory" in err:
+    # A `.git` in root itself makes root a work tree's top: no need to ask git first.
+    probe = not os.path.exists(os.path.join(root, ".git"))
+    commands = [("ls-files", "-z", "-s"), ("ls-files", "-z", "-o", "--exclude-standard"),
+                ("diff-files", "-z", "--name-only", "--relative"), ("rev-parse", "-q", "--verify", "HEAD")]
+    results = _git_many(root, *([("rev-parse", "--is-inside-work-tree")] if probe else []), *commands)
+    for _, _, err in results:
+        if b"dubious ownership" in err or b"safe.directory" in err:
             raise GitError(f"git refuses {root} (dubious ownership): "
                            f"run git config --global --add safe.directory {root}")
-        return None
-    if inside[1].strip() != b"true":
-        return None
+    if probe:
+        code, out, _ = results.pop(0)
+        if code != 0 or out.strip() != b"true":
+            return None
     for (code, _, err), what in zip(results[:3], ("ls-files", "ls-files --others", "diff-files")):
         if code != 0:
             msg = err.decode(errors="replace").strip().splitlines()
