@@ -12,7 +12,7 @@ import hashlib
 import os
 import re
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import GitError, UsageError
@@ -90,26 +90,33 @@ class Facts:
     terms: str | None = None  # the lowercase words of those names (`bulk_create` -> bulk create)
 
 
-@dataclass(slots=True)
 class Entry:
-    """One path of the listing, with its fate."""
+    """One path of the listing, with its fate. A plain class: thousands are made per pack, and only
+    the attributes that differ from the class defaults are set on each."""
 
-    path: str  # relative, '/'-separated; odd bytes kept as surrogate escapes
-    kind: str = "file"  # "file" | "symlink" | "submodule" | "dir" (a directory seen as one entry)
+    kind = "file"  # "file" | "symlink" | "submodule" | "dir" (a directory seen as one entry)
     blob: str | None = None  # git blob id when known without reading (tracked and unmodified)
     index_blob: str | None = None  # the staged blob of a tracked file the working tree may have changed
     size: int | None = None
     reason: str | None = None  # why it is not packed; None = packable
-    detail: str = ""
-    untracked: bool = False
-    forced: bool = False  # matched an include glob: default path rules do not apply
+    detail = ""
+    untracked = False
+    forced = False  # matched an include glob: default path rules do not apply
     facts: Facts | None = None
     content: bytes | None = None  # the UTF-8 text to pack, once read
     tokens: int | None = None
-    exact: bool = True  # False while `tokens` is a calibrated estimate standing in for an exact count
-    cost: int = 0  # planned tokens of its section around the text (heading, fences)
-    rank: int = 0  # position in relevance order (0 = most relevant), set when a budget applies
-    flags: list[str] = field(default_factory=list)
+    exact = True  # False while `tokens` is a calibrated estimate standing in for an exact count
+    cost = 0  # planned tokens of its section around the text (heading, fences)
+    rank = 0  # position in relevance order (0 = most relevant), set when a budget applies
+    flags: tuple[str, ...] = ()  # notes for the section heading, e.g. the target of a symlink
+
+    def __init__(self, path: str, **attrs: object) -> None:
+        self.path = path  # relative, '/'-separated; odd bytes kept as surrogate escapes
+        for name, value in attrs.items():
+            setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"Entry({self.path!r}, reason={self.reason!r})"
 
 
 @dataclass(slots=True)
@@ -284,7 +291,7 @@ def _list_git(root: Path) -> Listing | None:
             continue
         meta, _, raw = record.partition(b"\t")
         mode, blob, _stage = meta.split(b" ")
-        path = os.fsdecode(raw)
+        path = raw.decode("utf-8", "surrogateescape")  # what os.fsdecode does on POSIX, faster
         if path in entries:  # a conflicted path has several stages: one entry
             continue
         if mode == b"160000":
@@ -292,10 +299,12 @@ def _list_git(root: Path) -> Listing | None:
         elif mode == b"120000":
             entries[path] = Entry(path, kind="symlink")
         else:
+            entry = Entry(path)
             if path in changed:
-                entries[path] = Entry(path, index_blob=blob.decode())
+                entry.index_blob = blob.decode()
             else:
-                entries[path] = Entry(path, blob=blob.decode())
+                entry.blob = blob.decode()
+            entries[path] = entry
     for raw in untracked.split(b"\0"):
         if not raw:
             continue
@@ -434,7 +443,7 @@ def apply_path_rules(listing: Listing, include, exclude) -> None:
             elif os.path.isdir(target):
                 e.reason, e.detail = "symlink-to-directory", os.readlink(full)
             else:
-                e.flags.append("symlink to " + os.readlink(full))
+                e.flags = (*e.flags, "symlink to " + os.readlink(full))
 
 
 def read_bytes(path: str, limit: int) -> tuple[bytes | None, int]:
