@@ -81,13 +81,16 @@ class Settings(BaseSettings):
     include_uncommitted: bool = Field(False, description="copy uncommitted changes of the working tree into the run")
     output_dir: Path = Field(Path(".m3-agent"), description="patches and trajectories; relative to the repository")
     branch_prefix: str = Field("m3-agent/issue-", min_length=1, description="result branch name prefix")
+    pack_include: list[str] = Field(default_factory=list, description="globs: pack only matching files")
+    pack_exclude: list[str] = Field(default_factory=list, description="globs: never pack matching files")
+    pack_max_file_bytes: int | None = Field(None, gt=0, description="skip larger files when packing; None = default")
 
     # Everything else the agent loop takes, for advanced use: `[agent]` / `[agent.stall]` tables.
     agent: dict[str, Any] = Field(default_factory=dict, description="extra AgentConfig fields (advanced)")
 
 
 # Table-valued settings: their environment variable holds JSON.
-JSON_FIELDS = frozenset({"agent"})
+JSON_FIELDS = frozenset({"agent", "pack_include", "pack_exclude"})
 
 
 def _normalise_keys(table: dict[str, Any], where: str) -> dict[str, Any]:

@@ -216,7 +216,11 @@ def agent_config(settings: Settings, base_url: str) -> AgentConfig:
         "thinking": {"policy": settings.thinking, **extra.pop("thinking", {})},
         "stall": {"enabled": settings.stall_detection, **extra.pop("stall", {})},
         "sandbox": sandbox,
+        "pack_include": settings.pack_include,
+        "pack_exclude": settings.pack_exclude,
     }
+    if settings.pack_max_file_bytes:
+        values["pack_max_file_bytes"] = settings.pack_max_file_bytes
     values.update(extra)
     try:
         return AgentConfig(**values)

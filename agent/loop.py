@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from agent.context import EstimateCounter, ServerCounter, pack_repository
+from agent.context.selection import DEFAULT_MAX_FILE_BYTES
 from agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
 from agent.model import ContextOverflowError, ModelClient, ModelConfig, ModelReply, Usage
 from agent.stall import Stall, StallConfig, StallDetector, Step, nudge_message
@@ -56,6 +57,7 @@ class AgentConfig(ModelConfig):
     context_reserve_tokens: int = 65_536  # room for the conversation to grow
     pack_include: list[str] = Field(default_factory=list)
     pack_exclude: list[str] = Field(default_factory=list)
+    pack_max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     system_prompt: str = SYSTEM_PROMPT
     thinking: ThinkingConfig = Field(default_factory=ThinkingConfig)
     stall: StallConfig = Field(default_factory=StallConfig)
@@ -71,6 +73,8 @@ class AgentEvent(BaseModel):
 
 
 class Timings(BaseModel):
+    """Where a run's wall time went."""
+
     wall_s: float = 0.0
     pack_s: float = 0.0
     sandbox_start_s: float = 0.0
@@ -203,6 +207,7 @@ class _Run:
             counter=self._counter(),
             include=tuple(self.cfg.pack_include),
             exclude=tuple(self.cfg.pack_exclude),
+            max_file_bytes=self.cfg.pack_max_file_bytes,
         )
         self.result.timings.pack_s += time.monotonic() - t
         self.result.pack_tokens, self.result.pack_files = pack.tokens, len(pack.files)

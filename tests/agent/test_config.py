@@ -161,3 +161,15 @@ def test_explicit_pyproject_reads_its_table(tmp_path):
     write(other / "pyproject.toml", "[tool.m3-agent]\nmax_turns = 4\n")
     settings, sources = load_settings(tmp_path, config_file=other / "pyproject.toml", environ={})
     assert settings.max_turns == 4 and sources["max_turns"] == str(other / "pyproject.toml")
+
+
+def test_pack_globs_from_the_config_file_reach_the_agent(tmp_path):
+    from agent.config import load_settings
+    from agent.fix import agent_config
+
+    (tmp_path / "m3-agent.toml").write_text(
+        'pack_include = ["src/**"]\npack-exclude = ["**/*.min.js"]\npack_max_file_bytes = 4096\n')
+    settings, _ = load_settings(tmp_path, {}, environ={})
+    config = agent_config(settings, "http://127.0.0.1:9/v1")
+    assert config.pack_include == ["src/**"] and config.pack_exclude == ["**/*.min.js"]
+    assert config.pack_max_file_bytes == 4096
