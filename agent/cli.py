@@ -1,6 +1,7 @@
 """The `m3-agent` command line: a thin layer over the library.
 
-Every sub-command lives next to the code it drives and is registered here.
+Every sub-command lives next to the code it drives and is registered here, lazily: running one
+sub-command imports only its own module.
 """
 
 from __future__ import annotations
@@ -12,46 +13,91 @@ from rich.console import Console
 
 from agent.errors import M3AgentError
 
-app = typer.Typer(
-    name="m3-agent",
-    help="Agentic coding assistant for self-hosted MiniMax-M3 (vLLM / SGLang).",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-
 err_console = Console(stderr=True, highlight=False)
 
 
-def _register() -> None:
-    from agent import fix as fix_cmd
-    from agent import standin as standin_cmd
-    from agent import trajectory as trajectory_cmd
-    from agent.context import cli as pack_cmd
-    from agent.serving import cli as serve_cmd
-    from evals import cli as eval_cmd
-    from sandbox import cli as sandbox_cmd
+def _fix(app: typer.Typer) -> None:
+    from agent import fix
 
-    app.command("fix", help="Fix an issue in a repository; hands back a branch and a patch.")(fix_cmd.fix_command)
-    app.command("pack", help="Pack a repository into one prompt for the 1M window.")(pack_cmd.pack_command)
+    app.command("fix", help="Fix an issue in a repository; hands back a branch and a patch.")(fix.fix_command)
+
+
+def _config(app: typer.Typer) -> None:
+    from agent import fix
+
+    if hasattr(fix, "config_app"):
+        app.add_typer(fix.config_app, name="config", help="Show the effective configuration.")
+
+
+def _pack(app: typer.Typer) -> None:
+    from agent.context import cli
+
+    app.command("pack", help="Pack a repository into one prompt for the 1M window.")(cli.pack_command)
+
+
+def _standin(app: typer.Typer) -> None:
+    from agent import standin
+
     app.command("standin", help="Run the M3 stand-in server (a scripted TEST DOUBLE, not a model).")(
-        standin_cmd.standin_command
+        standin.standin_command
     )
-    app.command("show", help="Render a trajectory (JSONL) file.")(trajectory_cmd.show_command)
-    app.add_typer(eval_cmd.app, name="eval", help="SWE-style evaluation: run the agent on tasks, grade predictions.")
-    app.add_typer(serve_cmd.app, name="serve", help="Launch, plan and benchmark a self-hosted M3 endpoint.")
-    app.add_typer(sandbox_cmd.app, name="sandbox", help="Build the sandbox image, prune leftover containers.")
-    if hasattr(fix_cmd, "config_app"):
-        app.add_typer(fix_cmd.config_app, name="config", help="Show the effective configuration.")
 
 
-_register()
+def _show(app: typer.Typer) -> None:
+    from agent import trajectory
+
+    app.command("show", help="Render a trajectory (JSONL) file.")(trajectory.show_command)
+
+
+def _eval(app: typer.Typer) -> None:
+    from evals import cli
+
+    app.add_typer(cli.app, name="eval", help="SWE-style evaluation: run the agent on tasks, grade predictions.")
+
+
+def _serve(app: typer.Typer) -> None:
+    from agent.serving import cli
+
+    app.add_typer(cli.app, name="serve", help="Launch, plan and benchmark a self-hosted M3 endpoint.")
+
+
+def _sandbox(app: typer.Typer) -> None:
+    from sandbox import cli
+
+    app.add_typer(cli.app, name="sandbox", help="Build the sandbox image, prune leftover containers.")
+
+
+# Sub-command -> what registers it. Only the one being run is imported: start-up stays fast.
+COMMANDS = {"fix": _fix, "pack": _pack, "standin": _standin, "show": _show, "eval": _eval, "serve": _serve,
+            "sandbox": _sandbox, "config": _config}
+
+
+def _root() -> None:
+    """Agentic coding assistant for self-hosted MiniMax-M3 (vLLM / SGLang)."""
+
+
+def build_app(only: str | None = None) -> typer.Typer:
+    """The `m3-agent` app with every sub-command, or just `only` when it names one."""
+    app = typer.Typer(
+        name="m3-agent",
+        help="Agentic coding assistant for self-hosted MiniMax-M3 (vLLM / SGLang).",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    app.callback()(_root)  # keeps `m3-agent NAME ...` a group even when only one command is registered
+    for name, register in COMMANDS.items():
+        if only is None or only not in COMMANDS or name == only:
+            register(app)
+    return app
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: one-line errors, documented exit codes."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    app = build_app(args[0] if args else None)
     try:
-        app(args=argv)  # standalone: usage errors exit 2, --help exits 0
+        app(args=args, prog_name="m3-agent")  # standalone: usage errors exit 2, --help exits 0
     except KeyboardInterrupt:
         err_console.print("m3-agent: interrupted: trajectory and results kept", markup=False, soft_wrap=True)
         sys.exit(130)
