@@ -52,3 +52,9 @@ class Interrupted(M3AgentError):
     """Ctrl-C or SIGTERM: the run stopped cleanly and kept what it had."""
 
     exit_code = 130
+
+
+def first_validation_error(error: Exception, *, top: str = "") -> tuple[str, str]:
+    """(dotted location, message) of a pydantic ValidationError's first error, for one-line messages."""
+    first = error.errors()[0]  # type: ignore[attr-defined]
+    return ".".join(str(p) for p in first["loc"]) or top, first["msg"]

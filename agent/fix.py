@@ -42,7 +42,7 @@ from rich.text import Text
 
 from agent import gitwork
 from agent.config import Settings, display_rows, load_settings
-from agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError
+from agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError, first_validation_error
 from agent.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
 from agent.loop import Agent, AgentConfig, AgentEvent, RunResult
 from sandbox import DEFAULT_IMAGE
@@ -225,9 +225,8 @@ def agent_config(settings: Settings, base_url: str) -> AgentConfig:
     try:
         return AgentConfig(**values)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise UsageError(f"invalid agent setting {where}: {first['msg']}") from None
+        where, msg = first_validation_error(e)
+        raise UsageError(f"invalid agent setting {where}: {msg}") from None
 
 
 # ----- the whole flow -----------------------------------------------------------------------------

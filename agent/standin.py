@@ -84,7 +84,7 @@ from typing import Any, Literal
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agent.errors import UsageError
+from agent.errors import UsageError, first_validation_error
 
 STANDIN_HEADER = "X-M3-Standin"
 STANDIN_HEADER_VALUE = "test double; scripted replies, not a model"
@@ -192,9 +192,8 @@ def load_script(source: Script | dict | list | str | Path) -> Script:
     try:
         return Script.model_validate(source)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise UsageError(f"{where}: bad stand-in script at {loc}: {first['msg']}") from None
+        loc, msg = first_validation_error(e, top="(top level)")
+        raise UsageError(f"{where}: bad stand-in script at {loc}: {msg}") from None
 
 
 # Toy tokenizer and prompt rendering --------------------------------------------------------------

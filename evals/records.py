@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from agent.errors import UsageError
+from agent.errors import UsageError, first_validation_error
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -21,9 +21,8 @@ def validate_record(model: type[Model], row: Any, where: str) -> Model:
     try:
         return model.model_validate(row)
     except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(object)"
-        raise UsageError(f"{where}: {field}: {first['msg']}") from None
+        field, msg = first_validation_error(e, top="(object)")
+        raise UsageError(f"{where}: {field}: {msg}") from None
 
 
 def read_records(path: Path, what: str) -> list[Any]:
