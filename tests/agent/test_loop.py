@@ -243,3 +243,18 @@ def test_gpu_hour_cost_and_cost_limit(git_repo, tmp_path):
     assert result.cost_usd == pytest.approx(3.64 * result.timings.wall_s / 3600, rel=0.2)
     limited, requests, _ = run(git_repo, solve_turns(), tmp_path, usd_per_m_input=1e6, max_cost_usd=1.0)
     assert limited.status == "cost_limit" and len(requests) == 1
+
+
+def test_slow_reply_times_out_and_is_retried(git_repo, tmp_path):
+    turns = solve_turns()
+    turns.insert(1, {"delay_s": 3.0, "content": "too late"})
+    result, requests, traj = run(git_repo, turns, tmp_path, request_timeout_s=1.0)
+    assert result.status == "submitted"
+    assert [e["attempts"] for e in traj if e["kind"] == "reply"][1] == 2
+
+
+def test_warming_server_is_waited_for(git_repo, tmp_path):
+    result, _, traj = run(git_repo, solve_turns(), tmp_path, script_extra={"loading_s": 1.0},
+                          retry_initial_s=0.2, retry_max_wait_s=0.3, retry_attempts=30)
+    assert result.status == "submitted"
+    assert result.timings.wall_s > 0.8  # the run started while the server still answered 503
