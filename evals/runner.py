@@ -144,9 +144,7 @@ def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, Agent
     trajectory.parent.mkdir(parents=True, exist_ok=True)
     rr = Agent(agent_config).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
     stats = AgentStats(
-        status=rr.status, turns=rr.turns, prompt_tokens=rr.usage.prompt_tokens,
-        completion_tokens=rr.usage.completion_tokens, cached_tokens=rr.usage.cached_tokens,
-        reasoning_tokens=rr.usage.reasoning_tokens, requests=rr.usage.requests, cache_hit_share=rr.cache_hit_share,
+        status=rr.status, turns=rr.turns, **rr.usage.model_dump(), cache_hit_share=rr.cache_hit_share,
         mode_counts=dict(rr.mode_counts), stalls=len(rr.stalls), wall_s=rr.timings.wall_s, model_s=rr.timings.model_s,
         cost_usd=rr.cost_usd, error=rr.error, trajectory_path=str(rr.trajectory_path or trajectory),
     )
