@@ -205,15 +205,35 @@ def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int
     return "".join(out)
 
 
-def render(head: str, tree_text: str, chosen: Iterable[Entry], foot: str) -> tuple[bytes, str]:
-    """The whole pack as UTF-8 bytes (one join, each file's bytes copied once), and the text around
-    the file contents (for counting its shape)."""
-    parts = [head.encode(), tree_text.encode(), b"## Files\n\n"]
+def render(head: str, tree_text: str, chosen: Iterable[Entry], foot: str) -> tuple[list, str, int, int]:
+    """The whole pack as a list of UTF-8 byte pieces (file texts are not copied: a section rendered
+    in shared memory is one slice, and neighbouring ones are one slice together), the text around
+    the file contents rendered here, and the characters and extra UTF-8 bytes of the frames of the
+    sections rendered before (the estimate counts the shape of all of it)."""
+    parts: list = [head.encode(), tree_text.encode(), b"## Files\n\n"]
     frame = [head, tree_text, "## Files\n\n"]
+    frame_chars = frame_extra = 0
+    run = None  # the span of rendered sections being extended: [view, start, end]
     for e in chosen:
+        span = e.section
+        if span is not None:
+            frame_chars += e.frame[0]
+            frame_extra += e.frame[1]
+            if run is not None and run[0] is span[0] and run[2] == span[1]:
+                run[2] = span[2]
+                continue
+            if run is not None:
+                parts.append(run[0][run[1]:run[2]])
+            run = list(span)
+            continue
+        if run is not None:
+            parts.append(run[0][run[1]:run[2]])
+            run = None
         opening, content, closing = section_parts(e)
         parts += (opening.encode(), content, closing.encode())
         frame += (opening, closing)
+    if run is not None:
+        parts.append(run[0][run[1]:run[2]])
     parts.append(foot.encode())
     frame.append(foot)
-    return b"".join(parts), "".join(frame)
+    return parts, "".join(frame), frame_chars, frame_extra

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 import math
 import os
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter
-
 from agent.context import layout
 from agent.context.cache import PackCache
+from agent.context.reader import render_sections
 from agent.context.relevance import rank
 from agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
@@ -38,65 +38,71 @@ CALIBRATION_SAMPLES = 32  # files counted exactly to scale the estimate that pla
 PLAN_MARGIN = 1.1  # planned counts of files not yet counted exactly err this much high
 
 
-class PackedFile(BaseModel):
+@dataclass(slots=True)
+class PackedFile:
     """A file whose text is in the pack."""
 
     path: str
-    tokens: int = Field(description="tokens of the file's text (without its heading and fences)")
+    tokens: int  # tokens of the file's text (without its heading and fences)
     bytes: int
-    flags: list[str] = Field(default_factory=list, description='e.g. "non-utf8", "no-final-newline", "symlink"')
+    flags: list[str] = field(default_factory=list)  # e.g. "non-utf8", "no-final-newline", "symlink to ..."
 
 
-class SkippedFile(BaseModel):
+@dataclass(slots=True)
+class SkippedFile:
     """A file listed in the tree but not packed, and why."""
 
     path: str
-    reason: str = Field(description="binary, too-large, lockfile, minified, source-map, vendored, generated, "
-                                    "excluded, not-included, symlink-outside, budget, ...")
+    reason: str  # binary, too-large, lockfile, minified, source-map, vendored, generated, excluded,
+    # not-included, symlink-outside, budget, ...
     detail: str = ""
 
 
-class Pack(BaseModel):
+@dataclass(frozen=True, eq=False)
+class Pack:
     """A packed repository. `text` goes first in the prompt; the issue goes after it, separately.
 
-    The text is kept as UTF-8 bytes (`data`, what `write` saves) and decoded on first use of `text`.
+    The text is kept as UTF-8 byte pieces (`parts`, which `write` saves one after another, without
+    joining them), joined into `data` and decoded into `text` on first use.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     files: list[PackedFile]
     skipped: list[SkippedFile]
-    tokens: int = Field(description="tokens of `text` per the counter")
-    counter_kind: str = Field(description='"server" | "tokenizer.json" | "estimate"')
+    tokens: int  # tokens of `text` per the counter
+    counter_kind: str  # "server" | "tokenizer.json" | "estimate"
     budget: int | None = None
-    head: str | None = Field(None, description="the commit packed, when the repository is a git work tree")
+    head: str | None = None  # the commit packed, when the repository is a git work tree
     total_files: int = 0
-    timings: dict[str, float] = Field(default_factory=dict)
-    _data: bytes = PrivateAttr(b"")
-    _text: str | None = PrivateAttr(None)
-
-    @classmethod
-    def from_data(cls, data: bytes, **fields: object) -> Pack:
-        """A pack of these UTF-8 bytes; the fields come validated (the file lists are thousands long)."""
-        pack = cls.model_construct(**fields)
-        pack._data = data
-        return pack
-
-    @property
-    def text(self) -> str:
-        """The prompt text: header, tree, file sections, footer. Byte-deterministic."""
-        if self._text is None:
-            self._text = self._data.decode("utf-8", "replace")
-        return self._text
+    timings: dict[str, float] = field(default_factory=dict)
+    parts: tuple = ()
+    _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def data(self) -> bytes:
         """The prompt text as UTF-8 bytes."""
-        return self._data
+        if "data" not in self._cache:
+            self._cache["data"] = self.parts[0] if len(self.parts) == 1 and isinstance(self.parts[0], bytes) \
+                else b"".join(self.parts)
+        return self._cache["data"]
+
+    @property
+    def text(self) -> str:
+        """The prompt text: header, tree, file sections, footer. Byte-deterministic."""
+        if "text" not in self._cache:
+            self._cache["text"] = self.data.decode("utf-8", "replace")
+        return self._cache["text"]
 
     def write(self, path: Path | str) -> None:
         """Save the text (UTF-8) to a file."""
-        Path(path).write_bytes(self._data)
+        with open(path, "wb") as f:
+            self.write_to(f)
+
+    def write_to(self, stream) -> None:
+        """Write the text to a binary stream, piece by piece."""
+        if "data" in self._cache:
+            stream.write(self._cache["data"])
+        else:
+            stream.writelines(self.parts)
 
     def skipped_by_reason(self) -> dict[str, int]:
         """How many files each reason left out."""
@@ -104,12 +110,6 @@ class Pack(BaseModel):
         for s in self.skipped:
             out[s.reason] = out.get(s.reason, 0) + 1
         return dict(sorted(out.items()))
-
-
-@functools.cache
-def _adapters() -> tuple[TypeAdapter, TypeAdapter]:
-    """Validators of the file lists, built on first use (their schema takes a while to build)."""
-    return TypeAdapter(list[PackedFile]), TypeAdapter(list[SkippedFile])
 
 
 def _load(listing: Listing, e: Entry, limit: int, data_out: dict[str, bytes] | None = None) -> None:
@@ -167,16 +167,60 @@ def pack_repository(
     counter = counter or EstimateCounter()
     root = Path(repo).expanduser().absolute()
     listing = list_files(root)
-    apply_path_rules(listing, compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"))
+    includes, excludes = compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude")
+    if budget is None:  # path rules are decided with the reading, in parallel
+        includes_excludes = (includes, excludes)
+    else:
+        apply_path_rules(listing, includes, excludes)
+        includes_excludes = None
     timings["list_s"] = time.perf_counter() - t0
 
     own_cache = cache is True
     store = PackCache() if cache is True else (cache or None)
     try:
+        if includes_excludes is not None:
+            return _pack_all(listing, store, counter, max_file_bytes, includes_excludes, timings, t0)
         return _pack(listing, store, issue, budget, counter, max_file_bytes, timings, t0)
     finally:
         if own_cache and store is not None:
             store.close()
+
+
+def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, max_file_bytes: int,
+              globs: tuple, timings: dict[str, float], t0: float) -> Pack:
+    """The pack of every file (no budget): each file read once, its section rendered as it is read."""
+    t = time.perf_counter()
+    entries = sorted(listing.entries, key=lambda e: layout.sort_key(e.path))
+    known = store.get_snapshot(listing.index_key) if store and listing.index_key else {}
+    unknown = [e.blob for e in entries if e.blob and e.blob not in known and e.reason is None] if store else []
+    if unknown:
+        known.update(store.get_facts(unknown))
+    for e in entries:
+        if e.blob in known:
+            e.facts = known[e.blob]
+    render_sections(entries, str(listing.root), *globs, max_file_bytes)
+    packable = [e for e in entries if e.reason is None]
+    dirty = any(e.untracked or (e.index_blob is not None and e.blob != e.index_blob) for e in entries)
+    timings["read_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    _count_files(packable, counter, store, listing, max_file_bytes, None)
+    timings["count_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    head_text = layout.header(git=listing.git, head=listing.head, dirty=dirty, total=len(entries))
+    tree_text = layout.tree(entries)
+    parts, tokens = _render(packable, [], entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
+    timings["render_s"] = time.perf_counter() - t
+    if store is not None:
+        facts = {e.blob: e.facts for e in entries if e.blob and e.facts is not None}
+        new = {b: f for b, f in facts.items() if b not in known}
+        if new:
+            store.put_facts(new)
+        if listing.index_key and (new or unknown):
+            store.put_snapshot(listing.index_key, facts)
+    timings["total_s"] = time.perf_counter() - t0
+    return _result(entries, packable, [], parts, tokens, counter, None, listing, timings)
 
 
 def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: int | None,
@@ -224,12 +268,12 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
 
     t = time.perf_counter()
     _prepare(chosen, counter, store, listing, max_file_bytes)
-    data, tokens = _render(chosen, left_out, entries=entries, head_text=head_text, tree_text=tree_text,
+    parts, tokens = _render(chosen, left_out, entries=entries, head_text=head_text, tree_text=tree_text,
                            counter=counter)
     if budget is not None:
         render = functools.partial(_render, entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
-        chosen, left_out, data, tokens = _fit_exactly(
-            chosen, left_out, data, tokens, budget, len(entries), counter, render,
+        chosen, left_out, parts, tokens = _fit_exactly(
+            chosen, left_out, parts, tokens, budget, len(entries), counter, render,
             lambda more: _prepare(more, counter, store, listing, max_file_bytes))
     timings["render_s"] = time.perf_counter() - t
 
@@ -237,19 +281,22 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
         store.put_facts(new_facts)
     if store is not None and listing.index_key and (snapshot_stale or new_facts):
         store.put_snapshot(listing.index_key, {e.blob: e.facts for e in candidates if e.blob and e.facts})
-    chosen_ids = {id(e) for e in chosen}
-    # One validation call per list (in pydantic-core) is several times faster than a model per row.
-    files_adapter, skipped_adapter = _adapters()
-    files = files_adapter.validate_python(
-        [{"path": e.path, "tokens": e.tokens or 0, "bytes": e.size or 0, "flags": _flags(e)}
-         for e in entries if id(e) in chosen_ids])
-    left_ids = {id(e) for e in left_out}
-    skipped = skipped_adapter.validate_python(
-        [{"path": e.path, "reason": "budget" if id(e) in left_ids else e.reason or "unknown", "detail": e.detail}
-         for e in entries if id(e) not in chosen_ids])
     timings["total_s"] = time.perf_counter() - t0
-    return Pack.from_data(data, files=files, skipped=skipped, tokens=tokens, counter_kind=counter.kind,
-                          budget=budget, head=listing.head, total_files=len(entries), timings=timings)
+    return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings)
+
+
+def _result(entries: list[Entry], chosen: list[Entry], left_out: list[Entry], parts: list, tokens: int,
+            counter: TokenCounter, budget: int | None, listing: Listing, timings: dict[str, float]) -> Pack:
+    chosen_ids = {id(e) for e in chosen}
+    left_ids = {id(e) for e in left_out}
+    files, skipped = [], []
+    for e in entries:
+        if id(e) in chosen_ids:
+            files.append(PackedFile(e.path, e.tokens or 0, e.size or 0, _flags(e)))
+        else:
+            skipped.append(SkippedFile(e.path, "budget" if id(e) in left_ids else e.reason or "unknown", e.detail))
+    return Pack(files=files, skipped=skipped, tokens=tokens, counter_kind=counter.kind, budget=budget,
+                head=listing.head, total_files=len(entries), timings=timings, parts=tuple(parts))
 
 
 def _prepare(entries: list[Entry], counter: TokenCounter, store: PackCache | None, listing: Listing,
@@ -261,8 +308,8 @@ def _prepare(entries: list[Entry], counter: TokenCounter, store: PackCache | Non
             _load(listing, e, max_file_bytes)
 
 
-def _fit_exactly(chosen: list[Entry], left_out: list[Entry], data: bytes, tokens: int, budget: int, total: int,
-                 counter: TokenCounter, render, prepare) -> tuple[list[Entry], list[Entry], bytes, int]:
+def _fit_exactly(chosen: list[Entry], left_out: list[Entry], data: list, tokens: int, budget: int, total: int,
+                 counter: TokenCounter, render, prepare) -> tuple[list[Entry], list[Entry], list, int]:
     """Hold the plan to the exact count of the text: drop the least relevant files while over the
     budget, then fill the slack a cautious plan leaves with the most relevant of the rest."""
     while tokens > budget:
@@ -352,7 +399,7 @@ def _count_exact(entries: list[Entry], counter: TokenCounter, store: PackCache |
     for e in todo:
         if e.content is None:
             _load(listing, e, max_file_bytes)
-    counts = counter.count_many([(e.content or b"").decode("utf-8") for e in todo])
+    counts = counter.count_many([str(e.content or b"", "utf-8") for e in todo])
     for e, n in zip(todo, counts):
         e.tokens, e.exact = n, True
     if store is not None:
@@ -430,18 +477,20 @@ def _definitions_of(e: Entry, listing: Listing, data: dict[str, bytes] | None, m
 
 
 def _render(chosen: list[Entry], left_out: list[Entry], *, entries: list[Entry], head_text: str, tree_text: str,
-            counter: TokenCounter) -> tuple[bytes, int]:
-    """The pack bytes and their token count."""
+            counter: TokenCounter) -> tuple[list, int]:
+    """The pack's byte pieces and the token count of their text."""
     foot = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out)
-    data, frame = layout.render(head_text, tree_text, chosen, foot)
+    parts, frame, frame_chars, frame_extra = layout.render(head_text, tree_text, chosen, foot)
     if isinstance(counter, EstimateCounter):
         # The estimate depends on characters and extra UTF-8 bytes only, which add up over parts.
         chars, extra = text_shape(frame)
+        chars += frame_chars
+        extra += frame_extra
         for e in chosen:
             chars += e.facts.chars
             extra += e.facts.extra
-        return data, counter.from_shape(chars, extra)
-    return data, counter.count(data.decode("utf-8", "replace"))
+        return parts, counter.from_shape(chars, extra)
+    return parts, counter.count(b"".join(parts).decode("utf-8", "replace"))
 
 
 def _footer_saving(chosen: list[Entry], left_out: list[Entry], total: int, counter: TokenCounter) -> int:

@@ -109,6 +109,8 @@ class Entry:
     cost = 0  # planned tokens of its section around the text (heading, fences)
     rank = 0  # position in relevance order (0 = most relevant), set when a budget applies
     flags: tuple[str, ...] = ()  # notes for the section heading, e.g. the target of a symlink
+    section: tuple | None = None  # (shared memory view, start, end) of its rendered section, when rendered
+    frame = (0, 0)  # characters and extra UTF-8 bytes of that section around the text
 
     def __init__(self, path: str, **attrs: object) -> None:
         self.path = path  # relative, '/'-separated; odd bytes kept as surrogate escapes
@@ -417,33 +419,40 @@ def compile_globs(globs: tuple[str, ...] | list[str], what: str):
 
 def apply_path_rules(listing: Listing, include, exclude) -> None:
     """Mark entries left out by globs, default path rules and symlinks that leave the tree."""
-    root_real = os.path.realpath(listing.root)
+    root = str(listing.root)
+    root_real = os.path.realpath(root)
     for e in listing.entries:
+        path_rule(e, include, exclude, root, root_real)
+
+
+def path_rule(e: Entry, include, exclude, root: str, root_real: str) -> None:
+    """Decide what globs, default path rules and symlink checks say of one entry (`e.reason` stays
+    None when they let it through). `root_real` is the resolved root."""
+    if e.reason is not None:
+        return
+    if exclude is not None and exclude.match_file(e.path):
+        e.reason = "excluded"
+        return
+    if include is not None:
+        if not include.match_file(e.path):
+            e.reason = "not-included"
+            return
+        e.forced = True
+    if not e.forced:
+        e.reason = path_reason(e.path)
         if e.reason is not None:
-            continue
-        if exclude is not None and exclude.match_file(e.path):
-            e.reason = "excluded"
-            continue
-        if include is not None:
-            if not include.match_file(e.path):
-                e.reason = "not-included"
-                continue
-            e.forced = True
-        if not e.forced:
-            e.reason = path_reason(e.path)
-            if e.reason is not None:
-                continue
-        if e.kind == "symlink":
-            full = os.path.join(listing.root, e.path)
-            target = os.path.realpath(full)
-            if target != root_real and not target.startswith(root_real + os.sep):
-                e.reason, e.detail = "symlink-outside", os.readlink(full)
-            elif not os.path.exists(target):
-                e.reason, e.detail = "broken-symlink", os.readlink(full)
-            elif os.path.isdir(target):
-                e.reason, e.detail = "symlink-to-directory", os.readlink(full)
-            else:
-                e.flags = (*e.flags, "symlink to " + os.readlink(full))
+            return
+    if e.kind == "symlink":
+        full = os.path.join(root, e.path)
+        target = os.path.realpath(full)
+        if target != root_real and not target.startswith(root_real + os.sep):
+            e.reason, e.detail = "symlink-outside", os.readlink(full)
+        elif not os.path.exists(target):
+            e.reason, e.detail = "broken-symlink", os.readlink(full)
+        elif os.path.isdir(target):
+            e.reason, e.detail = "symlink-to-directory", os.readlink(full)
+        else:
+            e.flags = (*e.flags, "symlink to " + os.readlink(full))
 
 
 def read_bytes(path: str, limit: int) -> tuple[bytes | None, int]:

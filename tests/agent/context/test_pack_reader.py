@@ -1,0 +1,116 @@
+"""The full pack's parallel reader: forked workers give the same bytes as one process, and a worker
+that fails, runs out of room or is interrupted loses nothing and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent.context import pack_repository
+from agent.context import reader
+
+
+def _files() -> dict[str, str | bytes]:
+    """Enough files for several stripes per worker, with every kind of content the rules look at."""
+    files: dict[str, str | bytes] = {f"pkg/mod{i:03}.py": f"def f{i}():\n    return {i}\n" for i in range(150)}
+    files |= {f"docs/page{i:03}.md": f"# Page {i}\n\n```python\nx = {i}\n```\n" for i in range(60)}
+    files |= {
+        "fence.md": "````\n```\nnested\n```\n````\n",
+        "latin1.txt": "caf\xe9 cr\xe8me\n".encode("latin-1"),
+        "utf16.txt": "hello wörld\n".encode("utf-16"),
+        "no_newline.py": "X = 1",
+        "empty.py": "",
+        "logo.png": b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR",
+        "poetry.lock": "lock\n",
+        "static/app.min.js": "var a=1;" * 400,
+        "gen_pb2.py": "# generated\n",
+        "big.txt": "x" * 5000,
+        "日本/名前.txt": "テキスト\n",
+    }
+    return files
+
+
+def _pack(root, monkeypatch, workers: int, **kw):
+    monkeypatch.setattr(reader, "workers_for", lambda n: workers)
+    return pack_repository(root, cache=False, max_file_bytes=4096, **kw)
+
+
+def _same(a, b) -> None:
+    assert a.data == b.data
+    assert a.files == b.files and a.skipped == b.skipped and a.tokens == b.tokens
+
+
+def test_forked_workers_give_the_bytes_one_process_gives(repo, monkeypatch):
+    root = repo(_files())
+    os.symlink("pkg/mod001.py", root / "link.py")
+    (root / "untracked.py").write_text("U = 1\n")
+    serial = _pack(root, monkeypatch, 1)
+    parallel = _pack(root, monkeypatch, 2)
+    _same(parallel, serial)
+    assert len(serial.files) > 3 * reader.STRIPE  # both workers had several stripes
+    reasons = serial.skipped_by_reason()
+    assert reasons == {"binary": 1, "generated": 1, "lockfile": 1, "minified": 1, "too-large": 1}
+    text = serial.text
+    assert "### link.py  (symlink to pkg/mod001.py)" in text and "### untracked.py" in text
+    assert "### latin1.txt  (not UTF-8: decoded with replacement characters)" in text
+    assert "`````md\n````\n```\nnested" in text  # the fence outgrows the file's own
+    three = _pack(root, monkeypatch, 3, exclude=("docs/page00*",))
+    assert three.data == _pack(root, monkeypatch, 1, exclude=("docs/page00*",)).data
+    assert three.skipped_by_reason()["excluded"] == 10
+
+
+def test_a_failed_worker_leaves_its_share_to_the_caller(repo, monkeypatch):
+    root = repo(_files())
+    serial = _pack(root, monkeypatch, 1)
+    parent = os.getpid()
+    real = reader._one
+
+    def crash_in_workers(e, *args):
+        if os.getpid() != parent:
+            raise RuntimeError("worker failure")
+        return real(e, *args)
+
+    monkeypatch.setattr(reader, "_one", crash_in_workers)
+    _same(_pack(root, monkeypatch, 2), serial)
+
+
+def test_a_full_region_falls_back_to_rendering_from_memory(repo, monkeypatch):
+    files = {f"data/f{i:03}.txt": f"{i} " * 60_000 + "\n" for i in range(40)}  # about 9 MB: over a 1 MB region
+    root = repo(files)
+    serial = pack_repository(root, cache=False)
+    monkeypatch.setattr(reader, "REGION_CAP", 1 << 20)
+    for workers in (1, 2):
+        monkeypatch.setattr(reader, "workers_for", lambda n, w=workers: w)
+        small = pack_repository(root, cache=False)
+        _same(small, serial)
+        assert len(small.files) == 40
+
+
+def test_an_interrupted_pack_leaves_no_worker_behind(repo, monkeypatch):
+    root = repo(_files())
+    parent = os.getpid()
+    real = reader._one
+    calls = []
+
+    def interrupt_the_caller(e, *args):
+        if os.getpid() == parent:
+            calls.append(e.path)
+            if len(calls) == 5:
+                raise KeyboardInterrupt
+        return real(e, *args)
+
+    monkeypatch.setattr(reader, "_one", interrupt_the_caller)
+    with pytest.raises(KeyboardInterrupt):
+        _pack(root, monkeypatch, 2)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # every worker was reaped: none left running or as a zombie
+
+
+def test_workers_are_used_only_where_forking_is_safe_and_pays(monkeypatch):
+    assert reader.workers_for(reader.PARALLEL_MIN_FILES - 1) == 1
+    monkeypatch.setattr(reader.threading, "active_count", lambda: 2)
+    assert reader.workers_for(10 * reader.PARALLEL_MIN_FILES) == 1  # threads: no fork
+    monkeypatch.setattr(reader.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(reader.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7}, raising=False)
+    assert reader.workers_for(10 * reader.PARALLEL_MIN_FILES) == reader.MAX_WORKERS
