@@ -7,13 +7,12 @@ sub-command imports only its own module.
 from __future__ import annotations
 
 import sys
-
-import typer
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from agent.errors import M3AgentError
 
-err_console = Console(stderr=True, highlight=False)
+if TYPE_CHECKING:
+    import typer
 
 
 def _fix(app: typer.Typer) -> None:
@@ -30,9 +29,18 @@ def _config(app: typer.Typer) -> None:
 
 
 def _pack(app: typer.Typer) -> None:
-    from agent.context import cli
+    import typer
 
-    app.command("pack", help="Pack a repository into one prompt for the 1M window.")(cli.pack_command)
+    # `main` runs `m3-agent pack` straight away (argparse, nothing else loaded); this entry lists it
+    # in `m3-agent --help` and serves callers of `build_app()`.
+    def pack(ctx) -> None:
+        from agent.context import cli
+
+        cli.main(ctx.args)
+
+    pack.__annotations__ = {"ctx": typer.Context, "return": None}  # an object, not a string: typer resolves it
+    app.command("pack", help="Pack a repository into one prompt for the 1M window.", add_help_option=False,
+                context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(pack)
 
 
 def _standin(app: typer.Typer) -> None:
@@ -78,6 +86,8 @@ def _root() -> None:
 
 def build_app(only: str | None = None) -> typer.Typer:
     """The `m3-agent` app with every sub-command, or just `only` when it names one."""
+    import typer
+
     app = typer.Typer(
         name="m3-agent",
         help="Agentic coding assistant for self-hosted MiniMax-M3 (vLLM / SGLang).",
@@ -95,6 +105,14 @@ def build_app(only: str | None = None) -> typer.Typer:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: one-line errors, documented exit codes."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["pack"]:  # the hot command: no typer, no rich, only the packer
+        from agent.context.cli import main as pack_main
+
+        pack_main(args[1:])
+        return
+    from rich.console import Console
+
+    err_console = Console(stderr=True, highlight=False)
     app = build_app(args[0] if args else None)
     try:
         app(args=args, prog_name="m3-agent")  # standalone: usage errors exit 2, --help exits 0

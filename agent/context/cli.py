@@ -2,34 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
+import gc
 import os
 import sys
 import time
-from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
 
-import typer
+from typing import TYPE_CHECKING
 
-from agent.context.pack import Pack, pack_repository
-from agent.context.selection import DEFAULT_MAX_FILE_BYTES
-from agent.context.tokens import (
-    EstimateCounter,
-    ServerCounter,
-    TokenCounter,
-    TokenizerJsonCounter,
-    budget_for_server,
-)
-from agent.errors import EndpointError, UsageError
+from agent.context import gitls
+from agent.context.limits import DEFAULT_MAX_FILE_BYTES
+from agent.errors import EndpointError, M3AgentError, UsageError
 
+if TYPE_CHECKING:
+    from agent.context.pack import Pack
+    from agent.context.tokens import EstimateCounter, TokenCounter
 
-class CounterChoice(str, Enum):
-    """Which tokenizer counts: `auto` = the server when one answers, else a given tokenizer.json, else the estimate."""
+# The packer's modules load after git has been started on the repository (`gitls.prefetch`): the
+# command's functions import them where they are used.
 
-    auto = "auto"
-    server = "server"
-    tokenizer = "tokenizer"
-    estimate = "estimate"
+COUNTERS = ("auto", "server", "tokenizer", "estimate")  # which tokenizer counts
 
 
 def read_issue(value: str | None) -> str | None:
@@ -47,25 +40,27 @@ def read_issue(value: str | None) -> str | None:
     return value
 
 
-def choose_counter(choice: CounterChoice, base_url: str | None, model: str | None, tokenizer: Path | None,
+def choose_counter(choice: str, base_url: str | None, model: str | None, tokenizer: Path | None,
                    api_key: str | None, warn, repo: Path = Path(".")) -> TokenCounter:
     """The counter the flags ask for; `auto` falls back (with a warning) when the server does not answer;
     `estimate` with a server is calibrated against its /tokenize on a sample of `repo`."""
-    if choice == CounterChoice.tokenizer or (choice == CounterChoice.auto and tokenizer and not base_url):
+    from agent.context.tokens import EstimateCounter, ServerCounter, TokenizerJsonCounter
+
+    if choice == "tokenizer" or (choice == "auto" and tokenizer and not base_url):
         if tokenizer is None:
             raise UsageError("--counter tokenizer needs --tokenizer PATH (a tokenizer.json)")
         return TokenizerJsonCounter(tokenizer)
-    if choice == CounterChoice.server or (choice == CounterChoice.auto and base_url):
+    if choice == "server" or (choice == "auto" and base_url):
         if not base_url:
             raise UsageError("--counter server needs --base-url (or base_url in the configuration)")
         try:
             return ServerCounter(base_url, model, api_key=api_key)
         except EndpointError as e:
-            if choice == CounterChoice.server:
+            if choice == "server":
                 raise
             warn(f"no /tokenize at {base_url} ({e}); counting with " + ("the tokenizer.json" if tokenizer else "the estimate"))
             return TokenizerJsonCounter(tokenizer) if tokenizer else EstimateCounter()
-    if choice == CounterChoice.estimate and base_url:
+    if choice == "estimate" and base_url:
         try:
             server = ServerCounter(base_url, model, api_key=api_key)
         except EndpointError as e:
@@ -78,6 +73,7 @@ def choose_counter(choice: CounterChoice, base_url: str | None, model: str | Non
 def calibrated_estimate(repo: Path, exact: TokenCounter, samples: int = 32) -> EstimateCounter:
     """The estimate scaled to `exact` on a spread-out sample of the repository's text files."""
     from agent.context.selection import apply_path_rules, decode, list_files, read_bytes
+    from agent.context.tokens import EstimateCounter
 
     listing = list_files(repo.absolute())
     apply_path_rules(listing, None, None)
@@ -109,49 +105,65 @@ def summary_table(pack: Pack, elapsed: float, output: str) -> str:
     return "\n".join(lines)
 
 
-def pack_command(
-    repo: Annotated[Path, typer.Option("--repo", help="repository (or any directory) to pack")] = Path("."),
-    issue: Annotated[Optional[str], typer.Option("--issue", help="issue text, or a file holding it, or - for stdin: ranks files when the budget is short")] = None,
-    budget: Annotated[Optional[int], typer.Option("--budget", help="token budget of the pack; default: the server's max_model_len less reserves, else none")] = None,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="write the pack here (default: stdout)")] = None,
-    include: Annotated[Optional[list[str]], typer.Option("--include", help="only files matching this glob (gitignore syntax); repeatable")] = None,
-    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="leave out files matching this glob; repeatable")] = None,
-    base_url: Annotated[Optional[str], typer.Option("--base-url", help="model server (vLLM) for exact counts and the default budget")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="served model name (default: the first listed)")] = None,
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="a local tokenizer.json for exact counts")] = None,
-    counter: Annotated[CounterChoice, typer.Option("--counter", help="auto | server | tokenizer | estimate")] = CounterChoice.auto,
-    max_file_bytes: Annotated[Optional[int], typer.Option("--max-file-bytes", help=f"skip files larger than this (default {DEFAULT_MAX_FILE_BYTES:,})")] = None,
-    output_reserve: Annotated[int, typer.Option("--output-reserve", help="tokens kept for the model's output (default budget)")] = 32_768,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="do not read or write the token-count cache")] = False,
-) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of `m3-agent pack` (argparse: the command starts without loading the other commands)."""
+    p = argparse.ArgumentParser(
+        prog="m3-agent pack",
+        description="Pack a repository into one prompt: header, tree of all files, then files in a stable order. "
+                    "Exit codes: 0 done, 2 bad input, 3 endpoint error, 130 interrupted.")
+    p.add_argument("--repo", type=Path, default=Path("."), help="repository (or any directory) to pack")
+    p.add_argument("--issue", help="issue text, or a file holding it, or - for stdin: ranks files when the budget is short")
+    p.add_argument("--budget", type=int, help="token budget of the pack; default: the server's max_model_len less reserves, else none")
+    p.add_argument("-o", "--output", help="write the pack here (default: stdout)")
+    p.add_argument("--include", action="append", default=[], help="only files matching this glob (gitignore syntax); repeatable")
+    p.add_argument("--exclude", action="append", default=[], help="leave out files matching this glob; repeatable")
+    p.add_argument("--base-url", help="model server (vLLM) for exact counts and the default budget")
+    p.add_argument("--model", help="served model name (default: the first listed)")
+    p.add_argument("--tokenizer", type=Path, help="a local tokenizer.json for exact counts")
+    p.add_argument("--counter", choices=COUNTERS, default="auto",
+                   help="auto (the server when one answers, else a given tokenizer.json, else the estimate) | server | tokenizer | estimate")
+    p.add_argument("--max-file-bytes", type=int, help=f"skip files larger than this (default {DEFAULT_MAX_FILE_BYTES:,})")
+    p.add_argument("--output-reserve", type=int, default=32_768, help="tokens kept for the model's output (default budget)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the token-count cache")
+    return p
+
+
+def pack_command(args: argparse.Namespace) -> None:
     """Pack a repository into one prompt: header, tree of all files, then files in a stable order."""
     started = time.perf_counter()
+    from agent.context.pack import pack_repository
+    from agent.context.tokens import budget_for_server
+
+    repo = args.repo
     if not repo.is_dir():
         raise UsageError(f"repository not found: {repo}")
     settings = _settings(repo)
-    base_url = base_url or getattr(settings, "base_url", None)
-    model = model or getattr(settings, "model", None)
+    base_url = args.base_url or getattr(settings, "base_url", None)
+    model = args.model or getattr(settings, "model", None)
     api_key = _api_key(settings)
-    includes = list(include or []) + list(getattr(settings, "pack_include", None) or [])
-    excludes = list(exclude or []) + list(getattr(settings, "pack_exclude", None) or [])
+    includes = list(args.include) + list(getattr(settings, "pack_include", None) or [])
+    excludes = list(args.exclude) + list(getattr(settings, "pack_exclude", None) or [])
+    max_file_bytes = args.max_file_bytes
     if max_file_bytes is None:
         max_file_bytes = getattr(settings, "pack_max_file_bytes", None) or DEFAULT_MAX_FILE_BYTES
 
     def warn(msg: str) -> None:
         print(f"m3-agent: warning: {msg}", file=sys.stderr)
 
-    tok = choose_counter(counter, base_url, model, tokenizer, api_key, warn, repo)
+    tok = choose_counter(args.counter, base_url, model, args.tokenizer, api_key, warn, repo)
+    budget = args.budget
     if budget is None and base_url:
         try:
-            budget = budget_for_server(base_url, model=getattr(tok, "model", model), output_reserve=output_reserve,
+            budget = budget_for_server(base_url, model=getattr(tok, "model", model), output_reserve=args.output_reserve,
                                        api_key=api_key)
         except EndpointError as e:
             warn(f"no default budget: {e}")
-    pack = pack_repository(repo, issue=read_issue(issue), budget=budget, counter=tok, include=tuple(includes),
-                           exclude=tuple(excludes), max_file_bytes=max_file_bytes, cache=not no_cache)
-    if output is None or str(output) == "-":
+    pack = pack_repository(repo, issue=read_issue(args.issue), budget=budget, counter=tok, include=tuple(includes),
+                           exclude=tuple(excludes), max_file_bytes=max_file_bytes, cache=not args.no_cache)
+    output = args.output
+    if output is None or output == "-":
         sys.stdout.flush()
-        sys.stdout.buffer.write(pack.data)
+        pack.write_to(sys.stdout.buffer)
         sys.stdout.buffer.flush()
         where = "stdout"
     else:
@@ -163,6 +175,27 @@ def pack_command(
     print(summary_table(pack, time.perf_counter() - started, where), file=sys.stderr)
     if pack.counter_kind == "estimate":
         print("token counts are estimates (no server /tokenize or tokenizer.json given)", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`m3-agent pack ...`: one-line errors and the documented exit codes."""
+    args = build_parser().parse_args(argv)  # bad flags: usage on stderr, exit 2
+    gitls.prefetch(str(args.repo))  # git lists the tree while the packer loads
+    collecting = gc.isenabled()
+    gc.disable()  # thousands of small objects and no cycles worth collecting while packing
+    try:
+        pack_command(args)
+    except KeyboardInterrupt:
+        print("m3-agent: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except M3AgentError as e:
+        print(f"m3-agent: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except BrokenPipeError:  # `m3-agent pack | head`: the reader left, nothing to report
+        sys.exit(0)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _settings(repo: Path):

@@ -19,6 +19,7 @@ from agent.context.selection import Entry
 INDENT = "  "
 COLLAPSIBLE = frozenset({"vendored", "generated"})  # a directory all of one of these is one tree line
 _FENCE_RUN = re.compile(rb"^ {0,3}(`{3,})", re.MULTILINE)
+_TRIPLE = re.compile(rb"```")
 
 
 def sort_key(path: str) -> tuple[str, ...]:
@@ -47,19 +48,27 @@ def shown(name: str) -> str:
 
 def fence_for(content: bytes) -> str:
     """Backticks enough to fence `content`: three, or one more than its longest line-opening run."""
-    if b"```" not in content:
-        return "```"
+    if b"`" not in content or _TRIPLE.search(content) is None:  # memchr, then the regex engine's literal scan:
+        return "```"  # both faster than `in` for a run of one repeated byte
     longest = max((len(m) for m in _FENCE_RUN.findall(content)), default=0)
     return "`" * max(3, longest + 1)
 
 
 def language(path: str) -> str:
     """The fence info string: the file's extension, when it is a plain word."""
-    name = path.rsplit("/", 1)[-1]
-    if "." not in name.lstrip("."):
+    slash = path.rfind("/") + 1
+    dot = path.rfind(".")
+    if dot <= slash or not path[slash:dot].strip("."):  # no extension, or a dotfile's name
         return ""
-    ext = name.rsplit(".", 1)[-1].lower()
-    return ext if ext.isascii() and ext.isalnum() and len(ext) <= 10 else ""
+    ext = path[dot + 1:]
+    known = _LANGUAGES.get(ext)
+    if known is None:
+        lower = ext.lower()
+        known = _LANGUAGES[ext] = lower if lower.isascii() and lower.isalnum() and len(lower) <= 10 else ""
+    return known
+
+
+_LANGUAGES: dict[str, str] = {}  # extension -> info string, filled as extensions are met
 
 
 def header(*, git: bool, head: str | None, dirty: bool, total: int) -> str:
@@ -176,6 +185,9 @@ def content_flags(e: Entry) -> list[str]:
 
 def section_head(e: Entry) -> str:
     """A file section's heading line, with its notes (symlink target, encoding, final newline)."""
+    f = e.facts
+    if not e.flags and (f is None or (f.final_newline and f.encoding == "utf-8")):  # most files: no notes
+        return f"### {shown(e.path)}\n"
     notes = [*e.flags, *(FLAG_NOTES[f] for f in content_flags(e))]
     note = f"  ({'; '.join(notes)})" if notes else ""
     return f"### {shown(e.path)}{note}\n"
@@ -185,8 +197,9 @@ def section_parts(e: Entry) -> tuple[str, bytes, str]:
     """One file section as (opening, content, closing): heading and fence, verbatim UTF-8 text, fence."""
     content = e.content or b""
     fence = fence_for(content)
-    end = "" if not content or content.endswith(b"\n") else "\n"
-    return f"{section_head(e)}{fence}{language(e.path)}\n", content, f"{end}{fence}\n\n"
+    if not content or content[-1] == 10:
+        return f"{section_head(e)}{fence}{language(e.path)}\n", content, f"{fence}\n\n"
+    return f"{section_head(e)}{fence}{language(e.path)}\n", content, f"\n{fence}\n\n"
 
 
 def section(e: Entry) -> str:

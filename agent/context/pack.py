@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 import math
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from agent.context import layout
 from agent.context.cache import PackCache
@@ -38,18 +38,16 @@ CALIBRATION_SAMPLES = 32  # files counted exactly to scale the estimate that pla
 PLAN_MARGIN = 1.1  # planned counts of files not yet counted exactly err this much high
 
 
-@dataclass(slots=True)
-class PackedFile:
+class PackedFile(NamedTuple):
     """A file whose text is in the pack."""
 
     path: str
     tokens: int  # tokens of the file's text (without its heading and fences)
     bytes: int
-    flags: list[str] = field(default_factory=list)  # e.g. "non-utf8", "no-final-newline", "symlink to ..."
+    flags: list[str] = []  # e.g. "non-utf8", "no-final-newline", "symlink to ..."
 
 
-@dataclass(slots=True)
-class SkippedFile:
+class SkippedFile(NamedTuple):
     """A file listed in the tree but not packed, and why."""
 
     path: str
@@ -58,7 +56,6 @@ class SkippedFile:
     detail: str = ""
 
 
-@dataclass(frozen=True, eq=False)
 class Pack:
     """A packed repository. `text` goes first in the prompt; the issue goes after it, separately.
 
@@ -66,16 +63,23 @@ class Pack:
     joining them), joined into `data` and decoded into `text` on first use.
     """
 
-    files: list[PackedFile]
-    skipped: list[SkippedFile]
-    tokens: int  # tokens of `text` per the counter
-    counter_kind: str  # "server" | "tokenizer.json" | "estimate"
-    budget: int | None = None
-    head: str | None = None  # the commit packed, when the repository is a git work tree
-    total_files: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
-    parts: tuple = ()
-    _cache: dict = field(default_factory=dict, repr=False)
+    def __init__(self, *, files: list[PackedFile], skipped: list[SkippedFile], tokens: int, counter_kind: str,
+                 budget: int | None = None, head: str | None = None, total_files: int = 0,
+                 timings: dict[str, float] | None = None, parts: tuple = ()) -> None:
+        self.files = files
+        self.skipped = skipped
+        self.tokens = tokens  # tokens of `text` per the counter
+        self.counter_kind = counter_kind  # "server" | "tokenizer.json" | "estimate"
+        self.budget = budget
+        self.head = head  # the commit packed, when the repository is a git work tree
+        self.total_files = total_files
+        self.timings = timings if timings is not None else {}
+        self.parts = parts
+        self._cache: dict = {}
+
+    def __repr__(self) -> str:
+        return (f"Pack(files={len(self.files)}, skipped={len(self.skipped)}, tokens={self.tokens}, "
+                f"counter_kind={self.counter_kind!r}, budget={self.budget})")
 
     @property
     def data(self) -> bytes:

@@ -27,6 +27,7 @@ from agent.context.selection import Entry, Facts, blob_id, content_reason, decod
 STRIPE = 64  # entries dealt to a worker at a time: workers alternate along the tree
 PARALLEL_MIN_FILES = 1500  # below this many files one process is faster than forking
 MAX_WORKERS = 4
+FIRST_READ = 65536  # most source files fit in one read of this size
 REGION_CAP = 8 << 30  # address space reserved per worker; pages are used only as sections fill them
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -44,48 +45,69 @@ def workers_for(n_files: int) -> int:
 
 
 class Region:
-    """A shared anonymous mapping one worker renders into; sections are (region, start, end) spans."""
+    """Memory one worker renders its sections into; a section is a (view, start, end) span of it.
 
-    def __init__(self, want: int) -> None:
+    The caller's own region is private memory in huge pages where the kernel offers them (fewer
+    page faults); a forked worker's is shared with the caller, and faulted in ahead of use in
+    large steps where the kernel can (MADV_POPULATE_WRITE), which is cheaper than page by page.
+    """
+
+    STEP = 4 << 20
+
+    def __init__(self, want: int, shared: bool) -> None:
         size = max(1 << 20, min(want, REGION_CAP))
+        flags = (mmap.MAP_SHARED if shared else mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) | _NORESERVE
         while True:
             try:
-                self.map = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | _NORESERVE)
+                self.map = mmap.mmap(-1, size, flags=flags)
                 break
             except OSError:
                 if size <= 64 << 20:
                     raise
                 size //= 2
+        if not shared and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self.map.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
         self.view = memoryview(self.map)
         self.size = size
+        self.ready = size if not shared else 0  # populated up to here
+
+    def populate(self, end: int) -> None:
+        """Fault in the pages up to `end` and a step beyond, in one call."""
+        stop = min(self.size, max(end, self.ready + self.STEP) + self.STEP)
+        try:
+            self.map.madvise(_POPULATE_WRITE, self.ready, stop - self.ready)
+        except (OSError, ValueError):
+            stop = self.size  # not on this kernel: pages fault in one by one
+        self.ready = stop
+
+
+_POPULATE_WRITE = 23  # MADV_POPULATE_WRITE (Linux 5.14)
 
 
 def _read(path: str, limit: int) -> tuple[bytes | None, int]:
-    """(content, size) of a file, content None when over `limit`. One read for most files: a short
-    read of a regular file is its end."""
+    """(content, size) of a file, content None when it is over `limit` bytes. Most files take one
+    read and no stat: a read that comes back short is the end of a regular file."""
     fd = os.open(path, _OPEN_FLAGS)
     try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            return None, size
-        data = os.read(fd, size + 1)
-        if len(data) > size:  # the file grew while we read: take all of it, within the limit
-            rest = [data]
-            while len(data) <= limit:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    break
-                rest.append(chunk)
-                data = b"".join(rest)
-            if len(data) > limit:
-                return None, len(data)
-        return data, len(data)
+        data = os.read(fd, min(FIRST_READ, limit + 1))
+        if len(data) < FIRST_READ:
+            return (data, len(data)) if len(data) <= limit else (None, os.fstat(fd).st_size)
+        chunks = [data]
+        total = len(data)
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:
+            return None, max(total, os.fstat(fd).st_size)
+        return b"".join(chunks), total
     finally:
         os.close(fd)
-
-
-def _facts_tuple(f: Facts) -> tuple:
-    return (f.size, f.binary, f.encoding, f.chars, f.extra, f.lines, f.final_newline, f.generated, f.defs, f.terms)
 
 
 def _one(e: Entry, root: str, root_real: str, include, exclude, limit: int, region: Region, cur: int):
@@ -98,7 +120,7 @@ def _one(e: Entry, root: str, root_real: str, include, exclude, limit: int, regi
     if known is not None:
         reason = content_reason(e.path, known, limit, e.forced)
         if reason is not None:
-            return (reason, "", e.forced, e.flags, known.size, e.blob, _facts_tuple(known), None)
+            return (reason, "", e.forced, e.flags, known.size, e.blob, known.astuple(), None)
     try:
         data, size = _read(os.path.join(root, e.path), limit)
     except OSError as err:
@@ -112,21 +134,24 @@ def _one(e: Entry, root: str, root_real: str, include, exclude, limit: int, regi
         content, facts = decode(data)
     reason = content_reason(e.path, facts, limit, e.forced)
     if reason is not None:
-        return (reason, "", e.forced, e.flags, size, blob, _facts_tuple(facts), None)
+        return (reason, "", e.forced, e.flags, size, blob, facts.astuple(), None)
     e.content, e.facts = content, facts
     opening, _, closing = layout.section_parts(e)
+    e.content = None  # the text lives on in the region only: this memory is reused for the next file
     head, tail = opening.encode(), closing.encode()
     mid = cur + len(head)
     stop = mid + len(content)
     end = stop + len(tail)
-    if end > region.size:
-        return None
+    if end > region.ready:
+        if end > region.size:
+            return None
+        region.populate(end)
     view = region.view
     view[cur:mid] = head
     view[mid:stop] = content
     view[stop:end] = tail
     frame = (len(opening) + len(closing), len(head) + len(tail) - len(opening) - len(closing))
-    return (None, "", e.forced, e.flags, size, blob, _facts_tuple(facts), (cur, mid, stop, end, *frame))
+    return (None, "", e.forced, e.flags, size, blob, facts.astuple(), (cur, mid, stop, end, *frame))
 
 
 def _apply(e: Entry, rec: tuple, view: memoryview) -> None:
@@ -146,52 +171,85 @@ def _apply(e: Entry, rec: tuple, view: memoryview) -> None:
     e.frame = (frame_chars, frame_extra)
 
 
-def _work(entries: list[Entry], indexes: list[int], root: str, root_real: str, include, exclude, limit: int,
-          region: Region, on_record) -> int:
-    """Decide and render `entries[i]` for each i, in order, into `region`; how many were done (the
-    rest did not fit)."""
+class _Job:
+    """One call's entries, dealt out in stripes that workers claim as they go.
+
+    Each worker starts on its own stretch of stripes and, when done, takes the stripes still
+    unclaimed, so a worker that got slower files is helped. A claim is a byte in shared memory,
+    checked then set: two workers may now and then both render a stripe, which costs time only
+    (their records are the same, the first one applied stands).
+    """
+
+    def __init__(self, entries: list[Entry], todo: list[int], root: str, include, exclude, limit: int,
+                 n_workers: int) -> None:
+        self.entries, self.root, self.include, self.exclude, self.limit = entries, root, include, exclude, limit
+        self.root_real = os.path.realpath(root)
+        self.stripes = [todo[k:k + STRIPE] for k in range(0, len(todo), STRIPE)]
+        self.n_workers = n_workers
+        self.claims = mmap.mmap(-1, max(1, len(self.stripes)))  # 0 = free, w + 1 = claimed by worker w
+
+    def order(self, w: int) -> list[int]:
+        """The stripes worker `w` tries, its own stretch first."""
+        n = len(self.stripes)
+        start = w * n // self.n_workers
+        return [*range(start, n), *range(start)]
+
+
+def _work(job: _Job, w: int, region: Region, on_stripe) -> None:
+    """Claim stripes and render them into `region`, calling `on_stripe(k, records)` for each; stops
+    early (the stripe's later entries without records) when the region is full."""
     cur = 0
-    for n, i in enumerate(indexes):
-        rec = _one(entries[i], root, root_real, include, exclude, limit, region, cur)
-        if rec is None:
-            return n
-        on_record(i, rec)
-        if rec[7] is not None:
-            cur = rec[7][3]
-    return len(indexes)
+    claims = job.claims
+    for k in job.order(w):
+        if claims[k]:
+            continue
+        claims[k] = w + 1
+        records = []
+        for i in job.stripes[k]:
+            rec = _one(job.entries[i], job.root, job.root_real, job.include, job.exclude, job.limit, region, cur)
+            if rec is None:
+                on_stripe(k, records)
+                return
+            records.append(rec)
+            if rec[7] is not None:
+                cur = rec[7][3]
+        on_stripe(k, records)
 
 
 def render_sections(entries: list[Entry], root: str, include, exclude, limit: int, workers: int | None = None) -> None:
     """Decide every undecided entry (path rules, read, content rules) and render the section of each
     packable one: afterwards `e.reason` is final and a packable `e` has its text in `e.content` and,
     unless its worker ran out of room or failed, its rendered section in `e.section`."""
-    root_real = os.path.realpath(root)
     todo = [i for i, e in enumerate(entries) if e.reason is None]
     n_workers = max(1, min(workers or workers_for(len(todo)), -(-len(todo) // STRIPE)))
-    shares: list[list[int]] = [[] for _ in range(n_workers)]
-    for block in range(0, len(todo), STRIPE):
-        shares[(block // STRIPE) % n_workers].extend(todo[block:block + STRIPE])
-    regions = [Region(len(share) * (3 * limit + 4096)) for share in shares]
-    own = regions[0].view
+    job = _Job(entries, todo, root, include, exclude, limit, n_workers)
+    regions = [Region(len(todo) * (3 * limit + 4096), shared=w > 0) for w in range(n_workers)]
+    done: dict[int, int] = {}  # stripe -> how many of its entries have records applied
 
-    def mine(i: int, rec: tuple) -> None:
-        _apply(entries[i], rec, own)
+    def apply(k: int, records: list, view: memoryview) -> None:
+        if k in done:
+            return  # rendered twice: the first stands
+        for i, rec in zip(job.stripes[k], records):
+            _apply(entries[i], rec, view)
+        done[k] = len(records)
 
     children: list[tuple[int, int, int]] = []  # (pid, read end of its pipe, worker number)
     try:
         for w in range(1, n_workers):
-            children.append(_fork(w, entries, shares[w], root, root_real, include, exclude, limit, regions[w]))
-        done = _work(entries, shares[0], root, root_real, include, exclude, limit, regions[0], mine)
-        leftover = shares[0][done:]
+            children.append(_fork(job, w, regions[w]))
+        own = regions[0].view
+        _work(job, 0, regions[0], lambda k, records: apply(k, records, own))
         while children:
             pid, fd, w = children[0]
-            leftover += _collect(pid, fd, entries, shares[w], regions[w])
+            for k, records in _collect(pid, fd):
+                apply(k, records, regions[w].view)
             children.pop(0)
     finally:
         for pid, fd, _ in children:  # interrupted: no worker outlives the call
             _stop(pid, fd)
-    for i in leftover:  # did not fit, or its worker failed: decided here, rendered later from e.content
-        _decide_plain(entries[i], root, root_real, include, exclude, limit)
+    for k, stripe in enumerate(job.stripes):  # did not fit, or its worker failed: decided here, rendered
+        for i in stripe[done.get(k, 0):]:  # later from e.content
+            _decide_plain(entries[i], job.root, job.root_real, include, exclude, limit)
 
 
 def _decide_plain(e: Entry, root: str, root_real: str, include, exclude, limit: int) -> None:
@@ -214,9 +272,9 @@ def _decide_plain(e: Entry, root: str, root_real: str, include, exclude, limit: 
     e.reason = content_reason(e.path, e.facts, limit, e.forced)
 
 
-def _fork(w: int, entries: list[Entry], share: list[int], root: str, root_real: str, include, exclude, limit: int,
-          region: Region) -> tuple[int, int, int]:
-    """Start worker `w`: it renders `share` into `region` and sends its records back through a pipe."""
+def _fork(job: _Job, w: int, region: Region) -> tuple[int, int, int]:
+    """Start worker `w`: it renders the stripes it claims into `region` and sends their records back
+    through a pipe."""
     r, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the worker: never returns into the caller's code
@@ -224,10 +282,9 @@ def _fork(w: int, entries: list[Entry], share: list[int], root: str, root_real: 
         try:
             os.close(r)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            records: list = []
-            done = _work(entries, share, root, root_real, include, exclude, limit, region,
-                         lambda i, rec: records.append(rec))
-            payload = marshal.dumps((done, records))
+            out: list = []
+            _work(job, w, region, lambda k, records: out.append((k, records)))
+            payload = marshal.dumps(out)
             view = memoryview(len(payload).to_bytes(8, "little") + payload)
             while view:
                 view = view[os.write(wfd, view):]
@@ -238,8 +295,8 @@ def _fork(w: int, entries: list[Entry], share: list[int], root: str, root_real: 
     return pid, r, w
 
 
-def _collect(pid: int, fd: int, entries: list[Entry], share: list[int], region: Region) -> list[int]:
-    """Apply a worker's records; the indexes it did not do (all of them when it failed)."""
+def _collect(pid: int, fd: int) -> list:
+    """A worker's (stripe, records) pairs; none when it failed (its stripes are then done here)."""
     chunks = []
     try:
         while True:
@@ -252,12 +309,8 @@ def _collect(pid: int, fd: int, entries: list[Entry], share: list[int], region: 
         _, status = os.waitpid(pid, 0)
     raw = b"".join(chunks)
     if status != 0 or len(raw) < 8 or int.from_bytes(raw[:8], "little") != len(raw) - 8:
-        return list(share)
-    done, records = marshal.loads(raw[8:])
-    view = region.view
-    for i, rec in zip(share, records):
-        _apply(entries[i], rec, view)
-    return share[done:]
+        return []
+    return marshal.loads(raw[8:])
 
 
 def _stop(pid: int, fd: int) -> None:

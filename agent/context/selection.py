@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
+from agent.context import gitls
+from agent.context.limits import DEFAULT_MAX_FILE_BYTES
 from agent.errors import GitError, UsageError
 
-DEFAULT_MAX_FILE_BYTES = 1_048_576
 
 LOCKFILES = frozenset({
     "package-lock.json", "npm-shrinkwrap.json", "yarn.lock", "pnpm-lock.yaml", "bun.lockb", "bun.lock",
@@ -51,7 +51,7 @@ IGNORE_FILES = (".gitignore", ".ignore")
 _TEXT_CONTROLS = b"\t\n\r\f\v\b\x1b"
 _CONTROL_BYTES = bytes(b for b in range(256) if (b < 0x20 or b == 0x7F) and b not in _TEXT_CONTROLS)
 _NON_CONTROL = bytes(b for b in range(256) if b not in _CONTROL_BYTES)
-PROBE_BYTES = 4096
+PROBE_BYTES = 1024  # control bytes are counted in this many leading bytes (NULs in the whole file)
 
 # Keywords that introduce a definition, by file suffix: used for relevance. One regex per keyword
 # keeps a literal prefix, which the regex engine scans for several times faster than an alternation.
@@ -66,28 +66,56 @@ _DEF_KEYWORDS = {
     (".c", ".h", ".cc", ".cpp", ".hpp", ".m"): ("struct", "class", "enum", "union"),
     (".sh", ".lua"): ("function",),
 }
-_DEF_RES = {
-    suffix: tuple(re.compile(kw.encode() + rb"[ \t]+(?:\([^)\n]*\)[ \t]*)?([A-Za-z_][A-Za-z0-9_]*)") for kw in kws)
-    for suffixes, kws in _DEF_KEYWORDS.items() for suffix in suffixes
-}
+CODE_SUFFIXES = frozenset(suffix for suffixes in _DEF_KEYWORDS for suffix in suffixes)
+_DEF_RES: dict[str, tuple] = {}  # suffix -> its compiled definition regexes, compiled on first use
+
+
+def _def_regexes(suffix: str) -> tuple:
+    if suffix not in CODE_SUFFIXES:
+        return ()
+    if not _DEF_RES:
+        for suffixes, kws in _DEF_KEYWORDS.items():
+            compiled = tuple(re.compile(kw.encode() + rb"[ \t]+(?:\([^)\n]*\)[ \t]*)?([A-Za-z_][A-Za-z0-9_]*)")
+                             for kw in kws)
+            _DEF_RES.update(dict.fromkeys(suffixes, compiled))
+    return _DEF_RES[suffix]
+
+
 _WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.$")
-CODE_SUFFIXES = frozenset(_DEF_RES)
 
 
-@dataclass(slots=True)
 class Facts:
-    """What the packer knows about one file content: the same for every path with that content."""
+    """What the packer knows about one file content: the same for every path with that content.
+    (A plain class with slots: one is made per file, and the pack command starts without the
+    dataclasses machinery.)"""
 
-    size: int
-    binary: bool
-    encoding: str = "utf-8"  # "utf-8" | "non-utf8" (decoded with replacement) | "utf-16"
-    chars: int = 0
-    extra: int = 0  # UTF-8 bytes beyond one per character, for the estimate
-    lines: int = 0  # line ends in the first MINIFIED_PROBE bytes
-    final_newline: bool = True
-    generated: bool = False
-    defs: str | None = None  # space-separated names the file defines; None = not computed yet
-    terms: str | None = None  # the lowercase words of those names (`bulk_create` -> bulk create)
+    __slots__ = ("size", "binary", "encoding", "chars", "extra", "lines", "final_newline", "generated", "defs",
+                 "terms")
+
+    def __init__(self, size: int, binary: bool, encoding: str = "utf-8", chars: int = 0, extra: int = 0,
+                 lines: int = 0, final_newline: bool = True, generated: bool = False, defs: str | None = None,
+                 terms: str | None = None) -> None:
+        self.size = size
+        self.binary = binary
+        self.encoding = encoding  # "utf-8" | "non-utf8" (decoded with replacement) | "utf-16"
+        self.chars = chars
+        self.extra = extra  # UTF-8 bytes beyond one per character, for the estimate
+        self.lines = lines  # line ends in the first MINIFIED_PROBE bytes
+        self.final_newline = final_newline
+        self.generated = generated
+        self.defs = defs  # space-separated names the file defines; None = not computed yet
+        self.terms = terms  # the lowercase words of those names (`bulk_create` -> bulk create)
+
+    def astuple(self) -> tuple:
+        """The fields in order: `Facts(*f.astuple())` is an equal copy."""
+        return (self.size, self.binary, self.encoding, self.chars, self.extra, self.lines, self.final_newline,
+                self.generated, self.defs, self.terms)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Facts) and self.astuple() == other.astuple()
+
+    def __repr__(self) -> str:
+        return "Facts(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
 
 class Entry:
@@ -121,8 +149,7 @@ class Entry:
         return f"Entry({self.path!r}, reason={self.reason!r})"
 
 
-@dataclass(slots=True)
-class Listing:
+class Listing(NamedTuple):
     """The files under a root, and which snapshot they are."""
 
     root: Path
@@ -144,45 +171,51 @@ def decode(data: bytes) -> tuple[bytes | None, Facts]:
 
     Valid UTF-8 (most files) is packed as it is, so it is checked but not converted; other text is
     decoded (UTF-16 by its BOM, else UTF-8 with replacement) and re-encoded. The whole file is
-    checked, so a multibyte character is never cut at a probe boundary.
+    checked, so a multibyte character is never cut at a probe boundary. This runs once per file of
+    a pack: each step is one C-level call.
     """
     size = len(data)
-    encoding = "utf-8"
-    text: str | None = None
-    if data[:2] in (b"\xff\xfe", b"\xfe\xff") and size % 2 == 0:
+    if data[:2] in _UTF16_BOMS and not size & 1:
         try:
-            text, encoding = data.decode("utf-16"), "utf-16"
+            text = data.decode("utf-16")
         except UnicodeDecodeError:
-            text = None
-    if text is None:
-        if b"\0" in data:
-            return None, Facts(size=size, binary=True)
-        probe = data[:PROBE_BYTES]
-        controls = len(probe.translate(None, _NON_CONTROL))
-        if data.isascii():
-            chars = size
+            pass
         else:
-            try:
-                chars = len(data.decode("utf-8"))
-            except UnicodeDecodeError:
-                if controls > len(probe) * 0.1:
-                    return None, Facts(size=size, binary=True)
-                text, encoding = data.decode("utf-8", "replace"), "non-utf8"
-        if controls > len(probe) * 0.3:
-            return None, Facts(size=size, binary=True)
-    content = data if text is None else text.encode("utf-8", "surrogatepass")
-    if text is not None:
-        chars = len(text)
-    return content, Facts(
-        size=size, binary=False, encoding=encoding, chars=chars, extra=len(content) - chars,
-        lines=data.count(b"\n", 0, MINIFIED_PROBE),
-        final_newline=not content or content.endswith(b"\n"),
-        generated=_has_marker(data),
-    )
+            return _text_facts(data, text.encode("utf-8", "surrogatepass"), len(text), "utf-16")
+    if b"\0" in data:
+        return None, Facts(size, True)
+    probe = data[:PROBE_BYTES]  # the whole file (no copy) when it is short
+    controls = len(probe.translate(None, _NON_CONTROL))
+    if data.isascii():
+        chars = size
+    else:
+        try:
+            chars = len(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            if controls > len(probe) * 0.1:
+                return None, Facts(size, True)
+            text = data.decode("utf-8", "replace")
+            if controls > len(probe) * 0.3:
+                return None, Facts(size, True)
+            return _text_facts(data, text.encode("utf-8", "surrogatepass"), len(text), "non-utf8")
+    if controls > len(probe) * 0.3:
+        return None, Facts(size, True)
+    return data, Facts(size, False, "utf-8", chars, size - chars, data.count(b"\n", 0, MINIFIED_PROBE),
+                       not size or data[-1] == 10, _has_marker(data))
+
+
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _text_facts(data: bytes, content: bytes, chars: int, encoding: str) -> tuple[bytes, Facts]:
+    """Facts of a text that was decoded (not packed as its bytes are)."""
+    return content, Facts(len(data), False, encoding, chars, len(content) - chars, data.count(b"\n", 0, MINIFIED_PROBE),
+                          not content or content.endswith(b"\n"), _has_marker(data))
 
 
 def _has_marker(data: bytes) -> bool:
-    return any(data.find(m, 0, 1024) >= 0 for m in GENERATED_MARKERS)
+    first, second = GENERATED_MARKERS
+    return data.find(first, 0, 1024) >= 0 or data.find(second, 0, 1024) >= 0
 
 
 SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")  # QuerySet -> Query, Set; HTTPError -> HTTP, Error
@@ -196,7 +229,7 @@ def subword_terms(names: str) -> str:
 def definitions(path: str, data: bytes) -> str:
     """Space-separated names `data` defines (functions, classes, types), deduplicated, in order."""
     dot = path.rfind(".")
-    regexes = _DEF_RES.get(path[dot:].lower(), ()) if dot > path.rfind("/") + 1 else ()
+    regexes = _def_regexes(path[dot:].lower()) if dot > path.rfind("/") + 1 else ()
     names: dict[str, None] = {}
     for rx in regexes:
         for m in rx.finditer(data):
@@ -244,34 +277,11 @@ def content_reason(path: str, facts: Facts, max_file_bytes: int, forced: bool) -
     return None
 
 
-def _may_be_git(root: Path) -> bool:
-    """Whether git could see a work tree here: a `.git` in `root` or a parent, or GIT_DIR set."""
-    if os.environ.get("GIT_DIR"):
-        return True
-    return any(os.path.exists(os.path.join(p, ".git")) for p in (root, *root.parents))
-
-
-def _git_many(root: Path, *commands: tuple[str, ...]) -> list[tuple[int, bytes, bytes]]:
-    """Run git commands side by side (the listing's four calls overlap): (returncode, stdout, stderr) each."""
-    try:
-        procs = [subprocess.Popen(["git", "-C", str(root), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                 for args in commands]
-    except FileNotFoundError as e:
-        raise GitError("git is not installed: install git to pack a git repository") from e
-    out: list[tuple[int, bytes, bytes]] = []
-    for p in procs:
-        stdout, stderr = p.communicate()
-        out.append((p.returncode, stdout, stderr))
-    return out
-
-
 def _list_git(root: Path) -> Listing | None:
     """The git listing of a work tree; None when git says `root` is not in one."""
-    # A `.git` in root itself makes root a work tree's top: no need to ask git first.
-    probe = not os.path.exists(os.path.join(root, ".git"))
-    commands = [("ls-files", "-z", "-s"), ("ls-files", "-z", "-o", "--exclude-standard"),
-                ("diff-files", "-z", "--name-only", "--relative"), ("rev-parse", "-q", "--verify", "HEAD")]
-    results = _git_many(root, *([("rev-parse", "--is-inside-work-tree")] if probe else []), *commands)
+    procs = gitls.take(str(root)) or gitls.start(str(root))
+    probe = len(procs) > len(gitls.COMMANDS)
+    results = gitls.finish(procs)
     for _, _, err in results:
         if b"dubious ownership" in err or b"safe.directory" in err:
             raise GitError(f"git refuses {root} (dubious ownership): "
@@ -397,7 +407,7 @@ def list_files(root: Path) -> Listing:
         raise UsageError(f"repository not found: {root}")
     if not root.is_dir():
         raise UsageError(f"not a directory: {root}")
-    if _may_be_git(root):
+    if gitls.may_be_git(str(root)):
         listing = _list_git(root)
         if listing is not None:
             return listing
