@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     if args[:1] == ["pack"]:  # the hot command: no typer, no rich, only the packer
         from agent.context.cli import main as pack_main
 
-        pack_main(args[1:])
+        pack_main(args[1:], own_process=argv is None)
         return
     from rich.console import Console
 

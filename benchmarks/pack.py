@@ -6,8 +6,10 @@ with npm, gitingest into its own venv), never into the project's environment.
 
 Measured, each as a fresh process on the same tree, the tools taking turns in each of --runs
 rounds (best wall time counts; CPU seconds are reported too, as the machine may be shared):
-  ours_full_s     `python -m agent.context` (the `m3-agent pack` command) packing everything, no
-                  cache (ours_full_warm_s: with the count cache filled by an earlier run)
+  ours_full_s     `m3-agent pack` (the installed console script) packing everything, no cache
+                  (ours_full_warm_s: with the count cache filled by an earlier run). The project's
+                  modules are byte-compiled first, as an installed package's are, so that an
+                  environment with PYTHONDONTWRITEBYTECODE does not recompile them on every run.
   repomix_s       repomix, the faster of its default run and --no-security-check
   gitingest_s     gitingest
   budget_cold_s   pack_repository(..., budget=1,000,000) with an empty count cache
@@ -200,7 +202,8 @@ def main() -> None:
     size_mb = sum((repo / p).stat().st_size for p in run(["git", "-C", str(repo), "ls-files", "-z"]).stdout.split("\0")
                   if p) / 1e6
     out_dir = Path(tempfile.mkdtemp(prefix="m3-pack-bench-"))
-    report: dict = {"repo": f"django-{DJANGO_VERSION} sdist", "files": files, "repo_mb": round(size_mb, 1)}
+    report: dict = {"repo": f"django-{DJANGO_VERSION} sdist", "files": files, "repo_mb": round(size_mb, 1),
+                    "ours_cmd": "m3-agent pack", "cores": len(os.sched_getaffinity(0))}
     counter_note = f"server /tokenize at {args.base_url}" if args.base_url else "estimate (no server given)"
     log(f"Django {DJANGO_VERSION}: {files} files, {size_mb:.1f} MB; token counts: {counter_note}")
     try:
@@ -211,7 +214,11 @@ def main() -> None:
 
         ours_out = out_dir / "ours.md"
         cache_env = {**os.environ, "M3_AGENT_CACHE_DIR": str(out_dir / "m3-cache")}
-        ours_cmd = [sys.executable, "-m", "agent.context", "--repo", str(repo), "-o", str(ours_out), "--no-cache",
+        project = Path(__file__).resolve().parents[1]
+        run([sys.executable, "-m", "compileall", "-q", *(str(project / p) for p in ("agent", "sandbox", "tools", "evals"))])
+        script = Path(sys.executable).with_name("m3-agent")
+        entry = [str(script)] if script.exists() else [sys.executable, "-m", "agent.cli"]
+        ours_cmd = [*entry, "pack", "--repo", str(repo), "-o", str(ours_out), "--no-cache",
                     "--counter", "server" if args.base_url else "estimate"]
         if args.base_url:
             ours_cmd += ["--base-url", args.base_url, "--budget", str(10**9)]

@@ -3,4 +3,4 @@
 from agent.context.cli import main
 
 if __name__ == "__main__":
-    main()
+    main(own_process=True)

@@ -177,14 +177,20 @@ def pack_command(args: argparse.Namespace) -> None:
         print("token counts are estimates (no server /tokenize or tokenizer.json given)", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`m3-agent pack ...`: one-line errors and the documented exit codes."""
+def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
+    """`m3-agent pack ...`: one-line errors and the documented exit codes. With `own_process` (the
+    command is the whole process), a finished pack ends the process at once: the output is written
+    and flushed, and tearing down thousands of objects would only delay the exit."""
     args = build_parser().parse_args(argv)  # bad flags: usage on stderr, exit 2
     gitls.prefetch(str(args.repo))  # git lists the tree while the packer loads
     collecting = gc.isenabled()
     gc.disable()  # thousands of small objects and no cycles worth collecting while packing
     try:
         pack_command(args)
+        if own_process:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     except KeyboardInterrupt:
         print("m3-agent: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -95,3 +95,36 @@ def test_estimate_with_a_server_is_calibrated_against_tokenize(repo):
         proc = run_pack("--repo", str(root), "--counter", "estimate", "--base-url", srv.base_url)
         assert proc.returncode == 0, proc.stderr
         assert "estimate" in proc.stderr
+
+
+def test_pack_command_loads_only_the_packer_and_lists_with_the_git_it_started_first(repo, tmp_path):
+    root = repo(FILES)
+    out = tmp_path / "p.md"
+    code = (
+        "import sys\n"
+        "from agent.context import gitls\n"
+        "started = []\n"
+        "real = gitls.start\n"
+        "gitls.start = lambda root: started.append(root) or real(root)\n"
+        "import agent.context.cli\n"
+        "light = 'agent.context.pack' not in sys.modules\n"
+        "from agent.cli import main\n"
+        f"main(['pack', '--repo', {str(root)!r}, '-o', {str(out)!r}])\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'typer', 'rich', 'pydantic', 'click'})\n"
+        "print(light, len(started), gitls._prefetched, heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    # The command module loads without the packer; git starts once (before the packer loads) and
+    # its calls are the ones the listing uses; no CLI framework or model library is loaded.
+    assert proc.stdout.split("\n")[0] == "True 1 {} []"
+    assert out.read_text() == pack_repository(root).text
+
+
+def test_the_library_exports_load_on_first_use():
+    code = ("import sys, agent.context as c\n"
+            "before = 'agent.context.pack' in sys.modules\n"
+            "from agent.context import pack_repository, EstimateCounter, PackCache\n"
+            "print(before, pack_repository.__module__, EstimateCounter.__module__, 'PackCache' in dir(c))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["False", "agent.context.pack", "agent.context.tokens", "True"], proc.stderr
