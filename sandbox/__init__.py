@@ -14,13 +14,15 @@ Where things happen:
                 the tree, head + tail output cap); a command enters the container in `run()` there
   channel.py    the host end of the server's pipe (a shared Unix socket, or the engine's attach stream)
   cleanup.py    owner labels, close at exit and on SIGINT / SIGTERM, `prune` for what a SIGKILL left
-  image.py      the sandbox image (registry or debootstrap + docker import) and per-task env images
-  cli.py        `m3-agent sandbox build|prune`
+  image.py      the sandbox image (registry or debootstrap + docker import), per-task env images,
+                `prune_images` for the images of older recipes
+  cli.py        `m3-agent sandbox build|prune [--images]`
 """
 
 from sandbox.cleanup import prune
 from sandbox.config import ExecResult, SandboxConfig
 from sandbox.container import Sandbox
-from sandbox.image import DEFAULT_IMAGE, build_env_image, build_image
+from sandbox.image import DEFAULT_IMAGE, build_env_image, build_image, prune_images
 
-__all__ = ["DEFAULT_IMAGE", "ExecResult", "Sandbox", "SandboxConfig", "build_env_image", "build_image", "prune"]
+__all__ = ["DEFAULT_IMAGE", "ExecResult", "Sandbox", "SandboxConfig", "build_env_image", "build_image", "prune",
+           "prune_images"]

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from sandbox.cleanup import prune
-from sandbox.image import DEFAULT_IMAGE, build_image
+from sandbox.image import DEFAULT_IMAGE, build_image, prune_images
 
 app = typer.Typer(no_args_is_help=True)
 console = Console(stderr=True, highlight=False)
@@ -39,9 +39,16 @@ def build(
 @app.command("prune")
 def prune_command(
     all_: bool = typer.Option(False, "--all", help="Remove every sandbox container, not only orphans."),
+    images: bool = typer.Option(False, "--images", help="Also remove the images of older sandbox recipes."),
 ) -> None:
-    """Remove sandbox containers left by processes that no longer run (all of them with --all)."""
+    """Remove sandbox containers left by processes that no longer run (all of them with --all), and
+    with --images the images older recipes left."""
     removed = prune(all=all_)
     for cid in removed:
         typer.echo(cid)
     console.print(f"removed {len(removed)} sandbox container(s)")
+    if images:
+        tags = prune_images()
+        for tag in tags:
+            typer.echo(tag)
+        console.print(f"removed {len(tags)} image tag(s) of older recipes")

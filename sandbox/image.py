@@ -257,6 +257,33 @@ def _verify(client: docker.DockerClient, tag: str, progress: Progress | None) ->
         raise SandboxUnavailable(f"{tag} lacks what the sandbox needs (python3, pytest, git, patch): {err}") from None
 
 
+def prune_images() -> list[str]:
+    """Untag (and so free, once nothing else holds them) the m3-agent images of older recipes: the
+    sandbox image and its base from before the recipe changed, and per-task images built on them
+    (they carry their base's labels). An image a container still uses, or one holding images built
+    on it, is kept. Returns the tags removed."""
+    current = {"sandbox": RECIPE_HASH, "base": BASE_RECIPE_HASH}
+    removed: list[str] = []
+    client = docker_client()
+    try:
+        for image in client.images.list(filters={"label": IMAGE_LABEL}):
+            labels = image.labels or {}
+            kind = labels.get(IMAGE_LABEL)
+            if kind not in current or labels.get(RECIPE_LABEL) == current[kind]:
+                continue
+            for tag in image.tags:
+                try:
+                    client.images.remove(tag)  # no force: an image in use stays
+                except docker.errors.APIError:
+                    continue
+                removed.append(tag)
+    except docker.errors.DockerException as e:
+        raise SandboxUnavailable(f"cannot list images: {e}") from None
+    finally:
+        client.close()
+    return removed
+
+
 def env_recipe_hash(base_id: str, packages: Iterable[str], setup: Iterable[str]) -> str:
     """The cache key of an environment image: its base image id and its recipe."""
     return _digest(base_id, json.dumps(sorted(set(packages))), json.dumps(list(setup)))[:16]

@@ -168,3 +168,47 @@ def test_image_builds_wait_for_each_other():
     t.join()
     assert order == ["first done", "second in"]
     assert messages == ["another process is building the image; waiting for it"]
+
+
+def _labelled_image(client, base: str, tag: str, labels: dict[str, str]) -> str:
+    """A one-layer image on `base` with these labels (no network, nothing to download)."""
+    image, _ = client.images.build(fileobj=io.BytesIO(f"FROM {base}\n".encode()), tag=tag, labels=labels, rm=True)
+    return tag
+
+
+@pytest.mark.docker
+def test_prune_images_removes_older_recipes_and_keeps_the_current_and_the_used(sandbox_image, client):
+    from sandbox.image import IMAGE_LABEL, prune_images
+
+    suffix = uuid.uuid4().hex[:8]
+    old = _labelled_image(client, sandbox_image, f"m3-agent-sandbox:old-{suffix}",
+                          {IMAGE_LABEL: "sandbox", RECIPE_LABEL: "0" * 64})
+    used = _labelled_image(client, sandbox_image, f"m3-agent-sandbox:used-{suffix}",
+                           {IMAGE_LABEL: "sandbox", RECIPE_LABEL: "1" * 64})
+    foreign = _labelled_image(client, sandbox_image, f"someone-else:{suffix}", {"m3-agent.image": "custom"})
+    holder = client.containers.create(used, ["true"], network_mode="none")
+    try:
+        result = CliRunner().invoke(app, ["prune", "--images"])
+        assert result.exit_code == 0, result.output
+        assert old in result.stdout.split()
+        assert not image_exists_tag(client, old)
+        assert image_exists_tag(client, used)  # a container still uses it
+        assert image_exists_tag(client, sandbox_image) and image_exists_tag(client, foreign)
+        holder.remove()
+        assert used in prune_images()
+        assert not image_exists_tag(client, used)
+    finally:
+        try:
+            holder.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        for tag in (old, used, foreign):
+            remove_image(client, tag)
+
+
+def image_exists_tag(client, tag: str) -> bool:
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
