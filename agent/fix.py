@@ -317,6 +317,14 @@ def fix_issue(
     work = Path(tempfile.mkdtemp(prefix="m3-agent-fix-"))
     try:
         copy = gitwork.export_tree(root, tree, work / (root.name or "repo"))
+        sub_paths = [path for path, _ in gitwork.submodules(root, tree)]
+        missing = [path for path in sub_paths if not (copy / path).is_dir() or not any((copy / path).iterdir())]
+        if len(missing) < len(sub_paths):
+            notice(f"submodule(s) copied in to read and run: {', '.join(p for p in sub_paths if p not in missing)}; "
+                   "changes inside them are left out of the patch")
+        for path in missing:
+            notice(f"submodule {path} is not checked out here: the run sees an empty directory "
+                   "(git submodule update --init)")
         agent = Agent(config, tools=tools, callbacks=callbacks)
 
         def run_once(issue_input: str | list[dict], path: Path) -> RunResult:
@@ -343,25 +351,28 @@ def fix_issue(
         shutil.rmtree(work, ignore_errors=True)
 
     images_sent = sum(1 for p in content if p.get("type") == "image_url") if isinstance(content, list) else 0
+    patch, dropped = gitwork.drop_paths(run.patch, sub_paths)
+    if dropped:
+        notice(f"left out of the patch, being inside a submodule: {', '.join(dropped)}")
     result = FixResult(
         resolved=False, exit_code=1, issue=the_issue, base_commit=base_commit, included_uncommitted=include,
-        images_sent=images_sent, notices=notices, run=run, patch=run.patch,
+        images_sent=images_sent, notices=notices, run=run, patch=patch,
     )
-    if run.patch.strip():
+    if patch.strip():
         branch = gitwork.free_branch_name(root, settings.branch_prefix + the_issue.key)
         # The .patch file first: should the commit fail, the agent's work is still on disk.
         result.patch_path = out_dir / (branch.rsplit("/", 1)[-1] + ".patch")
-        result.patch_path.write_text(run.patch if run.patch.endswith("\n") else run.patch + "\n", encoding="utf-8")
+        result.patch_path.write_text(patch if patch.endswith("\n") else patch + "\n", encoding="utf-8")
         try:
-            result.commit = gitwork.commit_patch(root, base_tree=tree, parent=base_commit, patch=run.patch,
+            result.commit = gitwork.commit_patch(root, base_tree=tree, parent=base_commit, patch=patch,
                                                  message=commit_message(the_issue, run))
         except GitError as e:
             raise GitError(f"{e}; the patch is kept at {result.patch_path}") from None
         result.branch = gitwork.create_branch(root, branch, result.commit)
         if apply:
-            gitwork.apply_to_worktree(root, run.patch, expected_tree=tree if include else None)
+            gitwork.apply_to_worktree(root, patch, expected_tree=tree if include else None)
             result.applied = True
-    result.resolved = bool(run.patch.strip()) and run.status in ("submitted", "finished") and suite_passed(
+    result.resolved = bool(patch.strip()) and run.status in ("submitted", "finished") and suite_passed(
         run.final_tests
     )
     result.exit_code = 0 if result.resolved else 1

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -139,9 +140,8 @@ def export_tree(root: Path, tree: str, dest: Path) -> Path:
     sandbox can copy and diff it freely.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    with _temp_index(root) as env:
-        git(root, "read-tree", tree, env=env)
-        git(root, "checkout-index", "-a", f"--prefix={dest}{os.sep}", env=env)
+    _checkout(root, tree, dest)
+    export_submodules(root, tree, dest)
     # Fixed identity, date and message: the same tree gives the same commit id in every run, so the
     # packed prompt (which names the commit) stays byte-identical and the server's prefix cache hits.
     fixed = {
@@ -154,6 +154,61 @@ def export_tree(root: Path, tree: str, dest: Path) -> Path:
     git(dest, "add", "-A", "-f", env=fixed)
     git(dest, "-c", "commit.gpgsign=false", "commit", "-q", "--allow-empty", "-m", "m3-agent base", env=fixed)
     return dest
+
+
+def _checkout(root: Path, tree: str, dest: Path) -> None:
+    """Write the files of `tree` (of the repository at `root`) under `dest`."""
+    with _temp_index(root) as env:
+        git(root, "read-tree", tree, env=env)
+        git(root, "checkout-index", "-a", f"--prefix={dest}{os.sep}", env=env)
+
+
+def submodules(root: Path, tree: str) -> list[tuple[str, str]]:
+    """(path, commit) of each submodule `tree` records (gitlink entries)."""
+    out = git(root, "ls-tree", "-r", "-z", tree)
+    found = []
+    for entry in out.split("\0"):
+        meta, _, path = entry.partition("\t")
+        if meta.startswith("160000 "):
+            found.append((path, meta.split()[2]))
+    return found
+
+
+def export_submodules(root: Path, tree: str, dest: Path, prefix: str = "") -> tuple[list[str], list[str]]:
+    """Write the files of each submodule `tree` records under `dest`, at the commit it records, from
+    the submodule's checkout in `root` (nested ones too). Returns (exported, missing) paths: a
+    submodule that is not checked out, or lacks the recorded commit, stays an empty directory."""
+    exported, missing = [], []
+    for path, commit in submodules(root, tree):
+        sub = root / path
+        name = prefix + path
+        if not (sub / ".git").exists() or not _git_ok(sub, "cat-file", "-e", f"{commit}^{{commit}}"):
+            missing.append(name)
+            continue
+        sub_tree = tree_of(sub, commit)
+        target = dest / path
+        target.mkdir(parents=True, exist_ok=True)
+        _checkout(sub, sub_tree, target)
+        exported.append(name)
+        more, gone = export_submodules(sub, sub_tree, target, prefix=name + "/")
+        exported += more
+        missing += gone
+    return exported, missing
+
+
+def drop_paths(patch: str, prefixes: list[str]) -> tuple[str, list[str]]:
+    """The patch without the files under any of `prefixes` (directories), and the paths dropped."""
+    if not prefixes:
+        return patch, []
+    kept, dropped = [], []
+    for part in re.split(r"(?m)^(?=diff --git )", patch):
+        m = re.match(r"diff --git a/(.+?) b/(.+?)\n", part)
+        paths = {m.group(1), m.group(2)} if m else set()
+        if any(p == d or p.startswith(d + "/") for p in paths for d in prefixes):
+            dropped.append(m.group(2))
+        else:
+            kept.append(part)
+    return "".join(kept), dropped
 
 
 def _identity_env(root: Path) -> dict[str, str]:

@@ -311,3 +311,24 @@ def test_text_only_endpoint_rejecting_images_gets_the_issue_again_without_them(r
     assert result["images_sent"] == 0 and result["resolved"] is True
     assert any("rejected the issue's images" in n for n in result["notices"])
     assert len(list((repo / ".m3-agent").glob("issue-9-*.jsonl"))) == 2  # the refused run's trajectory is kept
+
+
+def test_submodules_are_copied_in_to_read_and_their_changes_stay_out_of_the_patch(repo, tmp_path, fix_cli):
+    from tests.agent.test_gitwork import with_submodules
+
+    with_submodules(tmp_path, repo)
+    before = user_view(repo)
+    inside = {"tool_calls": [{"name": "file_write", "arguments": {
+        "path": "libs/core/core.py", "content": "def f():\n    return 42\n"}}]}
+    with StandinServer({"turns": [READ, edit("return a + b"), inside, TEST, SUBMIT]}) as srv:
+        code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", srv.base_url)
+    assert code == 0, err
+    flat = " ".join(err.split())
+    assert "submodule(s) copied in to read and run: libs/core" in flat
+    assert "submodule docs is not checked out here" in flat
+    assert "left out of the patch, being inside a submodule: libs/core/core.py" in flat
+    assert EXPECTED_DIFF_LINE in out and "libs/core" not in out  # the patch: the superproject's change only
+    branch = git(repo, "branch", "--list", "m3-agent/*").split()[-1]
+    assert git(repo, "diff", "--name-only", f"main..{branch}").split() == ["calc.py"]
+    assert "### libs/core/core.py" in first_user_content(srv)  # the model saw the submodule's files
+    assert user_view(repo) == before

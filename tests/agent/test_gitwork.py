@@ -210,3 +210,55 @@ def test_binary_patch_becomes_a_commit(repo, tmp_path):
     commit = gitwork.commit_patch(repo, base_tree=gitwork.tree_of(repo, head), parent=head, patch=patch, message="bin")
     blob = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:logo.bin"], capture_output=True, check=True).stdout
     assert blob == bytes(range(256)) * 4
+
+
+def with_submodules(tmp_path: Path, super_repo: Path) -> tuple[Path, Path]:
+    """Add to `super_repo` a checked-out submodule `libs/core` (itself holding a submodule `vendor`)
+    and a submodule `docs` that is not checked out; committed."""
+    env_allow = ("-c", "protocol.file.allow=always")
+    vendor = tmp_path / "vendor-src"
+    vendor.mkdir()
+    (vendor / "v.py").write_text("V = 1\n")
+    core = tmp_path / "core-src"
+    core.mkdir()
+    (core / "core.py").write_text("def f():\n    return 1\n")
+    docs = tmp_path / "docs-src"
+    docs.mkdir()
+    (docs / "index.md").write_text("# docs\n")
+    for r in (vendor, core, docs):
+        sh(r, "init", "-q", "-b", "main")
+        sh(r, "add", "-A")
+        sh(r, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "init")
+    sh(core, *env_allow, "submodule", "add", "-q", str(vendor), "vendor")
+    sh(core, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "vendor")
+    sh(super_repo, *env_allow, "submodule", "add", "-q", str(core), "libs/core")
+    sh(super_repo, *env_allow, "submodule", "update", "-q", "--init", "--recursive")
+    sh(super_repo, *env_allow, "submodule", "add", "-q", str(docs), "docs")
+    sh(super_repo, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "submodules")
+    sh(super_repo, "submodule", "deinit", "-q", "-f", "docs")  # recorded, not checked out
+    return core, docs
+
+
+def test_export_copies_checked_out_submodules_at_their_recorded_commits(repo, tmp_path):
+    core, _ = with_submodules(tmp_path, repo)
+    (core / "core.py").write_text("def f():\n    return 2\n")  # a later upstream change: not recorded
+    (repo / "libs" / "core" / "core.py").write_text("local edit\n")  # uncommitted in the submodule
+    tree = gitwork.tree_of(repo, "HEAD")
+    assert [p for p, _ in gitwork.submodules(repo, tree)] == ["docs", "libs/core"]
+    dest = gitwork.export_tree(repo, tree, tmp_path / "copy")
+    assert (dest / "libs/core/core.py").read_text() == "def f():\n    return 1\n"  # the recorded commit
+    assert (dest / "libs/core/vendor/v.py").read_text() == "V = 1\n"  # nested
+    assert not (dest / "libs/core/.git").exists()
+    assert not (dest / "docs").exists() or not any((dest / "docs").iterdir())
+    tracked = sh(dest, "ls-files").split()
+    assert "libs/core/core.py" in tracked and "libs/core/vendor/v.py" in tracked  # plain files in the copy
+    exported, missing = gitwork.export_submodules(repo, tree, tmp_path / "again")
+    assert exported == ["libs/core", "libs/core/vendor"] and missing == ["docs"]
+
+
+def test_drop_paths_leaves_out_the_files_under_the_given_directories():
+    inner = PATCH.split("diff --git a/NEW.md")[0].replace("calc.py", "libs/core/core.py")
+    kept, dropped = gitwork.drop_paths(PATCH + inner, ["libs/core", "docs"])
+    assert kept == PATCH and dropped == ["libs/core/core.py"]
+    assert gitwork.drop_paths(PATCH, []) == (PATCH, [])
+    assert gitwork.drop_paths(PATCH, ["calc"]) == (PATCH, [])  # a prefix of a name is not its directory
