@@ -11,6 +11,7 @@ every later request extends the previous one. The thinking mode is chosen per re
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agent.context import EstimateCounter, ServerCounter, pack_repository
+from agent.context import EstimateCounter, Pack, ServerCounter, pack_repository
 from agent.context.selection import DEFAULT_MAX_FILE_BYTES
 from agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
 from agent.model import ContextOverflowError, ModelClient, ModelConfig, ModelReply, Usage
@@ -158,6 +159,28 @@ class Agent:
             run.close()
 
 
+class _InThread:
+    """A call run in a daemon thread; `result()` waits for it and returns its value or raises its error."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name="m3-agent-pack", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as e:  # handed to the caller of result()
+            self._error = e
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 class _Run:
     """The state of one run; Agent.run is its only user."""
 
@@ -198,7 +221,7 @@ class _Run:
         except EndpointError:  # a server without /tokenize (SGLang): fall back to the estimate
             return EstimateCounter()
 
-    def _first_messages(self, budget: int | None) -> list[dict[str, Any]]:
+    def _pack(self, budget: int | None) -> Pack:
         t = time.monotonic()
         pack = pack_repository(
             self.repo,
@@ -210,6 +233,11 @@ class _Run:
             max_file_bytes=self.cfg.pack_max_file_bytes,
         )
         self.result.timings.pack_s += time.monotonic() - t
+        return pack
+
+    def _first_messages(self, budget: int | None, pack: Pack | None = None) -> list[dict[str, Any]]:
+        if pack is None:
+            pack = self._pack(budget)
         self.result.pack_tokens, self.result.pack_files = pack.tokens, len(pack.files)
         self.traj.write("pack", tokens=pack.tokens, files=len(pack.files), skipped=len(pack.skipped),
                         counter=pack.counter_kind, budget=budget)
@@ -233,10 +261,11 @@ class _Run:
         model = self.client.model  # fails fast with EndpointError when the server is down
         self.traj.write("model", model=model, max_model_len=self.client.max_model_len())
         budget = self._budget()
-        self.messages = self._first_messages(budget)
+        packing = _InThread(self._pack, budget)  # the repository is packed while the sandbox starts
         t = time.monotonic()
         with Sandbox(cfg.sandbox, repo=self.repo) as sb:
             self.result.timings.sandbox_start_s = time.monotonic() - t
+            self.messages = self._first_messages(budget, packing.result())
             status, error = self._loop(sb, budget)
             patch = sb.diff()
         self.result.patch = patch

@@ -258,3 +258,49 @@ def test_warming_server_is_waited_for(git_repo, tmp_path):
                           retry_initial_s=0.2, retry_max_wait_s=0.3, retry_attempts=30)
     assert result.status == "submitted"
     assert result.timings.wall_s > 0.8  # the run started while the server still answered 503
+
+
+def test_the_repository_is_packed_while_the_sandbox_starts(git_repo, tmp_path, monkeypatch):
+    import time as clock
+
+    import agent.loop as loop_module
+
+    marks: dict[str, float] = {}
+    real_pack, real_start = loop_module.pack_repository, loop_module.Sandbox.start
+
+    def slow_pack(*args, **kwargs):
+        marks["pack_start"] = clock.monotonic()
+        clock.sleep(0.3)  # long enough that a serial start would show
+        try:
+            return real_pack(*args, **kwargs)
+        finally:
+            marks["pack_end"] = clock.monotonic()
+
+    def start(self):
+        marks["sandbox_start"] = clock.monotonic()
+        try:
+            return real_start(self)
+        finally:
+            marks["sandbox_ready"] = clock.monotonic()
+
+    monkeypatch.setattr(loop_module, "pack_repository", slow_pack)
+    monkeypatch.setattr(loop_module.Sandbox, "start", start)
+    result, requests, traj = run(git_repo, solve_turns(), tmp_path)
+    assert result.status == "submitted" and "calc/ops.py" in requests[0]["messages"][1]["content"]
+    # The two overlapped: each began before the other was done.
+    assert marks["pack_start"] < marks["sandbox_ready"] and marks["sandbox_start"] < marks["pack_end"]
+    assert [e["kind"] for e in traj].index("pack") < [e["kind"] for e in traj].index("finish")
+
+
+def test_a_pack_error_still_ends_the_run_cleanly(git_repo, tmp_path):
+    from agent.errors import UsageError
+
+    with pytest.raises(UsageError, match="budget"):
+        run(git_repo, solve_turns(), tmp_path, context_budget=5)
+    client = docker.from_env()
+    try:
+        import os
+
+        assert client.containers.list(all=True, filters={"label": f"m3-agent.owner-pid={os.getpid()}"}) == []
+    finally:
+        client.close()
