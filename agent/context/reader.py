@@ -222,8 +222,11 @@ def render_sections(entries: list[Entry], root: str, include, exclude, limit: in
     unless its worker ran out of room or failed, its rendered section in `e.section`."""
     todo = [i for i, e in enumerate(entries) if e.reason is None]
     n_workers = max(1, min(workers or workers_for(len(todo)), -(-len(todo) // STRIPE)))
+    try:
+        regions = [Region(len(todo) * (3 * limit + 4096), shared=w > 0) for w in range(n_workers)]
+    except OSError:  # no address space to map (a strict overcommit policy): every entry the plain way
+        regions, n_workers = [], 1
     job = _Job(entries, todo, root, include, exclude, limit, n_workers)
-    regions = [Region(len(todo) * (3 * limit + 4096), shared=w > 0) for w in range(n_workers)]
     done: dict[int, int] = {}  # stripe -> how many of its entries have records applied
 
     def apply(k: int, records: list, view: memoryview) -> None:
@@ -233,9 +236,18 @@ def render_sections(entries: list[Entry], root: str, include, exclude, limit: in
             _apply(entries[i], rec, view)
         done[k] = len(records)
 
+    if regions:
+        _render_in_regions(job, regions, apply)
+    for k, stripe in enumerate(job.stripes):  # did not fit, or its worker failed: decided here, rendered
+        for i in stripe[done.get(k, 0):]:  # later from e.content
+            _decide_plain(entries[i], job.root, job.root_real, include, exclude, limit)
+
+
+def _render_in_regions(job: _Job, regions: list[Region], apply) -> None:
+    """Worker 0 is this process; the others are forked, and reaped whatever happens."""
     children: list[tuple[int, int, int]] = []  # (pid, read end of its pipe, worker number)
     try:
-        for w in range(1, n_workers):
+        for w in range(1, len(regions)):
             children.append(_fork(job, w, regions[w]))
         own = regions[0].view
         _work(job, 0, regions[0], lambda k, records: apply(k, records, own))
@@ -247,9 +259,6 @@ def render_sections(entries: list[Entry], root: str, include, exclude, limit: in
     finally:
         for pid, fd, _ in children:  # interrupted: no worker outlives the call
             _stop(pid, fd)
-    for k, stripe in enumerate(job.stripes):  # did not fit, or its worker failed: decided here, rendered
-        for i in stripe[done.get(k, 0):]:  # later from e.content
-            _decide_plain(entries[i], job.root, job.root_real, include, exclude, limit)
 
 
 def _decide_plain(e: Entry, root: str, root_real: str, include, exclude, limit: int) -> None:

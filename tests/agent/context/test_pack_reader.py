@@ -114,3 +114,15 @@ def test_workers_are_used_only_where_forking_is_safe_and_pays(monkeypatch):
     monkeypatch.setattr(reader.threading, "active_count", lambda: 1)
     monkeypatch.setattr(reader.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7}, raising=False)
     assert reader.workers_for(10 * reader.PARALLEL_MIN_FILES) == reader.MAX_WORKERS
+
+
+def test_no_address_space_for_regions_still_packs_the_plain_way(repo, monkeypatch):
+    root = repo(_files())
+    serial = _pack(root, monkeypatch, 1)
+
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(reader.Region, "__init__", refuse)
+    for workers in (1, 2):
+        _same(_pack(root, monkeypatch, workers), serial)
