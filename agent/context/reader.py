@@ -1,15 +1,19 @@
 """The packer's hot path: read every file, decide its fate, render its section, in parallel.
 
 `render_sections` reads the entries a full pack covers, decides each one's path and content rules,
-and renders the section of each packable file (heading, fence, text, fence) into shared memory.
-A full pack is then its header, its tree and a few large slices of that memory, written out without
-another copy.
+and renders the section of each packable file (heading, fence, text, fence) into memory mapped for
+the purpose (a `Region`). A full pack is then its header, its tree and a few large slices of that
+memory, written out without another copy.
 
-On a machine with more than one core, in a process without threads, and for enough files, the
-entries are dealt out in stripes to forked worker processes (the caller is one of them) that
-render into the same shared mapping; otherwise the caller does all of it. Either way each section
-is rendered by the same code, so the bytes are the same. A worker that fails or runs out of room
-leaves its remaining entries to the caller, which finishes them the plain way.
+On a machine with more than one core, in a process without threads, and for enough files, forked
+worker processes share the work (the caller is one of them): each renders into a region shared
+with the caller and claims stripes of entries as it goes. Otherwise the caller does all of it.
+Either way each section is rendered by the same code, so the bytes are the same. A worker that
+fails or runs out of room leaves its remaining entries to the caller, which decides them the plain
+way (their text kept in memory, rendered with the rest of the pack).
+
+Files are read with one `read` where they fit in FIRST_READ bytes: a short read of a regular file
+is its end (true of local file systems).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import threading
 from agent.context import layout
 from agent.context.selection import Entry, Facts, blob_id, content_reason, decode, path_rule
 
-STRIPE = 64  # entries dealt to a worker at a time: workers alternate along the tree
+STRIPE = 64  # entries a worker claims at a time
 PARALLEL_MIN_FILES = 1500  # below this many files one process is faster than forking
 MAX_WORKERS = 4
 FIRST_READ = 65536  # most source files fit in one read of this size
