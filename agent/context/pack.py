@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from agent.context import layout
 from agent.context.cache import PackCache
-from agent.context.reader import render_sections
+from agent.context.reader import load, render_sections
 from agent.context.relevance import rank
 from agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
@@ -19,10 +19,8 @@ from agent.context.selection import (
     Entry,
     Listing,
     apply_path_rules,
-    blob_id,
     compile_globs,
     content_reason,
-    decode,
     definitions,
     list_files,
     read_bytes,
@@ -114,29 +112,6 @@ class Pack:
         for s in self.skipped:
             out[s.reason] = out.get(s.reason, 0) + 1
         return dict(sorted(out.items()))
-
-
-def _load(listing: Listing, e: Entry, limit: int, data_out: dict[str, bytes] | None = None) -> None:
-    """Read one candidate: its facts, text and blob id; marks it unreadable or too large."""
-    full = os.path.join(listing.root, e.path)
-    try:
-        data, size = read_bytes(full, limit)
-    except OSError as err:
-        e.reason, e.detail = "unreadable", err.strerror or str(err)
-        return
-    e.size = size
-    if data is None:
-        e.reason = "too-large"
-        return
-    if e.blob is None:
-        e.blob = blob_id(data)
-    known = e.facts
-    if known is not None and known.encoding == "utf-8" and not known.binary and known.size == size:
-        e.content = data  # cached facts of this blob say it is UTF-8 text: pack the bytes as they are
-    else:
-        e.content, e.facts = decode(data)
-    if data_out is not None:
-        data_out[e.path] = data
 
 
 def _flags(e: Entry) -> list[str]:
@@ -245,7 +220,7 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
         if facts is not None:
             e.facts, e.size = facts, facts.size
         else:
-            _load(listing, e, max_file_bytes, raw)
+            load(str(listing.root), e, max_file_bytes, raw)
             if e.facts is not None:
                 new_facts[e.blob] = e.facts
         if e.reason is None and e.facts is not None:
@@ -309,7 +284,7 @@ def _prepare(entries: list[Entry], counter: TokenCounter, store: PackCache | Non
     _count_exact(entries, counter, store, listing, max_file_bytes)
     for e in entries:
         if e.content is None:
-            _load(listing, e, max_file_bytes)
+            load(str(listing.root), e, max_file_bytes)
 
 
 def _fit_exactly(chosen: list[Entry], left_out: list[Entry], data: list, tokens: int, budget: int, total: int,
@@ -402,7 +377,7 @@ def _count_exact(entries: list[Entry], counter: TokenCounter, store: PackCache |
         return
     for e in todo:
         if e.content is None:
-            _load(listing, e, max_file_bytes)
+            load(str(listing.root), e, max_file_bytes)
     counts = counter.count_many([str(e.content or b"", "utf-8") for e in todo])
     for e, n in zip(todo, counts):
         e.tokens, e.exact = n, True

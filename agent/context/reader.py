@@ -269,8 +269,15 @@ def _decide_plain(e: Entry, root: str, root_real: str, include, exclude, limit: 
     """Decide an entry in this process, keeping its text in `e.content` (no section)."""
     e.section = None
     path_rule(e, include, exclude, root, root_real)
-    if e.reason is not None:
-        return
+    if e.reason is None:
+        load(root, e, limit)
+    if e.reason is None and e.facts is not None:
+        e.reason = content_reason(e.path, e.facts, limit, e.forced)
+
+
+def load(root: str, e: Entry, limit: int, data_out: dict[str, bytes] | None = None) -> None:
+    """Read one file into `e`: its size, blob id, facts and text (`e.content`); or mark it
+    unreadable or too large. `data_out` gets the bytes as read, by path."""
     try:
         data, size = _read(os.path.join(root, e.path), limit)
     except OSError as err:
@@ -280,9 +287,15 @@ def _decide_plain(e: Entry, root: str, root_real: str, include, exclude, limit: 
     if data is None:
         e.reason = "too-large"
         return
-    e.blob = e.blob or blob_id(data)
-    e.content, e.facts = decode(data)
-    e.reason = content_reason(e.path, e.facts, limit, e.forced)
+    if e.blob is None:
+        e.blob = blob_id(data)
+    known = e.facts
+    if known is not None and known.encoding == "utf-8" and not known.binary and known.size == size:
+        e.content = data  # cached facts of this blob say it is UTF-8 text: pack the bytes as they are
+    else:
+        e.content, e.facts = decode(data)
+    if data_out is not None:
+        data_out[e.path] = data
 
 
 def _fork(job: _Job, w: int, region: Region) -> tuple[int, int, int]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agent.context import gitls
-from agent.context.limits import DEFAULT_MAX_FILE_BYTES
+from agent.context.limits import DEFAULT_MAX_FILE_BYTES  # noqa: F401 - re-exported: where callers look for it
 from agent.errors import GitError, UsageError
 
 
