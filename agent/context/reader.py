@@ -21,9 +21,11 @@ from __future__ import annotations
 import marshal
 import mmap
 import os
+import select
 import signal
 import sys
 import threading
+import time
 
 from agent.context import layout
 from agent.context.selection import Entry, Facts, blob_id, content_reason, decode, path_rule
@@ -32,6 +34,7 @@ STRIPE = 64  # entries a worker claims at a time
 PARALLEL_MIN_FILES = 1500  # below this many files one process is faster than forking
 MAX_WORKERS = 4
 FIRST_READ = 65536  # most source files fit in one read of this size
+WORKER_GRACE_S, WORKER_S_PER_ENTRY = 30.0, 0.005  # how long a worker may take before it counts as stuck
 REGION_CAP = 8 << 30  # address space reserved per worker; pages are used only as sections fill them
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -250,6 +253,7 @@ def render_sections(entries: list[Entry], root: str, include, exclude, limit: in
 def _render_in_regions(job: _Job, regions: list[Region], apply) -> None:
     """Worker 0 is this process; the others are forked, and reaped whatever happens."""
     children: list[tuple[int, int, int]] = []  # (pid, read end of its pipe, worker number)
+    deadline = time.monotonic() + WORKER_GRACE_S + WORKER_S_PER_ENTRY * sum(map(len, job.stripes))
     try:
         for w in range(1, len(regions)):
             children.append(_fork(job, w, regions[w]))
@@ -257,7 +261,7 @@ def _render_in_regions(job: _Job, regions: list[Region], apply) -> None:
         _work(job, 0, regions[0], lambda k, records: apply(k, records, own))
         while children:
             pid, fd, w = children[0]
-            for k, records in _collect(pid, fd):
+            for k, records in _collect(pid, fd, deadline):
                 apply(k, records, regions[w].view)
             children.pop(0)
     finally:
@@ -321,11 +325,19 @@ def _fork(job: _Job, w: int, region: Region) -> tuple[int, int, int]:
     return pid, r, w
 
 
-def _collect(pid: int, fd: int) -> list:
-    """A worker's (stripe, records) pairs; none when it failed (its stripes are then done here)."""
+def _collect(pid: int, fd: int, deadline: float) -> list:
+    """A worker's (stripe, records) pairs; none when it failed or is still not done at `deadline`
+    (a monotonic time: a worker stuck on a lock some other thread held at the fork is killed), and
+    its stripes are then done here."""
     chunks = []
+    stuck = False
     try:
         while True:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                stuck = True
+                os.kill(pid, signal.SIGKILL)
+                break
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 break
@@ -334,7 +346,7 @@ def _collect(pid: int, fd: int) -> list:
         os.close(fd)
         _, status = os.waitpid(pid, 0)
     raw = b"".join(chunks)
-    if status != 0 or len(raw) < 8 or int.from_bytes(raw[:8], "little") != len(raw) - 8:
+    if stuck or status != 0 or len(raw) < 8 or int.from_bytes(raw[:8], "little") != len(raw) - 8:
         return []
     return marshal.loads(raw[8:])
 

@@ -126,3 +126,26 @@ def test_no_address_space_for_regions_still_packs_the_plain_way(repo, monkeypatc
     monkeypatch.setattr(reader.Region, "__init__", refuse)
     for workers in (1, 2):
         _same(_pack(root, monkeypatch, workers), serial)
+
+
+def test_a_stuck_worker_is_killed_and_its_share_done_by_the_caller(repo, monkeypatch):
+    import time
+
+    root = repo(_files())
+    serial = _pack(root, monkeypatch, 1)
+    parent = os.getpid()
+    real = reader._one
+
+    def hang_in_workers(e, *args):
+        if os.getpid() != parent:
+            time.sleep(3600)  # a lock that never comes free
+        return real(e, *args)
+
+    monkeypatch.setattr(reader, "_one", hang_in_workers)
+    monkeypatch.setattr(reader, "WORKER_GRACE_S", 1.0)
+    monkeypatch.setattr(reader, "WORKER_S_PER_ENTRY", 0.0)
+    started = time.monotonic()
+    _same(_pack(root, monkeypatch, 2), serial)
+    assert time.monotonic() - started < 30
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
