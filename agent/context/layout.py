@@ -112,10 +112,21 @@ def tree(entries: list[Entry], max_depth: int | None = None) -> str:
             candidates.update(parts[:i] for i in range(1, len(parts)))
     lines = ["## Tree\n"]
     opened: tuple[str, ...] = ()
+    names: dict[str, str] = {}  # name -> as shown: the same names recur (__init__.py, tests, ...)
     i, n = 0, len(entries)
     while i < n:
         parts, e = keyed[i], entries[i]
         dirs = len(parts) - 1
+        if dirs == len(opened) and parts[:-1] == opened:  # most entries: the directory already open
+            name = parts[-1]
+            label = names.get(name)
+            if label is None:
+                label = names[name] = shown(name)
+            if e.kind == "dir":
+                label += "/"
+            lines.append(f"{INDENT * dirs}{label}{_marker(e) if e.reason else ''}\n")
+            i += 1
+            continue
         common = 0
         limit = min(len(opened), dirs)
         while common < limit and opened[common] == parts[common]:

@@ -31,7 +31,7 @@ _FRAME_RES = (
 )
 _MODULE_RE = re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\b")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
-_PATH_SEPARATORS = str.maketrans("/_.-", "    ")  # path -> words: `db/models/query.py` -> db models query py
+_PATH_SEPARATORS = re.compile(r"[/_.\-\s]+")  # path -> words: `db/models/query.py` -> db models query py
 _CODE_SPAN_RE = re.compile(r"`([^`\n]+)`")
 STOPWORDS = frozenset(
     "the and for with that this from have has had not but are was were when then than there their them they "
@@ -234,7 +234,7 @@ def _score_issue(entries: list[Entry], issue: str, scores: list[float]) -> None:
     file_terms: list[set[str]] = []
     df: Counter[str] = Counter()
     for e in entries:
-        terms = issue_terms.intersection(e.path.lower().translate(_PATH_SEPARATORS).split())
+        terms = issue_terms.intersection(_PATH_SEPARATORS.split(e.path.lower()))
         if e.facts is not None and e.facts.terms:
             terms.update(issue_terms.intersection(e.facts.terms.split()))
         file_terms.append(terms)
