@@ -42,7 +42,7 @@ class PackedFile(NamedTuple):
     path: str
     tokens: int  # tokens of the file's text (without its heading and fences)
     bytes: int
-    flags: list[str] = []  # e.g. "non-utf8", "no-final-newline", "symlink to ..."
+    flags: list[str]  # e.g. "non-utf8", "no-final-newline", "symlink"
 
 
 class SkippedFile(NamedTuple):
