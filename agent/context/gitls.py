@@ -61,7 +61,7 @@ def finish(procs: list[subprocess.Popen]) -> list[tuple[int, bytes, bytes]]:
 
 def prefetch(root: str) -> None:
     """Start listing `root` now, if it may be a git work tree; `take` hands the calls over."""
-    root = os.path.abspath(root)
+    root = os.path.abspath(os.path.expanduser(root))
     if root not in _prefetched and os.path.isdir(root) and may_be_git(root):
         try:
             _prefetched[root] = start(root)
@@ -71,4 +71,4 @@ def prefetch(root: str) -> None:
 
 def take(root: str) -> list[subprocess.Popen] | None:
     """The calls `prefetch` started for `root`, if any (each is handed over once)."""
-    return _prefetched.pop(os.path.abspath(root), None)
+    return _prefetched.pop(os.path.abspath(os.path.expanduser(root)), None)
