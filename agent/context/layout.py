@@ -117,46 +117,41 @@ def tree(entries: list[Entry], max_depth: int | None = None) -> str:
     while i < n:
         parts, e = keyed[i], entries[i]
         dirs = len(parts) - 1
-        if dirs == len(opened) and parts[:-1] == opened:  # most entries: the directory already open
-            name = parts[-1]
-            label = names.get(name)
-            if label is None:
-                label = names[name] = shown(name)
-            if e.kind == "dir":
-                label += "/"
-            lines.append(f"{INDENT * dirs}{label}{_marker(e) if e.reason else ''}\n")
-            i += 1
-            continue
-        common = 0
-        limit = min(len(opened), dirs)
-        while common < limit and opened[common] == parts[common]:
-            common += 1
-        opened = opened[:common]
-        folded_to = None
-        for depth in range(common, dirs):
-            key = parts[: depth + 1]
-            if max_depth is not None and depth >= max_depth:
-                folded_to = i
-                while folded_to < n and keyed[folded_to][: depth + 1] == key:
-                    folded_to += 1
-                count = folded_to - i
-                lines.append(f"{INDENT * depth}{shown(parts[depth])}/  ({count} file{'s' if count != 1 else ''}, "
-                             "not listed: tree shortened to fit the budget)\n")
-                break
-            if key in candidates:
-                folded_to = _fold(keyed, entries, i, key)
-                if folded_to is not None:
+        if dirs != len(opened) or parts[:-1] != opened:  # directories to open (most entries: none)
+            common = 0
+            limit = min(len(opened), dirs)
+            while common < limit and opened[common] == parts[common]:
+                common += 1
+            opened = opened[:common]
+            folded_to = None
+            for depth in range(common, dirs):
+                key = parts[: depth + 1]
+                if max_depth is not None and depth >= max_depth:
+                    folded_to = i
+                    while folded_to < n and keyed[folded_to][: depth + 1] == key:
+                        folded_to += 1
                     count = folded_to - i
-                    lines.append(f"{INDENT * depth}{shown(parts[depth])}/  (skipped: {entries[i].reason}, "
-                                 f"{count} file{'s' if count != 1 else ''})\n")
+                    lines.append(f"{INDENT * depth}{shown(parts[depth])}/  ({count} file{'s' if count != 1 else ''}, "
+                                 "not listed: tree shortened to fit the budget)\n")
                     break
-            lines.append(f"{INDENT * depth}{shown(parts[depth])}/\n")
-            opened = key
-        if folded_to is not None:
-            i = folded_to
-            continue
-        name = shown(parts[-1]) + ("/" if e.kind == "dir" else "")
-        lines.append(f"{INDENT * dirs}{name}{_marker(e) if e.reason else ''}\n")
+                if key in candidates:
+                    folded_to = _fold(keyed, entries, i, key)
+                    if folded_to is not None:
+                        count = folded_to - i
+                        lines.append(f"{INDENT * depth}{shown(parts[depth])}/  (skipped: {entries[i].reason}, "
+                                     f"{count} file{'s' if count != 1 else ''})\n")
+                        break
+                lines.append(f"{INDENT * depth}{shown(parts[depth])}/\n")
+                opened = key
+            if folded_to is not None:
+                i = folded_to
+                continue
+        label = names.get(parts[-1])
+        if label is None:
+            label = names[parts[-1]] = shown(parts[-1])
+        if e.kind == "dir":
+            label += "/"
+        lines.append(f"{INDENT * dirs}{label}{_marker(e) if e.reason else ''}\n")
         i += 1
     lines.append("\n")
     return "".join(lines)
