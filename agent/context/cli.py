@@ -72,7 +72,8 @@ def choose_counter(choice: str, base_url: str | None, model: str | None, tokeniz
 
 def calibrated_estimate(repo: Path, exact: TokenCounter, samples: int = 32) -> EstimateCounter:
     """The estimate scaled to `exact` on a spread-out sample of the repository's text files."""
-    from agent.context.selection import apply_path_rules, decode, list_files, read_bytes
+    from agent.context.reader import read_bytes
+    from agent.context.selection import apply_path_rules, decode, list_files
     from agent.context.tokens import EstimateCounter
 
     listing = list_files(repo.absolute())

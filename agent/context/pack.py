@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from agent.context import layout
 from agent.context.cache import PackCache
-from agent.context.reader import load, render_sections
+from agent.context.reader import load, read_bytes, render_sections
 from agent.context.relevance import rank
 from agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
@@ -23,7 +23,6 @@ from agent.context.selection import (
     content_reason,
     definitions,
     list_files,
-    read_bytes,
     subword_terms,
 )
 from agent.context.tokens import EstimateCounter, TokenCounter, text_shape
@@ -83,8 +82,7 @@ class Pack:
     def data(self) -> bytes:
         """The prompt text as UTF-8 bytes."""
         if "data" not in self._cache:
-            self._cache["data"] = self.parts[0] if len(self.parts) == 1 and isinstance(self.parts[0], bytes) \
-                else b"".join(self.parts)
+            self._cache["data"] = b"".join(self.parts)
         return self._cache["data"]
 
     @property
@@ -146,19 +144,16 @@ def pack_repository(
     counter = counter or EstimateCounter()
     root = Path(repo).expanduser().absolute()
     listing = list_files(root)
-    includes, excludes = compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude")
-    if budget is None:  # path rules are decided with the reading, in parallel
-        includes_excludes = (includes, excludes)
-    else:
-        apply_path_rules(listing, includes, excludes)
-        includes_excludes = None
+    globs = (compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"))
+    if budget is not None:  # a full pack decides path rules as it reads, in parallel
+        apply_path_rules(listing, *globs)
     timings["list_s"] = time.perf_counter() - t0
 
     own_cache = cache is True
     store = PackCache() if cache is True else (cache or None)
     try:
-        if includes_excludes is not None:
-            return _pack_all(listing, store, counter, max_file_bytes, includes_excludes, timings, t0)
+        if budget is None:
+            return _pack_all(listing, store, counter, max_file_bytes, globs, timings, t0)
         return _pack(listing, store, issue, budget, counter, max_file_bytes, timings, t0)
     finally:
         if own_cache and store is not None:
@@ -170,16 +165,13 @@ def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, 
     """The pack of every file (no budget): each file read once, its section rendered as it is read."""
     t = time.perf_counter()
     entries = sorted(listing.entries, key=lambda e: layout.sort_key(e.path))
-    known = store.get_snapshot(listing.index_key) if store and listing.index_key else {}
-    unknown = [e.blob for e in entries if e.blob and e.blob not in known and e.reason is None] if store else []
-    if unknown:
-        known.update(store.get_facts(unknown))
+    known, stale = _known_facts(store, listing, entries)
     for e in entries:
         if e.blob in known:
             e.facts = known[e.blob]
     render_sections(entries, str(listing.root), *globs, max_file_bytes)
     packable = [e for e in entries if e.reason is None]
-    dirty = any(e.untracked or (e.index_blob is not None and e.blob != e.index_blob) for e in entries)
+    dirty = any(map(_changed, entries))
     timings["read_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -191,29 +183,21 @@ def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, 
     tree_text = layout.tree(entries)
     parts, tokens = _render(packable, [], entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
     timings["render_s"] = time.perf_counter() - t
-    if store is not None:
-        facts = {e.blob: e.facts for e in entries if e.blob and e.facts is not None}
-        new = {b: f for b, f in facts.items() if b not in known}
-        if new:
-            store.put_facts(new)
-        if listing.index_key and (new or unknown):
-            store.put_snapshot(listing.index_key, facts)
+    facts = _facts_by_blob(entries)
+    _remember(store, listing, facts, {b: f for b, f in facts.items() if b not in known}, stale)
     timings["total_s"] = time.perf_counter() - t0
     return _result(entries, packable, [], parts, tokens, counter, None, listing, timings)
 
 
-def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: int | None,
+def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: int,
           counter: TokenCounter, max_file_bytes: int, timings: dict[str, float], t0: float) -> Pack:
+    """A pack within `budget`: files read only where no cached facts stand in, and for relevance."""
     t = time.perf_counter()
     entries = sorted(listing.entries, key=lambda e: layout.sort_key(e.path))
     candidates = [e for e in entries if e.reason is None]
-    known = store.get_snapshot(listing.index_key) if store and listing.index_key else {}
-    unknown = [e.blob for e in candidates if e.blob and e.blob not in known]
-    if store and unknown:
-        known.update(store.get_facts(unknown))
-    snapshot_stale = bool(unknown)
+    known, stale = _known_facts(store, listing, candidates)
     new_facts = {}
-    raw: dict[str, bytes] | None = {} if budget is not None else None  # file bytes kept for relevance only
+    raw: dict[str, bytes] = {}  # file bytes kept for relevance only
     dirty = False
     for e in candidates:
         facts = known.get(e.blob) if e.blob else None
@@ -225,8 +209,7 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
                 new_facts[e.blob] = e.facts
         if e.reason is None and e.facts is not None:
             e.reason = content_reason(e.path, e.facts, max_file_bytes, e.forced)
-        if e.untracked or (e.index_blob is not None and e.blob != e.index_blob):
-            dirty = True
+        dirty = dirty or _changed(e)
     packable = [e for e in candidates if e.reason is None]
     timings["read_s"] = time.perf_counter() - t
 
@@ -235,33 +218,55 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
     timings["count_s"] = time.perf_counter() - t
 
     head_text = layout.header(git=listing.git, head=listing.head, dirty=dirty, total=len(entries))
-    tree_text = layout.tree(entries)
-    if budget is not None:
-        tree_text = _tree_for_budget(entries, head_text, tree_text, budget, counter)
-    chosen, left_out = packable, []
-    if budget is not None:
-        t = time.perf_counter()
-        chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
-                                listing, store, new_facts, raw, max_file_bytes)
-        timings["fit_s"] = time.perf_counter() - t
+    tree_text = _tree_for_budget(entries, head_text, layout.tree(entries), budget, counter)
+    t = time.perf_counter()
+    chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
+                            listing, store, new_facts, raw, max_file_bytes)
+    timings["fit_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     _prepare(chosen, counter, store, listing, max_file_bytes)
-    parts, tokens = _render(chosen, left_out, entries=entries, head_text=head_text, tree_text=tree_text,
-                           counter=counter)
-    if budget is not None:
-        render = functools.partial(_render, entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
-        chosen, left_out, parts, tokens = _fit_exactly(
-            chosen, left_out, parts, tokens, budget, len(entries), counter, render,
-            lambda more: _prepare(more, counter, store, listing, max_file_bytes))
+    render = functools.partial(_render, entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
+    parts, tokens = render(chosen, left_out)
+    chosen, left_out, parts, tokens = _fit_exactly(
+        chosen, left_out, parts, tokens, budget, len(entries), counter, render,
+        lambda more: _prepare(more, counter, store, listing, max_file_bytes))
     timings["render_s"] = time.perf_counter() - t
 
-    if store is not None and new_facts:
-        store.put_facts(new_facts)
-    if store is not None and listing.index_key and (snapshot_stale or new_facts):
-        store.put_snapshot(listing.index_key, {e.blob: e.facts for e in candidates if e.blob and e.facts})
+    _remember(store, listing, _facts_by_blob(candidates), new_facts, stale)
     timings["total_s"] = time.perf_counter() - t0
     return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings)
+
+
+def _changed(e: Entry) -> bool:
+    """Whether the working tree differs from the commit at this entry (untracked, or modified)."""
+    return e.untracked or (e.index_blob is not None and e.blob != e.index_blob)
+
+
+def _known_facts(store: PackCache | None, listing: Listing, entries: list[Entry]) -> tuple[dict, bool]:
+    """Cached facts of these entries' blobs: the index's snapshot, then a lookup of the blobs it
+    lacks; and whether it lacked any (the snapshot is then written again)."""
+    if store is None:
+        return {}, False
+    known = store.get_snapshot(listing.index_key) if listing.index_key else {}
+    unknown = [e.blob for e in entries if e.blob and e.blob not in known and e.reason is None]
+    if unknown:
+        known.update(store.get_facts(unknown))
+    return known, bool(unknown)
+
+
+def _facts_by_blob(entries: list[Entry]) -> dict:
+    return {e.blob: e.facts for e in entries if e.blob and e.facts is not None}
+
+
+def _remember(store: PackCache | None, listing: Listing, facts: dict, new: dict, stale: bool) -> None:
+    """Keep the new facts, and the index's snapshot of all of them when it changed."""
+    if store is None:
+        return
+    if new:
+        store.put_facts(new)
+    if listing.index_key and (new or stale):
+        store.put_snapshot(listing.index_key, facts)
 
 
 def _result(entries: list[Entry], chosen: list[Entry], left_out: list[Entry], parts: list, tokens: int,

@@ -82,8 +82,8 @@ class Region:
         self.ready = size if not shared else 0  # populated up to here
 
     def populate(self, end: int) -> None:
-        """Fault in the pages up to `end` and a step beyond, in one call."""
-        stop = min(self.size, max(end, self.ready + self.STEP) + self.STEP)
+        """Fault in the pages from where it stands up to `end` and a step beyond, in one call."""
+        stop = min(self.size, end + self.STEP)
         try:
             self.map.madvise(_POPULATE_WRITE, self.ready, stop - self.ready)
         except (OSError, ValueError):
@@ -94,7 +94,7 @@ class Region:
 _POPULATE_WRITE = 23  # MADV_POPULATE_WRITE (Linux 5.14)
 
 
-def _read(path: str, limit: int) -> tuple[bytes | None, int]:
+def read_bytes(path: str, limit: int) -> tuple[bytes | None, int]:
     """(content, size) of a file, content None when it is over `limit` bytes. Most files take one
     read and no stat: a read that comes back short is the end of a regular file."""
     fd = os.open(path, _OPEN_FLAGS)
@@ -118,31 +118,12 @@ def _read(path: str, limit: int) -> tuple[bytes | None, int]:
 
 
 def _one(e: Entry, root: str, root_real: str, include, exclude, limit: int, region: Region, cur: int):
-    """Decide one entry and render its section at `cur` in `region`: the record `_apply` takes, or
-    None when the region has no room left for it."""
-    path_rule(e, include, exclude, root, root_real)
+    """Decide one entry as `_decide_plain` does and render its section at `cur` in `region`: the
+    record `_apply` takes (facts as a `Facts`), or None when the region has no room left for it."""
+    _decide_plain(e, root, root_real, include, exclude, limit)
     if e.reason is not None:
-        return (e.reason, e.detail, e.forced, e.flags, None, None, None, None)
-    known = e.facts  # from the cache, by blob id: a binary or oversized file is not read again
-    if known is not None:
-        reason = content_reason(e.path, known, limit, e.forced)
-        if reason is not None:
-            return (reason, "", e.forced, e.flags, known.size, e.blob, known.astuple(), None)
-    try:
-        data, size = _read(os.path.join(root, e.path), limit)
-    except OSError as err:
-        return ("unreadable", err.strerror or str(err), e.forced, e.flags, None, None, None, None)
-    if data is None:
-        return ("too-large", "", e.forced, e.flags, size, None, None, None)
-    blob = e.blob or blob_id(data)
-    if known is not None and known.encoding == "utf-8" and known.size == size and blob == e.blob:
-        content, facts = data, known  # cached facts of this blob say it is UTF-8 text: no need to check again
-    else:
-        content, facts = decode(data)
-    reason = content_reason(e.path, facts, limit, e.forced)
-    if reason is not None:
-        return (reason, "", e.forced, e.flags, size, blob, facts.astuple(), None)
-    e.content, e.facts = content, facts
+        return (e.reason, e.detail, e.forced, e.flags, e.size, e.blob, e.facts, None)
+    content = e.content
     opening, _, closing = layout.section_parts(e)
     e.content = None  # the text lives on in the region only: this memory is reused for the next file
     head, tail = opening.encode(), closing.encode()
@@ -158,17 +139,28 @@ def _one(e: Entry, root: str, root_real: str, include, exclude, limit: int, regi
     view[mid:stop] = content
     view[stop:end] = tail
     frame = (len(opening) + len(closing), len(head) + len(tail) - len(opening) - len(closing))
-    return (None, "", e.forced, e.flags, size, blob, facts.astuple(), (cur, mid, stop, end, *frame))
+    return (None, "", e.forced, e.flags, e.size, e.blob, e.facts, (cur, mid, stop, end, *frame))
+
+
+def _portable(rec: tuple) -> tuple:
+    """A record a worker can send through its pipe (marshal): the facts as a tuple."""
+    facts = rec[6]
+    return rec if facts is None else (*rec[:6], facts.astuple(), rec[7])
 
 
 def _apply(e: Entry, rec: tuple, view: memoryview) -> None:
-    """Set what a worker decided on the caller's entry."""
+    """Set what a forked worker decided (a `_portable` record) on the caller's entry."""
     e.reason, e.detail, e.forced, flags, e.size, blob, facts, span = rec
     e.flags = tuple(flags)
     if blob is not None:
         e.blob = blob
     if facts is not None:
         e.facts = Facts(*facts)
+    _attach(e, span, view)
+
+
+def _attach(e: Entry, span: tuple | None, view: memoryview) -> None:
+    """Point a packable entry at its rendered section and its text in `view`."""
     if span is None:
         e.content = None
         return
@@ -236,11 +228,14 @@ def render_sections(entries: list[Entry], root: str, include, exclude, limit: in
     job = _Job(entries, todo, root, include, exclude, limit, n_workers)
     done: dict[int, int] = {}  # stripe -> how many of its entries have records applied
 
-    def apply(k: int, records: list, view: memoryview) -> None:
+    def apply(k: int, records: list, view: memoryview, local: bool) -> None:
         if k in done:
             return  # rendered twice: the first stands
         for i, rec in zip(job.stripes[k], records):
-            _apply(entries[i], rec, view)
+            if local:  # decided on this very entry: only its section is left to attach
+                _attach(entries[i], rec[7], view)
+            else:
+                _apply(entries[i], rec, view)
         done[k] = len(records)
 
     if regions:
@@ -258,11 +253,11 @@ def _render_in_regions(job: _Job, regions: list[Region], apply) -> None:
         for w in range(1, len(regions)):
             children.append(_fork(job, w, regions[w]))
         own = regions[0].view
-        _work(job, 0, regions[0], lambda k, records: apply(k, records, own))
+        _work(job, 0, regions[0], lambda k, records: apply(k, records, own, True))
         while children:
             pid, fd, w = children[0]
             for k, records in _collect(pid, fd, deadline):
-                apply(k, records, regions[w].view)
+                apply(k, records, regions[w].view, False)
             children.pop(0)
     finally:
         for pid, fd, _ in children:  # interrupted: no worker outlives the call
@@ -270,9 +265,15 @@ def _render_in_regions(job: _Job, regions: list[Region], apply) -> None:
 
 
 def _decide_plain(e: Entry, root: str, root_real: str, include, exclude, limit: int) -> None:
-    """Decide an entry in this process, keeping its text in `e.content` (no section)."""
+    """Decide an entry in this process, keeping its text in `e.content` (no section). A file whose
+    cached facts (by blob id) already rule it out, binary or too large, is not read again."""
     e.section = None
     path_rule(e, include, exclude, root, root_real)
+    if e.reason is None and e.facts is not None:
+        e.reason = content_reason(e.path, e.facts, limit, e.forced)
+        if e.reason is not None:
+            e.size = e.facts.size
+            return
     if e.reason is None:
         load(root, e, limit)
     if e.reason is None and e.facts is not None:
@@ -283,7 +284,7 @@ def load(root: str, e: Entry, limit: int, data_out: dict[str, bytes] | None = No
     """Read one file into `e`: its size, blob id, facts and text (`e.content`); or mark it
     unreadable or too large. `data_out` gets the bytes as read, by path."""
     try:
-        data, size = _read(os.path.join(root, e.path), limit)
+        data, size = read_bytes(os.path.join(root, e.path), limit)
     except OSError as err:
         e.reason, e.detail = "unreadable", err.strerror or str(err)
         return
@@ -313,7 +314,7 @@ def _fork(job: _Job, w: int, region: Region) -> tuple[int, int, int]:
             os.close(r)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             out: list = []
-            _work(job, w, region, lambda k, records: out.append((k, records)))
+            _work(job, w, region, lambda k, records: out.append((k, [_portable(r) for r in records])))
             payload = marshal.dumps(out)
             view = memoryview(len(payload).to_bytes(8, "little") + payload)
             while view:

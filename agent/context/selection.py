@@ -463,24 +463,3 @@ def path_rule(e: Entry, include, exclude, root: str, root_real: str) -> None:
             e.reason, e.detail = "symlink-to-directory", os.readlink(full)
         else:
             e.flags = (*e.flags, "symlink to " + os.readlink(full))
-
-
-def read_bytes(path: str, limit: int) -> tuple[bytes | None, int]:
-    """(content, size) of a file; content None when it is over `limit` bytes (not read)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            return None, size
-        chunks = []
-        remaining = size + 1  # one more byte than stat says: a file that grew is read whole
-        while True:
-            chunk = os.read(fd, max(remaining, 65536))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return data, len(data)
-    finally:
-        os.close(fd)

@@ -96,7 +96,6 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_facts_are_cached_so_unchanged_files_are_not_reread(repo, private_cache, git, monkeypatch):
-    from agent.context import pack as pack_module
     from agent.context import reader
 
     root = repo({"keep.py": "K = 1\n", "bin.dat": b"\0\1\2\3", "big.txt": "x" * 3000})
@@ -105,9 +104,8 @@ def test_facts_are_cached_so_unchanged_files_are_not_reread(repo, private_cache,
     with PackCache(private_cache) as store:
         assert store.get_facts([blob])[blob].binary
     reads: list[str] = []
-    for module, name in ((pack_module, "read_bytes"), (reader, "_read")):  # the budgeted and the full pack's reader
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda path, limit, real=real: reads.append(path) or real(path, limit))
+    real = reader.read_bytes
+    monkeypatch.setattr(reader, "read_bytes", lambda path, limit: reads.append(path) or real(path, limit))
     pack = pack_repository(root, max_file_bytes=2000)
     # The binary file's facts come from the cache; the oversized one is only opened for its size.
     assert sorted(p.rsplit("/", 1)[-1] for p in reads) == ["big.txt", "keep.py"]
