@@ -60,18 +60,27 @@ def test_forked_workers_give_the_bytes_one_process_gives(repo, monkeypatch):
     assert three.skipped_by_reason()["excluded"] == 10
 
 
-def test_a_failed_worker_leaves_its_share_to_the_caller(repo, monkeypatch):
-    root = repo(_files())
-    serial = _pack(root, monkeypatch, 1)
+def _in_workers(monkeypatch, misbehave) -> None:
+    """Make every forked worker call `misbehave()` before each entry; this process is left alone."""
     parent = os.getpid()
     real = reader._one
 
-    def crash_in_workers(e, *args):
+    def one(e, *args):
         if os.getpid() != parent:
-            raise RuntimeError("worker failure")
+            misbehave()
         return real(e, *args)
 
-    monkeypatch.setattr(reader, "_one", crash_in_workers)
+    monkeypatch.setattr(reader, "_one", one)
+
+
+def test_a_failed_worker_leaves_its_share_to_the_caller(repo, monkeypatch):
+    root = repo(_files())
+    serial = _pack(root, monkeypatch, 1)
+
+    def crash():
+        raise RuntimeError("worker failure")
+
+    _in_workers(monkeypatch, crash)
     _same(_pack(root, monkeypatch, 2), serial)
 
 
@@ -133,15 +142,7 @@ def test_a_stuck_worker_is_killed_and_its_share_done_by_the_caller(repo, monkeyp
 
     root = repo(_files())
     serial = _pack(root, monkeypatch, 1)
-    parent = os.getpid()
-    real = reader._one
-
-    def hang_in_workers(e, *args):
-        if os.getpid() != parent:
-            time.sleep(3600)  # a lock that never comes free
-        return real(e, *args)
-
-    monkeypatch.setattr(reader, "_one", hang_in_workers)
+    _in_workers(monkeypatch, lambda: time.sleep(3600))  # a lock that never comes free
     monkeypatch.setattr(reader, "WORKER_GRACE_S", 1.0)
     monkeypatch.setattr(reader, "WORKER_S_PER_ENTRY", 0.0)
     started = time.monotonic()
