@@ -28,13 +28,16 @@ import threading
 import time
 
 from agent.context import layout
-from agent.context.selection import Entry, Facts, blob_id, content_reason, decode, path_rule
+from agent.context.selection import (GENERATED_MARKERS, MARKER_PROBE, MINIFIABLE_SUFFIXES, MINIFIED_MIN_BYTES,
+                                     MINIFIED_PROBE, PROBE_BYTES, Entry, Facts, blob_id, content_reason, decode,
+                                     path_reason, path_rule, text_probe_is_plain)
 
 STRIPE = 64  # entries a worker claims at a time
 PARALLEL_MIN_FILES = 1500  # below this many files one process is faster than forking
 MAX_WORKERS = 4
 FIRST_READ = 65536  # most source files fit in one read of this size
 WORKER_GRACE_S, WORKER_S_PER_ENTRY = 30.0, 0.005  # how long a worker may take before it counts as stuck
+INLINE = True  # False: every entry through `_one` (the tests compare the two)
 REGION_CAP = 8 << 30  # address space reserved per worker; pages are used only as sections fill them
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -118,14 +121,14 @@ def read_bytes(path: str, limit: int) -> tuple[bytes | None, int]:
 
 
 def _one(e: Entry, root: str, root_real: str, include, exclude, limit: int, region: Region, cur: int):
-    """Decide one entry as `_decide_plain` does and render its section at `cur` in `region`: the
-    record `_apply` takes (facts as a `Facts`), or None when the region has no room left for it."""
+    """Decide one entry as `_decide_plain` does and render its section at `cur` in `region`: its
+    record (see `_apply`), or None when the region has no room left for it."""
     _decide_plain(e, root, root_real, include, exclude, limit)
+    facts = None if e.facts is None else e.facts.astuple()
     if e.reason is not None:
-        return (e.reason, e.detail, e.forced, e.flags, e.size, e.blob, e.facts, None)
+        return (e.reason, e.detail, e.forced, e.flags, e.size, e.blob, facts, None)
     content = e.content
     opening, _, closing = layout.section_parts(e)
-    e.content = None  # the text lives on in the region only: this memory is reused for the next file
     head, tail = opening.encode(), closing.encode()
     mid = cur + len(head)
     stop = mid + len(content)
@@ -134,22 +137,114 @@ def _one(e: Entry, root: str, root_real: str, include, exclude, limit: int, regi
         if end > region.size:
             return None
         region.populate(end)
+    e.content = None  # the text lives on in the region only: this memory is reused for the next file
     view = region.view
     view[cur:mid] = head
     view[mid:stop] = content
     view[stop:end] = tail
     frame = (len(opening) + len(closing), len(head) + len(tail) - len(opening) - len(closing))
-    return (None, "", e.forced, e.flags, e.size, e.blob, e.facts, (cur, mid, stop, end, *frame))
+    return (None, "", e.forced, e.flags, e.size, e.blob, facts, (cur, mid, stop, end, *frame))
 
 
-def _portable(rec: tuple) -> tuple:
-    """A record a worker can send through its pipe (marshal): the facts as a tuple."""
-    facts = rec[6]
-    return rec if facts is None else (*rec[:6], facts.astuple(), rec[7])
+_CLOSING, _CLOSING_AFTER_TEXT = b"```\n\n", b"\n```\n\n"  # after text that ends a line, and after text that does not
+_NO_NEWLINE = layout.FLAG_NOTES["no-final-newline"]
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # `decode` tries these as UTF-16
+
+
+def _binary_facts(size: int) -> tuple:
+    return (size, True, "utf-8", 0, 0, 0, True, False, None, None)  # Facts(size, True).astuple()
+
+
+def _stripe(job: _Job, stripe: list[int], region: Region, cur: int) -> tuple[list, int]:
+    """The records of a stripe's entries, their sections rendered into `region` from `cur`; and where
+    the next section goes. Stops early (fewer records than entries) when the region is full.
+
+    Most files take the inline path: a plain name and no cached facts, one read, and either a NUL
+    (binary) or text that is valid UTF-8 with no control byte up front, without a backtick fence of
+    its own, not generated and not possibly minified. Its record is the one `_one` gives, without
+    `_one`'s calls. Any other entry goes through `_one`.
+    """
+    entries, root, rootfd, limit = job.entries, job.root, job.rootfd, job.limit
+    include, exclude, plain_rules = job.include, job.exclude, job.include is None and job.exclude is None
+    view, ready, size = region.view, region.ready, region.size
+    fast_max = min(FIRST_READ - 1, limit)
+    simple, language, triple = layout._SIMPLE_NAME.fullmatch, layout.language, layout._TRIPLE.search
+    marker1, marker2 = GENERATED_MARKERS
+    records = []
+    for i in stripe:
+        e = entries[i]
+        path = e.path
+        if INLINE and plain_rules and e.kind == "file" and e.facts is None and not e.flags and simple(path):
+            reason = path_reason(path)
+            if reason is not None:
+                records.append((reason, "", False, (), None, e.blob, None, None))
+                continue
+            try:
+                fd = os.open(path, _OPEN_FLAGS, dir_fd=rootfd)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                try:
+                    data = os.read(fd, FIRST_READ)
+                finally:
+                    os.close(fd)
+                n = len(data)
+                if n <= fast_max and not data.startswith(_UTF16_BOMS):
+                    if b"\0" in data:
+                        records.append(("binary", "", False, (), n, e.blob or blob_id(data), _binary_facts(n), None))
+                        continue
+                    probe = data if n <= PROBE_BYTES else data[:PROBE_BYTES]
+                    if text_probe_is_plain(probe):
+                        if data.isascii():
+                            chars = n
+                        else:
+                            try:
+                                chars = len(data.decode("utf-8"))
+                            except UnicodeDecodeError:
+                                chars = -1
+                        if MARKER_PROBE != PROBE_BYTES:
+                            probe = data[:MARKER_PROBE]
+                        if (chars >= 0 and marker1 not in probe and marker2 not in probe
+                                and (n < MINIFIED_MIN_BYTES or not path.lower().endswith(MINIFIABLE_SUFFIXES))
+                                and (b"`" not in data or triple(data) is None)):
+                            newline = n == 0 or data[-1] == 10
+                            if newline:
+                                head = f"### {path}\n```{language(path)}\n".encode()
+                                tail = _CLOSING
+                            else:
+                                head = f"### {path}  ({_NO_NEWLINE})\n```{language(path)}\n".encode()
+                                tail = _CLOSING_AFTER_TEXT
+                            mid = cur + len(head)
+                            stop = mid + n
+                            end = stop + len(tail)
+                            if end > ready:
+                                if end > size:
+                                    return records, cur
+                                region.populate(end)
+                                ready = region.ready
+                            view[cur:mid] = head
+                            view[mid:stop] = data
+                            view[stop:end] = tail
+                            facts = (n, False, "utf-8", chars, n - chars, data.count(b"\n", 0, MINIFIED_PROBE), newline,
+                                     False, None, None)
+                            records.append((None, "", False, (), n, e.blob or blob_id(data), facts,
+                                            (cur, mid, stop, end, mid - cur + end - stop, 0)))
+                            cur = end
+                            continue
+        rec = _one(e, root, job.root_real, include, exclude, limit, region, cur)
+        if rec is None:
+            return records, cur
+        records.append(rec)
+        if rec[7] is not None:
+            cur = rec[7][3]
+        ready = region.ready
+    return records, cur
 
 
 def _apply(e: Entry, rec: tuple, view: memoryview) -> None:
-    """Set what a forked worker decided (a `_portable` record) on the caller's entry."""
+    """Set what a worker decided on the caller's entry. A record is (reason, detail, forced, flags,
+    size, blob, facts as a tuple or None, span of the section or None): plain values, which marshal
+    carries through a worker's pipe."""
     e.reason, e.detail, e.forced, flags, e.size, blob, facts, span = rec
     e.flags = tuple(flags)
     if blob is not None:
@@ -183,6 +278,7 @@ class _Job:
                  n_workers: int) -> None:
         self.entries, self.root, self.include, self.exclude, self.limit = entries, root, include, exclude, limit
         self.root_real = os.path.realpath(root)
+        self.rootfd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
         self.stripes = [todo[k:k + STRIPE] for k in range(0, len(todo), STRIPE)]
         self.n_workers = n_workers
         self.claims = mmap.mmap(-1, max(1, len(self.stripes)))  # 0 = free, w + 1 = claimed by worker w
@@ -203,16 +299,11 @@ def _work(job: _Job, w: int, region: Region, on_stripe) -> None:
         if claims[k]:
             continue
         claims[k] = w + 1
-        records = []
-        for i in job.stripes[k]:
-            rec = _one(job.entries[i], job.root, job.root_real, job.include, job.exclude, job.limit, region, cur)
-            if rec is None:
-                on_stripe(k, records)
-                return
-            records.append(rec)
-            if rec[7] is not None:
-                cur = rec[7][3]
+        stripe = job.stripes[k]
+        records, cur = _stripe(job, stripe, region, cur)
         on_stripe(k, records)
+        if len(records) < len(stripe):
+            return
 
 
 def render_sections(entries: list[Entry], root: str, include, exclude, limit: int, workers: int | None = None) -> None:
@@ -228,21 +319,21 @@ def render_sections(entries: list[Entry], root: str, include, exclude, limit: in
     job = _Job(entries, todo, root, include, exclude, limit, n_workers)
     done: dict[int, int] = {}  # stripe -> how many of its entries have records applied
 
-    def apply(k: int, records: list, view: memoryview, local: bool) -> None:
+    def apply(k: int, records: list, view: memoryview) -> None:
         if k in done:
             return  # rendered twice: the first stands
         for i, rec in zip(job.stripes[k], records):
-            if local:  # decided on this very entry: only its section is left to attach
-                _attach(entries[i], rec[7], view)
-            else:
-                _apply(entries[i], rec, view)
+            _apply(entries[i], rec, view)
         done[k] = len(records)
 
-    if regions:
-        _render_in_regions(job, regions, apply)
-    for k, stripe in enumerate(job.stripes):  # did not fit, or its worker failed: decided here, rendered
-        for i in stripe[done.get(k, 0):]:  # later from e.content
-            _decide_plain(entries[i], job.root, job.root_real, include, exclude, limit)
+    try:
+        if regions:
+            _render_in_regions(job, regions, apply)
+        for k, stripe in enumerate(job.stripes):  # did not fit, or its worker failed: decided here, rendered
+            for i in stripe[done.get(k, 0):]:  # later from e.content
+                _decide_plain(entries[i], job.root, job.root_real, include, exclude, limit)
+    finally:
+        os.close(job.rootfd)
 
 
 def _render_in_regions(job: _Job, regions: list[Region], apply) -> None:
@@ -253,11 +344,11 @@ def _render_in_regions(job: _Job, regions: list[Region], apply) -> None:
         for w in range(1, len(regions)):
             children.append(_fork(job, w, regions[w]))
         own = regions[0].view
-        _work(job, 0, regions[0], lambda k, records: apply(k, records, own, True))
+        _work(job, 0, regions[0], lambda k, records: apply(k, records, own))
         while children:
             pid, fd, w = children[0]
             for k, records in _collect(pid, fd, deadline):
-                apply(k, records, regions[w].view, False)
+                apply(k, records, regions[w].view)
             children.pop(0)
     finally:
         for pid, fd, _ in children:  # interrupted: no worker outlives the call
@@ -314,7 +405,7 @@ def _fork(job: _Job, w: int, region: Region) -> tuple[int, int, int]:
             os.close(r)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             out: list = []
-            _work(job, w, region, lambda k, records: out.append((k, [_portable(r) for r in records])))
+            _work(job, w, region, lambda k, records: out.append((k, records)))
             payload = marshal.dumps(out)
             view = memoryview(len(payload).to_bytes(8, "little") + payload)
             while view:

@@ -42,6 +42,7 @@ MINIFIABLE_SUFFIXES = (".js", ".mjs", ".cjs", ".css")
 _NAMED_SUFFIXES = MINIFIED_SUFFIXES + SOURCE_MAP_SUFFIXES + GENERATED_SUFFIXES
 # Markers tools put in the first lines of the files they generate.
 GENERATED_MARKERS = (b"@generated", b"DO NOT EDIT")
+MARKER_PROBE = 1024  # the markers count in this many leading bytes
 MINIFIED_AVG_LINE = 250
 MINIFIED_MIN_BYTES = 2048
 MINIFIED_PROBE = 4096  # minified = long lines on average in this many leading bytes
@@ -215,7 +216,12 @@ def _text_facts(data: bytes, content: bytes, chars: int, encoding: str) -> tuple
 
 def _has_marker(data: bytes) -> bool:
     first, second = GENERATED_MARKERS
-    return data.find(first, 0, 1024) >= 0 or data.find(second, 0, 1024) >= 0
+    return data.find(first, 0, MARKER_PROBE) >= 0 or data.find(second, 0, MARKER_PROBE) >= 0
+
+
+def text_probe_is_plain(probe: bytes) -> bool:
+    """Whether a file's leading bytes hold no control byte (the common case `decode` checks for)."""
+    return not probe.translate(None, _NON_CONTROL)
 
 
 SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")  # QuerySet -> Query, Set; HTTPError -> HTTP, Error
@@ -462,4 +468,6 @@ def path_rule(e: Entry, include, exclude, root: str, root_real: str) -> None:
         elif os.path.isdir(target):
             e.reason, e.detail = "symlink-to-directory", os.readlink(full)
         else:
-            e.flags = (*e.flags, "symlink to " + os.readlink(full))
+            note = "symlink to " + os.readlink(full)
+            if note not in e.flags:  # decided once, even when asked again
+                e.flags = (*e.flags, note)
