@@ -2,13 +2,16 @@
 
 `m3-agent pack` starts them as soon as it has read its flags (`prefetch`), so that git walks the
 tree while the packer's modules load; the listing then takes the running calls (`take`) instead of
-starting its own. This module imports nothing heavy for that reason.
+starting its own. This module imports nothing heavy for that reason: the calls are spawned with
+`os.posix_spawnp` where the platform has it (the `subprocess` module alone takes longer to import
+than git takes to list a large tree), and read with `select.poll`.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
+import select
+import signal
 
 from agent.errors import GitError
 
@@ -18,7 +21,34 @@ COMMANDS = (("ls-files", "-z", "-s"), ("ls-files", "-z", "-o", "--exclude-standa
             ("diff-files", "-z", "--name-only", "--relative"), ("rev-parse", "-q", "--verify", "HEAD"))
 PROBE = ("rev-parse", "--is-inside-work-tree")
 
-_prefetched: dict[str, list[subprocess.Popen]] = {}
+_prefetched: dict[str, list[Call]] = {}
+
+
+class Call:
+    """One running git command: its pid and the read ends of its stdout and stderr."""
+
+    __slots__ = ("pid", "out", "err", "proc")
+
+    def __init__(self, pid: int | None, out: int | None, err: int | None, proc=None) -> None:
+        self.pid, self.out, self.err, self.proc = pid, out, err, proc
+
+    def stop(self) -> None:
+        """Kill and reap the command, if it is still there (an interrupted listing)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.communicate()
+            return
+        for fd in (self.out, self.err):
+            if fd is not None:
+                os.close(fd)
+        self.out = self.err = None
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, 9)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            self.pid = None
 
 
 def may_be_git(root: str) -> bool:
@@ -40,23 +70,92 @@ def needs_probe(root: str) -> bool:
     return not os.path.exists(os.path.join(root, ".git"))
 
 
-def start(root: str) -> list[subprocess.Popen]:
+def start(root: str) -> list[Call]:
     """Start the listing's git calls in `root` (the probe first when one is needed)."""
     commands = ((PROBE,) if needs_probe(root) else ()) + COMMANDS
+    calls: list[Call] = []
     try:
-        return [subprocess.Popen(["git", "-C", root, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                for args in commands]
+        for args in commands:
+            calls.append(_spawn(["git", "-C", root, *args]))
     except FileNotFoundError as e:
+        for call in calls:
+            call.stop()
         raise GitError("git is not installed: install git to pack a git repository") from e
+    except BaseException:
+        for call in calls:
+            call.stop()
+        raise
+    return calls
 
 
-def finish(procs: list[subprocess.Popen]) -> list[tuple[int, bytes, bytes]]:
-    """(returncode, stdout, stderr) of each call, in order."""
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate()
-        out.append((p.returncode, stdout, stderr))
-    return out
+def _spawn(argv: list[str]) -> Call:
+    if not hasattr(os, "posix_spawnp"):  # not a POSIX system: the general tool
+        import subprocess
+
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return Call(None, None, None, proc)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
+            (os.POSIX_SPAWN_CLOSE, out_r), (os.POSIX_SPAWN_CLOSE, err_r)],
+            setsigdef=(signal.SIGPIPE,))  # as a shell would start it, not with this process's SIG_IGN
+    except BaseException:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return Call(pid, out_r, err_r)
+
+
+def finish(calls: list[Call]) -> list[tuple[int, bytes, bytes]]:
+    """(returncode, stdout, stderr) of each call, in order. Every pipe is drained as it fills, so no
+    call waits on a full pipe while another is read."""
+    try:
+        return _finish(calls)
+    except BaseException:
+        for call in calls:
+            call.stop()
+        raise
+
+
+def _finish(calls: list[Call]) -> list[tuple[int, bytes, bytes]]:
+    chunks: dict[int, list[bytes]] = {}
+    owner: dict[int, tuple[Call, str]] = {}  # fd -> its call and which stream it is
+    for call in calls:
+        if call.proc is None:
+            for name in ("out", "err"):
+                fd = getattr(call, name)
+                chunks[fd], owner[fd] = [], (call, name)
+    output: dict[tuple[int, str], bytes] = {}
+    poll = select.poll()  # not select(): a busy process may hold descriptors numbered past its limit
+    for fd in owner:
+        poll.register(fd, select.POLLIN)
+    while owner:
+        for fd, _ in poll.poll():
+            data = os.read(fd, 1 << 20)
+            if data:
+                chunks[fd].append(data)
+                continue
+            call, name = owner.pop(fd)
+            poll.unregister(fd)
+            setattr(call, name, None)
+            os.close(fd)
+            output[id(call), name] = b"".join(chunks.pop(fd))
+    results = []
+    for call in calls:
+        if call.proc is not None:
+            out, err = call.proc.communicate()
+            results.append((call.proc.returncode, out, err))
+            continue
+        _, status = os.waitpid(call.pid, 0)
+        call.pid = None
+        results.append((os.waitstatus_to_exitcode(status), output[id(call), "out"], output[id(call), "err"]))
+    return results
 
 
 def prefetch(root: str) -> None:
@@ -69,6 +168,6 @@ def prefetch(root: str) -> None:
             pass  # the listing reports it when it runs
 
 
-def take(root: str) -> list[subprocess.Popen] | None:
+def take(root: str) -> list[Call] | None:
     """The calls `prefetch` started for `root`, if any (each is handed over once)."""
     return _prefetched.pop(os.path.abspath(os.path.expanduser(root)), None)

@@ -1,0 +1,58 @@
+"""The git calls behind a listing: spawned without the subprocess module, drained side by side,
+reported when git is missing, and never left running."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent.context import gitls
+from agent.errors import GitError
+
+
+def test_the_calls_return_what_git_prints_even_past_a_pipe_buffer(repo):
+    root = repo({f"dir{i // 100:02}/a_rather_long_file_name_{i:04}.txt": f"{i}\n" for i in range(2500)})
+    (root / "untracked.txt").write_text("u\n")
+    results = gitls.finish(gitls.start(str(root)))
+    assert [code for code, _, _ in results] == [0, 0, 0, 0]
+    staged, untracked, changed, head = (out for _, out, _ in results)
+    assert len(staged) > 3 * 65536  # more than a pipe holds: read while git writes
+    assert staged.count(b"\0") == 2500
+    assert untracked == b"untracked.txt\0" and changed == b""
+    assert len(head.strip()) == 40
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # every call was reaped
+
+
+def test_a_failing_call_gives_its_exit_code_and_message(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    results = gitls.finish(gitls.start(str(plain)))
+    code, out, err = results[0]  # the probe: not a work tree
+    assert code != 0 and out == b"" and b"not a git repository" in err
+
+
+def test_git_missing_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git on it
+    with pytest.raises(GitError, match="git is not installed"):
+        gitls.start(str(tmp_path))
+
+
+def test_an_interrupted_listing_kills_and_reaps_its_calls(repo, monkeypatch):
+    root = repo({"a.py": "A = 1\n"})
+    calls = gitls.start(str(root))
+
+    class Interrupted:
+        def register(self, fd, events):
+            pass
+
+        def poll(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(gitls.select, "poll", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gitls.finish(calls)
+    assert all(c.pid is None and c.out is None and c.err is None for c in calls)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
