@@ -7,10 +7,10 @@ sub-command imports only its own module.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
 from agent.errors import M3AgentError
 
+TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: `m3-agent pack` does not load `typing`)
 if TYPE_CHECKING:
     import typer
 

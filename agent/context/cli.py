@@ -9,12 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
 from agent.context import gitls
 from agent.context.limits import DEFAULT_MAX_FILE_BYTES
 from agent.errors import EndpointError, M3AgentError, UsageError
 
+TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: this command does not load `typing`)
 if TYPE_CHECKING:
     from agent.context.pack import Pack
     from agent.context.tokens import EstimateCounter, TokenCounter
@@ -106,10 +105,22 @@ def summary_table(pack: Pack, elapsed: float, output: str) -> str:
     return "\n".join(lines)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, told the terminal's width: left to find it, it loads `shutil` (and the
+    compression modules `shutil` loads) on every run, help or not."""
+
+    def __init__(self, prog: str) -> None:
+        try:
+            width = int(os.environ.get("COLUMNS", "")) or os.get_terminal_size(sys.stderr.fileno()).columns
+        except (ValueError, OSError):
+            width = 80
+        super().__init__(prog, width=max(40, width - 2))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The options of `m3-agent pack` (argparse: the command starts without loading the other commands)."""
     p = argparse.ArgumentParser(
-        prog="m3-agent pack",
+        prog="m3-agent pack", formatter_class=_HelpFormatter,
         description="Pack a repository into one prompt: header, tree of all files, then files in a stable order. "
                     "Exit codes: 0 done, 2 bad input, 3 endpoint error, 130 interrupted.")
     p.add_argument("--repo", type=Path, default=Path("."), help="repository (or any directory) to pack")

@@ -10,9 +10,7 @@ run that opens a line of the file, so no content can close a section early (Comm
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterable
 
 from agent.context.selection import Entry
 
@@ -43,6 +41,8 @@ def shown(name: str) -> str:
             return name
         except UnicodeEncodeError:  # undecodable bytes kept as surrogate escapes
             pass
+    import json  # only odd names get here
+
     return json.dumps(name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
 
 
@@ -224,7 +224,7 @@ def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int
     return "".join(out)
 
 
-def render(head: str, tree_text: str, chosen: Iterable[Entry], foot: str) -> tuple[list, str, int, int]:
+def render(head: str, tree_text: str, chosen: list[Entry], foot: str) -> tuple[list, str, int, int]:
     """The whole pack as a list of UTF-8 byte pieces (file texts are not copied: a section rendered
     in shared memory is one slice, and neighbouring ones are one slice together), the text around
     the file contents rendered here, and the characters and extra UTF-8 bytes of the frames of the

@@ -6,13 +6,11 @@ import functools
 import math
 import os
 import time
+from collections import namedtuple
 from pathlib import Path
-from typing import NamedTuple
 
 from agent.context import layout
-from agent.context.cache import PackCache
 from agent.context.reader import load, read_bytes, render_sections
-from agent.context.relevance import rank
 from agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
     CODE_SUFFIXES,
@@ -25,8 +23,13 @@ from agent.context.selection import (
     list_files,
     subword_terms,
 )
-from agent.context.tokens import EstimateCounter, TokenCounter, text_shape
+from agent.context.tokens import EstimateCounter, text_shape
 from agent.errors import UsageError
+
+TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: packing does not load `typing`)
+if TYPE_CHECKING:
+    from agent.context.cache import PackCache
+    from agent.context.tokens import TokenCounter
 
 # Exact counts are planned with a calibrated estimate and checked; a plan this much over is re-cut.
 TOP_UP_ROUNDS = 2
@@ -35,22 +38,20 @@ CALIBRATION_SAMPLES = 32  # files counted exactly to scale the estimate that pla
 PLAN_MARGIN = 1.1  # planned counts of files not yet counted exactly err this much high
 
 
-class PackedFile(NamedTuple):
-    """A file whose text is in the pack."""
+# Named tuples from `collections`, not `typing`: packing does not load `typing`.
+class PackedFile(namedtuple("PackedFile", "path tokens bytes flags")):
+    """A file whose text is in the pack: `path`, `tokens` of its text (without its heading and
+    fences), `bytes`, and `flags` (a list: "non-utf8", "no-final-newline", "symlink", ...)."""
 
-    path: str
-    tokens: int  # tokens of the file's text (without its heading and fences)
-    bytes: int
-    flags: list[str]  # e.g. "non-utf8", "no-final-newline", "symlink"
+    __slots__ = ()
 
 
-class SkippedFile(NamedTuple):
-    """A file listed in the tree but not packed, and why."""
+class SkippedFile(namedtuple("SkippedFile", "path reason detail", defaults=("",))):
+    """A file listed in the tree but not packed: `path`, `reason` (binary, too-large, lockfile,
+    minified, source-map, vendored, generated, excluded, not-included, symlink-outside, budget, ...)
+    and `detail` (e.g. a symlink's target)."""
 
-    path: str
-    reason: str  # binary, too-large, lockfile, minified, source-map, vendored, generated, excluded,
-    # not-included, symlink-outside, budget, ...
-    detail: str = ""
+    __slots__ = ()
 
 
 class Pack:
@@ -150,7 +151,12 @@ def pack_repository(
     timings["list_s"] = time.perf_counter() - t0
 
     own_cache = cache is True
-    store = PackCache() if cache is True else (cache or None)
+    if cache is True:
+        from agent.context.cache import PackCache  # (sqlite3 loads only for a cached pack)
+
+        store = PackCache()
+    else:
+        store = cache or None
     try:
         if budget is None:
             return _pack_all(listing, store, counter, max_file_bytes, globs, timings, t0)
@@ -405,6 +411,8 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
          budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
          data: dict[str, bytes] | None, max_file_bytes: int) -> tuple[list[Entry], list[Entry]]:
     """Choose the files that fit the budget: all when they do, else the most relevant first."""
+    from agent.context.relevance import rank
+
     estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
     fixed = counter.count(head_text + tree_text + "## Files\n\n")
     for e in packable:

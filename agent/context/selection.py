@@ -8,11 +8,10 @@ decided here without reading a file; content rules (binary, minified, generated,
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
+from collections import namedtuple
 from pathlib import Path
-from typing import NamedTuple
 
 from agent.context import gitls
 from agent.context.limits import DEFAULT_MAX_FILE_BYTES  # noqa: F401 - re-exported: where callers look for it
@@ -150,21 +149,31 @@ class Entry:
         return f"Entry({self.path!r}, reason={self.reason!r})"
 
 
-class Listing(NamedTuple):
-    """The files under a root, and which snapshot they are."""
+class Listing(namedtuple("Listing", "root entries git head index_key", defaults=(None, None))):
+    """The files under a root (a Path), and which snapshot they are: `entries`, whether it is a `git`
+    work tree, the `head` commit id (None outside git or before the first commit), and `index_key`,
+    a digest of the git index listing: the key of a cached facts snapshot."""
 
-    root: Path
-    entries: list[Entry]
-    git: bool
-    head: str | None = None  # commit id, None outside git or before the first commit
-    index_key: str | None = None  # a digest of the git index listing: the key of a cached facts snapshot
+    __slots__ = ()
 
 
 def blob_id(data: bytes) -> str:
     """The git blob id of `data` (what `git hash-object` prints)."""
+    import hashlib  # loaded for the first file git has no id for: packing a clean work tree never does
+
     h = hashlib.sha1(b"blob %d\0" % len(data))
     h.update(data)
     return h.hexdigest()
+
+
+def _digest(data: bytes) -> str:
+    """A SHA-1 hex digest of a small text, without loading `hashlib` (and OpenSSL) where Python has
+    its own SHA-1 module."""
+    try:
+        from _sha1 import sha1
+    except ImportError:
+        from hashlib import sha1
+    return sha1(data).hexdigest()
 
 
 def decode(data: bytes) -> tuple[bytes | None, Facts]:
@@ -332,7 +341,7 @@ def _list_git(root: Path) -> Listing | None:
         elif path not in entries:
             full = root / path
             entries[path] = Entry(path, kind="symlink" if full.is_symlink() else "file", untracked=True)
-    return Listing(root, list(entries.values()), git=True, head=head, index_key=hashlib.sha1(staged).hexdigest())
+    return Listing(root, list(entries.values()), git=True, head=head, index_key=_digest(staged))
 
 
 class _IgnoreRules:

@@ -6,15 +6,12 @@ cache: two counters with the same id must give the same counts) and `count_many(
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import threading
-from pathlib import Path
-from typing import Protocol, runtime_checkable
-from urllib.parse import urlsplit
 
 from agent.errors import EndpointError, UsageError
+
+# The estimate is all a full pack needs: what only the exact counters use (json, hashlib, threading,
+# pathlib, urllib, typing) is imported where they use it, so that packing does not load it.
 
 # Texts longer than this are counted in pieces cut at line ends and summed (a cut can split a token
 # the whole would merge, so the sum is usually at or a little above the whole's count); this keeps
@@ -22,20 +19,34 @@ from agent.errors import EndpointError, UsageError
 MAX_REQUEST_CHARS = 8_000_000
 
 
-@runtime_checkable
-class TokenCounter(Protocol):
-    """What the packer needs from a tokenizer."""
+def __getattr__(name: str):
+    """`TokenCounter` is made on first use: it needs `typing`, which packing does not load."""
+    if name == "TokenCounter":
+        global TokenCounter
+        TokenCounter = _token_counter_protocol()
+        return TokenCounter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    kind: str
-    id: str
 
-    def count_many(self, texts: list[str]) -> list[int]:
-        """Token counts of `texts`, in order."""
-        ...
+def _token_counter_protocol():
+    from typing import Protocol, runtime_checkable
 
-    def count(self, text: str) -> int:
-        """Token count of one text."""
-        ...
+    @runtime_checkable
+    class TokenCounter(Protocol):
+        """What the packer needs from a tokenizer."""
+
+        kind: str
+        id: str
+
+        def count_many(self, texts: list[str]) -> list[int]:
+            """Token counts of `texts`, in order."""
+            ...
+
+        def count(self, text: str) -> int:
+            """Token count of one text."""
+            ...
+
+    return TokenCounter
 
 
 def text_shape(text: str) -> tuple[int, int]:
@@ -96,6 +107,9 @@ class TokenizerJsonCounter:
     kind = "tokenizer.json"
 
     def __init__(self, path: Path | str) -> None:
+        import hashlib
+        from pathlib import Path
+
         path = Path(path)
         try:
             from tokenizers import Tokenizer
@@ -134,6 +148,9 @@ class _Http:
     """A small JSON-over-HTTP client with one keep-alive connection per thread."""
 
     def __init__(self, root: str, timeout: float) -> None:
+        import threading
+        from urllib.parse import urlsplit
+
         parts = urlsplit(root)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError(f"not an http(s) URL: {root!r}")
@@ -155,6 +172,7 @@ class _Http:
     def request(self, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> dict:
         """Send one request; the decoded JSON answer, or EndpointError naming the failure."""
         import http.client
+        import json
 
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json", **(headers or {})}
