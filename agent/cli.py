@@ -102,10 +102,26 @@ def build_app(only: str | None = None) -> typer.Typer:
     return app
 
 
+def _repo_flag(args: list[str]) -> str:
+    """The value of `--repo` in `m3-agent pack`'s arguments, before its parser loads (it takes no
+    abbreviations, so this is the only spelling besides `--repo=...`)."""
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--repo" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--repo="):
+            return arg[len("--repo="):]
+    return "."
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: one-line errors, documented exit codes."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["pack"]:  # the hot command: no typer, no rich, only the packer
+        from agent.context import gitls
+
+        gitls.prefetch(_repo_flag(args[1:]))  # git lists the tree while the command loads
         from agent.context.cli import main as pack_main
 
         pack_main(args[1:], own_process=argv is None)

@@ -6,10 +6,10 @@ with npm, gitingest into its own venv), never into the project's environment.
 
 Measured, each as a fresh process on the same tree, the tools taking turns in each of --runs
 rounds (best wall time counts; CPU seconds are reported too, as the machine may be shared):
-  ours_full_s     `m3-agent pack` (the installed console script) packing everything, no cache
-                  (ours_full_warm_s: with the count cache filled by an earlier run). The project's
-                  modules are byte-compiled first, as an installed package's are, so that an
-                  environment with PYTHONDONTWRITEBYTECODE does not recompile them on every run.
+  ours_full_s     `m3-agent pack` packing everything, no cache (ours_full_warm_s: with the count
+                  cache filled by an earlier run). It is this checkout installed the way a user
+                  installs it (pip install, not editable) into a venv under the cache, modules
+                  byte-compiled by pip; if pip cannot install, the project's own environment.
   repomix_s       repomix, the faster of its default run and --no-security-check
   gitingest_s     gitingest
   budget_cold_s   pack_repository(..., budget=1,000,000) with an empty count cache
@@ -156,6 +156,30 @@ def ensure_gitingest(cache: Path) -> list[str] | None:
     return [str(exe)]
 
 
+def ensure_ours(cache: Path, project: Path) -> list[str]:
+    """`m3-agent` as a user installs it (a regular install, not the editable one of the project's
+    own environment, whose import hook loads modules of its own at every start), in its own venv
+    under the cache: the dependencies once, the project again on every run. Falls back to the
+    project's environment, saying so, when pip cannot install."""
+    venv = cache / "ours-venv"
+    exe = venv / "bin" / "m3-agent"
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    try:
+        if not (venv / "bin" / "python").exists():
+            log("creating the venv m3-agent is installed into for the benchmark")
+            run([sys.executable, "-m", "venv", str(venv)])
+            run(pip + [str(project)])
+        log("installing this checkout of m3-agent (regular install) into the benchmark venv")
+        run(pip + ["--no-deps", "--force-reinstall", str(project)])
+        return [str(exe)]
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = e.stderr.strip().splitlines()[-1] if getattr(e, "stderr", None) else e
+        log(f"cannot install m3-agent into a venv ({detail}): timing the project's own (editable) install")
+        run([sys.executable, "-m", "compileall", "-q", *(str(project / p) for p in ("agent", "sandbox", "tools", "evals"))])
+        script = Path(sys.executable).with_name("m3-agent")
+        return [str(script)] if script.exists() else [sys.executable, "-m", "agent.cli"]
+
+
 def run_once(cmd: list[str], env: dict | None = None) -> dict:
     """One fresh-process run of `cmd`: wall seconds, CPU seconds, peak RSS (of the process tree it waited for)."""
     out = subprocess.run([sys.executable, "-c", _WRAPPER, json.dumps(cmd)], capture_output=True, text=True,
@@ -168,10 +192,14 @@ def run_once(cmd: list[str], env: dict | None = None) -> dict:
 
 def measure_interleaved(tools: dict[str, tuple[list[str], dict | None]], runs: int) -> dict[str, dict]:
     """Best-of-`runs` wall and CPU time and the largest peak RSS per tool, the tools taking turns in
-    each round so that a busy moment of the machine falls on all of them alike."""
+    each round so that a busy moment of the machine falls on all of them alike. Each tool's output
+    file (its -o) is removed before it runs, untimed: replacing the previous round's file would
+    otherwise time the file system freeing it (tens of ms for the 35 to 45 MB files here)."""
     results = {name: {"s": None, "cpu_s": None, "peak_mb": 0.0} for name in tools}
     for round_no in range(runs):
         for name, (cmd, env) in tools.items():
+            if "-o" in cmd:
+                Path(cmd[cmd.index("-o") + 1]).unlink(missing_ok=True)
             r = run_once(cmd, env)
             best = results[name]
             best["s"] = r["s"] if best["s"] is None else min(best["s"], r["s"])
@@ -215,9 +243,8 @@ def main() -> None:
         ours_out = out_dir / "ours.md"
         cache_env = {**os.environ, "M3_AGENT_CACHE_DIR": str(out_dir / "m3-cache")}
         project = Path(__file__).resolve().parents[1]
-        run([sys.executable, "-m", "compileall", "-q", *(str(project / p) for p in ("agent", "sandbox", "tools", "evals"))])
-        script = Path(sys.executable).with_name("m3-agent")
-        entry = [str(script)] if script.exists() else [sys.executable, "-m", "agent.cli"]
+        entry = ensure_ours(cache, project)
+        report["ours_install"] = "regular (venv)" if "ours-venv" in entry[0] else "editable (project env)"
         ours_cmd = [*entry, "pack", "--repo", str(repo), "-o", str(ours_out), "--no-cache",
                     "--counter", "server" if args.base_url else "estimate"]
         if args.base_url:

@@ -120,7 +120,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     """The options of `m3-agent pack` (argparse: the command starts without loading the other commands)."""
     p = argparse.ArgumentParser(
-        prog="m3-agent pack", formatter_class=_HelpFormatter,
+        prog="m3-agent pack", formatter_class=_HelpFormatter, allow_abbrev=False,
         description="Pack a repository into one prompt: header, tree of all files, then files in a stable order. "
                     "Exit codes: 0 done, 2 bad input, 3 endpoint error, 130 interrupted.")
     p.add_argument("--repo", type=Path, default=Path("."), help="repository (or any directory) to pack")
@@ -193,8 +193,12 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     """`m3-agent pack ...`: one-line errors and the documented exit codes. With `own_process` (the
     command is the whole process), a finished pack ends the process at once: the output is written
     and flushed, and tearing down thousands of objects would only delay the exit."""
-    args = build_parser().parse_args(argv)  # bad flags: usage on stderr, exit 2
-    gitls.prefetch(str(args.repo))  # git lists the tree while the packer loads
+    try:
+        args = build_parser().parse_args(argv)  # bad flags: usage on stderr, exit 2
+    except SystemExit:
+        gitls.stop_unused()  # started by `m3-agent`'s own entry point for the --repo it saw
+        raise
+    gitls.prefetch(str(args.repo))  # git lists the tree while the packer loads (if not already)
     collecting = gc.isenabled()
     gc.disable()  # thousands of small objects and no cycles worth collecting while packing
     try:
@@ -212,6 +216,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     except BrokenPipeError:  # `m3-agent pack | head`: the reader left, nothing to report
         sys.exit(0)
     finally:
+        gitls.stop_unused()
         if collecting:
             gc.enable()
 

@@ -171,3 +171,10 @@ def prefetch(root: str) -> None:
 def take(root: str) -> list[Call] | None:
     """The calls `prefetch` started for `root`, if any (each is handed over once)."""
     return _prefetched.pop(os.path.abspath(os.path.expanduser(root)), None)
+
+
+def stop_unused() -> None:
+    """Stop the prefetched calls no listing took (the command failed before listing)."""
+    while _prefetched:
+        for call in _prefetched.popitem()[1]:
+            call.stop()

@@ -56,3 +56,30 @@ def test_an_interrupted_listing_kills_and_reaps_its_calls(repo, monkeypatch):
     assert all(c.pid is None and c.out is None and c.err is None for c in calls)
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)
+
+
+def test_the_entry_point_starts_git_before_the_command_loads_and_leaves_none_behind(repo, tmp_path):
+    import subprocess
+    import sys
+
+    root = repo({"a.py": "A = 1\n"})
+    code = (
+        "import os, sys\n"
+        "from agent.context import gitls\n"
+        "seen = []\n"
+        "real = gitls.start\n"
+        "gitls.start = lambda root: seen.append(('agent.context.cli' in sys.modules, root)) or real(root)\n"
+        "from agent.cli import main\n"
+        "try:\n"
+        f"    main(['pack', '--repo={root}', '--bogus-flag'])\n"
+        "except SystemExit as e:\n"
+        "    print(e.code, seen, gitls._prefetched)\n"
+        "try:\n"
+        "    os.waitpid(-1, os.WNOHANG)\n"
+        "    print('a child is left')\n"
+        "except ChildProcessError:\n"
+        "    print('no child left')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines() == [f"2 [(False, {str(root)!r})] {{}}", "no child left"], proc.stderr
+    assert "unrecognized arguments: --bogus-flag" in proc.stderr
