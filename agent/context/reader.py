@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from agent.context import layout
+from agent.context import layout, selection
 from agent.context.selection import (GENERATED_MARKERS, MARKER_PROBE, MINIFIABLE_SUFFIXES, MINIFIED_MIN_BYTES,
                                      MINIFIED_PROBE, PROBE_BYTES, Entry, Facts, blob_id, content_reason, decode,
                                      path_reason, path_rule, text_probe_is_plain)
@@ -38,9 +38,84 @@ MAX_WORKERS = 4
 FIRST_READ = 65536  # most source files fit in one read of this size
 WORKER_GRACE_S, WORKER_S_PER_ENTRY = 30.0, 0.005  # how long a worker may take before it counts as stuck
 INLINE = True  # False: every entry through `_one` (the tests compare the two)
+ACCELERATED = True  # False: no C accelerator even where it is built (the tests compare)
 REGION_CAP = 8 << 30  # address space reserved per worker; pages are used only as sections fill them
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+try:  # the C accelerator (agent/context/_fastpack.c), when it was built
+    from agent.context import _fastpack
+except ImportError:  # not built (no compiler at install time): the same work in Python
+    _fastpack = None
+else:
+    _fastpack.configure(
+        vendored=sorted(s.encode() for s in selection.VENDORED_DIRS),
+        generated_dirs=sorted(s.encode() for s in selection.GENERATED_DIRS),
+        lockfiles=sorted(s.encode() for s in selection.LOCKFILES),
+        minified=[s.encode() for s in selection.MINIFIED_SUFFIXES],
+        source_maps=[s.encode() for s in selection.SOURCE_MAP_SUFFIXES],
+        generated=[s.encode() for s in selection.GENERATED_SUFFIXES],
+        markers=list(GENERATED_MARKERS), minifiable=[s.encode() for s in MINIFIABLE_SUFFIXES],
+        controls=selection._CONTROL_BYTES, marker_probe=MARKER_PROBE, control_probe=PROBE_BYTES,
+        minified_min=MINIFIED_MIN_BYTES, minified_probe=MINIFIED_PROBE, first_read=FIRST_READ,
+        no_newline_note=layout.FLAG_NOTES["no-final-newline"].encode())
+_PATH_REASONS = (None, "vendored", "generated", "lockfile", "minified", "source-map")  # _fastpack's codes
+
+
+def threads_for(n_files: int) -> int:
+    """How many threads the accelerator reads `n_files` plain files with."""
+    if n_files < 2 * STRIPE:
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_WORKERS))
+
+
+def _accelerated(entries: list[Entry], todo: list[int], root: str, limit: int) -> list[int]:
+    """Decide and render what the C accelerator can (plain names, known blob ids, no cached facts):
+    the entries it left, for the Python path. Its records mean what `_stripe`'s do."""
+    simple = layout._SIMPLE_NAME.fullmatch
+    chosen = [i for i in todo if entries[i].blob is not None and entries[i].kind == "file" and entries[i].facts is None
+              and not entries[i].flags and simple(entries[i].path)]
+    if not chosen:
+        return todo
+    try:
+        regions = [Region(len(chosen) * (FIRST_READ + 8192), shared=False) for _ in range(threads_for(len(chosen)))]
+    except OSError:  # no address space to map: all of it in Python
+        return todo
+    rootfd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        records = _fastpack.scan(rootfd, [entries[i].path.encode() for i in chosen], limit, [r.map for r in regions])
+    finally:
+        os.close(rootfd)
+    views = [r.view for r in regions]
+    left = []
+    for i, rec in zip(chosen, records):
+        status = rec[0]
+        e = entries[i]
+        if status == 3:  # rendered: (3, size, chars, line ends, final newline, region, start, mid, stop, end)
+            _, n, chars, lines, newline, r, start, mid, stop, end = rec
+            e.size = n
+            e.facts = Facts(n, False, "utf-8", chars, n - chars, lines, newline)
+            view = views[r]
+            e.section = (view, start, end)
+            e.content = view[mid:stop]
+            e.frame = (mid - start + end - stop, 0)
+        elif status == 0:  # a path rule
+            e.reason = _PATH_REASONS[rec[1]]
+        elif status == 1:  # binary: (1, size)
+            e.size = rec[1]
+            e.facts = Facts(rec[1], True)
+            e.reason = "binary"
+        else:
+            left.append(i)
+    if len(left) == len(chosen):
+        return todo
+    chosen_set = set(chosen)
+    return sorted([i for i in todo if i not in chosen_set] + left)
 
 
 def workers_for(n_files: int) -> int:
@@ -186,9 +261,11 @@ def _stripe(job: _Job, stripe: list[int], region: Region, cur: int) -> tuple[lis
             if fd >= 0:
                 try:
                     data = os.read(fd, FIRST_READ)
+                except OSError:
+                    data = None  # `_one` tries again and says why
                 finally:
                     os.close(fd)
-                n = len(data)
+                n = FIRST_READ if data is None else len(data)
                 if n <= fast_max and not data.startswith(_UTF16_BOMS):
                     if b"\0" in data:
                         records.append(("binary", "", False, (), n, e.blob or blob_id(data), _binary_facts(n), None))
@@ -311,6 +388,10 @@ def render_sections(entries: list[Entry], root: str, include, exclude, limit: in
     packable one: afterwards `e.reason` is final and a packable `e` has its text in `e.content` and,
     unless its worker ran out of room or failed, its rendered section in `e.section`."""
     todo = [i for i, e in enumerate(entries) if e.reason is None]
+    if ACCELERATED and _fastpack is not None and include is None and exclude is None and todo:
+        todo = _accelerated(entries, todo, root, limit)
+        if not todo:
+            return
     n_workers = max(1, min(workers or workers_for(len(todo)), -(-len(todo) // STRIPE)))
     try:
         regions = [Region(len(todo) * (3 * limit + 4096), shared=w > 0) for w in range(n_workers)]

@@ -152,12 +152,13 @@ def test_a_stuck_worker_is_killed_and_its_share_done_by_the_caller(repo, monkeyp
         os.waitpid(-1, os.WNOHANG)
 
 
-def _decided(root, monkeypatch, inline: bool) -> list[tuple]:
+def _decided(root, monkeypatch, inline: bool, accelerated: bool = False) -> list[tuple]:
     """Every entry as `render_sections` leaves it: its fate, facts, and section bytes and frame."""
     from agent.context import layout
     from agent.context.selection import list_files
 
     monkeypatch.setattr(reader, "INLINE", inline)
+    monkeypatch.setattr(reader, "ACCELERATED", accelerated)
     listing = list_files(root)
     entries = sorted(listing.entries, key=lambda e: layout.sort_key(e.path))
     reader.render_sections(entries, str(listing.root), None, None, 4096, workers=1)
@@ -170,8 +171,9 @@ def _decided(root, monkeypatch, inline: bool) -> list[tuple]:
     return out
 
 
-def test_the_inline_path_decides_and_renders_as_the_general_one(repo, monkeypatch):
-    files = _files() | {
+def _every_case() -> dict[str, str | bytes]:
+    """Files for each rule and each branch of the fast paths (Python's inline one and the C one)."""
+    return _files() | {
         "ascii.py": "A = 1\n",
         "accents.txt": "déjà vu, naïve café\n",
         "no_newline_utf8.txt": "fin sans retour à la ligne",
@@ -190,7 +192,35 @@ def test_the_inline_path_decides_and_renders_as_the_general_one(repo, monkeypatc
         "vendor/lib.py": "V = 1\n",
         "max.txt": "y" * 4095 + "\n",
         "over.txt": "y" * 4097,
+        "invalid/overlong.txt": b"\xc0\xaf slash\n",
+        "invalid/surrogate.txt": b"\xed\xa0\x80 surrogate\n",
+        "invalid/too_high.txt": b"\xf4\x90\x80\x80 past the last code point\n",
+        "invalid/truncated.txt": b"caf\xc3",
+        "valid/four_byte.txt": "emoji \U0001f600 and \u00e9\u4e2d\n",
+        "valid/edge.txt": "\ud7ff \ue000 \U0010ffff\n",
+        "node_modules/pkg/index.js": "module.exports = 1;\n",
+        "src/vendor/x.c": "int x;\n",
+        "a/dist/b/c.txt": "dist\n",
+        "pkg.egg-info/PKG-INFO": "Name: pkg\n",
+        "deep/mypkg.egg-info/top.txt": "top\n",
+        "yarn.lock": "lock\n",
+        "web/app.MIN.JS": "var a;\n",
+        "web/app.js.map": "{}\n",
+        "proto/m_pb2.py": "X = 1\n",
+        ".hidden": "dotfile\n",
+        "..dots.txt": "dots\n",
+        "Makefile": "all:\n",
+        "archive.tar.GZ": b"\x1f\x8b\x08\x00" + b"\0" * 20,
+        "noext.": "no extension after the dot\n",
+        "long.extension12": "eleven letters\n",
+        "UPPER.PY": "X = 1\n",
+        "weird-lang.c++": "int y;\n",
+        "bom8.txt": "\ufeffwith a UTF-8 BOM\n",
     }
+
+
+def test_the_inline_path_decides_and_renders_as_the_general_one(repo, monkeypatch):
+    files = _every_case()
     root = repo(files)
     (root / "untracked.txt").write_text("not yet added\n")
     (root / "pkg" / "mod000.py").write_text("changed = True\n")
@@ -200,3 +230,38 @@ def test_the_inline_path_decides_and_renders_as_the_general_one(repo, monkeypatc
     for g, i in zip(general, inline):
         assert i == g, g[0]
     assert {g[1] for g in general} >= {None, "binary", "generated", "minified", "too-large", "vendored"}
+
+
+def test_the_c_accelerator_decides_and_renders_as_python_does(repo, monkeypatch):
+    if reader._fastpack is None:
+        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
+        pytest.skip("the C accelerator is not built here")
+    root = repo(_every_case())
+    (root / "untracked.txt").write_text("not yet added\n")
+    (root / "pkg" / "mod000.py").write_text("changed = True\n")
+    python = _decided(root, monkeypatch, inline=False)
+    statuses = []
+    real_scan = reader._fastpack.scan
+
+    def scan(*args):
+        records = real_scan(*args)
+        statuses.extend(r[0] for r in records)
+        return records
+
+    monkeypatch.setattr(reader._fastpack, "scan", scan)
+    accelerated = _decided(root, monkeypatch, inline=False, accelerated=True)
+    for p, a in zip(python, accelerated):
+        assert a == p, p[0]
+    assert {0, 1, 2, 3} <= set(statuses) and statuses.count(3) > 150  # path rule, binary, left, rendered
+    monkeypatch.setattr(reader, "threads_for", lambda n: 3)  # three threads claim the chunks
+    assert _decided(root, monkeypatch, inline=False, accelerated=True) == python
+
+
+def test_the_c_accelerator_leaves_what_does_not_fit_to_python(repo, monkeypatch):
+    if reader._fastpack is None:
+        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
+        pytest.skip("the C accelerator is not built here")
+    root = repo({f"data/f{i:03}.txt": f"{i} " * 3000 + "\n" for i in range(300)})  # about 5 MB
+    python = _decided(root, monkeypatch, inline=False)
+    monkeypatch.setattr(reader, "REGION_CAP", 1 << 20)  # 1 MB per thread: most files go back to Python
+    assert _decided(root, monkeypatch, inline=False, accelerated=True) == python

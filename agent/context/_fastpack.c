@@ -1,0 +1,512 @@
+/* The full pack's hot loop in C: read files, decide the common cases, render their sections.
+ *
+ * An optional accelerator of agent/context/reader.py: when this module is not built, the reader
+ * does the same work in Python, and the tests hold the two to the same bytes and records.
+ *
+ * scan() takes plain files (a name with nothing to quote, a known git blob id, no cached facts)
+ * and, on a few threads without the GIL, applies the default path rules and reads each one. A
+ * file is decided here only when the answer is simple: excluded by its path; binary (a NUL, read
+ * whole); or text that is valid UTF-8 with no control byte up front, no generated marker, no
+ * backtick fence of its own and not possibly minified, whose section is rendered into the
+ * caller's memory. Anything else (large, unreadable, other encodings, ...) is left to Python.
+ * Every rule's data (names, suffixes, markers, probe lengths) comes from Python's constants via
+ * configure(), so the rules are written down once.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_THREADS 8
+#define CHUNK 64
+
+enum { ST_PATH = 0, ST_BINARY = 1, ST_GENERAL = 2, ST_PACKED = 3 };
+
+typedef struct {
+    char **items;
+    size_t *lens;
+    Py_ssize_t n;
+} strlist;
+
+static struct {
+    int ready;
+    strlist vendored, gendirs, lockfiles, minified, sourcemap, gensuffix, markers, minifiable;
+    unsigned char control[256];
+    Py_ssize_t marker_probe, control_probe, minified_min, minified_probe, first_read;
+    char *note;
+    size_t note_len;
+} cfg;
+
+typedef struct {
+    int status, code, newline, region;
+    Py_ssize_t size, chars, lines, start, mid, stop, end;
+} record;
+
+typedef struct {
+    char *base;
+    Py_ssize_t size, cur;
+    int full;
+} region_t;
+
+typedef struct {
+    int rootfd;
+    Py_ssize_t limit, count;
+    const char **paths;
+    const Py_ssize_t *path_lens;
+    record *recs;
+    region_t *regions;
+    Py_ssize_t next;  /* the next chunk to claim (atomic) */
+} job_t;
+
+typedef struct {
+    job_t *job;
+    int index;
+} worker_t;
+
+static void strlist_free(strlist *l) {
+    for (Py_ssize_t i = 0; i < l->n; i++) PyMem_RawFree(l->items[i]);
+    PyMem_RawFree(l->items);
+    PyMem_RawFree(l->lens);
+    l->items = NULL;
+    l->lens = NULL;
+    l->n = 0;
+}
+
+static int strlist_set(strlist *l, PyObject *seq, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    strlist_free(l);
+    l->items = PyMem_RawCalloc(n ? n : 1, sizeof(char *));
+    l->lens = PyMem_RawCalloc(n ? n : 1, sizeof(size_t));
+    if (!l->items || !l->lens) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *s;
+        Py_ssize_t len;
+        if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(fast, i), &s, &len) < 0) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        l->items[i] = PyMem_RawMalloc(len + 1);
+        if (!l->items[i]) {
+            Py_DECREF(fast);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(l->items[i], s, len);
+        l->items[i][len] = 0;
+        l->lens[i] = (size_t)len;
+        l->n = i + 1;
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+static PyObject *configure(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"vendored", "generated_dirs", "lockfiles", "minified", "source_maps", "generated",
+                            "markers", "minifiable", "controls", "marker_probe", "control_probe",
+                            "minified_min", "minified_probe", "first_read", "no_newline_note", NULL};
+    PyObject *vendored, *gendirs, *lockfiles, *minified, *sourcemap, *gensuffix, *markers, *minifiable;
+    Py_buffer controls, note;
+    Py_ssize_t marker_probe, control_probe, minified_min, minified_probe, first_read;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOy*nnnnny*", names, &vendored, &gendirs, &lockfiles,
+                                     &minified, &sourcemap, &gensuffix, &markers, &minifiable, &controls,
+                                     &marker_probe, &control_probe, &minified_min, &minified_probe, &first_read,
+                                     &note))
+        return NULL;
+    cfg.ready = 0;
+    int bad = strlist_set(&cfg.vendored, vendored, "vendored") || strlist_set(&cfg.gendirs, gendirs, "generated_dirs")
+              || strlist_set(&cfg.lockfiles, lockfiles, "lockfiles") || strlist_set(&cfg.minified, minified, "minified")
+              || strlist_set(&cfg.sourcemap, sourcemap, "source_maps")
+              || strlist_set(&cfg.gensuffix, gensuffix, "generated") || strlist_set(&cfg.markers, markers, "markers")
+              || strlist_set(&cfg.minifiable, minifiable, "minifiable");
+    if (!bad) {
+        memset(cfg.control, 0, sizeof cfg.control);
+        for (Py_ssize_t i = 0; i < controls.len; i++) cfg.control[((unsigned char *)controls.buf)[i]] = 1;
+        cfg.marker_probe = marker_probe;
+        cfg.control_probe = control_probe;
+        cfg.minified_min = minified_min;
+        cfg.minified_probe = minified_probe;
+        cfg.first_read = first_read;
+        PyMem_RawFree(cfg.note);
+        cfg.note = PyMem_RawMalloc(note.len + 1);
+        if (!cfg.note) {
+            PyErr_NoMemory();
+            bad = 1;
+        } else {
+            memcpy(cfg.note, note.buf, note.len);
+            cfg.note_len = (size_t)note.len;
+            cfg.ready = 1;
+        }
+    }
+    PyBuffer_Release(&controls);
+    PyBuffer_Release(&note);
+    if (bad) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---- path rules (selection.path_reason) ---- */
+
+static int in_list(const strlist *l, const char *s, size_t len) {
+    for (Py_ssize_t i = 0; i < l->n; i++)
+        if (l->lens[i] == len && memcmp(l->items[i], s, len) == 0) return 1;
+    return 0;
+}
+
+static int ends_with_any(const strlist *l, const char *s, size_t len) {
+    for (Py_ssize_t i = 0; i < l->n; i++)
+        if (l->lens[i] <= len && memcmp(s + len - l->lens[i], l->items[i], l->lens[i]) == 0) return 1;
+    return 0;
+}
+
+/* 0: none; 1 vendored, 2 generated, 3 lockfile, 4 minified, 5 source-map (the order Python checks).
+ * `lower` is the path's file name lowercased (ASCII: these paths are plain ASCII). */
+static int path_code(const char *path, size_t len, const char *lower, size_t name_at) {
+    int generated_dir = 0;
+    if (name_at) {
+        size_t start = 0;
+        for (size_t i = 0; i < name_at; i++) {
+            if (path[i] != '/') continue;
+            const char *part = path + start;
+            size_t plen = i - start;
+            if (in_list(&cfg.vendored, part, plen)) return 1;
+            if (in_list(&cfg.gendirs, part, plen)) generated_dir = 1;
+            if (plen >= 9 && memcmp(part + plen - 9, ".egg-info", 9) == 0) generated_dir = 1;
+            start = i + 1;
+        }
+    }
+    if (generated_dir) return 2;
+    const char *name = path + name_at;
+    size_t nlen = len - name_at;
+    if (in_list(&cfg.lockfiles, name, nlen)) return 3;
+    if (ends_with_any(&cfg.minified, lower, nlen)) return 4;
+    if (ends_with_any(&cfg.sourcemap, lower, nlen)) return 5;
+    if (ends_with_any(&cfg.gensuffix, lower, nlen)) return 2;
+    return 0;
+}
+
+/* ---- content checks (selection.decode, layout.fence_for) ---- */
+
+/* Strict UTF-8 (what Python's decoder accepts); the number of characters, or -1 when invalid. */
+static Py_ssize_t utf8_chars(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0, chars = 0;
+    while (i < n) {
+        if (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (!(w & 0x8080808080808080ULL)) {
+                i += 8;
+                chars += 8;
+                continue;
+            }
+        }
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return -1;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (i + 2 >= n) return -1;
+            unsigned char c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80) return -1;
+            if (c == 0xE0 && c1 < 0xA0) return -1;  /* overlong */
+            if (c == 0xED && c1 > 0x9F) return -1;  /* surrogate */
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (i + 3 >= n) return -1;
+            unsigned char c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80) return -1;
+            if (c == 0xF0 && c1 < 0x90) return -1;  /* overlong */
+            if (c == 0xF4 && c1 > 0x8F) return -1;  /* past U+10FFFF */
+            i += 4;
+        } else {
+            return -1;
+        }
+        chars++;
+    }
+    return chars;
+}
+
+static int has_triple_backtick(const char *s, Py_ssize_t n) {
+    const char *p = s, *end = s + n;
+    while (p < end && (p = memchr(p, '`', (size_t)(end - p))) != NULL) {
+        if (end - p >= 3 && p[1] == '`' && p[2] == '`') return 1;
+        p++;
+    }
+    return 0;
+}
+
+static Py_ssize_t count_newlines(const char *s, Py_ssize_t n) {
+    Py_ssize_t lines = 0;
+    const char *p = s, *end = s + n;
+    while (p < end && (p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+        lines++;
+        p++;
+    }
+    return lines;
+}
+
+/* layout.language for a plain ASCII path: the extension lowercased when it is 1 to 10 letters or
+ * digits, after a name that is not only dots. */
+static size_t language(const char *path, size_t len, size_t name_at, char *out) {
+    const char *dot = NULL;
+    for (size_t i = len; i > name_at; i--)
+        if (path[i - 1] == '.') {
+            dot = path + i - 1;
+            break;
+        }
+    if (!dot) return 0;
+    int stem = 0;
+    for (const char *p = path + name_at; p < dot; p++)
+        if (*p != '.') stem = 1;
+    if (!stem) return 0;
+    size_t elen = len - (size_t)(dot + 1 - path);
+    if (elen == 0 || elen > 10) return 0;
+    for (size_t i = 0; i < elen; i++) {
+        unsigned char c = (unsigned char)dot[1 + i];
+        if (c >= 'A' && c <= 'Z') c = (unsigned char)(c - 'A' + 'a');
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) return 0;
+        out[i] = (char)c;
+    }
+    return elen;
+}
+
+static void put(region_t *r, const char *s, size_t n) {
+    memcpy(r->base + r->cur, s, n);
+    r->cur += (Py_ssize_t)n;
+}
+
+static void decide(job_t *job, Py_ssize_t k, region_t *region, int region_index, char *buf, char *lower) {
+    record *rec = &job->recs[k];
+    const char *path = job->paths[k];
+    size_t len = (size_t)job->path_lens[k];
+    size_t name_at = 0;
+    for (size_t i = len; i > 0; i--)
+        if (path[i - 1] == '/') {
+            name_at = i;
+            break;
+        }
+    for (size_t i = name_at; i < len; i++) {
+        char c = path[i];
+        lower[i - name_at] = (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
+    }
+    int code = path_code(path, len, lower, name_at);
+    if (code) {
+        rec->status = ST_PATH;
+        rec->code = code;
+        return;
+    }
+    int fd = openat(job->rootfd, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return; /* Python reports why */
+    Py_ssize_t n = 0;
+    while (n < cfg.first_read) {
+        ssize_t got = read(fd, buf + n, (size_t)(cfg.first_read - n));
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            close(fd);
+            return;
+        }
+        if (got == 0) break;
+        n += got;
+        break; /* one read, as Python does: a short read of a regular file is its end */
+    }
+    close(fd);
+    if (n >= cfg.first_read || n > job->limit) return;
+    const unsigned char *u = (const unsigned char *)buf;
+    if (n >= 2 && ((u[0] == 0xFF && u[1] == 0xFE) || (u[0] == 0xFE && u[1] == 0xFF))) return;
+    rec->size = n;
+    if (n && memchr(buf, 0, (size_t)n)) {
+        rec->status = ST_BINARY;
+        return;
+    }
+    Py_ssize_t probe = n < cfg.control_probe ? n : cfg.control_probe;
+    for (Py_ssize_t i = 0; i < probe; i++)
+        if (cfg.control[u[i]]) return;
+    Py_ssize_t chars = utf8_chars(u, n);
+    if (chars < 0) return;
+    Py_ssize_t mprobe = n < cfg.marker_probe ? n : cfg.marker_probe;
+    for (Py_ssize_t m = 0; m < cfg.markers.n; m++)
+        if (cfg.markers.lens[m] && memmem(buf, (size_t)mprobe, cfg.markers.items[m], cfg.markers.lens[m])) return;
+    if (n >= cfg.minified_min && ends_with_any(&cfg.minifiable, lower, len - name_at)) return;
+    if (has_triple_backtick(buf, n)) return;
+    int newline = n == 0 || buf[n - 1] == '\n';
+    char lang[16];
+    size_t lang_len = language(path, len, name_at, lang);
+    size_t head = 4 + len + (newline ? 0 : 4 + cfg.note_len) + 4 + lang_len + 1;
+    size_t tail = newline ? 5 : 6;
+    if (region->full || region->cur + (Py_ssize_t)(head + tail) + n > region->size) {
+        region->full = 1;
+        return;
+    }
+    rec->start = region->cur;
+    put(region, "### ", 4);
+    put(region, path, len);
+    if (!newline) {
+        put(region, "  (", 3);
+        put(region, cfg.note, cfg.note_len);
+        put(region, ")", 1);
+    }
+    put(region, "\n```", 4);
+    put(region, lang, lang_len);
+    put(region, "\n", 1);
+    rec->mid = region->cur;
+    put(region, buf, (size_t)n);
+    rec->stop = region->cur;
+    if (newline)
+        put(region, "```\n\n", 5);
+    else
+        put(region, "\n```\n\n", 6);
+    rec->end = region->cur;
+    rec->chars = chars;
+    rec->lines = count_newlines(buf, n < cfg.minified_probe ? n : cfg.minified_probe);
+    rec->newline = newline;
+    rec->region = region_index;
+    rec->status = ST_PACKED;
+}
+
+static void *work(void *arg) {
+    worker_t *w = arg;
+    job_t *job = w->job;
+    region_t *region = &job->regions[w->index];
+    char *buf = malloc((size_t)cfg.first_read + 1);
+    char *lower = malloc(4096 + 1);
+    if (!buf || !lower) {
+        free(buf);
+        free(lower);
+        return NULL; /* its entries stay with Python */
+    }
+    for (;;) {
+        Py_ssize_t first = __atomic_fetch_add(&job->next, CHUNK, __ATOMIC_RELAXED);
+        if (first >= job->count) break;
+        Py_ssize_t last = first + CHUNK < job->count ? first + CHUNK : job->count;
+        for (Py_ssize_t k = first; k < last; k++)
+            if (job->path_lens[k] <= 4096) decide(job, k, region, w->index, buf, lower);
+    }
+    free(buf);
+    free(lower);
+    return NULL;
+}
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    int rootfd;
+    PyObject *paths_obj, *regions_obj;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "iOnO", &rootfd, &paths_obj, &limit, &regions_obj)) return NULL;
+    if (!cfg.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "_fastpack.configure() has not been called");
+        return NULL;
+    }
+    PyObject *paths = PySequence_Fast(paths_obj, "paths must be a sequence of bytes");
+    if (!paths) return NULL;
+    PyObject *regions_seq = PySequence_Fast(regions_obj, "regions must be a sequence of writable buffers");
+    if (!regions_seq) {
+        Py_DECREF(paths);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths);
+    Py_ssize_t nreg = PySequence_Fast_GET_SIZE(regions_seq);
+    PyObject *result = NULL;
+    Py_buffer views[MAX_THREADS];
+    int nviews = 0;
+    job_t job = {0};
+    region_t regions[MAX_THREADS];
+    if (nreg < 1 || nreg > MAX_THREADS) {
+        PyErr_SetString(PyExc_ValueError, "between 1 and 8 regions");
+        goto done;
+    }
+    job.paths = PyMem_Calloc(count ? count : 1, sizeof(char *));
+    job.path_lens = PyMem_Calloc(count ? count : 1, sizeof(Py_ssize_t));
+    job.recs = PyMem_Calloc(count ? count : 1, sizeof(record));
+    if (!job.paths || !job.path_lens || !job.recs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        char *s;
+        if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(paths, k), &s, (Py_ssize_t *)&job.path_lens[k]) < 0)
+            goto done;
+        job.paths[k] = s;
+        job.recs[k].status = ST_GENERAL;
+    }
+    for (Py_ssize_t r = 0; r < nreg; r++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(regions_seq, r), &views[r], PyBUF_WRITABLE) < 0) goto done;
+        nviews++;
+        regions[r].base = views[r].buf;
+        regions[r].size = views[r].len;
+        regions[r].cur = 0;
+        regions[r].full = 0;
+    }
+    job.rootfd = rootfd;
+    job.limit = limit;
+    job.count = count;
+    job.regions = regions;
+    job.next = 0;
+    worker_t workers[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    Py_BEGIN_ALLOW_THREADS
+    for (int t = 1; t < nreg; t++) {
+        workers[t].job = &job;
+        workers[t].index = t;
+        started[t] = pthread_create(&threads[t], NULL, work, &workers[t]) == 0;
+    }
+    workers[0].job = &job;
+    workers[0].index = 0;
+    work(&workers[0]);
+    for (int t = 1; t < nreg; t++)
+        if (started[t]) pthread_join(threads[t], NULL);
+    Py_END_ALLOW_THREADS
+    result = PyList_New(count);
+    if (!result) goto done;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        record *rec = &job.recs[k];
+        PyObject *item;
+        switch (rec->status) {
+        case ST_PATH: item = Py_BuildValue("(ii)", ST_PATH, rec->code); break;
+        case ST_BINARY: item = Py_BuildValue("(in)", ST_BINARY, rec->size); break;
+        case ST_PACKED:
+            item = Py_BuildValue("(innnOinnnn)", ST_PACKED, rec->size, rec->chars, rec->lines,
+                                 rec->newline ? Py_True : Py_False, rec->region, rec->start, rec->mid, rec->stop,
+                                 rec->end);
+            break;
+        default: item = Py_BuildValue("(i)", ST_GENERAL);
+        }
+        if (!item) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, k, item);
+    }
+done:
+    for (int r = 0; r < nviews; r++) PyBuffer_Release(&views[r]);
+    PyMem_Free((void *)job.paths);
+    PyMem_Free((void *)job.path_lens);
+    PyMem_Free(job.recs);
+    Py_DECREF(paths);
+    Py_DECREF(regions_seq);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
+     "Set the rules' data (from agent.context.selection and layout)."},
+    {"scan", scan, METH_VARARGS,
+     "scan(rootfd, paths, limit, regions) -> records: decide and render plain files on one thread per region."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpack",
+                                    "The full pack's hot loop in C (optional; see reader.py).", -1, methods};
+
+PyMODINIT_FUNC PyInit__fastpack(void) { return PyModule_Create(&module); }
