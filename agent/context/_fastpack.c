@@ -22,12 +22,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MAX_THREADS 8
 #define CHUNK 64
 
-enum { ST_PATH = 0, ST_BINARY = 1, ST_GENERAL = 2, ST_PACKED = 3 };
+enum { ST_PATH = 0, ST_BINARY = 1, ST_GENERAL = 2, ST_PACKED = 3, ST_EXCLUDED = 4, ST_TOO_LARGE = 5 };
 
 typedef struct {
     char **items;
@@ -40,6 +41,7 @@ static struct {
     strlist vendored, gendirs, lockfiles, minified, sourcemap, gensuffix, markers, minifiable;
     unsigned char control[256];
     Py_ssize_t marker_probe, control_probe, minified_min, minified_probe, first_read;
+    double minified_avg_line;
     char *note;
     size_t note_len;
 } cfg;
@@ -116,14 +118,15 @@ static int strlist_set(strlist *l, PyObject *seq, const char *what) {
 static PyObject *configure(PyObject *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"vendored", "generated_dirs", "lockfiles", "minified", "source_maps", "generated",
                             "markers", "minifiable", "controls", "marker_probe", "control_probe",
-                            "minified_min", "minified_probe", "first_read", "no_newline_note", NULL};
+                            "minified_min", "minified_probe", "minified_avg_line", "first_read", "no_newline_note", NULL};
     PyObject *vendored, *gendirs, *lockfiles, *minified, *sourcemap, *gensuffix, *markers, *minifiable;
     Py_buffer controls, note;
     Py_ssize_t marker_probe, control_probe, minified_min, minified_probe, first_read;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOy*nnnnny*", names, &vendored, &gendirs, &lockfiles,
+    double minified_avg_line;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOy*nnnndny*", names, &vendored, &gendirs, &lockfiles,
                                      &minified, &sourcemap, &gensuffix, &markers, &minifiable, &controls,
-                                     &marker_probe, &control_probe, &minified_min, &minified_probe, &first_read,
-                                     &note))
+                                     &marker_probe, &control_probe, &minified_min, &minified_probe,
+                                     &minified_avg_line, &first_read, &note))
         return NULL;
     cfg.ready = 0;
     int bad = strlist_set(&cfg.vendored, vendored, "vendored") || strlist_set(&cfg.gendirs, gendirs, "generated_dirs")
@@ -138,6 +141,7 @@ static PyObject *configure(PyObject *self, PyObject *args, PyObject *kw) {
         cfg.control_probe = control_probe;
         cfg.minified_min = minified_min;
         cfg.minified_probe = minified_probe;
+        cfg.minified_avg_line = minified_avg_line;
         cfg.first_read = first_read;
         PyMem_RawFree(cfg.note);
         cfg.note = PyMem_RawMalloc(note.len + 1);
@@ -283,12 +287,41 @@ static size_t language(const char *path, size_t len, size_t name_at, char *out) 
     return elen;
 }
 
-static void put(region_t *r, const char *s, size_t n) {
-    memcpy(r->base + r->cur, s, n);
-    r->cur += (Py_ssize_t)n;
+/* Read a whole file (as reader.read_bytes does) into `dst`, which has room for limit + 1 bytes: its
+ * size, or -1 on an error (left to Python), or -2 when it is over `limit` (*size_out: its size). */
+static Py_ssize_t read_file(int fd, char *dst, Py_ssize_t limit, Py_ssize_t *size_out) {
+    Py_ssize_t want = cfg.first_read < limit + 1 ? cfg.first_read : limit + 1;
+    ssize_t got;
+    do {
+        got = read(fd, dst, (size_t)want);
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) return -1;
+    struct stat st;
+    if (got < cfg.first_read) {  /* a short read of a regular file is its end */
+        if (got <= limit) return got;
+        if (fstat(fd, &st) < 0) return -1;
+        *size_out = st.st_size;
+        return -2;
+    }
+    Py_ssize_t total = got;
+    while (total <= limit) {
+        Py_ssize_t chunk = limit + 1 - total < (1 << 20) ? limit + 1 - total : (1 << 20);
+        do {
+            got = read(fd, dst + total, (size_t)chunk);
+        } while (got < 0 && errno == EINTR);
+        if (got < 0) return -1;
+        if (got == 0) break;
+        total += got;
+    }
+    if (total > limit) {
+        if (fstat(fd, &st) < 0) return -1;
+        *size_out = total > st.st_size ? total : st.st_size;
+        return -2;
+    }
+    return total;
 }
 
-static void decide(job_t *job, Py_ssize_t k, region_t *region, int region_index, char *buf, char *lower) {
+static void decide(job_t *job, Py_ssize_t k, region_t *region, int region_index, char *lower) {
     record *rec = &job->recs[k];
     const char *path = job->paths[k];
     size_t len = (size_t)job->path_lens[k];
@@ -308,24 +341,31 @@ static void decide(job_t *job, Py_ssize_t k, region_t *region, int region_index,
         rec->code = code;
         return;
     }
-    int fd = openat(job->rootfd, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return; /* Python reports why */
-    Py_ssize_t n = 0;
-    while (n < cfg.first_read) {
-        ssize_t got = read(fd, buf + n, (size_t)(cfg.first_read - n));
-        if (got < 0) {
-            if (errno == EINTR) continue;
-            close(fd);
-            return;
-        }
-        if (got == 0) break;
-        n += got;
-        break; /* one read, as Python does: a short read of a regular file is its end */
+    /* The section goes at the region's cursor: the heading (as for text that ends in a newline),
+     * then the file read straight after it, then the closing fence. */
+    char lang[16];
+    size_t lang_len = language(path, len, name_at, lang);
+    size_t head = 4 + len + 4 + lang_len + 1;
+    size_t note = 4 + cfg.note_len;  /* "  (" note ")": for text without a final newline */
+    if (region->full || region->cur + (Py_ssize_t)(head + note + 6) + job->limit + 1 > region->size) {
+        region->full = 1;
+        return;
     }
+    char *out = region->base + region->cur;
+    char *buf = out + head;
+    int fd = openat(job->rootfd, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return; /* Python says why */
+    Py_ssize_t size = 0;
+    Py_ssize_t n = read_file(fd, buf, job->limit, &size);
     close(fd);
-    if (n >= cfg.first_read || n > job->limit) return;
+    if (n == -2) {
+        rec->status = ST_TOO_LARGE;
+        rec->size = size;
+        return;
+    }
+    if (n < 0) return;
     const unsigned char *u = (const unsigned char *)buf;
-    if (n >= 2 && ((u[0] == 0xFF && u[1] == 0xFE) || (u[0] == 0xFE && u[1] == 0xFF))) return;
+    if (n >= 2 && n % 2 == 0 && ((u[0] == 0xFF && u[1] == 0xFE) || (u[0] == 0xFE && u[1] == 0xFF))) return;
     rec->size = n;
     if (n && memchr(buf, 0, (size_t)n)) {
         rec->status = ST_BINARY;
@@ -336,65 +376,73 @@ static void decide(job_t *job, Py_ssize_t k, region_t *region, int region_index,
         if (cfg.control[u[i]]) return;
     Py_ssize_t chars = utf8_chars(u, n);
     if (chars < 0) return;
-    Py_ssize_t mprobe = n < cfg.marker_probe ? n : cfg.marker_probe;
-    for (Py_ssize_t m = 0; m < cfg.markers.n; m++)
-        if (cfg.markers.lens[m] && memmem(buf, (size_t)mprobe, cfg.markers.items[m], cfg.markers.lens[m])) return;
-    if (n >= cfg.minified_min && ends_with_any(&cfg.minifiable, lower, len - name_at)) return;
-    if (has_triple_backtick(buf, n)) return;
-    int newline = n == 0 || buf[n - 1] == '\n';
-    char lang[16];
-    size_t lang_len = language(path, len, name_at, lang);
-    size_t head = 4 + len + (newline ? 0 : 4 + cfg.note_len) + 4 + lang_len + 1;
-    size_t tail = newline ? 5 : 6;
-    if (region->full || region->cur + (Py_ssize_t)(head + tail) + n > region->size) {
-        region->full = 1;
-        return;
-    }
-    rec->start = region->cur;
-    put(region, "### ", 4);
-    put(region, path, len);
-    if (!newline) {
-        put(region, "  (", 3);
-        put(region, cfg.note, cfg.note_len);
-        put(region, ")", 1);
-    }
-    put(region, "\n```", 4);
-    put(region, lang, lang_len);
-    put(region, "\n", 1);
-    rec->mid = region->cur;
-    put(region, buf, (size_t)n);
-    rec->stop = region->cur;
-    if (newline)
-        put(region, "```\n\n", 5);
-    else
-        put(region, "\n```\n\n", 6);
-    rec->end = region->cur;
     rec->chars = chars;
     rec->lines = count_newlines(buf, n < cfg.minified_probe ? n : cfg.minified_probe);
-    rec->newline = newline;
+    rec->newline = n == 0 || buf[n - 1] == '\n';
+    Py_ssize_t mprobe = n < cfg.marker_probe ? n : cfg.marker_probe;
+    for (Py_ssize_t m = 0; m < cfg.markers.n; m++)
+        if (cfg.markers.lens[m] && memmem(buf, (size_t)mprobe, cfg.markers.items[m], cfg.markers.lens[m])) {
+            rec->status = ST_EXCLUDED;
+            rec->code = 2; /* generated */
+            return;
+        }
+    if (n >= cfg.minified_min && ends_with_any(&cfg.minifiable, lower, len - name_at)) {
+        Py_ssize_t p = n < cfg.minified_probe ? n : cfg.minified_probe;
+        if ((double)p / (double)(rec->lines + 1) > cfg.minified_avg_line) {
+            rec->status = ST_EXCLUDED;
+            rec->code = 4; /* minified */
+            return;
+        }
+    }
+    if (has_triple_backtick(buf, n)) return;
+    char *at = out;
+    memcpy(at, "### ", 4);
+    at += 4;
+    memcpy(at, path, len);
+    at += len;
+    if (!rec->newline) { /* the note goes in the heading: the text moves up to make room */
+        memmove(buf + note, buf, (size_t)n);
+        memcpy(at, "  (", 3);
+        memcpy(at + 3, cfg.note, cfg.note_len);
+        at[3 + cfg.note_len] = ')';
+        at += note;
+        buf += note;
+    }
+    memcpy(at, "\n```", 4);
+    at += 4;
+    memcpy(at, lang, lang_len);
+    at += lang_len;
+    *at++ = '\n';
+    char *stop = buf + n;
+    if (rec->newline) {
+        memcpy(stop, "```\n\n", 5);
+        stop += 5;
+    } else {
+        memcpy(stop, "\n```\n\n", 6);
+        stop += 6;
+    }
+    rec->start = region->cur;
+    rec->mid = region->cur + (at - out);
+    rec->stop = rec->mid + n;
+    rec->end = region->cur + (stop - out);
     rec->region = region_index;
     rec->status = ST_PACKED;
+    region->cur = rec->end;
 }
 
 static void *work(void *arg) {
     worker_t *w = arg;
     job_t *job = w->job;
     region_t *region = &job->regions[w->index];
-    char *buf = malloc((size_t)cfg.first_read + 1);
     char *lower = malloc(4096 + 1);
-    if (!buf || !lower) {
-        free(buf);
-        free(lower);
-        return NULL; /* its entries stay with Python */
-    }
+    if (!lower) return NULL; /* its entries stay with Python */
     for (;;) {
         Py_ssize_t first = __atomic_fetch_add(&job->next, CHUNK, __ATOMIC_RELAXED);
         if (first >= job->count) break;
         Py_ssize_t last = first + CHUNK < job->count ? first + CHUNK : job->count;
         for (Py_ssize_t k = first; k < last; k++)
-            if (job->path_lens[k] <= 4096) decide(job, k, region, w->index, buf, lower);
+            if (job->path_lens[k] <= 4096) decide(job, k, region, w->index, lower);
     }
-    free(buf);
     free(lower);
     return NULL;
 }
@@ -476,6 +524,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         switch (rec->status) {
         case ST_PATH: item = Py_BuildValue("(ii)", ST_PATH, rec->code); break;
         case ST_BINARY: item = Py_BuildValue("(in)", ST_BINARY, rec->size); break;
+        case ST_TOO_LARGE: item = Py_BuildValue("(in)", ST_TOO_LARGE, rec->size); break;
+        case ST_EXCLUDED:
+            item = Py_BuildValue("(iinnnO)", ST_EXCLUDED, rec->code, rec->size, rec->chars, rec->lines,
+                                 rec->newline ? Py_True : Py_False);
+            break;
         case ST_PACKED:
             item = Py_BuildValue("(innnOinnnn)", ST_PACKED, rec->size, rec->chars, rec->lines,
                                  rec->newline ? Py_True : Py_False, rec->region, rec->start, rec->mid, rec->stop,

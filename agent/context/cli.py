@@ -92,7 +92,7 @@ def calibrated_estimate(repo: Path, exact: TokenCounter, samples: int = 32) -> E
 
 def summary_table(pack: Pack, elapsed: float, output: str) -> str:
     """The summary printed after packing: files packed and skipped by reason, tokens, time."""
-    rows = [("packed", f"{len(pack.files):,} files", f"{sum(f.tokens for f in pack.files):,} tokens")]
+    rows = [("packed", f"{pack.packed_count:,} files", f"{pack.packed_tokens():,} tokens")]
     rows += [(f"skipped: {reason}", f"{n:,} files", "") for reason, n in pack.skipped_by_reason().items()]
     budget = f" of {pack.budget:,} budget" if pack.budget is not None else ""
     rows.append(("pack text", f"{pack.total_files:,} in tree", f"{pack.tokens:,} tokens{budget}"))

@@ -97,13 +97,14 @@ def _marker(e: Entry) -> str:
     return f"  (skipped: {e.reason})"
 
 
-def tree(entries: list[Entry], max_depth: int | None = None) -> str:
+def tree(entries: list[Entry], max_depth: int | None = None, keyed: list[tuple[str, ...]] | None = None) -> str:
     """The tree of all entries (sorted by `sort_key`), skip reasons marked, vendored trees folded.
 
     With `max_depth`, directories that deep are shown as one line with their file count: the
-    shortened tree a small budget gets.
+    shortened tree a small budget gets. `keyed`: the entries' sort keys, when the caller has them.
     """
-    keyed = [sort_key(e.path) for e in entries]
+    if keyed is None:
+        keyed = [sort_key(e.path) for e in entries]
     # Directories holding a vendored or generated file may fold into one line: those whose every
     # entry is skipped for that one reason. Entries under a directory are contiguous in tree order.
     candidates = set()
@@ -112,12 +113,16 @@ def tree(entries: list[Entry], max_depth: int | None = None) -> str:
             candidates.update(parts[:i] for i in range(1, len(parts)))
     lines = ["## Tree\n"]
     opened: tuple[str, ...] = ()
+    prefix, indent = "", ""  # the open directory as a path prefix ("a/b/"), and its entries' indent
     names: dict[str, str] = {}  # name -> as shown: the same names recur (__init__.py, tests, ...)
     i, n = 0, len(entries)
     while i < n:
-        parts, e = keyed[i], entries[i]
-        dirs = len(parts) - 1
-        if dirs != len(opened) or parts[:-1] != opened:  # directories to open (most entries: none)
+        e = entries[i]
+        path = e.path
+        cut = path.rfind("/") + 1
+        if cut != len(prefix) or not path.startswith(prefix):  # directories to open (most entries: none)
+            parts = keyed[i]
+            dirs = len(parts) - 1
             common = 0
             limit = min(len(opened), dirs)
             while common < limit and opened[common] == parts[common]:
@@ -143,15 +148,19 @@ def tree(entries: list[Entry], max_depth: int | None = None) -> str:
                         break
                 lines.append(f"{INDENT * depth}{shown(parts[depth])}/\n")
                 opened = key
+            prefix = "".join(p + "/" for p in opened)
+            indent = INDENT * len(opened)
             if folded_to is not None:
                 i = folded_to
                 continue
-        label = names.get(parts[-1])
+        name = path[cut:]
+        label = names.get(name)
         if label is None:
-            label = names[parts[-1]] = shown(parts[-1])
-        if e.kind == "dir":
-            label += "/"
-        lines.append(f"{INDENT * dirs}{label}{_marker(e) if e.reason else ''}\n")
+            label = names[name] = shown(name)
+        if e.reason is None:
+            lines.append(f"{indent}{label}\n")
+        else:
+            lines.append(f"{indent}{label}{'/' if e.kind == 'dir' else ''}{_marker(e)}\n")
         i += 1
     lines.append("\n")
     return "".join(lines)

@@ -61,11 +61,15 @@ class Pack:
     joining them), joined into `data` and decoded into `text` on first use.
     """
 
-    def __init__(self, *, files: list[PackedFile], skipped: list[SkippedFile], tokens: int, counter_kind: str,
-                 budget: int | None = None, head: str | None = None, total_files: int = 0,
-                 timings: dict[str, float] | None = None, parts: tuple = ()) -> None:
-        self.files = files
-        self.skipped = skipped
+    def __init__(self, *, files: list[PackedFile] | None = None, skipped: list[SkippedFile] | None = None, tokens: int,
+                 counter_kind: str, budget: int | None = None, head: str | None = None, total_files: int = 0,
+                 timings: dict[str, float] | None = None, parts: tuple = (), listed=None, counted=None,
+                 packed_count: int | None = None) -> None:
+        self._files = files
+        self._skipped = skipped
+        self._listed = listed  # () -> (files, skipped): the lists made on first use
+        self._counted = counted  # () -> (packed tokens, {reason: files}): without making the lists
+        self.packed_count = len(files) if files is not None else packed_count  # files with their text in the pack
         self.tokens = tokens  # tokens of `text` per the counter
         self.counter_kind = counter_kind  # "server" | "tokenizer.json" | "estimate"
         self.budget = budget
@@ -74,6 +78,20 @@ class Pack:
         self.timings = timings if timings is not None else {}
         self.parts = parts
         self._cache: dict = {}
+
+    @property
+    def files(self) -> list[PackedFile]:
+        """The packed files, in pack order."""
+        if self._files is None:
+            self._files, self._skipped = self._listed()
+        return self._files
+
+    @property
+    def skipped(self) -> list[SkippedFile]:
+        """The files the tree lists without their text, and why, in tree order."""
+        if self._skipped is None:
+            self._files, self._skipped = self._listed()
+        return self._skipped
 
     def __repr__(self) -> str:
         return (f"Pack(files={len(self.files)}, skipped={len(self.skipped)}, tokens={self.tokens}, "
@@ -107,10 +125,22 @@ class Pack:
 
     def skipped_by_reason(self) -> dict[str, int]:
         """How many files each reason left out."""
+        if self._skipped is None and self._counted is not None:
+            return dict(sorted(self._counted()[1].items()))
         out: dict[str, int] = {}
         for s in self.skipped:
             out[s.reason] = out.get(s.reason, 0) + 1
         return dict(sorted(out.items()))
+
+    def packed_tokens(self) -> int:
+        """Tokens of the packed files' texts (without their headings and fences)."""
+        if self._files is None and self._counted is not None:
+            return self._counted()[0]
+        return sum(f.tokens for f in self.files)
+
+
+def _first(pair: tuple):
+    return pair[0]
 
 
 def _flags(e: Entry) -> list[str]:
@@ -170,7 +200,8 @@ def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, 
               globs: tuple, timings: dict[str, float], t0: float) -> Pack:
     """The pack of every file (no budget): each file read once, its section rendered as it is read."""
     t = time.perf_counter()
-    entries = sorted(listing.entries, key=lambda e: layout.sort_key(e.path))
+    keyed = sorted([(layout.sort_key(e.path), e) for e in listing.entries], key=_first)
+    entries = [e for _, e in keyed]
     known, stale = _known_facts(store, listing, entries)
     for e in entries:
         if e.blob in known:
@@ -186,11 +217,12 @@ def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, 
 
     t = time.perf_counter()
     head_text = layout.header(git=listing.git, head=listing.head, dirty=dirty, total=len(entries))
-    tree_text = layout.tree(entries)
+    tree_text = layout.tree(entries, keyed=[k for k, _ in keyed])
     parts, tokens = _render(packable, [], entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
     timings["render_s"] = time.perf_counter() - t
-    facts = _facts_by_blob(entries)
-    _remember(store, listing, facts, {b: f for b, f in facts.items() if b not in known}, stale)
+    if store is not None:
+        facts = _facts_by_blob(entries)
+        _remember(store, listing, facts, {b: f for b, f in facts.items() if b not in known}, stale)
     timings["total_s"] = time.perf_counter() - t0
     return _result(entries, packable, [], parts, tokens, counter, None, listing, timings)
 
@@ -277,16 +309,33 @@ def _remember(store: PackCache | None, listing: Listing, facts: dict, new: dict,
 
 def _result(entries: list[Entry], chosen: list[Entry], left_out: list[Entry], parts: list, tokens: int,
             counter: TokenCounter, budget: int | None, listing: Listing, timings: dict[str, float]) -> Pack:
-    chosen_ids = {id(e) for e in chosen}
-    left_ids = {id(e) for e in left_out}
-    files, skipped = [], []
-    for e in entries:
-        if id(e) in chosen_ids:
-            files.append(PackedFile(e.path, e.tokens or 0, e.size or 0, _flags(e)))
-        else:
-            skipped.append(SkippedFile(e.path, "budget" if id(e) in left_ids else e.reason or "unknown", e.detail))
-    return Pack(files=files, skipped=skipped, tokens=tokens, counter_kind=counter.kind, budget=budget,
-                head=listing.head, total_files=len(entries), timings=timings, parts=tuple(parts))
+    """The pack; its lists of packed and skipped files are made when first asked for."""
+
+    def listed() -> tuple[list[PackedFile], list[SkippedFile]]:
+        chosen_ids = {id(e) for e in chosen}
+        left_ids = {id(e) for e in left_out}
+        files, skipped = [], []
+        for e in entries:
+            if id(e) in chosen_ids:
+                files.append(PackedFile(e.path, e.tokens or 0, e.size or 0, _flags(e)))
+            else:
+                skipped.append(SkippedFile(e.path, "budget" if id(e) in left_ids else e.reason or "unknown", e.detail))
+        return files, skipped
+
+    def counted() -> tuple[int, dict[str, int]]:
+        chosen_ids = {id(e) for e in chosen}
+        left_ids = {id(e) for e in left_out}
+        packed_tokens, by_reason = 0, {}
+        for e in entries:
+            if id(e) in chosen_ids:
+                packed_tokens += e.tokens or 0
+            else:
+                reason = "budget" if id(e) in left_ids else e.reason or "unknown"
+                by_reason[reason] = by_reason.get(reason, 0) + 1
+        return packed_tokens, by_reason
+
+    return Pack(tokens=tokens, counter_kind=counter.kind, budget=budget, head=listing.head, total_files=len(entries),
+                timings=timings, parts=tuple(parts), listed=listed, counted=counted, packed_count=len(chosen))
 
 
 def _prepare(entries: list[Entry], counter: TokenCounter, store: PackCache | None, listing: Listing,
@@ -353,8 +402,10 @@ def _count_files(packable: list[Entry], counter: TokenCounter, store: PackCache 
     calibrated estimate (scaled to the exact counts known) until `_count_exact` replaces it.
     """
     if isinstance(counter, EstimateCounter):
+        shape = counter.from_shape
         for e in packable:
-            e.tokens = counter.from_shape(e.facts.chars, e.facts.extra)
+            facts = e.facts
+            e.tokens = shape(facts.chars, facts.extra)
         return
     cached = store.get_counts(counter.id, [e.blob for e in packable]) if store else {}
     missing = []

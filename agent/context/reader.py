@@ -58,9 +58,10 @@ else:
         generated=[s.encode() for s in selection.GENERATED_SUFFIXES],
         markers=list(GENERATED_MARKERS), minifiable=[s.encode() for s in MINIFIABLE_SUFFIXES],
         controls=selection._CONTROL_BYTES, marker_probe=MARKER_PROBE, control_probe=PROBE_BYTES,
-        minified_min=MINIFIED_MIN_BYTES, minified_probe=MINIFIED_PROBE, first_read=FIRST_READ,
+        minified_min=MINIFIED_MIN_BYTES, minified_probe=MINIFIED_PROBE,
+        minified_avg_line=float(selection.MINIFIED_AVG_LINE), first_read=FIRST_READ,
         no_newline_note=layout.FLAG_NOTES["no-final-newline"].encode())
-_PATH_REASONS = (None, "vendored", "generated", "lockfile", "minified", "source-map")  # _fastpack's codes
+_PATH_REASONS = (None, "vendored", "generated", "lockfile", "minified", "source-map")  # _fastpack's reason codes
 
 
 def threads_for(n_files: int) -> int:
@@ -83,7 +84,8 @@ def _accelerated(entries: list[Entry], todo: list[int], root: str, limit: int) -
     if not chosen:
         return todo
     try:
-        regions = [Region(len(chosen) * (FIRST_READ + 8192), shared=False) for _ in range(threads_for(len(chosen)))]
+        want = len(chosen) * (FIRST_READ + 8192) + 2 * limit  # a thread keeps room for a whole file ahead
+        regions = [Region(want, shared=False) for _ in range(threads_for(len(chosen)))]
     except OSError:  # no address space to map: all of it in Python
         return todo
     rootfd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -110,6 +112,14 @@ def _accelerated(entries: list[Entry], todo: list[int], root: str, limit: int) -
             e.size = rec[1]
             e.facts = Facts(rec[1], True)
             e.reason = "binary"
+        elif status == 4:  # text a content rule leaves out: (4, reason, size, chars, line ends, final newline)
+            _, code, n, chars, lines, newline = rec
+            e.reason = _PATH_REASONS[code]
+            e.size = n
+            e.facts = Facts(n, False, "utf-8", chars, n - chars, lines, newline, code == 2)
+        elif status == 5:  # (5, size)
+            e.reason = "too-large"
+            e.size = rec[1]
         else:
             left.append(i)
     if len(left) == len(chosen):

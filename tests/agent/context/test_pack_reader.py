@@ -152,7 +152,7 @@ def test_a_stuck_worker_is_killed_and_its_share_done_by_the_caller(repo, monkeyp
         os.waitpid(-1, os.WNOHANG)
 
 
-def _decided(root, monkeypatch, inline: bool, accelerated: bool = False) -> list[tuple]:
+def _decided(root, monkeypatch, inline: bool, accelerated: bool = False, limit: int = 4096) -> list[tuple]:
     """Every entry as `render_sections` leaves it: its fate, facts, and section bytes and frame."""
     from agent.context import layout
     from agent.context.selection import list_files
@@ -161,7 +161,7 @@ def _decided(root, monkeypatch, inline: bool, accelerated: bool = False) -> list
     monkeypatch.setattr(reader, "ACCELERATED", accelerated)
     listing = list_files(root)
     entries = sorted(listing.entries, key=lambda e: layout.sort_key(e.path))
-    reader.render_sections(entries, str(listing.root), None, None, 4096, workers=1)
+    reader.render_sections(entries, str(listing.root), None, None, limit, workers=1)
     out = []
     for e in entries:
         section = bytes(e.section[0][e.section[1]:e.section[2]]) if e.section else None
@@ -252,9 +252,34 @@ def test_the_c_accelerator_decides_and_renders_as_python_does(repo, monkeypatch)
     accelerated = _decided(root, monkeypatch, inline=False, accelerated=True)
     for p, a in zip(python, accelerated):
         assert a == p, p[0]
-    assert {0, 1, 2, 3} <= set(statuses) and statuses.count(3) > 150  # path rule, binary, left, rendered
+    # path rule, binary, left to Python, rendered, left out for content, too large
+    assert set(statuses) == {0, 1, 2, 3, 4, 5} and statuses.count(3) > 150
     monkeypatch.setattr(reader, "threads_for", lambda n: 3)  # three threads claim the chunks
     assert _decided(root, monkeypatch, inline=False, accelerated=True) == python
+
+
+def test_the_c_accelerator_reads_large_files_whole(repo, monkeypatch):
+    if reader._fastpack is None:
+        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
+        pytest.skip("the C accelerator is not built here")
+    line = "x = 'a line of text that is not short'  # é\n"
+    root = repo({
+        "big/text.py": line * 3000,  # about 130 KB: past the first read
+        "big/no_newline.txt": line * 2000 + "end",
+        "big/binary.dat": b"\1\2\3" * 40000 + b"\0",
+        "big/too_large.txt": "y" * 300_000,
+        "big/just_fits.txt": "z" * 199_999 + "\n",
+        "big/over_by_one.txt": "z" * 200_001,
+        "big/generated.py": "# @generated\n" + line * 2000,
+        "big/min.css": "a{b:c}" * 20000,
+        "small.py": "S = 1\n",
+    })
+    python = _decided(root, monkeypatch, inline=False, limit=200_000)
+    assert _decided(root, monkeypatch, inline=False, accelerated=True, limit=200_000) == python
+    fates = {p[0]: p[1] for p in python}
+    assert fates == {"big/text.py": None, "big/no_newline.txt": None, "big/binary.dat": "binary",
+                     "big/too_large.txt": "too-large", "big/just_fits.txt": None, "big/over_by_one.txt": "too-large",
+                     "big/generated.py": "generated", "big/min.css": "minified", "small.py": None}
 
 
 def test_the_c_accelerator_leaves_what_does_not_fit_to_python(repo, monkeypatch):
@@ -265,3 +290,15 @@ def test_the_c_accelerator_leaves_what_does_not_fit_to_python(repo, monkeypatch)
     python = _decided(root, monkeypatch, inline=False)
     monkeypatch.setattr(reader, "REGION_CAP", 1 << 20)  # 1 MB per thread: most files go back to Python
     assert _decided(root, monkeypatch, inline=False, accelerated=True) == python
+
+
+def test_a_packs_counts_agree_with_its_lists(repo):
+    root = repo(_every_case())
+    for budget in (None, 2500):
+        pack = pack_repository(root, cache=False, max_file_bytes=4096, budget=budget,
+                               issue="fence.md" if budget else None)
+        by_reason, tokens = pack.skipped_by_reason(), pack.packed_tokens()  # before the lists are made
+        assert pack.packed_count == len(pack.files) > 0
+        assert tokens == sum(f.tokens for f in pack.files)
+        assert by_reason == pack.skipped_by_reason() and sum(by_reason.values()) == len(pack.skipped)
+        assert ("budget" in by_reason) == (budget is not None)
