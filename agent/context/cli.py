@@ -7,7 +7,6 @@ import gc
 import os
 import sys
 import time
-from pathlib import Path
 
 from agent.context import gitls
 from agent.context.limits import DEFAULT_MAX_FILE_BYTES
@@ -15,6 +14,8 @@ from agent.errors import EndpointError, M3AgentError, UsageError
 
 TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: this command does not load `typing`)
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agent.context.pack import Pack
     from agent.context.tokens import EstimateCounter, TokenCounter
 
@@ -30,17 +31,17 @@ def read_issue(value: str | None) -> str | None:
         return None
     if value == "-":
         return sys.stdin.read()
-    path = Path(value)
     try:
-        if len(value) < 4096 and path.is_file():
-            return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        if len(value) < 4096 and os.path.isfile(value):
+            with open(value, encoding="utf-8", errors="replace") as f:
+                return f.read()
+    except (OSError, ValueError):  # ValueError: a NUL in the text
         pass
     return value
 
 
-def choose_counter(choice: str, base_url: str | None, model: str | None, tokenizer: Path | None,
-                   api_key: str | None, warn, repo: Path = Path(".")) -> TokenCounter:
+def choose_counter(choice: str, base_url: str | None, model: str | None, tokenizer: str | Path | None,
+                   api_key: str | None, warn, repo: str | Path = ".") -> TokenCounter:
     """The counter the flags ask for; `auto` falls back (with a warning) when the server does not answer;
     `estimate` with a server is calibrated against its /tokenize on a sample of `repo`."""
     from agent.context.tokens import EstimateCounter, ServerCounter, TokenizerJsonCounter
@@ -69,19 +70,19 @@ def choose_counter(choice: str, base_url: str | None, model: str | None, tokeniz
     return EstimateCounter()
 
 
-def calibrated_estimate(repo: Path, exact: TokenCounter, samples: int = 32) -> EstimateCounter:
+def calibrated_estimate(repo: str | Path, exact: TokenCounter, samples: int = 32) -> EstimateCounter:
     """The estimate scaled to `exact` on a spread-out sample of the repository's text files."""
     from agent.context.reader import read_bytes
     from agent.context.selection import apply_path_rules, decode, list_files
     from agent.context.tokens import EstimateCounter
 
-    listing = list_files(repo.absolute())
+    listing = list_files(os.path.abspath(repo))
     apply_path_rules(listing, None, None)
     paths = sorted(e.path for e in listing.entries if e.reason is None and e.kind == "file")
     texts = []
     for path in paths[:: max(1, len(paths) // samples)]:
         try:
-            data, _ = read_bytes(str(listing.root / path), 256 * 1024)
+            data, _ = read_bytes(os.path.join(listing.root, path), 256 * 1024)
         except OSError:
             continue
         content = decode(data)[0] if data is not None else None
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="m3-agent pack", formatter_class=_HelpFormatter, allow_abbrev=False,
         description="Pack a repository into one prompt: header, tree of all files, then files in a stable order. "
                     "Exit codes: 0 done, 2 bad input, 3 endpoint error, 130 interrupted.")
-    p.add_argument("--repo", type=Path, default=Path("."), help="repository (or any directory) to pack")
+    p.add_argument("--repo", default=".", help="repository (or any directory) to pack")
     p.add_argument("--issue", help="issue text, or a file holding it, or - for stdin: ranks files when the budget is short")
     p.add_argument("--budget", type=int, help="token budget of the pack; default: the server's max_model_len less reserves, else none")
     p.add_argument("-o", "--output", help="write the pack here (default: stdout)")
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude", action="append", default=[], help="leave out files matching this glob; repeatable")
     p.add_argument("--base-url", help="model server (vLLM) for exact counts and the default budget")
     p.add_argument("--model", help="served model name (default: the first listed)")
-    p.add_argument("--tokenizer", type=Path, help="a local tokenizer.json for exact counts")
+    p.add_argument("--tokenizer", help="a local tokenizer.json for exact counts")
     p.add_argument("--counter", choices=COUNTERS, default="auto",
                    help="auto (the server when one answers, else a given tokenizer.json, else the estimate) | server | tokenizer | estimate")
     p.add_argument("--max-file-bytes", type=int, help=f"skip files larger than this (default {DEFAULT_MAX_FILE_BYTES:,})")
@@ -147,7 +148,7 @@ def pack_command(args: argparse.Namespace) -> None:
     from agent.context.tokens import budget_for_server
 
     repo = args.repo
-    if not repo.is_dir():
+    if not os.path.isdir(repo):
         raise UsageError(f"repository not found: {repo}")
     settings = _settings(repo)
     base_url = args.base_url or getattr(settings, "base_url", None)
@@ -221,12 +222,12 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
             gc.enable()
 
 
-def _settings(repo: Path):
+def _settings(repo: str):
     """The project's layered settings for `repo`, read only when a config file or variable may set them."""
-    pyproject = repo / "pyproject.toml"
+    pyproject = os.path.join(repo, "pyproject.toml")
     if not (
-        (repo / "m3-agent.toml").is_file()
-        or (pyproject.is_file() and b"m3-agent" in pyproject.read_bytes())
+        os.path.isfile(os.path.join(repo, "m3-agent.toml"))
+        or (os.path.isfile(pyproject) and b"m3-agent" in _read(pyproject))
         or any(k.startswith("M3_AGENT_") and k != "M3_AGENT_CACHE_DIR" for k in os.environ)
     ):
         return None  # nothing to read: skip loading the settings machinery
@@ -234,8 +235,15 @@ def _settings(repo: Path):
         from agent.config import load_settings
     except ImportError:  # configuration is optional for packing
         return None
-    settings, _ = load_settings(repo)
+    from pathlib import Path
+
+    settings, _ = load_settings(Path(repo))
     return settings
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _api_key(settings) -> str | None:

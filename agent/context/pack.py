@@ -7,7 +7,6 @@ import math
 import os
 import time
 from collections import namedtuple
-from pathlib import Path
 
 from agent.context import layout
 from agent.context.reader import load, read_bytes, render_sections
@@ -28,6 +27,8 @@ from agent.errors import UsageError
 
 TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: packing does not load `typing`)
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agent.context.cache import PackCache
     from agent.context.tokens import TokenCounter
 
@@ -173,7 +174,7 @@ def pack_repository(
     if max_file_bytes <= 0:
         raise UsageError(f"max_file_bytes must be positive, got {max_file_bytes}")
     counter = counter or EstimateCounter()
-    root = Path(repo).expanduser().absolute()
+    root = os.path.abspath(os.path.expanduser(os.fspath(repo)))  # (os.path: packing does not load pathlib)
     listing = list_files(root)
     globs = (compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"))
     if budget is not None:  # a full pack decides path rules as it reads, in parallel

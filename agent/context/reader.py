@@ -18,13 +18,13 @@ is its end (true of local file systems).
 
 from __future__ import annotations
 
+import _thread  # (not threading: packing does not load it)
 import marshal
 import mmap
 import os
 import select
 import signal
 import sys
-import threading
 import time
 
 from agent.context import layout, selection
@@ -130,7 +130,7 @@ def _accelerated(entries: list[Entry], todo: list[int], root: str, limit: int) -
 
 def workers_for(n_files: int) -> int:
     """How many processes to render `n_files` with: 1 unless forking pays and is safe here."""
-    if n_files < PARALLEL_MIN_FILES or not hasattr(os, "fork") or threading.active_count() > 1:
+    if n_files < PARALLEL_MIN_FILES or not hasattr(os, "fork") or _thread._count() > 0:
         return 1  # forking a process with threads can deadlock the child
     try:
         cores = len(os.sched_getaffinity(0))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 from collections import namedtuple
-from pathlib import Path
 
 from agent.context import gitls
 from agent.context.limits import DEFAULT_MAX_FILE_BYTES  # noqa: F401 - re-exported: where callers look for it
@@ -150,7 +149,7 @@ class Entry:
 
 
 class Listing(namedtuple("Listing", "root entries git head index_key", defaults=(None, None))):
-    """The files under a root (a Path), and which snapshot they are: `entries`, whether it is a `git`
+    """The files under a root (the path `list_files` was given), and which snapshot they are: `entries`, whether it is a `git`
     work tree, the `head` commit id (None outside git or before the first commit), and `index_key`,
     a digest of the git index listing: the key of a cached facts snapshot."""
 
@@ -292,7 +291,7 @@ def content_reason(path: str, facts: Facts, max_file_bytes: int, forced: bool) -
     return None
 
 
-def _list_git(root: Path) -> Listing | None:
+def _list_git(root: str | os.PathLike) -> Listing | None:
     """The git listing of a work tree; None when git says `root` is not in one."""
     procs = gitls.take(str(root)) or gitls.start(str(root))
     probe = len(procs) > len(gitls.COMMANDS)
@@ -339,8 +338,8 @@ def _list_git(root: Path) -> Listing | None:
         if path.endswith("/"):  # an untracked directory git lists whole: a nested repository
             entries[path.rstrip("/")] = Entry(path.rstrip("/"), kind="dir", reason="nested-repository")
         elif path not in entries:
-            full = root / path
-            entries[path] = Entry(path, kind="symlink" if full.is_symlink() else "file", untracked=True)
+            full = os.path.join(root, path)
+            entries[path] = Entry(path, kind="symlink" if os.path.islink(full) else "file", untracked=True)
     return Listing(root, list(entries.values()), git=True, head=head, index_key=_digest(staged))
 
 
@@ -376,7 +375,7 @@ class _IgnoreRules:
         return False
 
 
-def _list_walk(root: Path) -> Listing:
+def _list_walk(root: str | os.PathLike) -> Listing:
     rules = _IgnoreRules()
     entries: list[Entry] = []
 
@@ -416,11 +415,11 @@ def _list_walk(root: Path) -> Listing:
     return Listing(root, entries, git=False, head=None)
 
 
-def list_files(root: Path) -> Listing:
-    """Every file of the repository at `root` (git-aware), before any rule is applied."""
-    if not root.exists():
+def list_files(root: str | os.PathLike) -> Listing:
+    """Every file of the repository at `root` (a str or Path; git-aware), before any rule is applied."""
+    if not os.path.exists(root):
         raise UsageError(f"repository not found: {root}")
-    if not root.is_dir():
+    if not os.path.isdir(root):
         raise UsageError(f"not a directory: {root}")
     if gitls.may_be_git(str(root)):
         listing = _list_git(root)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from agent.context import ServerCounter, pack_repository
 from agent.standin import StandinServer
@@ -128,3 +129,26 @@ def test_the_library_exports_load_on_first_use():
             "print(before, pack_repository.__module__, EstimateCounter.__module__, 'PackCache' in dir(c))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["False", "agent.context.pack", "agent.context.tokens", "True"], proc.stderr
+
+
+def test_a_full_pack_loads_no_module_it_does_not_need(repo, tmp_path):
+    """Start-up is a good part of a pack's time: a full, uncached pack of a clean work tree loads
+    none of these (python -S: no site hooks, as in a regular install without an editable finder)."""
+    import agent
+
+    root = repo(FILES)
+    project = str(Path(agent.__file__).resolve().parents[1])
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {project!r})\n"
+        "from agent.cli import main\n"
+        "try:\n"
+        f"    main(['pack', '--repo', {str(root)!r}, '-o', {str(tmp_path / 'p.md')!r}, '--no-cache'])\n"
+        "finally:\n"
+        "    print(sorted({m.split('.')[0] for m in sys.modules} & {'typing', 'pathlib', 'subprocess', 'json',\n"
+        "                  'hashlib', 'sqlite3', 'shutil', 'dataclasses', 'threading', 'urllib', 'typer', 'rich'}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    assert (tmp_path / "p.md").read_text() == pack_repository(root, cache=False).text

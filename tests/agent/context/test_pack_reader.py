@@ -118,9 +118,9 @@ def test_an_interrupted_pack_leaves_no_worker_behind(repo, monkeypatch):
 
 def test_workers_are_used_only_where_forking_is_safe_and_pays(monkeypatch):
     assert reader.workers_for(reader.PARALLEL_MIN_FILES - 1) == 1
-    monkeypatch.setattr(reader.threading, "active_count", lambda: 2)
+    monkeypatch.setattr(reader._thread, "_count", lambda: 1)  # one thread besides this one
     assert reader.workers_for(10 * reader.PARALLEL_MIN_FILES) == 1  # threads: no fork
-    monkeypatch.setattr(reader.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(reader._thread, "_count", lambda: 0)
     monkeypatch.setattr(reader.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7}, raising=False)
     assert reader.workers_for(10 * reader.PARALLEL_MIN_FILES) == reader.MAX_WORKERS
 
