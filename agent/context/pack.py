@@ -140,8 +140,8 @@ class Pack:
         return sum(f.tokens for f in self.files)
 
 
-def _first(pair: tuple):
-    return pair[0]
+def _tree_order(e: Entry) -> str:
+    return e.path.replace("/", "\0")  # layout.sort_key, inlined: called once per file
 
 
 def _flags(e: Entry) -> list[str]:
@@ -201,8 +201,7 @@ def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, 
               globs: tuple, timings: dict[str, float], t0: float) -> Pack:
     """The pack of every file (no budget): each file read once, its section rendered as it is read."""
     t = time.perf_counter()
-    keyed = sorted([(layout.sort_key(e.path), e) for e in listing.entries], key=_first)
-    entries = [e for _, e in keyed]
+    entries = sorted(listing.entries, key=_tree_order)
     known, stale = _known_facts(store, listing, entries)
     for e in entries:
         if e.blob in known:
@@ -218,7 +217,7 @@ def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, 
 
     t = time.perf_counter()
     head_text = layout.header(git=listing.git, head=listing.head, dirty=dirty, total=len(entries))
-    tree_text = layout.tree(entries, keyed=[k for k, _ in keyed])
+    tree_text = layout.tree(entries)
     parts, tokens = _render(packable, [], entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
     timings["render_s"] = time.perf_counter() - t
     if store is not None:

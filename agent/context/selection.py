@@ -312,25 +312,26 @@ def _list_git(root: str | os.PathLike) -> Listing | None:
     changed = {os.fsdecode(p) for p in changed_raw.split(b"\0") if p}
     head = results[3][1].decode().strip() or None if results[3][0] == 0 else None
     entries: dict[str, Entry] = {}
-    for record in staged.split(b"\0"):
-        if not record:
+    make = Entry.__new__  # most entries: a tracked file, its path and blob id set directly
+    # One decode of the whole listing (what os.fsdecode does per path on POSIX): "mode blob stage\tpath".
+    for record in staged.decode("utf-8", "surrogateescape").split("\0"):
+        tab = record.find("\t")
+        if tab < 0:
             continue
-        meta, _, raw = record.partition(b"\t")
-        mode, blob, _stage = meta.split(b" ")
-        path = raw.decode("utf-8", "surrogateescape")  # what os.fsdecode does on POSIX, faster
+        path = record[tab + 1:]
         if path in entries:  # a conflicted path has several stages: one entry
             continue
-        if mode == b"160000":
+        mode = record[:6]
+        if mode == "160000":
             entries[path] = Entry(path, kind="submodule", reason="submodule")
-        elif mode == b"120000":
+        elif mode == "120000":
             entries[path] = Entry(path, kind="symlink")
+        elif path in changed:
+            entries[path] = Entry(path, index_blob=record[7:tab - 2])
         else:
-            entry = Entry(path)
-            if path in changed:
-                entry.index_blob = blob.decode()
-            else:
-                entry.blob = blob.decode()
-            entries[path] = entry
+            entry = entries[path] = make(Entry)
+            entry.path = path
+            entry.blob = record[7:tab - 2]  # between the mode and " <stage>"
     for raw in untracked.split(b"\0"):
         if not raw:
             continue

@@ -127,3 +127,16 @@ def test_moved_repository_packs_the_same(repo, tmp_path):
     moved = tmp_path / "moved-somewhere"
     shutil.move(str(root), moved)
     assert pack_repository(moved).text == before
+
+
+def test_tree_order_is_by_path_components():
+    import itertools
+
+    from agent.context.layout import sort_key
+
+    names = ["a", "a-b", "a.b", "a b", "a/b", "a/b-c", "a/b/c", "a0", "A", "é", "a\udcff", "a/"[:1] + "/!", "z"]
+    paths = ["/".join(p) for n in (1, 2, 3) for p in itertools.product(["a", "a-b", "a.b", "b"], repeat=n)]
+    paths += [n for n in names if not n.endswith("/")]
+    by_components = sorted(set(paths), key=lambda p: tuple(p.split("/")))
+    assert sorted(set(paths), key=sort_key) == by_components
+    assert by_components.index("a/b") < by_components.index("a-b")  # a directory's files stay together
