@@ -202,21 +202,32 @@ static int path_code(const char *path, size_t len, const char *lower, size_t nam
 
 /* ---- content checks (selection.decode, layout.fence_for) ---- */
 
-/* Strict UTF-8 (what Python's decoder accepts); the number of characters, or -1 when invalid. */
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+#define HAS_ZERO(v) (((v) - ONES) & ~(v) & HIGHS)
+
+/* Strict UTF-8 (what Python's decoder accepts) with no NUL: the number of characters; -1 when the
+ * text is not valid UTF-8 (a NUL may still follow), -2 when it holds a NUL. ASCII goes 32 bytes at
+ * a time, looking for NULs as it goes. */
 static Py_ssize_t utf8_chars(const unsigned char *s, Py_ssize_t n) {
     Py_ssize_t i = 0, chars = 0;
     while (i < n) {
-        if (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            if (!(w & 0x8080808080808080ULL)) {
-                i += 8;
-                chars += 8;
+        if (i + 32 <= n) {
+            uint64_t w0, w1, w2, w3;
+            memcpy(&w0, s + i, 8);
+            memcpy(&w1, s + i + 8, 8);
+            memcpy(&w2, s + i + 16, 8);
+            memcpy(&w3, s + i + 24, 8);
+            if (!((w0 | w1 | w2 | w3) & HIGHS)) {
+                if (HAS_ZERO(w0) | HAS_ZERO(w1) | HAS_ZERO(w2) | HAS_ZERO(w3)) return -2;
+                i += 32;
+                chars += 32;
                 continue;
             }
         }
         unsigned char c = s[i];
         if (c < 0x80) {
+            if (c == 0) return -2;
             i++;
         } else if (c >= 0xC2 && c <= 0xDF) {
             if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return -1;
@@ -253,12 +264,15 @@ static int has_triple_backtick(const char *s, Py_ssize_t n) {
 }
 
 static Py_ssize_t count_newlines(const char *s, Py_ssize_t n) {
-    Py_ssize_t lines = 0;
-    const char *p = s, *end = s + n;
-    while (p < end && (p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
-        lines++;
-        p++;
+    Py_ssize_t lines = 0, i = 0;
+    for (; i + 8 <= n; i += 8) { /* a word at a time: its bytes equal to '\n' */
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        uint64_t x = w ^ (ONES * '\n');
+        uint64_t nonzero = (((x & ~HIGHS) + ~HIGHS) | x) & HIGHS;
+        lines += 8 - (Py_ssize_t)(((nonzero >> 7) * ONES) >> 56);
     }
+    for (; i < n; i++) lines += s[i] == '\n';
     return lines;
 }
 
@@ -367,15 +381,15 @@ static void decide(job_t *job, Py_ssize_t k, region_t *region, int region_index,
     const unsigned char *u = (const unsigned char *)buf;
     if (n >= 2 && n % 2 == 0 && ((u[0] == 0xFF && u[1] == 0xFE) || (u[0] == 0xFE && u[1] == 0xFF))) return;
     rec->size = n;
-    if (n && memchr(buf, 0, (size_t)n)) {
+    Py_ssize_t chars = utf8_chars(u, n);  /* and NULs: a NUL anywhere makes the file binary */
+    if (chars == -2 || (chars == -1 && memchr(buf, 0, (size_t)n))) {
         rec->status = ST_BINARY;
         return;
     }
+    if (chars < 0) return;
     Py_ssize_t probe = n < cfg.control_probe ? n : cfg.control_probe;
     for (Py_ssize_t i = 0; i < probe; i++)
         if (cfg.control[u[i]]) return;
-    Py_ssize_t chars = utf8_chars(u, n);
-    if (chars < 0) return;
     rec->chars = chars;
     rec->lines = count_newlines(buf, n < cfg.minified_probe ? n : cfg.minified_probe);
     rec->newline = n == 0 || buf[n - 1] == '\n';
