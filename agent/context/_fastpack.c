@@ -461,52 +461,123 @@ static void *work(void *arg) {
     return NULL;
 }
 
-static PyObject *scan(PyObject *self, PyObject *args) {
+/* layout._SIMPLE_NAME: a name printed as it is, with nothing to quote. */
+static int simple_name(const char *s, Py_ssize_t n) {
+    if (n == 0) return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        int word = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+        if (!word && (i == 0 || !strchr(".+@=,-/", c) || c == 0)) return 0;
+    }
+    return 1;
+}
+
+static PyObject *s_blob, *s_kind, *s_facts, *s_flags, *s_path, *s_size, *s_reason, *s_section, *s_content, *s_frame,
+    *s_file, *s_binary, *s_too_large, *s_utf8;
+
+static int set_int(PyObject *e, PyObject *name, Py_ssize_t v) {
+    PyObject *o = PyLong_FromSsize_t(v);
+    if (!o) return -1;
+    int r = PyObject_SetAttr(e, name, o);
+    Py_DECREF(o);
+    return r;
+}
+
+static int set_new(PyObject *e, PyObject *name, PyObject *o) { /* steals o */
+    if (!o) return -1;
+    int r = PyObject_SetAttr(e, name, o);
+    Py_DECREF(o);
+    return r;
+}
+
+/* Is entry `e` one the C path takes: a plain name, a git blob id, kind "file", no facts or flags? */
+static int eligible(PyObject *e, const char **path, Py_ssize_t *len) {
+    PyObject *v = PyObject_GetAttr(e, s_blob);
+    if (!v) return -1;
+    int ok = v != Py_None;
+    Py_DECREF(v);
+    if (!ok) return 0;
+    v = PyObject_GetAttr(e, s_facts);
+    if (!v) return -1;
+    ok = v == Py_None;
+    Py_DECREF(v);
+    if (!ok) return 0;
+    v = PyObject_GetAttr(e, s_kind);
+    if (!v) return -1;
+    ok = PyUnicode_Check(v) && PyUnicode_Compare(v, s_file) == 0;
+    Py_DECREF(v);
+    if (!ok) return 0;
+    v = PyObject_GetAttr(e, s_flags);
+    if (!v) return -1;
+    ok = PyObject_Not(v);
+    Py_DECREF(v);
+    if (ok <= 0) return ok;
+    v = PyObject_GetAttr(e, s_path);
+    if (!v) return -1;
+    if (!PyUnicode_Check(v) || !PyUnicode_IS_ASCII(v)) {
+        Py_DECREF(v);
+        return 0;
+    }
+    *path = PyUnicode_AsUTF8AndSize(v, len); /* the string's own bytes: it lives as long as the entry */
+    Py_DECREF(v);
+    return *path != NULL && simple_name(*path, *len);
+}
+
+static PyObject *decide_entries(PyObject *self, PyObject *args) {
     int rootfd;
-    PyObject *paths_obj, *regions_obj;
-    Py_ssize_t limit;
-    if (!PyArg_ParseTuple(args, "iOnO", &rootfd, &paths_obj, &limit, &regions_obj)) return NULL;
+    PyObject *entries, *todo, *regions_obj, *views, *facts_type, *reasons;
+    Py_ssize_t limit, nthreads;
+    if (!PyArg_ParseTuple(args, "iO!O!nO!O!OO!n", &rootfd, &PyList_Type, &entries, &PyList_Type, &todo, &limit,
+                          &PyList_Type, &regions_obj, &PyList_Type, &views, &facts_type, &PyTuple_Type, &reasons,
+                          &nthreads))
+        return NULL;
     if (!cfg.ready) {
         PyErr_SetString(PyExc_RuntimeError, "_fastpack.configure() has not been called");
         return NULL;
     }
-    PyObject *paths = PySequence_Fast(paths_obj, "paths must be a sequence of bytes");
-    if (!paths) return NULL;
-    PyObject *regions_seq = PySequence_Fast(regions_obj, "regions must be a sequence of writable buffers");
-    if (!regions_seq) {
-        Py_DECREF(paths);
+    Py_ssize_t ntodo = PyList_GET_SIZE(todo), nreg = PyList_GET_SIZE(regions_obj);
+    if (nreg < 1 || nreg > MAX_THREADS || PyList_GET_SIZE(views) != nreg || PyTuple_GET_SIZE(reasons) < 6) {
+        PyErr_SetString(PyExc_ValueError, "between 1 and 8 regions, a view of each, and the reasons");
         return NULL;
     }
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(paths);
-    Py_ssize_t nreg = PySequence_Fast_GET_SIZE(regions_seq);
-    PyObject *result = NULL;
-    Py_buffer views[MAX_THREADS];
-    int nviews = 0;
+    PyObject *left = NULL;
+    Py_buffer bufs[MAX_THREADS];
+    int nbufs = 0;
     job_t job = {0};
     region_t regions[MAX_THREADS];
-    if (nreg < 1 || nreg > MAX_THREADS) {
-        PyErr_SetString(PyExc_ValueError, "between 1 and 8 regions");
-        goto done;
-    }
-    job.paths = PyMem_Calloc(count ? count : 1, sizeof(char *));
-    job.path_lens = PyMem_Calloc(count ? count : 1, sizeof(Py_ssize_t));
-    job.recs = PyMem_Calloc(count ? count : 1, sizeof(record));
-    if (!job.paths || !job.path_lens || !job.recs) {
+    Py_ssize_t *which = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(Py_ssize_t)); /* todo position of each chosen entry */
+    job.paths = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(char *));
+    job.path_lens = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(Py_ssize_t));
+    job.recs = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(record));
+    char *chosen = PyMem_Calloc(ntodo ? ntodo : 1, 1);
+    if (!which || !job.paths || !job.path_lens || !job.recs || !chosen) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t k = 0; k < count; k++) {
-        char *s;
-        if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(paths, k), &s, (Py_ssize_t *)&job.path_lens[k]) < 0)
+    Py_ssize_t count = 0;
+    for (Py_ssize_t t = 0; t < ntodo; t++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(todo, t));
+        if (i == -1 && PyErr_Occurred()) goto done;
+        if (i < 0 || i >= PyList_GET_SIZE(entries)) {
+            PyErr_SetString(PyExc_IndexError, "todo holds an index past the entries");
             goto done;
-        job.paths[k] = s;
-        job.recs[k].status = ST_GENERAL;
+        }
+        const char *path = NULL;
+        Py_ssize_t len = 0;
+        int ok = eligible(PyList_GET_ITEM(entries, i), &path, &len);
+        if (ok < 0) goto done;
+        if (!ok) continue;
+        which[count] = t;
+        job.paths[count] = path;
+        ((Py_ssize_t *)job.path_lens)[count] = len;
+        job.recs[count].status = ST_GENERAL;
+        count++;
     }
     for (Py_ssize_t r = 0; r < nreg; r++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(regions_seq, r), &views[r], PyBUF_WRITABLE) < 0) goto done;
-        nviews++;
-        regions[r].base = views[r].buf;
-        regions[r].size = views[r].len;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(regions_obj, r), &bufs[r], PyBUF_WRITABLE) < 0) goto done;
+        nbufs++;
+        regions[r].base = bufs[r].buf;
+        regions[r].size = bufs[r].len;
         regions[r].cur = 0;
         regions[r].full = 0;
     }
@@ -515,11 +586,12 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     job.count = count;
     job.regions = regions;
     job.next = 0;
+    int nt = (int)(nthreads < 1 ? 1 : nthreads > nreg ? nreg : nthreads);
     worker_t workers[MAX_THREADS];
     pthread_t threads[MAX_THREADS];
     int started[MAX_THREADS] = {0};
     Py_BEGIN_ALLOW_THREADS
-    for (int t = 1; t < nreg; t++) {
+    for (int t = 1; t < nt; t++) {
         workers[t].job = &job;
         workers[t].index = t;
         started[t] = pthread_create(&threads[t], NULL, work, &workers[t]) == 0;
@@ -527,53 +599,95 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     workers[0].job = &job;
     workers[0].index = 0;
     work(&workers[0]);
-    for (int t = 1; t < nreg; t++)
+    for (int t = 1; t < nt; t++)
         if (started[t]) pthread_join(threads[t], NULL);
     Py_END_ALLOW_THREADS
-    result = PyList_New(count);
-    if (!result) goto done;
+    /* What was decided is set on the entries as reader._apply would; the rest is handed back. */
     for (Py_ssize_t k = 0; k < count; k++) {
         record *rec = &job.recs[k];
-        PyObject *item;
+        PyObject *e = PyList_GET_ITEM(entries, PyLong_AsSsize_t(PyList_GET_ITEM(todo, which[k])));
+        int err = 0;
         switch (rec->status) {
-        case ST_PATH: item = Py_BuildValue("(ii)", ST_PATH, rec->code); break;
-        case ST_BINARY: item = Py_BuildValue("(in)", ST_BINARY, rec->size); break;
-        case ST_TOO_LARGE: item = Py_BuildValue("(in)", ST_TOO_LARGE, rec->size); break;
-        case ST_EXCLUDED:
-            item = Py_BuildValue("(iinnnO)", ST_EXCLUDED, rec->code, rec->size, rec->chars, rec->lines,
-                                 rec->newline ? Py_True : Py_False);
+        case ST_PACKED: {
+            PyObject *view = PyList_GET_ITEM(views, rec->region);
+            err = set_int(e, s_size, rec->size)
+                  || set_new(e, s_facts, PyObject_CallFunction(facts_type, "nOOnnnO", rec->size, Py_False, s_utf8,
+                                                               rec->chars, rec->size - rec->chars, rec->lines,
+                                                               rec->newline ? Py_True : Py_False))
+                  || set_new(e, s_section, Py_BuildValue("(Onn)", view, rec->start, rec->end));
+            if (!err) {
+                PyObject *lo = PyLong_FromSsize_t(rec->mid), *hi = PyLong_FromSsize_t(rec->stop);
+                PyObject *slice = (lo && hi) ? PySlice_New(lo, hi, NULL) : NULL;
+                Py_XDECREF(lo);
+                Py_XDECREF(hi);
+                err = set_new(e, s_content, slice ? PyObject_GetItem(view, slice) : NULL)
+                      || set_new(e, s_frame, Py_BuildValue("(ni)", (rec->mid - rec->start) + (rec->end - rec->stop), 0));
+                Py_XDECREF(slice);
+            }
+            chosen[which[k]] = 1;
             break;
-        case ST_PACKED:
-            item = Py_BuildValue("(innnOinnnn)", ST_PACKED, rec->size, rec->chars, rec->lines,
-                                 rec->newline ? Py_True : Py_False, rec->region, rec->start, rec->mid, rec->stop,
-                                 rec->end);
-            break;
-        default: item = Py_BuildValue("(i)", ST_GENERAL);
         }
-        if (!item) {
-            Py_CLEAR(result);
+        case ST_PATH:
+            err = PyObject_SetAttr(e, s_reason, PyTuple_GET_ITEM(reasons, rec->code));
+            chosen[which[k]] = 1;
+            break;
+        case ST_BINARY:
+            err = set_int(e, s_size, rec->size)
+                  || set_new(e, s_facts, PyObject_CallFunction(facts_type, "nO", rec->size, Py_True))
+                  || PyObject_SetAttr(e, s_reason, s_binary);
+            chosen[which[k]] = 1;
+            break;
+        case ST_EXCLUDED:
+            err = PyObject_SetAttr(e, s_reason, PyTuple_GET_ITEM(reasons, rec->code)) || set_int(e, s_size, rec->size)
+                  || set_new(e, s_facts, PyObject_CallFunction(facts_type, "nOOnnnOO", rec->size, Py_False, s_utf8,
+                                                               rec->chars, rec->size - rec->chars, rec->lines,
+                                                               rec->newline ? Py_True : Py_False,
+                                                               rec->code == 2 ? Py_True : Py_False));
+            chosen[which[k]] = 1;
+            break;
+        case ST_TOO_LARGE:
+            err = PyObject_SetAttr(e, s_reason, s_too_large) || set_int(e, s_size, rec->size);
+            chosen[which[k]] = 1;
+            break;
+        default:
+            break;
+        }
+        if (err) goto done;
+    }
+    left = PyList_New(0);
+    if (!left) goto done;
+    for (Py_ssize_t t = 0; t < ntodo; t++)
+        if (!chosen[t] && PyList_Append(left, PyList_GET_ITEM(todo, t)) < 0) {
+            Py_CLEAR(left);
             goto done;
         }
-        PyList_SET_ITEM(result, k, item);
-    }
 done:
-    for (int r = 0; r < nviews; r++) PyBuffer_Release(&views[r]);
+    for (int r = 0; r < nbufs; r++) PyBuffer_Release(&bufs[r]);
+    PyMem_Free(which);
     PyMem_Free((void *)job.paths);
     PyMem_Free((void *)job.path_lens);
     PyMem_Free(job.recs);
-    Py_DECREF(paths);
-    Py_DECREF(regions_seq);
-    return result;
+    PyMem_Free(chosen);
+    return left;
 }
 
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Set the rules' data (from agent.context.selection and layout)."},
-    {"scan", scan, METH_VARARGS,
-     "scan(rootfd, paths, limit, regions) -> records: decide and render plain files on one thread per region."},
+    {"decide", decide_entries, METH_VARARGS,
+     "decide(rootfd, entries, todo, limit, regions, views, Facts, reasons, threads) -> the todo indices left: "
+     "decide and render the plain files among entries[todo], on up to one thread per region."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpack",
                                     "The full pack's hot loop in C (optional; see reader.py).", -1, methods};
 
-PyMODINIT_FUNC PyInit__fastpack(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fastpack(void) {
+    static const char *names[] = {"blob", "kind", "facts", "flags", "path", "size", "reason", "section", "content",
+                                  "frame", "file", "binary", "too-large", "utf-8"};
+    PyObject **slots[] = {&s_blob, &s_kind, &s_facts, &s_flags, &s_path, &s_size, &s_reason, &s_section, &s_content,
+                          &s_frame, &s_file, &s_binary, &s_too_large, &s_utf8};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
+    return PyModule_Create(&module);
+}

@@ -61,7 +61,7 @@ else:
         minified_min=MINIFIED_MIN_BYTES, minified_probe=MINIFIED_PROBE,
         minified_avg_line=float(selection.MINIFIED_AVG_LINE), first_read=FIRST_READ,
         no_newline_note=layout.FLAG_NOTES["no-final-newline"].encode())
-_PATH_REASONS = (None, "vendored", "generated", "lockfile", "minified", "source-map")  # _fastpack's reason codes
+_REASONS = (None, "vendored", "generated", "lockfile", "minified", "source-map")  # _fastpack's reason codes
 
 
 def threads_for(n_files: int) -> int:
@@ -76,56 +76,19 @@ def threads_for(n_files: int) -> int:
 
 
 def _accelerated(entries: list[Entry], todo: list[int], root: str, limit: int) -> list[int]:
-    """Decide and render what the C accelerator can (plain names, known blob ids, no cached facts):
-    the entries it left, for the Python path. Its records mean what `_stripe`'s do."""
-    simple = layout._SIMPLE_NAME.fullmatch
-    chosen = [i for i in todo if entries[i].blob is not None and entries[i].kind == "file" and entries[i].facts is None
-              and not entries[i].flags and simple(entries[i].path)]
-    if not chosen:
-        return todo
+    """Decide and render what the C accelerator can (plain names, known blob ids, no cached facts),
+    setting on each entry what `_apply` would: the entries (of `todo`) it left, for the Python path."""
     try:
-        want = len(chosen) * (FIRST_READ + 8192) + 2 * limit  # a thread keeps room for a whole file ahead
-        regions = [Region(want, shared=False) for _ in range(threads_for(len(chosen)))]
+        regions = [Region(len(todo) * (FIRST_READ + 8192) + 2 * limit, shared=False)
+                   for _ in range(threads_for(len(todo)))]
     except OSError:  # no address space to map: all of it in Python
         return todo
     rootfd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
-        records = _fastpack.scan(rootfd, [entries[i].path.encode() for i in chosen], limit, [r.map for r in regions])
+        return _fastpack.decide(rootfd, entries, todo, limit, [r.map for r in regions], [r.view for r in regions],
+                                Facts, _REASONS, len(regions))
     finally:
         os.close(rootfd)
-    views = [r.view for r in regions]
-    left = []
-    for i, rec in zip(chosen, records):
-        status = rec[0]
-        e = entries[i]
-        if status == 3:  # rendered: (3, size, chars, line ends, final newline, region, start, mid, stop, end)
-            _, n, chars, lines, newline, r, start, mid, stop, end = rec
-            e.size = n
-            e.facts = Facts(n, False, "utf-8", chars, n - chars, lines, newline)
-            view = views[r]
-            e.section = (view, start, end)
-            e.content = view[mid:stop]
-            e.frame = (mid - start + end - stop, 0)
-        elif status == 0:  # a path rule
-            e.reason = _PATH_REASONS[rec[1]]
-        elif status == 1:  # binary: (1, size)
-            e.size = rec[1]
-            e.facts = Facts(rec[1], True)
-            e.reason = "binary"
-        elif status == 4:  # text a content rule leaves out: (4, reason, size, chars, line ends, final newline)
-            _, code, n, chars, lines, newline = rec
-            e.reason = _PATH_REASONS[code]
-            e.size = n
-            e.facts = Facts(n, False, "utf-8", chars, n - chars, lines, newline, code == 2)
-        elif status == 5:  # (5, size)
-            e.reason = "too-large"
-            e.size = rec[1]
-        else:
-            left.append(i)
-    if len(left) == len(chosen):
-        return todo
-    chosen_set = set(chosen)
-    return sorted([i for i in todo if i not in chosen_set] + left)
 
 
 def workers_for(n_files: int) -> int:
