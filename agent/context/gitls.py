@@ -15,10 +15,10 @@ import signal
 
 from agent.errors import GitError
 
-# The listing's calls: tracked files with their blob ids, untracked files that are not ignored,
-# tracked files changed in the work tree, and the commit checked out.
-COMMANDS = (("ls-files", "-z", "-s"), ("ls-files", "-z", "-o", "--exclude-standard"),
-            ("diff-files", "-z", "--name-only", "--relative"), ("rev-parse", "-q", "--verify", "HEAD"))
+# The listing's calls: one `ls-files` for the tracked files with their blob ids (tagged H, or S, M
+# for skip-worktree and unmerged entries), the tracked files changed in the work tree (C, after
+# their H line) and the untracked files that are not ignored (?); and the commit checked out.
+COMMANDS = (("ls-files", "-z", "-t", "-s", "-o", "-m", "--exclude-standard"), ("rev-parse", "-q", "--verify", "HEAD"))
 PROBE = ("rev-parse", "--is-inside-work-tree")
 
 _prefetched: dict[str, list[Call]] = {}

@@ -304,44 +304,52 @@ def _list_git(root: str | os.PathLike) -> Listing | None:
         code, out, _ = results.pop(0)
         if code != 0 or out.strip() != b"true":
             return None
-    for (code, _, err), what in zip(results[:3], ("ls-files", "ls-files --others", "diff-files")):
-        if code != 0:
-            msg = err.decode(errors="replace").strip().splitlines()
-            raise GitError(f"git {what} failed in {root}: {msg[0] if msg else code}")
-    staged, untracked, changed_raw = (r[1] for r in results[:3])
-    changed = {os.fsdecode(p) for p in changed_raw.split(b"\0") if p}
-    head = results[3][1].decode().strip() or None if results[3][0] == 0 else None
+    code, listed, err = results[0]
+    if code != 0:
+        msg = err.decode(errors="replace").strip().splitlines()
+        raise GitError(f"git ls-files failed in {root}: {msg[0] if msg else code}")
+    head = results[1][1].decode().strip() or None if results[1][0] == 0 else None
     entries: dict[str, Entry] = {}
+    untracked: list[str] = []
+    tracked: list[str] = []  # the index's own records: what names its cached facts snapshot
     make = Entry.__new__  # most entries: a tracked file, its path and blob id set directly
-    # One decode of the whole listing (what os.fsdecode does per path on POSIX): "mode blob stage\tpath".
-    for record in staged.decode("utf-8", "surrogateescape").split("\0"):
+    # One decode of the whole listing (what os.fsdecode does per path on POSIX). Records: "? path"
+    # (untracked), "H mode blob stage\tpath" (tracked; S, M: skip-worktree, unmerged) and, after a
+    # tracked file's own record, "C mode blob stage\tpath" when the work tree changed it.
+    for record in listed.decode("utf-8", "surrogateescape").split("\0"):
+        tag = record[:1]
+        if tag == "?":
+            untracked.append(record[2:])
+            continue
         tab = record.find("\t")
         if tab < 0:
             continue
         path = record[tab + 1:]
+        if tag == "C":
+            entry = entries.get(path)
+            if entry is not None and entry.blob is not None:  # the index's blob; the file's is read
+                entry.index_blob, entry.blob = entry.blob, None
+            continue
+        tracked.append(record)
         if path in entries:  # a conflicted path has several stages: one entry
             continue
-        mode = record[:6]
+        mode = record[2:8]
         if mode == "160000":
             entries[path] = Entry(path, kind="submodule", reason="submodule")
         elif mode == "120000":
             entries[path] = Entry(path, kind="symlink")
-        elif path in changed:
-            entries[path] = Entry(path, index_blob=record[7:tab - 2])
         else:
             entry = entries[path] = make(Entry)
             entry.path = path
-            entry.blob = record[7:tab - 2]  # between the mode and " <stage>"
-    for raw in untracked.split(b"\0"):
-        if not raw:
-            continue
-        path = os.fsdecode(raw)
+            entry.blob = record[9:tab - 2]  # between the mode and " <stage>"
+    for path in untracked:
         if path.endswith("/"):  # an untracked directory git lists whole: a nested repository
             entries[path.rstrip("/")] = Entry(path.rstrip("/"), kind="dir", reason="nested-repository")
         elif path not in entries:
             full = os.path.join(root, path)
             entries[path] = Entry(path, kind="symlink" if os.path.islink(full) else "file", untracked=True)
-    return Listing(root, list(entries.values()), git=True, head=head, index_key=_digest(staged))
+    index_key = _digest("\0".join(tracked).encode("utf-8", "surrogateescape"))
+    return Listing(root, list(entries.values()), git=True, head=head, index_key=index_key)
 
 
 class _IgnoreRules:
