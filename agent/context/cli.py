@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -106,22 +105,23 @@ def summary_table(pack: Pack, elapsed: float, output: str) -> str:
     return "\n".join(lines)
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter, told the terminal's width: left to find it, it loads `shutil` (and the
-    compression modules `shutil` loads) on every run, help or not."""
-
-    def __init__(self, prog: str) -> None:
-        try:
-            width = int(os.environ.get("COLUMNS", "")) or os.get_terminal_size(sys.stderr.fileno()).columns
-        except (ValueError, OSError):
-            width = 80
-        super().__init__(prog, width=max(40, width - 2))
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
     """The options of `m3-agent pack` (argparse: the command starts without loading the other commands)."""
+    import argparse
+
+    class HelpFormatter(argparse.HelpFormatter):
+        """argparse's formatter, told the terminal's width: left to find it, it loads `shutil` (and
+        the compression modules `shutil` loads)."""
+
+        def __init__(self, prog: str) -> None:
+            try:
+                width = int(os.environ.get("COLUMNS", "")) or os.get_terminal_size(sys.stderr.fileno()).columns
+            except (ValueError, OSError):
+                width = 80
+            super().__init__(prog, width=max(40, width - 2))
+
     p = argparse.ArgumentParser(
-        prog="m3-agent pack", formatter_class=_HelpFormatter, allow_abbrev=False,
+        prog="m3-agent pack", formatter_class=HelpFormatter, allow_abbrev=False,
         description="Pack a repository into one prompt: header, tree of all files, then files in a stable order. "
                     "Exit codes: 0 done, 2 bad input, 3 endpoint error, 130 interrupted.")
     p.add_argument("--repo", default=".", help="repository (or any directory) to pack")
@@ -141,7 +141,60 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def pack_command(args: argparse.Namespace) -> None:
+class _Args:
+    """Parsed options, as argparse's Namespace holds them."""
+
+    def __init__(self, **values) -> None:
+        self.__dict__.update(values)
+
+
+_DEFAULTS = {"repo": ".", "issue": None, "budget": None, "output": None, "include": [], "exclude": [], "base_url": None,
+             "model": None, "tokenizer": None, "counter": "auto", "max_file_bytes": None, "output_reserve": 32_768,
+             "no_cache": False}
+_VALUED = {"--repo": "repo", "--issue": "issue", "--budget": "budget", "-o": "output", "--output": "output",
+           "--include": "include", "--exclude": "exclude", "--base-url": "base_url", "--model": "model",
+           "--tokenizer": "tokenizer", "--counter": "counter", "--max-file-bytes": "max_file_bytes",
+           "--output-reserve": "output_reserve"}
+_INTS = frozenset({"budget", "max_file_bytes", "output_reserve"})
+_LISTS = frozenset({"include", "exclude"})
+
+
+def parse_args(argv: list[str]):
+    """What `build_parser().parse_args(argv)` gives, for the plain spellings of the options, without
+    loading argparse (nor `re`, which argparse loads): anything else (help, an error, an unusual
+    spelling) is left to argparse, which prints usage and exits 2 where it should."""
+    values = {k: list(v) if isinstance(v, list) else v for k, v in _DEFAULTS.items()}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--no-cache":
+            values["no_cache"] = True
+            i += 1
+            continue
+        if arg.startswith("--") and "=" in arg:
+            name, value = arg.split("=", 1)
+            i += 1
+        else:
+            name, value = arg, argv[i + 1] if i + 1 < len(argv) else None
+            i += 2
+            if value is not None and value.startswith("-") and value != "-":
+                value = None  # an option where a value should be, or a negative number: argparse decides
+        dest = _VALUED.get(name)
+        if dest is None or value is None or (dest == "counter" and value not in COUNTERS):
+            return build_parser().parse_args(argv)
+        if dest in _INTS:
+            try:
+                value = int(value)
+            except ValueError:
+                return build_parser().parse_args(argv)
+        if dest in _LISTS:
+            values[dest].append(value)
+        else:
+            values[dest] = value
+    return _Args(**values)
+
+
+def pack_command(args) -> None:
     """Pack a repository into one prompt: header, tree of all files, then files in a stable order."""
     started = time.perf_counter()
     from agent.context.pack import pack_repository
@@ -195,7 +248,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
     command is the whole process), a finished pack ends the process at once: the output is written
     and flushed, and tearing down thousands of objects would only delay the exit."""
     try:
-        args = build_parser().parse_args(argv)  # bad flags: usage on stderr, exit 2
+        args = parse_args(sys.argv[1:] if argv is None else argv)  # bad flags: usage on stderr, exit 2
     except SystemExit:
         gitls.stop_unused()  # started by `m3-agent`'s own entry point for the --repo it saw
         raise

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import os
 import select
-import signal
+
+try:
+    import _signal as signal  # the C module: `signal` itself loads enum
+except ImportError:
+    import signal
 
 from agent.errors import GitError
 

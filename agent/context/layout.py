@@ -10,14 +10,11 @@ run that opens a line of the file, so no content can close a section early (Comm
 
 from __future__ import annotations
 
-import re
-
 from agent.context.selection import Entry
 
 INDENT = "  "
 COLLAPSIBLE = frozenset({"vendored", "generated"})  # a directory all of one of these is one tree line
-_FENCE_RUN = re.compile(rb"^ {0,3}(`{3,})", re.MULTILINE)
-_TRIPLE = re.compile(rb"```")
+_FENCE_RUN = None  # rb"^ {0,3}(`{3,})" (multiline), compiled for the first file that needs it: packing loads no `re`
 
 
 def sort_key(path: str) -> str:
@@ -26,12 +23,18 @@ def sort_key(path: str) -> str:
     return path.replace("/", "\0")
 
 
-_SIMPLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@=,\-/]*")  # most names: nothing to check further
+_NOT_SIMPLE = str.maketrans("", "", "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+@=,-/")
+
+
+def is_simple(name: str) -> bool:
+    """A name with nothing to quote: a letter, digit or _, then those and `.+@=,-/` (most names)."""
+    return (name != "" and name.isascii() and (name[0].isalnum() or name[0] == "_")
+            and not name.translate(_NOT_SIMPLE))
 
 
 def shown(name: str) -> str:
     """A path or name as printed: as is when plain, else JSON-quoted (control bytes, odd bytes, markers)."""
-    if _SIMPLE_NAME.fullmatch(name):
+    if is_simple(name):
         return name
     if (name.isprintable() and '"' not in name and "\\" not in name and name == name.strip()
             and "  (" not in name and not name.startswith("#")):
@@ -49,8 +52,13 @@ def shown(name: str) -> str:
 
 def fence_for(content: bytes) -> str:
     """Backticks enough to fence `content`: three, or one more than its longest line-opening run."""
-    if b"`" not in content or _TRIPLE.search(content) is None:  # memchr, then the regex engine's literal scan:
-        return "```"  # both faster than `in` for a run of one repeated byte
+    if b"`" not in content or b"```" not in content:  # memchr first: most files have no backtick at all
+        return "```"
+    global _FENCE_RUN
+    if _FENCE_RUN is None:
+        import re
+
+        _FENCE_RUN = re.compile(rb"^ {0,3}(`{3,})", re.MULTILINE)
     longest = max((len(m) for m in _FENCE_RUN.findall(content)), default=0)
     return "`" * max(3, longest + 1)
 

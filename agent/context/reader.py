@@ -23,9 +23,13 @@ import marshal
 import mmap
 import os
 import select
-import signal
 import sys
 import time
+
+try:
+    import _signal as signal  # the C module: `signal` itself loads enum, which packing has no other use for
+except ImportError:
+    import signal
 
 from agent.context import layout, selection
 from agent.context.selection import (GENERATED_MARKERS, MARKER_PROBE, MINIFIABLE_SUFFIXES, MINIFIED_MIN_BYTES,
@@ -216,7 +220,7 @@ def _stripe(job: _Job, stripe: list[int], region: Region, cur: int) -> tuple[lis
     include, exclude, plain_rules = job.include, job.exclude, job.include is None and job.exclude is None
     view, ready, size = region.view, region.ready, region.size
     fast_max = min(FIRST_READ - 1, limit)
-    simple, language, triple = layout._SIMPLE_NAME.fullmatch, layout.language, layout._TRIPLE.search
+    simple, language = layout.is_simple, layout.language
     marker1, marker2 = GENERATED_MARKERS
     records = []
     for i in stripe:
@@ -256,7 +260,7 @@ def _stripe(job: _Job, stripe: list[int], region: Region, cur: int) -> tuple[lis
                             probe = data[:MARKER_PROBE]
                         if (chars >= 0 and marker1 not in probe and marker2 not in probe
                                 and (n < MINIFIED_MIN_BYTES or not path.lower().endswith(MINIFIABLE_SUFFIXES))
-                                and (b"`" not in data or triple(data) is None)):
+                                and (b"`" not in data or b"```" not in data)):
                             newline = n == 0 or data[-1] == 10
                             if newline:
                                 head = f"### {path}\n```{language(path)}\n".encode()

@@ -9,7 +9,6 @@ decided here without reading a file; content rules (binary, minified, generated,
 from __future__ import annotations
 
 import os
-import re
 from collections import namedtuple
 
 from agent.context import gitls
@@ -73,6 +72,8 @@ def _def_regexes(suffix: str) -> tuple:
     if suffix not in CODE_SUFFIXES:
         return ()
     if not _DEF_RES:
+        import re  # (relevance only: a full pack loads no `re`)
+
         for suffixes, kws in _DEF_KEYWORDS.items():
             compiled = tuple(re.compile(kw.encode() + rb"[ \t]+(?:\([^)\n]*\)[ \t]*)?([A-Za-z_][A-Za-z0-9_]*)")
                              for kw in kws)
@@ -232,12 +233,21 @@ def text_probe_is_plain(probe: bytes) -> bool:
     return not probe.translate(None, _NON_CONTROL)
 
 
-SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")  # QuerySet -> Query, Set; HTTPError -> HTTP, Error
+def __getattr__(name: str):
+    """`SUBWORD_RE` is compiled on first use: a full pack loads no `re`."""
+    if name == "SUBWORD_RE":
+        import re
+
+        global SUBWORD_RE
+        SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")  # QuerySet -> Query, Set; HTTPError -> HTTP, Error
+        return SUBWORD_RE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def subword_terms(names: str) -> str:
     """The distinct lowercase words in identifiers (`QuerySet bulk_create` -> bulk create query set)."""
-    return " ".join(sorted(set(" ".join(SUBWORD_RE.findall(names)).lower().split())))
+    subwords = SUBWORD_RE if "SUBWORD_RE" in globals() else __getattr__("SUBWORD_RE")
+    return " ".join(sorted(set(" ".join(subwords.findall(names)).lower().split())))
 
 
 def definitions(path: str, data: bytes) -> str:

@@ -146,9 +146,32 @@ def test_a_full_pack_loads_no_module_it_does_not_need(repo, tmp_path):
         f"    main(['pack', '--repo', {str(root)!r}, '-o', {str(tmp_path / 'p.md')!r}, '--no-cache'])\n"
         "finally:\n"
         "    print(sorted({m.split('.')[0] for m in sys.modules} & {'typing', 'pathlib', 'subprocess', 'json',\n"
-        "                  'hashlib', 'sqlite3', 'shutil', 'dataclasses', 'threading', 'urllib', 'typer', 'rich'}))\n"
+        "                  'hashlib', 'sqlite3', 'shutil', 'dataclasses', 'threading', 'urllib', 'typer', 'rich',\n"
+        "                  're', 'enum', 'argparse', 'signal', 'locale', 'gettext'}))\n"
     )
     proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
     assert (tmp_path / "p.md").read_text() == pack_repository(root, cache=False).text
+
+
+def test_the_quick_option_parser_agrees_with_argparse(capsys):
+    import pytest
+
+    from agent.context.cli import build_parser, parse_args
+
+    lines = [
+        [], ["--repo", "r"], ["--repo=r", "-o", "out.md", "--no-cache"], ["--issue", "-"], ["--issue", "-x y"],
+        ["--budget", "1000", "--budget=2000"], ["--include", "*.py", "--include=docs/", "--exclude", "tests/"],
+        ["--counter", "estimate", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--tokenizer", "t.json"],
+        ["--max-file-bytes", "10", "--output-reserve=5", "--output", "-"], ["--repo="], ["--budget", "-5"],
+        ["-oout.md"],
+    ]
+    for argv in lines:
+        assert vars(parse_args(argv)) == vars(build_parser().parse_args(argv)), argv
+    for bad in (["--budget", "many"], ["--counter", "guess"], ["--bogus"], ["extra"], ["--repo"], ["--no-cache=1"],
+                ["--re", "x"], ["--issue", "--repo", "x"]):
+        with pytest.raises(SystemExit) as exc:
+            parse_args(bad)
+        assert exc.value.code == 2, bad
+    assert "usage: m3-agent pack" in capsys.readouterr().err
