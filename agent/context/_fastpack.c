@@ -671,9 +671,226 @@ done:
     return left;
 }
 
+/* ---- the tree (layout.tree without max_depth) ---- */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} out_t;
+
+static int out_put(out_t *o, const char *s, size_t n) {
+    if (o->len + n > o->cap) {
+        size_t cap = o->cap ? o->cap : 1 << 16;
+        while (cap < o->len + n) cap *= 2;
+        char *b = PyMem_Realloc(o->buf, cap);
+        if (!b) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        o->buf = b;
+        o->cap = cap;
+    }
+    memcpy(o->buf + o->len, s, n);
+    o->len += n;
+    return 0;
+}
+
+static int out_indent(out_t *o, Py_ssize_t depth) {
+    for (Py_ssize_t d = 0; d < depth; d++)
+        if (out_put(o, "  ", 2) < 0) return -1;
+    return 0;
+}
+
+/* A name as layout.shown prints it: as it is when simple, else what shown() says. */
+static int out_name(out_t *o, const char *name, Py_ssize_t n, PyObject *shown) {
+    if (simple_name(name, n)) return out_put(o, name, (size_t)n);
+    PyObject *raw = PyUnicode_DecodeUTF8(name, n, "surrogateescape");
+    if (!raw) return -1;
+    PyObject *text = PyObject_CallOneArg(shown, raw);
+    Py_DECREF(raw);
+    if (!text) return -1;
+    Py_ssize_t len;
+    const char *u = PyUnicode_AsUTF8AndSize(text, &len);
+    int r = u ? out_put(o, u, (size_t)len) : -1;
+    Py_DECREF(text);
+    return r;
+}
+
+typedef struct {
+    const char *path;
+    Py_ssize_t len;
+    PyObject *reason; /* borrowed from the entry (kept alive by it) or NULL for None */
+    int is_dir;
+} tentry;
+
+/* Is `path` at or under directory `key` (component-wise)? */
+static int under(const tentry *t, const char *key, Py_ssize_t klen) {
+    return t->len >= klen && memcmp(t->path, key, (size_t)klen) == 0 && (t->len == klen || t->path[klen] == '/');
+}
+
+static PyObject *tree(PyObject *self, PyObject *args) {
+    PyObject *entries, *shown, *marker, *collapsible;
+    if (!PyArg_ParseTuple(args, "O!OOO", &PyList_Type, &entries, &shown, &marker, &collapsible)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(entries);
+    PyObject *result = NULL, *candidates = NULL, *kind_dir = NULL;
+    PyObject **holds = PyMem_Calloc(n ? 2 * n : 1, sizeof(PyObject *)); /* the path and reason objects read */
+    tentry *ts = PyMem_Calloc(n ? n : 1, sizeof(tentry));
+    out_t o = {0};
+    if (!holds || !ts) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    kind_dir = PyUnicode_InternFromString("dir");
+    candidates = PySet_New(NULL); /* directories ("a/b") holding a file skipped for a collapsible reason */
+    if (!kind_dir || !candidates) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(entries, i);
+        PyObject *path = PyObject_GetAttr(e, s_path);
+        if (!path) goto done;
+        holds[2 * i] = path;
+        ts[i].path = PyUnicode_AsUTF8AndSize(path, &ts[i].len);
+        if (!ts[i].path) { /* surrogate escapes: the encoder refuses them; Python's tree handles it */
+            PyErr_Clear();
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        PyObject *reason = PyObject_GetAttr(e, s_reason);
+        if (!reason) goto done;
+        holds[2 * i + 1] = reason;
+        ts[i].reason = reason == Py_None ? NULL : reason;
+        PyObject *kind = PyObject_GetAttr(e, s_kind);
+        if (!kind) goto done;
+        ts[i].is_dir = PyUnicode_Check(kind) && PyUnicode_Compare(kind, kind_dir) == 0;
+        Py_DECREF(kind);
+        if (ts[i].reason && !ts[i].is_dir) {
+            int c = PySequence_Contains(collapsible, reason);
+            if (c < 0) goto done;
+            for (Py_ssize_t k = 0; c && k < ts[i].len; k++) {
+                if (ts[i].path[k] != '/') continue;
+                PyObject *key = PyUnicode_DecodeUTF8(ts[i].path, k, NULL);
+                if (!key || PySet_Add(candidates, key) < 0) {
+                    Py_XDECREF(key);
+                    goto done;
+                }
+                Py_DECREF(key);
+            }
+        }
+    }
+    if (out_put(&o, "## Tree\n", 8) < 0) goto done;
+    const char *opened = "";  /* the open directory, as a prefix of some path ("a/b/" is "a/b" + "/") */
+    Py_ssize_t olen = 0, odepth = 0;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        tentry *t = &ts[i];
+        Py_ssize_t cut = 0;
+        for (Py_ssize_t k = t->len; k > 0; k--)
+            if (t->path[k - 1] == '/') {
+                cut = k;
+                break;
+            }
+        if (cut != (olen ? olen + 1 : 0) || (olen && memcmp(t->path, opened, (size_t)olen) != 0)) {
+            /* directories to open: those of this path past the components it shares with the open one */
+            Py_ssize_t common = 0, depth = 0, k = 0;
+            while (k < cut && k < olen + 1) {
+                Py_ssize_t end = k;
+                while (end < cut && t->path[end] != '/') end++;
+                if (end > olen || memcmp(t->path, opened, (size_t)end) != 0 || (end < olen && opened[end] != '/'))
+                    break;
+                depth++;
+                common = end;
+                k = end + 1;
+            }
+            olen = common;
+            odepth = depth;
+            opened = t->path;
+            Py_ssize_t folded_to = -1;
+            Py_ssize_t start = common ? common + 1 : 0;
+            while (start < cut) {
+                Py_ssize_t end = start;
+                while (t->path[end] != '/') end++;
+                PyObject *key = PyUnicode_DecodeUTF8(t->path, end, NULL);
+                if (!key) goto done;
+                int c = PySet_Contains(candidates, key);
+                Py_DECREF(key);
+                if (c < 0) goto done;
+                if (c && t->reason) { /* _fold: every entry under it skipped for this one reason */
+                    int fold = PySequence_Contains(collapsible, t->reason);
+                    if (fold < 0) goto done;
+                    Py_ssize_t j = i;
+                    while (fold && j < n && under(&ts[j], t->path, end)) {
+                        if (ts[j].is_dir || !ts[j].reason) {
+                            fold = 0;
+                            break;
+                        }
+                        int same = PyObject_RichCompareBool(ts[j].reason, t->reason, Py_EQ);
+                        if (same < 0) goto done;
+                        if (!same) {
+                            fold = 0;
+                            break;
+                        }
+                        j++;
+                    }
+                    if (fold) {
+                        folded_to = j;
+                        Py_ssize_t count = j - i;
+                        char tail[96];
+                        PyObject *reason_s = PyObject_Str(t->reason);
+                        if (!reason_s) goto done;
+                        Py_ssize_t rlen;
+                        const char *r = PyUnicode_AsUTF8AndSize(reason_s, &rlen);
+                        int bad = !r || out_indent(&o, odepth) < 0
+                                  || out_name(&o, t->path + start, end - start, shown) < 0
+                                  || out_put(&o, "/  (skipped: ", 13) < 0 || out_put(&o, r, (size_t)rlen) < 0;
+                        Py_DECREF(reason_s);
+                        snprintf(tail, sizeof tail, ", %zd file%s)\n", count, count != 1 ? "s" : "");
+                        if (bad || out_put(&o, tail, strlen(tail)) < 0) goto done;
+                        break;
+                    }
+                }
+                if (out_indent(&o, odepth) < 0 || out_name(&o, t->path + start, end - start, shown) < 0
+                    || out_put(&o, "/\n", 2) < 0)
+                    goto done;
+                olen = end;
+                odepth++;
+                start = end + 1;
+            }
+            if (folded_to >= 0) {
+                i = folded_to;
+                continue;
+            }
+        }
+        if (out_indent(&o, odepth) < 0 || out_name(&o, t->path + cut, t->len - cut, shown) < 0) goto done;
+        if (t->is_dir && out_put(&o, "/", 1) < 0) goto done;
+        if (t->reason) {
+            PyObject *m = PyObject_CallOneArg(marker, PyList_GET_ITEM(entries, i));
+            if (!m) goto done;
+            Py_ssize_t mlen;
+            const char *mu = PyUnicode_AsUTF8AndSize(m, &mlen);
+            int bad = !mu || out_put(&o, mu, (size_t)mlen) < 0;
+            Py_DECREF(m);
+            if (bad) goto done;
+        }
+        if (out_put(&o, "\n", 1) < 0) goto done;
+        i++;
+    }
+    if (out_put(&o, "\n", 1) < 0) goto done;
+    result = PyUnicode_DecodeUTF8(o.buf, (Py_ssize_t)o.len, "strict");
+done:
+    if (holds)
+        for (Py_ssize_t k = 0; k < 2 * n; k++) Py_XDECREF(holds[k]);
+    PyMem_Free(holds);
+    PyMem_Free(ts);
+    PyMem_Free(o.buf);
+    Py_XDECREF(candidates);
+    Py_XDECREF(kind_dir);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Set the rules' data (from agent.context.selection and layout)."},
+    {"tree", tree, METH_VARARGS,
+     "tree(entries, shown, marker, collapsible) -> layout.tree(entries) (None: let Python do it)."},
     {"decide", decide_entries, METH_VARARGS,
      "decide(rootfd, entries, todo, limit, regions, views, Facts, reasons, threads) -> the todo indices left: "
      "decide and render the plain files among entries[todo], on up to one thread per region."},

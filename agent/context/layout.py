@@ -106,12 +106,25 @@ def _marker(e: Entry) -> str:
     return f"  (skipped: {e.reason})"
 
 
+ACCELERATED = True  # False: the tree in Python even where the C accelerator is built (the tests compare)
+
+
 def tree(entries: list[Entry], max_depth: int | None = None) -> str:
     """The tree of all entries (sorted by `sort_key`), skip reasons marked, vendored trees folded.
 
     With `max_depth`, directories that deep are shown as one line with their file count: the
-    shortened tree a small budget gets.
+    shortened tree a small budget gets. The whole tree is written by the C accelerator where it
+    is built (the same text: the tests hold the two to it).
     """
+    if max_depth is None and ACCELERATED:
+        try:
+            from agent.context import _fastpack
+        except ImportError:
+            _fastpack = None
+        if _fastpack is not None:
+            text = _fastpack.tree(entries, shown, _marker, COLLAPSIBLE)
+            if text is not None:
+                return text
     keyed = _Components(entries)
     # Directories holding a vendored or generated file may fold into one line: those whose every
     # entry is skipped for that one reason. Entries under a directory are contiguous in tree order.

@@ -140,3 +140,74 @@ def test_tree_order_is_by_path_components():
     by_components = sorted(set(paths), key=lambda p: tuple(p.split("/")))
     assert sorted(set(paths), key=sort_key) == by_components
     assert by_components.index("a/b") < by_components.index("a-b")  # a directory's files stay together
+
+
+def _trees(entries) -> tuple[str, str]:
+    from agent.context import layout
+
+    saved = layout.ACCELERATED
+    try:
+        layout.ACCELERATED = True
+        fast = layout.tree(entries)
+        layout.ACCELERATED = False
+        return fast, layout.tree(entries)
+    finally:
+        layout.ACCELERATED = saved
+
+
+def test_the_c_tree_is_the_python_tree():
+    import random
+
+    from agent.context import reader
+    from agent.context.layout import sort_key
+    from agent.context.selection import Entry
+
+    if reader._fastpack is None:
+        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
+        return
+    names = ["a", "b", "ab", "a-b", "a.b", "vendor", "node_modules", "dist", "x y", "é", "日本", '"q"', "#h", " s",
+             "LC_MESSAGES", "__init__.py", "z"]
+    reasons = [None] * 6 + ["vendored", "generated", "binary", "too-large", "lockfile", "excluded"]
+    rng = random.Random(7)
+    for _ in range(300):
+        paths = {"/".join(rng.choice(names) for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(1, 60))}
+        # no path may also be a directory of another
+        paths = sorted(p for p in paths if not any(q.startswith(p + "/") for q in paths))
+        entries = []
+        for p in sorted(paths, key=sort_key):
+            reason = rng.choice(reasons)
+            e = Entry(p, reason=reason)
+            if reason == "too-large":
+                e.size = rng.choice([None, 123456])
+            if reason == "excluded" and rng.random() < 0.5:
+                e.detail = "../outside"
+            if reason and rng.random() < 0.05:
+                e.kind = "dir"
+            entries.append(e)
+        fast, slow = _trees(entries)
+        assert fast == slow, [e.path for e in entries]
+
+
+def test_the_c_tree_of_a_real_repository(repo, git):
+    from agent.context import pack_repository
+
+    root = repo({"src/app.py": "A = 1\n", "vendor/lib/a.js": "1\n", "vendor/lib/b.js": "2\n",
+                 "node_modules/x/index.js": "x\n", "dist/bundle.js": "b\n", "docs/日本.md": "# 日本\n",
+                 "odd name.txt": "o\n", "bin.dat": b"\0\1", "big.txt": "x" * 5000})
+    nested = root / "nested"
+    nested.mkdir()
+    git(nested, "init", "-q")
+    (nested / "f.txt").write_text("inner\n")
+    os.symlink("/etc", root / "out")
+    fast, slow = [], []
+    from agent.context import layout
+
+    for accelerated, out in ((True, fast), (False, slow)):
+        saved = layout.ACCELERATED
+        layout.ACCELERATED = accelerated
+        try:
+            out.append(pack_repository(root, cache=False, max_file_bytes=4096).text)
+        finally:
+            layout.ACCELERATED = saved
+    assert fast == slow
+    assert "vendor/  (skipped: vendored, 2 files)" in fast[0] and "nested/  (skipped: nested-repository)" in fast[0]
