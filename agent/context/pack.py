@@ -127,7 +127,7 @@ class Pack:
     def skipped_by_reason(self) -> dict[str, int]:
         """How many files each reason left out."""
         if self._skipped is None and self._counted is not None:
-            return dict(sorted(self._counted()[1].items()))
+            return dict(sorted(self._counted()[1].items()))  # (sorted() copies: the cached counts stay as they are)
         out: dict[str, int] = {}
         for s in self.skipped:
             out[s.reason] = out.get(s.reason, 0) + 1
@@ -322,6 +322,7 @@ def _result(entries: list[Entry], chosen: list[Entry], left_out: list[Entry], pa
                 skipped.append(SkippedFile(e.path, "budget" if id(e) in left_ids else e.reason or "unknown", e.detail))
         return files, skipped
 
+    @functools.cache  # (asked twice by a summary: the tokens, then the reasons)
     def counted() -> tuple[int, dict[str, int]]:
         chosen_ids = {id(e) for e in chosen}
         left_ids = {id(e) for e in left_out}
