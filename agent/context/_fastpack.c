@@ -886,9 +886,117 @@ done:
     return result;
 }
 
+/* ---- git's listing (selection._list_git) ---- */
+
+/* listing(output, Entry) -> (entries: {path: Entry}, untracked: [path], tracked: bytes)
+ * `output` is `git ls-files -z -t -s -o -m --exclude-standard`. Tracked files become entries (a
+ * submodule or symlink through Entry(path, kind=..., ...)); a changed file's blob id moves to
+ * index_blob; untracked paths are handed back as they are; `tracked` is the index's own records
+ * joined by NULs (what names the cached facts snapshot). */
+static PyObject *listing(PyObject *self, PyObject *args) {
+    Py_buffer out;
+    PyObject *entry_type;
+    if (!PyArg_ParseTuple(args, "y*O", &out, &entry_type)) return NULL;
+    PyObject *entries = PyDict_New(), *untracked = PyList_New(0), *result = NULL, *tracked = NULL;
+    PyObject *s_kind_submodule = NULL, *s_kind_symlink = NULL, *s_index_blob = NULL, *empty = PyTuple_New(0);
+    char *joined = PyMem_Malloc(out.len ? (size_t)out.len : 1);
+    Py_ssize_t jlen = 0;
+    if (!entries || !untracked || !empty || !joined) {
+        if (!joined) PyErr_NoMemory();
+        goto done;
+    }
+    s_kind_submodule = PyUnicode_InternFromString("submodule");
+    s_kind_symlink = PyUnicode_InternFromString("symlink");
+    s_index_blob = PyUnicode_InternFromString("index_blob");
+    if (!s_kind_submodule || !s_kind_symlink || !s_index_blob) goto done;
+    const char *p = out.buf, *end = p + out.len;
+    while (p < end) {
+        const char *rec = p;
+        const char *nul = memchr(p, 0, (size_t)(end - p));
+        Py_ssize_t rlen = nul ? nul - p : end - p;
+        p = nul ? nul + 1 : end;
+        if (rlen < 2) continue;
+        if (rec[0] == '?') {
+            PyObject *path = PyUnicode_DecodeUTF8(rec + 2, rlen - 2, "surrogateescape");
+            if (!path || PyList_Append(untracked, path) < 0) {
+                Py_XDECREF(path);
+                goto done;
+            }
+            Py_DECREF(path);
+            continue;
+        }
+        const char *tab = memchr(rec, '\t', (size_t)rlen);
+        if (!tab || tab - rec < 11) continue;
+        Py_ssize_t tpos = tab - rec;
+        PyObject *path = PyUnicode_DecodeUTF8(tab + 1, rlen - tpos - 1, "surrogateescape");
+        if (!path) goto done;
+        PyObject *blob = PyUnicode_DecodeASCII(rec + 9, tpos - 2 - 9, NULL); /* between the mode and " <stage>" */
+        if (!blob) {
+            Py_DECREF(path);
+            goto done;
+        }
+        int err = 0;
+        PyObject *known = PyDict_GetItemWithError(entries, path); /* borrowed */
+        if (!known && PyErr_Occurred()) err = 1;
+        if (!err && rec[0] == 'C') { /* changed in the work tree: the index's blob is not the file's */
+            if (known) {
+                PyObject *b = PyObject_GetAttr(known, s_blob);
+                if (!b) {
+                    err = 1;
+                } else {
+                    if (b != Py_None)
+                        err = PyObject_SetAttr(known, s_index_blob, b) < 0 || PyObject_SetAttr(known, s_blob, Py_None) < 0;
+                    Py_DECREF(b);
+                }
+            }
+        } else if (!err) {
+            memcpy(joined + jlen, rec, (size_t)rlen);
+            jlen += rlen;
+            joined[jlen++] = 0;
+            if (!known) { /* a conflicted path has several stages: the first makes the entry */
+                PyObject *e = NULL;
+                if (memcmp(rec + 2, "160000", 6) == 0 || memcmp(rec + 2, "120000", 6) == 0) {
+                    int sub = rec[3] == '6';
+                    PyObject *kw = sub ? Py_BuildValue("{sOsO}", "kind", s_kind_submodule, "reason", s_kind_submodule)
+                                       : Py_BuildValue("{sO}", "kind", s_kind_symlink);
+                    PyObject *a = kw ? PyTuple_Pack(1, path) : NULL;
+                    e = a ? PyObject_Call(entry_type, a, kw) : NULL;
+                    Py_XDECREF(a);
+                    Py_XDECREF(kw);
+                } else {
+                    e = ((PyTypeObject *)entry_type)->tp_new((PyTypeObject *)entry_type, empty, NULL);
+                    if (e && (PyObject_SetAttr(e, s_path, path) < 0 || PyObject_SetAttr(e, s_blob, blob) < 0))
+                        Py_CLEAR(e);
+                }
+                err = !e || PyDict_SetItem(entries, path, e) < 0;
+                Py_XDECREF(e);
+            }
+        }
+        Py_DECREF(path);
+        Py_DECREF(blob);
+        if (err) goto done;
+    }
+    if (jlen) jlen--; /* no NUL after the last record */
+    tracked = PyBytes_FromStringAndSize(joined, jlen);
+    if (tracked) result = PyTuple_Pack(3, entries, untracked, tracked);
+done:
+    PyBuffer_Release(&out);
+    PyMem_Free(joined);
+    Py_XDECREF(entries);
+    Py_XDECREF(untracked);
+    Py_XDECREF(tracked);
+    Py_XDECREF(s_kind_submodule);
+    Py_XDECREF(s_kind_symlink);
+    Py_XDECREF(s_index_blob);
+    Py_XDECREF(empty);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Set the rules' data (from agent.context.selection and layout)."},
+    {"listing", listing, METH_VARARGS,
+     "listing(ls_files_output, Entry) -> (entries by path, untracked paths, tracked records): see selection."},
     {"tree", tree, METH_VARARGS,
      "tree(entries, shown, marker, collapsible) -> layout.tree(entries) (None: let Python do it)."},
     {"decide", decide_entries, METH_VARARGS,

@@ -319,6 +319,36 @@ def _list_git(root: str | os.PathLike) -> Listing | None:
         msg = err.decode(errors="replace").strip().splitlines()
         raise GitError(f"git ls-files failed in {root}: {msg[0] if msg else code}")
     head = results[1][1].decode().strip() or None if results[1][0] == 0 else None
+    fast = _accelerator()
+    if fast is not None:
+        entries, untracked, index_records = fast.listing(listed, Entry)
+    else:
+        entries, untracked, index_records = _parse_listing(listed)
+    for path in untracked:
+        if path.endswith("/"):  # an untracked directory git lists whole: a nested repository
+            entries[path.rstrip("/")] = Entry(path.rstrip("/"), kind="dir", reason="nested-repository")
+        elif path not in entries:
+            full = os.path.join(root, path)
+            entries[path] = Entry(path, kind="symlink" if os.path.islink(full) else "file", untracked=True)
+    return Listing(root, list(entries.values()), git=True, head=head, index_key=_digest(index_records))
+
+
+ACCELERATED = True  # False: git's listing parsed in Python even where the C accelerator is built (tests compare)
+
+
+def _accelerator():
+    if not ACCELERATED:
+        return None
+    try:
+        from agent.context import _fastpack
+    except ImportError:
+        return None
+    return _fastpack
+
+
+def _parse_listing(listed: bytes) -> tuple[dict[str, Entry], list[str], bytes]:
+    """`ls-files -z -t -s -o -m` output: the tracked entries by path, the untracked paths, and the
+    index's own records (joined by NULs: what names the cached facts snapshot)."""
     entries: dict[str, Entry] = {}
     untracked: list[str] = []
     tracked: list[str] = []  # the index's own records: what names its cached facts snapshot
@@ -352,14 +382,7 @@ def _list_git(root: str | os.PathLike) -> Listing | None:
             entry = entries[path] = make(Entry)
             entry.path = path
             entry.blob = record[9:tab - 2]  # between the mode and " <stage>"
-    for path in untracked:
-        if path.endswith("/"):  # an untracked directory git lists whole: a nested repository
-            entries[path.rstrip("/")] = Entry(path.rstrip("/"), kind="dir", reason="nested-repository")
-        elif path not in entries:
-            full = os.path.join(root, path)
-            entries[path] = Entry(path, kind="symlink" if os.path.islink(full) else "file", untracked=True)
-    index_key = _digest("\0".join(tracked).encode("utf-8", "surrogateescape"))
-    return Listing(root, list(entries.values()), git=True, head=head, index_key=index_key)
+    return entries, untracked, "\0".join(tracked).encode("utf-8", "surrogateescape")
 
 
 class _IgnoreRules:
