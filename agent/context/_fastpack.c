@@ -523,7 +523,139 @@ static int eligible(PyObject *e, const char **path, Py_ssize_t *len) {
     return *path != NULL && simple_name(*path, *len);
 }
 
-static PyObject *decide_entries(PyObject *self, PyObject *args) {
+/* A scan under way: started by start(), its threads reading without the GIL while Python goes on;
+ * finish() waits for them and sets what they decided on the entries. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *entries, *todo, *views, *facts_type, *reasons, *regions_obj;
+    Py_buffer bufs[MAX_THREADS];
+    int nbufs, nt, running, finished;
+    int started[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    worker_t workers[MAX_THREADS];
+    job_t job;
+    region_t regions[MAX_THREADS];
+    Py_ssize_t *which; /* todo position of each chosen entry */
+    char *chosen;
+    Py_ssize_t ntodo;
+} ScanObject;
+
+static void scan_join(ScanObject *sc) {
+    if (!sc->running) return;
+    Py_BEGIN_ALLOW_THREADS
+    for (int t = 0; t < sc->nt; t++)
+        if (sc->started[t]) pthread_join(sc->threads[t], NULL);
+    Py_END_ALLOW_THREADS
+    sc->running = 0;
+    if (sc->job.rootfd >= 0) {
+        close(sc->job.rootfd);
+        sc->job.rootfd = -1;
+    }
+}
+
+static void scan_dealloc(ScanObject *sc) {
+    scan_join(sc); /* never free what a thread still writes to */
+    for (int r = 0; r < sc->nbufs; r++) PyBuffer_Release(&sc->bufs[r]);
+    if (sc->job.rootfd >= 0) close(sc->job.rootfd);
+    PyMem_Free(sc->which);
+    PyMem_Free((void *)sc->job.paths);
+    PyMem_Free((void *)sc->job.path_lens);
+    PyMem_Free(sc->job.recs);
+    PyMem_Free(sc->chosen);
+    Py_XDECREF(sc->entries);
+    Py_XDECREF(sc->todo);
+    Py_XDECREF(sc->views);
+    Py_XDECREF(sc->facts_type);
+    Py_XDECREF(sc->reasons);
+    Py_XDECREF(sc->regions_obj);
+    Py_TYPE(sc)->tp_free((PyObject *)sc);
+}
+
+static PyObject *scan_finish(ScanObject *sc, PyObject *unused) {
+    if (sc->finished) {
+        PyErr_SetString(PyExc_RuntimeError, "this scan is finished");
+        return NULL;
+    }
+    scan_join(sc);
+    sc->finished = 1;
+    job_t *job = &sc->job;
+    /* What was decided is set on the entries as reader._apply would; the rest is handed back. */
+    for (Py_ssize_t k = 0; k < job->count; k++) {
+        record *rec = &job->recs[k];
+        PyObject *e = PyList_GET_ITEM(sc->entries, PyLong_AsSsize_t(PyList_GET_ITEM(sc->todo, sc->which[k])));
+        int err = 0;
+        switch (rec->status) {
+        case ST_PACKED: {
+            PyObject *view = PyList_GET_ITEM(sc->views, rec->region);
+            err = set_int(e, s_size, rec->size)
+                  || set_new(e, s_facts, PyObject_CallFunction(sc->facts_type, "nOOnnnO", rec->size, Py_False, s_utf8,
+                                                               rec->chars, rec->size - rec->chars, rec->lines,
+                                                               rec->newline ? Py_True : Py_False))
+                  || set_new(e, s_section, Py_BuildValue("(Onn)", view, rec->start, rec->end));
+            if (!err) {
+                PyObject *lo = PyLong_FromSsize_t(rec->mid), *hi = PyLong_FromSsize_t(rec->stop);
+                PyObject *slice = (lo && hi) ? PySlice_New(lo, hi, NULL) : NULL;
+                Py_XDECREF(lo);
+                Py_XDECREF(hi);
+                err = set_new(e, s_content, slice ? PyObject_GetItem(view, slice) : NULL)
+                      || set_new(e, s_frame, Py_BuildValue("(ni)", (rec->mid - rec->start) + (rec->end - rec->stop), 0));
+                Py_XDECREF(slice);
+            }
+            sc->chosen[sc->which[k]] = 1;
+            break;
+        }
+        case ST_PATH:
+            err = PyObject_SetAttr(e, s_reason, PyTuple_GET_ITEM(sc->reasons, rec->code));
+            sc->chosen[sc->which[k]] = 1;
+            break;
+        case ST_BINARY:
+            err = set_int(e, s_size, rec->size)
+                  || set_new(e, s_facts, PyObject_CallFunction(sc->facts_type, "nO", rec->size, Py_True))
+                  || PyObject_SetAttr(e, s_reason, s_binary);
+            sc->chosen[sc->which[k]] = 1;
+            break;
+        case ST_EXCLUDED:
+            err = PyObject_SetAttr(e, s_reason, PyTuple_GET_ITEM(sc->reasons, rec->code)) || set_int(e, s_size, rec->size)
+                  || set_new(e, s_facts, PyObject_CallFunction(sc->facts_type, "nOOnnnOO", rec->size, Py_False, s_utf8,
+                                                               rec->chars, rec->size - rec->chars, rec->lines,
+                                                               rec->newline ? Py_True : Py_False,
+                                                               rec->code == 2 ? Py_True : Py_False));
+            sc->chosen[sc->which[k]] = 1;
+            break;
+        case ST_TOO_LARGE:
+            err = PyObject_SetAttr(e, s_reason, s_too_large) || set_int(e, s_size, rec->size);
+            sc->chosen[sc->which[k]] = 1;
+            break;
+        default:
+            break;
+        }
+        if (err) return NULL;
+    }
+    PyObject *left = PyList_New(0);
+    if (!left) return NULL;
+    for (Py_ssize_t t = 0; t < sc->ntodo; t++)
+        if (!sc->chosen[t] && PyList_Append(left, PyList_GET_ITEM(sc->todo, t)) < 0) {
+            Py_DECREF(left);
+            return NULL;
+        }
+    return left;
+}
+
+static PyMethodDef scan_methods[] = {
+    {"finish", (PyCFunction)scan_finish, METH_NOARGS,
+     "Wait for the scan; set what it decided on the entries; the todo indices it left, for Python."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject ScanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "agent.context._fastpack.Scan",
+    .tp_basicsize = sizeof(ScanObject),
+    .tp_dealloc = (destructor)scan_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A scan under way (see start).",
+    .tp_methods = scan_methods,
+};
+
+static PyObject *scan_start(PyObject *self, PyObject *args) {
     int rootfd;
     PyObject *entries, *todo, *regions_obj, *views, *facts_type, *reasons;
     Py_ssize_t limit, nthreads;
@@ -540,135 +672,82 @@ static PyObject *decide_entries(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "between 1 and 8 regions, a view of each, and the reasons");
         return NULL;
     }
-    PyObject *left = NULL;
-    Py_buffer bufs[MAX_THREADS];
-    int nbufs = 0;
-    job_t job = {0};
-    region_t regions[MAX_THREADS];
-    Py_ssize_t *which = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(Py_ssize_t)); /* todo position of each chosen entry */
-    job.paths = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(char *));
-    job.path_lens = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(Py_ssize_t));
-    job.recs = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(record));
-    char *chosen = PyMem_Calloc(ntodo ? ntodo : 1, 1);
-    if (!which || !job.paths || !job.path_lens || !job.recs || !chosen) {
+    ScanObject *sc = PyObject_New(ScanObject, &ScanType);
+    if (!sc) return NULL;
+    /* everything the dealloc looks at, before anything can fail */
+    sc->entries = Py_NewRef(entries);
+    sc->todo = Py_NewRef(todo);
+    sc->views = Py_NewRef(views);
+    sc->facts_type = Py_NewRef(facts_type);
+    sc->reasons = Py_NewRef(reasons);
+    sc->regions_obj = Py_NewRef(regions_obj);
+    sc->nbufs = sc->nt = sc->running = sc->finished = 0;
+    memset(sc->started, 0, sizeof sc->started);
+    memset(&sc->job, 0, sizeof sc->job);
+    sc->job.rootfd = -1;
+    sc->ntodo = ntodo;
+    sc->which = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(Py_ssize_t));
+    sc->chosen = PyMem_Calloc(ntodo ? ntodo : 1, 1);
+    job_t *job = &sc->job;
+    job->paths = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(char *));
+    job->path_lens = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(Py_ssize_t));
+    job->recs = PyMem_Calloc(ntodo ? ntodo : 1, sizeof(record));
+    if (!sc->which || !sc->chosen || !job->paths || !job->path_lens || !job->recs) {
         PyErr_NoMemory();
-        goto done;
+        goto fail;
     }
     Py_ssize_t count = 0;
     for (Py_ssize_t t = 0; t < ntodo; t++) {
         Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(todo, t));
-        if (i == -1 && PyErr_Occurred()) goto done;
+        if (i == -1 && PyErr_Occurred()) goto fail;
         if (i < 0 || i >= PyList_GET_SIZE(entries)) {
             PyErr_SetString(PyExc_IndexError, "todo holds an index past the entries");
-            goto done;
+            goto fail;
         }
         const char *path = NULL;
         Py_ssize_t len = 0;
         int ok = eligible(PyList_GET_ITEM(entries, i), &path, &len);
-        if (ok < 0) goto done;
+        if (ok < 0) goto fail;
         if (!ok) continue;
-        which[count] = t;
-        job.paths[count] = path;
-        ((Py_ssize_t *)job.path_lens)[count] = len;
-        job.recs[count].status = ST_GENERAL;
+        sc->which[count] = t;
+        job->paths[count] = path; /* the entry's own string: the entries list is held until the end */
+        ((Py_ssize_t *)job->path_lens)[count] = len;
+        job->recs[count].status = ST_GENERAL;
         count++;
     }
     for (Py_ssize_t r = 0; r < nreg; r++) {
-        if (PyObject_GetBuffer(PyList_GET_ITEM(regions_obj, r), &bufs[r], PyBUF_WRITABLE) < 0) goto done;
-        nbufs++;
-        regions[r].base = bufs[r].buf;
-        regions[r].size = bufs[r].len;
-        regions[r].cur = 0;
-        regions[r].full = 0;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(regions_obj, r), &sc->bufs[r], PyBUF_WRITABLE) < 0) goto fail;
+        sc->nbufs++;
+        sc->regions[r].base = sc->bufs[r].buf;
+        sc->regions[r].size = sc->bufs[r].len;
+        sc->regions[r].cur = 0;
+        sc->regions[r].full = 0;
     }
-    job.rootfd = rootfd;
-    job.limit = limit;
-    job.count = count;
-    job.regions = regions;
-    job.next = 0;
-    int nt = (int)(nthreads < 1 ? 1 : nthreads > nreg ? nreg : nthreads);
-    worker_t workers[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    Py_BEGIN_ALLOW_THREADS
-    for (int t = 1; t < nt; t++) {
-        workers[t].job = &job;
-        workers[t].index = t;
-        started[t] = pthread_create(&threads[t], NULL, work, &workers[t]) == 0;
+    job->rootfd = fcntl(rootfd, F_DUPFD_CLOEXEC, 0); /* its own: the caller may close theirs */
+    if (job->rootfd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto fail;
     }
-    workers[0].job = &job;
-    workers[0].index = 0;
-    work(&workers[0]);
-    for (int t = 1; t < nt; t++)
-        if (started[t]) pthread_join(threads[t], NULL);
-    Py_END_ALLOW_THREADS
-    /* What was decided is set on the entries as reader._apply would; the rest is handed back. */
-    for (Py_ssize_t k = 0; k < count; k++) {
-        record *rec = &job.recs[k];
-        PyObject *e = PyList_GET_ITEM(entries, PyLong_AsSsize_t(PyList_GET_ITEM(todo, which[k])));
-        int err = 0;
-        switch (rec->status) {
-        case ST_PACKED: {
-            PyObject *view = PyList_GET_ITEM(views, rec->region);
-            err = set_int(e, s_size, rec->size)
-                  || set_new(e, s_facts, PyObject_CallFunction(facts_type, "nOOnnnO", rec->size, Py_False, s_utf8,
-                                                               rec->chars, rec->size - rec->chars, rec->lines,
-                                                               rec->newline ? Py_True : Py_False))
-                  || set_new(e, s_section, Py_BuildValue("(Onn)", view, rec->start, rec->end));
-            if (!err) {
-                PyObject *lo = PyLong_FromSsize_t(rec->mid), *hi = PyLong_FromSsize_t(rec->stop);
-                PyObject *slice = (lo && hi) ? PySlice_New(lo, hi, NULL) : NULL;
-                Py_XDECREF(lo);
-                Py_XDECREF(hi);
-                err = set_new(e, s_content, slice ? PyObject_GetItem(view, slice) : NULL)
-                      || set_new(e, s_frame, Py_BuildValue("(ni)", (rec->mid - rec->start) + (rec->end - rec->stop), 0));
-                Py_XDECREF(slice);
-            }
-            chosen[which[k]] = 1;
-            break;
-        }
-        case ST_PATH:
-            err = PyObject_SetAttr(e, s_reason, PyTuple_GET_ITEM(reasons, rec->code));
-            chosen[which[k]] = 1;
-            break;
-        case ST_BINARY:
-            err = set_int(e, s_size, rec->size)
-                  || set_new(e, s_facts, PyObject_CallFunction(facts_type, "nO", rec->size, Py_True))
-                  || PyObject_SetAttr(e, s_reason, s_binary);
-            chosen[which[k]] = 1;
-            break;
-        case ST_EXCLUDED:
-            err = PyObject_SetAttr(e, s_reason, PyTuple_GET_ITEM(reasons, rec->code)) || set_int(e, s_size, rec->size)
-                  || set_new(e, s_facts, PyObject_CallFunction(facts_type, "nOOnnnOO", rec->size, Py_False, s_utf8,
-                                                               rec->chars, rec->size - rec->chars, rec->lines,
-                                                               rec->newline ? Py_True : Py_False,
-                                                               rec->code == 2 ? Py_True : Py_False));
-            chosen[which[k]] = 1;
-            break;
-        case ST_TOO_LARGE:
-            err = PyObject_SetAttr(e, s_reason, s_too_large) || set_int(e, s_size, rec->size);
-            chosen[which[k]] = 1;
-            break;
-        default:
-            break;
-        }
-        if (err) goto done;
+    job->limit = limit;
+    job->count = count;
+    job->regions = sc->regions;
+    job->next = 0;
+    sc->nt = (int)(nthreads < 1 ? 1 : nthreads > nreg ? nreg : nthreads);
+    for (int t = 0; t < sc->nt; t++) {
+        sc->workers[t].job = job;
+        sc->workers[t].index = t;
+        sc->started[t] = pthread_create(&sc->threads[t], NULL, work, &sc->workers[t]) == 0;
     }
-    left = PyList_New(0);
-    if (!left) goto done;
-    for (Py_ssize_t t = 0; t < ntodo; t++)
-        if (!chosen[t] && PyList_Append(left, PyList_GET_ITEM(todo, t)) < 0) {
-            Py_CLEAR(left);
-            goto done;
-        }
-done:
-    for (int r = 0; r < nbufs; r++) PyBuffer_Release(&bufs[r]);
-    PyMem_Free(which);
-    PyMem_Free((void *)job.paths);
-    PyMem_Free((void *)job.path_lens);
-    PyMem_Free(job.recs);
-    PyMem_Free(chosen);
-    return left;
+    sc->running = 1;
+    if (!sc->started[0]) { /* no thread at all: this one reads, now */
+        Py_BEGIN_ALLOW_THREADS
+        work(&sc->workers[0]);
+        Py_END_ALLOW_THREADS
+    }
+    return (PyObject *)sc;
+fail:
+    Py_DECREF(sc);
+    return NULL;
 }
 
 /* ---- the tree (layout.tree without max_depth) ---- */
@@ -999,9 +1078,10 @@ static PyMethodDef methods[] = {
      "listing(ls_files_output, Entry) -> (entries by path, untracked paths, tracked records): see selection."},
     {"tree", tree, METH_VARARGS,
      "tree(entries, shown, marker, collapsible) -> layout.tree(entries) (None: let Python do it)."},
-    {"decide", decide_entries, METH_VARARGS,
-     "decide(rootfd, entries, todo, limit, regions, views, Facts, reasons, threads) -> the todo indices left: "
-     "decide and render the plain files among entries[todo], on up to one thread per region."},
+    {"start", scan_start, METH_VARARGS,
+     "start(rootfd, entries, todo, limit, regions, views, Facts, reasons, threads) -> a Scan: decide and render "
+     "the plain files among entries[todo] on up to one thread per region; its finish() sets what was decided "
+     "on the entries and gives the todo indices left for Python. The entries list must not change meanwhile."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpack",
@@ -1014,5 +1094,6 @@ PyMODINIT_FUNC PyInit__fastpack(void) {
                           &s_frame, &s_file, &s_binary, &s_too_large, &s_utf8};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
+    if (PyType_Ready(&ScanType) < 0) return NULL;
     return PyModule_Create(&module);
 }

@@ -19,10 +19,12 @@ except ImportError:
 
 from agent.errors import GitError
 
-# The listing's calls: one `ls-files` for the tracked files with their blob ids (tagged H, or S, M
-# for skip-worktree and unmerged entries), the tracked files changed in the work tree (C, after
-# their H line) and the untracked files that are not ignored (?); and the commit checked out.
-COMMANDS = (("ls-files", "-z", "-t", "-s", "-o", "-m", "--exclude-standard"), ("rev-parse", "-q", "--verify", "HEAD"))
+# The listing's calls: the tracked files with their blob ids (`-t` tags them H, or S, M for
+# skip-worktree and unmerged entries) and, after a file's own record, a C record when the work
+# tree changed it; the untracked files that are not ignored (tagged ?), listed by a second git
+# that walks the tree meanwhile; and the commit checked out.
+COMMANDS = (("ls-files", "-z", "-t", "-s", "-m"), ("ls-files", "-z", "-t", "-o", "--exclude-standard"),
+            ("rev-parse", "-q", "--verify", "HEAD"))
 PROBE = ("rev-parse", "--is-inside-work-tree")
 
 _prefetched: dict[str, list[Call]] = {}

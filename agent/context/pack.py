@@ -9,7 +9,7 @@ import time
 from collections import namedtuple
 
 from agent.context import layout
-from agent.context.reader import load, read_bytes, render_sections
+from agent.context.reader import load, read_bytes, render_sections, start_scan
 from agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
     CODE_SUFFIXES,
@@ -175,8 +175,17 @@ def pack_repository(
         raise UsageError(f"max_file_bytes must be positive, got {max_file_bytes}")
     counter = counter or EstimateCounter()
     root = os.path.abspath(os.path.expanduser(os.fspath(repo)))  # (os.path: packing does not load pathlib)
-    listing = list_files(root)
     globs = (compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"))
+    scans = []  # a full pack without globs reads the tracked files while git looks for untracked ones
+
+    def on_tracked(tracked: list[Entry]) -> None:
+        tracked.sort(key=_tree_order)  # their sections then lie in tree order, in a few long runs
+        scan = start_scan(tracked, list(range(len(tracked))), root, max_file_bytes)
+        if scan is not None:
+            scans.append(scan)
+
+    plain_full = budget is None and globs == (None, None)
+    listing = list_files(root, on_tracked=on_tracked if plain_full else None)
     if budget is not None:  # a full pack decides path rules as it reads, in parallel
         apply_path_rules(listing, *globs)
     timings["list_s"] = time.perf_counter() - t0
@@ -190,7 +199,7 @@ def pack_repository(
         store = cache or None
     try:
         if budget is None:
-            return _pack_all(listing, store, counter, max_file_bytes, globs, timings, t0)
+            return _pack_all(listing, store, counter, max_file_bytes, globs, timings, t0, scans[0] if scans else None)
         return _pack(listing, store, issue, budget, counter, max_file_bytes, timings, t0)
     finally:
         if own_cache and store is not None:
@@ -198,7 +207,7 @@ def pack_repository(
 
 
 def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, max_file_bytes: int,
-              globs: tuple, timings: dict[str, float], t0: float) -> Pack:
+              globs: tuple, timings: dict[str, float], t0: float, scan=None) -> Pack:
     """The pack of every file (no budget): each file read once, its section rendered as it is read."""
     t = time.perf_counter()
     entries = sorted(listing.entries, key=_tree_order)
@@ -206,7 +215,7 @@ def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, 
     for e in entries:
         if e.blob in known:
             e.facts = known[e.blob]
-    render_sections(entries, str(listing.root), *globs, max_file_bytes)
+    render_sections(entries, str(listing.root), *globs, max_file_bytes, scan=scan)
     packable = [e for e in entries if e.reason is None]
     dirty = any(map(_changed, entries))
     timings["read_s"] = time.perf_counter() - t

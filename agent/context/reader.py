@@ -79,20 +79,30 @@ def threads_for(n_files: int) -> int:
     return max(1, min(cores, MAX_WORKERS))
 
 
-def _accelerated(entries: list[Entry], todo: list[int], root: str, limit: int) -> list[int]:
-    """Decide and render what the C accelerator can (plain names, known blob ids, no cached facts),
-    setting on each entry what `_apply` would: the entries (of `todo`) it left, for the Python path."""
+def start_scan(entries: list[Entry], todo: list[int], root: str, limit: int):
+    """Start the C accelerator on what it can decide among `entries[todo]` (plain names, known blob
+    ids, no cached facts), on threads of its own: its `finish()` sets on each entry what `_apply`
+    would, and gives the indices (of `todo`) it left for the Python path. None where the accelerator
+    is not built or no memory can be mapped. `entries` must not change until then."""
+    if not ACCELERATED or _fastpack is None or not todo:
+        return None
     try:
         regions = [Region(len(todo) * (FIRST_READ + 8192) + 2 * limit, shared=False)
                    for _ in range(threads_for(len(todo)))]
     except OSError:  # no address space to map: all of it in Python
-        return todo
+        return None
     rootfd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
-        return _fastpack.decide(rootfd, entries, todo, limit, [r.map for r in regions], [r.view for r in regions],
-                                Facts, _REASONS, len(regions))
+        return _fastpack.start(rootfd, entries, todo, limit, [r.map for r in regions], [r.view for r in regions],
+                               Facts, _REASONS, len(regions))
     finally:
-        os.close(rootfd)
+        os.close(rootfd)  # the scan holds its own
+
+
+def _accelerated(entries: list[Entry], todo: list[int], root: str, limit: int) -> list[int]:
+    """What `start_scan` leaves of `todo`, once it is done."""
+    scan = start_scan(entries, todo, root, limit)
+    return todo if scan is None else scan.finish()
 
 
 def workers_for(n_files: int) -> int:
@@ -360,12 +370,19 @@ def _work(job: _Job, w: int, region: Region, on_stripe) -> None:
             return
 
 
-def render_sections(entries: list[Entry], root: str, include, exclude, limit: int, workers: int | None = None) -> None:
+def render_sections(entries: list[Entry], root: str, include, exclude, limit: int, workers: int | None = None,
+                    scan=None) -> None:
     """Decide every undecided entry (path rules, read, content rules) and render the section of each
     packable one: afterwards `e.reason` is final and a packable `e` has its text in `e.content` and,
-    unless its worker ran out of room or failed, its rendered section in `e.section`."""
+    unless its worker ran out of room or failed, its rendered section in `e.section`. `scan`: a
+    `start_scan` of some of these entries (with no globs), under way since the listing."""
     todo = [i for i, e in enumerate(entries) if e.reason is None]
-    if ACCELERATED and _fastpack is not None and include is None and exclude is None and todo:
+    if scan is not None:
+        scan.finish()  # what it decided is set on the entries: a reason, or a rendered section
+        todo = [i for i in todo if entries[i].reason is None and entries[i].section is None]
+        if not todo:
+            return
+    elif ACCELERATED and _fastpack is not None and include is None and exclude is None and todo:
         todo = _accelerated(entries, todo, root, limit)
         if not todo:
             return

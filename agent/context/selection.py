@@ -301,36 +301,50 @@ def content_reason(path: str, facts: Facts, max_file_bytes: int, forced: bool) -
     return None
 
 
-def _list_git(root: str | os.PathLike) -> Listing | None:
-    """The git listing of a work tree; None when git says `root` is not in one."""
-    procs = gitls.take(str(root)) or gitls.start(str(root))
-    probe = len(procs) > len(gitls.COMMANDS)
-    results = gitls.finish(procs)
-    for _, _, err in results:
-        if b"dubious ownership" in err or b"safe.directory" in err:
-            raise GitError(f"git refuses {root} (dubious ownership): "
-                           f"run git config --global --add safe.directory {root}")
-    if probe:
-        code, out, _ = results.pop(0)
-        if code != 0 or out.strip() != b"true":
-            return None
-    code, listed, err = results[0]
-    if code != 0:
-        msg = err.decode(errors="replace").strip().splitlines()
-        raise GitError(f"git ls-files failed in {root}: {msg[0] if msg else code}")
-    head = results[1][1].decode().strip() or None if results[1][0] == 0 else None
-    fast = _accelerator()
-    if fast is not None:
-        entries, untracked, index_records = fast.listing(listed, Entry)
-    else:
-        entries, untracked, index_records = _parse_listing(listed)
+def _list_git(root: str | os.PathLike, on_tracked=None) -> Listing | None:
+    """The git listing of a work tree; None when git says `root` is not in one. `on_tracked` gets the
+    tracked files' entries as soon as git has listed them, while it still looks for untracked ones."""
+    calls = gitls.take(str(root)) or gitls.start(str(root))
+    try:
+        if len(calls) > len(gitls.COMMANDS):  # not known to be a work tree's top: the probe first
+            (code, out, err), = _finished(root, calls[:1])
+            if code != 0 or out.strip() != b"true":
+                return None
+            calls = calls[1:]
+        (code, listed, err), = _finished(root, calls[:1])
+        if code != 0:
+            msg = err.decode(errors="replace").strip().splitlines()
+            raise GitError(f"git ls-files failed in {root}: {msg[0] if msg else code}")
+        parse = _accelerator() or _Parse
+        entries, _, index_records = parse.listing(listed, Entry)
+        if on_tracked is not None:
+            on_tracked(list(entries.values()))
+        (code, others, err), (head_code, head, _) = _finished(root, calls[1:])
+        if code != 0:
+            msg = err.decode(errors="replace").strip().splitlines()
+            raise GitError(f"git ls-files --others failed in {root}: {msg[0] if msg else code}")
+    finally:
+        for call in calls:  # (a failure or interrupt midway: the calls not waited for)
+            call.stop()
+    _, untracked, _ = parse.listing(others, Entry)
     for path in untracked:
         if path.endswith("/"):  # an untracked directory git lists whole: a nested repository
             entries[path.rstrip("/")] = Entry(path.rstrip("/"), kind="dir", reason="nested-repository")
         elif path not in entries:
             full = os.path.join(root, path)
             entries[path] = Entry(path, kind="symlink" if os.path.islink(full) else "file", untracked=True)
+    head = head.decode().strip() or None if head_code == 0 else None
     return Listing(root, list(entries.values()), git=True, head=head, index_key=_digest(index_records))
+
+
+def _finished(root, calls) -> list[tuple[int, bytes, bytes]]:
+    """The results of these git calls; a refusal for ownership is one clear error."""
+    results = gitls.finish(calls)
+    for _, _, err in results:
+        if b"dubious ownership" in err or b"safe.directory" in err:
+            raise GitError(f"git refuses {root} (dubious ownership): "
+                           f"run git config --global --add safe.directory {root}")
+    return results
 
 
 ACCELERATED = True  # False: git's listing parsed in Python even where the C accelerator is built (tests compare)
@@ -346,9 +360,16 @@ def _accelerator():
     return _fastpack
 
 
+class _Parse:
+    @staticmethod
+    def listing(listed: bytes, entry_type) -> tuple[dict[str, Entry], list[str], bytes]:
+        return _parse_listing(listed)
+
+
 def _parse_listing(listed: bytes) -> tuple[dict[str, Entry], list[str], bytes]:
-    """`ls-files -z -t -s -o -m` output: the tracked entries by path, the untracked paths, and the
-    index's own records (joined by NULs: what names the cached facts snapshot)."""
+    """`ls-files -z -t` output (tracked with -s -m, untracked with -o): the tracked entries by path,
+    the untracked paths, and the index's own records (joined by NULs: what names the cached facts
+    snapshot). What `_fastpack.listing` does in C."""
     entries: dict[str, Entry] = {}
     untracked: list[str] = []
     tracked: list[str] = []  # the index's own records: what names its cached facts snapshot
@@ -457,14 +478,16 @@ def _list_walk(root: str | os.PathLike) -> Listing:
     return Listing(root, entries, git=False, head=None)
 
 
-def list_files(root: str | os.PathLike) -> Listing:
-    """Every file of the repository at `root` (a str or Path; git-aware), before any rule is applied."""
+def list_files(root: str | os.PathLike, on_tracked=None) -> Listing:
+    """Every file of the repository at `root` (a str or Path; git-aware), before any rule is applied.
+    In a git work tree, `on_tracked(entries)` is called with the tracked files' entries as soon as
+    git has listed them (untracked ones are added after)."""
     if not os.path.exists(root):
         raise UsageError(f"repository not found: {root}")
     if not os.path.isdir(root):
         raise UsageError(f"not a directory: {root}")
     if gitls.may_be_git(str(root)):
-        listing = _list_git(root)
+        listing = _list_git(root, on_tracked)
         if listing is not None:
             return listing
     return _list_walk(root)

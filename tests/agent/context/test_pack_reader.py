@@ -241,14 +241,14 @@ def test_the_c_accelerator_decides_and_renders_as_python_does(repo, monkeypatch)
     (root / "pkg" / "mod000.py").write_text("changed = True\n")
     python = _decided(root, monkeypatch, inline=False)
     left = []
-    real_decide = reader._fastpack.decide
+    real_accelerated = reader._accelerated
 
-    def decide(rootfd, entries, todo, *args):
-        rest = real_decide(rootfd, entries, todo, *args)
+    def accelerated_spy(entries, todo, *args):
+        rest = real_accelerated(entries, todo, *args)
         left.append((len(todo), len(rest)))
         return rest
 
-    monkeypatch.setattr(reader._fastpack, "decide", decide)
+    monkeypatch.setattr(reader, "_accelerated", accelerated_spy)
     accelerated = _decided(root, monkeypatch, inline=False, accelerated=True)
     for p, a in zip(python, accelerated):
         assert a == p, p[0]
@@ -302,3 +302,57 @@ def test_a_packs_counts_agree_with_its_lists(repo):
         assert tokens == sum(f.tokens for f in pack.files)
         assert by_reason == pack.skipped_by_reason() and sum(by_reason.values()) == len(pack.skipped)
         assert ("budget" in by_reason) == (budget is not None)
+
+
+def _pack_text(root, monkeypatch, accelerated: bool) -> str:
+    from agent.context import layout, selection
+
+    for module in (reader, selection, layout):
+        monkeypatch.setattr(module, "ACCELERATED", accelerated)
+    return pack_repository(root, cache=False, max_file_bytes=4096).text
+
+
+def test_a_full_pack_reads_tracked_files_while_git_lists_untracked_ones(repo, monkeypatch):
+    if reader._fastpack is None:
+        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
+        pytest.skip("the C accelerator is not built here")
+    root = repo(_every_case())
+    (root / "untracked.txt").write_text("not yet added\n")
+    (root / "pkg" / "mod000.py").write_text("changed = True\n")
+    started = []
+    real = reader.start_scan
+    monkeypatch.setattr(reader, "start_scan", lambda *a: started.append(len(a[0])) or real(*a))
+    from agent.context import pack as pack_module
+
+    monkeypatch.setattr(pack_module, "start_scan", reader.start_scan)
+    fast = _pack_text(root, monkeypatch, True)
+    assert started and started[0] == len(_every_case())  # the tracked files, before the untracked one was listed
+    assert fast == _pack_text(root, monkeypatch, False)
+    assert "### untracked.txt" in fast and "changed = True" in fast
+
+
+def test_an_interrupt_while_the_scan_runs_leaves_no_thread(repo, monkeypatch):
+    import gc
+
+    from agent.context import selection
+
+    if reader._fastpack is None:
+        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
+        pytest.skip("the C accelerator is not built here")
+    root = repo({f"f{i:04}.txt": f"{i}\n" * 100 for i in range(3000)})
+    real = selection._finished
+    calls = []
+
+    def finished(root, calls_):
+        calls.append(len(calls_))
+        if len(calls) == 2:  # the untracked listing: the scan of tracked files is under way
+            raise KeyboardInterrupt
+        return real(root, calls_)
+
+    monkeypatch.setattr(selection, "_finished", finished)
+    with pytest.raises(KeyboardInterrupt):
+        pack_repository(root, cache=False)
+    gc.collect()
+    assert len(os.listdir("/proc/self/task")) == 1  # the scan's threads joined
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # and git's calls reaped
