@@ -219,11 +219,16 @@ def _every_case() -> dict[str, str | bytes]:
     }
 
 
-def test_the_inline_path_decides_and_renders_as_the_general_one(repo, monkeypatch):
-    files = _every_case()
-    root = repo(files)
+def _every_case_repo(repo):
+    """A repository of `_every_case()`, with an untracked file and a changed one."""
+    root = repo(_every_case())
     (root / "untracked.txt").write_text("not yet added\n")
     (root / "pkg" / "mod000.py").write_text("changed = True\n")
+    return root
+
+
+def test_the_inline_path_decides_and_renders_as_the_general_one(repo, monkeypatch):
+    root = _every_case_repo(repo)
     general = _decided(root, monkeypatch, inline=False)
     inline = _decided(root, monkeypatch, inline=True)
     assert [g[0] for g in general] == [i[0] for i in inline]
@@ -232,13 +237,8 @@ def test_the_inline_path_decides_and_renders_as_the_general_one(repo, monkeypatc
     assert {g[1] for g in general} >= {None, "binary", "generated", "minified", "too-large", "vendored"}
 
 
-def test_the_c_accelerator_decides_and_renders_as_python_does(repo, monkeypatch):
-    if reader._fastpack is None:
-        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
-        pytest.skip("the C accelerator is not built here")
-    root = repo(_every_case())
-    (root / "untracked.txt").write_text("not yet added\n")
-    (root / "pkg" / "mod000.py").write_text("changed = True\n")
+def test_the_c_accelerator_decides_and_renders_as_python_does(repo, monkeypatch, accelerator):
+    root = _every_case_repo(repo)
     python = _decided(root, monkeypatch, inline=False)
     left = []
     real_accelerated = reader._accelerated
@@ -258,10 +258,7 @@ def test_the_c_accelerator_decides_and_renders_as_python_does(repo, monkeypatch)
     assert _decided(root, monkeypatch, inline=False, accelerated=True) == python
 
 
-def test_the_c_accelerator_reads_large_files_whole(repo, monkeypatch):
-    if reader._fastpack is None:
-        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
-        pytest.skip("the C accelerator is not built here")
+def test_the_c_accelerator_reads_large_files_whole(repo, monkeypatch, accelerator):
     line = "x = 'a line of text that is not short'  # é\n"
     root = repo({
         "big/text.py": line * 3000,  # about 130 KB: past the first read
@@ -282,10 +279,7 @@ def test_the_c_accelerator_reads_large_files_whole(repo, monkeypatch):
                      "big/generated.py": "generated", "big/min.css": "minified", "small.py": None}
 
 
-def test_the_c_accelerator_leaves_what_does_not_fit_to_python(repo, monkeypatch):
-    if reader._fastpack is None:
-        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
-        pytest.skip("the C accelerator is not built here")
+def test_the_c_accelerator_leaves_what_does_not_fit_to_python(repo, monkeypatch, accelerator):
     root = repo({f"data/f{i:03}.txt": f"{i} " * 3000 + "\n" for i in range(300)})  # about 5 MB
     python = _decided(root, monkeypatch, inline=False)
     monkeypatch.setattr(reader, "REGION_CAP", 1 << 20)  # 1 MB per thread: most files go back to Python
@@ -312,13 +306,8 @@ def _pack_text(root, monkeypatch, accelerated: bool) -> str:
     return pack_repository(root, cache=False, max_file_bytes=4096).text
 
 
-def test_a_full_pack_reads_tracked_files_while_git_lists_untracked_ones(repo, monkeypatch):
-    if reader._fastpack is None:
-        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
-        pytest.skip("the C accelerator is not built here")
-    root = repo(_every_case())
-    (root / "untracked.txt").write_text("not yet added\n")
-    (root / "pkg" / "mod000.py").write_text("changed = True\n")
+def test_a_full_pack_reads_tracked_files_while_git_lists_untracked_ones(repo, monkeypatch, accelerator):
+    root = _every_case_repo(repo)
     started = []
     real = reader.start_scan
     monkeypatch.setattr(reader, "start_scan", lambda *a: started.append(len(a[0])) or real(*a))
@@ -331,14 +320,11 @@ def test_a_full_pack_reads_tracked_files_while_git_lists_untracked_ones(repo, mo
     assert "### untracked.txt" in fast and "changed = True" in fast
 
 
-def test_an_interrupt_while_the_scan_runs_leaves_no_thread(repo, monkeypatch):
+def test_an_interrupt_while_the_scan_runs_leaves_no_thread(repo, monkeypatch, accelerator):
     import gc
 
     from agent.context import selection
 
-    if reader._fastpack is None:
-        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
-        pytest.skip("the C accelerator is not built here")
     root = repo({f"f{i:04}.txt": f"{i}\n" * 100 for i in range(3000)})
     real = selection._finished
     calls = []

@@ -241,12 +241,9 @@ def test_file_names_that_are_not_utf8_are_packed_and_shown_escaped(repo, git):
     pack.text.encode("utf-8")  # the text stays valid UTF-8
 
 
-def test_the_c_listing_parse_is_the_python_one(repo, git, monkeypatch):
+def test_the_c_listing_parse_is_the_python_one(repo, git, monkeypatch, accelerator):
     from agent.context import reader, selection
 
-    if reader._fastpack is None:
-        assert os.environ.get("CI") != "true", "the C accelerator (agent/context/_fastpack.c) was not built"
-        return
     root = repo({"a.py": "A = 1\n", "d/b.txt": "b\n", "d/e/c.md": "c\n", "keep.txt": "k\n"})
     (root / "a.py").write_text("A = 2\n")  # changed
     (root / "keep.txt").touch()  # stat-dirty, same content
