@@ -978,7 +978,7 @@ static PyObject *listing(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*O", &out, &entry_type)) return NULL;
     PyObject *entries = PyDict_New(), *untracked = PyList_New(0), *result = NULL, *tracked = NULL;
     PyObject *s_kind_submodule = NULL, *s_kind_symlink = NULL, *s_index_blob = NULL, *empty = PyTuple_New(0);
-    char *joined = PyMem_Malloc(out.len ? (size_t)out.len : 1);
+    char *joined = PyMem_Malloc((size_t)out.len + 1); /* the records, each with a NUL after it */
     Py_ssize_t jlen = 0;
     if (!entries || !untracked || !empty || !joined) {
         if (!joined) PyErr_NoMemory();
