@@ -32,6 +32,8 @@ def _files() -> dict[str, str | bytes]:
 
 
 def _pack(root, monkeypatch, workers: int, **kw):
+    """A pack by the Python reader (the C accelerator off) with `workers` processes."""
+    monkeypatch.setattr(reader, "ACCELERATED", False)
     monkeypatch.setattr(reader, "workers_for", lambda n: workers)
     return pack_repository(root, cache=False, max_file_bytes=4096, **kw)
 
@@ -89,6 +91,7 @@ def test_a_full_region_falls_back_to_rendering_from_memory(repo, monkeypatch):
     root = repo(files)
     serial = pack_repository(root, cache=False)
     monkeypatch.setattr(reader, "REGION_CAP", 1 << 20)
+    monkeypatch.setattr(reader, "ACCELERATED", False)
     for workers in (1, 2):
         monkeypatch.setattr(reader, "workers_for", lambda n, w=workers: w)
         small = pack_repository(root, cache=False)
