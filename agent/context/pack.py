@@ -211,7 +211,11 @@ def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, 
     """The pack of every file (no budget): each file read once, its section rendered as it is read."""
     t = time.perf_counter()
     entries = sorted(listing.entries, key=_tree_order)
-    known, stale = _known_facts(store, listing, entries)
+    # The accelerator reads every file and finds its facts as fast as the cache would give them:
+    # with this index's facts already stored, only the files git has no blob id for are added.
+    stored = (scan is not None and store is not None and listing.index_key is not None
+              and store.has_snapshot(listing.index_key))
+    known, stale = ({}, False) if stored else _known_facts(store, listing, entries)
     for e in entries:
         if e.blob in known:
             e.facts = known[e.blob]
@@ -229,7 +233,11 @@ def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, 
     tree_text = layout.tree(entries)
     parts, tokens = _render(packable, [], entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
     timings["render_s"] = time.perf_counter() - t
-    if store is not None:
+    if stored:
+        added = {e.blob: e.facts for e in entries if _changed(e) and e.blob and e.facts is not None}
+        if added:
+            store.put_facts(added)
+    elif store is not None:
         facts = _facts_by_blob(entries)
         _remember(store, listing, facts, {b: f for b, f in facts.items() if b not in known}, stale)
     timings["total_s"] = time.perf_counter() - t0

@@ -127,3 +127,21 @@ def test_a_warm_pack_reads_the_facts_of_the_whole_index_in_one_snapshot(repo, pr
     third = pack_repository(root)
     assert lookups == []
     assert "V = 'changed'" in third.text and "NEW = 1" in third.text
+
+
+def test_a_warm_full_pack_with_the_accelerator_reads_no_facts_back(repo, private_cache, monkeypatch, accelerator):
+    root = repo({f"m{i}.py": f"V = {i}\n" for i in range(40)} | {"img.bin": b"\0\1"})
+    first = pack_repository(root)  # stores this index's facts
+    reads: list[str] = []
+    monkeypatch.setattr(PackCache, "get_snapshot", lambda self, key: reads.append(key) or {})
+    monkeypatch.setattr(PackCache, "get_facts", lambda self, blobs: reads.append("facts") or {})
+    (root / "m3.py").write_text("V = 'changed'\n")
+    second = pack_repository(root)
+    assert reads == []  # the accelerator found every file's facts itself
+    assert second.data == first.data.replace(b"V = 3\n", b"V = 'changed'\n").replace(
+        b"git commit " + first.head.encode(), b"git commit " + first.head.encode() + b" plus uncommitted changes in the working tree")
+    from agent.context.selection import blob_id
+
+    monkeypatch.undo()
+    with PackCache(private_cache) as store:
+        assert store.get_facts([blob_id(b"V = 'changed'\n")])  # the changed file's facts were added
