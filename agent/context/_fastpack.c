@@ -473,7 +473,7 @@ static int simple_name(const char *s, Py_ssize_t n) {
 }
 
 static PyObject *s_blob, *s_kind, *s_facts, *s_flags, *s_path, *s_size, *s_reason, *s_section, *s_content, *s_frame,
-    *s_file, *s_binary, *s_too_large, *s_utf8;
+    *s_file, *s_binary, *s_too_large, *s_utf8, *s_dir, *s_submodule, *s_symlink, *s_index_blob;
 
 static int set_int(PyObject *e, PyObject *name, Py_ssize_t v) {
     PyObject *o = PyLong_FromSsize_t(v);
@@ -488,6 +488,13 @@ static int set_new(PyObject *e, PyObject *name, PyObject *o) { /* steals o */
     int r = PyObject_SetAttr(e, name, o);
     Py_DECREF(o);
     return r;
+}
+
+/* Facts(size, False, "utf-8", chars, extra, lines, final_newline, generated) of a text record. */
+static PyObject *text_facts(PyObject *facts_type, const record *rec, int generated) {
+    return PyObject_CallFunction(facts_type, "nOOnnnOO", rec->size, Py_False, s_utf8, rec->chars,
+                                 rec->size - rec->chars, rec->lines, rec->newline ? Py_True : Py_False,
+                                 generated ? Py_True : Py_False);
 }
 
 /* Is entry `e` one the C path takes: a plain name, a git blob id, kind "file", no facts or flags? */
@@ -587,10 +594,7 @@ static PyObject *scan_finish(ScanObject *sc, PyObject *unused) {
         switch (rec->status) {
         case ST_PACKED: {
             PyObject *view = PyList_GET_ITEM(sc->views, rec->region);
-            err = set_int(e, s_size, rec->size)
-                  || set_new(e, s_facts, PyObject_CallFunction(sc->facts_type, "nOOnnnO", rec->size, Py_False, s_utf8,
-                                                               rec->chars, rec->size - rec->chars, rec->lines,
-                                                               rec->newline ? Py_True : Py_False))
+            err = set_int(e, s_size, rec->size) || set_new(e, s_facts, text_facts(sc->facts_type, rec, 0))
                   || set_new(e, s_section, Py_BuildValue("(Onn)", view, rec->start, rec->end));
             if (!err) {
                 PyObject *lo = PyLong_FromSsize_t(rec->mid), *hi = PyLong_FromSsize_t(rec->stop);
@@ -601,35 +605,28 @@ static PyObject *scan_finish(ScanObject *sc, PyObject *unused) {
                       || set_new(e, s_frame, Py_BuildValue("(ni)", (rec->mid - rec->start) + (rec->end - rec->stop), 0));
                 Py_XDECREF(slice);
             }
-            sc->chosen[sc->which[k]] = 1;
             break;
         }
         case ST_PATH:
             err = PyObject_SetAttr(e, s_reason, PyTuple_GET_ITEM(sc->reasons, rec->code));
-            sc->chosen[sc->which[k]] = 1;
             break;
         case ST_BINARY:
             err = set_int(e, s_size, rec->size)
                   || set_new(e, s_facts, PyObject_CallFunction(sc->facts_type, "nO", rec->size, Py_True))
                   || PyObject_SetAttr(e, s_reason, s_binary);
-            sc->chosen[sc->which[k]] = 1;
             break;
-        case ST_EXCLUDED:
+        case ST_EXCLUDED: /* generated (code 2) or minified text */
             err = PyObject_SetAttr(e, s_reason, PyTuple_GET_ITEM(sc->reasons, rec->code)) || set_int(e, s_size, rec->size)
-                  || set_new(e, s_facts, PyObject_CallFunction(sc->facts_type, "nOOnnnOO", rec->size, Py_False, s_utf8,
-                                                               rec->chars, rec->size - rec->chars, rec->lines,
-                                                               rec->newline ? Py_True : Py_False,
-                                                               rec->code == 2 ? Py_True : Py_False));
-            sc->chosen[sc->which[k]] = 1;
+                  || set_new(e, s_facts, text_facts(sc->facts_type, rec, rec->code == 2));
             break;
         case ST_TOO_LARGE:
             err = PyObject_SetAttr(e, s_reason, s_too_large) || set_int(e, s_size, rec->size);
-            sc->chosen[sc->which[k]] = 1;
             break;
-        default:
-            break;
+        default: /* left to Python */
+            continue;
         }
         if (err) return NULL;
+        sc->chosen[sc->which[k]] = 1;
     }
     PyObject *left = PyList_New(0);
     if (!left) return NULL;
@@ -811,7 +808,7 @@ static PyObject *tree(PyObject *self, PyObject *args) {
     PyObject *entries, *shown, *marker, *collapsible;
     if (!PyArg_ParseTuple(args, "O!OOO", &PyList_Type, &entries, &shown, &marker, &collapsible)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(entries);
-    PyObject *result = NULL, *candidates = NULL, *kind_dir = NULL;
+    PyObject *result = NULL, *candidates = NULL;
     PyObject **holds = PyMem_Calloc(n ? 2 * n : 1, sizeof(PyObject *)); /* the path and reason objects read */
     tentry *ts = PyMem_Calloc(n ? n : 1, sizeof(tentry));
     out_t o = {0};
@@ -819,9 +816,8 @@ static PyObject *tree(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    kind_dir = PyUnicode_InternFromString("dir");
     candidates = PySet_New(NULL); /* directories ("a/b") holding a file skipped for a collapsible reason */
-    if (!kind_dir || !candidates) goto done;
+    if (!candidates) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *e = PyList_GET_ITEM(entries, i);
         PyObject *path = PyObject_GetAttr(e, s_path);
@@ -839,7 +835,7 @@ static PyObject *tree(PyObject *self, PyObject *args) {
         ts[i].reason = reason == Py_None ? NULL : reason;
         PyObject *kind = PyObject_GetAttr(e, s_kind);
         if (!kind) goto done;
-        ts[i].is_dir = PyUnicode_Check(kind) && PyUnicode_Compare(kind, kind_dir) == 0;
+        ts[i].is_dir = PyUnicode_Check(kind) && PyUnicode_Compare(kind, s_dir) == 0;
         Py_DECREF(kind);
         if (ts[i].reason && !ts[i].is_dir) {
             int c = PySequence_Contains(collapsible, reason);
@@ -961,7 +957,6 @@ done:
     PyMem_Free(ts);
     PyMem_Free(o.buf);
     Py_XDECREF(candidates);
-    Py_XDECREF(kind_dir);
     return result;
 }
 
@@ -977,17 +972,13 @@ static PyObject *listing(PyObject *self, PyObject *args) {
     PyObject *entry_type;
     if (!PyArg_ParseTuple(args, "y*O", &out, &entry_type)) return NULL;
     PyObject *entries = PyDict_New(), *untracked = PyList_New(0), *result = NULL, *tracked = NULL;
-    PyObject *s_kind_submodule = NULL, *s_kind_symlink = NULL, *s_index_blob = NULL, *empty = PyTuple_New(0);
+    PyObject *empty = PyTuple_New(0);
     char *joined = PyMem_Malloc((size_t)out.len + 1); /* the records, each with a NUL after it */
     Py_ssize_t jlen = 0;
     if (!entries || !untracked || !empty || !joined) {
         if (!joined) PyErr_NoMemory();
         goto done;
     }
-    s_kind_submodule = PyUnicode_InternFromString("submodule");
-    s_kind_symlink = PyUnicode_InternFromString("symlink");
-    s_index_blob = PyUnicode_InternFromString("index_blob");
-    if (!s_kind_submodule || !s_kind_symlink || !s_index_blob) goto done;
     const char *p = out.buf, *end = p + out.len;
     while (p < end) {
         const char *rec = p;
@@ -1036,8 +1027,8 @@ static PyObject *listing(PyObject *self, PyObject *args) {
                 PyObject *e = NULL;
                 if (memcmp(rec + 2, "160000", 6) == 0 || memcmp(rec + 2, "120000", 6) == 0) {
                     int sub = rec[3] == '6';
-                    PyObject *kw = sub ? Py_BuildValue("{sOsO}", "kind", s_kind_submodule, "reason", s_kind_submodule)
-                                       : Py_BuildValue("{sO}", "kind", s_kind_symlink);
+                    PyObject *kw = sub ? Py_BuildValue("{sOsO}", "kind", s_submodule, "reason", s_submodule)
+                                       : Py_BuildValue("{sO}", "kind", s_symlink);
                     PyObject *a = kw ? PyTuple_Pack(1, path) : NULL;
                     e = a ? PyObject_Call(entry_type, a, kw) : NULL;
                     Py_XDECREF(a);
@@ -1064,9 +1055,6 @@ done:
     Py_XDECREF(entries);
     Py_XDECREF(untracked);
     Py_XDECREF(tracked);
-    Py_XDECREF(s_kind_submodule);
-    Py_XDECREF(s_kind_symlink);
-    Py_XDECREF(s_index_blob);
     Py_XDECREF(empty);
     return result;
 }
@@ -1089,9 +1077,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpack",
 
 PyMODINIT_FUNC PyInit__fastpack(void) {
     static const char *names[] = {"blob", "kind", "facts", "flags", "path", "size", "reason", "section", "content",
-                                  "frame", "file", "binary", "too-large", "utf-8"};
+                                  "frame", "file", "binary", "too-large", "utf-8", "dir", "submodule", "symlink",
+                                  "index_blob"};
     PyObject **slots[] = {&s_blob, &s_kind, &s_facts, &s_flags, &s_path, &s_size, &s_reason, &s_section, &s_content,
-                          &s_frame, &s_file, &s_binary, &s_too_large, &s_utf8};
+                          &s_frame, &s_file, &s_binary, &s_too_large, &s_utf8, &s_dir, &s_submodule, &s_symlink,
+                          &s_index_blob};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     if (PyType_Ready(&ScanType) < 0) return NULL;
