@@ -50,7 +50,7 @@ class Call:
         self.out = self.err = None
         if self.pid is not None:
             try:
-                os.kill(self.pid, 9)
+                os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass

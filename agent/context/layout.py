@@ -10,7 +10,7 @@ run that opens a line of the file, so no content can close a section early (Comm
 
 from __future__ import annotations
 
-from agent.context.selection import Entry
+from agent.context.selection import Entry, _fastpack
 
 INDENT = "  "
 COLLAPSIBLE = frozenset({"vendored", "generated"})  # a directory all of one of these is one tree line
@@ -116,15 +116,10 @@ def tree(entries: list[Entry], max_depth: int | None = None) -> str:
     shortened tree a small budget gets. The whole tree is written by the C accelerator where it
     is built (the same text: the tests hold the two to it).
     """
-    if max_depth is None and ACCELERATED:
-        try:
-            from agent.context import _fastpack
-        except ImportError:
-            _fastpack = None
-        if _fastpack is not None:
-            text = _fastpack.tree(entries, shown, _marker, COLLAPSIBLE)
-            if text is not None:
-                return text
+    if max_depth is None and ACCELERATED and _fastpack is not None:
+        text = _fastpack.tree(entries, shown, _marker, COLLAPSIBLE)
+        if text is not None:
+            return text
     keyed = _Components(entries)
     # Directories holding a vendored or generated file may fold into one line: those whose every
     # entry is skipped for that one reason. Entries under a directory are contiguous in tree order.
@@ -200,7 +195,6 @@ class _Components:
         if parts is None:
             parts = self.made[i] = tuple(self.entries[i].path.split("/"))
         return parts
-
 
 
 def _fold(keyed: _Components, entries: list[Entry], start: int, key: tuple[str, ...]) -> int | None:

@@ -248,7 +248,7 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
           counter: TokenCounter, max_file_bytes: int, timings: dict[str, float], t0: float) -> Pack:
     """A pack within `budget`: files read only where no cached facts stand in, and for relevance."""
     t = time.perf_counter()
-    entries = sorted(listing.entries, key=lambda e: layout.sort_key(e.path))
+    entries = sorted(listing.entries, key=_tree_order)
     candidates = [e for e in entries if e.reason is None]
     known, stale = _known_facts(store, listing, candidates)
     new_facts = {}
@@ -328,27 +328,30 @@ def _result(entries: list[Entry], chosen: list[Entry], left_out: list[Entry], pa
             counter: TokenCounter, budget: int | None, listing: Listing, timings: dict[str, float]) -> Pack:
     """The pack; its lists of packed and skipped files are made when first asked for."""
 
-    def listed() -> tuple[list[PackedFile], list[SkippedFile]]:
+    @functools.cache
+    def fates() -> list[tuple[Entry, str | None]]:
+        """Each entry with why it has no text in the pack (None when it has)."""
         chosen_ids = {id(e) for e in chosen}
         left_ids = {id(e) for e in left_out}
+        return [(e, None if id(e) in chosen_ids else "budget" if id(e) in left_ids else e.reason or "unknown")
+                for e in entries]
+
+    def listed() -> tuple[list[PackedFile], list[SkippedFile]]:
         files, skipped = [], []
-        for e in entries:
-            if id(e) in chosen_ids:
+        for e, reason in fates():
+            if reason is None:
                 files.append(PackedFile(e.path, e.tokens or 0, e.size or 0, _flags(e)))
             else:
-                skipped.append(SkippedFile(e.path, "budget" if id(e) in left_ids else e.reason or "unknown", e.detail))
+                skipped.append(SkippedFile(e.path, reason, e.detail))
         return files, skipped
 
     @functools.cache  # (asked twice by a summary: the tokens, then the reasons)
     def counted() -> tuple[int, dict[str, int]]:
-        chosen_ids = {id(e) for e in chosen}
-        left_ids = {id(e) for e in left_out}
         packed_tokens, by_reason = 0, {}
-        for e in entries:
-            if id(e) in chosen_ids:
+        for e, reason in fates():
+            if reason is None:
                 packed_tokens += e.tokens or 0
             else:
-                reason = "budget" if id(e) in left_ids else e.reason or "unknown"
                 by_reason[reason] = by_reason.get(reason, 0) + 1
         return packed_tokens, by_reason
 
@@ -387,7 +390,7 @@ def _fit_exactly(chosen: list[Entry], left_out: list[Entry], data: list, tokens:
             break
         prepare(more)
         added = {id(e) for e in more}
-        grown = sorted(chosen + more, key=lambda e: layout.sort_key(e.path))
+        grown = sorted(chosen + more, key=_tree_order)
         rest = [e for e in left_out if id(e) not in added]
         grown_data, grown_tokens = render(grown, rest)
         if grown_tokens > budget:

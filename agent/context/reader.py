@@ -33,8 +33,8 @@ except ImportError:
 
 from agent.context import layout, selection
 from agent.context.selection import (GENERATED_MARKERS, MARKER_PROBE, MINIFIABLE_SUFFIXES, MINIFIED_MIN_BYTES,
-                                     MINIFIED_PROBE, PROBE_BYTES, Entry, Facts, blob_id, content_reason, decode,
-                                     path_reason, path_rule, text_probe_is_plain)
+                                     MINIFIED_PROBE, PROBE_BYTES, _UTF16_BOMS, Entry, Facts, _fastpack, blob_id,
+                                     content_reason, decode, path_reason, path_rule, text_probe_is_plain)
 
 STRIPE = 64  # entries a worker claims at a time
 PARALLEL_MIN_FILES = 1500  # below this many files one process is faster than forking
@@ -48,11 +48,7 @@ _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" el
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
-try:  # the C accelerator (agent/context/_fastpack.c), when it was built
-    from agent.context import _fastpack
-except ImportError:  # not built (no compiler at install time): the same work in Python
-    _fastpack = None
-else:
+if _fastpack is not None:  # the C accelerator, when it was built: the rules' data it works with
     _fastpack.configure(
         vendored=sorted(s.encode() for s in selection.VENDORED_DIRS),
         generated_dirs=sorted(s.encode() for s in selection.GENERATED_DIRS),
@@ -68,15 +64,23 @@ else:
 _REASONS = (None, "vendored", "generated", "lockfile", "minified", "source-map")  # _fastpack's reason codes
 
 
-def threads_for(n_files: int) -> int:
-    """How many threads the accelerator reads `n_files` plain files with."""
-    if n_files < 2 * STRIPE:
-        return 1
+def _cores() -> int:
+    """The cores this process may run on, at most MAX_WORKERS."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     return max(1, min(cores, MAX_WORKERS))
+
+
+def _open_root(root: str) -> int:
+    """A descriptor of the root directory, which files are opened relative to."""
+    return os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+
+
+def threads_for(n_files: int) -> int:
+    """How many threads the accelerator reads `n_files` plain files with."""
+    return 1 if n_files < 2 * STRIPE else _cores()
 
 
 def start_scan(entries: list[Entry], todo: list[int], root: str, limit: int):
@@ -91,7 +95,7 @@ def start_scan(entries: list[Entry], todo: list[int], root: str, limit: int):
                    for _ in range(threads_for(len(todo)))]
     except OSError:  # no address space to map: all of it in Python
         return None
-    rootfd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    rootfd = _open_root(root)
     try:
         return _fastpack.start(rootfd, entries, todo, limit, [r.map for r in regions], [r.view for r in regions],
                                Facts, _REASONS, len(regions))
@@ -109,11 +113,7 @@ def workers_for(n_files: int) -> int:
     """How many processes to render `n_files` with: 1 unless forking pays and is safe here."""
     if n_files < PARALLEL_MIN_FILES or not hasattr(os, "fork") or _thread._count() > 0:
         return 1  # forking a process with threads can deadlock the child
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_WORKERS))
+    return _cores()
 
 
 class Region:
@@ -210,7 +210,6 @@ def _one(e: Entry, root: str, root_real: str, include, exclude, limit: int, regi
 
 _CLOSING, _CLOSING_AFTER_TEXT = b"```\n\n", b"\n```\n\n"  # after text that ends a line, and after text that does not
 _NO_NEWLINE = layout.FLAG_NOTES["no-final-newline"]
-_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # `decode` tries these as UTF-16
 
 
 def _binary_facts(size: int) -> tuple:
@@ -342,7 +341,7 @@ class _Job:
                  n_workers: int) -> None:
         self.entries, self.root, self.include, self.exclude, self.limit = entries, root, include, exclude, limit
         self.root_real = os.path.realpath(root)
-        self.rootfd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        self.rootfd = _open_root(root)
         self.stripes = [todo[k:k + STRIPE] for k in range(0, len(todo), STRIPE)]
         self.n_workers = n_workers
         self.claims = mmap.mmap(-1, max(1, len(self.stripes)))  # 0 = free, w + 1 = claimed by worker w

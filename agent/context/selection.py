@@ -15,6 +15,11 @@ from agent.context import gitls
 from agent.context.limits import DEFAULT_MAX_FILE_BYTES  # noqa: F401 - re-exported: where callers look for it
 from agent.errors import GitError, UsageError
 
+try:  # the C accelerator (agent/context/_fastpack.c), when it was built: the one import of it
+    from agent.context import _fastpack
+except ImportError:  # not built (no compiler at install time): the same work in Python
+    _fastpack = None
+
 
 LOCKFILES = frozenset({
     "package-lock.json", "npm-shrinkwrap.json", "yarn.lock", "pnpm-lock.yaml", "bun.lockb", "bun.lock",
@@ -150,9 +155,10 @@ class Entry:
 
 
 class Listing(namedtuple("Listing", "root entries git head index_key", defaults=(None, None))):
-    """The files under a root (the path `list_files` was given), and which snapshot they are: `entries`, whether it is a `git`
-    work tree, the `head` commit id (None outside git or before the first commit), and `index_key`,
-    a digest of the git index listing: the key of a cached facts snapshot."""
+    """The files under a root (the path `list_files` was given), and which snapshot they are:
+    `entries`, whether it is a `git` work tree, the `head` commit id (None outside git or before the
+    first commit), and `index_key`, a digest of the git index listing: the key of a cached facts
+    snapshot."""
 
     __slots__ = ()
 
@@ -233,21 +239,29 @@ def text_probe_is_plain(probe: bytes) -> bool:
     return not probe.translate(None, _NON_CONTROL)
 
 
-def __getattr__(name: str):
-    """`SUBWORD_RE` is compiled on first use: a full pack loads no `re`."""
-    if name == "SUBWORD_RE":
+_SUBWORD_RE = None  # compiled on first use: a full pack loads no `re`
+
+
+def _subword_re():
+    """QuerySet -> Query, Set; HTTPError -> HTTP, Error."""
+    global _SUBWORD_RE
+    if _SUBWORD_RE is None:
         import re
 
-        global SUBWORD_RE
-        SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")  # QuerySet -> Query, Set; HTTPError -> HTTP, Error
-        return SUBWORD_RE
+        _SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+    return _SUBWORD_RE
+
+
+def __getattr__(name: str):
+    """`SUBWORD_RE` (what relevance splits identifiers with), compiled on first use."""
+    if name == "SUBWORD_RE":
+        return _subword_re()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def subword_terms(names: str) -> str:
     """The distinct lowercase words in identifiers (`QuerySet bulk_create` -> bulk create query set)."""
-    subwords = SUBWORD_RE if "SUBWORD_RE" in globals() else __getattr__("SUBWORD_RE")
-    return " ".join(sorted(set(" ".join(subwords.findall(names)).lower().split())))
+    return " ".join(sorted(set(" ".join(_subword_re().findall(names)).lower().split())))
 
 
 def definitions(path: str, data: bytes) -> str:
@@ -312,21 +326,17 @@ def _list_git(root: str | os.PathLike, on_tracked=None) -> Listing | None:
                 return None
             calls = calls[1:]
         (code, listed, err), = _finished(root, calls[:1])
-        if code != 0:
-            msg = err.decode(errors="replace").strip().splitlines()
-            raise GitError(f"git ls-files failed in {root}: {msg[0] if msg else code}")
-        parse = _accelerator() or _Parse
-        entries, _, index_records = parse.listing(listed, Entry)
+        _check(root, "ls-files", code, err)
+        parse = _fastpack.listing if ACCELERATED and _fastpack is not None else _parse_listing
+        entries, _, index_records = parse(listed, Entry)
         if on_tracked is not None:
             on_tracked(list(entries.values()))
         (code, others, err), (head_code, head, _) = _finished(root, calls[1:])
-        if code != 0:
-            msg = err.decode(errors="replace").strip().splitlines()
-            raise GitError(f"git ls-files --others failed in {root}: {msg[0] if msg else code}")
+        _check(root, "ls-files --others", code, err)
     finally:
         for call in calls:  # (a failure or interrupt midway: the calls not waited for)
             call.stop()
-    _, untracked, _ = parse.listing(others, Entry)
+    _, untracked, _ = parse(others, Entry)
     for path in untracked:
         if path.endswith("/"):  # an untracked directory git lists whole: a nested repository
             entries[path.rstrip("/")] = Entry(path.rstrip("/"), kind="dir", reason="nested-repository")
@@ -347,33 +357,24 @@ def _finished(root, calls) -> list[tuple[int, bytes, bytes]]:
     return results
 
 
+def _check(root, what: str, code: int, err: bytes) -> None:
+    """A failed git call is one clear error, with the first line git said."""
+    if code != 0:
+        msg = err.decode(errors="replace").strip().splitlines()
+        raise GitError(f"git {what} failed in {root}: {msg[0] if msg else code}")
+
+
 ACCELERATED = True  # False: git's listing parsed in Python even where the C accelerator is built (tests compare)
 
 
-def _accelerator():
-    if not ACCELERATED:
-        return None
-    try:
-        from agent.context import _fastpack
-    except ImportError:
-        return None
-    return _fastpack
-
-
-class _Parse:
-    @staticmethod
-    def listing(listed: bytes, entry_type) -> tuple[dict[str, Entry], list[str], bytes]:
-        return _parse_listing(listed)
-
-
-def _parse_listing(listed: bytes) -> tuple[dict[str, Entry], list[str], bytes]:
+def _parse_listing(listed: bytes, entry_type=Entry) -> tuple[dict[str, Entry], list[str], bytes]:
     """`ls-files -z -t` output (tracked with -s -m, untracked with -o): the tracked entries by path,
     the untracked paths, and the index's own records (joined by NULs: what names the cached facts
     snapshot). What `_fastpack.listing` does in C."""
     entries: dict[str, Entry] = {}
     untracked: list[str] = []
     tracked: list[str] = []  # the index's own records: what names its cached facts snapshot
-    make = Entry.__new__  # most entries: a tracked file, its path and blob id set directly
+    make = entry_type.__new__  # most entries: a tracked file, its path and blob id set directly
     # One decode of the whole listing (what os.fsdecode does per path on POSIX). Records: "? path"
     # (untracked), "H mode blob stage\tpath" (tracked; S, M: skip-worktree, unmerged) and, after a
     # tracked file's own record, "C mode blob stage\tpath" when the work tree changed it.
@@ -396,11 +397,11 @@ def _parse_listing(listed: bytes) -> tuple[dict[str, Entry], list[str], bytes]:
             continue
         mode = record[2:8]
         if mode == "160000":
-            entries[path] = Entry(path, kind="submodule", reason="submodule")
+            entries[path] = entry_type(path, kind="submodule", reason="submodule")
         elif mode == "120000":
-            entries[path] = Entry(path, kind="symlink")
+            entries[path] = entry_type(path, kind="symlink")
         else:
-            entry = entries[path] = make(Entry)
+            entry = entries[path] = make(entry_type)
             entry.path = path
             entry.blob = record[9:tab - 2]  # between the mode and " <stage>"
     return entries, untracked, "\0".join(tracked).encode("utf-8", "surrogateescape")
