@@ -58,7 +58,7 @@ ensure_venv() {
   fi
   # Byte-compile the project (skips what is up to date): commands start faster, even where
   # PYTHONDONTWRITEBYTECODE keeps Python from caching what it compiles.
-  .venv/bin/python -m compileall -q agent sandbox tools evals >/dev/null
+  .venv/bin/python -m compileall -q m3_agent agent sandbox tools evals fix serving >/dev/null
 }
 
 docker_up() { docker info >/dev/null 2>&1; }

@@ -1,7 +1,2 @@
-"""m3-agent: an agentic coding assistant for self-hosted MiniMax-M3.
-
-The data flow is Task -> RepoContext -> Agent loop (Model <-> Tools <-> Sandbox) -> Result ->
-Grader -> Report. See README.md for a runnable example.
-"""
-
-__version__ = "0.1.0"
+"""The agent: the loop, the model client, thinking modes, stall detection, trajectories and the
+repository context (`m3_agent.agent.context`)."""

@@ -20,15 +20,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agent.context import EstimateCounter, Pack, ServerCounter, pack_repository
-from agent.context.selection import DEFAULT_MAX_FILE_BYTES
-from agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
-from agent.model import ContextOverflowError, ModelClient, ModelConfig, ModelReply, Usage
-from agent.stall import Stall, StallConfig, StallDetector, Step, nudge_message
-from agent.thinking import LoopState, ThinkingConfig, ThinkingPolicy
-from agent.trajectory import TrajectoryWriter
-from sandbox import Sandbox, SandboxConfig
-from tools import Tool, ToolResult, default_tools, execute_call
+from m3_agent.agent.context import EstimateCounter, Pack, ServerCounter, pack_repository
+from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES
+from m3_agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
+from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelConfig, ModelReply, Usage
+from m3_agent.agent.stall import Stall, StallConfig, StallDetector, Step, nudge_message
+from m3_agent.agent.thinking import LoopState, ThinkingConfig, ThinkingPolicy
+from m3_agent.agent.trajectory import TrajectoryWriter
+from m3_agent.sandbox import Sandbox, SandboxConfig
+from m3_agent.tools import Tool, ToolResult, default_tools, execute_call
 
 RunStatus = Literal["submitted", "finished", "stalled", "turn_limit", "token_limit", "time_limit", "cost_limit", "error"]
 

@@ -21,7 +21,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from agent.errors import EndpointError, M3AgentError
+from m3_agent.errors import EndpointError, M3AgentError
 
 ThinkingMode = Literal["enabled", "disabled", "adaptive"]
 

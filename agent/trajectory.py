@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agent.errors import UsageError
+from m3_agent.errors import UsageError
 
 
 class TrajectoryWriter:

@@ -29,10 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evals.predictions import load_predictions  # noqa: E402
-from evals.runner import EvalConfig, run_eval  # noqa: E402
-from evals.tasks import cache_dir, checkout, load_tasks  # noqa: E402
-from sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
+from m3_agent.evals.predictions import load_predictions  # noqa: E402
+from m3_agent.evals.runner import EvalConfig, run_eval  # noqa: E402
+from m3_agent.evals.tasks import cache_dir, checkout, load_tasks  # noqa: E402
+from m3_agent.sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
 
 PEER_SPEC = "swebench==5.0.2"
 

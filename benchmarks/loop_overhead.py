@@ -51,11 +51,11 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 from pydantic import Field  # noqa: E402
 from tool_call_faults import ensure_peer, peer_version  # noqa: E402  (the shared peer venv)
 
-from agent.errors import M3AgentError  # noqa: E402
-from agent.loop import Agent, AgentConfig  # noqa: E402
-from agent.stall import StallConfig  # noqa: E402
-from sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
-from tools import Submit, Tool, ToolArgs, ToolResult  # noqa: E402
+from m3_agent.errors import M3AgentError  # noqa: E402
+from m3_agent.agent.loop import Agent, AgentConfig  # noqa: E402
+from m3_agent.agent.stall import StallConfig  # noqa: E402
+from m3_agent.sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
+from m3_agent.tools import Submit, Tool, ToolArgs, ToolResult  # noqa: E402
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 SUBMIT_SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -191,7 +191,7 @@ def start_standin(script: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
     path = tmp / "script.json"
     path.write_text(json.dumps(script))
     code = ("import socketserver, sys; socketserver.StreamRequestHandler.disable_nagle_algorithm = True; "
-            "from agent.standin import StandinServer; "
+            "from m3_agent.serving.standin import StandinServer; "
             "s = StandinServer(sys.argv[1]).start(); print(s.base_url, flush=True); sys.stdin.read(); s.stop()")
     proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, cwd=ROOT)

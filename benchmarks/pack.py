@@ -75,7 +75,7 @@ _BUDGET_RUN = r"""
 import json, os, sys, time
 from pathlib import Path
 args = json.loads(sys.argv[1])
-from agent.context import EstimateCounter, ServerCounter, pack_repository
+from m3_agent.agent.context import EstimateCounter, ServerCounter, pack_repository
 counter = ServerCounter(args["base_url"]) if args["base_url"] else EstimateCounter()
 times = []
 for _ in range(4):  # the first call is cold (empty cache), the rest warm
@@ -177,7 +177,7 @@ def ensure_ours(cache: Path, project: Path) -> list[str]:
         log(f"cannot install m3-agent into a venv ({detail}): timing the project's own (editable) install")
         run([sys.executable, "-m", "compileall", "-q", *(str(project / p) for p in ("agent", "sandbox", "tools", "evals"))])
         script = Path(sys.executable).with_name("m3-agent")
-        return [str(script)] if script.exists() else [sys.executable, "-m", "agent.cli"]
+        return [str(script)] if script.exists() else [sys.executable, "-m", "m3_agent.cli"]
 
 
 def run_once(cmd: list[str], env: dict | None = None) -> dict:

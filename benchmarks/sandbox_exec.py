@@ -31,7 +31,7 @@ from pathlib import Path
 
 import docker
 
-from sandbox import DEFAULT_IMAGE, Sandbox, SandboxConfig, build_image
+from m3_agent.sandbox import DEFAULT_IMAGE, Sandbox, SandboxConfig, build_image
 
 MINI_SPEC = "mini-swe-agent==2.4.6"
 TRIVIAL = "echo hi"

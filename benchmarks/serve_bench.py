@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.serving.bench import vllm_bench_argv
-from agent.serving.loadgen import LoadConfig
+from m3_agent.serving.bench import vllm_bench_argv
+from m3_agent.serving.loadgen import LoadConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("M3_BENCH_CACHE", Path.home() / ".cache" / "m3-agent" / "bench-peers"))
@@ -104,7 +104,7 @@ def start_standin(port: int, script_path: Path) -> subprocess.Popen:
     # A real server's is in the thousands (uvicorn: 2048), so the benchmark's server gets 128.
     code = (
         "import time; from http.server import ThreadingHTTPServer; ThreadingHTTPServer.request_queue_size = 128; "
-        "from agent.standin import StandinServer; "
+        "from m3_agent.serving.standin import StandinServer; "
         f"s = StandinServer({str(script_path)!r}, port={port}).start(); "
         "print('ready', flush=True); time.sleep(10**6)"
     )
@@ -164,7 +164,7 @@ def main() -> None:
             log("m3-agent serve bench (built-in load generator)")
             workload = (f"--input-len {a.input_len} --output-len {a.output_len} --concurrency {a.concurrency} "
                         f"--num-prompts {a.num_prompts}").split()
-            r, wall, cpu = timed([sys.executable, "-m", "agent.serving", "bench", "--base-url", f"{base}/v1",
+            r, wall, cpu = timed([sys.executable, "-m", "m3_agent.serving", "bench", "--base-url", f"{base}/v1",
                                   "--model", "minimax-m3", *workload, "--tool", "builtin", "--json"])
             if r.returncode != 0:
                 raise SystemExit(f"m3-agent bench failed: {r.stderr.strip()[-500:]}")

@@ -35,8 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sandbox import ExecResult  # noqa: E402
-from tools import default_tools, execute_call  # noqa: E402
+from m3_agent.sandbox import ExecResult  # noqa: E402
+from m3_agent.tools import default_tools, execute_call  # noqa: E402
 
 CACHE = Path(os.environ.get("M3_BENCH_CACHE", Path.home() / ".cache" / "m3-agent" / "bench-peers"))
 PEER_VENV = CACHE / "mini-swe-agent-venv"

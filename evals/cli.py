@@ -13,12 +13,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from agent.errors import SandboxUnavailable, UsageError
-from evals.predictions import load_predictions
-from evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
-from evals.runner import EvalConfig, InstanceResult, run_eval
-from evals.tasks import Task, load_tasks
-from sandbox import DEFAULT_IMAGE, SandboxConfig
+from m3_agent.errors import SandboxUnavailable, UsageError
+from m3_agent.evals.predictions import load_predictions
+from m3_agent.evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
+from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
+from m3_agent.evals.tasks import Task, load_tasks
+from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -80,7 +80,7 @@ def _ids(instance_ids: list[str] | None) -> list[str] | None:
 
 def _require_image(image: str) -> None:
     """Fail fast, before any instance runs, when the engine or the sandbox image is missing."""
-    from sandbox.engine import docker_client, image_exists
+    from m3_agent.sandbox.engine import docker_client, image_exists
 
     client = docker_client()
     try:
@@ -187,8 +187,8 @@ def run_command(
     json_out: bool = typer.Option(False, "--json", help="End with the summary as one JSON object on stdout."),
 ) -> None:
     """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
-    from agent.config import load_settings
-    from agent.fix import agent_config, check_endpoint, resolve_endpoint
+    from m3_agent.settings import load_settings
+    from m3_agent.fix.command import agent_config, check_endpoint, resolve_endpoint
 
     settings, _ = load_settings(".", {"base_url": base_url, "serve": serve, "model": model, "max_turns": max_turns,
                                       "thinking": thinking, "sandbox_image": image}, config_file=config_file)

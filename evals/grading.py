@@ -31,10 +31,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from agent.errors import M3AgentError
-from evals.tasks import Task, test_ids
-from sandbox import Sandbox, SandboxConfig
-from tools.junit import case_id
+from m3_agent.errors import M3AgentError
+from m3_agent.evals.tasks import Task, test_ids
+from m3_agent.sandbox import Sandbox, SandboxConfig
+from m3_agent.tools.junit import case_id
 
 Status = Literal["PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"]
 PASSED, FAILED, SKIPPED, ERROR, XFAIL = "PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"

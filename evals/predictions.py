@@ -10,9 +10,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.errors import UsageError
-from evals.records import append_record, read_records, validate_record
-from evals.tasks import Task
+from m3_agent.errors import UsageError
+from m3_agent.evals.records import append_record, read_records, validate_record
+from m3_agent.evals.tasks import Task
 
 GOLD = "gold"
 EMPTY = "empty"

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from agent.errors import UsageError, first_validation_error
+from m3_agent.errors import UsageError, first_validation_error
 
 Model = TypeVar("Model", bound=BaseModel)
 

@@ -18,8 +18,8 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from evals.runner import AgentStats, InstanceResult, load_results
-from evals.tasks import Task
+from m3_agent.evals.runner import AgentStats, InstanceResult, load_results
+from m3_agent.evals.tasks import Task
 
 SCHEMA_VERSION = 2
 

@@ -29,12 +29,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.errors import Interrupted, M3AgentError, SandboxUnavailable, UsageError
-from evals.grading import InstanceReport, grade
-from evals.predictions import Prediction, append_prediction
-from evals.records import append_record, read_jsonl_tolerant
-from evals.tasks import Task, checkout
-from sandbox import SandboxConfig
+from m3_agent.errors import Interrupted, M3AgentError, SandboxUnavailable, UsageError
+from m3_agent.evals.grading import InstanceReport, grade
+from m3_agent.evals.predictions import Prediction, append_prediction
+from m3_agent.evals.records import append_record, read_jsonl_tolerant
+from m3_agent.evals.tasks import Task, checkout
+from m3_agent.sandbox import SandboxConfig
 
 RESULTS_FILE = "results.jsonl"
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -128,7 +128,7 @@ def _with_environment(task: Task, config: EvalConfig) -> EvalConfig:
     """The config with the task's own image (built once per recipe) when the task names an environment."""
     if task.environment is None:
         return config
-    from sandbox import build_env_image
+    from m3_agent.sandbox import build_env_image
 
     image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image)
     sandbox = config.sandbox.model_copy(update={"image": image})
@@ -137,7 +137,7 @@ def _with_environment(task: Task, config: EvalConfig) -> EvalConfig:
 
 
 def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, AgentStats]:
-    from agent.loop import Agent, AgentConfig  # only `eval run` needs the agent and its dependencies
+    from m3_agent.agent.loop import Agent, AgentConfig  # only `eval run` needs the agent and its dependencies
 
     agent_config = AgentConfig.model_validate(config.agent)
     trajectory = config.output_dir / "trajectories" / f"{task.instance_id}.jsonl"
@@ -222,7 +222,7 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
 
 def _prune_leftovers() -> None:
     """Remove sandbox containers whose owner process is gone (a killed earlier run)."""
-    from sandbox import prune
+    from m3_agent.sandbox import prune
 
     try:
         prune()
@@ -234,7 +234,7 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
              on_event: Event | None):
     """Yield results as instances finish, each in its own process, at most `workers` at a time."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["evals.runner"])  # children fork from a warm interpreter
+    ctx.set_forkserver_preload(["m3_agent.evals.runner"])  # children fork from a warm interpreter
     queue = list(reversed(tasks))
     running: dict[Any, tuple[Any, Any, Task, float]] = {}  # sentinel -> (process, conn, task, started)
     try:

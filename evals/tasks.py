@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent.errors import UsageError
-from evals.records import read_records, validate_record
+from m3_agent.errors import UsageError
+from m3_agent.evals.records import read_records, validate_record
 
 SUITE_DIR = Path(__file__).parent / "suite"
 BUILTIN = "builtin"

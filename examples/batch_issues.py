@@ -20,7 +20,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from agent.api import M3AgentError, fix_issue, load_settings
+from m3_agent.api import M3AgentError, fix_issue, load_settings
 
 
 def fix_all(issues: list[str], repo: str, overrides: dict) -> list[dict]:

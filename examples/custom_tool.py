@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from agent.api import M3AgentError, Tool, ToolArgs, ToolCallError, ToolResult, build_agent, default_tools
+from m3_agent.api import M3AgentError, Tool, ToolArgs, ToolCallError, ToolResult, build_agent, default_tools
 
 
 class FindDefinitionArgs(ToolArgs):

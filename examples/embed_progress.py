@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from agent.api import AgentEvent, M3AgentError, fix_issue, load_settings
+from m3_agent.api import AgentEvent, M3AgentError, fix_issue, load_settings
 
 
 class ProgressFeed:

@@ -1,6 +1,6 @@
 """Docker sandbox where every model-written command runs.
 
-    from sandbox import Sandbox, SandboxConfig, build_image
+    from m3_agent.sandbox import Sandbox, SandboxConfig, build_image
 
     build_image()                                   # once; returns at once when the image exists
     with Sandbox(SandboxConfig(), repo=Path("repo")) as sb:
@@ -19,10 +19,10 @@ Where things happen:
   cli.py        `m3-agent sandbox build|prune [--images]`
 """
 
-from sandbox.cleanup import prune
-from sandbox.config import ExecResult, SandboxConfig
-from sandbox.container import Sandbox
-from sandbox.image import DEFAULT_IMAGE, build_env_image, build_image, prune_images
+from m3_agent.sandbox.cleanup import prune
+from m3_agent.sandbox.config import ExecResult, SandboxConfig
+from m3_agent.sandbox.container import Sandbox
+from m3_agent.sandbox.image import DEFAULT_IMAGE, build_env_image, build_image, prune_images
 
 __all__ = ["DEFAULT_IMAGE", "ExecResult", "Sandbox", "SandboxConfig", "build_env_image", "build_image", "prune",
            "prune_images"]

@@ -16,7 +16,7 @@ import socket
 import threading
 from typing import Protocol
 
-from sandbox.engine import docker_client, remove_container
+from m3_agent.sandbox.engine import docker_client, remove_container
 
 LABEL = "m3-agent.sandbox"
 LABEL_PID = "m3-agent.owner-pid"

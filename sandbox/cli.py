@@ -7,8 +7,8 @@ import time
 import typer
 from rich.console import Console
 
-from sandbox.cleanup import prune
-from sandbox.image import DEFAULT_IMAGE, build_image, prune_images
+from m3_agent.sandbox.cleanup import prune
+from m3_agent.sandbox.image import DEFAULT_IMAGE, build_image, prune_images
 
 app = typer.Typer(no_args_is_help=True)
 console = Console(stderr=True, highlight=False)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sandbox.image import DEFAULT_IMAGE
+from m3_agent.sandbox.image import DEFAULT_IMAGE
 
 _SIZE = re.compile(r"^\d+([kmg]b?)?$", re.IGNORECASE)
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from agent.errors import GitError, SandboxUnavailable, UsageError
-from sandbox import cleanup, server
-from sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, SharedSocket
-from sandbox.config import ExecResult, SandboxConfig
-from sandbox.engine import docker_client, image_exists, remove_container
+from m3_agent.errors import GitError, SandboxUnavailable, UsageError
+from m3_agent.sandbox import cleanup, server
+from m3_agent.sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, SharedSocket
+from m3_agent.sandbox.config import ExecResult, SandboxConfig
+from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 
 WORKSPACE = "/workspace"
 HOME = "/home/sandbox"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import docker
 import docker.errors
 
-from agent.errors import SandboxUnavailable
+from m3_agent.errors import SandboxUnavailable
 
 ENGINE_HINT = "start the Docker engine (or set DOCKER_HOST) and retry"
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from agent.errors import SandboxUnavailable
-from sandbox.engine import docker_client, image_exists
+from m3_agent.errors import SandboxUnavailable
+from m3_agent.sandbox.engine import docker_client, image_exists
 
 Progress = Callable[[str], None]
 

@@ -35,7 +35,7 @@ def docker_ready() -> None:
 @pytest.fixture(scope="session")
 def sandbox_image(docker_ready) -> str:
     """The project's sandbox image, built once (idempotently) if missing."""
-    from sandbox import DEFAULT_IMAGE, build_image
+    from m3_agent.sandbox import DEFAULT_IMAGE, build_image
 
     return build_image(DEFAULT_IMAGE)
 

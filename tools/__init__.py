@@ -1,22 +1,22 @@
 """Tools the model calls: each an argument model (its JSON schema) and an executor against a sandbox.
 
-    from tools import default_tools, execute_call
+    from m3_agent.tools import default_tools, execute_call
     tools = default_tools()
     specs = [t.schema() for t in tools]                                   # the request's `tools`
     result = execute_call("bash", '{"command": "ls"}', tools, sandbox)    # -> ToolResult
 """
 
-from tools.bash import Bash
-from tools.code_exec import CodeExec
-from tools.dispatch import execute_call
-from tools.file_edit import FileEdit
-from tools.file_read import FileRead
-from tools.file_write import FileWrite
-from tools.junit import FailingTest, TestSummary, parse_junit
-from tools.registry import default_tools
-from tools.submit import Submit
-from tools.test_runner import TestRunner
-from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
+from m3_agent.tools.bash import Bash
+from m3_agent.tools.code_exec import CodeExec
+from m3_agent.tools.dispatch import execute_call
+from m3_agent.tools.file_edit import FileEdit
+from m3_agent.tools.file_read import FileRead
+from m3_agent.tools.file_write import FileWrite
+from m3_agent.tools.junit import FailingTest, TestSummary, parse_junit
+from m3_agent.tools.registry import default_tools
+from m3_agent.tools.submit import Submit
+from m3_agent.tools.test_runner import TestRunner
+from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
 
 
 __all__ = [

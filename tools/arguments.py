@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tools.tool import ToolArgs, ToolCallError
+from m3_agent.tools.tool import ToolArgs, ToolCallError
 
 # Tags of M3's XML-ish tool-call format that the parser sometimes leaves in the arguments.
 _PARSER_TAGS = re.compile(r"\s*(</parameter>|</invoke>|</minimax:tool_call>|<parameter[^>]*>)\s*$")

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-from tools.workspace import MAX_TIMEOUT, run_command
+from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
+from m3_agent.tools.workspace import MAX_TIMEOUT, run_command
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from m3_agent.sandbox import Sandbox
 
 
 class BashArgs(ToolArgs):

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from tools.tool import Tool, ToolArgs, ToolResult
-from tools.workspace import EXEC_ENV, MAX_TIMEOUT, WORKSPACE, run_command, scratch_file
+from m3_agent.tools.tool import Tool, ToolArgs, ToolResult
+from m3_agent.tools.workspace import EXEC_ENV, MAX_TIMEOUT, WORKSPACE, run_command, scratch_file
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from m3_agent.sandbox import Sandbox
 
 
 class CodeExecArgs(ToolArgs):

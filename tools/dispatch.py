@@ -5,11 +5,11 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
-from tools.arguments import parse_arguments
-from tools.tool import Tool, ToolCallError, ToolResult
+from m3_agent.tools.arguments import parse_arguments
+from m3_agent.tools.tool import Tool, ToolCallError, ToolResult
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from m3_agent.sandbox import Sandbox
 
 
 def _failure(message: str, kind: str, **data: object) -> ToolResult:

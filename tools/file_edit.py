@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from tools.file_read import number_lines
-from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-from tools.workspace import read_text, workspace_path, write_text
+from m3_agent.tools.file_read import number_lines
+from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
+from m3_agent.tools.workspace import read_text, workspace_path, write_text
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from m3_agent.sandbox import Sandbox
 
 SNIPPET_CONTEXT = 2
 SNIPPET_MAX_LINES = 30

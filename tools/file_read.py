@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-from tools.workspace import read_text, workspace_path
+from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
+from m3_agent.tools.workspace import read_text, workspace_path
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from m3_agent.sandbox import Sandbox
 
 MAX_LINES = 400
 MAX_LINE_CHARS = 400

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from tools.tool import Tool, ToolArgs, ToolResult
-from tools.workspace import workspace_path, write_text
+from m3_agent.tools.tool import Tool, ToolArgs, ToolResult
+from m3_agent.tools.workspace import workspace_path, write_text
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from m3_agent.sandbox import Sandbox
 
 
 class FileWriteArgs(ToolArgs):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from tools.bash import Bash
-from tools.code_exec import CodeExec
-from tools.file_edit import FileEdit
-from tools.file_read import FileRead
-from tools.file_write import FileWrite
-from tools.submit import Submit
-from tools.test_runner import DEFAULT_TIMEOUT, TestRunner
-from tools.tool import Tool
+from m3_agent.tools.bash import Bash
+from m3_agent.tools.code_exec import CodeExec
+from m3_agent.tools.file_edit import FileEdit
+from m3_agent.tools.file_read import FileRead
+from m3_agent.tools.file_write import FileWrite
+from m3_agent.tools.submit import Submit
+from m3_agent.tools.test_runner import DEFAULT_TIMEOUT, TestRunner
+from m3_agent.tools.tool import Tool
 
 
 def default_tools(*, test_timeout: int = DEFAULT_TIMEOUT) -> list[Tool]:

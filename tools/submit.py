@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from tools.tool import Tool, ToolArgs, ToolResult
+from m3_agent.tools.tool import Tool, ToolArgs, ToolResult
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from m3_agent.sandbox import Sandbox
 
 
 class SubmitArgs(ToolArgs):

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from tools.junit import TestSummary, parse_junit
-from tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-from tools.workspace import EXEC_ENV, SCRATCH, WORKSPACE, scratch_file, still_running, workspace_path
+from m3_agent.tools.junit import TestSummary, parse_junit
+from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
+from m3_agent.tools.workspace import EXEC_ENV, SCRATCH, WORKSPACE, scratch_file, still_running, workspace_path
 
 if TYPE_CHECKING:
-    from sandbox import ExecResult, Sandbox
+    from m3_agent.sandbox import ExecResult, Sandbox
 
 DEFAULT_TIMEOUT = 300
 OUTPUT_TAIL_LINES = 15

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from sandbox import Sandbox
+    from m3_agent.sandbox import Sandbox
 
 ErrorKind = Literal["unknown_tool", "bad_json", "bad_args", "truncated", "execution", "timeout"]
 

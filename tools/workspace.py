@@ -7,10 +7,10 @@ import posixpath
 import uuid
 from typing import TYPE_CHECKING
 
-from tools.tool import ToolCallError, ToolResult
+from m3_agent.tools.tool import ToolCallError, ToolResult
 
 if TYPE_CHECKING:
-    from sandbox import ExecResult, Sandbox
+    from m3_agent.sandbox import ExecResult, Sandbox
 
 WORKSPACE = "/workspace"
 # Scratch files (code to run, JUnit reports) live outside the workspace so they never show in the diff.

@@ -1,6 +1,6 @@
 """Whole-repository context: pack a repository into one byte-deterministic prompt within a token budget.
 
-    from agent.context import pack_repository, ServerCounter, budget_for_server
+    from m3_agent.agent.context import pack_repository, ServerCounter, budget_for_server
 
     pack = pack_repository(Path("."), issue=issue_text, budget=budget_for_server(url),
                            counter=ServerCounter(url))
@@ -23,8 +23,8 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'agent.context' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"agent.context.{module}"), name)
+        raise AttributeError(f"module 'm3_agent.agent.context' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"m3_agent.agent.context.{module}"), name)
     globals()[name] = value
     return value
 

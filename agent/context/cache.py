@@ -13,7 +13,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from agent.context.selection import Facts
+from m3_agent.agent.context.selection import Facts
 
 CACHE_FILE = "pack-cache-v2.sqlite3"  # the version changes with the tables
 _SCHEMA = """

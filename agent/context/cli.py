@@ -7,16 +7,16 @@ import os
 import sys
 import time
 
-from agent.context import gitls
-from agent.context.limits import DEFAULT_MAX_FILE_BYTES
-from agent.errors import EndpointError, M3AgentError, UsageError
+from m3_agent.agent.context import gitls
+from m3_agent.agent.context.limits import DEFAULT_MAX_FILE_BYTES
+from m3_agent.errors import EndpointError, M3AgentError, UsageError
 
 TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: this command does not load `typing`)
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agent.context.pack import Pack
-    from agent.context.tokens import EstimateCounter, TokenCounter
+    from m3_agent.agent.context.pack import Pack
+    from m3_agent.agent.context.tokens import EstimateCounter, TokenCounter
 
 # The packer's modules load after git has been started on the repository (`gitls.prefetch`): the
 # command's functions import them where they are used.
@@ -43,7 +43,7 @@ def choose_counter(choice: str, base_url: str | None, model: str | None, tokeniz
                    api_key: str | None, warn, repo: str | Path = ".") -> TokenCounter:
     """The counter the flags ask for; `auto` falls back (with a warning) when the server does not answer;
     `estimate` with a server is calibrated against its /tokenize on a sample of `repo`."""
-    from agent.context.tokens import EstimateCounter, ServerCounter, TokenizerJsonCounter
+    from m3_agent.agent.context.tokens import EstimateCounter, ServerCounter, TokenizerJsonCounter
 
     if choice == "tokenizer" or (choice == "auto" and tokenizer and not base_url):
         if tokenizer is None:
@@ -71,9 +71,9 @@ def choose_counter(choice: str, base_url: str | None, model: str | None, tokeniz
 
 def calibrated_estimate(repo: str | Path, exact: TokenCounter, samples: int = 32) -> EstimateCounter:
     """The estimate scaled to `exact` on a spread-out sample of the repository's text files."""
-    from agent.context.reader import read_bytes
-    from agent.context.selection import apply_path_rules, decode, list_files
-    from agent.context.tokens import EstimateCounter
+    from m3_agent.agent.context.reader import read_bytes
+    from m3_agent.agent.context.selection import apply_path_rules, decode, list_files
+    from m3_agent.agent.context.tokens import EstimateCounter
 
     listing = list_files(os.path.abspath(repo))
     apply_path_rules(listing, None, None)
@@ -197,8 +197,8 @@ def parse_args(argv: list[str]):
 def pack_command(args) -> None:
     """Pack a repository into one prompt: header, tree of all files, then files in a stable order."""
     started = time.perf_counter()
-    from agent.context.pack import pack_repository
-    from agent.context.tokens import budget_for_server
+    from m3_agent.agent.context.pack import pack_repository
+    from m3_agent.agent.context.tokens import budget_for_server
 
     repo = args.repo
     if not os.path.isdir(repo):
@@ -285,7 +285,7 @@ def _settings(repo: str):
     ):
         return None  # nothing to read: skip loading the settings machinery
     try:
-        from agent.config import load_settings
+        from m3_agent.settings import load_settings
     except ImportError:  # configuration is optional for packing
         return None
     from pathlib import Path

@@ -17,7 +17,7 @@ try:
 except ImportError:
     import signal
 
-from agent.errors import GitError
+from m3_agent.errors import GitError
 
 # The listing's calls: the tracked files with their blob ids (`-t` tags them H, or S, M for
 # skip-worktree and unmerged entries) and, after a file's own record, a C record when the work

@@ -10,7 +10,7 @@ run that opens a line of the file, so no content can close a section early (Comm
 
 from __future__ import annotations
 
-from agent.context.selection import Entry, _fastpack
+from m3_agent.agent.context.selection import Entry, _fastpack
 
 INDENT = "  "
 COLLAPSIBLE = frozenset({"vendored", "generated"})  # a directory all of one of these is one tree line

@@ -8,9 +8,9 @@ import os
 import time
 from collections import namedtuple
 
-from agent.context import layout
-from agent.context.reader import load, read_bytes, render_sections, start_scan
-from agent.context.selection import (
+from m3_agent.agent.context import layout
+from m3_agent.agent.context.reader import load, read_bytes, render_sections, start_scan
+from m3_agent.agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
     CODE_SUFFIXES,
     Entry,
@@ -22,15 +22,15 @@ from agent.context.selection import (
     list_files,
     subword_terms,
 )
-from agent.context.tokens import EstimateCounter, text_shape
-from agent.errors import UsageError
+from m3_agent.agent.context.tokens import EstimateCounter, text_shape
+from m3_agent.errors import UsageError
 
 TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: packing does not load `typing`)
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agent.context.cache import PackCache
-    from agent.context.tokens import TokenCounter
+    from m3_agent.agent.context.cache import PackCache
+    from m3_agent.agent.context.tokens import TokenCounter
 
 # Exact counts are planned with a calibrated estimate and checked; a plan this much over is re-cut.
 TOP_UP_ROUNDS = 2
@@ -192,7 +192,7 @@ def pack_repository(
 
     own_cache = cache is True
     if cache is True:
-        from agent.context.cache import PackCache  # (sqlite3 loads only for a cached pack)
+        from m3_agent.agent.context.cache import PackCache  # (sqlite3 loads only for a cached pack)
 
         store = PackCache()
     else:
@@ -483,7 +483,7 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
          budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
          data: dict[str, bytes] | None, max_file_bytes: int) -> tuple[list[Entry], list[Entry]]:
     """Choose the files that fit the budget: all when they do, else the most relevant first."""
-    from agent.context.relevance import rank
+    from m3_agent.agent.context.relevance import rank
 
     estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
     fixed = counter.count(head_text + tree_text + "## Files\n\n")

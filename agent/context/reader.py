@@ -31,8 +31,8 @@ try:
 except ImportError:
     import signal
 
-from agent.context import layout, selection
-from agent.context.selection import (GENERATED_MARKERS, MARKER_PROBE, MINIFIABLE_SUFFIXES, MINIFIED_MIN_BYTES,
+from m3_agent.agent.context import layout, selection
+from m3_agent.agent.context.selection import (GENERATED_MARKERS, MARKER_PROBE, MINIFIABLE_SUFFIXES, MINIFIED_MIN_BYTES,
                                      MINIFIED_PROBE, PROBE_BYTES, _UTF16_BOMS, Entry, Facts, _fastpack, blob_id,
                                      content_reason, decode, path_reason, path_rule, text_probe_is_plain)
 

@@ -11,7 +11,7 @@ import math
 import re
 from collections import Counter, defaultdict
 
-from agent.context.selection import CODE_SUFFIXES, SUBWORD_RE, Entry
+from m3_agent.agent.context.selection import CODE_SUFFIXES, SUBWORD_RE, Entry
 
 PATH_SCORE = 100.0
 BASENAME_SCORE = 60.0

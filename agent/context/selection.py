@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 from collections import namedtuple
 
-from agent.context import gitls
-from agent.context.limits import DEFAULT_MAX_FILE_BYTES  # noqa: F401 - re-exported: where callers look for it
-from agent.errors import GitError, UsageError
+from m3_agent.agent.context import gitls
+from m3_agent.agent.context.limits import DEFAULT_MAX_FILE_BYTES  # noqa: F401 - re-exported: where callers look for it
+from m3_agent.errors import GitError, UsageError
 
 try:  # the C accelerator (agent/context/_fastpack.c), when it was built: the one import of it
-    from agent.context import _fastpack
+    from m3_agent.agent.context import _fastpack
 except ImportError:  # not built (no compiler at install time): the same work in Python
     _fastpack = None
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from agent.errors import EndpointError, UsageError
+from m3_agent.errors import EndpointError, UsageError
 
 # The estimate is all a full pack needs: what only the exact counters use (json, hashlib, threading,
 # pathlib, urllib, typing) is imported where they use it, so that packing does not load it.

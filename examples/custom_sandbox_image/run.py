@@ -20,7 +20,7 @@ from pathlib import Path
 
 import docker
 
-from agent.api import DEFAULT_IMAGE, M3AgentError, SandboxUnavailable, build_image, fix_issue, load_settings
+from m3_agent.api import DEFAULT_IMAGE, M3AgentError, SandboxUnavailable, build_image, fix_issue, load_settings
 
 HERE = Path(__file__).resolve().parent
 

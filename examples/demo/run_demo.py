@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agent.standin import StandinServer
+from m3_agent.serving.standin import StandinServer
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE.parents[1] / ".demo"

@@ -7,13 +7,13 @@ import json
 import docker
 import pytest
 
-from agent.errors import EndpointError, Interrupted
-from agent.loop import Agent, AgentConfig, cap_output
-from agent.stall import StallConfig
-from agent.standin import StandinServer
-from agent.thinking import ThinkingConfig
-from agent.trajectory import read_trajectory
-from sandbox import SandboxConfig
+from m3_agent.errors import EndpointError, Interrupted
+from m3_agent.agent.loop import Agent, AgentConfig, cap_output
+from m3_agent.agent.stall import StallConfig
+from m3_agent.serving.standin import StandinServer
+from m3_agent.agent.thinking import ThinkingConfig
+from m3_agent.agent.trajectory import read_trajectory
+from m3_agent.sandbox import SandboxConfig
 
 pytestmark = pytest.mark.usefixtures("sandbox_image")
 
@@ -263,7 +263,7 @@ def test_warming_server_is_waited_for(git_repo, tmp_path):
 def test_the_repository_is_packed_while_the_sandbox_starts(git_repo, tmp_path, monkeypatch):
     import time as clock
 
-    import agent.loop as loop_module
+    import m3_agent.agent.loop as loop_module
 
     marks: dict[str, float] = {}
     real_pack, real_start = loop_module.pack_repository, loop_module.Sandbox.start
@@ -293,7 +293,7 @@ def test_the_repository_is_packed_while_the_sandbox_starts(git_repo, tmp_path, m
 
 
 def test_a_pack_error_still_ends_the_run_cleanly(git_repo, tmp_path):
-    from agent.errors import UsageError
+    from m3_agent.errors import UsageError
 
     with pytest.raises(UsageError, match="budget"):
         run(git_repo, solve_turns(), tmp_path, context_budget=5)

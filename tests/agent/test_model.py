@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from agent.errors import EndpointError
-from agent.model import ContextOverflowError, ModelClient, ModelConfig, is_context_overflow, split_reasoning
-from agent.standin import StandinServer
+from m3_agent.errors import EndpointError
+from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelConfig, is_context_overflow, split_reasoning
+from m3_agent.serving.standin import StandinServer
 
 FAST_RETRY = dict(retry_initial_s=0.01, retry_max_wait_s=0.05, retry_attempts=4, retry_max_s=10)
 

@@ -7,7 +7,7 @@ import json
 import pydantic
 import pytest
 
-from agent.stall import Stall, StallConfig, StallDetector, Step, normalize, nudge_message
+from m3_agent.agent.stall import Stall, StallConfig, StallDetector, Step, normalize, nudge_message
 
 
 def pytest_output(*, seconds: str = "0.03", tmp: str = "tmpk3j2h1ab", addr: str = "0x7f3a2c1d9e50",
@@ -520,9 +520,9 @@ def test_every_rule_has_its_own_advice():
 @pytest.mark.docker
 def test_agent_loop_nudges_once_then_stops_a_run_that_keeps_the_same_failure(git_repo, sandbox_image, tmp_path):
     """Real loop, real sandbox, stand-in model over HTTP: each 'fix' leaves the same test failing."""
-    from agent.loop import Agent, AgentConfig
-    from agent.standin import StandinServer
-    from sandbox import SandboxConfig
+    from m3_agent.agent.loop import Agent, AgentConfig
+    from m3_agent.serving.standin import StandinServer
+    from m3_agent.sandbox import SandboxConfig
 
     repo = git_repo({"calc.py": "def add(a, b):\n    return a - b\n",
                      "tests/test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from agent.thinking import LoopState, ThinkingConfig, ThinkingPolicy
+from m3_agent.agent.thinking import LoopState, ThinkingConfig, ThinkingPolicy
 
 
 def routine_after_edit(turn: int = 5) -> LoopState:

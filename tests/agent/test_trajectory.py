@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from agent.errors import UsageError
-from agent.trajectory import TrajectoryWriter, read_trajectory
+from m3_agent.errors import UsageError
+from m3_agent.agent.trajectory import TrajectoryWriter, read_trajectory
 
 
 def test_each_event_is_on_disk_as_soon_as_it_is_written(tmp_path):
@@ -42,7 +42,7 @@ def test_missing_file_is_a_usage_error(tmp_path):
 
 
 def _show(path) -> subprocess.CompletedProcess:
-    code = "from agent.cli import main; main()"
+    code = "from m3_agent.cli import main; main()"
     return subprocess.run([sys.executable, "-c", code, "show", str(path)], capture_output=True, text=True,
                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
 

@@ -20,7 +20,7 @@ def _sandbox_containers(**labels: str) -> list:
     """Sandbox containers (running or not) carrying all of `labels`."""
     import docker
 
-    from sandbox.cleanup import LABEL
+    from m3_agent.sandbox.cleanup import LABEL
 
     client = docker.from_env(timeout=30)
     try:

@@ -9,18 +9,18 @@ import sys
 
 import pytest
 
-from agent.standin import StandinServer
-from evals.tasks import builtin_standin_script, builtin_task
+from m3_agent.serving.standin import StandinServer
+from m3_agent.evals.tasks import builtin_standin_script, builtin_task
 
 
 def m3(*args: str, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "m3_agent.cli", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=timeout)
 
 
 def _main_error(capsys, *args: str) -> str:
     """Run the CLI entry point in-process; return its error message after checking exit code 2."""
-    from agent.cli import main
+    from m3_agent.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(list(args))
@@ -33,7 +33,7 @@ def _main_error(capsys, *args: str) -> str:
 
 def _main_ok(capsys, *args: str) -> str:
     """Run the CLI entry point in-process; return its stdout after checking exit code 0."""
-    from agent.cli import main
+    from m3_agent.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(list(args))
@@ -55,7 +55,7 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
 
 
 def test_run_stops_at_once_when_no_server_listens(tmp_path, capsys, monkeypatch):
-    from agent.cli import main
+    from m3_agent.cli import main
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -136,9 +136,9 @@ def test_run_resolves_what_the_scripted_solutions_solve(tmp_path, sandbox_image)
 def test_progress_prints_ids_and_errors_with_brackets_verbatim():
     from rich.console import Console
 
-    from evals.cli import RunProgress
-    from evals.grading import InstanceReport
-    from evals.runner import InstanceResult
+    from m3_agent.evals.cli import RunProgress
+    from m3_agent.evals.grading import InstanceReport
+    from m3_agent.evals.runner import InstanceResult
 
     console = Console(record=True, width=200)
     with RunProgress(1, console) as progress:

@@ -8,12 +8,12 @@ import textwrap
 
 import pytest
 
-from evals import grading
-from evals.grading import ERROR, FAILED, PASSED, SKIPPED, XFAIL, grade, parse_junit, patch_files, run_tests, trusted_statuses
-from evals.predictions import load_predictions
-from evals.runner import EvalConfig, run_eval
-from evals.tasks import Task, builtin_task, checkout
-from sandbox import Sandbox, SandboxConfig
+from m3_agent.evals import grading
+from m3_agent.evals.grading import ERROR, FAILED, PASSED, SKIPPED, XFAIL, grade, parse_junit, patch_files, run_tests, trusted_statuses
+from m3_agent.evals.predictions import load_predictions
+from m3_agent.evals.runner import EvalConfig, run_eval
+from m3_agent.evals.tasks import Task, builtin_task, checkout
+from m3_agent.sandbox import Sandbox, SandboxConfig
 
 MIXED_TESTS = textwrap.dedent("""
     import pytest
@@ -155,7 +155,7 @@ def _grade(task: Task, patch: str | None, tmp_path, labels, **kw):
 
 @pytest.mark.docker
 def test_gold_resolves_the_whole_suite_and_empty_resolves_none(tmp_path, test_label):
-    from evals.tasks import load_tasks
+    from m3_agent.evals.tasks import load_tasks
 
     tasks = load_tasks("builtin")
     config = EvalConfig(output_dir=tmp_path / "gold", sandbox=SandboxConfig(labels=test_label), test_timeout=120)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from evals.predictions import load_predictions
-from evals.runner import EvalConfig, run_eval
-from evals.tasks import load_tasks
-from sandbox import SandboxConfig
+from m3_agent.evals.predictions import load_predictions
+from m3_agent.evals.runner import EvalConfig, run_eval
+from m3_agent.evals.tasks import load_tasks
+from m3_agent.sandbox import SandboxConfig
 
 SDIST = Path(__file__).parent / "data" / "iniconfig-1.1.1.tar.gz"
 MODULE = "src/iniconfig/__init__.py"

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from evals.grading import InstanceReport
-from evals.report import CostModel, build_report, report_from_dir, to_html, to_json, to_markdown, write_reports
-from evals.runner import AgentStats, InstanceResult, save_result
-from evals.tasks import Task
+from m3_agent.evals.grading import InstanceReport
+from m3_agent.evals.report import CostModel, build_report, report_from_dir, to_html, to_json, to_markdown, write_reports
+from m3_agent.evals.runner import AgentStats, InstanceResult, save_result
+from m3_agent.evals.tasks import Task
 
 
 def _result(iid: str, *, patch: str | None = "diff", resolved=False, applied=True, report_error=None, error=None,

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from agent.errors import UsageError
-from evals.grading import InstanceReport
-from evals.predictions import Prediction, load_predictions
-from evals.runner import RESULTS_FILE, EvalConfig, InstanceResult, _exclusive, load_results, run_eval, save_result
-from evals.tasks import Task, builtin_task
-from sandbox import SandboxConfig
+from m3_agent.errors import UsageError
+from m3_agent.evals.grading import InstanceReport
+from m3_agent.evals.predictions import Prediction, load_predictions
+from m3_agent.evals.runner import RESULTS_FILE, EvalConfig, InstanceResult, _exclusive, load_results, run_eval, save_result
+from m3_agent.evals.tasks import Task, builtin_task
+from m3_agent.sandbox import SandboxConfig
 
 
 def _result(instance_id: str, **kw) -> InstanceResult:
@@ -92,10 +92,10 @@ def test_an_instance_timeout_stops_the_worker_and_its_container(tmp_path, git_re
 DRIVER = """
 import json, sys
 from pathlib import Path
-from evals.predictions import Prediction
-from evals.runner import EvalConfig, run_eval
-from evals.tasks import Task
-from sandbox import SandboxConfig
+from m3_agent.evals.predictions import Prediction
+from m3_agent.evals.runner import EvalConfig, run_eval
+from m3_agent.evals.tasks import Task
+from m3_agent.sandbox import SandboxConfig
 args = json.loads(sys.argv[1])
 tasks = [Task.model_validate(t) for t in args["tasks"]]
 preds = {t.instance_id: Prediction(instance_id=t.instance_id, model_patch=t.patch) for t in tasks}
@@ -138,8 +138,8 @@ def test_a_sigkilled_run_loses_nothing_finished_and_the_next_start_cleans_up(tmp
 
 @pytest.mark.docker
 def test_a_task_environment_is_built_and_graded_in(tmp_path, git_repo, test_label):
-    from evals.runner import evaluate_instance
-    from evals.tasks import TaskEnvironment
+    from m3_agent.evals.runner import evaluate_instance
+    from m3_agent.evals.tasks import TaskEnvironment
 
     repo = git_repo({"tests/test_env.py": "def test_baked():\n    assert open('/opt/m3-env/marker').read() == 'baked\\n'\n"})
     base = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()

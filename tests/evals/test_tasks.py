@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from agent.errors import UsageError
-from evals import tasks as tasks_mod
-from evals.tasks import Task, builtin_names, builtin_standin_script, checkout, load_tasks
+from m3_agent.errors import UsageError
+from m3_agent.evals import tasks as tasks_mod
+from m3_agent.evals.tasks import Task, builtin_names, builtin_standin_script, checkout, load_tasks
 
 
 def _git(path, *args) -> str:

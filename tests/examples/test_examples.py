@@ -12,7 +12,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from agent.standin import StandinServer
+from m3_agent.serving.standin import StandinServer
 
 pytestmark = pytest.mark.docker
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from sandbox.cleanup import LABEL, LABEL_PID
+from m3_agent.sandbox.cleanup import LABEL, LABEL_PID
 
 
 def own_containers() -> list:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from sandbox.channel import Channel, ChannelClosed
+from m3_agent.sandbox.channel import Channel, ChannelClosed
 
 
 def docker_frame(stream: int, payload: bytes) -> bytes:

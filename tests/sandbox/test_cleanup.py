@@ -14,8 +14,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from sandbox import Sandbox, SandboxConfig, prune
-from sandbox.cleanup import LABEL, LABEL_PID, owner_labels
+from m3_agent.sandbox import Sandbox, SandboxConfig, prune
+from m3_agent.sandbox.cleanup import LABEL, LABEL_PID, owner_labels
 
 pytestmark = pytest.mark.docker
 
@@ -40,7 +40,7 @@ def wait_gone(pid: int, seconds: float = 10) -> list:
 def child(image: str, body: str, prelude: str = "") -> subprocess.Popen:
     """A separate Python process that runs `prelude`, opens a sandbox, prints READY, then runs `body`."""
     code = "import sys, time\n" + textwrap.dedent(prelude) + textwrap.dedent(f"""
-        from sandbox import Sandbox, SandboxConfig
+        from m3_agent.sandbox import Sandbox, SandboxConfig
         sb = Sandbox(SandboxConfig(image={image!r})).start()
         print("READY", sb.id, flush=True)
     """) + textwrap.dedent(body)
@@ -131,7 +131,7 @@ def test_prune_removes_orphans_and_keeps_live_owners(no_leftovers):
 def test_prune_cli_reports_what_it_removed(no_leftovers):
     from typer.testing import CliRunner
 
-    from sandbox.cli import app
+    from m3_agent.sandbox.cli import app
 
     result = CliRunner().invoke(app, ["prune"])
     assert result.exit_code == 0, result.output

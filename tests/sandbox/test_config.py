@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from sandbox import DEFAULT_IMAGE, SandboxConfig
+from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig
 
 
 def test_defaults_are_the_hardened_ones():

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from agent.errors import SandboxUnavailable
-from sandbox import ExecResult, Sandbox, SandboxConfig
+from m3_agent.errors import SandboxUnavailable
+from m3_agent.sandbox import ExecResult, Sandbox, SandboxConfig
 
 pytestmark = pytest.mark.docker
 

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from agent.errors import GitError, UsageError
-from sandbox import Sandbox, SandboxConfig
+from m3_agent.errors import GitError, UsageError
+from m3_agent.sandbox import Sandbox, SandboxConfig
 
 pytestmark = pytest.mark.docker
 

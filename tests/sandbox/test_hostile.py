@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from agent.errors import SandboxUnavailable
-from sandbox import Sandbox, SandboxConfig
+from m3_agent.errors import SandboxUnavailable
+from m3_agent.sandbox import Sandbox, SandboxConfig
 
 pytestmark = pytest.mark.docker
 

@@ -11,10 +11,10 @@ import docker
 import pytest
 from typer.testing import CliRunner
 
-from agent.errors import SandboxUnavailable
-from sandbox import DEFAULT_IMAGE, Sandbox, SandboxConfig, build_env_image, build_image, prune
-from sandbox.cli import app
-from sandbox.image import BASE_IMAGE, RECIPE_HASH, RECIPE_LABEL, _debootstrap_base
+from m3_agent.errors import SandboxUnavailable
+from m3_agent.sandbox import DEFAULT_IMAGE, Sandbox, SandboxConfig, build_env_image, build_image, prune
+from m3_agent.sandbox.cli import app
+from m3_agent.sandbox.image import BASE_IMAGE, RECIPE_HASH, RECIPE_LABEL, _debootstrap_base
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def test_an_image_without_python_fails_to_start_with_the_reason(no_leftovers, cl
 def test_image_builds_wait_for_each_other():
     import threading
 
-    from sandbox.image import _build_lock
+    from m3_agent.sandbox.image import _build_lock
 
     order: list[str] = []
     held = threading.Event()
@@ -178,7 +178,7 @@ def _labelled_image(client, base: str, tag: str, labels: dict[str, str]) -> str:
 
 @pytest.mark.docker
 def test_prune_images_removes_older_recipes_and_keeps_the_current_and_the_used(sandbox_image, client):
-    from sandbox.image import IMAGE_LABEL, prune_images
+    from m3_agent.sandbox.image import IMAGE_LABEL, prune_images
 
     suffix = uuid.uuid4().hex[:8]
     old = _labelled_image(client, sandbox_image, f"m3-agent-sandbox:old-{suffix}",

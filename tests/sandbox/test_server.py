@@ -1,6 +1,6 @@
 """The in-container server's output cap, exercised directly (it is plain Python)."""
 
-from sandbox.server import MARKER, Capped
+from m3_agent.sandbox.server import MARKER, Capped
 
 
 def test_output_under_the_limit_is_kept_whole():

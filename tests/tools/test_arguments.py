@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from tools.arguments import parse_arguments
-from tools.code_exec import CodeExecArgs
-from tools.file_read import FileReadArgs
-from tools.submit import SubmitArgs
-from tools.test_runner import TestRunnerArgs
-from tools.tool import ToolCallError
+from m3_agent.tools.arguments import parse_arguments
+from m3_agent.tools.code_exec import CodeExecArgs
+from m3_agent.tools.file_read import FileReadArgs
+from m3_agent.tools.submit import SubmitArgs
+from m3_agent.tools.test_runner import TestRunnerArgs
+from m3_agent.tools.tool import ToolCallError
 
 
 def test_valid_json_parses_without_notes():

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from agent.errors import SandboxUnavailable
-from tools import default_tools, execute_call
+from m3_agent.errors import SandboxUnavailable
+from m3_agent.tools import default_tools, execute_call
 
 
 class DeadSandbox:

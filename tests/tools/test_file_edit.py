@@ -1,6 +1,6 @@
 """file_edit's matching logic (the sandbox round trip is in test_sandbox_tools.py)."""
 
-from tools.file_edit import line_of, not_found_hint, occurrences
+from m3_agent.tools.file_edit import line_of, not_found_hint, occurrences
 
 TEXT = "def f():\n    return 1\n\n\ndef g():\n    return 1\n"
 

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from tools.junit import MESSAGE_CHARS, parse_junit, short_message
-from tools.test_runner import RUNNER_SOURCE
+from m3_agent.tools.junit import MESSAGE_CHARS, parse_junit, short_message
+from m3_agent.tools.test_runner import RUNNER_SOURCE
 
 PYTEST_TESTS = textwrap.dedent(
     """

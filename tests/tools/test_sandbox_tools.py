@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tools import default_tools, execute_call
+from m3_agent.tools import default_tools, execute_call
 
 pytestmark = pytest.mark.docker
 
@@ -22,7 +22,7 @@ UNITTEST_FILE = (
 
 @pytest.fixture
 def sb(sandbox_image, git_repo):
-    from sandbox import Sandbox, SandboxConfig
+    from m3_agent.sandbox import Sandbox, SandboxConfig
 
     repo = git_repo({"calc.py": CALC, "tests/test_calc.py": PYTEST_FILE, "utests/test_calc_ut.py": UNITTEST_FILE,
                      "README.md": "calc\n"})
@@ -213,7 +213,7 @@ def test_test_runner_explains_runs_that_end_without_a_report(sb, tools):
 
 
 def test_test_runner_timeout(sb, tools):
-    from tools.test_runner import TestRunner
+    from m3_agent.tools.test_runner import TestRunner
 
     sb.write_file("tests/test_slow.py", "import time\n\ndef test_slow():\n    time.sleep(30)\n")
     r = TestRunner(timeout=2).run(TestRunner.Args(test_file="tests/test_slow.py"), sb)

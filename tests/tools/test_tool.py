@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import ToolResult, default_tools
-from tools.tool import clean_schema
+from m3_agent.tools import ToolResult, default_tools
+from m3_agent.tools.tool import clean_schema
 
 # The three tool definitions of seed 001, as the seed gives them (parameter descriptions aside).
 SEED_PARAMETERS = {
@@ -108,7 +108,7 @@ def test_tool_result_defaults_are_independent():
 
 
 def test_unittest_runner_ships_inside_the_package():
-    from tools.test_runner import RUNNER_SOURCE
+    from m3_agent.tools.test_runner import RUNNER_SOURCE
 
     assert RUNNER_SOURCE.parent == Path(__file__).parents[2] / "tools"
     assert "JUnitResult" in RUNNER_SOURCE.read_text()
@@ -116,7 +116,7 @@ def test_unittest_runner_ships_inside_the_package():
 
 def test_public_api_imports_in_a_fresh_process():
     code = (
-        "from tools import Tool, ToolResult, ToolCallError, default_tools, execute_call\n"
+        "from m3_agent.tools import Tool, ToolResult, ToolCallError, default_tools, execute_call\n"
         "print(sorted(t.name for t in default_tools()))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from sandbox.config import ExecResult
-from tools.tool import ToolCallError
-from tools.workspace import clamp_timeout, clip, exec_result, workspace_path
+from m3_agent.sandbox.config import ExecResult
+from m3_agent.tools.tool import ToolCallError
+from m3_agent.tools.workspace import clamp_timeout, clip, exec_result, workspace_path
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_exec_result_timeout_with_output_is_running_not_stalled():
 
 
 def test_test_runner_targets_are_workspace_paths_or_ids():
-    from tools.test_runner import targets
+    from m3_agent.tools.test_runner import targets
 
     assert targets("") == []
     assert targets("/workspace/tests/test_a.py::TestX::test_y[1-2]") == ["tests/test_a.py::TestX::test_y[1-2]"]

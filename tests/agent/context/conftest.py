@@ -10,30 +10,6 @@ from pathlib import Path
 
 import pytest
 
-
-def _import_real_package() -> None:
-    """Import the real `agent` package before `tests/agent/` can shadow it.
-
-    Run as `.venv/bin/pytest`, the rootdir is not on sys.path but `tests/` is, so `import agent`
-    finds the directory `tests/agent` as a namespace package, and `agent.context` then resolves to
-    this test directory. Importing with the test directories hidden lets the installed package win.
-    """
-    module = sys.modules.get("agent")
-    if module is not None and getattr(module, "__file__", None):
-        return
-    for name in [m for m in sys.modules if m == "agent" or m.startswith("agent.")]:
-        del sys.modules[name]
-    tests_dir = str(Path(__file__).resolve().parents[2])
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if not os.path.abspath(p or ".").startswith(tests_dir)]
-    try:
-        importlib.import_module("agent.context")
-    finally:
-        sys.path[:] = saved
-
-
-_import_real_package()
-
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
     "class QuerySet:\n    def filter(self, **kwargs):\n        return self._chain()\n",
@@ -126,7 +102,7 @@ def repo(tmp_path):
 def accelerator():
     """The packer's C accelerator (agent/context/_fastpack.c): a test that needs it fails in CI when
     it was not built (the set-up builds it), and is skipped elsewhere."""
-    from agent.context import reader
+    from m3_agent.agent.context import reader
 
     if reader._fastpack is None:
         if os.environ.get("CI") == "true":

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.context import EstimateCounter, ServerCounter, TokenizerJsonCounter, pack_repository
-from agent.context.relevance import rank
-from agent.context.selection import Entry, Facts
-from agent.errors import UsageError
-from agent.standin import StandinServer
+from m3_agent.agent.context import EstimateCounter, ServerCounter, TokenizerJsonCounter, pack_repository
+from m3_agent.agent.context.relevance import rank
+from m3_agent.agent.context.selection import Entry, Facts
+from m3_agent.errors import UsageError
+from m3_agent.serving.standin import StandinServer
 
 
 def _module(name: str, n: int) -> str:
@@ -35,7 +35,7 @@ def _ranked_paths(root, issue):
     entries = []
     for f in pack.files:
         text = (root / f.path).read_text()
-        from agent.context.selection import definitions, subword_terms
+        from m3_agent.agent.context.selection import definitions, subword_terms
 
         defs = definitions(f.path, text.encode())
         entries.append(Entry(f.path, tokens=f.tokens, facts=Facts(size=f.bytes, binary=False, defs=defs,

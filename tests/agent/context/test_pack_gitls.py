@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from agent.context import gitls
-from agent.errors import GitError
+from m3_agent.agent.context import gitls
+from m3_agent.errors import GitError
 
 
 def test_the_calls_return_what_git_prints_even_past_a_pipe_buffer(repo):
@@ -68,11 +68,11 @@ def test_the_entry_point_starts_git_before_the_command_loads_and_leaves_none_beh
     root = repo({"a.py": "A = 1\n"})
     code = (
         "import os, sys\n"
-        "from agent.context import gitls\n"
+        "from m3_agent.agent.context import gitls\n"
         "seen = []\n"
         "real = gitls.start\n"
-        "gitls.start = lambda root: seen.append(('agent.context.cli' in sys.modules, root)) or real(root)\n"
-        "from agent.cli import main\n"
+        "gitls.start = lambda root: seen.append(('m3_agent.agent.context.cli' in sys.modules, root)) or real(root)\n"
+        "from m3_agent.cli import main\n"
         "try:\n"
         f"    main(['pack', '--repo={root}', '--bogus-flag'])\n"
         "except SystemExit as e:\n"

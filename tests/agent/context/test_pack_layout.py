@@ -7,8 +7,8 @@ import os
 import re
 import shutil
 
-from agent.context import pack_repository
-from agent.context.layout import fence_for, shown
+from m3_agent.agent.context import pack_repository
+from m3_agent.agent.context.layout import fence_for, shown
 
 TRICKY = {
     "README.md": "# Title\n\n```python\nprint('fenced')\n```\n\n````\nfour\n````\n",
@@ -132,7 +132,7 @@ def test_moved_repository_packs_the_same(repo, tmp_path):
 def test_tree_order_is_by_path_components():
     import itertools
 
-    from agent.context.layout import sort_key
+    from m3_agent.agent.context.layout import sort_key
 
     names = ["a", "a-b", "a.b", "a b", "a/b", "a/b-c", "a/b/c", "a0", "A", "é", "a\udcff", "a/"[:1] + "/!", "z"]
     paths = ["/".join(p) for n in (1, 2, 3) for p in itertools.product(["a", "a-b", "a.b", "b"], repeat=n)]
@@ -143,7 +143,7 @@ def test_tree_order_is_by_path_components():
 
 
 def _trees(entries) -> tuple[str, str]:
-    from agent.context import layout
+    from m3_agent.agent.context import layout
 
     saved = layout.ACCELERATED
     try:
@@ -158,9 +158,9 @@ def _trees(entries) -> tuple[str, str]:
 def test_the_c_tree_is_the_python_tree(accelerator):
     import random
 
-    from agent.context import reader
-    from agent.context.layout import sort_key
-    from agent.context.selection import Entry
+    from m3_agent.agent.context import reader
+    from m3_agent.agent.context.layout import sort_key
+    from m3_agent.agent.context.selection import Entry
 
     names = ["a", "b", "ab", "a-b", "a.b", "vendor", "node_modules", "dist", "x y", "é", "日本", '"q"', "#h", " s",
              "LC_MESSAGES", "__init__.py", "z"]
@@ -186,7 +186,7 @@ def test_the_c_tree_is_the_python_tree(accelerator):
 
 
 def test_the_c_tree_of_a_real_repository(repo, git):
-    from agent.context import pack_repository
+    from m3_agent.agent.context import pack_repository
 
     root = repo({"src/app.py": "A = 1\n", "vendor/lib/a.js": "1\n", "vendor/lib/b.js": "2\n",
                  "node_modules/x/index.js": "x\n", "dist/bundle.js": "b\n", "docs/日本.md": "# 日本\n",
@@ -197,7 +197,7 @@ def test_the_c_tree_of_a_real_repository(repo, git):
     (nested / "f.txt").write_text("inner\n")
     os.symlink("/etc", root / "out")
     fast, slow = [], []
-    from agent.context import layout
+    from m3_agent.agent.context import layout
 
     for accelerated, out in ((True, fast), (False, slow)):
         saved = layout.ACCELERATED

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from agent.context import pack_repository
-from agent.context import reader
+from m3_agent.agent.context import pack_repository
+from m3_agent.agent.context import reader
 
 
 def _files() -> dict[str, str | bytes]:
@@ -157,8 +157,8 @@ def test_a_stuck_worker_is_killed_and_its_share_done_by_the_caller(repo, monkeyp
 
 def _decided(root, monkeypatch, inline: bool, accelerated: bool = False, limit: int = 4096) -> list[tuple]:
     """Every entry as `render_sections` leaves it: its fate, facts, and section bytes and frame."""
-    from agent.context import layout
-    from agent.context.selection import list_files
+    from m3_agent.agent.context import layout
+    from m3_agent.agent.context.selection import list_files
 
     monkeypatch.setattr(reader, "INLINE", inline)
     monkeypatch.setattr(reader, "ACCELERATED", accelerated)
@@ -302,7 +302,7 @@ def test_a_packs_counts_agree_with_its_lists(repo):
 
 
 def _pack_text(root, monkeypatch, accelerated: bool) -> str:
-    from agent.context import layout, selection
+    from m3_agent.agent.context import layout, selection
 
     for module in (reader, selection, layout):
         monkeypatch.setattr(module, "ACCELERATED", accelerated)
@@ -314,7 +314,7 @@ def test_a_full_pack_reads_tracked_files_while_git_lists_untracked_ones(repo, mo
     started = []
     real = reader.start_scan
     monkeypatch.setattr(reader, "start_scan", lambda *a: started.append(len(a[0])) or real(*a))
-    from agent.context import pack as pack_module
+    from m3_agent.agent.context import pack as pack_module
 
     monkeypatch.setattr(pack_module, "start_scan", reader.start_scan)
     fast = _pack_text(root, monkeypatch, True)
@@ -326,7 +326,7 @@ def test_a_full_pack_reads_tracked_files_while_git_lists_untracked_ones(repo, mo
 def test_an_interrupt_while_the_scan_runs_leaves_no_thread(repo, monkeypatch, accelerator):
     import gc
 
-    from agent.context import selection
+    from m3_agent.agent.context import selection
 
     root = repo({f"f{i:04}.txt": f"{i}\n" * 100 for i in range(3000)})
     real = selection._finished

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.context import pack_repository
-from agent.context.selection import PROBE_BYTES, decode, list_files
-from agent.errors import UsageError
+from m3_agent.agent.context import pack_repository
+from m3_agent.agent.context.selection import PROBE_BYTES, decode, list_files
+from m3_agent.errors import UsageError
 
 IGNORE_TREE = {
     ".gitignore": "*.log\nbuild/\n/top_only.txt\n",
@@ -242,7 +242,7 @@ def test_file_names_that_are_not_utf8_are_packed_and_shown_escaped(repo, git):
 
 
 def test_the_c_listing_parse_is_the_python_one(repo, git, monkeypatch, accelerator):
-    from agent.context import reader, selection
+    from m3_agent.agent.context import reader, selection
 
     root = repo({"a.py": "A = 1\n", "d/b.txt": "b\n", "d/e/c.md": "c\n", "keep.txt": "k\n"})
     (root / "a.py").write_text("A = 2\n")  # changed

@@ -6,15 +6,15 @@ import socket
 
 import pytest
 
-from agent.context import (
+from m3_agent.agent.context import (
     EstimateCounter,
     ServerCounter,
     TokenizerJsonCounter,
     budget_for_server,
     budget_for_window,
 )
-from agent.errors import EndpointError, UsageError
-from agent.standin import StandinServer, toy_pieces
+from m3_agent.errors import EndpointError, UsageError
+from m3_agent.serving.standin import StandinServer, toy_pieces
 
 TEXTS = ["def f(x):\n    return x + 1\n", "", "日本語のテキスト ✓\n", "a" * 50, "x = [1, 2, 3]  # list\n" * 30]
 
@@ -34,7 +34,7 @@ def test_server_counter_counts_through_tokenize_over_http(server):
 
 
 def test_server_counter_splits_huge_texts_into_requests(server, monkeypatch):
-    from agent.context import tokens
+    from m3_agent.agent.context import tokens
 
     monkeypatch.setattr(tokens, "MAX_REQUEST_CHARS", 100)
     counter = ServerCounter(server.base_url)

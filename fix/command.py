@@ -1,0 +1,651 @@
+"""`m3-agent fix`: fix an issue in a repository; hands back a branch, a commit and a `.patch` file.
+
+    m3-agent fix 123 --base-url http://gpu-node:8000/v1        # issue #123 of the `origin` remote
+    m3-agent fix https://github.com/acme/widgets/issues/123     # an issue URL (github.com or Enterprise)
+    m3-agent fix --issue bug.md --repo ../widgets               # a file, or plain text
+
+The flow (`fix_issue`, also the library entry point):
+1. open the repository and choose the base commit (HEAD on a branch, or `--base REV`);
+2. read the issue (GitHub REST API, a file, or text) and its images;
+3. export the base tree (HEAD, or the working tree with `--include-uncommitted`) into a temporary
+   directory: the agent and its sandbox never see the user's checkout;
+4. run the agent loop on that copy;
+5. turn the patch into one commit on a new branch `m3-agent/issue-<key>` and a `.patch` file,
+   without touching the working tree, the index or the current branch; `--apply` then applies the
+   patch to the working tree, only when it is clean.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from pydantic import BaseModel, Field, ValidationError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from m3_agent.fix import gitwork
+from m3_agent.settings import Settings, display_rows, load_settings
+from m3_agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError, first_validation_error
+from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
+from m3_agent.agent.loop import Agent, AgentConfig, AgentEvent, RunResult
+from m3_agent.sandbox import DEFAULT_IMAGE
+from m3_agent.tools import Tool
+
+Callback = Callable[[AgentEvent], None]
+Notice = Callable[[str], None]
+
+# What a text-only endpoint says when handed an image (vLLM: "At most 0 image(s) may be provided").
+_IMAGE_REJECTED = re.compile(r"\(400\).*(image|multi-?modal|vision|mm[_ ])", re.IGNORECASE | re.DOTALL)
+_ISSUE_NUMBER = re.compile(r"#?(\d+)")
+_ISSUE_SHORT_REF = re.compile(r"([\w.-]+)/([\w.-]+)#(\d+)")
+_FILE_LIKE = re.compile(r"\S+\.(md|txt|rst|json|markdown)")
+
+
+class FixResult(BaseModel):
+    """The outcome of `fix_issue` / `m3-agent fix`: what was made, where, and the run behind it."""
+
+    resolved: bool = Field(description="a patch was produced and the last test run in the sandbox passed")
+    exit_code: int = Field(description="0 resolved, 1 not resolved")
+    issue: Issue
+    branch: str | None = None
+    commit: str | None = None
+    patch_path: Path | None = None
+    patch: str = ""
+    applied: bool = False
+    base_commit: str
+    included_uncommitted: bool = False
+    images_sent: int = 0
+    notices: list[str] = Field(default_factory=list)
+    run: RunResult
+
+
+# ----- issue sources ------------------------------------------------------------------------------
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit].strip("-")
+
+
+def _title_and_body(text: str) -> tuple[str, str]:
+    """A title from the first non-empty line (markdown heading marks dropped), and the whole text."""
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return first.lstrip("#").strip()[:120], text
+
+
+def _github_client(settings: Settings, api_url: str) -> GitHubClient:
+    token = settings.github_token.get_secret_value() if settings.github_token else None
+    return GitHubClient(settings.github_api_url or api_url, token)
+
+
+def resolve_issue(spec: str, root: Path, settings: Settings) -> tuple[Issue, GitHubClient | None]:
+    """The issue `spec` names: a number / `#n` (origin's GitHub repo), `owner/repo#n`, an issue URL, a file, or text.
+
+    Returns the issue and the GitHub client used (None for files and text), for downloading images.
+    """
+    spec = spec.strip()
+    if not spec:
+        raise UsageError("the issue is empty: pass a number, an issue URL, a file or text")
+    number = _ISSUE_NUMBER.fullmatch(spec)
+    if number:
+        repo = parse_remote(gitwork.origin_url(root))
+        client = _github_client(settings, api_url_for(repo))
+        return client.get_issue(repo.owner, repo.name, int(number.group(1))), client
+    short = _ISSUE_SHORT_REF.fullmatch(spec)
+    if short:
+        owner, name, n = short.groups()
+        client = _github_client(settings, PUBLIC_API)  # `owner/repo#n` names no host
+        return client.get_issue(owner, name, int(n)), client
+    url = parse_issue_url(spec)
+    if url:
+        repo, n = url
+        client = _github_client(settings, api_url_for(repo))
+        return client.get_issue(repo.owner, repo.name, n), client
+    if spec.startswith(("http://", "https://")):
+        raise UsageError(f"not an issue URL: {spec} (expected https://HOST/OWNER/REPO/issues/N)")
+    path = Path(spec).expanduser()
+    if "\n" not in spec and len(spec) < 4096 and path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read issue file {path}: {e}") from None
+        if not text.strip():
+            raise UsageError(f"issue file {path} is empty")
+        title, body = _title_and_body(text)
+        # `issue-42.md` -> 42, `issue.md` -> from the title: the branch prefix already says "issue".
+        key = re.sub(r"^issue(-|$)", "", _slug(path.stem)) or _slug(title) or "file"
+        return Issue(source="file", key=key, title=title, body=body), None
+    if _FILE_LIKE.fullmatch(spec) or ("/" in spec and " " not in spec):
+        raise UsageError(f"issue file not found: {spec}")
+    title, body = _title_and_body(spec)
+    key = "text-" + hashlib.sha1(spec.encode()).hexdigest()[:8]
+    return Issue(source="text", key=key, title=title, body=body), None
+
+
+def commit_message(issue: Issue, run: RunResult) -> str:
+    """One commit message that references the issue (GitHub closes it on merge: `Fixes #n`)."""
+    title = issue.title.strip() or "the issue"
+    subject = f"Fix #{issue.number}: {title}" if issue.number is not None else f"Fix: {title}"
+    if len(subject) > 72:
+        subject = subject[:71].rstrip() + "…"
+    lines = [subject, ""]
+    if run.final_message.strip():
+        lines += [run.final_message.strip()[:2000], ""]
+    if issue.url:
+        lines.append(f"Issue: {issue.url}")
+    elif issue.source == "file":
+        lines.append(f"Issue: from file ({issue.key})")
+    lines.append(f"Made by m3-agent: {run.turns} turns, status {run.status}.")
+    if issue.number is not None:
+        lines += ["", f"Fixes {issue.repo}#{issue.number}" if issue.repo else f"Fixes #{issue.number}"]
+    return "\n".join(lines) + "\n"
+
+
+# ----- the endpoint -------------------------------------------------------------------------------
+
+
+def resolve_endpoint(settings: Settings, notice: Notice | None = None) -> str:
+    """The base URL to talk to; with `serve`, the profile's endpoint (reused if healthy, else launched).
+
+    UsageError when neither `base_url` nor `serve` is set.
+    """
+    if settings.serve:
+        from m3_agent.serving.endpoint import ensure_endpoint
+
+        def progress(phase: str, message: str) -> None:
+            if notice:
+                notice(f"serve: {message}")
+
+        return ensure_endpoint(settings.serve, base_url=settings.base_url, progress=progress).rstrip("/")
+    if settings.base_url:
+        return settings.base_url.rstrip("/")
+    raise UsageError(
+        "no model endpoint: pass --base-url URL (e.g. http://gpu-node:8000/v1) or --serve PROFILE, "
+        "or set base_url in m3-agent.toml / M3_AGENT_BASE_URL"
+    )
+
+
+def check_endpoint(base_url: str, *, timeout: float = 5.0) -> None:
+    """Fail fast (EndpointError) when nothing listens at `base_url`; a server still loading (503) passes."""
+    req = urllib.request.Request(base_url + "/models", headers={"User-Agent": "m3-agent"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return  # it answers: auth, loading and path problems get the loop's full message and retries
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise EndpointError(
+            f"cannot reach the model server at {base_url}: {reason}. "
+            "Start it (m3-agent serve start) or check --base-url"
+        ) from None
+
+
+def agent_config(settings: Settings, base_url: str) -> AgentConfig:
+    """The AgentConfig the settings describe (the `[agent]` table adds or overrides fields)."""
+    sandbox = {
+        "image": settings.sandbox_image or DEFAULT_IMAGE,
+        "memory": settings.sandbox_memory,
+        "cpus": settings.sandbox_cpus,
+    }
+    extra = dict(settings.agent)
+    sandbox.update(extra.pop("sandbox", {}))
+    values: dict[str, Any] = {
+        "base_url": base_url,
+        "api_key": settings.api_key.get_secret_value(),
+        "model": settings.model,
+        "max_turns": settings.max_turns,
+        "max_wall_s": settings.time_limit_s,
+        "max_total_tokens": settings.token_limit,
+        "thinking": {"policy": settings.thinking, **extra.pop("thinking", {})},
+        "stall": {"enabled": settings.stall_detection, **extra.pop("stall", {})},
+        "sandbox": sandbox,
+        "pack_include": settings.pack_include,
+        "pack_exclude": settings.pack_exclude,
+    }
+    if settings.pack_max_file_bytes:
+        values["pack_max_file_bytes"] = settings.pack_max_file_bytes
+    values.update(extra)
+    try:
+        return AgentConfig(**values)
+    except ValidationError as e:
+        where, msg = first_validation_error(e)
+        raise UsageError(f"invalid agent setting {where}: {msg}") from None
+
+
+# ----- the whole flow -----------------------------------------------------------------------------
+
+
+def suite_passed(tests: dict[str, Any] | None) -> bool:
+    """The last test run passed: some tests ran, none failed or errored, it finished in time."""
+    if not tests:
+        return False
+    return (
+        tests.get("passed", 0) > 0
+        and not tests.get("failed")
+        and not tests.get("errors")
+        and not tests.get("timed_out")
+        and not tests.get("problem")
+    )
+
+
+def fix_issue(
+    issue: str | Issue,
+    *,
+    repo: Path | str = ".",
+    settings: Settings | None = None,
+    apply: bool = False,
+    base: str | None = None,
+    callbacks: list[Callback] | None = None,
+    on_notice: Notice | None = None,
+    tools: list[Tool] | None = None,
+) -> FixResult:
+    """Fix `issue` in `repo` and return what was made; the user's checkout is left as it was.
+
+    `issue` is a spec (number, `owner/repo#n`, URL, file, text) or an `Issue`. `settings` defaults
+    to the layered configuration of `repo`. Progress goes to `callbacks`: the loop's AgentEvents,
+    preceded by a `fix_start` event (issue, title, trajectory_path, base_commit, max_turns). Notices
+    (skipped images, excluded changes) go to `on_notice`. `tools` replaces the default tool set.
+    Raises the project errors: UsageError, EndpointError, SandboxUnavailable, GitError, Interrupted.
+    """
+    notices: list[str] = []
+
+    def notice(text: str) -> None:
+        notices.append(text)
+        if on_notice:
+            on_notice(text)
+
+    state = gitwork.open_repo(repo)
+    root = state.root
+    if settings is None:
+        settings, _ = load_settings(root)
+    base_commit = gitwork.resolve_base(state, base)
+    include = settings.include_uncommitted
+    dirty = gitwork.dirty_paths(root)
+    if apply and dirty and not include:
+        raise GitError(
+            f"working tree has uncommitted changes ({len(dirty)} file(s)): commit or stash them to use --apply, "
+            "or run without --apply (the fix still goes to a branch and a .patch file)"
+        )
+    if include and base_commit != state.head:
+        raise UsageError("--include-uncommitted works on top of HEAD: drop --base, or commit your changes")
+
+    if isinstance(issue, Issue):
+        the_issue, client = issue, None
+    else:
+        the_issue, client = resolve_issue(issue, root, settings)
+    base_url = resolve_endpoint(settings, notice)
+    check_endpoint(base_url)
+    config = agent_config(settings, base_url)
+
+    out_dir = settings.output_dir if settings.output_dir.is_absolute() else root / settings.output_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gitwork.exclude_from_status(root, out_dir)
+
+    if include:
+        tree = gitwork.snapshot_tree(root)
+        if tree != gitwork.tree_of(root, base_commit):
+            notice("uncommitted changes are included in the run (--include-uncommitted)")
+    else:
+        tree = gitwork.tree_of(root, base_commit)
+        if dirty:
+            notice(f"{len(dirty)} uncommitted change(s) not included: the fix starts from the last commit "
+                   "(use --include-uncommitted to include them)")
+
+    content, image_notices = issue_content(the_issue, client, images=settings.images != "off")
+    for text in image_notices:
+        notice(text)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    trajectory = out_dir / f"issue-{the_issue.key}-{stamp}.jsonl"
+
+    work = Path(tempfile.mkdtemp(prefix="m3-agent-fix-"))
+    try:
+        copy = gitwork.export_tree(root, tree, work / (root.name or "repo"))
+        sub_paths = [path for path, _ in gitwork.submodules(root, tree)]
+        missing = [path for path in sub_paths if not (copy / path).is_dir() or not any((copy / path).iterdir())]
+        if len(missing) < len(sub_paths):
+            notice(f"submodule(s) copied in to read and run: {', '.join(p for p in sub_paths if p not in missing)}; "
+                   "changes inside them are left out of the patch")
+        for path in missing:
+            notice(f"submodule {path} is not checked out here: the run sees an empty directory "
+                   "(git submodule update --init)")
+        agent = Agent(config, tools=tools, callbacks=callbacks)
+
+        def run_once(issue_input: str | list[dict], path: Path) -> RunResult:
+            start = AgentEvent(kind="fix_start", turn=0, data={
+                "issue": the_issue.reference, "title": the_issue.title, "trajectory_path": str(path),
+                "base_commit": base_commit, "max_turns": config.max_turns,
+            })
+            for cb in callbacks or []:
+                cb(start)
+            try:
+                return agent.run(repo=copy, issue=issue_input, trajectory_path=path)
+            except Interrupted:
+                raise Interrupted(f"interrupted: trajectory kept at {path}; the sandbox was removed") from None
+
+        try:
+            run = run_once(content, trajectory)
+        except EndpointError as e:
+            if settings.images != "auto" or isinstance(content, str) or not _IMAGE_REJECTED.search(str(e)):
+                raise
+            notice("the endpoint rejected the issue's images (text-only model): running again without them")
+            content = the_issue.text()
+            run = run_once(content, trajectory.with_name(trajectory.stem + "-text.jsonl"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    images_sent = sum(1 for p in content if p.get("type") == "image_url") if isinstance(content, list) else 0
+    patch, dropped = gitwork.drop_paths(run.patch, sub_paths)
+    if dropped:
+        notice(f"left out of the patch, being inside a submodule: {', '.join(dropped)}")
+    result = FixResult(
+        resolved=False, exit_code=1, issue=the_issue, base_commit=base_commit, included_uncommitted=include,
+        images_sent=images_sent, notices=notices, run=run, patch=patch,
+    )
+    if patch.strip():
+        branch = gitwork.free_branch_name(root, settings.branch_prefix + the_issue.key)
+        # The .patch file first: should the commit fail, the agent's work is still on disk.
+        result.patch_path = out_dir / (branch.rsplit("/", 1)[-1] + ".patch")
+        result.patch_path.write_text(patch if patch.endswith("\n") else patch + "\n", encoding="utf-8")
+        try:
+            result.commit = gitwork.commit_patch(root, base_tree=tree, parent=base_commit, patch=patch,
+                                                 message=commit_message(the_issue, run))
+        except GitError as e:
+            raise GitError(f"{e}; the patch is kept at {result.patch_path}") from None
+        result.branch = gitwork.create_branch(root, branch, result.commit)
+        if apply:
+            gitwork.apply_to_worktree(root, patch, expected_tree=tree if include else None)
+            result.applied = True
+    result.resolved = bool(patch.strip()) and run.status in ("submitted", "finished") and suite_passed(
+        run.final_tests
+    )
+    result.exit_code = 0 if result.resolved else 1
+    return result
+
+
+# ----- live progress ------------------------------------------------------------------------------
+
+
+def _short(text: Any, n: int = 90) -> str:
+    s = " ".join(str(text or "").split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _call_summary(name: str, arguments: str | None) -> str:
+    try:
+        args = json.loads(arguments or "{}")
+    except (json.JSONDecodeError, TypeError):
+        return f"{name} {_short(arguments, 60)}"
+    if not isinstance(args, dict):
+        return name
+    first = next((v for v in args.values() if isinstance(v, str) and v.strip()), "")
+    return f"{name} {_short(first, 70)}".strip()
+
+
+def describe_tests(tests: dict[str, Any] | None) -> str:
+    """`3 passed, 1 failed` style summary of a test_runner result."""
+    if not tests:
+        return "-"
+    parts = [f"{tests.get('passed', 0)} passed", f"{tests.get('failed', 0)} failed"]
+    if tests.get("errors"):
+        parts.append(f"{tests['errors']} errors")
+    if tests.get("timed_out"):
+        parts.append("timed out")
+    return ", ".join(parts)
+
+
+class LiveProgress:
+    """A progress callback: turn, thinking mode, current tool call, last tests, tokens, elapsed.
+
+    On a terminal it is a live rich panel on `console` (stderr); elsewhere (CI logs) one plain line
+    per tool call, test summary and stall. Token counts come from the `reply` records of the run's
+    trajectory, which the loop flushes line by line.
+    """
+
+    def __init__(self, console: Console, *, max_turns: int, label: str) -> None:
+        self.console = console
+        self.max_turns = max_turns
+        self.label = label
+        self.turn = 0
+        self.mode = "-"
+        self.tool = "-"
+        self.tests = "-"
+        self.stalls = 0
+        self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
+        self.trajectory: Path | None = None
+        self._offset = 0
+        self.t0 = time.monotonic()
+        self.live = Live(self.render(), console=console, refresh_per_second=4, transient=True) \
+            if console.is_terminal else None
+
+    def __enter__(self) -> LiveProgress:
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.live.stop()
+
+    def _read_usage(self) -> None:
+        if self.trajectory is None or not self.trajectory.is_file():
+            return
+        with self.trajectory.open("rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a torn last line is read next time
+        self._offset += len(complete)
+        for line in complete.splitlines():
+            if b'"kind": "reply"' not in line:
+                continue
+            usage = json.loads(line).get("usage") or {}
+            self.prompt_tokens += usage.get("prompt_tokens", 0)
+            self.cached_tokens += usage.get("cached_tokens", 0)
+            self.completion_tokens += usage.get("completion_tokens", 0)
+
+    def _line(self, text: str) -> None:
+        if self.live is None:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def __call__(self, event: AgentEvent) -> None:
+        """Take one AgentEvent and redraw."""
+        self.turn = max(self.turn, event.turn)
+        data = event.data
+        if event.kind == "fix_start":
+            self.trajectory, self._offset = Path(data["trajectory_path"]), 0
+            self.max_turns = data.get("max_turns", self.max_turns)
+            self.label = _short(f"{data['issue']} {data['title']}", 60)
+        elif event.kind == "turn":
+            self.mode = data.get("thinking_mode", "-")
+        elif event.kind == "tool_call":
+            self.tool = _call_summary(data.get("name", "?"), data.get("arguments"))
+            self._line(f"turn {event.turn}/{self.max_turns} [{self.mode}] {self.tool}")
+        elif event.kind == "tool_result" and "failing" in data.get("data", {}):
+            self.tests = describe_tests(data["data"])
+            self._line(f"  tests: {self.tests}")
+        elif event.kind == "stall":
+            self.stalls += 1
+            self._line(f"  stall: {data.get('rule')}")
+        self._read_usage()
+        if self.live:
+            self.live.update(self.render())
+
+    def render(self) -> Table:
+        """The progress panel as a two-column grid."""
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold cyan", no_wrap=True)
+        grid.add_column()
+        elapsed = time.monotonic() - self.t0
+        cached = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        stalls = f"   stalls: {self.stalls}" if self.stalls else ""
+        rows = [
+            ("m3-agent fix", f"{self.label}  ·  {int(elapsed // 60):02d}:{int(elapsed % 60):02d}"),
+            ("turn", f"{self.turn}/{self.max_turns}   thinking: {self.mode}{stalls}"),
+            ("tool", self.tool),
+            ("tests", self.tests),
+            ("tokens", f"{self.prompt_tokens:,} in ({cached:.0%} cached) · {self.completion_tokens:,} out"),
+        ]
+        for name, value in rows:
+            grid.add_row(name, Text(value))  # Text: tool arguments may hold [brackets] rich would parse
+        return grid
+
+
+# ----- the command --------------------------------------------------------------------------------
+
+
+def _summary(result: FixResult) -> Group:
+    run = result.run
+    verdict = Text("resolved" if result.resolved else "not resolved", style="bold green" if result.resolved else "bold yellow")
+    lines = [Text.assemble(verdict, f"  ({run.status}, {run.turns} turns, {run.timings.wall_s:.1f} s)")]
+    u = run.usage
+    lines.append(Text(f"tokens: {u.prompt_tokens:,} in ({run.cache_hit_share:.0%} cached) · "
+                      f"{u.completion_tokens:,} out · thinking {run.mode_counts}"))
+    lines.append(Text(f"tests: {describe_tests(run.final_tests)}"))
+    if result.branch:
+        lines.append(Text(f"branch: {result.branch} ({result.commit[:12] if result.commit else ''})"))
+        lines.append(Text(f"patch:  {result.patch_path}"))
+        lines.append(Text("applied to the working tree" if result.applied else
+                          f"apply:  git apply {result.patch_path}   or   git merge {result.branch}"))
+    else:
+        lines.append(Text("no change was made: no branch, no patch"))
+    if run.error:
+        lines.append(Text(f"error: {run.error}", style="red"))
+    if run.trajectory_path:
+        lines.append(Text(f"trajectory: {run.trajectory_path}  (m3-agent show FILE)"))
+    return Group(*lines)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM (a cancelled CI job, `kill`) like Ctrl-C: the run stops cleanly, the sandbox is removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def fix_command(
+    issue_arg: Optional[str] = typer.Argument(
+        None, metavar="ISSUE", help="Issue number (origin's GitHub repo), owner/repo#N, issue URL, file, or text."
+    ),
+    issue: Optional[str] = typer.Option(None, "--issue", "-i", help="The issue, as ISSUE (instead of the argument)."),
+    repo: Path = typer.Option(Path("."), "--repo", "-C", help="The repository to fix."),
+    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the M3 server (…/v1)."),
+    serve: Optional[str] = typer.Option(None, help="Launch or reuse an M3 endpoint from this serving profile."),
+    model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
+    max_turns: Optional[int] = typer.Option(None, help="Turn limit."),
+    time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help="Wall-clock limit, seconds."),
+    thinking: Optional[str] = typer.Option(None, help="controller | enabled | disabled | adaptive."),
+    images: Optional[str] = typer.Option(None, help="Send issue images: auto | on | off."),
+    include_uncommitted: Optional[bool] = typer.Option(
+        None, "--include-uncommitted/--no-include-uncommitted",
+        help="Include the working tree's uncommitted changes (tracked and untracked) in the run.",
+    ),
+    apply: bool = typer.Option(False, "--apply", help="Also apply the patch to the working tree (must be clean)."),
+    base: Optional[str] = typer.Option(None, help="Start from this commit instead of HEAD (e.g. on a detached HEAD)."),
+    sandbox_image: Optional[str] = typer.Option(None, help="Docker image the tools run in."),
+    github_api_url: Optional[str] = typer.Option(None, help="GitHub REST API base (Enterprise: https://HOST/api/v3)."),
+    output_dir: Optional[Path] = typer.Option(None, help="Where patches and trajectories go (default .m3-agent/)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress, no diff: only the summary."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (FixResult) on stdout, nothing else."),
+) -> None:
+    """Fix an issue; exit 0 when resolved with passing tests, 1 when not (see docs/usage.md)."""
+    err = Console(stderr=True, highlight=False)
+    try:
+        if issue_arg and issue:
+            raise UsageError("give the issue once: as the argument or with --issue")
+        flags = {
+            "base_url": base_url, "serve": serve, "model": model, "max_turns": max_turns,
+            "time_limit_s": time_limit_s, "thinking": thinking, "images": images,
+            "include_uncommitted": include_uncommitted, "sandbox_image": sandbox_image,
+            "github_api_url": github_api_url, "output_dir": output_dir,
+        }
+        with sigterm_as_interrupt():
+            result = _fix_from_flags(err, issue_arg or issue, repo, flags, config=config, apply=apply, base=base,
+                                     quiet=quiet, json_out=json_out)
+    except M3AgentError as e:
+        if json_out:
+            typer.echo(json.dumps({"resolved": False, "exit_code": e.exit_code, "error": str(e)}))
+        raise
+    if json_out:
+        typer.echo(result.model_dump_json(exclude={"run": {"patch"}}))
+    else:
+        if not quiet and result.patch.strip():
+            typer.echo(result.patch, nl=not result.patch.endswith("\n"))
+        err.print(_summary(result), soft_wrap=True)
+    raise typer.Exit(result.exit_code)
+
+
+def _fix_from_flags(err: Console, spec: str | None, repo: Path, flags: dict[str, Any], *, config: Path | None,
+                    apply: bool, base: str | None, quiet: bool, json_out: bool) -> FixResult:
+    """The command's work once its flags are parsed: settings, notices, progress display, `fix_issue`."""
+    if not spec:
+        raise UsageError("which issue? pass a number, an issue URL, a file or text (m3-agent fix --help)")
+    root = gitwork.open_repo(repo).root
+    settings, _ = load_settings(root, flags, config_file=config)
+
+    def on_notice(text: str) -> None:
+        if not json_out:
+            err.print(f"m3-agent: {text}", markup=False, soft_wrap=True)
+
+    if quiet or json_out:
+        return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, on_notice=on_notice)
+    with LiveProgress(err, max_turns=settings.max_turns, label=_short(spec, 50)) as progress:
+        return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, callbacks=[progress],
+                         on_notice=on_notice)
+
+
+# ----- `m3-agent config` --------------------------------------------------------------------------
+
+config_app = typer.Typer(no_args_is_help=True, help="Show the effective configuration.")
+
+
+@config_app.command("show")
+def config_show(
+    repo: Path = typer.Option(Path("."), "--repo", "-C", help="Repository whose config files apply."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject."),
+    json_out: bool = typer.Option(False, "--json", help="A JSON list of {name, value, source}."),
+) -> None:
+    """Print every setting's effective value and where it came from (secrets masked)."""
+    if not repo.is_dir():
+        raise UsageError(f"not a directory: {repo}")
+    try:
+        root = gitwork.open_repo(repo).root
+    except M3AgentError:
+        root = repo  # config files work outside git repositories too
+    settings, sources = load_settings(root, config_file=config)
+    rows = display_rows(settings, sources)
+    if json_out:
+        typer.echo(json.dumps([{"name": n, "value": v, "source": s} for n, v, s in rows], indent=2))
+        return
+    table = Table(title=f"m3-agent configuration ({root})", title_justify="left")
+    for col in ("setting", "value", "source"):
+        table.add_column(col)
+    for name, value, source in rows:
+        table.add_row(Text(name), Text(value), Text(source), style="dim" if source == "default" else None)
+    Console(highlight=False).print(table)

@@ -1,0 +1,105 @@
+"""The public library API: everything an internal tool embeds, importable from one module.
+
+Run the agent on a directory and watch it work:
+
+    from pathlib import Path
+    from m3_agent.api import Agent, AgentConfig, AgentEvent
+
+    def progress(event: AgentEvent) -> None:           # kinds: turn, tool_call, tool_result, stall, finish
+        print(event.turn, event.kind, event.data.get("name", ""))
+
+    agent = Agent(AgentConfig(base_url="http://gpu-node:8000/v1", max_turns=30), callbacks=[progress])
+    result = agent.run(repo=Path("."), issue="parse_date() rejects ISO weeks")   # -> RunResult
+    print(result.status, result.patch)
+
+Or do what `m3-agent fix` does (issue sources, git safety, branch + `.patch`) from the same
+layered configuration the command uses:
+
+    from m3_agent.api import fix_issue, load_settings
+
+    settings, _ = load_settings("path/to/repo", {"base_url": "http://gpu-node:8000/v1"})
+    result = fix_issue("123", repo="path/to/repo", settings=settings)          # -> FixResult
+    print(result.resolved, result.branch, result.patch_path)
+
+And the eval runner: `run_eval(load_tasks("builtin"), None, EvalConfig(output_dir=..., agent={...}))`.
+
+Everything exported here is stable across minor versions; other modules are internals.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from m3_agent.settings import Settings, load_settings
+from m3_agent.errors import (
+    EndpointError,
+    GitError,
+    Interrupted,
+    M3AgentError,
+    SandboxUnavailable,
+    UsageError,
+)
+from m3_agent.fix.command import FixResult, agent_config, fix_issue, resolve_endpoint
+from m3_agent.fix.github import GitHubClient, Issue
+from m3_agent.agent.loop import Agent, AgentConfig, AgentEvent, RunResult
+from m3_agent.evals.report import build_report
+from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
+from m3_agent.evals.tasks import Task, load_tasks
+from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig, build_image
+from m3_agent.tools import Tool, ToolArgs, ToolCallError, ToolResult, default_tools
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "AgentEvent",
+    "DEFAULT_IMAGE",
+    "EndpointError",
+    "EvalConfig",
+    "FixResult",
+    "GitError",
+    "GitHubClient",
+    "InstanceResult",
+    "Interrupted",
+    "Issue",
+    "M3AgentError",
+    "RunResult",
+    "SandboxConfig",
+    "SandboxUnavailable",
+    "Settings",
+    "Task",
+    "Tool",
+    "ToolArgs",
+    "ToolCallError",
+    "ToolResult",
+    "UsageError",
+    "build_agent",
+    "build_image",
+    "build_report",
+    "config_from_settings",
+    "default_tools",
+    "fix_issue",
+    "load_settings",
+    "load_tasks",
+    "run_eval",
+]
+
+
+def config_from_settings(settings: Settings) -> AgentConfig:
+    """The AgentConfig for `settings` (`base_url`, or the endpoint `serve` brings up)."""
+    return agent_config(settings, resolve_endpoint(settings))
+
+
+def build_agent(
+    repo: Path | str = ".",
+    *,
+    overrides: dict | None = None,
+    callbacks: list | None = None,
+    tools: list[Tool] | None = None,
+) -> Agent:
+    """An Agent configured like `m3-agent fix` in `repo` (config file, M3_AGENT_* env), plus `overrides`.
+
+    `overrides` are settings by name, as flags would give them (e.g. `{"max_turns": 10}`);
+    `tools` replaces the default tool set (add yours to `default_tools()`).
+    """
+    settings, _ = load_settings(repo, overrides or {})
+    return Agent(config_from_settings(settings), callbacks=callbacks, tools=tools)

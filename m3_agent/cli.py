@@ -1,0 +1,144 @@
+"""The `m3-agent` command line: a thin layer over the library.
+
+Every sub-command lives next to the code it drives and is registered here, lazily: running one
+sub-command imports only its own module.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from m3_agent.errors import M3AgentError
+
+TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: `m3-agent pack` does not load `typing`)
+if TYPE_CHECKING:
+    import typer
+
+
+def _fix(app: typer.Typer) -> None:
+    from m3_agent.fix import command as fix
+
+    app.command("fix", help="Fix an issue in a repository; hands back a branch and a patch.")(fix.fix_command)
+
+
+def _config(app: typer.Typer) -> None:
+    from m3_agent.fix import command as fix
+
+    if hasattr(fix, "config_app"):
+        app.add_typer(fix.config_app, name="config", help="Show the effective configuration.")
+
+
+def _pack(app: typer.Typer) -> None:
+    import typer
+
+    # `main` runs `m3-agent pack` straight away (argparse, nothing else loaded); this entry lists it
+    # in `m3-agent --help` and serves callers of `build_app()`.
+    def pack(ctx) -> None:
+        from m3_agent.agent.context import cli
+
+        cli.main(ctx.args)
+
+    pack.__annotations__ = {"ctx": typer.Context, "return": None}  # an object, not a string: typer resolves it
+    app.command("pack", help="Pack a repository into one prompt for the 1M window.", add_help_option=False,
+                context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(pack)
+
+
+def _standin(app: typer.Typer) -> None:
+    from m3_agent.serving import standin
+
+    app.command("standin", help="Run the M3 stand-in server (a scripted TEST DOUBLE, not a model).")(
+        standin.standin_command
+    )
+
+
+def _show(app: typer.Typer) -> None:
+    from m3_agent.agent import trajectory
+
+    app.command("show", help="Render a trajectory (JSONL) file.")(trajectory.show_command)
+
+
+def _eval(app: typer.Typer) -> None:
+    from m3_agent.evals import cli
+
+    app.add_typer(cli.app, name="eval", help="SWE-style evaluation: run the agent on tasks, grade predictions.")
+
+
+def _serve(app: typer.Typer) -> None:
+    from m3_agent.serving import cli
+
+    app.add_typer(cli.app, name="serve", help="Launch, plan and benchmark a self-hosted M3 endpoint.")
+
+
+def _sandbox(app: typer.Typer) -> None:
+    from m3_agent.sandbox import cli
+
+    app.add_typer(cli.app, name="sandbox", help="Build the sandbox image, prune leftover containers.")
+
+
+# Sub-command -> what registers it. Only the one being run is imported: start-up stays fast.
+COMMANDS = {"fix": _fix, "pack": _pack, "standin": _standin, "show": _show, "eval": _eval, "serve": _serve,
+            "sandbox": _sandbox, "config": _config}
+
+
+def _root() -> None:
+    """Agentic coding assistant for self-hosted MiniMax-M3 (vLLM / SGLang)."""
+
+
+def build_app(only: str | None = None) -> typer.Typer:
+    """The `m3-agent` app with every sub-command, or just `only` when it names one."""
+    import typer
+
+    app = typer.Typer(
+        name="m3-agent",
+        help="Agentic coding assistant for self-hosted MiniMax-M3 (vLLM / SGLang).",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    app.callback()(_root)  # keeps `m3-agent NAME ...` a group even when only one command is registered
+    for name, register in COMMANDS.items():
+        if only is None or only not in COMMANDS or name == only:
+            register(app)
+    return app
+
+
+def _repo_flag(args: list[str]) -> str:
+    """The value of `--repo` in `m3-agent pack`'s arguments, before its parser loads (it takes no
+    abbreviations, so this is the only spelling besides `--repo=...`)."""
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--repo" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--repo="):
+            return arg[len("--repo="):]
+    return "."
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script: one-line errors, documented exit codes."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["pack"]:  # the hot command: no typer, no rich, only the packer
+        from m3_agent.agent.context import gitls
+
+        gitls.prefetch(_repo_flag(args[1:]))  # git lists the tree while the command loads
+        from m3_agent.agent.context.cli import main as pack_main
+
+        pack_main(args[1:], own_process=argv is None)
+        return
+    from rich.console import Console
+
+    err_console = Console(stderr=True, highlight=False)
+    app = build_app(args[0] if args else None)
+    try:
+        app(args=args, prog_name="m3-agent")  # standalone: usage errors exit 2, --help exits 0
+    except KeyboardInterrupt:
+        err_console.print("m3-agent: interrupted: trajectory and results kept", markup=False, soft_wrap=True)
+        sys.exit(130)
+    except M3AgentError as e:
+        err_console.print(f"m3-agent: error: {e}", markup=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

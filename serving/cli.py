@@ -1,0 +1,313 @@
+"""`m3-agent serve start | status | logs | stop | plan | bench | profiles`: a thin layer over the library."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from m3_agent.errors import UsageError
+from m3_agent.serving import launcher
+from m3_agent.serving.bench import run_bench, table
+from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, plan_request, prepare
+from m3_agent.serving.gpus import auto_profile, detect_gpus, summary
+from m3_agent.serving.loadgen import LoadConfig
+from m3_agent.serving.multinode import ray_tensor_parallel, replicas_behind_router
+from m3_agent.serving.planner import BYTES_PER_PARAM, M3_PARAMS_B, PlanRequest, describe, gpu_memory_for, plan
+from m3_agent.serving.profiles import PROFILES, Overrides, build_command, get_profile
+
+app = typer.Typer(no_args_is_help=True, help="Launch, plan and benchmark a self-hosted M3 endpoint.")
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+NameOpt = typer.Option(launcher.DEFAULT_NAME, "--name", help="Endpoint name (one state file per name).")
+
+
+def _progress(phase: str, message: str) -> None:
+    err.print(f"[{time.strftime('%H:%M:%S')}] {phase}: {message}", markup=False)
+
+
+def _check_choice(value: str | None, choices: tuple[str, ...], flag: str) -> None:
+    if value is not None and value not in choices:
+        raise UsageError(f"{flag} must be one of: {', '.join(choices)} (got {value!r})")
+
+
+@app.command("profiles")
+def profiles_command() -> None:
+    """List the hardware profiles and the seed each comes from."""
+    for p in PROFILES:
+        out.print(
+            f"{p.name:24} {p.engine:6} {p.gpus}x {p.gpu:7} {p.precision:6} {p.summary}  [{p.source}]", markup=False
+        )
+
+
+@app.command("start")
+def start_command(
+    profile: Optional[str] = typer.Option(
+        None, "--profile", "-p", help="Hardware profile (`serve profiles`); default: picked from the GPUs found."
+    ),
+    engine: Optional[str] = typer.Option(None, "--engine", help="vllm or sglang (default: the profile's first)."),
+    runner: str = typer.Option("native", "--runner", help="native (engine installed here) or docker."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact command and exit."),
+    nodes: int = typer.Option(1, "--nodes", help="With --dry-run: vLLM tensor parallel across N nodes on Ray."),
+    replicas: int = typer.Option(1, "--replicas", help="With --dry-run: N single-node replicas behind a router."),
+    model: Optional[str] = typer.Option(None, "--model", help="Checkpoint (repo id or local path)."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name"),
+    port: Optional[int] = typer.Option(None, "--port"),
+    host: Optional[str] = typer.Option(None, "--host", help="Address the engine binds."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context window (see `serve plan`)."),
+    kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="e.g. fp8 (~1.5-2x the KV pool)."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor parallel size."),
+    text_only: bool = typer.Option(False, "--text-only", help="--language-model-only: skip the vision encoder."),
+    extra_arg: list[str] = typer.Option([], "--extra-arg", help="One more engine argument (repeatable)."),
+    name: str = NameOpt,
+    timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", help="Seconds to wait for the model to be listed."),
+    skip_gpu_check: bool = typer.Option(False, "--skip-gpu-check", help="Launch without nvidia-smi/rocm-smi checks."),
+    force: bool = typer.Option(False, "--force", help="Launch even when the plan says it does not fit."),
+) -> None:
+    """Launch M3 and wait until it lists its model; `--dry-run` prints the command instead."""
+    _check_choice(engine, ("vllm", "sglang"), "--engine")
+    _check_choice(runner, ("native", "docker"), "--runner")
+    o = Overrides(
+        model=model,
+        served_model_name=served_model_name,
+        port=port,
+        host=host,
+        max_model_len=max_model_len,
+        kv_cache_dtype=kv_cache_dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        tensor_parallel_size=tp,
+        text_only=text_only,
+        extra_args=extra_arg,
+    )
+    gpus = None
+    if profile is None:
+        gpus = detect_gpus()
+        profile = auto_profile(gpus)
+        if profile is None:
+            raise UsageError(
+                f"no profile for this machine ({summary(gpus)}): pass --profile (see `m3-agent serve profiles`)"
+            )
+        _progress("profile", f"{profile} for {summary(gpus)}")
+    if dry_run:
+        _dry_run(profile, engine, runner, o, nodes=nodes, replicas=replicas)
+        return
+    if nodes > 1 or replicas > 1:
+        raise UsageError("--nodes and --replicas print multi-node commands: add --dry-run and run them per node")
+    cmd = prepare(
+        profile,
+        engine=engine,
+        runner=runner,
+        overrides=o,
+        check_gpus=not skip_gpu_check,
+        force=force,
+        progress=_progress,
+        gpus=gpus,
+    )
+    _progress("command", cmd.shell())
+    state = launcher.start(cmd, name=name, timeout_s=timeout, progress=_progress, host="127.0.0.1")
+    out.print(
+        f"ready: {state.base_url} (model {state.served_model_name}); logs: m3-agent serve logs --name {name}",
+        markup=False,
+    )
+
+
+def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nodes: int, replicas: int) -> None:
+    p = get_profile(profile, engine)  # type: ignore[arg-type]
+    if nodes > 1 or replicas > 1:
+        steps = (
+            ray_tensor_parallel(p, nodes, overrides=o)
+            if nodes > 1
+            else replicas_behind_router(p, replicas, overrides=o)
+        )
+        for step in steps:
+            out.print(f"# {step.where}", markup=False)
+            out.print(step.command, markup=False)
+        return
+    cmd = build_command(p, runner, o)  # type: ignore[arg-type]
+    out.print(f"# {p.name} ({p.engine}, {runner}): {p.summary}; from {p.source}", markup=False)
+    if cmd.added:
+        out.print(f"# added to the seed's flags (required for M3): {' '.join(cmd.added)}", markup=False)
+    out.print(cmd.shell(), markup=False)
+
+
+@app.command("status")
+def status_command(name: str = NameOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show the recorded endpoint: running or not, health, the model it lists. Exit 3 when not ready."""
+    st = launcher.status(name)
+    if as_json:
+        out.print(json.dumps(st.model_dump(), indent=2), markup=False)
+    elif st.state is None:
+        out.print(st.detail, markup=False)
+    else:
+        s = st.state
+        uptime = time.time() - s.started_at
+        where = f"container {s.container}" if s.container else f"pid {s.pid}"
+        out.print(f"{name}: {s.profile} ({s.engine}, {s.runner}, {where}), up {uptime:.0f}s", markup=False)
+        out.print(f"  base URL: {s.base_url}", markup=False)
+        out.print(
+            f"  phase: {st.phase}"
+            + (f"; models: {', '.join(st.models)}" if st.models else "")
+            + (f"; max_model_len {st.max_model_len}" if st.max_model_len else ""),
+            markup=False,
+        )
+        if st.detail:
+            out.print(f"  {st.detail}", markup=False)
+        out.print(f"  log: {s.log_path}", markup=False)
+    if st.phase != "ready":
+        raise typer.Exit(3)
+
+
+@app.command("logs")
+def logs_command(
+    name: str = NameOpt,
+    lines: int = typer.Option(50, "--lines", "-n"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the server ends."),
+) -> None:
+    """Print the endpoint's log (the engine's output since `start`)."""
+    state = launcher.load_state(name)
+    if state is None:
+        raise UsageError(f"no endpoint {name!r} recorded; start one with `m3-agent serve start`")
+    for line in launcher.tail(state.log_path, lines):
+        out.print(line, markup=False)
+    if follow:
+        launcher.follow(
+            state.log_path,
+            until=lambda: not launcher.is_running(state),
+            emit=lambda line: out.print(line, markup=False),
+        )
+
+
+@app.command("stop")
+def stop_command(
+    name: str = NameOpt, grace: float = typer.Option(20.0, "--grace", help="Seconds between SIGTERM and SIGKILL.")
+) -> None:
+    """Stop the endpoint: its whole process group, or its container."""
+    state = launcher.stop(name, grace_s=grace)
+    if state is None:
+        out.print(f"no endpoint {name!r} recorded; nothing to stop", markup=False)
+        return
+    what = f"container {state.container}" if state.container else f"process group {state.pid}"
+    out.print(f"stopped {name}: {state.profile} ({what})", markup=False)
+
+
+@app.command("plan")
+def plan_command(
+    profile: Optional[str] = typer.Option(
+        None, "--profile", "-p", help="Take GPUs, precision and flags from a profile."
+    ),
+    engine: Optional[str] = typer.Option(None, "--engine"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPU count."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU kind, e.g. H200, B200, MI355X."),
+    gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help="GB per GPU (instead of --gpu)."),
+    detect: bool = typer.Option(False, "--detect", help="Use this machine's GPUs (nvidia-smi / rocm-smi)."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="bf16, fp8, mxfp8, mxfp4 or int4."),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="auto (16-bit) or fp8."),
+    max_model_len: Optional[int] = typer.Option(
+        None, "--max-model-len", help="Check this window instead of the largest."
+    ),
+    input_len: Optional[int] = typer.Option(
+        None, "--input-len", help="Typical prompt tokens (for request concurrency)."
+    ),
+    output_len: int = typer.Option(0, "--output-len"),
+    utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
+    reserve_gb: float = typer.Option(4.0, "--reserve-gb", help="Per-GPU reserve for activations and graphs."),
+    params_b: float = typer.Option(M3_PARAMS_B, "--params-b", help="Total parameters, billions."),
+    text_only: bool = typer.Option(False, "--text-only"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The largest --max-model-len that fits and the concurrency it leaves; exit 2 when it cannot fit."""
+    _check_choice(precision, tuple(BYTES_PER_PARAM), "--precision")
+    req: dict = {}
+    if profile:
+        p = get_profile(profile, engine)  # type: ignore[arg-type]
+        cmd = build_command(
+            p, "native", Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype, text_only=text_only)
+        )
+        req = plan_request(p, cmd, p.gpus, gpu_memory_for(p.gpu)).model_dump()
+    if detect:
+        found = detect_gpus()
+        if not found:
+            raise UsageError(summary(found))
+        req.update(gpus=len(found), gpu_memory_gb=min(g.memory_gb for g in found))
+    if gpus is not None:
+        req["gpus"] = gpus
+    if gpu is not None:
+        req["gpu_memory_gb"] = gpu_memory_for(gpu)
+    if gpu_memory is not None:
+        req["gpu_memory_gb"] = gpu_memory
+    if "gpus" not in req or "gpu_memory_gb" not in req:
+        raise UsageError("say which machine: --profile, --detect, or --gpus N with --gpu KIND or --gpu-memory GB")
+    for key, value in (
+        ("precision", precision),
+        ("kv_dtype", kv_dtype),
+        ("max_model_len", max_model_len),
+        ("gpu_memory_utilization", utilization),
+    ):
+        if value is not None:
+            req[key] = value
+    req.update(reserve_gb_per_gpu=reserve_gb, params_b=params_b, text_only=text_only or req.get("text_only", False))
+    if input_len:
+        req["request_tokens"] = input_len + output_len
+    try:
+        result = plan(PlanRequest(**req))
+    except ValueError as e:
+        raise UsageError(f"bad plan input: {e}".splitlines()[0]) from None
+    if as_json:
+        out.print(result.model_dump_json(indent=2), markup=False)
+    else:
+        for line in describe(result):
+            out.print(line, markup=False)
+    if not result.fits:
+        raise UsageError(f"does not fit: {result.reason}")
+
+
+@app.command("bench")
+def bench_command(
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="Endpoint (default: the recorded one)."),
+    name: str = NameOpt,
+    model: Optional[str] = typer.Option(None, "--model", help="Served model name (default: the endpoint's)."),
+    input_len: int = typer.Option(8192, "--input-len"),
+    output_len: int = typer.Option(2048, "--output-len"),
+    concurrency: int = typer.Option(32, "--concurrency"),
+    num_prompts: int = typer.Option(512, "--num-prompts"),
+    tool: str = typer.Option("auto", "--tool", help="auto (vllm bench serve when installed), vllm, or builtin."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="For vllm bench: tokenizer repo or path."),
+    timeout: float = typer.Option(3600.0, "--timeout", help="Bound on the whole run, seconds."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON only."),
+) -> None:
+    """Benchmark an endpoint with the seed 000 workload; a table next to the seed's B200 figures."""
+    _check_choice(tool, ("auto", "vllm", "builtin"), "--tool")
+    if base_url is None:
+        state = launcher.load_state(name)
+        if state is None:
+            raise UsageError("no endpoint recorded: pass --base-url, or start one with `m3-agent serve start`")
+        base_url, model = state.base_url, model or state.served_model_name
+    if model is None:
+        _, models, _ = launcher.probe(base_url)
+        if not models:
+            raise UsageError(f"{base_url} lists no model: pass --model")
+        model = models[0]
+    try:
+        cfg = LoadConfig(
+            base_url=base_url,
+            model=model,
+            input_len=input_len,
+            output_len=output_len,
+            concurrency=concurrency,
+            num_prompts=num_prompts,
+            timeout_s=timeout,
+        )
+    except ValueError as e:
+        raise UsageError(f"bad bench input: {e}".splitlines()[0]) from None
+    result = run_bench(cfg, tool=tool, tokenizer=tokenizer)  # type: ignore[arg-type]
+    if as_json:
+        out.print(result.model_dump_json(), markup=False)
+        return
+    out.print(table(result, cfg))
+    if result.failed:
+        err.print(f"{result.failed} request(s) failed; first: {result.first_error}", markup=False)

@@ -1,0 +1,128 @@
+"""From a profile name to a healthy M3 base URL: check the machine, launch, or reuse what runs.
+
+`ensure_endpoint` is what `m3-agent fix --serve PROFILE` and `m3-agent eval run --serve PROFILE`
+call: it returns the base URL (ending in /v1) of a server that lists its model.
+"""
+
+from __future__ import annotations
+
+from m3_agent.errors import EndpointError, UsageError
+from m3_agent.serving import launcher
+from m3_agent.serving.gpus import GPU, detect_gpus, summary
+from m3_agent.serving.planner import AMD_NATIVE_CONTEXT, NATIVE_CONTEXT, Plan, PlanRequest, plan
+from m3_agent.serving.profiles import Command, Engine, Overrides, Profile, Runner, build_command, flag_value, get_profile
+
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def plan_request(profile: Profile, cmd: Command, gpu_count: int, gpu_memory_gb: float) -> PlanRequest:
+    """The planner's question for a rendered command on a given machine."""
+    args = cmd.argv
+    length = flag_value(args, "--max-model-len") or flag_value(args, "--context-length")
+    util = flag_value(args, "--gpu-memory-utilization") or flag_value(args, "--mem-fraction-static")
+    kv = flag_value(args, "--kv-cache-dtype") or "auto"
+    overrides = flag_value(args, "--hf-overrides") or ""
+    native = AMD_NATIVE_CONTEXT if profile.platform == "amd" and "yarn" not in overrides else NATIVE_CONTEXT
+    return PlanRequest(
+        gpus=gpu_count,
+        gpu_memory_gb=gpu_memory_gb,
+        precision=profile.precision,
+        kv_dtype=kv,
+        max_model_len=int(length) if length else None,
+        gpu_memory_utilization=float(util) if util else 0.9,
+        text_only="--language-model-only" in args,
+        native_context=native,
+    )
+
+
+def preflight(profile: Profile, cmd: Command, gpus: list[GPU]) -> Plan:
+    """Refuse a launch this machine cannot hold; the plan says what would fit."""
+    if not gpus:
+        raise UsageError(
+            f"{summary(gpus)}; profile {profile.name} needs {profile.gpus} GPUs "
+            f"(pass --skip-gpu-check to launch anyway)"
+        )
+    if len(gpus) < profile.gpus:
+        raise UsageError(f"profile {profile.name} needs {profile.gpus} GPUs, this machine has {summary(gpus)}")
+    memory = min(g.memory_gb for g in gpus)
+    p = plan(plan_request(profile, cmd, profile.gpus, memory))
+    if not p.fits:
+        raise UsageError(f"profile {profile.name} does not fit {summary(gpus)}: {p.reason} (--force launches anyway)")
+    return p
+
+
+def prepare(
+    profile_name: str,
+    *,
+    engine: Engine | None = None,
+    runner: Runner = "native",
+    overrides: Overrides | None = None,
+    check_gpus: bool = True,
+    force: bool = False,
+    progress: launcher.Progress | None = None,
+    gpus: list[GPU] | None = None,
+) -> Command:
+    """The command to launch for a profile on this machine, after the GPU and memory checks.
+
+    `gpus` is what `detect_gpus()` found, when the caller already asked. When the profile sets no
+    window and the full 1M window does not fit, the largest window that does is set (vLLM refuses
+    to start when one full-length sequence cannot fit the KV cache).
+    """
+    say = progress or (lambda phase, msg: None)
+    profile = get_profile(profile_name, engine)
+    o = overrides or Overrides()
+    cmd = build_command(profile, runner, o)
+    if not check_gpus:
+        return cmd
+    gpus = detect_gpus() if gpus is None else gpus
+    say("gpus", summary(gpus))
+    try:
+        p = preflight(profile, cmd, gpus)
+    except UsageError:
+        if force:
+            say("warning", "the plan says this does not fit; launching anyway (--force)")
+            return cmd
+        raise
+    if p.request.max_model_len is None and p.max_model_len < p.request.native_context:
+        window = p.max_model_len // 4096 * 4096
+        say("plan", f"the full {p.request.native_context}-token window does not fit; --max-model-len {window}")
+        cmd = build_command(profile, runner, o.model_copy(update={"max_model_len": window}))
+    return cmd
+
+
+def ensure_endpoint(
+    profile: str,
+    *,
+    base_url: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: launcher.Progress | None = None,
+    name: str = launcher.DEFAULT_NAME,
+    engine: Engine | None = None,
+    runner: Runner = "native",
+    overrides: Overrides | None = None,
+    check_gpus: bool = True,
+) -> str:
+    """A healthy base URL for `profile`: the one given, the one recorded under `name`, or a new launch.
+
+    Raises EndpointError when the server cannot be brought up (with its last log lines and the
+    likely cause) and UsageError for a bad profile or a machine that cannot hold it.
+    """
+    say = progress or (lambda phase, msg: None)
+    if base_url and launcher.probe(base_url)[0] == "ready":
+        say("reuse", f"healthy endpoint at {base_url}")
+        return base_url
+    state = launcher.load_state(name)
+    if state is not None and launcher.is_running(state):
+        if state.profile != profile:
+            raise EndpointError(
+                f"endpoint {name!r} runs profile {state.profile}, not {profile}: "
+                f"`m3-agent serve stop --name {name}` it, or use --serve {state.profile}"
+            )
+        if launcher.probe(state.base_url, state.served_model_name)[0] != "ready":
+            say("wait", f"endpoint {name!r} is still starting; waiting for it")
+            launcher.wait_ready(state, timeout_s=timeout_s, progress=progress)
+        else:
+            say("reuse", f"healthy endpoint {name!r} at {state.base_url}")
+        return state.base_url
+    cmd = prepare(profile, engine=engine, runner=runner, overrides=overrides, check_gpus=check_gpus, progress=progress)
+    return launcher.start(cmd, name=name, timeout_s=timeout_s, progress=progress).base_url

@@ -1,0 +1,503 @@
+"""Start an M3 server, watch it come up, and find it again from another shell.
+
+`start` launches the engine in its own process group (native) or as a named container (docker),
+streams its output to a log file, and waits through the phases a real server goes through:
+launching -> loading (connection refused, then 503) -> healthy (/health 200) -> model listed
+(/v1/models names the served model). A state file (one per endpoint name) records the process
+group or container, so `status`, `logs` and `stop` work from any shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from m3_agent.errors import EndpointError, UsageError
+from m3_agent.serving.profiles import Command
+
+Phase = Literal["launching", "loading", "healthy", "ready", "failed", "exited", "stopped"]
+Progress = Callable[[str, str], None]
+DEFAULT_NAME = "default"
+LOG_TAIL = 20
+
+
+class ServeState(BaseModel):
+    """What `start` recorded about a launch: enough for another process to find and stop it."""
+
+    name: str
+    profile: str
+    engine: str
+    runner: Literal["native", "docker"]
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    pid: int | None = None
+    pid_started: str | None = Field(None, description="the process start time, against pid reuse")
+    container: str | None = None
+    log_follower_pid: int | None = None
+    log_path: str
+    base_url: str
+    served_model_name: str
+    started_at: float
+
+
+class EndpointStatus(BaseModel):
+    """A live look at a recorded endpoint."""
+
+    state: ServeState | None
+    running: bool
+    phase: Phase | None = None
+    models: list[str] = Field(default_factory=list)
+    max_model_len: int | None = None
+    detail: str = ""
+
+
+def state_dir() -> Path:
+    """Where state files and logs live: $M3_AGENT_STATE_DIR, else $XDG_STATE_HOME/m3-agent/serve."""
+    if os.environ.get("M3_AGENT_STATE_DIR"):
+        return Path(os.environ["M3_AGENT_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "m3-agent" / "serve"
+
+
+def _state_path(name: str) -> Path:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.startswith("."):
+        raise UsageError(f"bad endpoint name {name!r}: use letters, digits, '.', '_' or '-'")
+    return state_dir() / f"{name}.json"
+
+
+def load_state(name: str = DEFAULT_NAME) -> ServeState | None:
+    """The recorded launch called `name`, None when there is none."""
+    path = _state_path(name)
+    if not path.exists():
+        return None
+    try:
+        return ServeState.model_validate_json(path.read_text())
+    except ValueError as e:
+        raise UsageError(f"state file {path} is damaged ({e}); delete it and start again") from None
+
+
+def _save_state(state: ServeState) -> None:
+    path = _state_path(state.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(state.model_dump_json(indent=2))
+    tmp.replace(path)  # atomic: a reader never sees half a file
+
+
+def _proc_started(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22, after the parenthesised command name
+
+
+def _pid_alive(pid: int, started: str | None = None) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)  # reap our own child so it does not linger as a zombie
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    except OSError:
+        pass
+    return started is None or _proc_started(pid) in (None, started)
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a live (not zombie) process is in the group."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def _docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    if shutil.which("docker") is None:
+        raise EndpointError("docker is not installed or not on PATH: install it, or use --runner native")
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _container_running(name: str) -> bool:
+    r = _docker("inspect", "-f", "{{.State.Running}}", name)
+    return r.returncode == 0 and r.stdout.strip() == "true"
+
+
+def is_running(state: ServeState) -> bool:
+    """True while the engine process (or its container) is alive."""
+    if state.runner == "docker":
+        return bool(state.container) and _container_running(state.container)
+    return state.pid is not None and _pid_alive(state.pid, state.pid_started)
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the endpoint is local: no proxy
+
+
+def http_get(url: str, timeout_s: float = 3.0) -> tuple[int, bytes]:
+    """GET `url`: (status, body); status 0 when nothing answered."""
+    try:
+        with _NO_PROXY.open(url, timeout=timeout_s) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+    except (OSError, ValueError):
+        return 0, b""
+
+
+def probe(
+    base_url: str, served_model_name: str | None = None, timeout_s: float = 3.0
+) -> tuple[Phase, list[str], int | None]:
+    """One look at a server: loading (refused or 503), healthy, or ready (the model is listed)."""
+    root = base_url.removesuffix("/").removesuffix("/v1")
+    if http_get(f"{root}/health", timeout_s)[0] != 200:
+        return "loading", [], None
+    code, body = http_get(f"{root}/v1/models", timeout_s)
+    try:
+        data = json.loads(body).get("data") or [] if code == 200 else []
+    except (ValueError, AttributeError):
+        data = []
+    models = [m.get("id", "") for m in data if isinstance(m, dict)]
+    max_len = next((m.get("max_model_len") for m in data if isinstance(m, dict) and m.get("max_model_len")), None)
+    listed = bool(models) if served_model_name is None else served_model_name in models
+    return ("ready" if listed else "healthy"), models, max_len
+
+
+def tail(path: str | Path, lines: int = LOG_TAIL) -> list[str]:
+    """The last `lines` lines of a log file (empty when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+# (pattern in the log, the likely cause and what to do), most specific first.
+_CAUSES: list[tuple[str, str]] = [
+    (
+        r"No common block size|block.size.*mismatch",
+        "KV block size: MSA needs --block-size 128 (vLLM) / --page-size 128 (SGLang)",
+    ),
+    (
+        r"larger than the maximum number of tokens that can be stored in KV cache"
+        r"|No available memory for the cache blocks|KV cache is needed|insufficient.*KV cache",
+        "the KV cache cannot hold --max-model-len: lower it or add --kv-cache-dtype fp8 (see `m3-agent serve plan`)",
+    ),
+    (
+        r"out of memory|OutOfMemoryError|CUDA error: out of memory|HIP out of memory",
+        "GPU memory: lower --max-model-len, use --kv-cache-dtype fp8 or a smaller precision, or add GPUs "
+        "(see `m3-agent serve plan`)",
+    ),
+    (
+        r"Address already in use|address already in use|bind.*in use",
+        "the port is taken: pass --port, or stop the server already on it",
+    ),
+    (
+        r"invalid choice: '?minimax[_-]m3|(tool|reasoning).?parser.*minimax[_-]m3.*(not|invalid|unknown)"
+        r"|KeyError: '?minimax[_-]m3",
+        "this engine version has no minimax_m3 parsers: use the minimax-m3 docker image or a newer release",
+    ),
+    (
+        r"does not recognize this architecture|model type `?minimax_m3|MiniMaxM3.*not supported",
+        "this engine version does not know MiniMax-M3: use the minimax-m3 docker image or a newer release",
+    ),
+    (
+        r"unrecognized arguments|error: argument|No such option",
+        "the engine rejected a flag: its version is older than the flags M3 needs; use the minimax-m3 image",
+    ),
+    (
+        r"401|403|gated repo|Access to model .* is restricted|Repository Not Found|HF_TOKEN",
+        "Hugging Face access: export HF_TOKEN and accept the model's license, or pass a local --model path",
+    ),
+    (
+        r"No CUDA GPUs are available|Found no NVIDIA driver|no ROCm-capable device|CUDA driver version is insufficient"
+        r"|could not select device driver",
+        "no usable GPU: check nvidia-smi / rocm-smi, the driver, and (docker) the NVIDIA container toolkit",
+    ),
+    (
+        r"fa4|FlashAttention-4|illegal memory access|cudaErrorIllegalAddress",
+        "an attention kernel faulted: on CUDA 13 SGLang's fa4 faults (seed 000); use the vLLM engine",
+    ),
+    (
+        r"NCCL error|NCCL WARN|ncclSystemError|ncclInternalError",
+        "GPU communication (NCCL): check every GPU is visible, --ipc=host and enough shared memory",
+    ),
+    (r"No space left on device", "the disk is full: free space for the weights (~860 GB in BF16)"),
+    (
+        r"command not found|No module named '?(vllm|sglang)",
+        "the engine is not installed here: install it, or use --runner docker",
+    ),
+]
+
+
+def likely_cause(lines: list[str], returncode: int | None = None) -> str:
+    """The most likely reason a launch failed, from its last log lines and exit code."""
+    text = "\n".join(lines)
+    for pattern, cause in _CAUSES:
+        if re.search(pattern, text):
+            return cause
+    if returncode in (-signal.SIGKILL, 137):
+        return "the process was killed (SIGKILL): host RAM may have run out while loading weights"
+    return "unknown: read the log lines above"
+
+
+def _failure(state: ServeState, what: str, returncode: int | None = None) -> EndpointError:
+    lines = tail(state.log_path)
+    shown = "\n".join(f"  | {line}" for line in lines) or "  | (the log is empty)"
+    return EndpointError(
+        f"{what}\nlast log lines ({state.log_path}):\n{shown}\nlikely cause: {likely_cause(lines, returncode)}"
+    )
+
+
+def _launch_native(cmd: Command, log_path: Path) -> tuple[int, str | None]:
+    exe = cmd.argv[0]
+    if shutil.which(exe) is None:
+        raise EndpointError(f"{exe} is not on PATH: install {cmd.engine} here, or use --runner docker")
+    env = {**os.environ, **cmd.env}
+    with open(log_path, "ab") as log:
+        log.write(f"$ {cmd.shell()}\n".encode())
+        log.flush()
+        # A new session makes the engine a process-group leader: stop ends the group, workers included.
+        try:
+            proc = subprocess.Popen(
+                cmd.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise EndpointError(f"cannot run {exe}: {e.strerror or e}") from None
+    return proc.pid, _proc_started(proc.pid)
+
+
+def _launch_docker(cmd: Command, log_path: Path) -> int:
+    name = cmd.container or ""
+    if _docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() == "false":
+        _docker("rm", name)  # a stopped leftover of an earlier launch would block the name
+    argv = [os.path.expanduser(a) if a.startswith("~/") else a for a in cmd.argv]  # the seed's -v ~/.cache/...
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    with open(log_path, "ab") as log:
+        log.write(f"$ {cmd.shell()}\n{r.stdout}{r.stderr}".encode())
+    if r.returncode != 0:
+        raise EndpointError(
+            f"docker run failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
+        )
+    with open(log_path, "ab") as log:
+        follower = subprocess.Popen(
+            ["docker", "logs", "-f", name],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return follower.pid
+
+
+def launch(cmd: Command, *, name: str = DEFAULT_NAME, host: str = "127.0.0.1") -> ServeState:
+    """Start `cmd` detached and record it; does not wait for it to be healthy (see `wait_ready`)."""
+    existing = load_state(name)
+    if existing and is_running(existing):
+        raise UsageError(
+            f"endpoint {name!r} is already running ({existing.profile}, {existing.base_url}); "
+            f"`m3-agent serve stop` it first, or pass --name"
+        )
+    directory = state_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    log_path = directory / f"{name}.log"
+    log_path.write_bytes(b"")
+    state = ServeState(
+        name=name,
+        profile=cmd.profile,
+        engine=cmd.engine,
+        runner=cmd.runner,
+        argv=cmd.argv,
+        env=cmd.env,
+        container=cmd.container,
+        log_path=str(log_path),
+        base_url=f"http://{host}:{cmd.port}/v1",
+        served_model_name=cmd.served_model_name,
+        started_at=time.time(),
+    )
+    if cmd.runner == "native":
+        state.pid, state.pid_started = _launch_native(cmd, log_path)
+    else:
+        state.log_follower_pid = _launch_docker(cmd, log_path)
+    _save_state(state)
+    return state
+
+
+def wait_ready(
+    state: ServeState, *, timeout_s: float, progress: Progress | None = None, poll_s: float = 0.5
+) -> ServeState:
+    """Wait until the server lists its model; on exit or timeout raise with the last log lines."""
+    say = progress or (lambda phase, msg: None)
+    deadline = time.monotonic() + timeout_s
+    shown: Phase | None = None
+    last_line = ""
+    say("launching", f"{state.engine} ({state.runner}), log: {state.log_path}")
+    while True:
+        if not is_running(state):
+            code = _exit_code(state)
+            raise _failure(
+                state,
+                f"the {state.engine} server exited during start-up"
+                + (f" (exit code {code})" if code is not None else ""),
+                code,
+            )
+        phase, models, max_len = probe(state.base_url, state.served_model_name)
+        if phase == "ready" and shown == "loading":
+            say("healthy", "/health answers 200")  # both came up between two polls
+        if phase != shown:
+            shown = phase
+            detail = {
+                "loading": "waiting for /health (weights loading)",
+                "healthy": "/health answers 200; waiting for the model in /v1/models",
+                "ready": f"model listed: {', '.join(models)}" + (f" (max_model_len {max_len})" if max_len else ""),
+            }[phase]
+            say("model listed" if phase == "ready" else phase, detail)
+        if phase == "ready":
+            return state
+        lines = tail(state.log_path, 1)
+        if phase == "loading" and lines and lines[-1] != last_line:
+            last_line = lines[-1]
+            say("log", last_line[:160])
+        if time.monotonic() >= deadline:
+            raise _failure(
+                state,
+                f"not ready after {timeout_s:g}s; the server keeps running "
+                f"(`m3-agent serve status`, `m3-agent serve stop --name {state.name}`)",
+            )
+        time.sleep(poll_s)
+
+
+def _exit_code(state: ServeState) -> int | None:
+    if state.runner == "docker" and state.container:
+        r = _docker("inspect", "-f", "{{.State.ExitCode}}", state.container)
+        return int(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip().lstrip("-").isdigit() else None
+    return None
+
+
+def start(
+    cmd: Command,
+    *,
+    name: str = DEFAULT_NAME,
+    timeout_s: float = 1800,
+    progress: Progress | None = None,
+    host: str = "127.0.0.1",
+) -> ServeState:
+    """Launch `cmd` and wait for it; on a crash the leftovers are stopped, on a timeout it keeps running."""
+    state = launch(cmd, name=name, host=host)
+    try:
+        return wait_ready(state, timeout_s=timeout_s, progress=progress)
+    except EndpointError:
+        if not is_running(state):
+            stop(name, grace_s=2)  # reap workers and the log follower the crashed leader left behind
+        raise
+
+
+def status(name: str = DEFAULT_NAME) -> EndpointStatus:
+    """The recorded endpoint, whether it runs, and what its HTTP side answers."""
+    state = load_state(name)
+    if state is None:
+        return EndpointStatus(state=None, running=False, detail=f"no endpoint {name!r} recorded in {state_dir()}")
+    if not is_running(state):
+        return EndpointStatus(
+            state=state,
+            running=False,
+            phase="exited",
+            detail=f"the server is not running; last log line: {' '.join(tail(state.log_path, 1))}",
+        )
+    phase, models, max_len = probe(state.base_url, state.served_model_name)
+    return EndpointStatus(state=state, running=True, phase=phase, models=models, max_model_len=max_len)
+
+
+def _end_group(pid: int, grace_s: float) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _pid_alive(pid)  # reaps the leader when it is our own child
+        if not _group_alive(pid):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    for _ in range(50):
+        _pid_alive(pid)
+        if not _group_alive(pid):
+            return
+        time.sleep(0.1)
+
+
+def stop(name: str = DEFAULT_NAME, *, grace_s: float = 20) -> ServeState | None:
+    """End the whole process group (SIGTERM, then SIGKILL after `grace_s`) or the container; forget it."""
+    state = load_state(name)
+    if state is None:
+        return None
+    if state.runner == "docker" and state.container:
+        _docker("stop", "-t", str(int(grace_s)), state.container, timeout=grace_s + 60)
+        _docker("rm", "-f", state.container)
+    elif state.pid is not None and (state.pid_started is None or _proc_started(state.pid) in (None, state.pid_started)):
+        _end_group(state.pid, grace_s)
+    if state.log_follower_pid:
+        _end_group(state.log_follower_pid, 2)
+    _state_path(name).unlink(missing_ok=True)
+    return state
+
+
+def follow(path: str | Path, *, until: Callable[[], bool], emit: Callable[[str], None], poll_s: float = 0.5) -> None:
+    """Print lines appended to `path` until `until()` is true (the server ended) or Ctrl-C."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        while True:
+            chunk = f.read()
+            if chunk:
+                for line in chunk.decode("utf-8", "replace").splitlines():
+                    emit(line)
+            elif until():
+                return
+            else:
+                time.sleep(poll_s)

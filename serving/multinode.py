@@ -1,0 +1,80 @@
+"""Beyond one node: vLLM tensor parallel across nodes on Ray, or replicas behind a router.
+
+Both are printed (never run) by `m3-agent serve start --dry-run --nodes N` / `--replicas N`:
+each step is a command and the machine it runs on.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from m3_agent.errors import UsageError
+from m3_agent.serving.profiles import Overrides, Profile, build_command, flag_value, set_flag
+
+RAY_PORT = 6379
+ROUTER_PORT = 30000  # not 8000: the router may share a node with a replica
+
+
+class Step(BaseModel):
+    """One command of a multi-node launch and where to run it."""
+
+    where: str
+    command: str
+
+
+def ray_tensor_parallel(
+    profile: Profile,
+    nodes: int,
+    *,
+    gpus_per_node: int | None = None,
+    head: str = "<HEAD_IP>",
+    overrides: Overrides | None = None,
+) -> list[Step]:
+    """One model replica split by tensor parallelism over `nodes` nodes, coordinated by Ray."""
+    if profile.engine != "vllm":
+        raise UsageError("the multi-node tensor-parallel form is for vLLM: pass --engine vllm")
+    if flag_value(profile.args, "--data-parallel-size"):
+        raise UsageError(f"{profile.name} is data parallel: scale it with --replicas, not --nodes")
+    if nodes < 2:
+        raise UsageError("--nodes needs at least 2 nodes")
+    per_node = gpus_per_node or profile.gpus
+    o = (overrides or Overrides()).model_copy(update={"tensor_parallel_size": per_node * nodes})
+    cmd = build_command(profile, "native", o)
+    argv = list(cmd.argv)
+    set_flag(argv, "--distributed-executor-backend", "ray")
+    cmd = cmd.model_copy(update={"argv": argv})
+    env = " ".join(f"{k}={v}" for k, v in cmd.env.items())
+    prefix = f"{env} " if env else ""
+    steps = [Step(where="head node", command=f"{prefix}ray start --head --port={RAY_PORT}")]
+    steps += [
+        Step(where=f"worker node {i}", command=f"{prefix}ray start --address={head}:{RAY_PORT}")
+        for i in range(1, nodes)
+    ]
+    steps.append(Step(where="head node, once `ray status` shows every GPU", command=cmd.shell()))
+    return steps
+
+
+def replicas_behind_router(
+    profile: Profile, replicas: int, *, hosts: list[str] | None = None, overrides: Overrides | None = None
+) -> list[Step]:
+    """`replicas` independent single-node servers and one router spreading requests over them."""
+    if replicas < 2:
+        raise UsageError("--replicas needs at least 2 replicas")
+    hosts = hosts or [f"<NODE_{i}_IP>" for i in range(1, replicas + 1)]
+    if len(hosts) != replicas:
+        raise UsageError(f"--hosts names {len(hosts)} hosts for {replicas} replicas")
+    o = overrides or Overrides()
+    cmd = build_command(profile, "native", o)
+    argv = list(cmd.argv)
+    set_flag(argv, "--host", "0.0.0.0")  # replicas must answer the router from another machine
+    cmd = cmd.model_copy(update={"argv": argv})
+    steps = [Step(where=f"node {h}", command=cmd.shell()) for h in hosts]
+    workers = " ".join(f"http://{h}:{cmd.port}" for h in hosts)
+    steps.append(
+        Step(
+            where="router host (pip install sglang-router)",
+            command=f"python -m sglang_router.launch_router --worker-urls {workers} "
+            f"--policy cache_aware --host 0.0.0.0 --port {ROUTER_PORT}",
+        )
+    )
+    return steps

@@ -1,0 +1,388 @@
+"""Hardware profiles for serving MiniMax-M3, each transcribed flag by flag from a seed document.
+
+A profile keeps the seed's flags in the seed's order. `build_command` renders it for a runner
+(`native` or `docker`), applies the user's overrides in place, and appends only the flags the
+project requires that the seed left out (listed in `Command.added`), so the printed command is
+always "the seed command, plus these".
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from m3_agent.errors import UsageError
+
+Engine = Literal["vllm", "sglang"]
+Runner = Literal["native", "docker"]
+Precision = Literal["bf16", "fp8", "mxfp8", "mxfp4", "int4"]
+
+VLLM_IMAGE = "vllm/vllm-openai:minimax-m3"
+VLLM_ROCM_IMAGE = "vllm/vllm-openai-rocm:minimax-m3"
+SGLANG_IMAGE = "lmsysorg/sglang:dev-cu13-minimax-m3"
+DEFAULT_MODEL = "MiniMaxAI/MiniMax-M3"
+
+def _flags(text: str) -> list[str]:
+    """Shell words: the catalog below reads like the seeds' commands."""
+    return shlex.split(text)
+
+
+# seed 000: the docker run options used for both engines on NVIDIA.
+NVIDIA_DOCKER_OPTIONS = _flags("--gpus all --ipc=host -p 8000:8000 -v ~/.cache/huggingface:/root/.cache/huggingface")
+# seed 002: the device options of the ROCm image (the seed's `-it`/`--entrypoint /bin/bash` are for a shell).
+AMD_DOCKER_OPTIONS = _flags(
+    "--device /dev/kfd --device /dev/dri --group-add video --cap-add SYS_PTRACE --security-opt seccomp=unconfined "
+    "--ipc=host --shm-size=16g -p 8000:8000 -v ~/.cache/huggingface:/root/.cache/huggingface"
+)
+
+_PARSERS = "--tool-call-parser minimax_m3 --reasoning-parser minimax_m3 --enable-auto-tool-choice"
+_AMD_ATTN = "--attention-backend TRITON_ATTN --mm-encoder-tp-mode data --mm-encoder-attn-backend ROCM_AITER_FA"
+_AMD_ENV = {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}  # seed 002: "set the following before any of the serve commands"
+_YARN_1M = (
+    '{"text_config":{"rope_scaling":{"rope_type":"yarn","factor":2.0,"original_max_position_embeddings":524288}}}'
+)
+# Flags that only make sense with the vision encoder loaded (seed 002: exclusive with --language-model-only).
+_ENCODER_FLAGS = {"--mm-encoder-tp-mode", "--mm-encoder-attn-backend", "--mm-processor-cache-type"}
+_ENGINE_PORT = {"vllm": 8000, "sglang": 30000}
+
+
+class Profile(BaseModel):
+    """One way to serve M3 on one kind of machine, as a seed document gives it."""
+
+    name: str
+    engine: Engine
+    summary: str
+    source: str = Field(description="the seed document and section the flags come from")
+    platform: Literal["nvidia", "amd"] = "nvidia"
+    gpu: str = Field(description="GPU kind the seed targets, a key of agent.serving.planner.GPU_MEMORY_GB")
+    gpus: int
+    precision: Precision = "bf16"
+    model: str = DEFAULT_MODEL
+    launcher: list[str] = Field(description="the program and sub-command the seed runs natively")
+    model_flag: str | None = Field(None, description="None: the model is positional (vllm serve MODEL)")
+    args: list[str] = Field(description="the seed's flags in the seed's order, the model excepted")
+    env: dict[str, str] = Field(default_factory=dict)
+    docker_image: str = VLLM_IMAGE
+    docker_options: list[str] = Field(default_factory=lambda: list(NVIDIA_DOCKER_OPTIONS))
+    docker_command: list[str] = Field(
+        default_factory=list, description="what follows the image (empty: the image's own entrypoint)"
+    )
+
+
+class Command(BaseModel):
+    """A rendered launch command: argv, environment, and what was added beyond the seed."""
+
+    profile: str
+    engine: Engine
+    runner: Runner
+    argv: list[str]
+    env: dict[str, str]
+    added: list[str] = Field(default_factory=list, description="flags the project requires that the seed lacks")
+    port: int
+    served_model_name: str
+    container: str | None = None
+
+    def shell(self) -> str:
+        """The command as one line a user can paste into a shell (environment first)."""
+        env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()] if self.runner == "native" else []
+        return " ".join(env + [_quote(a) for a in self.argv])
+
+
+class Overrides(BaseModel):
+    """What a user may change on top of a profile; each replaces the seed's value in place."""
+
+    model: str | None = None
+    served_model_name: str | None = None
+    port: int | None = None
+    host: str | None = None
+    max_model_len: int | None = None
+    kv_cache_dtype: str | None = None
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int | None = None
+    text_only: bool = False
+    extra_args: list[str] = Field(default_factory=list)
+
+
+def _quote(arg: str) -> str:
+    # Leave a leading "~/" bare so the shell still expands it, as in the seed.
+    if arg.startswith("~/") and shlex.quote(arg[1:]) == arg[1:]:
+        return arg
+    return shlex.quote(arg)
+
+
+def _vllm(name: str, summary: str, source: str, gpu: str, args: str, *, gpus: int = 8, **kw) -> Profile:
+    return Profile(name=name, engine="vllm", summary=summary, source=source, gpu=gpu, gpus=gpus,
+                   launcher=["vllm", "serve"], args=_flags(args), **kw)
+
+
+def _amd(name: str, summary: str, source: str, args: str, *, env: dict[str, str] | None = None, **kw) -> Profile:
+    return _vllm(name, summary, source, "MI355X", args, platform="amd", env={**_AMD_ENV, **(env or {})},
+                 docker_image=VLLM_ROCM_IMAGE, docker_options=list(AMD_DOCKER_OPTIONS), **kw)
+
+
+def _seed001(name: str, tp: int, summary: str) -> Profile:
+    variant = "" if tp == 2 else " (its --tensor-parallel-size 4 variant)"
+    return Profile(
+        name=name, engine="vllm", summary=summary, gpu="H200", gpus=tp, precision="fp8",
+        source=f"seed 001: Step 4, Launch the vLLM Server{variant}",
+        launcher=["python", "-m", "vllm.entrypoints.openai.api_server"], model_flag="--model",
+        args=_flags(f"--served-model-name minimax-m3 --tensor-parallel-size {tp} --quantization fp8 "
+                    "--enable-expert-parallel --max-model-len 131072 --kv-cache-dtype fp8_e5m2 "
+                    "--gpu-memory-utilization 0.92 --enable-chunked-prefill --max-num-seqs 16 --port 8000"),
+    )
+
+
+# fmt: off
+PROFILES: list[Profile] = [
+    _vllm("h200-tp8", "8x H200 / H20, tensor parallel 8 (BF16)", "seed 002: NVIDIA — TP8 (8x H200 / H20)", "H200",
+          f"--tensor-parallel-size 8 --block-size 128 {_PARSERS}"),
+    _vllm("h200-tp8-ep", "8x H200 / H20, TP8 + expert parallel (BF16)", "seed 002: TP8 + Expert Parallel", "H200",
+          f"--tensor-parallel-size 8 --enable-expert-parallel --block-size 128 {_PARSERS}"),
+    _vllm("h200-dp8-ep", "8x H200 / H20, DP8 + expert parallel (BF16)", "seed 002: DP8 + Expert Parallel", "H200",
+          f"--data-parallel-size 8 --enable-expert-parallel --block-size 128 {_PARSERS}"),
+    _vllm("mxfp8-tp8", "MXFP8 checkpoint, TP8 (about half the VRAM of BF16)", "seed 002: Quantized Variant (MXFP8)",
+          "B200", f"--tensor-parallel-size 8 --block-size 128 {_PARSERS}",
+          precision="mxfp8", model="MiniMaxAI/MiniMax-M3-MXFP8"),
+    _vllm("blackwell-tp8-ep", "8x B200, TP8 + EP, FlashInfer encoder attention, shm processor cache",
+          "seeds 003/004: Deploying with vLLM", "B200",
+          "--tensor-parallel-size 8 --enable-expert-parallel --block-size 128 --mm-encoder-attn-backend FLASHINFER "
+          "--mm-processor-cache-type shm --tool-call-parser minimax_m3 --enable-auto-tool-choice "
+          "--reasoning-parser minimax_m3 --trust-remote-code"),
+    _vllm("b200", "8x B200 (HGX), TP8, the seed 000 benchmark machine",
+          "seed 000: Deploying MiniMax-M3 (vLLM docker run)", "B200",
+          f"--served-model-name minimax-m3 --tensor-parallel-size 8 --trust-remote-code --block-size 128 {_PARSERS}",
+          model_flag="--model"),
+    Profile(name="b200", engine="sglang", summary="8x B200 (HGX), SGLang TP8 with fa4 attention (CUDA 12.8 only)",
+            source="seed 000: Deploying MiniMax-M3 (SGLang docker run)", gpu="B200", gpus=8,
+            launcher=["python3", "-m", "sglang.launch_server"], model_flag="--model-path",
+            args=_flags("--served-model-name minimax-m3 --tp 8 --host 0.0.0.0 --port 8000 --trust-remote-code "
+                        "--mem-fraction-static 0.65 --attention-backend fa4 --page-size 128 "
+                        "--moe-runner-backend deep_gemm"),
+            docker_image=SGLANG_IMAGE, docker_command=["python3", "-m", "sglang.launch_server"]),
+    Profile(name="blackwell-mxfp8-tp8-ep", engine="sglang",
+            summary="8 GPUs, SGLang TP8 + EP8 with MXFP8 quantization, flashinfer attention",
+            source="seed 004: Deploying with SGLang", gpu="B200", gpus=8, precision="mxfp8",
+            launcher=["python", "-m", "sglang.launch_server"], model_flag="--model-path",
+            # seed 004's text is cut off after "minimax-m3-nom"; the parser name is minimax-m3 (M3-SERVING).
+            args=_flags("--dtype bfloat16 --tp-size 8 --ep-size 8 --trust-remote-code --mem-fraction-static 0.8 "
+                        "--enable-multimodal --quantization mxfp8 --attention-backend flashinfer "
+                        "--mm-attention-backend flashinfer_cudnn --moe-runner-backend deep_gemm "
+                        "--chunked-prefill-size 8192 --reasoning-parser minimax-m3 --tool-call-parser minimax-m3"),
+            docker_image=SGLANG_IMAGE, docker_command=["python", "-m", "sglang.launch_server"]),
+    _seed001("h200x2-fp8", 2, "2x H200, FP8 weights (on-the-fly), fp8 KV, 128K window"),
+    _seed001("h200x4-fp8", 4, "4x H200, FP8 weights (on-the-fly), fp8 KV; room for 1M"),
+    _amd("amd-tp8", "AMD MI300X / MI325X / MI355X, TP8 (text or vision)", "seed 002: AMD ROCm — TP8 (Text or Vision)",
+         f"--tensor-parallel-size 8 --block-size 128 {_AMD_ATTN} {_PARSERS}"),
+    _amd("amd-tp8-ep", "AMD MI300X / MI325X / MI355X, TP8 + expert parallel",
+         "seed 002: AMD ROCm — TP8 + Expert Parallel",
+         f"--tensor-parallel-size 8 --enable-expert-parallel --block-size 128 {_AMD_ATTN} {_PARSERS}"),
+    _amd("amd-dp8-ep", "AMD MI300X / MI325X / MI355X, DP8 + expert parallel",
+         "seed 002: AMD ROCm — DP8 + Expert Parallel",
+         f"--data-parallel-size 8 --enable-expert-parallel --block-size 128 {_AMD_ATTN} {_PARSERS}"),
+    _amd("amd-tp8-1m", "AMD, TP8 + fp8 KV at the full 1M window (YaRN past the native 512K)",
+         "seed 002: AMD ROCm notes (1M context)",
+         f"--block-size 128 --kv-cache-dtype fp8 --tensor-parallel-size 8 --max-model-len 1048576 {_AMD_ATTN} "
+         f"--tool-call-parser minimax_m3 --enable-auto-tool-choice --reasoning-parser minimax_m3 "
+         f"--hf-overrides {shlex.quote(_YARN_1M)}",
+         env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}),
+    _amd("mi355x-mxfp4", "AMD MI350X / MI355X (gfx950), MXFP4 checkpoint, TP4, AITER MoE, text only",
+         "seed 002: Quantized Variant (MXFP4, AMD) — AITER MoE",
+         f"--tensor-parallel-size 4 --block-size 128 --moe-backend aiter --attention-backend TRITON_ATTN "
+         f"--language-model-only --no-enable-prefix-caching {_PARSERS}",
+         env={"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "1"}, gpus=4, precision="mxfp4",
+         model="amd/MiniMax-M3-MXFP4"),
+    _amd("mi355x-mxfp4-emulation", "AMD gfx950, MXFP4 checkpoint, TP8, emulated MoE (runs on current images)",
+         "seed 002: Quantized Variant (MXFP4, AMD) — Emulation MoE",
+         f"--tensor-parallel-size 8 --block-size 128 --moe-backend emulation --attention-backend TRITON_ATTN "
+         f"{_PARSERS}",
+         precision="mxfp4", model="amd/MiniMax-M3-MXFP4"),
+]
+# fmt: on
+
+
+def profile_names() -> list[str]:
+    """Every profile name, in catalog order, once."""
+    return list(dict.fromkeys(p.name for p in PROFILES))
+
+
+def get_profile(name: str, engine: Engine | None = None) -> Profile:
+    """The profile called `name` for `engine` (the first engine listed when None)."""
+    matches = [p for p in PROFILES if p.name == name]
+    if not matches:
+        raise UsageError(f"unknown profile {name!r}; choose one of: {', '.join(profile_names())}")
+    if engine is None:
+        return matches[0]
+    for p in matches:
+        if p.engine == engine:
+            return p
+    engines = ", ".join(p.engine for p in matches)
+    raise UsageError(f"profile {name!r} has no {engine} form (it has: {engines}); pick another profile")
+
+
+def _flag_index(args: list[str], flag: str) -> int | None:
+    for i, a in enumerate(args):
+        if a == flag or a.startswith(flag + "="):
+            return i
+    return None
+
+
+def _has_value(args: list[str], i: int) -> bool:
+    return "=" not in args[i] and i + 1 < len(args) and not args[i + 1].startswith("--")
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value given to `flag` in `args` (`--f v` or `--f=v`), None when absent."""
+    i = _flag_index(args, flag)
+    if i is None:
+        return None
+    if "=" in args[i]:
+        return args[i].split("=", 1)[1]
+    return args[i + 1] if _has_value(args, i) else ""
+
+
+def set_flag(args: list[str], flag: str, value: str | None) -> bool:
+    """Set `flag` in place (keeping its position) or append it; True when it was appended."""
+    i = _flag_index(args, flag)
+    if i is None:
+        args.extend([flag] if value is None else [flag, value])
+        return True
+    if value is not None:
+        if "=" in args[i]:
+            args[i] = f"{flag}={value}"
+        elif _has_value(args, i):
+            args[i + 1] = value
+        else:
+            args.insert(i + 1, value)
+    return False
+
+
+def remove_flag(args: list[str], flag: str) -> None:
+    """Drop `flag` and its value, if present."""
+    i = _flag_index(args, flag)
+    if i is not None:
+        del args[i : i + (2 if _has_value(args, i) else 1)]
+
+
+def _names(engine: Engine) -> dict[str, str]:
+    """Engine-specific spelling of the options a user can override."""
+    if engine == "vllm":
+        return {"tp": "--tensor-parallel-size", "len": "--max-model-len", "mem": "--gpu-memory-utilization"}
+    return {"tp": "--tp-size", "len": "--context-length", "mem": "--mem-fraction-static"}
+
+
+def required_flags(engine: Engine) -> list[tuple[str, str | None]]:
+    """The flags every M3 launch must carry (MSA block size, M3 parsers, tool choice, cached tokens)."""
+    if engine == "vllm":
+        return [
+            ("--block-size", "128"),
+            ("--tool-call-parser", "minimax_m3"),
+            ("--reasoning-parser", "minimax_m3"),
+            ("--enable-auto-tool-choice", None),
+            ("--enable-prompt-tokens-details", None),
+        ]
+    return [
+        ("--page-size", "128"),
+        ("--reasoning-parser", "minimax-m3"),
+        ("--tool-call-parser", "minimax-m3"),
+        ("--enable-cache-report", None),
+    ]
+
+
+def _apply(profile: Profile, o: Overrides) -> tuple[list[str], list[str]]:
+    """The profile's flags with overrides applied, and the required flags appended (also returned)."""
+    args = list(profile.args)
+    n = _names(profile.engine)
+    if o.served_model_name:
+        set_flag(args, "--served-model-name", o.served_model_name)
+    if o.port is not None:
+        set_flag(args, "--port", str(o.port))
+    if o.host:
+        set_flag(args, "--host", o.host)
+    if o.tensor_parallel_size:
+        # SGLang accepts both spellings; keep whichever the seed used.
+        tp_flag = "--tp" if profile.engine == "sglang" and _flag_index(args, "--tp") is not None else n["tp"]
+        set_flag(args, tp_flag, str(o.tensor_parallel_size))
+    if o.max_model_len:
+        set_flag(args, n["len"], str(o.max_model_len))
+    if o.kv_cache_dtype:
+        set_flag(args, "--kv-cache-dtype", o.kv_cache_dtype)
+    if o.gpu_memory_utilization:
+        set_flag(args, n["mem"], f"{o.gpu_memory_utilization:g}")
+    if o.text_only:
+        for f in _ENCODER_FLAGS:
+            remove_flag(args, f)
+        if profile.engine == "vllm":
+            set_flag(args, "--language-model-only", None)
+        else:
+            remove_flag(args, "--enable-multimodal")
+    added: list[str] = []
+    for flag, value in required_flags(profile.engine):
+        if set_flag(args, flag, value):
+            added += [flag] if value is None else [flag, value]
+    args += o.extra_args
+    return args, added
+
+
+def container_name(profile: str, engine: Engine, port: int) -> str:
+    """The docker container name the project gives a launch (how `stop` finds it again)."""
+    return f"m3-agent-{profile}-{engine}-{port}"
+
+
+def build_command(profile: Profile, runner: Runner = "native", overrides: Overrides | None = None) -> Command:
+    """Render `profile` for `runner`: the seed's flags (overridden in place) plus the required ones."""
+    o = overrides or Overrides()
+    args, added = _apply(profile, o)
+    model = o.model or profile.model
+    served = flag_value(args, "--served-model-name") or model
+    port = int(flag_value(args, "--port") or _ENGINE_PORT[profile.engine])
+    env = dict(profile.env)
+    if runner == "native":
+        model_part = [model] if profile.model_flag is None else [profile.model_flag, model]
+        argv = [*profile.launcher, *model_part, *args]
+        return Command(
+            profile=profile.name,
+            engine=profile.engine,
+            runner=runner,
+            argv=argv,
+            env=env,
+            added=added,
+            port=port,
+            served_model_name=served,
+        )
+    name = container_name(profile.name, profile.engine, port)
+    options = list(profile.docker_options)
+    # The container listens on the engine's port; publish that port on the same host port.
+    pi = options.index("-p")
+    options[pi + 1] = f"{port}:{port}"
+    env_opts = [x for k, v in env.items() for x in ("-e", f"{k}={v}")]
+    if os.environ.get("HF_TOKEN"):
+        env_opts += ["-e", "HF_TOKEN"]  # passes the caller's token through without printing it
+    model_flag = profile.model_flag or ("--model" if profile.engine == "vllm" else "--model-path")
+    argv = [
+        "docker",
+        "run",
+        "-d",
+        "--name",
+        name,
+        *options,
+        *env_opts,
+        profile.docker_image,
+        *profile.docker_command,
+        model_flag,
+        model,
+        *args,
+    ]
+    return Command(
+        profile=profile.name,
+        engine=profile.engine,
+        runner=runner,
+        argv=argv,
+        env={},
+        added=added,
+        port=port,
+        served_model_name=served,
+        container=name,
+    )

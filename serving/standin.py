@@ -1,0 +1,956 @@
+"""The M3 stand-in server: a scripted TEST DOUBLE that speaks vLLM's wire format. Not a model.
+
+It answers what `vllm serve MiniMaxAI/MiniMax-M3 --reasoning-parser minimax_m3 --tool-call-parser
+minimax_m3 --enable-auto-tool-choice --enable-prompt-tokens-details` answers, with replies taken
+from a script instead of a model, so the agent, its client and the evals can be tested for real
+over HTTP without a GPU:
+
+    from m3_agent.serving.standin import StandinServer
+
+    script = {"turns": [
+        {"reasoning": "Read the file first.", "tool_calls": [{"name": "read", "arguments": {"path": "a.py"}}]},
+        {"content": "Done."},
+    ]}
+    with StandinServer(script) as srv:          # port 0: a free loopback port
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x")
+        ...
+        srv.requests                            # every JSON body POSTed to /v1/chat/completions
+
+Script format (JSON; a list of turns, or an object):
+
+    {"model": "MiniMaxAI/MiniMax-M3", "max_model_len": 1048576, "block_size": 128,
+     "turns": [...], "conversations": [{"match": "substring", "turns": [...]}, ...],
+     "on_exhausted": "final" | "error", "loading_s": 0, "stray_think_close": false,
+     "reasoning_content_alias": false}
+
+Each chat-completions request consumes the next turn of its conversation: the first conversation
+whose `match` occurs in the request's first user message, else the top-level `turns` (no match and
+no top-level turns: HTTP 400). A turn has `reasoning`, `content`, `tool_calls` (each
+`{"name", "arguments": {...}}` or `{"name", "arguments_raw": "any string"}`), `finish_reason`
+(default `tool_calls` when there are tool calls, else `stop`), `delay_s`, `repeat` (serve it N
+times), `stray_think_close`, and `fault`:
+
+    "500" / "503"             a vLLM-style error body with that status
+    "drop"                    the connection is closed without a response
+    "malformed_arguments"     tool-call arguments are not valid JSON
+    "truncate"                content and the last tool call's arguments cut; finish_reason length
+    "context_overflow"        HTTP 400 with vLLM's context-length text, from the real counts
+    "literal_parameter_close" a string argument is cut at a literal `</parameter>` (the M3 parser bug)
+    "null_nullable"           arguments the tool schema marks nullable come back as null
+
+A fault turn is consumed by the request it fails, so a retrying client gets the next turn. When a
+conversation runs out of turns, `on_exhausted: "final"` answers a plain assistant message saying
+so (finish_reason stop) and `"error"` answers HTTP 500. During the first `loading_s` seconds every
+route but /metrics answers 503, as a vLLM server still loading weights does.
+
+Wire details that follow the vLLM version M3 is served with:
+- reasoning is `message.reasoning` / `delta.reasoning`; vLLM removed the `reasoning_content` alias
+  in 2026 (vllm PR #33402). `reasoning_content_alias: true` also sends it, like older vLLM.
+- incoming assistant messages are rendered with their `reasoning` field only (vLLM drops
+  `reasoning_content` on input, vllm issue #38488), and only after the last user message, as the
+  M3 chat template does.
+- `usage.prompt_tokens_details` is `{"cached_tokens": N}` when N > 0 and null when nothing was
+  cached: vLLM tests the count for truth before filling it in.
+- `chat_template_kwargs.thinking_mode` (`enabled` | `disabled` | `adaptive`, default adaptive):
+  `disabled` sends no reasoning. With `stray_think_close`, replies in a multi-turn conversation
+  under a mode other than `enabled` start with a stray `</mm:think>` in content, as M3 does.
+- context overflow (prompt tokens + max_completion_tokens or max_tokens > max_model_len) is
+  HTTP 400 with vLLM's text, checked before any turn is consumed.
+
+Token counting is a deterministic toy tokenizer, not M3's: the request is rendered in a fixed
+chat-template-like form (`render_prompt`) and cut by the regex `\\w+|[^\\w\\s]|\\s+` (runs of word
+characters, single punctuation marks, runs of whitespace). Ids are given out in order of first
+sight by each server, so `/detokenize` inverts `/tokenize` on the same server. Prefix caching is
+block-granular like vLLM's: a chain hash per full `block_size` block of prompt tokens; a request's
+`cached_tokens` is the number of leading blocks seen before, never the whole prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Literal
+
+import typer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from m3_agent.errors import UsageError, first_validation_error
+
+STANDIN_HEADER = "X-M3-Standin"
+STANDIN_HEADER_VALUE = "test double; scripted replies, not a model"
+OWNED_BY = "m3-agent-standin (test double, not a model)"
+EXHAUSTED_TEXT = "The stand-in script is exhausted: this is a scripted test double and has no more turns."
+THINKING_MODES = ("enabled", "disabled", "adaptive")
+STRAY_THINK_CLOSE = "</mm:think>\n\n"
+# the /metrics counters, named as vLLM names them (each exported as vllm:<key>_total)
+COUNTERS = (
+    ("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+    ("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+    ("prompt_tokens", "Number of prefill tokens processed."),
+    ("generation_tokens", "Number of generation tokens processed."),
+)
+
+Fault = Literal[
+    "500",
+    "503",
+    "drop",
+    "malformed_arguments",
+    "truncate",
+    "context_overflow",
+    "literal_parameter_close",
+    "null_nullable",
+]
+
+
+class ToolCallSpec(BaseModel):
+    """One scripted tool call: parsed `arguments`, or `arguments_raw` sent verbatim."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: dict[str, Any] | None = None
+    arguments_raw: str | None = None
+
+    @model_validator(mode="after")
+    def _one_argument_form(self) -> ToolCallSpec:
+        if self.arguments is not None and self.arguments_raw is not None:
+            raise ValueError("give either 'arguments' or 'arguments_raw', not both")
+        return self
+
+
+class Turn(BaseModel):
+    """One scripted reply (see the module docstring for each field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallSpec] = Field(default_factory=list)
+    finish_reason: str | None = None
+    delay_s: float = Field(default=0.0, ge=0)
+    repeat: int = Field(default=1, ge=1)
+    fault: Fault | None = None
+    stray_think_close: bool | None = None
+
+
+class Conversation(BaseModel):
+    """Turns served to requests whose first user message contains `match`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    match: str = Field(min_length=1)
+    turns: list[Turn]
+
+
+class Script(BaseModel):
+    """A whole stand-in script: server settings plus the turns to serve."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "MiniMaxAI/MiniMax-M3"
+    max_model_len: int = Field(default=1_048_576, ge=1)
+    block_size: int = Field(default=128, ge=1)
+    turns: list[Turn] = Field(default_factory=list)
+    conversations: list[Conversation] = Field(default_factory=list)
+    on_exhausted: Literal["final", "error"] = "final"
+    loading_s: float = Field(default=0.0, ge=0)
+    stray_think_close: bool = False
+    reasoning_content_alias: bool = False
+
+
+def load_script(source: Script | dict | list | str | Path) -> Script:
+    """Build a Script from a Script, a dict, a list of turns, or a JSON file path.
+
+    Raises UsageError with a one-line message when the file or its content is bad.
+    """
+    if isinstance(source, Script):
+        return source
+    where = "script"
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        where = str(path)
+        try:
+            source = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise UsageError(f"cannot read stand-in script {path}: {e.strerror or e}") from None
+        except json.JSONDecodeError as e:
+            raise UsageError(f"stand-in script {path} is not valid JSON: {e}") from None
+    if isinstance(source, list):
+        source = {"turns": source}
+    if not isinstance(source, dict):
+        raise UsageError(f"{where}: a stand-in script is a JSON object or a list of turns")
+    try:
+        return Script.model_validate(source)
+    except ValidationError as e:
+        loc, msg = first_validation_error(e, top="(top level)")
+        raise UsageError(f"{where}: bad stand-in script at {loc}: {msg}") from None
+
+
+# Toy tokenizer and prompt rendering --------------------------------------------------------------
+
+TOKEN_RE = re.compile(r"\w+|[^\w\s]|\s+")
+
+
+def toy_pieces(text: str) -> list[str]:
+    """Cut text into toy tokens: word runs, single punctuation marks, whitespace runs."""
+    return TOKEN_RE.findall(text)
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message `content`: a string, or a list of OpenAI content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+            elif isinstance(part, dict):
+                parts.append(f"<{part.get('type', 'part')}>")
+            else:
+                parts.append(str(part))
+        return "".join(parts)
+    return str(content)
+
+
+def render_prompt(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    thinking_mode: str = "adaptive",
+    add_generation_prompt: bool = True,
+) -> str:
+    """Render a request the way the stand-in counts it: a fixed chat-template-like form.
+
+    Like M3's template, assistant reasoning (the `reasoning` field) is rendered only for assistant
+    messages after the last user message.
+    """
+    out = []
+    if tools:
+        out.append("<|tools|>\n")
+        for tool in tools:
+            out.append(json.dumps(tool, sort_keys=True, ensure_ascii=False) + "\n")
+        out.append("<|end|>\n")
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    for i, m in enumerate(messages):
+        role = str(m.get("role", "user"))
+        out.append(f"<|{role}|>\n")
+        if role == "assistant" and i > last_user and m.get("reasoning"):
+            out.append(f"<mm:think>{m['reasoning']}</mm:think>\n")
+        out.append(_text_of(m.get("content")))
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", {}) if isinstance(call, dict) else {}
+            out.append(f"\n<tool_call>{fn.get('name', '')} {fn.get('arguments', '')}</tool_call>")
+        if role == "tool" and m.get("tool_call_id"):
+            out.append(f"\n<tool_call_id>{m['tool_call_id']}</tool_call_id>")
+        out.append("\n<|end|>\n")
+    if add_generation_prompt:
+        out.append("<|assistant|>\n")
+        if thinking_mode == "enabled":
+            out.append("<mm:think>")
+        elif thinking_mode == "disabled":
+            out.append("<mm:think></mm:think>\n")
+    return "".join(out)
+
+
+class StandinError(Exception):
+    """A request the stand-in answers with a vLLM-style error body."""
+
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        """vLLM's ErrorResponse shape."""
+        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
+
+
+class _Dropped(Exception):
+    """The scripted fault `drop`: close the connection without answering."""
+
+
+def _server_error(status: int, why: str) -> StandinError:
+    kind = {500: "InternalServerError", 503: "ServiceUnavailableError"}[status]
+    return StandinError(status, f"{why} (m3-agent stand-in: a scripted test double)", kind)
+
+
+class _Cursor:
+    """Position in one list of turns, counting repeats."""
+
+    def __init__(self, turns: list[Turn]) -> None:
+        self.turns = turns
+        self.index = 0
+        self.served_of_current = 0
+
+    def next(self) -> Turn | None:
+        if self.index >= len(self.turns):
+            return None
+        turn = self.turns[self.index]
+        self.served_of_current += 1
+        if self.served_of_current >= turn.repeat:
+            self.index += 1
+            self.served_of_current = 0
+        return turn
+
+
+@dataclass
+class _Reply:
+    """What one served turn sends back, after faults and thinking mode are applied."""
+
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class StandinState:
+    """Everything the server remembers: cursors, the request log, the vocabulary, the prefix cache.
+
+    All public methods take the one lock, so handler threads can call them concurrently.
+    """
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.lock = threading.Lock()
+        self.requests: list[dict[str, Any]] = []
+        self.thinking_modes: list[str] = []
+        self.turns_served = 0
+        self.started_at = time.monotonic()
+        self._top = _Cursor(script.turns)
+        self._convs = [(c.match, _Cursor(c.turns)) for c in script.conversations]
+        self._vocab: dict[str, int] = {}
+        self._pieces: list[str] = []
+        self._blocks: set[bytes] = set()
+        self.metrics = {key: 0 for key, _ in COUNTERS}
+        self.finished: dict[str, int] = {}
+
+    # tokens ---------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Toy-tokenize `text` into ids, extending this server's vocabulary."""
+        with self.lock:
+            ids = []
+            for piece in toy_pieces(text):
+                tid = self._vocab.get(piece)
+                if tid is None:
+                    tid = len(self._pieces)
+                    self._vocab[piece] = tid
+                    self._pieces.append(piece)
+                ids.append(tid)
+            return ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Inverse of `encode` for ids this server has given out."""
+        with self.lock:
+            bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < len(self._pieces)]
+            if bad:
+                raise StandinError(400, f"Token id {bad[0]} is out of vocabulary (stand-in: ids are given out by /tokenize)")
+            return "".join(self._pieces[i] for i in ids)
+
+    def is_loading(self) -> bool:
+        """True while the scripted warm-up (`loading_s`) lasts."""
+        return time.monotonic() - self.started_at < self.script.loading_s
+
+    # prefix cache -----------------------------------------------------------------------------------
+    def _block_hashes(self, ids: list[int]) -> list[bytes]:
+        """Chain hashes of the full blocks a request may take from the cache (never its last token)."""
+        bs = self.script.block_size
+        hashes, parent = [], b""
+        for start in range(0, (len(ids) - 1) // bs * bs, bs):
+            h = hashlib.blake2b(parent, digest_size=16)
+            h.update(json.dumps(ids[start : start + bs]).encode())
+            parent = h.digest()
+            hashes.append(parent)
+        return hashes
+
+    def cache_lookup_and_insert(self, ids: list[int]) -> int:
+        """Cached tokens for this prompt (whole leading blocks seen before); then remember its blocks."""
+        hashes = self._block_hashes(ids)
+        with self.lock:
+            hits = 0
+            for h in hashes:
+                if h not in self._blocks:
+                    break
+                hits += 1
+            self._blocks.update(hashes)
+            cached = hits * self.script.block_size
+            self.metrics["prefix_cache_queries"] += len(ids)
+            self.metrics["prefix_cache_hits"] += cached
+            return cached
+
+    # turns ----------------------------------------------------------------------------------------
+    def record(self, body: dict[str, Any]) -> None:
+        """Keep a chat-completions body in the request log."""
+        with self.lock:
+            self.requests.append(body)
+
+    def record_mode(self, mode: str) -> None:
+        """Keep the thinking mode a served request asked for."""
+        with self.lock:
+            self.thinking_modes.append(mode)
+
+    def next_turn(self, messages: list[dict[str, Any]]) -> Turn | None:
+        """The next turn of the conversation this request belongs to; None when it is exhausted."""
+        first_user = next((m for m in messages if m.get("role") == "user"), None)
+        text = _text_of(first_user.get("content")) if first_user else ""
+        with self.lock:
+            cursor = next((c for match, c in self._convs if match in text), None)
+            if cursor is None:
+                if self._convs and not self.script.turns:
+                    raise StandinError(
+                        400,
+                        "No stand-in conversation matched the first user message: this is a scripted "
+                        "test double; add a conversation whose 'match' occurs in it, or top-level 'turns'.",
+                    )
+                cursor = self._top
+            turn = cursor.next()
+            if turn is not None:
+                self.turns_served += 1
+            return turn
+
+    def count_finished(self, prompt_tokens: int, completion_tokens: int, finish_reason: str) -> None:
+        """Move the token and request counters after a served reply."""
+        # the engine ends a tool-call reply with "stop"; "tool_calls" exists only in the API layer
+        engine_reason = "stop" if finish_reason == "tool_calls" else finish_reason
+        with self.lock:
+            self.metrics["prompt_tokens"] += prompt_tokens
+            self.metrics["generation_tokens"] += completion_tokens
+            self.finished[engine_reason] = self.finished.get(engine_reason, 0) + 1
+
+    def metrics_text(self) -> str:
+        """Prometheus exposition text with vLLM's metric names."""
+        labels = f'model_name="{self.script.model}",engine="0"'
+        with self.lock:
+            m = dict(self.metrics)
+            finished = dict(self.finished)
+        lines = ["# m3-agent stand-in: a scripted test double, not a model"]
+        for key, help_text in COUNTERS:
+            name = f"vllm:{key}_total"
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name}{{{labels}}} {float(m[key])}"]
+        lines += [
+            "# HELP vllm:request_success_total Count of successfully processed requests.",
+            "# TYPE vllm:request_success_total counter",
+        ]
+        for reason in ("stop", "length", "abort", *sorted(set(finished) - {"stop", "length", "abort"})):
+            lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(finished.get(reason, 0))}')
+        return "\n".join(lines) + "\n"
+
+
+# Building replies --------------------------------------------------------------------------------
+
+
+def _nullable_params(tools: list[dict[str, Any]] | None, name: str) -> list[str]:
+    """Names of the parameters of tool `name` whose JSON schema admits null."""
+    for tool in tools or []:
+        fn = tool.get("function", {}) if isinstance(tool, dict) else {}
+        if fn.get("name") != name:
+            continue
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        out = []
+        for pname, schema in props.items():
+            types = schema.get("type")
+            options = [s.get("type") for s in schema.get("anyOf", []) + schema.get("oneOf", []) if isinstance(s, dict)]
+            if types == "null" or (isinstance(types, list) and "null" in types) or "null" in options:
+                out.append(pname)
+        return out
+    return []
+
+
+def _cut_at_parameter_close(value: Any) -> Any:
+    """Cut every string at a literal `</parameter>`, as M3's tool parser does."""
+    if isinstance(value, str):
+        return value.split("</parameter>", 1)[0]
+    if isinstance(value, dict):
+        return {k: _cut_at_parameter_close(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut_at_parameter_close(v) for v in value]
+    return value
+
+
+def build_reply(turn: Turn, script: Script, request: dict[str, Any], thinking_mode: str) -> _Reply:
+    """Apply thinking mode, stray-think and argument faults to a turn; token counts are left at 0."""
+    reply = _Reply()
+    reply.reasoning = turn.reasoning if thinking_mode != "disabled" else None
+    content = turn.content
+    stray = turn.stray_think_close if turn.stray_think_close is not None else script.stray_think_close
+    multi_turn = any(m.get("role") == "assistant" for m in request.get("messages", []))
+    if stray and thinking_mode != "enabled" and multi_turn:
+        content = STRAY_THINK_CLOSE + (content or "")
+    for spec in turn.tool_calls:
+        if spec.arguments_raw is not None:
+            arguments = spec.arguments_raw
+        else:
+            args = dict(spec.arguments or {})
+            if turn.fault == "literal_parameter_close":
+                args = _cut_at_parameter_close(args)
+            if turn.fault == "null_nullable":
+                for pname in _nullable_params(request.get("tools"), spec.name):
+                    args[pname] = None
+            arguments = json.dumps(args, ensure_ascii=False)
+            if turn.fault == "malformed_arguments":
+                arguments = arguments[:-1] + ', "'  # unterminated: never valid JSON
+        reply.tool_calls.append(
+            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": spec.name, "arguments": arguments}}
+        )
+    reply.finish_reason = turn.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+    if turn.fault == "truncate":
+        if content:
+            content = content[: max(1, len(content) // 2)]
+        if reply.tool_calls:
+            fn = reply.tool_calls[-1]["function"]
+            fn["arguments"] = fn["arguments"][: max(1, len(fn["arguments"]) // 2)]
+        reply.finish_reason = "length"
+    reply.content = content or None
+    return reply
+
+
+def _completion_tokens(reply: _Reply) -> int:
+    """Toy tokens generated: reasoning, content, and each tool call's name and arguments."""
+    parts = [reply.reasoning or "", reply.content or ""]
+    for call in reply.tool_calls:
+        parts += [call["function"]["name"], call["function"]["arguments"]]
+    return sum(len(toy_pieces(p)) for p in parts)
+
+
+# HTTP ---------------------------------------------------------------------------------------------
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # socketserver's 5 drops connections when a load test opens dozens at once
+    daemon_threads = True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "m3-agent-standin/1 (test double)"
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # else each reply waits ~40 ms between headers and body (real vLLM does not)
+    state: StandinState  # set on the subclass made per server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Quiet: tests and the CLI print what matters themselves."""
+
+    # plumbing ---------------------------------------------------------------------------------------
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header(STANDIN_HEADER, STANDIN_HEADER_VALUE)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, json.dumps(obj, ensure_ascii=False).encode(), "application/json")
+
+    def _error(self, err: StandinError) -> None:
+        self._json(err.status, err.body())
+
+    def _read_json(self) -> dict[str, Any]:
+        try:
+            body = json.loads(self._raw or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise StandinError(400, f"Invalid JSON body: {e}") from None
+        if not isinstance(body, dict):
+            raise StandinError(400, "The request body must be a JSON object")
+        return body
+
+    def _loading_guard(self) -> None:
+        if self.state.is_loading():
+            raise _server_error(503, "The model is still loading; retry later")
+
+    def _dispatch(self, routes: dict[str, Any]) -> None:
+        path = self.path.split("?", 1)[0]
+        # read the whole body first so an early error leaves the kept-alive connection clean
+        length = int(self.headers.get("Content-Length") or 0)
+        self._raw = self.rfile.read(length) if length else b""
+        try:
+            handler = routes.get(path)
+            if handler is None:
+                raise StandinError(404, f"Route {self.command} {path} not found", "NotFoundError")
+            if path != "/metrics":
+                self._loading_guard()
+            handler()
+        except StandinError as e:
+            self._error(e)
+        except _Dropped:
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # a stand-in bug must reach the client as a 500, like vLLM's catch-all
+            self._error(_server_error(500, f"Stand-in internal error: {type(e).__name__}: {e}"))
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        """GET routes: /health, /v1/models, /metrics."""
+        self._dispatch({"/health": self._health, "/v1/models": self._models, "/metrics": self._metrics})
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        """POST routes: /v1/chat/completions, /tokenize, /detokenize."""
+        self._dispatch(
+            {"/v1/chat/completions": self._chat, "/tokenize": self._tokenize, "/detokenize": self._detokenize}
+        )
+
+    # routes ---------------------------------------------------------------------------------------
+    def _health(self) -> None:
+        self._send(200, b"", "application/json")
+
+    def _models(self) -> None:
+        s = self.state.script
+        created = int(time.time())
+        card = {
+            "id": s.model,
+            "object": "model",
+            "created": created,
+            "owned_by": OWNED_BY,
+            "root": s.model,
+            "parent": None,
+            "max_model_len": s.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex}",
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+        self._json(200, {"object": "list", "data": [card]})
+
+    def _metrics(self) -> None:
+        self._send(200, self.state.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.state.script.model:
+            raise StandinError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+
+    def _thinking_mode(self, body: dict[str, Any]) -> str:
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise StandinError(400, "chat_template_kwargs must be an object", param="chat_template_kwargs")
+        mode = kwargs.get("thinking_mode", "adaptive")
+        if mode not in THINKING_MODES:
+            raise StandinError(
+                400, f"thinking_mode must be one of {', '.join(THINKING_MODES)}, got {mode!r}", param="chat_template_kwargs"
+            )
+        return mode
+
+    def _prompt_ids(self, body: dict[str, Any], mode: str) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise StandinError(400, "'messages' must be a list of message objects", param="messages")
+        tools = body.get("tools")
+        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+            raise StandinError(400, "'tools' must be a list of tool objects", param="tools")
+        add_gen = bool(body.get("add_generation_prompt", True))
+        return self.state.encode(render_prompt(messages, tools, mode, add_gen))
+
+    def _tokenize(self) -> None:
+        body = self._read_json()
+        self._check_model(body)
+        if "messages" in body:
+            ids = self._prompt_ids(body, self._thinking_mode(body))
+        elif isinstance(body.get("prompt"), str):
+            ids = self.state.encode(body["prompt"])
+        else:
+            raise StandinError(400, "Give 'prompt' (a string) or 'messages'", param="prompt")
+        self._json(200, {"count": len(ids), "max_model_len": self.state.script.max_model_len, "tokens": ids, "token_strs": None})
+
+    def _detokenize(self) -> None:
+        body = self._read_json()
+        self._check_model(body)
+        ids = body.get("tokens")
+        if not isinstance(ids, list):
+            raise StandinError(400, "'tokens' must be a list of token ids", param="tokens")
+        self._json(200, {"prompt": self.state.decode(ids)})
+
+    def _chat(self) -> None:
+        state, script = self.state, self.state.script
+        body = self._read_json()
+        state.record(body)
+        self._check_model(body)
+        mode = self._thinking_mode(body)
+        ids = self._prompt_ids(body, mode)
+        n = len(ids)
+        max_out = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        if not isinstance(max_out, int) or max_out < 0:
+            raise StandinError(400, "max_tokens must be a non-negative integer", param="max_tokens")
+        if n + max_out > script.max_model_len:
+            raise _overflow(n, max_out, script.max_model_len)
+
+        turn = state.next_turn(body["messages"])
+        state.record_mode(mode)
+        if turn is None:
+            if script.on_exhausted == "error":
+                raise _server_error(500, "The stand-in script is exhausted")
+            reply = _Reply(content=EXHAUSTED_TEXT)
+        else:
+            if turn.delay_s:
+                time.sleep(turn.delay_s)
+            if turn.fault in ("500", "503"):
+                raise _server_error(int(turn.fault), f"Scripted fault {turn.fault}")
+            if turn.fault == "drop":
+                raise _Dropped()
+            if turn.fault == "context_overflow":
+                raise _overflow(n, max_out, script.max_model_len)
+            reply = build_reply(turn, script, body, mode)
+
+        reply.prompt_tokens = n
+        reply.cached_tokens = state.cache_lookup_and_insert(ids)
+        reply.completion_tokens = _completion_tokens(reply)
+        state.count_finished(reply.prompt_tokens, reply.completion_tokens, reply.finish_reason)
+        if body.get("stream"):
+            opts = body.get("stream_options") or {}
+            self._stream(reply, include_usage=bool(opts.get("include_usage")))
+        else:
+            self._json(200, _completion_body(reply, script))
+
+    def _stream(self, reply: _Reply, include_usage: bool) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header(STANDIN_HEADER, STANDIN_HEADER_VALUE)
+        self.end_headers()
+        for event in _stream_events(reply, self.state.script, include_usage):
+            data = f"data: {event}\n\n".encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def _overflow(n: int, max_out: int, max_model_len: int) -> StandinError:
+    """vLLM's context-length error, built from the real counts."""
+    return StandinError(
+        400,
+        f"You passed {n} input tokens and requested {max_out} output tokens. However, the model's "
+        f"context length is only {max_model_len} tokens, resulting in a maximum input length of "
+        f"{max(0, max_model_len - max_out)} tokens. Please reduce the length of the input prompt. "
+        f"(parameter=input_tokens, value={n})",
+        param="input_tokens",
+    )
+
+
+def _usage(reply: _Reply) -> dict[str, Any]:
+    return {
+        "prompt_tokens": reply.prompt_tokens,
+        "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+        "completion_tokens": reply.completion_tokens,
+        # vLLM fills the details only when the cached count is non-zero
+        "prompt_tokens_details": {"cached_tokens": reply.cached_tokens} if reply.cached_tokens else None,
+    }
+
+
+def _completion_body(reply: _Reply, script: Script) -> dict[str, Any]:
+    """A non-streaming ChatCompletionResponse as vLLM serializes it."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": reply.content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    message["reasoning"] = reply.reasoning
+    if script.reasoning_content_alias:
+        message["reasoning_content"] = reply.reasoning
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": script.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": reply.finish_reason,
+                "stop_reason": None,
+                "token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": _usage(reply),
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
+    }
+
+
+def _pieces_of(text: str, per_chunk: int = 3) -> Iterator[str]:
+    """Split text into streaming pieces of a few toy tokens each."""
+    pieces = toy_pieces(text)
+    for i in range(0, len(pieces), per_chunk):
+        yield "".join(pieces[i : i + per_chunk])
+
+
+def _stream_events(reply: _Reply, script: Script, include_usage: bool) -> Iterator[str]:
+    """The SSE `data:` payloads of a streamed reply, ending with [DONE]."""
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["stop_reason"] = None
+        return json.dumps(
+            {"id": cid, "object": "chat.completion.chunk", "created": created, "model": script.model, "choices": [choice]},
+            ensure_ascii=False,
+        )
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in _pieces_of(reply.reasoning or ""):
+        delta = {"reasoning": piece}
+        if script.reasoning_content_alias:
+            delta["reasoning_content"] = piece
+        yield chunk(delta)
+    for piece in _pieces_of(reply.content or ""):
+        yield chunk({"content": piece})
+    for index, call in enumerate(reply.tool_calls):
+        head = {"index": index, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
+        yield chunk({"tool_calls": [head]})
+        for piece in _pieces_of(call["function"]["arguments"], per_chunk=4):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    yield chunk({}, reply.finish_reason)
+    if include_usage:
+        yield json.dumps(
+            {"id": cid, "object": "chat.completion.chunk", "created": created, "model": script.model, "choices": [], "usage": _usage(reply)}
+        )
+    yield "[DONE]"
+
+
+# Server -------------------------------------------------------------------------------------------
+
+
+class StandinServer:
+    """The stand-in as a context manager: `with StandinServer(script) as srv: srv.base_url`.
+
+    `script` is a Script, a dict, a list of turns, or a path to a JSON script. Port 0 picks a
+    free port. The server runs in a background thread until `stop()` (or the end of the `with`).
+    """
+
+    def __init__(self, script: Script | dict | list | str | Path, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.script = load_script(script)
+        self.host = host
+        self.port = port
+        self._state = StandinState(self.script)
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ending in /v1."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """The server root (for /health, /tokenize, /metrics)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """Every JSON body POSTed to /v1/chat/completions so far, in order (a snapshot copy)."""
+        with self._state.lock:
+            return list(self._state.requests)
+
+    @property
+    def thinking_modes(self) -> list[str]:
+        """The thinking mode of every request that reached the script, in order."""
+        with self._state.lock:
+            return list(self._state.thinking_modes)
+
+    @property
+    def turns_served(self) -> int:
+        """How many scripted turns have been consumed (fault turns included)."""
+        with self._state.lock:
+            return self._state.turns_served
+
+    def start(self) -> StandinServer:
+        """Bind and serve in a background thread; the loading clock starts now."""
+        handler = type("StandinHandler", (_Handler,), {"state": self._state})
+        try:
+            self._httpd = _Server((self.host, self.port), handler)
+        except OSError as e:
+            raise UsageError(f"stand-in cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        self._state.started_at = time.monotonic()
+        # a short poll interval keeps stop() quick (serve_forever checks for shutdown between polls)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="m3-standin", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; safe to call twice."""
+        if self._httpd is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = None
+
+    def __enter__(self) -> StandinServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def standin_command(
+    script: Path = typer.Option(..., "--script", help="JSON stand-in script (see docs/standin.md)."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on (0: any free port)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; keep it on loopback."),
+) -> None:
+    """Run the M3 stand-in in the foreground until Ctrl-C.
+
+    A scripted TEST DOUBLE speaking vLLM's wire format, not a model: every reply comes from the script.
+    """
+    server = StandinServer(script, host=host, port=port).start()
+    stopped = threading.Event()
+
+    def _on_term(signum: int, frame: object) -> None:
+        stopped.set()
+
+    previous = signal.signal(signal.SIGTERM, _on_term)
+    typer.echo(f"m3-agent stand-in (a scripted TEST DOUBLE, not a model) serving {server.base_url}", err=False)
+    typer.echo(f"script: {script} ({len(server.script.turns)} turns, {len(server.script.conversations)} conversations); Ctrl-C to stop")
+    try:
+        while not stopped.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.stop()
+        typer.echo("m3-agent stand-in stopped")

@@ -1,0 +1,168 @@
+"""`m3-agent serve` dry runs, multi-node forms and plans, through the typer app."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from typer.testing import CliRunner
+
+from m3_agent.serving.cli import app
+from m3_agent.serving.multinode import ray_tensor_parallel, replicas_behind_router
+from m3_agent.serving.profiles import Overrides, build_command, flag_value, get_profile
+
+runner = CliRunner()
+
+
+def _run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_dry_run_prints_the_exact_command_and_what_was_added():
+    res = _run("start", "--profile", "h200x2-fp8", "--dry-run")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].startswith("# h200x2-fp8 (vllm, native)") and "seed 001" in lines[0]
+    assert lines[1] == (
+        "# added to the seed's flags (required for M3): --block-size 128 --tool-call-parser minimax_m3 "
+        "--reasoning-parser minimax_m3 --enable-auto-tool-choice --enable-prompt-tokens-details"
+    )
+    assert shlex.split(lines[2]) == build_command(get_profile("h200x2-fp8"), "native").argv
+
+
+def test_dry_run_docker_and_overrides():
+    res = _run(
+        "start",
+        "-p",
+        "b200",
+        "--engine",
+        "sglang",
+        "--runner",
+        "docker",
+        "--dry-run",
+        "--port",
+        "30001",
+        "--max-model-len",
+        "262144",
+        "--text-only",
+    )
+    assert res.exit_code == 0, res.output
+    argv = shlex.split(res.output.splitlines()[-1])
+    assert argv[:3] == ["docker", "run", "-d"] and "lmsysorg/sglang:dev-cu13-minimax-m3" in argv
+    assert flag_value(argv, "--port") == "30001" and argv[argv.index("-p") + 1] == "30001:30001"
+    assert flag_value(argv, "--context-length") == "262144"
+
+
+def test_bad_choices_are_one_line_usage_errors():
+    res = _run("start", "-p", "h200-tp8", "--runner", "podman", "--dry-run")
+    assert res.exit_code != 0 and "--runner must be one of: native, docker" in str(res.exception)
+    res = _run("start", "-p", "nope", "--dry-run")
+    assert "unknown profile 'nope'" in str(res.exception)
+
+
+def test_ray_form_spans_the_nodes_with_tensor_parallel():
+    steps = ray_tensor_parallel(get_profile("h200-tp8"), 2, head="10.0.0.1")
+    assert [s.where for s in steps][:2] == ["head node", "worker node 1"]
+    assert steps[0].command == "ray start --head --port=6379"
+    assert steps[1].command == "ray start --address=10.0.0.1:6379"
+    argv = shlex.split(steps[-1].command)
+    assert flag_value(argv, "--tensor-parallel-size") == "16"
+    assert flag_value(argv, "--distributed-executor-backend") == "ray"
+    assert flag_value(argv, "--block-size") == "128"
+
+
+def test_ray_form_keeps_amd_environment_on_every_node():
+    steps = ray_tensor_parallel(get_profile("amd-tp8-1m"), 2)
+    assert all(s.command.startswith("VLLM_USE_BREAKABLE_CUDAGRAPH=0 VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 ") for s in steps)
+
+
+def test_replicas_form_puts_a_router_in_front():
+    steps = replicas_behind_router(get_profile("h200-tp8-ep"), 3, overrides=Overrides(port=8000))
+    assert len(steps) == 4
+    for s in steps[:3]:
+        assert flag_value(shlex.split(s.command), "--host") == "0.0.0.0"
+    router = shlex.split(steps[-1].command)
+    assert router[:3] == ["python", "-m", "sglang_router.launch_router"]
+    assert router[router.index("--worker-urls") + 1 : router.index("--worker-urls") + 4] == [
+        "http://<NODE_1_IP>:8000",
+        "http://<NODE_2_IP>:8000",
+        "http://<NODE_3_IP>:8000",
+    ]
+
+
+def test_multinode_refusals():
+    res = _run("start", "-p", "h200-dp8-ep", "--dry-run", "--nodes", "2")
+    assert "data parallel: scale it with --replicas" in str(res.exception)
+    res = _run("start", "-p", "b200", "--engine", "sglang", "--dry-run", "--nodes", "2")
+    assert "for vLLM" in str(res.exception)
+    res = _run("start", "-p", "h200-tp8", "--nodes", "2")
+    assert "add --dry-run" in str(res.exception)
+
+
+def test_cli_dry_run_nodes_prints_each_step():
+    res = _run("start", "-p", "h200-tp8", "--dry-run", "--nodes", "2")
+    assert res.exit_code == 0
+    assert "# head node\nray start --head --port=6379\n# worker node 1\n" in res.output
+    assert "--tensor-parallel-size 16" in res.output
+
+
+def test_plan_from_a_profile_uses_its_flags():
+    res = _run("plan", "--profile", "h200x2-fp8", "--params-b", "229.9", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["request"]["gpus"] == 2 and data["request"]["kv_dtype"] == "fp8_e5m2"
+    assert data["request"]["gpu_memory_utilization"] == 0.92 and data["request"]["max_model_len"] == 131072
+    assert data["fits"] is True
+
+
+def test_plan_refuses_1m_on_two_h200_with_exit_2():
+    res = _run(
+        "plan",
+        "--gpus",
+        "2",
+        "--gpu",
+        "H200",
+        "--precision",
+        "fp8",
+        "--kv-dtype",
+        "fp8",
+        "--max-model-len",
+        "1048576",
+        "--params-b",
+        "229.9",
+    )
+    assert res.exit_code != 0
+    assert "does not fit: 1M context needs 120 GB of fp8 KV cache" in str(res.exception)
+    assert getattr(res.exception, "exit_code", None) == 2
+
+
+def test_plan_table_lists_windows_and_request_concurrency():
+    res = _run("plan", "--gpus", "8", "--gpu", "b200", "--input-len", "8192", "--output-len", "2048")
+    assert res.exit_code == 0, res.output
+    assert "1M: KV   240.0 GB  fits" in res.output
+    assert "requests of 10240 tokens: about" in res.output
+
+
+def test_plan_needs_a_machine():
+    res = _run("plan", "--precision", "fp8")
+    assert "say which machine" in str(res.exception)
+
+
+def test_profiles_lists_every_profile_with_its_seed():
+    res = _run("profiles")
+    assert res.exit_code == 0
+    assert "mi355x-mxfp4" in res.output and "seed 002" in res.output and "seed 000" in res.output
+
+
+def test_start_without_profile_picks_one_for_the_gpus_found(fake_nvidia_smi):
+    res = _run("start", "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "# h200-tp8 (vllm, native)" in res.output
+
+
+def test_plan_detect_reads_this_machines_gpus(fake_nvidia_smi):
+    res = _run("plan", "--detect", "--kv-dtype", "fp8", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["request"]["gpus"] == 8 and data["request"]["gpu_memory_gb"] == 140.4
+    assert data["fits"] and data["max_model_len"] == 1_048_576

@@ -1,0 +1,275 @@
+"""Process management, for real: a fake engine on PATH that serves the stand-in slowly, or crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from m3_agent.errors import EndpointError, UsageError
+from m3_agent.serving import launcher
+from m3_agent.serving.endpoint import ensure_endpoint
+from m3_agent.serving.profiles import Overrides, build_command, get_profile
+from m3_agent.serving.standin import StandinServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _cmd(port: int, profile: str = "h200-tp8"):
+    return build_command(
+        get_profile(profile), "native", Overrides(port=port, host="127.0.0.1", served_model_name="minimax-m3")
+    )
+
+
+def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`m3-agent serve ARGS` in a second process (its own interpreter, same state dir)."""
+    return subprocess.run(
+        [sys.executable, "-m", "m3_agent.serving", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ.copy(),
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dead(pid: int) -> bool:
+    return not launcher._pid_alive(pid)
+
+
+def test_start_goes_through_loading_to_model_listed_and_stop_from_another_process(
+    fake_bin, cleanup_endpoints, tmp_path, monkeypatch
+):
+    worker_file = tmp_path / "worker.pid"
+    monkeypatch.setenv("FAKE_ENGINE_CHILD_PID_FILE", str(worker_file))
+    monkeypatch.setenv("FAKE_ENGINE_LOADING_S", "1.0")
+    phases: list[str] = []
+    port = free_port()
+    state = launcher.start(_cmd(port), timeout_s=30, progress=lambda phase, msg: phases.append(phase))
+    main = [p for p in phases if p != "log"]
+    assert main == ["launching", "loading", "healthy", "model listed"]
+    assert state.base_url == f"http://127.0.0.1:{port}/v1"
+    log = Path(state.log_path).read_text()
+    assert "fake engine argv: serve MiniMaxAI/MiniMax-M3 --tensor-parallel-size 8 --block-size 128" in log
+    assert "--enable-prompt-tokens-details" in log
+
+    st = launcher.status()
+    assert st.running and st.phase == "ready" and st.models == ["minimax-m3"]
+    shown = _serve("status")
+    assert shown.returncode == 0, shown.stderr
+    assert "phase: ready; models: minimax-m3" in shown.stdout
+    logs = _serve("logs", "-n", "3")
+    assert "Application startup complete" in logs.stdout
+
+    worker = int(worker_file.read_text())
+    stopped = _serve("stop", "--grace", "5")
+    assert stopped.returncode == 0 and "stopped default" in stopped.stdout
+    assert _dead(state.pid) and _dead(worker)  # the whole group, the worker included
+    assert launcher.load_state() is None
+    assert _serve("status").returncode == 3
+
+
+def test_crash_ends_with_last_log_lines_and_likely_cause(fake_bin, cleanup_endpoints, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_MODE", "crash")
+    with pytest.raises(EndpointError) as e:
+        launcher.start(_cmd(free_port()), timeout_s=30)
+    msg = str(e.value)
+    assert "exited during start-up" in msg
+    assert "| torch.OutOfMemoryError: CUDA out of memory" in msg
+    assert "likely cause: GPU memory" in msg and "serve plan" in msg
+    assert launcher.load_state() is None  # nothing left to stop
+
+
+def test_timeout_reports_and_leaves_the_server_for_stop(fake_bin, cleanup_endpoints, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_MODE", "never-ready")
+    start = time.monotonic()
+    with pytest.raises(EndpointError, match=r"not ready after 2s; the server keeps running") as e:
+        launcher.start(_cmd(free_port()), timeout_s=2)
+    assert time.monotonic() - start < 10
+    assert "last log lines" in str(e.value)
+    state = launcher.load_state()
+    assert state is not None and launcher.is_running(state)
+    assert launcher.status().phase == "loading"
+    launcher.stop(grace_s=5)
+    assert _dead(state.pid)
+
+
+def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(fake_bin, cleanup_endpoints, tmp_path, monkeypatch):
+    worker_file = tmp_path / "worker.pid"
+    monkeypatch.setenv("FAKE_ENGINE_MODE", "ignore-term")
+    monkeypatch.setenv("FAKE_ENGINE_CHILD_PID_FILE", str(worker_file))
+    state = launcher.start(_cmd(free_port()), timeout_s=30)
+    worker = int(worker_file.read_text())
+    t0 = time.monotonic()
+    launcher.stop(grace_s=1)
+    assert time.monotonic() - t0 >= 1  # SIGTERM was ignored for the whole grace period
+    assert _dead(state.pid) and _dead(worker)
+
+
+def test_second_start_under_the_same_name_is_refused(fake_bin, cleanup_endpoints):
+    launcher.start(_cmd(free_port()), timeout_s=30)
+    with pytest.raises(UsageError, match="already running"):
+        launcher.launch(_cmd(free_port()))
+
+
+def test_missing_engine_is_an_endpoint_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("M3_AGENT_STATE_DIR", str(tmp_path / "state"))
+    with pytest.raises(EndpointError, match="vllm is not on PATH"):
+        launcher.launch(_cmd(free_port()))
+
+
+def test_ensure_endpoint_starts_once_then_reuses(fake_bin, cleanup_endpoints):
+    o = Overrides(port=free_port(), host="127.0.0.1", served_model_name="minimax-m3")
+    events: list[str] = []
+    url = ensure_endpoint(
+        "h200-tp8", overrides=o, check_gpus=False, timeout_s=30, progress=lambda phase, msg: events.append(phase)
+    )
+    pid = launcher.load_state().pid
+    assert "model listed" in events
+    events.clear()
+    again = ensure_endpoint(
+        "h200-tp8", overrides=o, check_gpus=False, timeout_s=30, progress=lambda phase, msg: events.append(phase)
+    )
+    assert again == url and launcher.load_state().pid == pid and events == ["reuse"]
+    with pytest.raises(EndpointError, match="runs profile h200-tp8, not b200"):
+        ensure_endpoint("b200", check_gpus=False)
+
+
+def test_ensure_endpoint_uses_a_healthy_base_url_without_starting(fake_bin):
+    with StandinServer({"turns": []}) as srv:
+        assert ensure_endpoint("h200-tp8", base_url=srv.base_url, check_gpus=False) == srv.base_url
+    assert launcher.load_state() is None
+
+
+def test_cli_start_checks_gpus_and_caps_the_window_the_plan_allows(fake_nvidia_smi, cleanup_endpoints):
+    port = free_port()
+    r = _serve("start", "--profile", "h200-tp8", "--port", str(port), "--host", "127.0.0.1", "--timeout", "30")
+    assert r.returncode == 0, r.stderr
+    assert "gpus: 8x NVIDIA H200 (140.4 GB)" in r.stderr
+    assert f"ready: http://127.0.0.1:{port}/v1" in r.stdout
+    argv = launcher.load_state().argv
+    window = int(argv[argv.index("--max-model-len") + 1])
+    assert 262_144 < window < 1_048_576  # BF16 on 8x H200 cannot hold the full 1M window (see the planner)
+    st = json.loads(_serve("status", "--json").stdout)
+    assert st["max_model_len"] == window
+
+
+def test_cli_start_refuses_without_gpus_and_when_the_plan_does_not_fit(fake_nvidia_smi, tmp_path):
+    r = _serve("start", "--profile", "h200x2-fp8", "--port", str(free_port()))
+    assert r.returncode == 2
+    assert "does not fit" in r.stderr and "weights do not fit" in r.stderr
+    fake_nvidia_smi.unlink()
+    r = _serve("start", "--profile", "h200-tp8", "--port", str(free_port()))
+    assert r.returncode == 2 and "no GPU found" in r.stderr and "--skip-gpu-check" in r.stderr
+    assert launcher.load_state() is None
+
+
+@pytest.mark.timeout(900)  # the session's sandbox image may have to be built first
+def test_docker_runner_starts_a_named_container_and_stop_removes_it(docker_ready, sandbox_image, tmp_path, monkeypatch):
+    monkeypatch.setenv("M3_AGENT_STATE_DIR", str(tmp_path / "state"))
+    site = tmp_path / "site"
+    (site / "v1").mkdir(parents=True)
+    (site / "health").write_text("ok")
+    (site / "v1" / "models").write_text(json.dumps({"data": [{"id": "minimax-m3", "max_model_len": 4096}]}))
+    site.chmod(0o755)
+    port = free_port()
+    name = f"m3-agent-test-serve-{port}"
+    # A stand-in for an engine image: the sandbox image's python answering /health and /v1/models.
+    cmd = build_command(get_profile("b200"), "docker").model_copy(
+        update={
+            "argv": [
+                "docker",
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--network",
+                "host",
+                "-v",
+                f"{site}:/srv:ro",
+                "-w",
+                "/srv",
+                sandbox_image,
+                "python3",
+                "-m",
+                "http.server",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+            ],
+            "port": port,
+            "container": name,
+            "served_model_name": "minimax-m3",
+        }
+    )
+    try:
+        state = launcher.start(cmd, timeout_s=60)
+        assert state.container == name and launcher.is_running(state)
+        st = launcher.status()
+        assert st.phase == "ready" and st.max_model_len == 4096
+        stopped = _serve("stop", "--grace", "2")
+        assert stopped.returncode == 0 and f"container {name}" in stopped.stdout
+        gone = subprocess.run(["docker", "inspect", name], capture_output=True)
+        assert gone.returncode != 0  # stopped and removed
+        assert state.log_follower_pid is not None and _dead(state.log_follower_pid)
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+def test_logs_follow_ends_when_the_server_ends(fake_bin, cleanup_endpoints):
+    launcher.start(_cmd(free_port()), timeout_s=30)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "m3_agent.serving", "logs", "--follow", "-n", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    time.sleep(3)  # the follower is reading the live log by now
+    assert follower.poll() is None
+    launcher.stop(grace_s=5)
+    out, _ = follower.communicate(timeout=20)
+    assert follower.returncode == 0 and "Application startup complete" in out
+
+
+def test_an_engine_that_cannot_be_executed_is_an_endpoint_error(fake_bin):
+    (fake_bin / "vllm").write_text("#!/nonexistent/interpreter\n")  # executable, but exec fails
+    with pytest.raises(EndpointError, match="cannot run vllm"):
+        launcher.launch(_cmd(free_port()))
+
+
+@pytest.mark.parametrize(
+    "line,cause",
+    [
+        ("ValueError: No common block size for 16", "--block-size 128"),
+        (
+            "ValueError: The model's max seq len (1048576) is larger than the maximum number of tokens that can be "
+            "stored in KV cache (550400)",
+            "cannot hold --max-model-len",
+        ),
+        ("OSError: [Errno 98] Address already in use", "port is taken"),
+        ("serve: error: argument --tool-call-parser: invalid choice: 'minimax_m3'", "no minimax_m3 parsers"),
+        ("huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo", "HF_TOKEN"),
+        ("RuntimeError: No CUDA GPUs are available", "no usable GPU"),
+        ("vllm: error: unrecognized arguments: --language-model-only", "rejected a flag"),
+        ("torch.distributed.DistBackendError: NCCL error in: ...", "NCCL"),
+    ],
+)
+def test_likely_cause_names_the_fix(line, cause):
+    assert cause in launcher.likely_cause(["INFO starting", line])
+
+
+def test_likely_cause_of_a_silent_sigkill_is_host_memory():
+    assert "host RAM" in launcher.likely_cause(["Loading weights"], returncode=137)
+    assert launcher.likely_cause(["nothing useful"]).startswith("unknown")
