@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -225,7 +226,9 @@ def print_table(report: Report, console: Console | None = None) -> None:
         console.width = max(console.width, 200)  # logs and pipes: no column cut to 80 characters
     table = Table(title="instances", show_lines=False)
     for col in _COLUMNS:
-        table.add_column(col, justify="left" if col in ("instance", "outcome", "agent", "modes") else "right")
+        # fold, never "…": a narrow terminal wraps an id or a number onto more lines instead of hiding part of it
+        table.add_column(col, justify="left" if col in ("instance", "outcome", "agent", "modes") else "right",
+                         overflow="fold")
     style = {"resolved": "green", "unresolved": "yellow", "error": "red", "empty_patch": "dim"}
     for row in report.instances:
         table.add_row(*_cells(row), style=style.get(row.outcome))
@@ -258,23 +261,54 @@ def to_markdown(report: Report) -> str:
 
 
 _COLOURS = {"resolved": "#2e7d32", "unresolved": "#f9a825", "error": "#c62828", "empty_patch": "#9e9e9e"}
+# Plot labels are monospace, so their width is known before a browser lays them out.
+_LABEL_PX, _CHAR_PX, _LABEL_MAX = 12, 7.4, 48
 
 
-def _bars(title: str, unit: str, rows: list[InstanceRow], values: list[float]) -> str:
+def middle_cut(text: str, limit: int = _LABEL_MAX) -> str:
+    """`text` unchanged when it fits in `limit` characters, else its head and tail around an ellipsis."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return f"{text[:head]}\u2026{text[len(text) - (limit - 1 - head):]}"
+
+
+def _counted(one: str, many: str | None = None) -> Callable[[float], str]:
+    """A formatter printing a count as an integer: "12,382 tok", "1 turn", "4 turns"."""
+    def fmt(v: float) -> str:
+        n = round(v)
+        return f"{n:,} {one if n == 1 else many or one}"
+    return fmt
+
+
+def _seconds(v: float) -> str:
+    return f"{v:,.1f} s"
+
+
+def _label(instance_id: str, x: float, y: float) -> str:
+    """An instance's label, right-aligned at `x`: whole, or cut in the middle with the full id on hover."""
+    shown = middle_cut(instance_id)
+    hover = f"<title>{html.escape(instance_id)}</title>" if shown != instance_id else ""
+    return (f'<text class="label" x="{x:.0f}" y="{y + 12}" text-anchor="end" font-family="monospace" '
+            f'font-size="{_LABEL_PX}">{hover}{html.escape(shown)}</text>')
+
+
+def _bars(title: str, rows: list[InstanceRow], values: list[float], fmt: Callable[[float], str]) -> str:
     """One horizontal bar chart as inline SVG: a bar per instance, coloured by outcome."""
-    width, label_w, bar_h, gap = 760, 230, 16, 4
-    top = max(values, default=0) or 1.0
+    label_w = round(max((len(middle_cut(r.instance_id)) for r in rows), default=0) * _CHAR_PX) + 12
+    bar_area, bar_h, gap = 460, 16, 4
+    width, top = label_w + bar_area + 110, max(values, default=0) or 1.0
     height = 30 + len(rows) * (bar_h + gap)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'aria-label="{html.escape(title)}"><text x="0" y="16" font-weight="bold">{html.escape(title)}</text>']
     for i, (row, v) in enumerate(zip(rows, values)):
         y = 26 + i * (bar_h + gap)
-        w = (width - label_w - 90) * v / top
+        w = bar_area * v / top
         parts.append(
-            f'<text x="{label_w - 6}" y="{y + 12}" text-anchor="end" font-size="12">{html.escape(row.instance_id)}</text>'
-            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{_COLOURS.get(row.outcome, "#555")}">'
-            f'<title>{html.escape(row.instance_id)}: {v:,.2f} {unit} ({row.outcome})</title></rect>'
-            f'<text x="{label_w + w + 4:.1f}" y="{y + 12}" font-size="12">{v:,.1f} {unit}</text>')
+            _label(row.instance_id, label_w - 6, y)
+            + f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{_COLOURS.get(row.outcome, "#555")}">'
+            f'<title>{html.escape(row.instance_id)}: {html.escape(fmt(v))} ({row.outcome})</title></rect>'
+            f'<text x="{label_w + w + 4:.1f}" y="{y + 12}" font-size="12">{html.escape(fmt(v))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -283,10 +317,10 @@ def to_html(report: Report) -> str:
     """A self-contained HTML page: summary, plots of time / tokens / turns per instance, the table."""
     s, rows = report.summary, report.instances
     plots = [
-        _bars("wall time per instance", "s", rows, [r.wall_s for r in rows]),
-        _bars("tokens per instance (in + out)", "tok", rows,
-              [_agent(r).prompt_tokens + _agent(r).completion_tokens for r in rows]),
-        _bars("turns per instance", "turns", rows, [float(_agent(r).turns) for r in rows]),
+        _bars("wall time per instance", rows, [r.wall_s for r in rows], _seconds),
+        _bars("tokens per instance (in + out)", rows,
+              [_agent(r).prompt_tokens + _agent(r).completion_tokens for r in rows], _counted("tok")),
+        _bars("turns per instance", rows, [_agent(r).turns for r in rows], _counted("turn", "turns")),
     ]
     legend = " ".join(f'<span style="color:{c}">&#9632; {k}</span>' for k, c in _COLOURS.items())
     head = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in _headline(s))
@@ -297,7 +331,8 @@ def to_html(report: Report) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>m3-agent eval: {s.resolved_instances}/{s.total_instances} resolved</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;color:#222}} table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ddd;padding:3px 8px;text-align:left}} svg{{display:block;margin:1.5em 0}}</style></head>
+td,th{{border:1px solid #ddd;padding:3px 8px;text-align:left}} svg{{display:block;margin:1.5em 0}}
+td:first-child{{overflow-wrap:anywhere;max-width:32em}}</style></head>
 <body><h1>m3-agent eval: {s.resolve_rate:.1%} resolved</h1>
 <table>{head}</table>
 <p>{legend}</p>

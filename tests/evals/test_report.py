@@ -7,7 +7,8 @@ import json
 import pytest
 
 from m3_agent.evals.grading import InstanceReport
-from m3_agent.evals.report import CostModel, build_report, report_from_dir, to_html, to_json, to_markdown, write_reports
+from m3_agent.evals.report import (CostModel, build_report, middle_cut, report_from_dir, to_html, to_json, to_markdown,
+                                  write_reports)
 from m3_agent.evals.runner import AgentStats, InstanceResult, save_result
 from m3_agent.evals.tasks import Task
 
@@ -109,3 +110,36 @@ def test_report_from_a_results_folder_uses_its_run_metadata(tmp_path, results):
     summary = json.loads(paths["summary"].read_text())
     assert list(summary)[:7] == ["total_instances", "submitted_instances", "completed_instances", "resolved_instances",
                                  "unresolved_instances", "empty_patch_instances", "error_instances"]
+
+
+def _stats_from_json(**counts) -> AgentStats:
+    """Agent stats as results.jsonl may carry them: counts written as floats by another tool."""
+    return AgentStats.model_validate({"status": "submitted", **{k: float(v) for k, v in counts.items()}})
+
+
+def test_counts_print_as_integers_in_every_rendering():
+    results = [_result("more-itertools__more-itertools-0e6acdf", resolved=True,
+                       agent=_stats_from_json(turns=2, prompt_tokens=640_000, completion_tokens=6_862)),
+               _result("a-1", agent=_stats_from_json(turns=1, prompt_tokens=900, completion_tokens=12))]
+    report = build_report(results)
+    page = to_html(report)
+    assert "646,862 tok" in page and "912 tok" in page
+    assert ">2 turns<" in page and ">1 turn<" in page
+    assert ".0 tok" not in page and ".0 turn" not in page
+    md = to_markdown(report)
+    assert "| more-itertools__more-itertools-0e6acdf | resolved | submitted | 2 | 640,000 | 6,862 |" in md
+    data = json.loads(to_json(report))
+    counts = [data["summary"][k] for k in ("prompt_tokens", "completion_tokens", "turns", "resolved_instances")]
+    counts += [data["instances"][0]["agent"][k] for k in ("prompt_tokens", "completion_tokens", "turns")]
+    assert all(type(v) is int for v in counts), counts
+
+
+def test_plot_labels_are_whole_or_cut_in_the_middle_with_the_full_id_on_hover():
+    short = "more-itertools__more-itertools-0e6acdf"
+    long = "instance_ansible__ansible-f327e65d11bb905ed9f15996024f857a95592629-vba6da65a0f3baefda7a058"
+    page = to_html(build_report([_result(short, resolved=True, agent=AGENT), _result(long, agent=AGENT)]))
+    assert page.count(f'font-size="12">{short}</text>') == 3  # whole, in each of the three plots
+    cut = middle_cut(long)
+    assert len(cut) == 48 and cut == "instance_ansible__ansib\u2026-vba6da65a0f3baefda7a058"
+    assert page.count(f"<title>{long}</title>{cut}</text>") == 3
+    assert middle_cut(short) == short
