@@ -79,6 +79,14 @@ ensure_docker() {
   docker_up || die "the Docker engine did not start; see /var/log/m3-agent-dockerd.log" 4
 }
 
+# The eval report's screenshot test renders the page in Debian's headless Chromium; its plot labels
+# are sized for a monospace font, so the DejaVu fonts come too. Only `test` and `setup` need them.
+ensure_browser() {
+  if ! command -v chromium >/dev/null 2>&1 || ! dpkg -s fonts-dejavu-core >/dev/null 2>&1; then
+    ( apt_install chromium fonts-dejavu-core ) || log "chromium could not be installed: the report's browser test will fail"
+  fi
+}
+
 ensure_image() {
   .venv/bin/m3-agent sandbox build
 }
@@ -97,11 +105,13 @@ case "${1:-}" in
     ;;
   test)
     setup
+    ensure_browser
     shift
     exec .venv/bin/python -m pytest -q "$@"
     ;;
   setup)
     setup
+    ensure_browser
     ;;
   *)
     echo "usage: bash run.sh demo | test [pytest args] | setup" >&2
