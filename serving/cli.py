@@ -17,7 +17,7 @@ from m3_agent.serving.gpus import auto_profile, detect_gpus, summary
 from m3_agent.serving.loadgen import LoadConfig
 from m3_agent.serving.multinode import ray_tensor_parallel, replicas_behind_router
 from m3_agent.serving.planner import BYTES_PER_PARAM, M3_PARAMS_B, PlanRequest, describe, gpu_memory_for, plan
-from m3_agent.serving.profiles import PROFILES, Overrides, build_command, get_profile
+from m3_agent.serving.profiles import PROFILES, Overrides, Profile, build_command, get_profile
 
 app = typer.Typer(no_args_is_help=True, help="Launch, plan and benchmark a self-hosted M3 endpoint.")
 out = Console(highlight=False, soft_wrap=True)
@@ -116,20 +116,35 @@ def start_command(
     )
 
 
+def _entry_point_note(p: Profile) -> str | None:
+    """A comment for a profile whose seed starts the engine through an entry point since deprecated."""
+    if not p.seed_launcher:
+        return None
+    engine = {"vllm": "vLLM", "sglang": "SGLang"}[p.engine]
+    now = " ".join(p.launcher) + (" MODEL" if p.model_flag is None else f" {p.model_flag} MODEL")
+    return (f"# {p.source.split(':')[0]} starts {engine} with `{p.seed_launcher}`, which {engine} marks deprecated; "
+            f"the same server starts here as `{now}`, with the seed's flags unchanged")
+
+
 def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nodes: int, replicas: int) -> None:
     p = get_profile(profile, engine)  # type: ignore[arg-type]
+    note = _entry_point_note(p) if runner == "native" or nodes > 1 or replicas > 1 else None
     if nodes > 1 or replicas > 1:
         steps = (
             ray_tensor_parallel(p, nodes, overrides=o)
             if nodes > 1
             else replicas_behind_router(p, replicas, overrides=o)
         )
+        if note:
+            out.print(note, markup=False)
         for step in steps:
             out.print(f"# {step.where}", markup=False)
             out.print(step.command, markup=False)
         return
     cmd = build_command(p, runner, o)  # type: ignore[arg-type]
     out.print(f"# {p.name} ({p.engine}, {runner}): {p.summary}; from {p.source}", markup=False)
+    if note:
+        out.print(note, markup=False)
     if cmd.added:
         out.print(f"# added to the seed's flags (required for M3): {' '.join(cmd.added)}", markup=False)
     out.print(cmd.shell(), markup=False)

@@ -61,8 +61,13 @@ class Profile(BaseModel):
     gpus: int
     precision: Precision = "bf16"
     model: str = DEFAULT_MODEL
-    launcher: list[str] = Field(description="the program and sub-command the seed runs natively")
-    model_flag: str | None = Field(None, description="None: the model is positional (vllm serve MODEL)")
+    launcher: list[str] = Field(description="the program and sub-command that start the engine natively")
+    model_flag: str | None = Field(
+        None, description="how the native launcher takes the model; None: positional (vllm serve MODEL)"
+    )
+    seed_launcher: str | None = Field(
+        None, description="the seed's own start, when it used an entry point the engine has since deprecated"
+    )
     args: list[str] = Field(description="the seed's flags in the seed's order, the model excepted")
     env: dict[str, str] = Field(default_factory=dict)
     docker_image: str = VLLM_IMAGE
@@ -123,12 +128,16 @@ def _amd(name: str, summary: str, source: str, args: str, *, env: dict[str, str]
                  docker_image=VLLM_ROCM_IMAGE, docker_options=list(AMD_DOCKER_OPTIONS), **kw)
 
 
+# seed 001 starts vLLM through this module, which vLLM marks deprecated; `vllm serve` runs the same server.
+_OLD_VLLM_ENTRY = "python -m vllm.entrypoints.openai.api_server --model MODEL"
+
+
 def _seed001(name: str, tp: int, summary: str) -> Profile:
     variant = "" if tp == 2 else " (its --tensor-parallel-size 4 variant)"
     return Profile(
         name=name, engine="vllm", summary=summary, gpu="H200", gpus=tp, precision="fp8",
         source=f"seed 001: Step 4, Launch the vLLM Server{variant}",
-        launcher=["python", "-m", "vllm.entrypoints.openai.api_server"], model_flag="--model",
+        launcher=["vllm", "serve"], seed_launcher=_OLD_VLLM_ENTRY,
         args=_flags(f"--served-model-name minimax-m3 --tensor-parallel-size {tp} --quantization fp8 "
                     "--enable-expert-parallel --max-model-len 131072 --kv-cache-dtype fp8_e5m2 "
                     "--gpu-memory-utilization 0.92 --enable-chunked-prefill --max-num-seqs 16 --port 8000"),
@@ -153,8 +162,7 @@ PROFILES: list[Profile] = [
           "--reasoning-parser minimax_m3 --trust-remote-code"),
     _vllm("b200", "8x B200 (HGX), TP8, the seed 000 benchmark machine",
           "seed 000: Deploying MiniMax-M3 (vLLM docker run)", "B200",
-          f"--served-model-name minimax-m3 --tensor-parallel-size 8 --trust-remote-code --block-size 128 {_PARSERS}",
-          model_flag="--model"),
+          f"--served-model-name minimax-m3 --tensor-parallel-size 8 --trust-remote-code --block-size 128 {_PARSERS}"),
     Profile(name="b200", engine="sglang", summary="8x B200 (HGX), SGLang TP8 with fa4 attention (CUDA 12.8 only)",
             source="seed 000: Deploying MiniMax-M3 (SGLang docker run)", gpu="B200", gpus=8,
             launcher=["python3", "-m", "sglang.launch_server"], model_flag="--model-path",
@@ -360,6 +368,7 @@ def build_command(profile: Profile, runner: Runner = "native", overrides: Overri
     env_opts = [x for k, v in env.items() for x in ("-e", f"{k}={v}")]
     if os.environ.get("HF_TOKEN"):
         env_opts += ["-e", "HF_TOKEN"]  # passes the caller's token through without printing it
+    # The vLLM image's entrypoint takes the model as `--model`, as seed 000's docker run passes it.
     model_flag = profile.model_flag or ("--model" if profile.engine == "vllm" else "--model-path")
     argv = [
         "docker",

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
 from typer.testing import CliRunner
 
 from m3_agent.serving.cli import app
 from m3_agent.serving.multinode import ray_tensor_parallel, replicas_behind_router
-from m3_agent.serving.profiles import Overrides, build_command, flag_value, get_profile
+from m3_agent.serving.profiles import PROFILES, Overrides, build_command, flag_value, get_profile
 
 runner = CliRunner()
 
@@ -24,10 +25,56 @@ def test_dry_run_prints_the_exact_command_and_what_was_added():
     lines = res.output.splitlines()
     assert lines[0].startswith("# h200x2-fp8 (vllm, native)") and "seed 001" in lines[0]
     assert lines[1] == (
+        "# seed 001 starts vLLM with `python -m vllm.entrypoints.openai.api_server --model MODEL`, which vLLM marks "
+        "deprecated; the same server starts here as `vllm serve MODEL`, with the seed's flags unchanged"
+    )
+    assert lines[2] == (
         "# added to the seed's flags (required for M3): --block-size 128 --tool-call-parser minimax_m3 "
         "--reasoning-parser minimax_m3 --enable-auto-tool-choice --enable-prompt-tokens-details"
     )
-    assert shlex.split(lines[2]) == build_command(get_profile("h200x2-fp8"), "native").argv
+    assert shlex.split(lines[3]) == build_command(get_profile("h200x2-fp8"), "native").argv
+
+
+SGLANG_LAUNCHERS = (["python", "-m", "sglang.launch_server"], ["python3", "-m", "sglang.launch_server"])
+
+
+def _commands(output: str) -> list[list[str]]:
+    """The printed commands (comments dropped), each without its leading VAR=value environment."""
+    commands = []
+    for line in output.splitlines():
+        if line and not line.startswith("#"):
+            argv = shlex.split(line)
+            while "=" in argv[0] and not argv[0].startswith("-"):
+                argv.pop(0)
+            commands.append(argv)
+    return commands
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"{p.name}-{p.engine}")
+def test_dry_run_of_every_profile_starts_with_vllm_serve_or_sglangs_launcher(profile):
+    res = _run("start", "-p", profile.name, "--engine", profile.engine, "--dry-run")
+    assert res.exit_code == 0, res.output
+    [argv] = _commands(res.output)
+    if profile.engine == "vllm":
+        assert argv[:3] == ["vllm", "serve", profile.model] and "--model" not in argv
+    else:
+        assert argv[:3] in SGLANG_LAUNCHERS and argv[argv.index("--model-path") + 1] == profile.model
+    notes = [line for line in res.output.splitlines() if "vllm.entrypoints" in line]
+    assert all(line.startswith("# seed ") and "deprecated" in line for line in notes), notes
+    assert len(notes) == (1 if profile.source.startswith("seed 001") else 0)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"{p.name}-{p.engine}")
+def test_docker_dry_run_never_uses_the_deprecated_vllm_module(profile):
+    res = _run("start", "-p", profile.name, "--engine", profile.engine, "--runner", "docker", "--dry-run")
+    assert res.exit_code == 0, res.output
+    [argv] = _commands(res.output)
+    after_image = argv[argv.index(profile.docker_image) + 1 :]
+    assert not any("vllm.entrypoints" in a for a in argv)
+    if profile.engine == "vllm":  # the image's own entrypoint is `vllm serve`
+        assert after_image[:2] == ["--model", profile.model]
+    else:
+        assert after_image[:3] in SGLANG_LAUNCHERS
 
 
 def test_dry_run_docker_and_overrides():

@@ -111,6 +111,15 @@ SEED_DOCKER = {
 # Where the seed's text is damaged, the one token we use instead.
 SEED_FIXES = {("blackwell-mxfp8-tp8-ep", "sglang"): {"minimax-m3-nom": "minimax-m3"}}
 MODEL_IN_SEED = {("h200x2-fp8", "vllm"): "./minimax-m3", ("h200x4-fp8", "vllm"): "./minimax-m3"}
+# Seed 001 starts vLLM through a module vLLM marks deprecated; the profile starts the same server with
+# `vllm serve MODEL` and keeps every other flag of the seed, in order.
+OLD_VLLM = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model"]
+
+
+def _current_entry_point(seed_argv: list[str]) -> list[str]:
+    if seed_argv[: len(OLD_VLLM)] == OLD_VLLM:
+        return ["vllm", "serve", *seed_argv[len(OLD_VLLM) :]]
+    return seed_argv
 
 
 def _split(text: str) -> tuple[dict[str, str], list[str]]:
@@ -134,7 +143,7 @@ def _expected_added(seed_argv: list[str], engine: str) -> list[str]:
 def test_native_command_is_the_seed_command_flag_by_flag(key):
     env, seed_argv = _split(SEED_NATIVE[key])
     fixes = SEED_FIXES.get(key, {})
-    seed_argv = [fixes.get(t, t) for t in seed_argv]
+    seed_argv = _current_entry_point([fixes.get(t, t) for t in seed_argv])
     cmd = build_command(get_profile(*key), "native", Overrides(model=MODEL_IN_SEED.get(key)))
     assert cmd.env == env
     assert cmd.argv[: len(seed_argv)] == seed_argv
@@ -226,3 +235,20 @@ def test_unknown_profile_and_engine_are_usage_errors():
     with pytest.raises(UsageError, match="no sglang form"):
         get_profile("h200-tp8", "sglang")
     assert "b200" in profile_names() and profile_names().count("b200") == 1
+
+
+@pytest.mark.parametrize("key", sorted(k for k in SEED_NATIVE if _split(SEED_NATIVE[k])[1][:4] == OLD_VLLM))
+def test_a_seed_on_the_deprecated_vllm_module_is_recorded_and_started_with_vllm_serve(key):
+    profile = get_profile(*key)
+    assert profile.seed_launcher == "python -m vllm.entrypoints.openai.api_server --model MODEL"
+    argv = build_command(profile, "native").argv
+    assert argv[:3] == ["vllm", "serve", profile.model] and "--model" not in argv
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"{p.name}-{p.engine}")
+def test_native_vllm_takes_the_model_as_vllm_serve_does(profile):
+    argv = build_command(profile, "native", Overrides(model="/models/m3")).argv
+    if profile.engine == "vllm":
+        assert argv[:3] == ["vllm", "serve", "/models/m3"] and "--model" not in argv
+    else:
+        assert argv[argv.index("--model-path") + 1] == "/models/m3"
