@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 
 import pytest
+from rich.console import Console
 
 from m3_agent.evals.grading import InstanceReport
-from m3_agent.evals.report import (CostModel, build_report, middle_cut, report_from_dir, to_html, to_json, to_markdown,
-                                  write_reports)
+from m3_agent.evals.report import (CostModel, build_report, middle_cut, print_table, report_from_dir, to_html, to_json,
+                                  to_markdown, write_reports)
 from m3_agent.evals.runner import AgentStats, InstanceResult, save_result
 from m3_agent.evals.tasks import Task
 
@@ -128,6 +131,11 @@ def test_counts_print_as_integers_in_every_rendering():
     assert ".0 tok" not in page and ".0 turn" not in page
     md = to_markdown(report)
     assert "| more-itertools__more-itertools-0e6acdf | resolved | submitted | 2 | 640,000 | 6,862 |" in md
+    console = Console(width=200, record=True, file=io.StringIO())
+    print_table(report, console)
+    table = console.export_text()
+    assert re.search(r"more-itertools-0e6acdf │ resolved +│ submitted │ +2 │ 640,000 │ +6,862 │", table), table
+    assert "640,900 / 6,874 / 0" in table and "3 / 0" in table  # the summary's tokens and turns / stalls
     data = json.loads(to_json(report))
     counts = [data["summary"][k] for k in ("prompt_tokens", "completion_tokens", "turns", "resolved_instances")]
     counts += [data["instances"][0]["agent"][k] for k in ("prompt_tokens", "completion_tokens", "turns")]
