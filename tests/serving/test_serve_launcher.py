@@ -117,6 +117,17 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(fake_bin, cleanup_end
     assert _dead(state.pid) and _dead(worker)
 
 
+def test_seed_001_profile_starts_through_vllm_serve(fake_bin, cleanup_endpoints):
+    cmd = build_command(get_profile("h200x4-fp8"), "native", Overrides(port=free_port(), host="127.0.0.1"))
+    state = launcher.start(cmd, timeout_s=30)
+    assert state.served_model_name == "minimax-m3"  # the seed's --served-model-name, read by the engine
+    argv_line = next(line for line in launcher.tail(state.log_path, 50) if "fake engine argv:" in line)
+    engine_args = argv_line.split("fake engine argv: ", 1)[1].split()
+    assert engine_args[:2] == ["serve", "MiniMaxAI/MiniMax-M3"] and "--model" not in engine_args
+    assert engine_args[2:4] == ["--served-model-name", "minimax-m3"]
+    launcher.stop(grace_s=5)
+
+
 def test_second_start_under_the_same_name_is_refused(fake_bin, cleanup_endpoints):
     launcher.start(_cmd(free_port()), timeout_s=30)
     with pytest.raises(UsageError, match="already running"):
