@@ -368,7 +368,7 @@ def build_command(profile: Profile, runner: Runner = "native", overrides: Overri
     env_opts = [x for k, v in env.items() for x in ("-e", f"{k}={v}")]
     if os.environ.get("HF_TOKEN"):
         env_opts += ["-e", "HF_TOKEN"]  # passes the caller's token through without printing it
-    # The vLLM image's entrypoint takes the model as `--model`, as seed 000's docker run passes it.
+    # The vLLM image's entrypoint is `vllm serve`; seed 000's docker run gives it the model as `--model`.
     model_flag = profile.model_flag or ("--model" if profile.engine == "vllm" else "--model-path")
     argv = [
         "docker",
