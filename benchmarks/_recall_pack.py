@@ -1,0 +1,106 @@
+"""Reading a pack written by `m3-agent pack`: which files it holds, how many characters of content,
+which files its tree lists as packable, and the order of the files the budget left out.
+
+The pack's text is the product's output (agent/context/layout.py documents it): a `## Tree`, then
+under `## Files` one `### path` heading per file followed by its text between backtick fences, and
+a footer naming the left-out files most relevant first. Paths are printed as they are, or
+JSON-quoted when odd; a heading's notes follow the path after two spaces and a parenthesis.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+_DECODER = json.JSONDecoder()
+SHORTENED = "not listed: tree shortened"
+LEFT_OUT = "Left out to fit the token budget ("
+
+
+@dataclass
+class PackView:
+    """What a pack holds: files with a section (in pack order) and the characters of their contents."""
+
+    files: list[str] = field(default_factory=list)
+    content_chars: int = 0
+    candidates: list[str] | None = None  # files the tree lists without a skip mark
+    tree_shortened: bool = False
+    left_out: list[str] = field(default_factory=list)  # the footer's names, most relevant first (first 25)
+
+
+def _name(text: str) -> tuple[str, str]:
+    """A printed path and the rest of its line: JSON-quoted, or up to its notes ("  (")."""
+    if text.startswith('"'):
+        name, end = _DECODER.raw_decode(text)
+        return name, text[end:]
+    cut = text.find("  (")
+    return (text, "") if cut < 0 else (text[:cut], text[cut:])
+
+
+def _tree(lines: list[str], start: int, view: PackView) -> int:
+    """Read the tree from line `start` (after `## Tree`) to its blank line; the index after it."""
+    dirs: list[str] = []
+    candidates = []
+    i = start
+    while i < len(lines) and lines[i]:
+        line = lines[i]
+        stripped = line.lstrip(" ")
+        depth = (len(line) - len(stripped)) // 2
+        name, rest = _name(stripped)
+        del dirs[depth:]
+        if name.endswith("/") or rest.startswith("/"):  # a directory (folded ones list no files under them)
+            if SHORTENED in rest:
+                view.tree_shortened = True
+            dirs.append(name.rstrip("/"))
+        elif not rest:
+            candidates.append("/".join([*dirs, name]))
+        i += 1
+    view.candidates = candidates
+    return i
+
+
+def _sections(lines: list[str], start: int, view: PackView) -> int:
+    """Read the `### path` sections from line `start`; the index of the first line after them."""
+    i = start
+    while i < len(lines):
+        line = lines[i]
+        if not line:
+            i += 1
+            continue
+        if not line.startswith("### "):
+            return i
+        path, _ = _name(line[4:])
+        fence = lines[i + 1][: len(lines[i + 1]) - len(lines[i + 1].lstrip("`"))]
+        j = i + 2
+        while lines[j] != fence:
+            j += 1
+        body = lines[i + 2: j]
+        view.files.append(path)
+        view.content_chars += sum(len(b) + 1 for b in body)  # each line and its newline
+        i = j + 1
+    return i
+
+
+def _footer(lines: list[str], start: int, view: PackView) -> None:
+    for line in lines[start:]:
+        if line.startswith(LEFT_OUT):
+            names = line.split("most relevant first: ", 1)[1].rstrip(".")
+            names = names.rsplit(" and ", 1)[0] if names.endswith(" more") else names
+            view.left_out = [_name(n)[0] for n in names.split(", ")]
+
+
+def read_pack(data: bytes) -> PackView:
+    """The files a pack holds, read off its sections; its tree's packable files; its footer's order."""
+    lines = data.decode("utf-8", "replace").split("\n")
+    view = PackView()
+    i = 0
+    while i < len(lines):
+        if lines[i] == "## Tree":
+            i = _tree(lines, i + 1, view)
+        elif lines[i] == "## Files":
+            i = _sections(lines, i + 1, view)
+            _footer(lines, i, view)
+            break
+        else:
+            i += 1
+    return view
