@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _recall_pack import PackView, read_pack  # noqa: E402
@@ -76,7 +77,7 @@ class Outcome:
     held: list[str]
     chars: int
     seconds: float
-    ranks: dict[str, int | None] = field(default_factory=dict)  # gold file -> rank (ours: among the left-out)
+    ranks: dict[str, int | None] = field(default_factory=dict)  # gold file -> rank from 1 (ours: among the left-out)
 
 
 def git(git_dir: str | Path, *args: str) -> str:
@@ -242,16 +243,16 @@ def run_instance(inst: Instance, checkout: Checkout, ranker: Bm25Ranker, exe: st
     candidates: list[str] | None = None
     for key, budget in sorted(budgets.items(), key=lambda kv: -kv[1]):
         view, seconds = run_ours(exe, tree, issue_file, budget, work / "pack.md")
-        if candidates is None or (view.candidates is not None and not view.tree_shortened):
-            candidates = candidates or view.candidates
+        if candidates is None and not view.tree_shortened:  # the largest budget's whole tree, normally 1M's
+            candidates = view.candidates
         ours[key] = Outcome(view.files, view.content_chars, seconds,
-                            {g: view.left_out.index(g) if g in view.left_out else None for g in inst.gold})
+                            {g: view.left_out.index(g) + 1 if g in view.left_out else None for g in inst.gold})
     if not candidates:
         raise RuntimeError(f"{inst.repo} {inst.sha[:10]}: the pack's tree was shortened at every budget")
     ranked, bm25_s = ranker.rank(tree, candidates, checkout.blobs(), inst.issue)
     position = {p: i for i, (p, _) in enumerate(ranked)}
     bm25 = {key: Outcome(fill(ranked, ours[key].chars), ours[key].chars, bm25_s,
-                         {g: position.get(g) for g in inst.gold}) for key in budgets}
+                         {g: position[g] + 1 if g in position else None for g in inst.gold}) for key in budgets}
     sizes = {p: c for p, c in ranked if p in inst.gold}
     return {"repo": inst.repo, "sha": inst.sha, "subject": inst.subject, "gold": list(inst.gold),
             "gold_chars": sizes, "reachable": all(g in position for g in inst.gold), "candidates": len(candidates),
@@ -303,8 +304,8 @@ def print_table(summary: dict, budgets: dict[str, int]) -> None:
 
 def print_misses(records: list[dict], budgets: dict[str, int]) -> None:
     """Every gold file ours left out, with its size and where ours and BM25 ranked it."""
-    print("\ngold files ours left out (ours: rank in the footer's left-out list, '-' past its first 25; "
-          "bm25: rank among all candidates)")
+    print("\ngold files ours left out (ours: rank from 1 in the footer's left-out list, '-' past its first 25; "
+          "bm25: rank from 1 among all candidates)")
     for r in records:
         for key in budgets:
             missing = [g for g in r["gold"] if g not in r["ours"][key]["found"]]
@@ -328,11 +329,30 @@ def parse_repos(values: list[str], repos_dir: str | None) -> list[tuple[str, Pat
                 out.append((child.name.removesuffix(".git"), child))
     for name, path in out:
         if subprocess.run(["git", "-C", str(path), "rev-parse", "--git-dir"], capture_output=True).returncode != 0:
-            sys.exit(f"pack_recall: not a git repository: {path}")
+            fail(f"pack_recall: not a git repository: {path}")
     return out
 
 
+def fail(message: str) -> NoReturn:
+    """One line on stderr, exit status 2 (bad input, or git or m3-agent failing on it)."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main() -> None:
+    """Run the benchmark; bad input or a failing git or m3-agent is one line on stderr and exit 2."""
+    try:
+        run(sys.argv[1:])
+    except subprocess.CalledProcessError as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr or "")
+        first = (err.strip().splitlines() or [""])[0]
+        fail(f"pack_recall: {' '.join(map(str, e.cmd[:5]))} failed: {first[:300]}")
+    except RuntimeError as e:
+        fail(f"pack_recall: {e}")
+
+
+def run(argv: list[str]) -> None:
+    """Parse the options, run every instance of every repository, print the tables and the JSON line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repo", action="append", default=[], help="[NAME=]PATH of a clone with its history; repeatable")
     ap.add_argument("--repos-dir", help="a directory whose subdirectories are clones")
@@ -343,18 +363,18 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path,
                     default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "m3-agent-pack-recall")
     ap.add_argument("--details", type=Path, help="write one JSON record per instance here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     repos = parse_repos(args.repo, args.repos_dir)
     if not repos:
-        sys.exit("pack_recall: give at least one --repo PATH or --repos-dir DIR (see docs/pack_recall.md)")
+        fail("pack_recall: give at least one --repo PATH or --repos-dir DIR (see docs/pack_recall.md)")
     budgets = {k: BUDGETS[k] for k in args.budgets.split(",") if k in BUDGETS}
     exe = args.exe or str(Path(sys.executable).with_name("m3-agent"))
     if not os.path.exists(exe):
-        exe = shutil.which("m3-agent") or sys.exit("pack_recall: no m3-agent command: pass --m3-agent PATH")
+        exe = shutil.which("m3-agent") or fail("pack_recall: no m3-agent command: pass --m3-agent PATH")
     try:
         ranker = Bm25Ranker()
     except ImportError:
-        sys.exit("pack_recall: BM25 needs bm25s: pip install -r benchmarks/requirements-pack-recall.txt")
+        fail("pack_recall: BM25 needs bm25s: pip install -r benchmarks/requirements-pack-recall.txt")
     work = args.cache_dir / "work"
     work.mkdir(parents=True, exist_ok=True)
     records, started = [], time.perf_counter()
