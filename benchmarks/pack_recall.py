@@ -200,7 +200,8 @@ class Bm25Ranker:
 
         self.tokens: dict[str, list[str]] = {}
 
-    def rank(self, tree: Path, candidates: list[str], blobs: dict[str, str], issue: str) -> tuple[list[tuple[str, int]], float]:
+    def rank(self, tree: Path, candidates: list[str], blobs: dict[str, str],
+             issue: str) -> tuple[list[tuple[str, int]], float]:
         """Candidates as (path, characters), highest score first (ties: path order), and seconds taken."""
         import bm25s
 
@@ -297,7 +298,8 @@ def print_table(summary: dict, budgets: dict[str, int]) -> None:
     rows = [*summary["per_repo"].items(), ("ALL", summary)]
     for name, s in rows:
         for key in budgets:
-            print(f"{name:<12} {s['instances']:>3} {key:>6}  {s[f'ours_all_{key}']:>8.0%} {s[f'bm25_all_{key}']:>8.0%}  "
+            print(f"{name:<12} {s['instances']:>3} {key:>6}  "
+                  f"{s[f'ours_all_{key}']:>8.0%} {s[f'bm25_all_{key}']:>8.0%}  "
                   f"{s[f'ours_file_recall_{key}']:>9.0%} {s[f'bm25_file_recall_{key}']:>9.0%}  "
                   f"{s[f'ours_pack_s_median_{key}']:>7.2f}/{s[f'ours_pack_s_max_{key}']:<7.2f}")
 

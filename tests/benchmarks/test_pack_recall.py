@@ -35,8 +35,8 @@ def history(tmp_path: Path) -> Path:
     repo.mkdir()
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=ENV)
     commit(repo, {"src/widget.py": "def parse(s):\n    return s\n", "src/other.py": "X = 1\n",
-                  "tests/test_widget.py": "def test_parse():\n    pass\n", "docs/index.rst": "Widget\n", "AUTHORS": "a\n"},
-           "initial")
+                  "tests/test_widget.py": "def test_parse():\n    pass\n", "docs/index.rst": "Widget\n",
+                  "AUTHORS": "a\n"}, "initial")
     return repo
 
 
