@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 from tenacity import (
@@ -21,9 +21,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from m3_agent.agent.thinking import ThinkingMode
 from m3_agent.errors import EndpointError, M3AgentError
-
-ThinkingMode = Literal["enabled", "disabled", "adaptive"]
 
 _STRAY_THINK_CLOSE = re.compile(r"^\s*</mm:think>\s*")
 _RAW_THINK = re.compile(r"^\s*<mm:think>(.*?)</mm:think>\s*", re.DOTALL)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["LoopState", "ThinkingConfig", "ThinkingMode", "ThinkingPolicy"]
 
+# The one definition: the model client and the policy both use it.
 ThinkingMode = Literal["enabled", "disabled", "adaptive"]
 
 # Tools that only look at the workspace; a clean turn of these is routine work.

@@ -141,3 +141,12 @@ def test_bad_config_is_rejected(bad):
 def test_config_loads_from_plain_data():
     cfg = ThinkingConfig.model_validate({"policy": "controller", "routine": "adaptive", "think_every_n_turns": 3})
     assert ThinkingPolicy(cfg).decide(routine_after_edit(turn=4)) == ("enabled", "re-plan every 3 turns")
+
+
+def test_thinking_mode_is_defined_once_for_the_policy_and_the_client():
+    import typing
+
+    from m3_agent.agent import model, thinking
+
+    assert model.ThinkingMode is thinking.ThinkingMode
+    assert set(typing.get_args(thinking.ThinkingMode)) == {"enabled", "disabled", "adaptive"}
