@@ -53,6 +53,47 @@ class ModelConfig(BaseModel):
     retry_max_wait_s: float = 30.0
 
 
+class ServedModel(BaseModel):
+    """One model a server lists in `GET /v1/models`: its id and, from vLLM, its context window."""
+
+    id: str
+    max_model_len: int | None = None
+
+
+def served_models(answer: Any) -> list[ServedModel]:
+    """The models a `/v1/models` answer lists, in its order; entries without an id are skipped."""
+    data = answer.get("data") if isinstance(answer, dict) else None
+    models = []
+    for card in data if isinstance(data, list) else []:
+        if isinstance(card, dict) and isinstance(card.get("id"), str):
+            window = card.get("max_model_len")
+            models.append(ServedModel(id=card["id"], max_model_len=window if isinstance(window, int) and window > 0
+                                      else None))
+    return models
+
+
+def list_models(base_url: str, *, api_key: str | None = None, timeout: float = 30.0) -> list[ServedModel]:
+    """`GET {base_url}/models` (base_url ends in /v1, or is the server root): the served models.
+
+    One request, no retries, no proxy (the endpoint is usually on the local network); EndpointError
+    when nothing answers, the answer is not 200 or not JSON.
+    """
+    import json
+    import urllib.error
+    import urllib.request
+
+    root = base_url.rstrip("/").removesuffix("/v1")
+    headers = {"User-Agent": "m3-agent", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(f"{root}/v1/models", headers=headers), timeout=timeout) as resp:
+            return served_models(json.loads(resp.read()))
+    except urllib.error.HTTPError as e:
+        raise EndpointError(f"{root}/v1/models answered HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise EndpointError(f"{root}/v1/models failed: {getattr(e, 'reason', e)}") from None
+
+
 class Usage(BaseModel):
     """Token accounting, per request or summed over a run."""
 
@@ -181,7 +222,7 @@ class ModelClient:
             max_retries=0,  # retries are ours (tenacity), bounded in attempts and time
         )
         self._model = config.model
-        self._max_model_len: int | None = None
+        self._served: list[ServedModel] | None = None
 
     def close(self) -> None:
         self._client.close()
@@ -226,9 +267,11 @@ class ModelClient:
             raise EndpointError(f"{what} failed ({e.status_code}): {_error_message(e)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _models(self) -> list[Any]:
-        page, _ = self._call(lambda: self._client.models.list(), "listing models")
-        return list(page.data)
+    def _models(self) -> list[ServedModel]:
+        if self._served is None:
+            answer, _ = self._call(lambda: self._client.get("/models", cast_to=object), "listing models")
+            self._served = served_models(answer)
+        return self._served
 
     @property
     def model(self) -> str:
@@ -238,19 +281,11 @@ class ModelClient:
             if not models:
                 raise EndpointError(f"the server at {self.config.base_url} lists no models")
             self._model = models[0].id
-            self._max_model_len = getattr(models[0], "max_model_len", None) or (models[0].model_extra or {}).get(
-                "max_model_len"
-            )
         return self._model
 
     def max_model_len(self) -> int | None:
         """The context window the server reports (vLLM's `max_model_len` in `/v1/models`)."""
-        if self._max_model_len is None:
-            for m in self._models():
-                if self._model is None or m.id == self._model:
-                    self._max_model_len = (m.model_extra or {}).get("max_model_len")
-                    break
-        return self._max_model_len
+        return next((m.max_model_len for m in self._models() if m.id == self.model), None)
 
     def complete(
         self,

@@ -9,7 +9,6 @@ group or container, so `status`, `logs` and `stop` work from any shell.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -24,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from m3_agent.agent.model import list_models
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving.profiles import Command
 
@@ -185,13 +185,12 @@ def probe(
     root = base_url.removesuffix("/").removesuffix("/v1")
     if http_get(f"{root}/health", timeout_s)[0] != 200:
         return "loading", [], None
-    code, body = http_get(f"{root}/v1/models", timeout_s)
     try:
-        data = json.loads(body).get("data") or [] if code == 200 else []
-    except (ValueError, AttributeError):
-        data = []
-    models = [m.get("id", "") for m in data if isinstance(m, dict)]
-    max_len = next((m.get("max_model_len") for m in data if isinstance(m, dict) and m.get("max_model_len")), None)
+        served = list_models(root, timeout=timeout_s)
+    except EndpointError:
+        served = []
+    models = [m.id for m in served]
+    max_len = next((m.max_model_len for m in served if m.max_model_len), None)
     listed = bool(models) if served_model_name is None else served_model_name in models
     return ("ready" if listed else "healthy"), models, max_len
 

@@ -230,7 +230,7 @@ class ServerCounter:
         self._http = _Http(self.root, timeout)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.concurrency = max(1, concurrency)
-        self.model = model or first_model(base_url, api_key=api_key, timeout=timeout)["id"]
+        self.model = model or server_card(base_url, api_key=api_key, timeout=timeout).id
         self.id = f"server:{self.model}"
         if check:
             self._count_one("m3-agent")
@@ -261,17 +261,6 @@ class ServerCounter:
         return self._count_text(text)
 
 
-def first_model(base_url: str, *, api_key: str | None = None, timeout: float = 30.0) -> dict:
-    """The first model card of `GET /v1/models` (vLLM's has `id` and `max_model_len`)."""
-    root = server_root(base_url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    answer = _Http(root, timeout).request("GET", "/v1/models", headers=headers)
-    data = answer.get("data") if isinstance(answer, dict) else None
-    if not data or not isinstance(data[0], dict) or "id" not in data[0]:
-        raise EndpointError(f"{root}/v1/models lists no model")
-    return data[0]
-
-
 def budget_for_window(max_model_len: int, *, output_reserve: int = 32_768, growth_reserve: float | int = 0.15) -> int:
     """The pack budget for a context window: the window less room for output and for the conversation.
 
@@ -281,17 +270,22 @@ def budget_for_window(max_model_len: int, *, output_reserve: int = 32_768, growt
     return max(0, max_model_len - output_reserve - growth)
 
 
+
+def server_card(base_url: str, model: str | None = None, *, api_key: str | None = None, timeout: float = 30.0):
+    """The `ServedModel` (id, max_model_len) a server lists for `model`, or its first when None."""
+    from m3_agent.agent.model import list_models  # only servers need it (and pydantic): packing does not
+
+    models = list_models(base_url, api_key=api_key, timeout=timeout)
+    card = next((m for m in models if model is None or m.id == model), None)
+    if card is None:
+        raise EndpointError(f"{server_root(base_url)}/v1/models does not list {model or 'any model'}")
+    return card
+
+
 def budget_for_server(base_url: str, *, model: str | None = None, output_reserve: int = 32_768,
                       growth_reserve: float | int = 0.15, api_key: str | None = None) -> int:
     """The default pack budget: the served model's `max_model_len` (from /v1/models) less reserves."""
-    root = server_root(base_url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    answer = _Http(root, 30.0).request("GET", "/v1/models", headers=headers)
-    cards = [c for c in answer.get("data") or [] if isinstance(c, dict)]
-    card = next((c for c in cards if model is None or c.get("id") == model), None)
-    if card is None:
-        raise EndpointError(f"{root}/v1/models does not list {model or 'any model'}")
-    window = card.get("max_model_len")
-    if not isinstance(window, int) or window <= 0:
-        raise EndpointError(f"{root}/v1/models gives no max_model_len for {card.get('id')}")
-    return budget_for_window(window, output_reserve=output_reserve, growth_reserve=growth_reserve)
+    card = server_card(base_url, model, api_key=api_key)
+    if card.max_model_len is None:
+        raise EndpointError(f"{server_root(base_url)}/v1/models gives no max_model_len for {card.id}")
+    return budget_for_window(card.max_model_len, output_reserve=output_reserve, growth_reserve=growth_reserve)

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from m3_agent.errors import EndpointError
-from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelConfig, is_context_overflow, split_reasoning
+from m3_agent.agent.model import (
+    ContextOverflowError,
+    ModelClient,
+    ModelConfig,
+    ServedModel,
+    is_context_overflow,
+    list_models,
+    served_models,
+    split_reasoning,
+)
 from m3_agent.serving.standin import StandinServer
 
 FAST_RETRY = dict(retry_initial_s=0.01, retry_max_wait_s=0.05, retry_attempts=4, retry_max_s=10)
@@ -38,6 +50,78 @@ def test_request_carries_model_card_sampling_and_thinking_mode():
 def test_max_model_len_is_read_from_models_listing():
     with StandinServer({"max_model_len": 32768, "turns": []}) as srv:
         assert _client(srv).max_model_len() == 32768
+
+
+class _Models(BaseHTTPRequestHandler):
+    """A server whose /v1/models answer is the class attribute `answer` (as SGLang or a proxy might list)."""
+
+    answer: object = {}
+    status = 200
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        body = json.dumps(self.answer).encode()
+        self.send_response(self.status if self.path == "/v1/models" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def models_server():
+    """Serve a given /v1/models answer over real HTTP: yields a function(answer, status) -> base_url."""
+    servers = []
+
+    def serve(answer: object, status: int = 200) -> str:
+        handler = type("Handler", (_Models,), {"answer": answer, "status": status})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_list_models_reads_ids_and_windows_from_the_stand_in():
+    with StandinServer({"max_model_len": 65536, "turns": []}) as srv:
+        assert list_models(srv.base_url) == [ServedModel(id="MiniMaxAI/MiniMax-M3", max_model_len=65536)]
+        assert list_models(srv.base_url.removesuffix("/v1")) == list_models(srv.base_url + "/")
+        # The client discovers through the same parser: the same model and window.
+        client = _client(srv)
+        assert (client.model, client.max_model_len()) == ("MiniMaxAI/MiniMax-M3", 65536)
+
+
+def test_served_models_keep_order_skip_bad_cards_and_missing_windows(models_server):
+    answer = {"data": [{"id": "m3-a", "max_model_len": 4096}, {"object": "model"}, "junk",
+                       {"id": "m3-b"}, {"id": "m3-c", "max_model_len": "big"}]}
+    assert served_models(answer) == [ServedModel(id="m3-a", max_model_len=4096), ServedModel(id="m3-b"),
+                                     ServedModel(id="m3-c")]
+    assert served_models({"data": None}) == served_models([]) == []
+    url = models_server(answer)
+    assert [m.id for m in list_models(url)] == ["m3-a", "m3-b", "m3-c"]
+    client = _client_at(url, model="m3-b")
+    assert client.max_model_len() is None  # SGLang-style card: no window, so no default budget
+
+
+def _client_at(url: str, **kw) -> ModelClient:
+    return ModelClient(ModelConfig(base_url=url, **{**FAST_RETRY, **kw}))
+
+
+def test_list_models_failures_are_endpoint_errors(models_server):
+    with pytest.raises(EndpointError, match="answered HTTP 401"):
+        list_models(models_server({"error": "no key"}, status=401))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    with pytest.raises(EndpointError, match=f"127.0.0.1:{port}/v1/models failed"):
+        list_models(f"http://127.0.0.1:{port}/v1", timeout=2)
 
 
 def test_reasoning_and_tool_calls_are_read_back_and_returned_in_both_fields():
