@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from m3_agent.agent.context import EstimateCounter, Pack, ServerCounter, pack_repository
 from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES
+from m3_agent.agent.context.tokens import budget_for_window
 from m3_agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
 from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelConfig, ModelReply, Usage
 from m3_agent.agent.stall import Stall, StallConfig, StallDetector, Step, nudge_message
@@ -212,8 +213,8 @@ class _Run:
         window = self.client.max_model_len()
         if not window:
             return None
-        reserve = min(self.cfg.context_reserve_tokens, window // 4)
-        return max(window - self.cfg.max_tokens - reserve, 0)
+        return budget_for_window(window, output_reserve=self.cfg.max_tokens,
+                                 growth_reserve=self.cfg.context_reserve_tokens)
 
     def _counter(self):
         try:

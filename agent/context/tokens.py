@@ -262,13 +262,14 @@ class ServerCounter:
 
 
 def budget_for_window(max_model_len: int, *, output_reserve: int = 32_768, growth_reserve: float | int = 0.15) -> int:
-    """The pack budget for a context window: the window less room for output and for the conversation.
+    """The default pack budget for a context window: the window less room for output and for the conversation.
 
-    `growth_reserve` is a share of the window when below 1, else a token count.
+    `growth_reserve` is a share of the window when below 1, else a token count; either way at most a
+    quarter of the window, so that a small window still gets a pack. The loop and `m3-agent pack` both
+    use this one formula.
     """
     growth = int(max_model_len * growth_reserve) if growth_reserve < 1 else int(growth_reserve)
-    return max(0, max_model_len - output_reserve - growth)
-
+    return max(0, max_model_len - output_reserve - min(growth, max_model_len // 4))
 
 
 def server_card(base_url: str, model: str | None = None, *, api_key: str | None = None, timeout: float = 30.0):
