@@ -1,6 +1,7 @@
 """The agent loop: the model proposes tool calls, the sandbox runs them, until the model is done.
 
-    result = Agent(AgentConfig(base_url="http://127.0.0.1:8000/v1")).run(repo=Path("."), issue="...")
+    config = AgentConfig(model=ModelConfig(base_url="http://127.0.0.1:8000/v1"))
+    result = Agent(config).run(repo=Path("."), issue="...")
 
 One request per turn. History is append-only so the server's prefix cache keeps hitting: the first
 user message is the packed repository (byte-identical for the same commit) followed by the issue;
@@ -20,50 +21,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from m3_agent.agent.config import SYSTEM_PROMPT, AgentConfig  # noqa: F401 - re-exported: where callers look
 from m3_agent.agent.context import EstimateCounter, Pack, ServerCounter, pack_repository
-from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES
 from m3_agent.agent.context.tokens import budget_for_window
 from m3_agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
-from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelConfig, ModelReply, Usage
-from m3_agent.agent.stall import Stall, StallConfig, StallDetector, Step, nudge_message
-from m3_agent.agent.thinking import LoopState, ThinkingConfig, ThinkingPolicy
+from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelReply, Usage
+from m3_agent.agent.stall import Stall, StallDetector, Step, nudge_message
+from m3_agent.agent.thinking import LoopState, ThinkingPolicy
 from m3_agent.agent.trajectory import TrajectoryWriter
 from m3_agent.sandbox import Sandbox, SandboxConfig
 from m3_agent.tools import Tool, ToolResult, default_tools, execute_call
 
 RunStatus = Literal["submitted", "finished", "stalled", "turn_limit", "token_limit", "time_limit", "cost_limit", "error"]
 
-SYSTEM_PROMPT = """\
-You are m3-agent, an autonomous software engineer working on a code repository.
-The whole repository (or as much of it as fits) is in the first user message, followed by an issue.
-Work only through the tools: read and edit files, run commands and tests in the sandbox
-(the repository is at /workspace; there is no network). Make the smallest correct change that
-resolves the issue, run the relevant tests to confirm it, then call `submit`."""
-
 FORMAT_ERROR_KINDS = {"unknown_tool", "bad_json", "bad_args", "truncated"}
-
-
-class AgentConfig(ModelConfig):
-    """Everything a run needs: the endpoint (ModelConfig), limits, policies, sandbox and context."""
-
-    max_turns: int = 50
-    max_total_tokens: int | None = None  # prompt + completion over the run
-    max_wall_s: float | None = None
-    max_cost_usd: float | None = None
-    usd_per_m_input: float | None = None  # per-token pricing ...
-    usd_per_m_output: float | None = None
-    gpu_usd_per_hour: float | None = None  # ... or GPU $/hour x wall time (self-hosted)
-    max_format_errors: int = 3  # consecutive turns whose every tool call was malformed
-    output_cap_chars: int = 10_000  # tool output kept in history: head + tail
-    context_budget: int | None = None  # tokens for the packed repo; default from max_model_len
-    context_reserve_tokens: int = 65_536  # room for the conversation to grow
-    pack_include: list[str] = Field(default_factory=list)
-    pack_exclude: list[str] = Field(default_factory=list)
-    pack_max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
-    system_prompt: str = SYSTEM_PROMPT
-    thinking: ThinkingConfig = Field(default_factory=ThinkingConfig)
-    stall: StallConfig = Field(default_factory=StallConfig)
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
 
 class AgentEvent(BaseModel):
@@ -191,7 +162,7 @@ class _Run:
         self.repo = repo
         self.issue = issue
         self.traj = traj
-        self.client = ModelClient(self.cfg)
+        self.client = ModelClient(self.cfg.model)
         self.policy = ThinkingPolicy(self.cfg.thinking)
         self.stall = StallDetector(self.cfg.stall)
         self.result = RunResult(status="error", trajectory_path=traj.path)
@@ -208,17 +179,18 @@ class _Run:
         return "\n".join(p.get("text", "") for p in self.issue if p.get("type") == "text")
 
     def _budget(self) -> int | None:
-        if self.cfg.context_budget is not None:
-            return self.cfg.context_budget
+        if self.cfg.context.budget is not None:
+            return self.cfg.context.budget
         window = self.client.max_model_len()
         if not window:
             return None
-        return budget_for_window(window, output_reserve=self.cfg.max_tokens,
-                                 growth_reserve=self.cfg.context_reserve_tokens)
+        return budget_for_window(window, output_reserve=self.cfg.model.max_tokens,
+                                 growth_reserve=self.cfg.context.reserve_tokens)
 
     def _counter(self):
         try:
-            return ServerCounter(self.cfg.base_url, model=self.client.model, api_key=self.cfg.api_key)
+            return ServerCounter(self.cfg.model.base_url, model=self.client.model,
+                                 api_key=self.cfg.model.api_key.get_secret_value())
         except EndpointError:  # a server without /tokenize (SGLang): fall back to the estimate
             return EstimateCounter()
 
@@ -229,9 +201,9 @@ class _Run:
             issue=self._issue_text(),
             budget=budget,
             counter=self._counter(),
-            include=tuple(self.cfg.pack_include),
-            exclude=tuple(self.cfg.pack_exclude),
-            max_file_bytes=self.cfg.pack_max_file_bytes,
+            include=tuple(self.cfg.context.include),
+            exclude=tuple(self.cfg.context.exclude),
+            max_file_bytes=self.cfg.context.max_file_bytes,
         )
         self.result.timings.pack_s += time.monotonic() - t
         return pack
@@ -257,8 +229,8 @@ class _Run:
     # ----- the loop -------------------------------------------------------------------------------
     def execute(self) -> RunResult:
         cfg = self.cfg
-        self.traj.write("run_start", repo=str(self.repo), model=cfg.model, base_url=cfg.base_url,
-                        config=cfg.model_dump(mode="json", exclude={"api_key"}))
+        self.traj.write("run_start", repo=str(self.repo), model=cfg.model.name, base_url=cfg.model.base_url,
+                        config=cfg.model_dump(mode="json", exclude={"model": {"api_key"}}))
         model = self.client.model  # fails fast with EndpointError when the server is down
         self.traj.write("model", model=model, max_model_len=self.client.max_model_len())
         budget = self._budget()
@@ -274,7 +246,7 @@ class _Run:
         return self.result
 
     def _limit_hit(self) -> RunStatus | None:
-        cfg, u = self.cfg, self.result.usage
+        cfg, u = self.cfg.limits, self.result.usage
         if cfg.max_total_tokens is not None and u.total_tokens >= cfg.max_total_tokens:
             return "token_limit"
         if cfg.max_wall_s is not None and time.monotonic() - self.t0 >= cfg.max_wall_s:
@@ -285,7 +257,7 @@ class _Run:
         return None
 
     def _cost(self) -> float | None:
-        cfg, u = self.cfg, self.result.usage
+        cfg, u = self.cfg.limits, self.result.usage
         if cfg.usd_per_m_input is not None or cfg.usd_per_m_output is not None:
             return (u.prompt_tokens * (cfg.usd_per_m_input or 0) + u.completion_tokens * (cfg.usd_per_m_output or 0)) / 1e6
         if cfg.gpu_usd_per_hour is not None:
@@ -333,7 +305,7 @@ class _Run:
         if elided and attempt == 1:
             self.traj.write("shrink", how="elided_tool_outputs", count=elided)
             return True
-        over = (e.input_tokens or 0) - (e.limit or 0) + self.cfg.max_tokens
+        over = (e.input_tokens or 0) - (e.limit or 0) + self.cfg.model.max_tokens
         current = budget if budget is not None else self.result.pack_tokens
         new_budget = int(max(current - max(over, 0), 0) * 0.8)
         if new_budget <= 0:
@@ -344,7 +316,7 @@ class _Run:
         return True
 
     def _loop(self, sb: Sandbox, budget: int | None) -> tuple[RunStatus, str | None]:
-        cfg = self.cfg
+        cfg = self.cfg.limits
         state = LoopState(turn=1, last_tools=[], last_tool_errors=0, last_tests_failed=None, last_edit_ok=False,
                           stalled=False, format_errors_in_row=0)
         nudged = False

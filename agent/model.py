@@ -11,7 +11,7 @@ import re
 import time
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, FieldSerializationInfo, SecretStr, field_serializer
 from tenacity import (
     RetryError,
     Retrying,
@@ -22,7 +22,7 @@ from tenacity import (
 )
 
 from m3_agent.agent.thinking import ThinkingMode
-from m3_agent.errors import EndpointError, M3AgentError
+from m3_agent.errors import EndpointError, M3AgentError, UsageError
 
 _STRAY_THINK_CLOSE = re.compile(r"^\s*</mm:think>\s*")
 _RAW_THINK = re.compile(r"^\s*<mm:think>(.*?)</mm:think>\s*", re.DOTALL)
@@ -37,20 +37,27 @@ _OVERFLOW_NUMBERS = re.compile(
 
 
 class ModelConfig(BaseModel):
-    """How to reach and sample the model."""
+    """How to reach and sample the model: the `[model]` section of the configuration."""
 
-    base_url: str = "http://127.0.0.1:8000/v1"
-    api_key: str = Field(default="EMPTY", repr=False)
-    model: str | None = None  # discovered from /v1/models when not given
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    api_key: SecretStr = Field(SecretStr("EMPTY"), description="API key sent to the endpoint")
+    name: str | None = Field(None, description="served model name; None = the first one /v1/models lists")
     temperature: float = 1.0  # model card defaults (seed 002)
     top_p: float = 0.95
     top_k: int = 40
-    max_tokens: int = 8192
-    request_timeout_s: float = 600.0
-    retry_attempts: int = 8
-    retry_max_s: float = 300.0
-    retry_initial_s: float = 1.0
-    retry_max_wait_s: float = 30.0
+    max_tokens: int = Field(8192, ge=1, description="completion tokens per request")
+    request_timeout_s: float = Field(600.0, gt=0)
+    retry_attempts: int = Field(8, ge=1)
+    retry_max_s: float = Field(300.0, gt=0)
+    retry_initial_s: float = Field(1.0, gt=0)
+    retry_max_wait_s: float = Field(30.0, gt=0)
+
+    @field_serializer("api_key", when_used="json")
+    def _dump_key(self, key: SecretStr, info: FieldSerializationInfo) -> str:
+        # Masked in JSON (trajectories) unless a caller hands the config on, e.g. to a worker process.
+        return key.get_secret_value() if (info.context or {}).get("secrets") else str(key)
 
 
 class ServedModel(BaseModel):
@@ -214,14 +221,16 @@ class ModelClient:
     def __init__(self, config: ModelConfig) -> None:
         import openai  # imported on first use: it is most of the CLI's start-up time
 
+        if not config.base_url:
+            raise UsageError("no model endpoint: set model.base_url (flag --base-url)")
         self.config = config
         self._client = openai.OpenAI(
             base_url=config.base_url,
-            api_key=config.api_key or "EMPTY",
+            api_key=config.api_key.get_secret_value() or "EMPTY",
             timeout=config.request_timeout_s,
             max_retries=0,  # retries are ours (tenacity), bounded in attempts and time
         )
-        self._model = config.model
+        self._model = config.name
         self._served: list[ServedModel] | None = None
 
     def close(self) -> None:

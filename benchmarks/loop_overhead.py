@@ -52,7 +52,8 @@ from pydantic import Field  # noqa: E402
 from tool_call_faults import ensure_peer, peer_version  # noqa: E402  (the shared peer venv)
 
 from m3_agent.errors import M3AgentError  # noqa: E402
-from m3_agent.agent.loop import Agent, AgentConfig  # noqa: E402
+from m3_agent.agent.config import AgentConfig, LimitsConfig, ModelConfig  # noqa: E402
+from m3_agent.agent.loop import Agent  # noqa: E402
 from m3_agent.agent.stall import StallConfig  # noqa: E402
 from m3_agent.sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
 from m3_agent.tools import Submit, Tool, ToolArgs, ToolResult  # noqa: E402
@@ -222,7 +223,8 @@ def run_ours(base_url: str, repo: Path, task: str, trajectory: Path, turns: int,
                 profiler.disable()
 
     # The no-op tool changes no file: the no-change stall rule would end the run; every other rule stays on.
-    config = AgentConfig(base_url=base_url, max_turns=turns + 5, stall=StallConfig(no_change_turns=None))
+    config = AgentConfig(model=ModelConfig(base_url=base_url), limits=LimitsConfig(max_turns=turns + 5),
+                         stall=StallConfig(no_change_turns=None))
     agent = Agent(config, tools=[NoopBash(), Submit()], callbacks=[on_event])
     t0 = time.perf_counter()
     result = agent.run(repo, task, trajectory_path=trajectory)

@@ -187,18 +187,20 @@ def run_command(
     json_out: bool = typer.Option(False, "--json", help="End with the summary as one JSON object on stdout."),
 ) -> None:
     """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
+    from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
     from m3_agent.settings import load_settings
-    from m3_agent.fix.command import agent_config, check_endpoint, resolve_endpoint
 
-    settings, _ = load_settings(".", {"base_url": base_url, "serve": serve, "model": model, "max_turns": max_turns,
-                                      "thinking": thinking, "sandbox_image": image}, config_file=config_file)
-    endpoint = resolve_endpoint(settings, notice=None if quiet else lambda msg: typer.echo(msg, err=True))
+    flags = {"--base-url": base_url, "--serve": serve, "--model": model, "--max-turns": max_turns,
+             "--thinking": thinking, "--image": image}
+    settings, _ = load_settings(".", flags, config_file=config_file)
+    endpoint = resolve_endpoint(settings.model.base_url, settings.serve,
+                                notice=None if quiet else lambda msg: typer.echo(msg, err=True))
     check_endpoint(endpoint)  # exit 3 now, not one retried error per instance
-    agent = agent_config(settings, endpoint)
+    agent = settings.agent_config(base_url=endpoint)
     task_list = load_tasks(tasks, instance_ids=_ids(instance_ids))
     config = EvalConfig(output_dir=output or _default_output("run", tasks), repos=repos, sandbox=agent.sandbox,
                         test_timeout=test_timeout, instance_timeout=instance_timeout, model_name=model_name,
-                        agent=agent.model_dump(mode="json"))
+                        agent=agent)
     execute(task_list, None, config, workers=workers, retry_errors=retry_errors, quiet=quiet, json_out=json_out,
             cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour))
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from m3_agent.agent.config import AgentConfig
 from m3_agent.errors import Interrupted, M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.grading import InstanceReport, grade
 from m3_agent.evals.predictions import Prediction, append_prediction
@@ -52,7 +53,7 @@ class EvalConfig(BaseModel):
     test_timeout: float = Field(600.0, gt=0, description="seconds for the test command of one instance")
     instance_timeout: float = Field(3600.0, gt=0, description="seconds for one whole instance (agent + grading)")
     model_name: str = "m3-agent"
-    agent: dict[str, Any] | None = Field(None, description="AgentConfig fields: set for `eval run`, None to grade")
+    agent: AgentConfig | None = Field(None, description="the agent's config: set for `eval run`, None to grade")
 
 
 class AgentStats(BaseModel):
@@ -132,17 +133,18 @@ def _with_environment(task: Task, config: EvalConfig) -> EvalConfig:
 
     image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image)
     sandbox = config.sandbox.model_copy(update={"image": image})
-    agent = {**config.agent, "sandbox": {**config.agent.get("sandbox", {}), "image": image}} if config.agent else None
+    agent = None
+    if config.agent is not None:
+        agent = config.agent.model_copy(update={"sandbox": config.agent.sandbox.model_copy(update={"image": image})})
     return config.model_copy(update={"sandbox": sandbox, "agent": agent})
 
 
 def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, AgentStats]:
-    from m3_agent.agent.loop import Agent, AgentConfig  # only `eval run` needs the agent and its dependencies
+    from m3_agent.agent.loop import Agent  # only `eval run` needs the loop and its dependencies
 
-    agent_config = AgentConfig.model_validate(config.agent)
     trajectory = config.output_dir / "trajectories" / f"{task.instance_id}.jsonl"
     trajectory.parent.mkdir(parents=True, exist_ok=True)
-    rr = Agent(agent_config).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
+    rr = Agent(config.agent).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
     stats = AgentStats(
         status=rr.status, turns=rr.turns, **rr.usage.model_dump(), cache_hit_share=rr.cache_hit_share,
         mode_counts=dict(rr.mode_counts), stalls=len(rr.stalls), wall_s=rr.timings.wall_s, model_s=rr.timings.model_s,
@@ -245,7 +247,7 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
                 parent, child = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_child, args=(child, task.model_dump_json(),
                                                         pred.model_dump_json() if pred else None,
-                                                        config.model_dump_json()), daemon=True)
+                                                        _config_json(config)), daemon=True)
                 proc.start()
                 child.close()
                 running[proc.sentinel] = (proc, parent, task, time.monotonic())
@@ -274,6 +276,11 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
             conn.close()
         if running:
             _prune_leftovers()
+
+
+def _config_json(config: EvalConfig) -> str:
+    """The config for a worker process: secrets (the API key) in clear, as the worker must send them."""
+    return config.model_dump_json(context={"secrets": True})
 
 
 def _pred_of(predictions: dict[str, Prediction] | None, task: Task) -> Prediction | None:

@@ -48,11 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("issues", nargs="+", help="issue numbers, URLs, files or texts")
     parser.add_argument("--repo", default=".")
-    parser.add_argument("--base-url", default=os.environ.get("M3_AGENT_BASE_URL"))
+    parser.add_argument("--base-url", default=os.environ.get("M3_AGENT_MODEL__BASE_URL"))
     parser.add_argument("--max-turns", type=int, default=None)
     args = parser.parse_args(argv)
 
-    rows = fix_all(args.issues, args.repo, {"base_url": args.base_url, "max_turns": args.max_turns})
+    rows = fix_all(args.issues, args.repo, {"--base-url": args.base_url, "--max-turns": args.max_turns})
     table = Table(title="m3-agent batch")
     for col in ("issue", "outcome", "branch", "turns", "cached"):
         table.add_column(col)

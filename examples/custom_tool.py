@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=".")
     parser.add_argument("--issue", required=True)
-    parser.add_argument("--base-url", default=os.environ.get("M3_AGENT_BASE_URL"))
+    parser.add_argument("--base-url", default=os.environ.get("M3_AGENT_MODEL__BASE_URL"))
     args = parser.parse_args(argv)
 
     def show(event) -> None:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"find_definition -> {event.data.get('output', '')}", file=sys.stderr)
 
     try:
-        agent = build_agent(args.repo, overrides={"base_url": args.base_url},
+        agent = build_agent(args.repo, overrides={"--base-url": args.base_url},
                             tools=[*default_tools(), FindDefinition()], callbacks=[show])
         result = agent.run(repo=Path(args.repo), issue=args.issue)
     except M3AgentError as e:

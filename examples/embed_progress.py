@@ -55,13 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=".")
     parser.add_argument("--issue", required=True)
-    parser.add_argument("--base-url", default=os.environ.get("M3_AGENT_BASE_URL"))
+    parser.add_argument("--base-url", default=os.environ.get("M3_AGENT_MODEL__BASE_URL"))
     parser.add_argument("--max-turns", type=int, default=None)
     args = parser.parse_args(argv)
 
     feed = ProgressFeed(sys.stdout)
     try:
-        settings, _ = load_settings(args.repo, {"base_url": args.base_url, "max_turns": args.max_turns})
+        settings, _ = load_settings(args.repo, {"--base-url": args.base_url, "--max-turns": args.max_turns})
         result = fix_issue(args.issue, repo=args.repo, settings=settings, callbacks=[feed],
                            on_notice=lambda text: feed.emit("notice", text=text))
     except M3AgentError as e:

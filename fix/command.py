@@ -25,27 +25,27 @@ import signal
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from m3_agent.fix import gitwork
-from m3_agent.settings import Settings, display_rows, load_settings
-from m3_agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError, first_validation_error
+from m3_agent.agent.config import AgentConfig
+from m3_agent.agent.loop import Agent, AgentEvent, RunResult
+from m3_agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError
 from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
-from m3_agent.agent.loop import Agent, AgentConfig, AgentEvent, RunResult
-from m3_agent.sandbox import DEFAULT_IMAGE
+from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
+from m3_agent.settings import Settings, display_rows, load_settings
 from m3_agent.tools import Tool
 
 Callback = Callable[[AgentEvent], None]
@@ -90,8 +90,8 @@ def _title_and_body(text: str) -> tuple[str, str]:
 
 
 def _github_client(settings: Settings, api_url: str) -> GitHubClient:
-    token = settings.github_token.get_secret_value() if settings.github_token else None
-    return GitHubClient(settings.github_api_url or api_url, token)
+    token = settings.fix.github_token.get_secret_value() if settings.fix.github_token else None
+    return GitHubClient(settings.fix.github_api_url or api_url, token)
 
 
 def resolve_issue(spec: str, root: Path, settings: Settings) -> tuple[Issue, GitHubClient | None]:
@@ -157,78 +157,6 @@ def commit_message(issue: Issue, run: RunResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ----- the endpoint -------------------------------------------------------------------------------
-
-
-def resolve_endpoint(settings: Settings, notice: Notice | None = None) -> str:
-    """The base URL to talk to; with `serve`, the profile's endpoint (reused if healthy, else launched).
-
-    UsageError when neither `base_url` nor `serve` is set.
-    """
-    if settings.serve:
-        from m3_agent.serving.endpoint import ensure_endpoint
-
-        def progress(phase: str, message: str) -> None:
-            if notice:
-                notice(f"serve: {message}")
-
-        return ensure_endpoint(settings.serve, base_url=settings.base_url, progress=progress).rstrip("/")
-    if settings.base_url:
-        return settings.base_url.rstrip("/")
-    raise UsageError(
-        "no model endpoint: pass --base-url URL (e.g. http://gpu-node:8000/v1) or --serve PROFILE, "
-        "or set base_url in m3-agent.toml / M3_AGENT_BASE_URL"
-    )
-
-
-def check_endpoint(base_url: str, *, timeout: float = 5.0) -> None:
-    """Fail fast (EndpointError) when nothing listens at `base_url`; a server still loading (503) passes."""
-    req = urllib.request.Request(base_url + "/models", headers={"User-Agent": "m3-agent"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout):
-            return
-    except urllib.error.HTTPError:
-        return  # it answers: auth, loading and path problems get the loop's full message and retries
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise EndpointError(
-            f"cannot reach the model server at {base_url}: {reason}. "
-            "Start it (m3-agent serve start) or check --base-url"
-        ) from None
-
-
-def agent_config(settings: Settings, base_url: str) -> AgentConfig:
-    """The AgentConfig the settings describe (the `[agent]` table adds or overrides fields)."""
-    sandbox = {
-        "image": settings.sandbox_image or DEFAULT_IMAGE,
-        "memory": settings.sandbox_memory,
-        "cpus": settings.sandbox_cpus,
-    }
-    extra = dict(settings.agent)
-    sandbox.update(extra.pop("sandbox", {}))
-    values: dict[str, Any] = {
-        "base_url": base_url,
-        "api_key": settings.api_key.get_secret_value(),
-        "model": settings.model,
-        "max_turns": settings.max_turns,
-        "max_wall_s": settings.time_limit_s,
-        "max_total_tokens": settings.token_limit,
-        "thinking": {"policy": settings.thinking, **extra.pop("thinking", {})},
-        "stall": {"enabled": settings.stall_detection, **extra.pop("stall", {})},
-        "sandbox": sandbox,
-        "pack_include": settings.pack_include,
-        "pack_exclude": settings.pack_exclude,
-    }
-    if settings.pack_max_file_bytes:
-        values["pack_max_file_bytes"] = settings.pack_max_file_bytes
-    values.update(extra)
-    try:
-        return AgentConfig(**values)
-    except ValidationError as e:
-        where, msg = first_validation_error(e)
-        raise UsageError(f"invalid agent setting {where}: {msg}") from None
-
-
 # ----- the whole flow -----------------------------------------------------------------------------
 
 
@@ -243,6 +171,23 @@ def suite_passed(tests: dict[str, Any] | None) -> bool:
         and not tests.get("timed_out")
         and not tests.get("problem")
     )
+
+
+@dataclass
+class _Job:
+    """What one fix works from, once the repository, the issue and the endpoint are settled."""
+
+    root: Path
+    settings: Settings
+    config: AgentConfig
+    issue: Issue
+    client: GitHubClient | None
+    base_commit: str
+    tree: str
+    out_dir: Path
+    notice: Notice
+    callbacks: list[Callback]
+    tools: list[Tool] | None
 
 
 def fix_issue(
@@ -271,12 +216,39 @@ def fix_issue(
         if on_notice:
             on_notice(text)
 
+    job = _prepare(issue, repo, settings, apply=apply, base=base, notice=notice)
+    job.callbacks, job.tools = list(callbacks or []), tools
+    content, image_notices = issue_content(job.issue, job.client, images=job.settings.fix.images != "off")
+    for text in image_notices:
+        notice(text)
+    run, content, sub_paths = _run_on_copy(job, content)
+    images_sent = sum(1 for p in content if p.get("type") == "image_url") if isinstance(content, list) else 0
+    patch, dropped = gitwork.drop_paths(run.patch, sub_paths)
+    if dropped:
+        notice(f"left out of the patch, being inside a submodule: {', '.join(dropped)}")
+    result = FixResult(
+        resolved=False, exit_code=1, issue=job.issue, base_commit=job.base_commit,
+        included_uncommitted=job.settings.fix.include_uncommitted, images_sent=images_sent, notices=notices,
+        run=run, patch=patch,
+    )
+    if patch.strip():
+        _deliver(job, result, apply=apply)
+    result.resolved = bool(patch.strip()) and run.status in ("submitted", "finished") and suite_passed(
+        run.final_tests
+    )
+    result.exit_code = 0 if result.resolved else 1
+    return result
+
+
+def _prepare(issue: str | Issue, repo: Path | str, settings: Settings | None, *, apply: bool, base: str | None,
+             notice: Notice) -> _Job:
+    """Check the repository state, read the issue, reach the endpoint and choose the tree to work on."""
     state = gitwork.open_repo(repo)
     root = state.root
     if settings is None:
         settings, _ = load_settings(root)
     base_commit = gitwork.resolve_base(state, base)
-    include = settings.include_uncommitted
+    include = settings.fix.include_uncommitted
     dirty = gitwork.dirty_paths(root)
     if apply and dirty and not include:
         raise GitError(
@@ -286,18 +258,14 @@ def fix_issue(
     if include and base_commit != state.head:
         raise UsageError("--include-uncommitted works on top of HEAD: drop --base, or commit your changes")
 
-    if isinstance(issue, Issue):
-        the_issue, client = issue, None
-    else:
-        the_issue, client = resolve_issue(issue, root, settings)
-    base_url = resolve_endpoint(settings, notice)
+    the_issue, client = (issue, None) if isinstance(issue, Issue) else resolve_issue(issue, root, settings)
+    base_url = resolve_endpoint(settings.model.base_url, settings.serve, notice)
     check_endpoint(base_url)
-    config = agent_config(settings, base_url)
+    config = settings.agent_config(base_url=base_url)
 
-    out_dir = settings.output_dir if settings.output_dir.is_absolute() else root / settings.output_dir
+    out_dir = settings.fix.output_dir if settings.fix.output_dir.is_absolute() else root / settings.fix.output_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     gitwork.exclude_from_status(root, out_dir)
-
     if include:
         tree = gitwork.snapshot_tree(root)
         if tree != gitwork.tree_of(root, base_commit):
@@ -307,76 +275,78 @@ def fix_issue(
         if dirty:
             notice(f"{len(dirty)} uncommitted change(s) not included: the fix starts from the last commit "
                    "(use --include-uncommitted to include them)")
+    return _Job(root=root, settings=settings, config=config, issue=the_issue, client=client, base_commit=base_commit,
+                tree=tree, out_dir=out_dir, notice=notice, callbacks=[], tools=None)
 
-    content, image_notices = issue_content(the_issue, client, images=settings.images != "off")
-    for text in image_notices:
-        notice(text)
+
+def _run_on_copy(job: _Job, content: str | list[dict]) -> tuple[RunResult, str | list[dict], list[str]]:
+    """Export the tree to a temporary directory and run the agent there; without images if they are refused.
+
+    Returns the run, the issue content it finally had, and the submodule paths (left out of the patch).
+    """
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    trajectory = out_dir / f"issue-{the_issue.key}-{stamp}.jsonl"
-
+    trajectory = job.out_dir / f"issue-{job.issue.key}-{stamp}.jsonl"
     work = Path(tempfile.mkdtemp(prefix="m3-agent-fix-"))
     try:
-        copy = gitwork.export_tree(root, tree, work / (root.name or "repo"))
-        sub_paths = [path for path, _ in gitwork.submodules(root, tree)]
-        missing = [path for path in sub_paths if not (copy / path).is_dir() or not any((copy / path).iterdir())]
-        if len(missing) < len(sub_paths):
-            notice(f"submodule(s) copied in to read and run: {', '.join(p for p in sub_paths if p not in missing)}; "
-                   "changes inside them are left out of the patch")
-        for path in missing:
-            notice(f"submodule {path} is not checked out here: the run sees an empty directory "
-                   "(git submodule update --init)")
-        agent = Agent(config, tools=tools, callbacks=callbacks)
-
-        def run_once(issue_input: str | list[dict], path: Path) -> RunResult:
-            start = AgentEvent(kind="fix_start", turn=0, data={
-                "issue": the_issue.reference, "title": the_issue.title, "trajectory_path": str(path),
-                "base_commit": base_commit, "max_turns": config.max_turns,
-            })
-            for cb in callbacks or []:
-                cb(start)
-            try:
-                return agent.run(repo=copy, issue=issue_input, trajectory_path=path)
-            except Interrupted:
-                raise Interrupted(f"interrupted: trajectory kept at {path}; the sandbox was removed") from None
-
+        copy = gitwork.export_tree(job.root, job.tree, work / (job.root.name or "repo"))
+        sub_paths = _submodule_notices(job, copy)
+        agent = Agent(job.config, tools=job.tools, callbacks=job.callbacks)
         try:
-            run = run_once(content, trajectory)
+            run = _run_once(job, agent, copy, content, trajectory)
         except EndpointError as e:
-            if settings.images != "auto" or isinstance(content, str) or not _IMAGE_REJECTED.search(str(e)):
+            if job.settings.fix.images != "auto" or isinstance(content, str) or not _IMAGE_REJECTED.search(str(e)):
                 raise
-            notice("the endpoint rejected the issue's images (text-only model): running again without them")
-            content = the_issue.text()
-            run = run_once(content, trajectory.with_name(trajectory.stem + "-text.jsonl"))
+            job.notice("the endpoint rejected the issue's images (text-only model): running again without them")
+            content = job.issue.text()
+            run = _run_once(job, agent, copy, content, trajectory.with_name(trajectory.stem + "-text.jsonl"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return run, content, sub_paths
 
-    images_sent = sum(1 for p in content if p.get("type") == "image_url") if isinstance(content, list) else 0
-    patch, dropped = gitwork.drop_paths(run.patch, sub_paths)
-    if dropped:
-        notice(f"left out of the patch, being inside a submodule: {', '.join(dropped)}")
-    result = FixResult(
-        resolved=False, exit_code=1, issue=the_issue, base_commit=base_commit, included_uncommitted=include,
-        images_sent=images_sent, notices=notices, run=run, patch=patch,
-    )
-    if patch.strip():
-        branch = gitwork.free_branch_name(root, settings.branch_prefix + the_issue.key)
-        # The .patch file first: should the commit fail, the agent's work is still on disk.
-        result.patch_path = out_dir / (branch.rsplit("/", 1)[-1] + ".patch")
-        result.patch_path.write_text(patch if patch.endswith("\n") else patch + "\n", encoding="utf-8")
-        try:
-            result.commit = gitwork.commit_patch(root, base_tree=tree, parent=base_commit, patch=patch,
-                                                 message=commit_message(the_issue, run))
-        except GitError as e:
-            raise GitError(f"{e}; the patch is kept at {result.patch_path}") from None
-        result.branch = gitwork.create_branch(root, branch, result.commit)
-        if apply:
-            gitwork.apply_to_worktree(root, patch, expected_tree=tree if include else None)
-            result.applied = True
-    result.resolved = bool(patch.strip()) and run.status in ("submitted", "finished") and suite_passed(
-        run.final_tests
-    )
-    result.exit_code = 0 if result.resolved else 1
-    return result
+
+def _submodule_notices(job: _Job, copy: Path) -> list[str]:
+    """The tree's submodule paths, with a notice for those copied in and for those not checked out."""
+    sub_paths = [path for path, _ in gitwork.submodules(job.root, job.tree)]
+    missing = [path for path in sub_paths if not (copy / path).is_dir() or not any((copy / path).iterdir())]
+    if len(missing) < len(sub_paths):
+        job.notice(f"submodule(s) copied in to read and run: {', '.join(p for p in sub_paths if p not in missing)}; "
+                   "changes inside them are left out of the patch")
+    for path in missing:
+        job.notice(f"submodule {path} is not checked out here: the run sees an empty directory "
+                   "(git submodule update --init)")
+    return sub_paths
+
+
+def _run_once(job: _Job, agent: Agent, copy: Path, content: str | list[dict], path: Path) -> RunResult:
+    start = AgentEvent(kind="fix_start", turn=0, data={
+        "issue": job.issue.reference, "title": job.issue.title, "trajectory_path": str(path),
+        "base_commit": job.base_commit, "max_turns": job.config.limits.max_turns,
+    })
+    for cb in job.callbacks:
+        cb(start)
+    try:
+        return agent.run(repo=copy, issue=content, trajectory_path=path)
+    except Interrupted:
+        raise Interrupted(f"interrupted: trajectory kept at {path}; the sandbox was removed") from None
+
+
+def _deliver(job: _Job, result: FixResult, *, apply: bool) -> None:
+    """The patch as a `.patch` file, one commit on a new branch, and with `apply` on the working tree."""
+    patch = result.patch
+    branch = gitwork.free_branch_name(job.root, job.settings.fix.branch_prefix + job.issue.key)
+    # The .patch file first: should the commit fail, the agent's work is still on disk.
+    result.patch_path = job.out_dir / (branch.rsplit("/", 1)[-1] + ".patch")
+    result.patch_path.write_text(patch if patch.endswith("\n") else patch + "\n", encoding="utf-8")
+    try:
+        result.commit = gitwork.commit_patch(job.root, base_tree=job.tree, parent=job.base_commit, patch=patch,
+                                             message=commit_message(job.issue, result.run))
+    except GitError as e:
+        raise GitError(f"{e}; the patch is kept at {result.patch_path}") from None
+    result.branch = gitwork.create_branch(job.root, branch, result.commit)
+    if apply:
+        include = job.settings.fix.include_uncommitted
+        gitwork.apply_to_worktree(job.root, patch, expected_tree=job.tree if include else None)
+        result.applied = True
 
 
 # ----- live progress ------------------------------------------------------------------------------
@@ -580,10 +550,10 @@ def fix_command(
         if issue_arg and issue:
             raise UsageError("give the issue once: as the argument or with --issue")
         flags = {
-            "base_url": base_url, "serve": serve, "model": model, "max_turns": max_turns,
-            "time_limit_s": time_limit_s, "thinking": thinking, "images": images,
-            "include_uncommitted": include_uncommitted, "sandbox_image": sandbox_image,
-            "github_api_url": github_api_url, "output_dir": output_dir,
+            "--base-url": base_url, "--serve": serve, "--model": model, "--max-turns": max_turns,
+            "--time-limit": time_limit_s, "--thinking": thinking, "--images": images,
+            "--include-uncommitted": include_uncommitted, "--sandbox-image": sandbox_image,
+            "--github-api-url": github_api_url, "--output-dir": output_dir,
         }
         with sigterm_as_interrupt():
             result = _fix_from_flags(err, issue_arg or issue, repo, flags, config=config, apply=apply, base=base,
@@ -615,7 +585,7 @@ def _fix_from_flags(err: Console, spec: str | None, repo: Path, flags: dict[str,
 
     if quiet or json_out:
         return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, on_notice=on_notice)
-    with LiveProgress(err, max_turns=settings.max_turns, label=_short(spec, 50)) as progress:
+    with LiveProgress(err, max_turns=settings.limits.max_turns, label=_short(spec, 50)) as progress:
         return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, callbacks=[progress],
                          on_notice=on_notice)
 

@@ -3,12 +3,13 @@
 Run the agent on a directory and watch it work:
 
     from pathlib import Path
-    from m3_agent.api import Agent, AgentConfig, AgentEvent
+    from m3_agent.api import Agent, AgentConfig, AgentEvent, LimitsConfig, ModelConfig
 
     def progress(event: AgentEvent) -> None:           # kinds: turn, tool_call, tool_result, stall, finish
         print(event.turn, event.kind, event.data.get("name", ""))
 
-    agent = Agent(AgentConfig(base_url="http://gpu-node:8000/v1", max_turns=30), callbacks=[progress])
+    config = AgentConfig(model=ModelConfig(base_url="http://gpu-node:8000/v1"), limits=LimitsConfig(max_turns=30))
+    agent = Agent(config, callbacks=[progress])
     result = agent.run(repo=Path("."), issue="parse_date() rejects ISO weeks")   # -> RunResult
     print(result.status, result.patch)
 
@@ -17,11 +18,11 @@ layered configuration the command uses:
 
     from m3_agent.api import fix_issue, load_settings
 
-    settings, _ = load_settings("path/to/repo", {"base_url": "http://gpu-node:8000/v1"})
+    settings, _ = load_settings("path/to/repo", {"model.base_url": "http://gpu-node:8000/v1"})
     result = fix_issue("123", repo="path/to/repo", settings=settings)          # -> FixResult
     print(result.resolved, result.branch, result.patch_path)
 
-And the eval runner: `run_eval(load_tasks("builtin"), None, EvalConfig(output_dir=..., agent={...}))`.
+And the eval runner: `run_eval(load_tasks("builtin"), None, EvalConfig(output_dir=..., agent=config))`.
 
 Everything exported here is stable across minor versions; other modules are internals.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from m3_agent.settings import Settings, load_settings
+from m3_agent.agent.config import AgentConfig, ContextConfig, LimitsConfig, ModelConfig, StallConfig, ThinkingConfig
 from m3_agent.errors import (
     EndpointError,
     GitError,
@@ -39,19 +40,22 @@ from m3_agent.errors import (
     SandboxUnavailable,
     UsageError,
 )
-from m3_agent.fix.command import FixResult, agent_config, fix_issue, resolve_endpoint
+from m3_agent.fix.command import FixResult, fix_issue
 from m3_agent.fix.github import GitHubClient, Issue
-from m3_agent.agent.loop import Agent, AgentConfig, AgentEvent, RunResult
+from m3_agent.agent.loop import Agent, AgentEvent, RunResult
 from m3_agent.evals.report import build_report
 from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
 from m3_agent.evals.tasks import Task, load_tasks
 from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig, build_image
+from m3_agent.serving.endpoint import resolve_endpoint
+from m3_agent.settings import Settings, load_settings
 from m3_agent.tools import Tool, ToolArgs, ToolCallError, ToolResult, default_tools
 
 __all__ = [
     "Agent",
     "AgentConfig",
     "AgentEvent",
+    "ContextConfig",
     "DEFAULT_IMAGE",
     "EndpointError",
     "EvalConfig",
@@ -59,6 +63,8 @@ __all__ = [
     "GitError",
     "GitHubClient",
     "InstanceResult",
+    "LimitsConfig",
+    "ModelConfig",
     "Interrupted",
     "Issue",
     "M3AgentError",
@@ -66,7 +72,9 @@ __all__ = [
     "SandboxConfig",
     "SandboxUnavailable",
     "Settings",
+    "StallConfig",
     "Task",
+    "ThinkingConfig",
     "Tool",
     "ToolArgs",
     "ToolCallError",
@@ -85,8 +93,8 @@ __all__ = [
 
 
 def config_from_settings(settings: Settings) -> AgentConfig:
-    """The AgentConfig for `settings` (`base_url`, or the endpoint `serve` brings up)."""
-    return agent_config(settings, resolve_endpoint(settings))
+    """The AgentConfig for `settings` (`model.base_url`, or the endpoint `serve` brings up)."""
+    return settings.agent_config(base_url=resolve_endpoint(settings.model.base_url, settings.serve))
 
 
 def build_agent(
@@ -98,7 +106,7 @@ def build_agent(
 ) -> Agent:
     """An Agent configured like `m3-agent fix` in `repo` (config file, M3_AGENT_* env), plus `overrides`.
 
-    `overrides` are settings by name, as flags would give them (e.g. `{"max_turns": 10}`);
+    `overrides` are settings by dotted path (e.g. `{"limits.max_turns": 10}`) or by flag (`{"--max-turns": 10}`);
     `tools` replaces the default tool set (add yours to `default_tools()`).
     """
     settings, _ = load_settings(repo, overrides or {})

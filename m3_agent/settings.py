@@ -1,12 +1,16 @@
-"""Configuration: one settings model, layered from files, the environment and flags.
+"""Configuration: one nested model, `Settings`, layered from files, the environment and flags.
 
-Precedence, lowest to highest:
+`Settings` is the agent's own `AgentConfig` (sections `model`, `sandbox`, `context`, `thinking`,
+`stall`, `limits`) plus what only the commands use: `serve` and the `[fix]` section. Every layer
+names settings by the same path, `section.field`:
 
-1. defaults (the field defaults below)
-2. the config file: `m3-agent.toml` at the repository root, or, when that file is absent,
-   the `[tool.m3-agent]` table of the repository's `pyproject.toml` (never both: like ruff)
-3. environment variables `M3_AGENT_<FIELD>` (and `GITHUB_TOKEN` / `GH_TOKEN` for `github_token`)
-4. command-line flags
+1. defaults (the field defaults of each section's model)
+2. the config file: `m3-agent.toml` at the repository root, or, when that file is absent, the
+   `[tool.m3-agent]` table of the repository's `pyproject.toml` (never both: like ruff); its tables
+   are the sections (`[limits] max_turns = 30`)
+3. environment variables `M3_AGENT_<SECTION>__<FIELD>` (e.g. `M3_AGENT_LIMITS__MAX_TURNS`), and
+   `GITHUB_TOKEN` / `GH_TOKEN` for `fix.github_token`
+4. command-line flags (`--max-turns` sets `limits.max_turns`: `FLAGS` lists them)
 
 `load_settings` returns the effective `Settings` together with where each value came from;
 `m3-agent config show` prints that table with secrets masked.
@@ -18,11 +22,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
+from m3_agent.agent.config import AgentConfig
 from m3_agent.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -31,49 +35,38 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 ENV_PREFIX = "M3_AGENT_"
+ENV_NESTING = "__"
 CONFIG_FILE = "m3-agent.toml"
 PYPROJECT_TABLE = "tool.m3-agent"
-# Checked in this order when M3_AGENT_GITHUB_TOKEN is unset; the first one set wins.
+# Checked in this order when M3_AGENT_FIX__GITHUB_TOKEN is unset; the first one set wins.
 GITHUB_TOKEN_ENVS = ("GITHUB_TOKEN", "GH_TOKEN")
-# Flags whose name is not the setting's name with dashes.
-FLAG_NAMES = {"time_limit_s": "--time-limit"}
+
+# The commands' flags and the setting each one sets (flags kept their names when settings nested).
+FLAGS = {
+    "--base-url": "model.base_url",
+    "--api-key": "model.api_key",
+    "--model": "model.name",
+    "--serve": "serve",
+    "--max-turns": "limits.max_turns",
+    "--time-limit": "limits.max_wall_s",
+    "--thinking": "thinking.policy",
+    "--sandbox-image": "sandbox.image",
+    "--image": "sandbox.image",
+    "--images": "fix.images",
+    "--include-uncommitted": "fix.include_uncommitted",
+    "--github-api-url": "fix.github_api_url",
+    "--output-dir": "fix.output_dir",
+}
 
 
-class Settings(BaseSettings):
-    """Every setting of `m3-agent fix` and the library, with its default.
+class FixConfig(BaseModel):
+    """What only `m3-agent fix` uses: the `[fix]` section."""
 
-    Built directly (`Settings()`), it reads defaults and `M3_AGENT_*` variables only; use
-    `load_settings` for the full layering (file, environment, flags) and provenance.
-    """
+    model_config = ConfigDict(extra="forbid")
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
-
-    # The model endpoint.
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
-    api_key: SecretStr = Field(SecretStr("EMPTY"), description="API key sent to the endpoint")
-    model: str | None = Field(None, description="served model name; None = the first one /v1/models lists")
-    serve: str | None = Field(
-        None, description="serving profile: reuse a healthy endpoint for it (base_url, if set) or launch one"
-    )
     images: Literal["auto", "on", "off"] = Field(
         "auto", description="issue images as image inputs: auto = send, resend as text if the endpoint refuses"
     )
-
-    # The agent loop.
-    thinking: Literal["controller", "enabled", "disabled", "adaptive"] = Field(
-        "controller", description="thinking mode policy: per-turn controller, or one fixed mode"
-    )
-    max_turns: int = Field(40, ge=1, description="turn limit")
-    time_limit_s: float | None = Field(None, gt=0, description="wall-clock limit of one run, seconds")
-    token_limit: int | None = Field(None, gt=0, description="total token limit of one run")
-    stall_detection: bool = Field(True, description="stop runs that loop without progress")
-
-    # The sandbox.
-    sandbox_image: str | None = Field(None, description="Docker image the tools run in; None = the project image")
-    sandbox_memory: str = Field("4g", description="container memory limit")
-    sandbox_cpus: float = Field(2.0, gt=0, description="container CPU limit")
-
-    # Issues and git.
     github_api_url: str | None = Field(
         None, description="GitHub REST API base; None = derived from the origin remote (GHE: https://HOST/api/v3)"
     )
@@ -81,27 +74,69 @@ class Settings(BaseSettings):
     include_uncommitted: bool = Field(False, description="copy uncommitted changes of the working tree into the run")
     output_dir: Path = Field(Path(".m3-agent"), description="patches and trajectories; relative to the repository")
     branch_prefix: str = Field("m3-agent/issue-", min_length=1, description="result branch name prefix")
-    pack_include: list[str] = Field(default_factory=list, description="globs: pack only matching files")
-    pack_exclude: list[str] = Field(default_factory=list, description="globs: never pack matching files")
-    pack_max_file_bytes: int | None = Field(None, gt=0, description="skip larger files when packing; None = default")
-
-    # Everything else the agent loop takes, for advanced use: `[agent]` / `[agent.stall]` tables.
-    agent: dict[str, Any] = Field(default_factory=dict, description="extra AgentConfig fields (advanced)")
 
 
-# Table-valued settings: their environment variable holds JSON.
-JSON_FIELDS = frozenset({"agent", "pack_include", "pack_exclude"})
+class Settings(AgentConfig):
+    """The agent's config plus the commands' own settings; build it with `load_settings`."""
+
+    serve: str | None = Field(
+        None, description="serving profile: reuse a healthy endpoint for it (model.base_url, if set) or launch one"
+    )
+    fix: FixConfig = Field(default_factory=FixConfig)
+
+    def agent_config(self, *, base_url: str | None = None) -> AgentConfig:
+        """The `AgentConfig` part, with `base_url` (the resolved endpoint) in place of `model.base_url`."""
+        values = self.model_dump(include=set(AgentConfig.model_fields))  # a copy: settings stay as loaded
+        if base_url is not None:
+            values["model"]["base_url"] = base_url
+        return AgentConfig.model_validate(values)
 
 
-def _normalise_keys(table: dict[str, Any], where: str) -> dict[str, Any]:
-    """Accept `max-turns` as well as `max_turns`; reject unknown keys with the file named."""
+def _section(annotation: Any) -> type[BaseModel] | None:
+    """The model class a field holds when it is a section (a nested pydantic model), else None."""
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def setting_paths(model: type[BaseModel] = Settings, prefix: str = "") -> dict[str, Any]:
+    """Every setting of `model` by dotted path (sections walked), with its annotation, in field order."""
+    paths: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        section = _section(field.annotation)
+        if section is not None:
+            paths.update(setting_paths(section, f"{prefix}{name}."))
+        else:
+            paths[prefix + name] = field.annotation
+    return paths
+
+
+PATHS = setting_paths()
+SECTIONS = frozenset(p.rsplit(".", 1)[0] for p in PATHS if "." in p)
+
+
+def _takes_json(annotation: Any) -> bool:
+    """List- and dict-valued settings: their environment variable holds JSON."""
+    kinds = {get_origin(a) or a for a in (annotation, *get_args(annotation))}
+    return bool(kinds & {list, dict})
+
+
+def _hint(name: str) -> str:
+    """Where a setting named `name` lives now, when it is a field of some section."""
+    homes = [p for p in PATHS if p.rsplit(".", 1)[-1] == name]
+    return f" (did you mean {' or '.join(homes)}?)" if homes else ""
+
+
+def _flatten(table: dict[str, Any], where: str, prefix: str = "") -> dict[str, Any]:
+    """A file's tables as {dotted path: value}; `max-turns` is read as `max_turns`; unknown keys fail."""
     out: dict[str, Any] = {}
     for key, value in table.items():
-        name = key.replace("-", "_")
-        if name not in Settings.model_fields:
-            known = ", ".join(sorted(Settings.model_fields))
-            raise UsageError(f"{where}: unknown setting '{key}' (known: {known})")
-        out[name] = value
+        path = prefix + key.replace("-", "_")
+        if path in SECTIONS and isinstance(value, dict):
+            out.update(_flatten(value, where, path + "."))
+        elif path in PATHS:
+            out[path] = value
+        else:
+            kind = "section" if path in SECTIONS else "setting"
+            raise UsageError(f"{where}: unknown {kind} '{path}'{_hint(path.rsplit('.', 1)[-1])}")
     return out
 
 
@@ -115,7 +150,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 def read_config_file(root: Path, explicit: Path | str | None = None) -> tuple[dict[str, Any], str] | None:
     """The file layer for `root` and its label: `explicit`, else `m3-agent.toml`, else pyproject's table.
 
-    None when no file applies. Keys are normalised (`max-turns` -> `max_turns`) and checked.
+    None when no file applies. The tables are flattened to dotted paths and checked.
     """
     if explicit:
         path = Path(explicit)
@@ -135,30 +170,90 @@ def read_config_file(root: Path, explicit: Path | str | None = None) -> tuple[di
         return None
     if not isinstance(data, dict):
         raise UsageError(f"{label}: {PYPROJECT_TABLE} must be a table")
-    return _normalise_keys(data, label), label
+    return _flatten(data, label), label
+
+
+def env_name(path: str) -> str:
+    """The environment variable of a setting: `limits.max_turns` -> `M3_AGENT_LIMITS__MAX_TURNS`."""
+    return ENV_PREFIX + path.replace(".", ENV_NESTING).upper()
+
+
+def _env_value(path: str, given: str, value: str) -> Any:
+    if not _takes_json(PATHS[path]):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"env {given}: not JSON ({e.msg}): give a JSON list or object") from None
+
+
+def _refuse_flat_names(upper: dict[str, tuple[str, str]]) -> None:
+    """Fail on `M3_AGENT_MAX_TURNS`-style names of settings that now live in a section."""
+    for var, (given, _) in upper.items():
+        name = var[len(ENV_PREFIX):].lower()
+        if not var.startswith(ENV_PREFIX) or ENV_NESTING in name or name in PATHS:
+            continue
+        homes = [p for p in PATHS if p.rsplit(".", 1)[-1] == name or p.startswith(name + ".")]
+        if homes:
+            example = " or ".join(env_name(p) for p in homes[:2])
+            raise UsageError(f"env {given}: settings are nested: use M3_AGENT_<SECTION>__<FIELD>, e.g. {example}")
 
 
 def read_env(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[str, tuple[Any, str]]:
-    """Settings found in the environment: {field: (raw value, "env NAME")}."""
+    """Settings found in the environment: {dotted path: (raw value, "env NAME")}.
+
+    A variable named like a setting of the flat layout (`M3_AGENT_MAX_TURNS`) is an error that names
+    the nested variable, so that an old CI configuration does not go silently unread.
+    """
     env = os.environ if environ is None else environ
+    upper = {k.upper(): (k, v) for k, v in env.items() if v != ""}
     found: dict[str, tuple[Any, str]] = {}
-    upper = {k.upper(): (k, v) for k, v in env.items()}
-    for name in Settings.model_fields:
-        var = ENV_PREFIX + name.upper()
-        if var in upper and upper[var][1] != "":
-            given, value = upper[var]
-            if name in JSON_FIELDS:
-                try:
-                    value = json.loads(value)
-                except json.JSONDecodeError as e:
-                    raise UsageError(f"env {given}: not JSON ({e.msg}): give a JSON object") from None
-            found[name] = (value, f"env {given}")
-    if "github_token" not in found:
+    for path in PATHS:
+        if env_name(path) in upper:
+            given, value = upper[env_name(path)]
+            found[path] = (_env_value(path, given, value), f"env {given}")
+    _refuse_flat_names(upper)
+    if "fix.github_token" not in found:
         for var in GITHUB_TOKEN_ENVS:
             if env.get(var):
-                found["github_token"] = (env[var], f"env {var}")
+                found["fix.github_token"] = (env[var], f"env {var}")
                 break
     return found
+
+
+def read_flags(flags: dict[str, Any] | None) -> dict[str, tuple[Any, str]]:
+    """Flags given (value not None), keyed by flag (`--max-turns`) or dotted path: {path: (value, label)}."""
+    found: dict[str, tuple[Any, str]] = {}
+    for key, value in (flags or {}).items():
+        path = FLAGS.get(key, key)
+        if path not in PATHS:
+            raise UsageError(f"unknown setting '{key}'{_hint(key)}")
+        if value is not None:
+            found[path] = (value, f"flag {key}" if key.startswith("-") else f"override {key}")
+    return found
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        *sections, name = path.split(".")
+        node = out
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = value
+    return out
+
+
+def _validated(layered: dict[str, tuple[Any, str]]) -> Settings:
+    """One validation of the merged layers; the first error names the layer its value came from."""
+    try:
+        return Settings.model_validate(_nested({path: value for path, (value, _) in layered.items()}))
+    except ValidationError as e:
+        first = e.errors()[0]
+        path = ".".join(str(part) for part in first["loc"]) or "?"
+        known = [p for p in layered if path == p or path.startswith(p + ".")]
+        where = layered[known[0]][1] if known else "default"
+        raise UsageError(f"{where}: {path}: {first['msg']}") from None
 
 
 def load_settings(
@@ -170,41 +265,22 @@ def load_settings(
 ) -> tuple[Settings, dict[str, str]]:
     """The effective settings for repository `root` and where each value came from.
 
-    `flags` maps field names to values given on the command line (None = not given).
-    `config_file` replaces the file lookup (also `M3_AGENT_CONFIG`). Bad keys or values raise
-    UsageError naming the layer they came from.
+    `flags` maps flags (`--max-turns`, see FLAGS) or dotted paths (`limits.max_turns`) to values
+    (None = not given). `config_file` replaces the file lookup (also `M3_AGENT_CONFIG`). Bad keys or
+    values raise a one-line UsageError naming the layer they came from. The sources map every
+    dotted path to `default`, the file's name, `env NAME`, `flag --name` or `override path`.
     """
     env = os.environ if environ is None else environ
     layered: dict[str, tuple[Any, str]] = {}
     file_layer = read_config_file(Path(root), config_file or env.get(ENV_PREFIX + "CONFIG"))
     if file_layer:
         table, label = file_layer
-        layered.update({k: (v, label) for k, v in table.items()})
+        layered.update({path: (value, label) for path, value in table.items()})
     layered.update(read_env(env))
-    for name, value in (flags or {}).items():
-        if name not in Settings.model_fields:
-            raise UsageError(f"unknown setting '{name}'")
-        if value is not None:
-            layered[name] = (value, f"flag {FLAG_NAMES.get(name, '--' + name.replace('_', '-'))}")
-    values = {k: v for k, (v, _) in layered.items()}
-    try:
-        settings = _LayeredSettings(**values)
-    except ValidationError as e:
-        first = e.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "?"
-        where = layered.get(field, (None, "default"))[1]
-        raise UsageError(f"{where}: {field}: {first['msg']}") from None
-    sources = {name: layered[name][1] if name in layered else "default" for name in Settings.model_fields}
+    layered.update(read_flags(flags))
+    settings = _validated(layered)
+    sources = {path: layered[path][1] if path in layered else "default" for path in PATHS}
     return settings, sources
-
-
-class _LayeredSettings(Settings):
-    """Settings built from the constructor only: `load_settings` has already read every layer."""
-
-    @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, **_sources):
-        """Only the values given: no second, implicit read of the environment."""
-        return (init_settings,)
 
 
 def mask(value: str) -> str:
@@ -214,16 +290,23 @@ def mask(value: str) -> str:
     return "****" + value[-4:] if len(value) >= 12 else "****"
 
 
+def value_at(settings: BaseModel, path: str) -> Any:
+    """The value of a dotted path in `settings`."""
+    node: Any = settings
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return mask(value.get_secret_value())
+    if value is None:
+        return "-"
+    text = " ".join(str(value).split())  # one line: the system prompt is a paragraph
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
 def display_rows(settings: Settings, sources: dict[str, str]) -> list[tuple[str, str, str]]:
-    """(name, shown value, source) for every setting, secrets masked."""
-    rows = []
-    for name in Settings.model_fields:
-        value = getattr(settings, name)
-        if isinstance(value, SecretStr):
-            shown = mask(value.get_secret_value())
-        elif value is None:
-            shown = "-"
-        else:
-            shown = str(value)
-        rows.append((name, shown, sources.get(name, "default")))
-    return rows
+    """(dotted path, shown value, source) for every setting, secrets masked."""
+    return [(path, _shown(value_at(settings, path)), sources.get(path, "default")) for path in PATHS]

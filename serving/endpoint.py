@@ -1,10 +1,15 @@
-"""From a profile name to a healthy M3 base URL: check the machine, launch, or reuse what runs.
+"""From a profile name or a URL to a healthy M3 base URL: check the machine, launch, or reuse what runs.
 
-`ensure_endpoint` is what `m3-agent fix --serve PROFILE` and `m3-agent eval run --serve PROFILE`
-call: it returns the base URL (ending in /v1) of a server that lists its model.
+`resolve_endpoint` is what `m3-agent fix` and `m3-agent eval run` call: the `--base-url` given, or
+with `--serve PROFILE` the base URL (ending in /v1) of a server that lists its model
+(`ensure_endpoint`); `check_endpoint` then fails fast when nothing listens there.
 """
 
 from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher
@@ -126,3 +131,39 @@ def ensure_endpoint(
         return state.base_url
     cmd = prepare(profile, engine=engine, runner=runner, overrides=overrides, check_gpus=check_gpus, progress=progress)
     return launcher.start(cmd, name=name, timeout_s=timeout_s, progress=progress).base_url
+
+
+def resolve_endpoint(base_url: str | None, serve: str | None = None,
+                     notice: Callable[[str], None] | None = None) -> str:
+    """The base URL to talk to; with `serve`, the profile's endpoint (`base_url` reused if healthy, else launched).
+
+    UsageError when neither is set; `notice` hears what serving does.
+    """
+    if serve:
+        def progress(phase: str, message: str) -> None:
+            if notice:
+                notice(f"serve: {message}")
+
+        return ensure_endpoint(serve, base_url=base_url, progress=progress).rstrip("/")
+    if base_url:
+        return base_url.rstrip("/")
+    raise UsageError(
+        "no model endpoint: pass --base-url URL (e.g. http://gpu-node:8000/v1) or --serve PROFILE, "
+        "or set base_url in the [model] table of m3-agent.toml / M3_AGENT_MODEL__BASE_URL"
+    )
+
+
+def check_endpoint(base_url: str, *, timeout: float = 5.0) -> None:
+    """Fail fast (EndpointError) when nothing listens at `base_url`; a server still loading (503) passes."""
+    req = urllib.request.Request(base_url + "/models", headers={"User-Agent": "m3-agent"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return  # it answers: auth, loading and path problems get the loop's full message and retries
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise EndpointError(
+            f"cannot reach the model server at {base_url}: {reason}. "
+            "Start it (m3-agent serve start) or check --base-url"
+        ) from None

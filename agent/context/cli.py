@@ -204,14 +204,14 @@ def pack_command(args) -> None:
     if not os.path.isdir(repo):
         raise UsageError(f"repository not found: {repo}")
     settings = _settings(repo)
-    base_url = args.base_url or getattr(settings, "base_url", None)
-    model = args.model or getattr(settings, "model", None)
+    base_url = args.base_url or (settings.model.base_url if settings else None)
+    model = args.model or (settings.model.name if settings else None)
     api_key = _api_key(settings)
-    includes = list(args.include) + list(getattr(settings, "pack_include", None) or [])
-    excludes = list(args.exclude) + list(getattr(settings, "pack_exclude", None) or [])
+    includes = list(args.include) + (settings.context.include if settings else [])
+    excludes = list(args.exclude) + (settings.context.exclude if settings else [])
     max_file_bytes = args.max_file_bytes
     if max_file_bytes is None:
-        max_file_bytes = getattr(settings, "pack_max_file_bytes", None) or DEFAULT_MAX_FILE_BYTES
+        max_file_bytes = settings.context.max_file_bytes if settings else DEFAULT_MAX_FILE_BYTES
 
     def warn(msg: str) -> None:
         print(f"m3-agent: warning: {msg}", file=sys.stderr)
@@ -300,8 +300,7 @@ def _read(path: str) -> bytes:
 
 
 def _api_key(settings) -> str | None:
-    key = getattr(settings, "api_key", None)
-    if key is None:
+    if settings is None:
         return None
-    value = key.get_secret_value() if hasattr(key, "get_secret_value") else str(key)
+    value = settings.model.api_key.get_secret_value()
     return None if value in ("", "EMPTY") else value

@@ -7,8 +7,8 @@ variable. With a registry, `RUN pip install ...` works the same way.
 
     python examples/custom_sandbox_image/run.py --repo path/to/repo --issue 123 --base-url http://gpu-node:8000/v1
 
-The same in configuration, once the image is built: `sandbox_image = "my-team-sandbox:1"` in
-`m3-agent.toml`, `M3_AGENT_SANDBOX_IMAGE`, or `m3-agent fix --sandbox-image my-team-sandbox:1`.
+The same in configuration, once the image is built: `image = "my-team-sandbox:1"` in the `[sandbox]`
+table of `m3-agent.toml`, `M3_AGENT_SANDBOX__IMAGE`, or `m3-agent fix --sandbox-image my-team-sandbox:1`.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=".")
     parser.add_argument("--issue", required=True)
-    parser.add_argument("--base-url", default=os.environ.get("M3_AGENT_BASE_URL"))
+    parser.add_argument("--base-url", default=os.environ.get("M3_AGENT_MODEL__BASE_URL"))
     parser.add_argument("--tag", default="m3-agent-team-sandbox:example")
     args = parser.parse_args(argv)
     try:
         image = build_team_image(args.tag)
         print(f"sandbox image: {image}", file=sys.stderr)
-        settings, sources = load_settings(args.repo, {"base_url": args.base_url, "sandbox_image": image})
+        settings, sources = load_settings(args.repo, {"--base-url": args.base_url, "--sandbox-image": image})
         result = fix_issue(args.issue, repo=args.repo, settings=settings)
     except M3AgentError as e:
         print(f"error: {e}", file=sys.stderr)

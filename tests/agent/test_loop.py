@@ -39,7 +39,16 @@ def solve_turns() -> list[dict]:
 
 
 def fast(**kw) -> AgentConfig:
-    return AgentConfig(**{"retry_initial_s": 0.01, "retry_max_wait_s": 0.05, "retry_attempts": 4, **kw})
+    """An AgentConfig with fast retries; a keyword names a section (`stall=`) or a field of one (`max_turns=`)."""
+    values: dict = {"model": {"retry_initial_s": 0.01, "retry_max_wait_s": 0.05, "retry_attempts": 4}}
+    for key, value in kw.items():
+        section = next((name for name, field in AgentConfig.model_fields.items()
+                        if key in getattr(field.annotation, "model_fields", {})), None)
+        if section is None:
+            values[key] = value
+        else:
+            values.setdefault(section, {})[key] = value
+    return AgentConfig.model_validate(values)
 
 
 def run(git_repo, turns, tmp_path, script_extra=None, callbacks=None, **cfg):
@@ -296,7 +305,7 @@ def test_a_pack_error_still_ends_the_run_cleanly(git_repo, tmp_path):
     from m3_agent.errors import UsageError
 
     with pytest.raises(UsageError, match="budget"):
-        run(git_repo, solve_turns(), tmp_path, context_budget=5)
+        run(git_repo, solve_turns(), tmp_path, budget=5)
     client = docker.from_env()
     try:
         import os

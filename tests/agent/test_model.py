@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from m3_agent.errors import EndpointError
+from m3_agent.errors import EndpointError, UsageError
 from m3_agent.agent.model import (
     ContextOverflowError,
     ModelClient,
@@ -105,7 +105,7 @@ def test_served_models_keep_order_skip_bad_cards_and_missing_windows(models_serv
     assert served_models({"data": None}) == served_models([]) == []
     url = models_server(answer)
     assert [m.id for m in list_models(url)] == ["m3-a", "m3-b", "m3-c"]
-    client = _client_at(url, model="m3-b")
+    client = _client_at(url, name="m3-b")
     assert client.max_model_len() is None  # SGLang-style card: no window, so no default budget
 
 
@@ -122,6 +122,18 @@ def test_list_models_failures_are_endpoint_errors(models_server):
     sock.close()
     with pytest.raises(EndpointError, match=f"127.0.0.1:{port}/v1/models failed"):
         list_models(f"http://127.0.0.1:{port}/v1", timeout=2)
+
+
+def test_client_without_an_endpoint_is_a_usage_error():
+    with pytest.raises(UsageError, match="no model endpoint"):
+        ModelClient(ModelConfig())
+
+
+def test_api_key_is_masked_in_json_unless_secrets_are_asked_for():
+    config = ModelConfig(base_url="http://127.0.0.1:9/v1", api_key="sk-secret-key")
+    assert "sk-secret-key" not in config.model_dump_json() and "sk-secret-key" not in repr(config)
+    handed_on = ModelConfig.model_validate_json(config.model_dump_json(context={"secrets": True}))
+    assert handed_on.api_key.get_secret_value() == "sk-secret-key"
 
 
 def test_reasoning_and_tool_calls_are_read_back_and_returned_in_both_fields():
@@ -167,7 +179,7 @@ def test_transient_faults_are_retried(fault):
 def test_warming_server_503_is_waited_out():
     with StandinServer({"loading_s": 1.5, "turns": [{"content": "ready"}]}) as srv:
         t = time.monotonic()
-        client = ModelClient(ModelConfig(base_url=srv.base_url, model="MiniMaxAI/MiniMax-M3", retry_initial_s=0.2,
+        client = ModelClient(ModelConfig(base_url=srv.base_url, name="MiniMaxAI/MiniMax-M3", retry_initial_s=0.2,
                                          retry_max_wait_s=0.4, retry_attempts=40, retry_max_s=30))
         reply = client.complete(_user())
     assert reply.content == "ready"

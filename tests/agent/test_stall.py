@@ -520,7 +520,8 @@ def test_every_rule_has_its_own_advice():
 @pytest.mark.docker
 def test_agent_loop_nudges_once_then_stops_a_run_that_keeps_the_same_failure(git_repo, sandbox_image, tmp_path):
     """Real loop, real sandbox, stand-in model over HTTP: each 'fix' leaves the same test failing."""
-    from m3_agent.agent.loop import Agent, AgentConfig
+    from m3_agent.agent.config import AgentConfig, LimitsConfig, ModelConfig
+    from m3_agent.agent.loop import Agent
     from m3_agent.serving.standin import StandinServer
     from m3_agent.sandbox import SandboxConfig
 
@@ -532,8 +533,8 @@ def test_agent_loop_nudges_once_then_stops_a_run_that_keeps_the_same_failure(git
         turns.append({"tool_calls": [{"name": "file_write", "arguments": {"path": "calc.py", "content": wrong}}]})
         turns.append({"tool_calls": [{"name": "test_runner", "arguments": {"test_file": "tests"}}]})
     with StandinServer({"turns": turns, "on_exhausted": "final"}) as srv:
-        cfg = AgentConfig(base_url=srv.base_url, api_key="x", model="MiniMaxAI/MiniMax-M3", max_turns=30,
-                          sandbox=SandboxConfig(image=sandbox_image))
+        cfg = AgentConfig(model=ModelConfig(base_url=srv.base_url, api_key="x", name="MiniMaxAI/MiniMax-M3"),
+                          limits=LimitsConfig(max_turns=30), sandbox=SandboxConfig(image=sandbox_image))
         result = Agent(cfg).run(repo, "add() subtracts", trajectory_path=tmp_path / "traj.jsonl")
         requests = list(srv.requests)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import m3_agent.api as api
 from m3_agent.settings import load_settings
-from m3_agent.fix.command import resolve_endpoint
+from m3_agent.serving.endpoint import resolve_endpoint
 from m3_agent.serving.standin import StandinServer
 
 
@@ -28,12 +28,13 @@ class Echo(api.Tool):
 
 
 def test_build_agent_uses_the_layered_configuration_plus_overrides(tmp_path, monkeypatch):
-    monkeypatch.delenv("M3_AGENT_MAX_TURNS", raising=False)
-    (tmp_path / "m3-agent.toml").write_text('base_url = "http://127.0.0.1:9/v1"\nmax_turns = 12\nthinking = "disabled"\n')
+    monkeypatch.delenv("M3_AGENT_LIMITS__MAX_TURNS", raising=False)
+    (tmp_path / "m3-agent.toml").write_text('[model]\nbase_url = "http://127.0.0.1:9/v1"\n[limits]\nmax_turns = 12\n'
+                                            '[thinking]\npolicy = "disabled"\n')
     events = []
-    agent = api.build_agent(tmp_path, overrides={"max_turns": 3}, tools=[*api.default_tools(), Echo()],
+    agent = api.build_agent(tmp_path, overrides={"limits.max_turns": 3}, tools=[*api.default_tools(), Echo()],
                             callbacks=[events.append])
-    assert (agent.config.base_url, agent.config.max_turns) == ("http://127.0.0.1:9/v1", 3)
+    assert (agent.config.model.base_url, agent.config.limits.max_turns) == ("http://127.0.0.1:9/v1", 3)
     assert agent.config.thinking.policy == "disabled"
     assert agent.config.sandbox.image == api.DEFAULT_IMAGE
     assert [t.name for t in agent.tools][-1] == "echo"
@@ -44,6 +45,6 @@ def test_build_agent_uses_the_layered_configuration_plus_overrides(tmp_path, mon
 def test_serve_reuses_a_healthy_endpoint_and_says_so(tmp_path):
     notices = []
     with StandinServer({"turns": []}) as srv:
-        settings, _ = load_settings(tmp_path, {"serve": "h200-tp8", "base_url": srv.base_url + "/"}, environ={})
-        assert resolve_endpoint(settings, notices.append) == srv.base_url
+        settings, _ = load_settings(tmp_path, {"--serve": "h200-tp8", "--base-url": srv.base_url + "/"}, environ={})
+        assert resolve_endpoint(settings.model.base_url, settings.serve, notices.append) == srv.base_url
     assert notices and notices[0].startswith("serve: ") and srv.base_url in notices[0]

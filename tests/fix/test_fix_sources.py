@@ -15,15 +15,17 @@ from tests.fix.test_github import FakeGitHub
 
 from m3_agent.settings import load_settings
 from m3_agent.errors import GitError, UsageError
-from m3_agent.fix.command import agent_config, commit_message, resolve_endpoint, resolve_issue, suite_passed
+from m3_agent.fix.command import commit_message, resolve_issue, suite_passed
+from m3_agent.serving.endpoint import resolve_endpoint
 from m3_agent.fix.github import Issue
 from m3_agent.agent.loop import RunResult
 
 CALC = {"calc.py": "def add(a, b):\n    return a - b\n", "tests/test_calc.py": "from calc import add\n"}
 
 
-def settings_for(root: Path, **flags):
-    return load_settings(root, flags, environ={})[0]
+def settings_for(root: Path, **overrides):
+    """Settings for `root`, with overrides by dotted path (`fix.github_api_url`)."""
+    return load_settings(root, overrides, environ={})[0]
 
 
 def test_issue_number_reads_origins_github_issue(git_repo):
@@ -44,7 +46,7 @@ def test_issue_url_and_configured_api_base(git_repo):
         repo = git_repo(CALC)
         issue, _ = resolve_issue(f"{gh.web}/team/svc/issues/3", repo, settings_for(repo))
         assert issue.title == "Crash on start" and issue.url == f"{gh.web}/team/svc/issues/3"
-        issue, client = resolve_issue("team/svc#3", repo, settings_for(repo, github_api_url=gh.api))
+        issue, client = resolve_issue("team/svc#3", repo, settings_for(repo, **{"fix.github_api_url": gh.api}))
         assert issue.number == 3 and client.api_url == gh.api
 
 
@@ -108,33 +110,34 @@ def test_suite_passed_needs_a_clean_green_run():
     assert not suite_passed({"passed": 3, "timed_out": True})
 
 
-def test_settings_map_onto_the_agent_config(tmp_path):
+def test_settings_tables_reach_the_agent_config_without_a_mapping(tmp_path):
     (tmp_path / "m3-agent.toml").write_text(
-        'max_turns = 9\nthinking = "enabled"\nsandbox_memory = "2g"\nstall_detection = false\n'
-        "[agent]\nmax_tokens = 1024\n[agent.stall]\nrepeat_actions = 5\n[agent.sandbox]\npids_limit = 64\n"
+        '[limits]\nmax_turns = 9\n[thinking]\npolicy = "enabled"\n[sandbox]\nmemory = "2g"\npids_limit = 64\n'
+        "[stall]\nenabled = false\nrepeat_actions = 5\n[model]\nmax_tokens = 1024\n"
     )
-    settings = load_settings(tmp_path, {"api_key": "k", "time_limit_s": 30}, environ={})[0]
-    cfg = agent_config(settings, "http://127.0.0.1:9/v1")
-    assert (cfg.base_url, cfg.api_key, cfg.max_turns, cfg.max_wall_s, cfg.max_tokens) == (
-        "http://127.0.0.1:9/v1", "k", 9, 30, 1024)
+    settings = load_settings(tmp_path, {"--api-key": "k", "--time-limit": 30}, environ={})[0]
+    cfg = settings.agent_config(base_url="http://127.0.0.1:9/v1")
+    assert (cfg.model.base_url, cfg.model.api_key.get_secret_value(), cfg.model.max_tokens) == (
+        "http://127.0.0.1:9/v1", "k", 1024)
+    assert (cfg.limits.max_turns, cfg.limits.max_wall_s) == (9, 30)
     assert cfg.thinking.policy == "enabled"
     assert (cfg.stall.enabled, cfg.stall.repeat_actions) == (False, 5)
     assert (cfg.sandbox.memory, cfg.sandbox.pids_limit, cfg.sandbox.network) == ("2g", 64, "none")
 
 
-def test_bad_agent_table_is_a_usage_error(tmp_path):
-    (tmp_path / "m3-agent.toml").write_text("[agent]\nmax_tokens = 'lots'\n")
-    settings = load_settings(tmp_path, environ={})[0]
-    with pytest.raises(UsageError, match="invalid agent setting max_tokens"):
-        agent_config(settings, "http://127.0.0.1:9/v1")
-    settings = load_settings(tmp_path, {"sandbox_memory": "lots", "agent": {}}, environ={})[0]
-    with pytest.raises(UsageError, match="invalid agent setting sandbox.memory: .*not a size"):
-        agent_config(settings, "http://127.0.0.1:9/v1")
+def test_bad_agent_table_is_a_usage_error_naming_the_file(tmp_path):
+    (tmp_path / "m3-agent.toml").write_text("[model]\nmax_tokens = 'lots'\n")
+    with pytest.raises(UsageError, match=r"m3-agent.toml: model.max_tokens: .*integer"):
+        load_settings(tmp_path, environ={})
+    (tmp_path / "m3-agent.toml").write_text("")
+    with pytest.raises(UsageError, match=r"flag --sandbox-image: sandbox.image: "):
+        load_settings(tmp_path, {"--sandbox-image": 3}, environ={})
 
 
 def test_no_endpoint_is_a_usage_error(tmp_path):
+    settings = load_settings(tmp_path, environ={})[0]
     with pytest.raises(UsageError, match="no model endpoint: pass --base-url"):
-        resolve_endpoint(load_settings(tmp_path, environ={})[0])
+        resolve_endpoint(settings.model.base_url, settings.serve)
 
 
 def run_fix_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:

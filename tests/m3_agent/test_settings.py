@@ -1,4 +1,4 @@
-"""Configuration layering: defaults < config file < M3_AGENT_* environment < flags, with provenance."""
+"""Configuration layering: defaults < config file < M3_AGENT_* environment < flags, one nested model, with provenance."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.settings import Settings, display_rows, load_settings, mask
+from m3_agent.agent.config import AgentConfig
 from m3_agent.errors import UsageError
+from m3_agent.settings import FLAGS, PATHS, Settings, display_rows, env_name, load_settings, mask
 from tests.fix.test_fix_sources import cli_main  # noqa: F401, F811 - the in-process CLI fixture
 
 
@@ -19,33 +20,42 @@ def write(path: Path, text: str) -> Path:
 
 def test_defaults_apply_when_nothing_is_configured(tmp_path):
     settings, sources = load_settings(tmp_path, environ={})
-    assert settings.max_turns == Settings.model_fields["max_turns"].default
-    assert settings.base_url is None
+    assert settings.limits.max_turns == AgentConfig().limits.max_turns
+    assert settings.model.base_url is None
     assert set(sources.values()) == {"default"}
-    assert set(sources) == set(Settings.model_fields)
+    assert set(sources) == set(PATHS)
 
 
-def test_m3_agent_toml_is_read_with_kebab_or_snake_keys(tmp_path):
-    write(tmp_path / "m3-agent.toml", 'base_url = "http://127.0.0.1:9/v1"\nmax-turns = 7\n[agent]\nmax_tokens = 2048\n')
+def test_every_section_of_the_agent_config_is_a_settings_section():
+    sections = {p.split(".")[0] for p in PATHS if "." in p}
+    assert sections == {"model", "sandbox", "context", "thinking", "stall", "limits", "fix"}
+    assert {p for p in PATHS if "." not in p} == {"serve", "output_cap_chars", "system_prompt"}
+    assert all(path in PATHS for path in FLAGS.values())
+
+
+def test_file_tables_are_the_sections_with_kebab_or_snake_keys(tmp_path):
+    write(tmp_path / "m3-agent.toml", 'serve = "h200-tp8"\n[model]\nbase-url = "http://127.0.0.1:9/v1"\nmax_tokens = 2048\n'
+          '[limits]\nmax-turns = 7\n[stall]\nrepeat_actions = 5\n[sandbox]\nenv = {A = "1"}\n[fix]\nimages = "off"\n')
     settings, sources = load_settings(tmp_path, environ={})
-    assert settings.base_url == "http://127.0.0.1:9/v1"
-    assert settings.max_turns == 7
-    assert settings.agent == {"max_tokens": 2048}
-    assert sources["max_turns"] == "m3-agent.toml"
-    assert sources["thinking"] == "default"
+    assert settings.model.base_url == "http://127.0.0.1:9/v1" and settings.model.max_tokens == 2048
+    assert (settings.limits.max_turns, settings.stall.repeat_actions) == (7, 5)
+    assert settings.sandbox.env == {"A": "1"} and settings.fix.images == "off" and settings.serve == "h200-tp8"
+    assert sources["limits.max_turns"] == "m3-agent.toml" and sources["serve"] == "m3-agent.toml"
+    assert sources["thinking.policy"] == "default"
 
 
 def test_pyproject_table_is_used_only_without_m3_agent_toml(tmp_path):
-    write(tmp_path / "pyproject.toml", '[project]\nname = "x"\n[tool.m3-agent]\nmax_turns = 11\nthinking = "enabled"\n')
+    write(tmp_path / "pyproject.toml",
+          '[project]\nname = "x"\n[tool.m3-agent.limits]\nmax_turns = 11\n[tool.m3-agent.thinking]\npolicy = "enabled"\n')
     settings, sources = load_settings(tmp_path, environ={})
-    assert (settings.max_turns, settings.thinking) == (11, "enabled")
-    assert sources["max_turns"] == "pyproject.toml (tool.m3-agent)"
+    assert (settings.limits.max_turns, settings.thinking.policy) == (11, "enabled")
+    assert sources["limits.max_turns"] == "pyproject.toml (tool.m3-agent)"
 
-    write(tmp_path / "m3-agent.toml", "max_turns = 5\n")
+    write(tmp_path / "m3-agent.toml", "[limits]\nmax_turns = 5\n")
     settings, sources = load_settings(tmp_path, environ={})
-    assert settings.max_turns == 5
-    assert settings.thinking == "controller"  # the pyproject table is not merged underneath
-    assert sources["thinking"] == "default"
+    assert settings.limits.max_turns == 5
+    assert settings.thinking.policy == "controller"  # the pyproject table is not merged underneath
+    assert sources["thinking.policy"] == "default"
 
 
 def test_pyproject_without_the_table_is_ignored(tmp_path):
@@ -54,88 +64,144 @@ def test_pyproject_without_the_table_is_ignored(tmp_path):
     assert set(sources.values()) == {"default"}
 
 
-def test_environment_overrides_file_and_flags_override_environment(tmp_path):
-    write(tmp_path / "m3-agent.toml", "max_turns = 7\nsandbox_cpus = 1.5\nimages = 'off'\n")
-    env = {"M3_AGENT_MAX_TURNS": "9", "m3_agent_images": "on"}
+def test_environment_names_follow_the_sections(tmp_path):
+    assert env_name("limits.max_turns") == "M3_AGENT_LIMITS__MAX_TURNS"
+    env = {"M3_AGENT_MODEL__BASE_URL": "http://127.0.0.1:9/v1", "m3_agent_stall__enabled": "false",
+           "M3_AGENT_CONTEXT__INCLUDE": '["src/**"]', "M3_AGENT_SERVE": "h200-tp8"}
     settings, sources = load_settings(tmp_path, environ=env)
-    assert settings.max_turns == 9 and sources["max_turns"] == "env M3_AGENT_MAX_TURNS"
-    assert settings.images == "on" and sources["images"] == "env m3_agent_images"
-    assert settings.sandbox_cpus == 1.5 and sources["sandbox_cpus"] == "m3-agent.toml"
+    assert settings.model.base_url == "http://127.0.0.1:9/v1" and sources["model.base_url"] == "env M3_AGENT_MODEL__BASE_URL"
+    assert settings.stall.enabled is False and sources["stall.enabled"] == "env m3_agent_stall__enabled"
+    assert settings.context.include == ["src/**"] and settings.serve == "h200-tp8"
 
-    settings, sources = load_settings(tmp_path, {"max_turns": 3, "images": None, "time_limit_s": 60}, environ=env)
-    assert settings.max_turns == 3 and sources["max_turns"] == "flag --max-turns"
-    assert sources["time_limit_s"] == "flag --time-limit"
-    assert settings.images == "on"  # a flag left unset (None) does not override
+
+def test_environment_overrides_file_and_flags_override_environment(tmp_path):
+    write(tmp_path / "m3-agent.toml", "[limits]\nmax_turns = 7\n[sandbox]\ncpus = 1.5\n[fix]\nimages = 'off'\n")
+    env = {"M3_AGENT_LIMITS__MAX_TURNS": "9", "M3_AGENT_FIX__IMAGES": "on"}
+    settings, sources = load_settings(tmp_path, environ=env)
+    assert settings.limits.max_turns == 9 and sources["limits.max_turns"] == "env M3_AGENT_LIMITS__MAX_TURNS"
+    assert settings.fix.images == "on" and sources["fix.images"] == "env M3_AGENT_FIX__IMAGES"
+    assert settings.sandbox.cpus == 1.5 and sources["sandbox.cpus"] == "m3-agent.toml"
+
+    flags = {"--max-turns": 3, "--images": None, "--time-limit": 60, "model.top_k": 20}
+    settings, sources = load_settings(tmp_path, flags, environ=env)
+    assert settings.limits.max_turns == 3 and sources["limits.max_turns"] == "flag --max-turns"
+    assert settings.limits.max_wall_s == 60 and sources["limits.max_wall_s"] == "flag --time-limit"
+    assert settings.model.top_k == 20 and sources["model.top_k"] == "override model.top_k"
+    assert settings.fix.images == "on"  # a flag left unset (None) does not override
 
 
 def test_github_token_from_standard_variables_in_order(tmp_path):
     settings, sources = load_settings(tmp_path, environ={"GH_TOKEN": "gh-token", "GITHUB_TOKEN": "github-token"})
-    assert settings.github_token.get_secret_value() == "github-token"
-    assert sources["github_token"] == "env GITHUB_TOKEN"
+    assert settings.fix.github_token.get_secret_value() == "github-token"
+    assert sources["fix.github_token"] == "env GITHUB_TOKEN"
 
     settings, sources = load_settings(tmp_path, environ={"GH_TOKEN": "gh-token"})
-    assert sources["github_token"] == "env GH_TOKEN"
+    assert sources["fix.github_token"] == "env GH_TOKEN"
 
     settings, sources = load_settings(
-        tmp_path, environ={"GH_TOKEN": "gh-token", "M3_AGENT_GITHUB_TOKEN": "own-token"}
+        tmp_path, environ={"GH_TOKEN": "gh-token", "M3_AGENT_FIX__GITHUB_TOKEN": "own-token"}
     )
-    assert settings.github_token.get_secret_value() == "own-token"
-    assert sources["github_token"] == "env M3_AGENT_GITHUB_TOKEN"
+    assert settings.fix.github_token.get_secret_value() == "own-token"
+    assert sources["fix.github_token"] == "env M3_AGENT_FIX__GITHUB_TOKEN"
 
 
-def test_unknown_key_in_file_names_the_file(tmp_path):
-    write(tmp_path / "m3-agent.toml", "max_turn = 3\n")
-    with pytest.raises(UsageError, match=r"m3-agent.toml: unknown setting 'max_turn'"):
+def test_unknown_key_in_file_names_the_file_and_where_the_setting_lives(tmp_path):
+    write(tmp_path / "m3-agent.toml", "[limits]\nmax_turn = 3\n")
+    with pytest.raises(UsageError, match=r"^m3-agent.toml: unknown setting 'limits.max_turn'$"):
+        load_settings(tmp_path, environ={})
+    write(tmp_path / "m3-agent.toml", "max_turns = 3\n")  # the flat layout of earlier versions
+    with pytest.raises(UsageError, match=r"unknown setting 'max_turns' \(did you mean limits.max_turns\?\)"):
+        load_settings(tmp_path, environ={})
+    write(tmp_path / "m3-agent.toml", "[agent]\nmax_tokens = 3\n")
+    with pytest.raises(UsageError, match=r"unknown setting 'agent'"):
         load_settings(tmp_path, environ={})
 
 
-def test_bad_value_names_the_layer_it_came_from(tmp_path):
-    with pytest.raises(UsageError, match=r"env M3_AGENT_MAX_TURNS: max_turns: .*integer"):
-        load_settings(tmp_path, environ={"M3_AGENT_MAX_TURNS": "many"})
-    with pytest.raises(UsageError, match=r"flag --thinking: thinking:"):
-        load_settings(tmp_path, {"thinking": "sometimes"}, environ={})
-    write(tmp_path / "m3-agent.toml", "max_turns = [")
+def test_flat_environment_names_are_refused_with_the_nested_name(tmp_path):
+    with pytest.raises(UsageError, match=r"env M3_AGENT_MAX_TURNS: settings are nested: .*M3_AGENT_LIMITS__MAX_TURNS"):
+        load_settings(tmp_path, environ={"M3_AGENT_MAX_TURNS": "9"})
+    # Variables that are not settings (the pack cache, the serve state) are left alone.
+    load_settings(tmp_path, environ={"M3_AGENT_CACHE_DIR": "/tmp/x", "M3_AGENT_STATE_DIR": "/tmp/y"})
+
+
+def test_bad_value_is_one_line_naming_the_layer_it_came_from(tmp_path):
+    with pytest.raises(UsageError, match=r"^env M3_AGENT_LIMITS__MAX_TURNS: limits.max_turns: .*integer") as e:
+        load_settings(tmp_path, environ={"M3_AGENT_LIMITS__MAX_TURNS": "many"})
+    assert "\n" not in str(e.value)
+    with pytest.raises(UsageError, match=r"^flag --thinking: thinking.policy: "):
+        load_settings(tmp_path, {"--thinking": "sometimes"}, environ={})
+    write(tmp_path / "m3-agent.toml", "[sandbox]\nmemory = 'lots'\n")
+    with pytest.raises(UsageError, match=r"^m3-agent.toml: sandbox.memory: .*not a size"):
+        load_settings(tmp_path, environ={})
+    write(tmp_path / "m3-agent.toml", "[context]\ninclude = ['a', 3]\n")
+    with pytest.raises(UsageError, match=r"^m3-agent.toml: context.include.1: "):
+        load_settings(tmp_path, environ={})
+    with pytest.raises(UsageError, match=r"^unknown setting '--turns'"):
+        load_settings(tmp_path, {"--turns": 3}, environ={})
+    write(tmp_path / "m3-agent.toml", "[limits]\nmax_turns = [")
     with pytest.raises(UsageError, match="cannot read config file"):
         load_settings(tmp_path, environ={})
 
 
 def test_explicit_config_file_replaces_the_lookup(tmp_path):
-    write(tmp_path / "m3-agent.toml", "max_turns = 7\n")
-    other = write(tmp_path / "team.toml", "max_turns = 21\n")
+    write(tmp_path / "m3-agent.toml", "[limits]\nmax_turns = 7\n")
+    other = write(tmp_path / "team.toml", "[limits]\nmax_turns = 21\n")
     settings, sources = load_settings(tmp_path, config_file=other, environ={})
-    assert settings.max_turns == 21 and sources["max_turns"] == str(other)
+    assert settings.limits.max_turns == 21 and sources["limits.max_turns"] == str(other)
     settings, _ = load_settings(tmp_path, environ={"M3_AGENT_CONFIG": str(other)})
-    assert settings.max_turns == 21
+    assert settings.limits.max_turns == 21
     with pytest.raises(UsageError, match="config file not found"):
         load_settings(tmp_path, config_file=tmp_path / "missing.toml", environ={})
 
 
 def test_secrets_are_masked_in_display_rows(tmp_path):
     token = "ghp_0123456789abcdefWXYZ"
-    settings, sources = load_settings(tmp_path, {"api_key": "short"}, environ={"GITHUB_TOKEN": token})
+    settings, sources = load_settings(tmp_path, {"--api-key": "short"}, environ={"GITHUB_TOKEN": token})
     rows = {name: (shown, src) for name, shown, src in display_rows(settings, sources)}
-    assert rows["github_token"] == ("****WXYZ", "env GITHUB_TOKEN")
-    assert rows["api_key"] == ("****", "flag --api-key")
+    assert rows["fix.github_token"] == ("****WXYZ", "env GITHUB_TOKEN")
+    assert rows["model.api_key"] == ("****", "flag --api-key")
     assert token not in repr(settings)
     assert mask("") == "" and mask("abc") == "****"
 
 
+def test_the_agent_config_is_the_settings_sections_with_the_resolved_endpoint(tmp_path):
+    write(tmp_path / "m3-agent.toml", '[model]\nbase_url = "http://127.0.0.1:9/v1"\nmax_tokens = 1024\n'
+          '[context]\ninclude = ["src/**"]\nexclude = ["**/*.min.js"]\nmax_file_bytes = 4096\n'
+          '[sandbox]\npids_limit = 64\n[thinking]\npolicy = "enabled"\n')
+    settings, _ = load_settings(tmp_path, {"--api-key": "k", "--time-limit": 30}, environ={})
+    config = settings.agent_config(base_url="http://127.0.0.1:10/v1")
+    assert type(config) is AgentConfig
+    assert (config.model.base_url, config.model.api_key.get_secret_value(), config.model.max_tokens) == (
+        "http://127.0.0.1:10/v1", "k", 1024)
+    assert settings.model.base_url == "http://127.0.0.1:9/v1"  # the settings stay as loaded
+    assert (config.context.include, config.context.exclude, config.context.max_file_bytes) == (
+        ["src/**"], ["**/*.min.js"], 4096)
+    assert (config.limits.max_wall_s, config.thinking.policy) == (30, "enabled")
+    assert (config.sandbox.pids_limit, config.sandbox.network) == (64, "none")
+
+
+def test_settings_built_directly_read_nothing_from_the_environment(monkeypatch):
+    monkeypatch.setenv("M3_AGENT_LIMITS__MAX_TURNS", "3")
+    assert Settings().limits.max_turns == AgentConfig().limits.max_turns
+
+
 def test_config_show_prints_values_sources_and_masks_secrets(tmp_path, cli_main):
-    write(tmp_path / "m3-agent.toml", "max_turns = 7\n")
+    write(tmp_path / "m3-agent.toml", "[limits]\nmax_turns = 7\n")
     token = "ghp_secretsecretsecret1234"
     code, out, err = cli_main("config", "show", "--repo", str(tmp_path), "--json",
-                                env={"GITHUB_TOKEN": token, "M3_AGENT_THINKING": "enabled"})
+                              env={"GITHUB_TOKEN": token, "M3_AGENT_THINKING__POLICY": "enabled"})
     assert code == 0, err
     assert token not in out
     shown = {row["name"]: row for row in json.loads(out)}
-    assert shown["max_turns"] == {"name": "max_turns", "value": "7", "source": "m3-agent.toml"}
-    assert shown["thinking"]["source"] == "env M3_AGENT_THINKING"
-    assert shown["github_token"]["value"] == "****1234"
+    assert shown["limits.max_turns"] == {"name": "limits.max_turns", "value": "7", "source": "m3-agent.toml"}
+    assert shown["thinking.policy"]["source"] == "env M3_AGENT_THINKING__POLICY"
+    assert shown["fix.github_token"]["value"] == "****1234"
+    assert set(shown) == set(PATHS)
 
     code, out, err = cli_main("config", "show", "--repo", str(tmp_path), env={"GITHUB_TOKEN": token})
     assert code == 0, err
     assert token not in out
-    line = next(ln for ln in out.splitlines() if "max_turns" in ln)
+    line = next(ln for ln in out.splitlines() if "limits.max_turns" in ln)
     assert "7" in line and "m3-agent.toml" in line
 
 
@@ -143,33 +209,21 @@ def test_config_show_bad_file_is_a_one_line_usage_error(tmp_path, cli_main):
     write(tmp_path / "m3-agent.toml", "nonsense = 1\n")
     code, _, err = cli_main("config", "show", "--repo", str(tmp_path))
     assert code == 2
-    assert "unknown setting 'nonsense'" in err
-    assert "Traceback" not in err
+    assert "m3-agent.toml: unknown setting 'nonsense'" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_table_setting_from_the_environment_is_json(tmp_path):
-    settings, sources = load_settings(tmp_path, environ={"M3_AGENT_AGENT": '{"max_tokens": 512, "stall": {"monologue": 4}}'})
-    assert settings.agent == {"max_tokens": 512, "stall": {"monologue": 4}}
-    assert sources["agent"] == "env M3_AGENT_AGENT"
-    with pytest.raises(UsageError, match="env M3_AGENT_AGENT: not JSON"):
-        load_settings(tmp_path, environ={"M3_AGENT_AGENT": "max_tokens=512"})
+    settings, sources = load_settings(tmp_path, environ={"M3_AGENT_SANDBOX__ENV": '{"PIP_INDEX_URL": "http://mirror"}'})
+    assert settings.sandbox.env == {"PIP_INDEX_URL": "http://mirror"}
+    assert sources["sandbox.env"] == "env M3_AGENT_SANDBOX__ENV"
+    with pytest.raises(UsageError, match="env M3_AGENT_CONTEXT__EXCLUDE: not JSON"):
+        load_settings(tmp_path, environ={"M3_AGENT_CONTEXT__EXCLUDE": "*.min.js"})
 
 
 def test_explicit_pyproject_reads_its_table(tmp_path):
     other = tmp_path / "shared"
     other.mkdir()
-    write(other / "pyproject.toml", "[tool.m3-agent]\nmax_turns = 4\n")
+    write(other / "pyproject.toml", "[tool.m3-agent.limits]\nmax_turns = 4\n")
     settings, sources = load_settings(tmp_path, config_file=other / "pyproject.toml", environ={})
-    assert settings.max_turns == 4 and sources["max_turns"] == str(other / "pyproject.toml")
-
-
-def test_pack_globs_from_the_config_file_reach_the_agent(tmp_path):
-    from m3_agent.settings import load_settings
-    from m3_agent.fix.command import agent_config
-
-    (tmp_path / "m3-agent.toml").write_text(
-        'pack_include = ["src/**"]\npack-exclude = ["**/*.min.js"]\npack_max_file_bytes = 4096\n')
-    settings, _ = load_settings(tmp_path, {}, environ={})
-    config = agent_config(settings, "http://127.0.0.1:9/v1")
-    assert config.pack_include == ["src/**"] and config.pack_exclude == ["**/*.min.js"]
-    assert config.pack_max_file_bytes == 4096
+    assert settings.limits.max_turns == 4 and sources["limits.max_turns"] == str(other / "pyproject.toml")

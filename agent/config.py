@@ -1,0 +1,73 @@
+"""One nested config for a run: each part's own pydantic model is a section of `AgentConfig`.
+
+    config = AgentConfig(
+        model=ModelConfig(base_url="http://gpu-node:8000/v1"),
+        limits=LimitsConfig(max_turns=30),
+    )
+
+The same sections are the tables of `m3-agent.toml` (`[model]`, `[limits]`, `[sandbox]`, ...), the
+`M3_AGENT_<SECTION>__<FIELD>` environment variables and the targets of the command-line flags: see
+`m3_agent.settings`, which adds what only the commands use.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from m3_agent.agent.context.limits import DEFAULT_MAX_FILE_BYTES
+from m3_agent.agent.model import ModelConfig
+from m3_agent.agent.stall import StallConfig
+from m3_agent.agent.thinking import ThinkingConfig
+from m3_agent.sandbox.config import SandboxConfig
+
+__all__ = ["SYSTEM_PROMPT", "AgentConfig", "ContextConfig", "LimitsConfig", "ModelConfig", "SandboxConfig",
+           "StallConfig", "ThinkingConfig"]
+
+SYSTEM_PROMPT = """\
+You are m3-agent, an autonomous software engineer working on a code repository.
+The whole repository (or as much of it as fits) is in the first user message, followed by an issue.
+Work only through the tools: read and edit files, run commands and tests in the sandbox
+(the repository is at /workspace; there is no network). Make the smallest correct change that
+resolves the issue, run the relevant tests to confirm it, then call `submit`."""
+
+
+class ContextConfig(BaseModel):
+    """How the repository is packed into the first message: the `[context]` section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    budget: int | None = Field(None, ge=0, description="tokens for the packed repository; None = from the window")
+    reserve_tokens: int = Field(65_536, ge=0, description="room kept for the conversation to grow")
+    include: list[str] = Field(default_factory=list, description="globs: pack only matching files")
+    exclude: list[str] = Field(default_factory=list, description="globs: never pack matching files")
+    max_file_bytes: int = Field(DEFAULT_MAX_FILE_BYTES, gt=0, description="skip larger files when packing")
+
+
+class LimitsConfig(BaseModel):
+    """When a run stops, and what it costs: the `[limits]` section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(40, ge=1, description="turn limit")
+    max_total_tokens: int | None = Field(None, gt=0, description="prompt + completion tokens over the run")
+    max_wall_s: float | None = Field(None, gt=0, description="wall-clock limit of one run, seconds")
+    max_cost_usd: float | None = Field(None, gt=0, description="cost limit of one run, USD")
+    usd_per_m_input: float | None = Field(None, ge=0, description="price: USD per 1M input tokens")
+    usd_per_m_output: float | None = Field(None, ge=0, description="price: USD per 1M output tokens")
+    gpu_usd_per_hour: float | None = Field(None, ge=0, description="self-hosted price: GPU USD per hour of wall time")
+    max_format_errors: int = Field(3, ge=1, description="turns in a row whose every tool call was malformed")
+
+
+class AgentConfig(BaseModel):
+    """Everything a run needs, one section per part: model, sandbox, context, thinking, stall, limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    context: ContextConfig = Field(default_factory=ContextConfig)
+    thinking: ThinkingConfig = Field(default_factory=ThinkingConfig)
+    stall: StallConfig = Field(default_factory=StallConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    output_cap_chars: int = Field(10_000, ge=100, description="tool output kept in history: head + tail")
+    system_prompt: str = SYSTEM_PROMPT
