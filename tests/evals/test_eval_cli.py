@@ -52,6 +52,19 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
     assert "unknown --format 'pdf'" in _main_error(capsys, "eval", "report", str(tmp_path), "--format", "pdf")
     monkeypatch.chdir(tmp_path)
     assert "pass --base-url" in _main_error(capsys, "eval", "run", "--tasks", "builtin")
+    # Flags and the config file load the same nested settings `fix` uses, errors naming their layer.
+    assert _main_error(capsys, "eval", "run", "--tasks", "builtin", "--thinking", "sometimes").startswith(
+        "m3-agent: error: flag --thinking: thinking.policy: ")
+    (tmp_path / "m3-agent.toml").write_text("[limits]\nmax_turns = 0\n")
+    assert _main_error(capsys, "eval", "run", "--tasks", "builtin").startswith(
+        "m3-agent: error: m3-agent.toml: limits.max_turns: ")
+
+
+def test_the_eval_command_does_not_load_the_fix_command():
+    code = ("import sys, m3_agent.evals.cli, m3_agent.serving.endpoint, m3_agent.settings; "
+            "print(sorted(m for m in sys.modules if m.startswith('m3_agent.fix')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_run_stops_at_once_when_no_server_listens(tmp_path, capsys, monkeypatch):

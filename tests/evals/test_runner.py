@@ -44,6 +44,25 @@ def test_the_last_result_of_an_instance_wins(tmp_path):
     assert load_results(tmp_path)["a-1"].error is None
 
 
+def test_the_agent_config_is_typed_and_reaches_workers_with_its_key(tmp_path):
+    from pydantic import ValidationError
+
+    from m3_agent.agent.config import AgentConfig
+    from m3_agent.evals.runner import _config_json
+
+    config = EvalConfig(output_dir=tmp_path, agent={"model": {"base_url": "http://127.0.0.1:9/v1", "api_key": "sk-k3y"},
+                                                    "limits": {"max_turns": 5}})
+    assert isinstance(config.agent, AgentConfig) and config.agent.limits.max_turns == 5
+    worker = EvalConfig.model_validate_json(_config_json(config))  # what the worker process rebuilds
+    assert worker.agent == config.agent and worker.agent.model.api_key.get_secret_value() == "sk-k3y"
+    assert "sk-k3y" not in config.model_dump_json()  # any other dump (logs, files) masks it
+    with pytest.raises(ValidationError, match=r"agent\.limits\.max_turns"):
+        EvalConfig(output_dir=tmp_path, agent={"limits": {"max_turns": 0}})
+    with pytest.raises(ValidationError, match="max_turns"):
+        EvalConfig(output_dir=tmp_path, agent={"max_turns": 5})  # the flat layout is refused
+    assert EvalConfig(output_dir=tmp_path).agent is None  # grading runs no agent
+
+
 def test_one_run_per_output_folder(tmp_path):
     with _exclusive(tmp_path):
         with pytest.raises(UsageError, match="another eval is running"):
