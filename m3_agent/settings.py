@@ -134,9 +134,10 @@ def _flatten(table: dict[str, Any], where: str, prefix: str = "") -> dict[str, A
             out.update(_flatten(value, where, path + "."))
         elif path in PATHS:
             out[path] = value
+        elif path in SECTIONS:
+            raise UsageError(f"{where}: '{path}' is a section: give it as a table, [{path}]")
         else:
-            kind = "section" if path in SECTIONS else "setting"
-            raise UsageError(f"{where}: unknown {kind} '{path}'{_hint(path.rsplit('.', 1)[-1])}")
+            raise UsageError(f"{where}: unknown setting '{path}'{_hint(path.rsplit('.', 1)[-1])}")
     return out
 
 
@@ -193,7 +194,8 @@ def _refuse_flat_names(upper: dict[str, tuple[str, str]]) -> None:
         name = var[len(ENV_PREFIX):].lower()
         if not var.startswith(ENV_PREFIX) or ENV_NESTING in name or name in PATHS:
             continue
-        homes = [p for p in PATHS if p.rsplit(".", 1)[-1] == name or p.startswith(name + ".")]
+        # `max_turns` (a field's name), `sandbox_image` (section and field joined) or `model` (a section)
+        homes = [p for p in PATHS if name in (p.rsplit(".", 1)[-1], p.replace(".", "_")) or p.startswith(name + ".")]
         if homes:
             example = " or ".join(env_name(p) for p in homes[:2])
             raise UsageError(f"env {given}: settings are nested: use M3_AGENT_<SECTION>__<FIELD>, e.g. {example}")

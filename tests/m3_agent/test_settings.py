@@ -115,11 +115,16 @@ def test_unknown_key_in_file_names_the_file_and_where_the_setting_lives(tmp_path
     write(tmp_path / "m3-agent.toml", "[agent]\nmax_tokens = 3\n")
     with pytest.raises(UsageError, match=r"unknown setting 'agent'"):
         load_settings(tmp_path, environ={})
+    write(tmp_path / "m3-agent.toml", 'model = "MiniMaxAI/MiniMax-M3"\n')
+    with pytest.raises(UsageError, match=r"^m3-agent.toml: 'model' is a section: give it as a table, \[model\]$"):
+        load_settings(tmp_path, environ={})
 
 
 def test_flat_environment_names_are_refused_with_the_nested_name(tmp_path):
     with pytest.raises(UsageError, match=r"env M3_AGENT_MAX_TURNS: settings are nested: .*M3_AGENT_LIMITS__MAX_TURNS"):
         load_settings(tmp_path, environ={"M3_AGENT_MAX_TURNS": "9"})
+    with pytest.raises(UsageError, match=r"env M3_AGENT_SANDBOX_IMAGE: .*M3_AGENT_SANDBOX__IMAGE"):
+        load_settings(tmp_path, environ={"M3_AGENT_SANDBOX_IMAGE": "team:1"})
     # Variables that are not settings (the pack cache, the serve state) are left alone.
     load_settings(tmp_path, environ={"M3_AGENT_CACHE_DIR": "/tmp/x", "M3_AGENT_STATE_DIR": "/tmp/y"})
 
