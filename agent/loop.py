@@ -29,7 +29,7 @@ from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelReply, 
 from m3_agent.agent.stall import Stall, StallDetector, Step, nudge_message
 from m3_agent.agent.thinking import LoopState, ThinkingPolicy
 from m3_agent.agent.trajectory import TrajectoryWriter
-from m3_agent.sandbox import Sandbox, SandboxConfig
+from m3_agent.sandbox import Sandbox
 from m3_agent.tools import Tool, ToolResult, default_tools, execute_call
 
 RunStatus = Literal["submitted", "finished", "stalled", "turn_limit", "token_limit", "time_limit", "cost_limit", "error"]

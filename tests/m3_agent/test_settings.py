@@ -232,3 +232,23 @@ def test_explicit_pyproject_reads_its_table(tmp_path):
     write(other / "pyproject.toml", "[tool.m3-agent.limits]\nmax_turns = 4\n")
     settings, sources = load_settings(tmp_path, config_file=other / "pyproject.toml", environ={})
     assert settings.limits.max_turns == 4 and sources["limits.max_turns"] == str(other / "pyproject.toml")
+
+
+def test_pack_reads_the_context_table(git_repo, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = git_repo({"a.py": "print(1)\n", "notes.txt": "secret-notes\n"})
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("M3_AGENT_")}
+    env["M3_AGENT_CACHE_DIR"] = str(tmp_path / "cache")
+
+    def packed() -> str:
+        out = tmp_path / "pack.txt"
+        subprocess.run([sys.executable, "-m", "m3_agent.cli", "pack", "--repo", str(repo), "-o", str(out)],
+                       check=True, capture_output=True, env=env)
+        return out.read_text()
+
+    assert "secret-notes" in packed()
+    write(repo / "m3-agent.toml", '[context]\nexclude = ["notes.txt"]\n')
+    assert "secret-notes" not in packed() and "print(1)" in packed()
