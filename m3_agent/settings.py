@@ -44,7 +44,6 @@ GITHUB_TOKEN_ENVS = ("GITHUB_TOKEN", "GH_TOKEN")
 # The commands' flags and the setting each one sets (flags kept their names when settings nested).
 FLAGS = {
     "--base-url": "model.base_url",
-    "--api-key": "model.api_key",
     "--model": "model.name",
     "--serve": "serve",
     "--max-turns": "limits.max_turns",

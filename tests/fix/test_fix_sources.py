@@ -115,7 +115,7 @@ def test_settings_tables_reach_the_agent_config_without_a_mapping(tmp_path):
         '[limits]\nmax_turns = 9\n[thinking]\npolicy = "enabled"\n[sandbox]\nmemory = "2g"\npids_limit = 64\n'
         "[stall]\nenabled = false\nrepeat_actions = 5\n[model]\nmax_tokens = 1024\n"
     )
-    settings = load_settings(tmp_path, {"--api-key": "k", "--time-limit": 30}, environ={})[0]
+    settings = load_settings(tmp_path, {"model.api_key": "k", "--time-limit": 30}, environ={})[0]
     cfg = settings.agent_config(base_url="http://127.0.0.1:9/v1")
     assert (cfg.model.base_url, cfg.model.api_key.get_secret_value(), cfg.model.max_tokens) == (
         "http://127.0.0.1:9/v1", "k", 1024)

@@ -161,10 +161,10 @@ def test_explicit_config_file_replaces_the_lookup(tmp_path):
 
 def test_secrets_are_masked_in_display_rows(tmp_path):
     token = "ghp_0123456789abcdefWXYZ"
-    settings, sources = load_settings(tmp_path, {"--api-key": "short"}, environ={"GITHUB_TOKEN": token})
+    settings, sources = load_settings(tmp_path, {"model.api_key": "short"}, environ={"GITHUB_TOKEN": token})
     rows = {name: (shown, src) for name, shown, src in display_rows(settings, sources)}
     assert rows["fix.github_token"] == ("****WXYZ", "env GITHUB_TOKEN")
-    assert rows["model.api_key"] == ("****", "flag --api-key")
+    assert rows["model.api_key"] == ("****", "override model.api_key")
     assert token not in repr(settings)
     assert mask("") == "" and mask("abc") == "****"
 
@@ -173,7 +173,7 @@ def test_the_agent_config_is_the_settings_sections_with_the_resolved_endpoint(tm
     write(tmp_path / "m3-agent.toml", '[model]\nbase_url = "http://127.0.0.1:9/v1"\nmax_tokens = 1024\n'
           '[context]\ninclude = ["src/**"]\nexclude = ["**/*.min.js"]\nmax_file_bytes = 4096\n'
           '[sandbox]\npids_limit = 64\n[thinking]\npolicy = "enabled"\n')
-    settings, _ = load_settings(tmp_path, {"--api-key": "k", "--time-limit": 30}, environ={})
+    settings, _ = load_settings(tmp_path, {"model.api_key": "k", "--time-limit": 30}, environ={})
     config = settings.agent_config(base_url="http://127.0.0.1:10/v1")
     assert type(config) is AgentConfig
     assert (config.model.base_url, config.model.api_key.get_secret_value(), config.model.max_tokens) == (
