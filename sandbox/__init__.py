@@ -7,22 +7,27 @@
         print(sb.exec("pytest -q", timeout=60).stdout)
 
 Where things happen:
-  config.py     SandboxConfig (hardened defaults: network none, uid 1000, no capabilities,
-                no-new-privileges, pids/memory/CPU limits, read-only root, init) and ExecResult
-  container.py  Sandbox: creates the container, copies the repo in, exec / files / diff, close
-  server.py     the process inside the container that runs each command (own session, timeout kills
-                the tree, head + tail output cap); a command enters the container in `run()` there
-  channel.py    the host end of the server's pipe (a shared Unix socket, or the engine's attach stream)
-  cleanup.py    owner labels, close at exit and on SIGINT / SIGTERM, `prune` for what a SIGKILL left
-  image.py      the sandbox image (registry or debootstrap + docker import), per-task env images,
-                `prune_images` for the images of older recipes
-  cli.py        `m3-agent sandbox build|prune [--images]`
+  environment.py  the Environment protocol the tools and the loop use (this Sandbox, or LocalEnvironment)
+  local.py        LocalEnvironment: a temporary git checkout on this machine, NO isolation (tests, embedding)
+  output.py       head_tail: the one host-side cut of long output (head + tail around a marker)
+  config.py       SandboxConfig (hardened defaults: network none, uid 1000, no capabilities,
+                  no-new-privileges, pids/memory/CPU limits, read-only root, init) and ExecResult
+  container.py    Sandbox: creates the container, copies the repo in, exec / files / diff, close
+  server.py       the process inside the container that runs each command (own session, timeout kills
+                  the tree, head + tail output cap); a command enters the container in `run()` there
+  channel.py      the host end of the server's pipe (a shared Unix socket, or the engine's attach stream)
+  cleanup.py      owner labels, close at exit and on SIGINT / SIGTERM, `prune` for what a SIGKILL left
+  image.py        the sandbox image (registry or debootstrap + docker import), per-task env images,
+                  `prune_images` for the images of older recipes
+  cli.py          `m3-agent sandbox build|prune [--images]`
 """
 
 from m3_agent.sandbox.cleanup import prune
 from m3_agent.sandbox.config import ExecResult, SandboxConfig
 from m3_agent.sandbox.container import Sandbox
+from m3_agent.sandbox.environment import Environment, EnvironmentFactory
 from m3_agent.sandbox.image import DEFAULT_IMAGE, build_env_image, build_image, prune_images
+from m3_agent.sandbox.local import LocalEnvironment
 
-__all__ = ["DEFAULT_IMAGE", "ExecResult", "Sandbox", "SandboxConfig", "build_env_image", "build_image", "prune",
-           "prune_images"]
+__all__ = ["DEFAULT_IMAGE", "Environment", "EnvironmentFactory", "ExecResult", "LocalEnvironment", "Sandbox",
+           "SandboxConfig", "build_env_image", "build_image", "prune", "prune_images"]

@@ -87,6 +87,9 @@ class Sandbox:
     engine or the image is missing, and when the container has died.
     """
 
+    kind = "docker"
+    isolated = True
+
     def __init__(self, config: SandboxConfig | None = None, repo: Path | None = None) -> None:
         self.config = config or SandboxConfig()
         self.repo = Path(repo) if repo is not None else None

@@ -92,6 +92,7 @@ def send(header, data=None):
     write_all(b"".join(parts))
 
 
+# Its own cap, not the host's head_tail: this file runs alone under the container's Python, sent as source text.
 class Capped:
     """Keeps the first and last bytes of a stream, counting what falls in between."""
 

@@ -10,7 +10,7 @@ from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
 from m3_agent.tools.workspace import MAX_TIMEOUT, run_command
 
 if TYPE_CHECKING:
-    from m3_agent.sandbox import Sandbox
+    from m3_agent.sandbox import Environment
 
 
 class BashArgs(ToolArgs):
@@ -33,7 +33,7 @@ class Bash(Tool):
     def __init__(self, *, max_timeout: int = MAX_TIMEOUT) -> None:
         self.max_timeout = max_timeout
 
-    def run(self, args: BashArgs, sandbox: Sandbox) -> ToolResult:
+    def run(self, args: BashArgs, sandbox: Environment) -> ToolResult:
         """Run `args.command` with bash; report exit code, stdout, stderr and whether it timed out."""
         if not args.command.strip():
             raise ToolCallError("'command' is empty: give the shell command to run.", kind="bad_args")

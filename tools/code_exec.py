@@ -11,7 +11,7 @@ from m3_agent.tools.tool import Tool, ToolArgs, ToolResult
 from m3_agent.tools.workspace import EXEC_ENV, MAX_TIMEOUT, WORKSPACE, run_command, scratch_file
 
 if TYPE_CHECKING:
-    from m3_agent.sandbox import Sandbox
+    from m3_agent.sandbox import Environment
 
 
 class CodeExecArgs(ToolArgs):
@@ -31,7 +31,7 @@ class CodeExec(Tool):
     def __init__(self, *, max_timeout: int = MAX_TIMEOUT) -> None:
         self.max_timeout = max_timeout
 
-    def run(self, args: CodeExecArgs, sandbox: Sandbox) -> ToolResult:
+    def run(self, args: CodeExecArgs, sandbox: Environment) -> ToolResult:
         """Run `args.code` with python3; report exit code, stdout, stderr and whether it timed out."""
         script = scratch_file(".py", args.code)
         sandbox.write_file(script, args.code)

@@ -9,7 +9,7 @@ from m3_agent.tools.arguments import parse_arguments
 from m3_agent.tools.tool import Tool, ToolCallError, ToolResult
 
 if TYPE_CHECKING:
-    from m3_agent.sandbox import Sandbox
+    from m3_agent.sandbox import Environment
 
 
 def _failure(message: str, kind: str, **data: object) -> ToolResult:
@@ -17,7 +17,7 @@ def _failure(message: str, kind: str, **data: object) -> ToolResult:
 
 
 def execute_call(
-    name: str, raw_arguments: str | None, tools: list[Tool], sandbox: Sandbox, *, truncated: bool = False
+    name: str, raw_arguments: str | None, tools: list[Tool], sandbox: Environment, *, truncated: bool = False
 ) -> ToolResult:
     """Run the tool `name` with the model's raw JSON arguments in `sandbox`.
 

@@ -12,7 +12,7 @@ from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
 from m3_agent.tools.workspace import read_text, workspace_path, write_text
 
 if TYPE_CHECKING:
-    from m3_agent.sandbox import Sandbox
+    from m3_agent.sandbox import Environment
 
 SNIPPET_CONTEXT = 2
 SNIPPET_MAX_LINES = 30
@@ -71,7 +71,7 @@ class FileEdit(Tool):
     )
     Args = FileEditArgs
 
-    def run(self, args: FileEditArgs, sandbox: Sandbox) -> ToolResult:
+    def run(self, args: FileEditArgs, sandbox: Environment) -> ToolResult:
         """Replace `old_str` by `new_str` in `path`; raise ToolCallError when it is absent or ambiguous."""
         rel = workspace_path(args.path, for_write=True)
         old, new = args.old_str, args.new_str

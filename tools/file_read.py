@@ -10,7 +10,7 @@ from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
 from m3_agent.tools.workspace import read_text, workspace_path
 
 if TYPE_CHECKING:
-    from m3_agent.sandbox import Sandbox
+    from m3_agent.sandbox import Environment
 
 MAX_LINES = 400
 MAX_LINE_CHARS = 400
@@ -50,7 +50,7 @@ class FileRead(Tool):
     def __init__(self, *, max_lines: int = MAX_LINES) -> None:
         self.max_lines = max_lines
 
-    def run(self, args: FileReadArgs, sandbox: Sandbox) -> ToolResult:
+    def run(self, args: FileReadArgs, sandbox: Environment) -> ToolResult:
         """Show lines start_line..end_line of `args.path` (capped), numbered from 1."""
         rel = workspace_path(args.path)
         lines = read_text(sandbox, rel).splitlines()

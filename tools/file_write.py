@@ -10,7 +10,7 @@ from m3_agent.tools.tool import Tool, ToolArgs, ToolResult
 from m3_agent.tools.workspace import workspace_path, write_text
 
 if TYPE_CHECKING:
-    from m3_agent.sandbox import Sandbox
+    from m3_agent.sandbox import Environment
 
 
 class FileWriteArgs(ToolArgs):
@@ -27,7 +27,7 @@ class FileWrite(Tool):
     description = "Write content to a file, creating parent directories as needed."
     Args = FileWriteArgs
 
-    def run(self, args: FileWriteArgs, sandbox: Sandbox) -> ToolResult:
+    def run(self, args: FileWriteArgs, sandbox: Environment) -> ToolResult:
         """Write `args.content` to `args.path` (relative to the repository root)."""
         rel = workspace_path(args.path, for_write=True)
         write_text(sandbox, rel, args.content)

@@ -9,7 +9,7 @@ from pydantic import Field
 from m3_agent.tools.tool import Tool, ToolArgs, ToolResult
 
 if TYPE_CHECKING:
-    from m3_agent.sandbox import Sandbox
+    from m3_agent.sandbox import Environment
 
 
 class SubmitArgs(ToolArgs):
@@ -28,7 +28,7 @@ class Submit(Tool):
     )
     Args = SubmitArgs
 
-    def run(self, args: SubmitArgs, sandbox: Sandbox) -> ToolResult:
+    def run(self, args: SubmitArgs, sandbox: Environment) -> ToolResult:
         """Mark the run as submitted; nothing runs in the sandbox."""
         summary = (args.summary or "").strip()
         return ToolResult(

@@ -13,7 +13,7 @@ from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
 from m3_agent.tools.workspace import EXEC_ENV, SCRATCH, WORKSPACE, scratch_file, still_running, workspace_path
 
 if TYPE_CHECKING:
-    from m3_agent.sandbox import ExecResult, Sandbox
+    from m3_agent.sandbox import Environment, ExecResult
 
 DEFAULT_TIMEOUT = 300
 OUTPUT_TAIL_LINES = 15
@@ -88,7 +88,7 @@ class TestRunner(Tool):
             )
         return f"python3 {shlex.quote(UNITTEST_RUNNER)} {shlex.quote(report)} {quoted}"
 
-    def run(self, args: TestRunnerArgs, sandbox: Sandbox) -> ToolResult:
+    def run(self, args: TestRunnerArgs, sandbox: Environment) -> ToolResult:
         """Run the tests named by `args.test_file` (all of them when empty) and summarise the outcome."""
         names = targets(args.test_file)
         if args.framework == "unittest":
@@ -109,7 +109,7 @@ class TestRunner(Tool):
             running=still_running(result),
         )
 
-    def summarise(self, args: TestRunnerArgs, result: ExecResult, sandbox: Sandbox, report: str) -> TestSummary:
+    def summarise(self, args: TestRunnerArgs, result: ExecResult, sandbox: Environment, report: str) -> TestSummary:
         """Parse the report when there is one; say why the run did not test what was asked."""
         base = {"framework": args.framework, "target": args.test_file.strip()}
         summary = None if result.timed_out else self.read_report(sandbox, report, base)
@@ -135,7 +135,7 @@ class TestRunner(Tool):
         return summary
 
     @staticmethod
-    def read_report(sandbox: Sandbox, report: str, base: dict[str, str]) -> TestSummary | None:
+    def read_report(sandbox: Environment, report: str, base: dict[str, str]) -> TestSummary | None:
         """The parsed JUnit report, or None when the run wrote none (or an unreadable one)."""
         try:
             return parse_junit(sandbox.read_file(report), **base)

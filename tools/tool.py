@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from m3_agent.sandbox import Sandbox
+    from m3_agent.sandbox import Environment
 
 ErrorKind = Literal["unknown_tool", "bad_json", "bad_args", "truncated", "execution", "timeout"]
 
@@ -83,6 +83,6 @@ class Tool:
             "function": {"name": self.name, "description": self.description, "parameters": parameters},
         }
 
-    def run(self, args: Any, sandbox: Sandbox) -> ToolResult:
+    def run(self, args: Any, sandbox: Environment) -> ToolResult:
         """Execute validated `args` in `sandbox`; raise ToolCallError for mistakes the model can fix."""
         raise NotImplementedError

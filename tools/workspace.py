@@ -7,10 +7,11 @@ import posixpath
 import uuid
 from typing import TYPE_CHECKING
 
+from m3_agent.sandbox.output import head_tail
 from m3_agent.tools.tool import ToolCallError, ToolResult
 
 if TYPE_CHECKING:
-    from m3_agent.sandbox import ExecResult, Sandbox
+    from m3_agent.sandbox import Environment, ExecResult
 
 WORKSPACE = "/workspace"
 # Scratch files (code to run, JUnit reports) live outside the workspace so they never show in the diff.
@@ -57,7 +58,7 @@ def scratch_file(suffix: str, content: str | None = None) -> str:
     return f"{SCRATCH}/{name}{suffix}"
 
 
-def write_text(sandbox: Sandbox, rel: str, text: str) -> None:
+def write_text(sandbox: Environment, rel: str, text: str) -> None:
     """Write a workspace file, or raise ToolCallError when the path cannot be written (e.g. it is a directory)."""
     try:
         sandbox.write_file(rel, text)
@@ -73,27 +74,19 @@ def clamp_timeout(requested: int, limit: int) -> tuple[int, str | None]:
     return bounded, f"timeout {requested} s is outside 1..{limit} s; used {bounded} s"
 
 
-def clip(text: str, limit: int = STREAM_CHARS) -> str:
-    """`text` if short enough, else its head and tail around a marker saying how much was left out."""
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
-
-
 def still_running(result: ExecResult) -> bool:
     """A command stopped by its timeout while producing output: slow work, not a stall."""
     return bool(result.timed_out and (result.stdout or result.stderr))
 
 
 def exec_result(result: ExecResult, *, timeout: int, note: str | None = None) -> ToolResult:
-    """Turn a sandbox ExecResult into the tool result of a command-running tool (bash, code_exec)."""
+    """Turn an environment's ExecResult into the tool result of a command-running tool (bash, code_exec)."""
     lines = [f"exit code: {result.exit_code}"]
     if result.timed_out:
         lines[0] = f"timed out after {timeout} s (the command was stopped; exit code {result.exit_code})"
     for label, text in (("stdout", result.stdout), ("stderr", result.stderr)):
         if text:
-            lines.append(f"{label}:\n{clip(text.rstrip())}")
+            lines.append(f"{label}:\n{head_tail(text.rstrip(), STREAM_CHARS)}")
     if not result.stdout and not result.stderr:
         lines.append("(no output)")
     if result.truncated:
@@ -117,7 +110,7 @@ def exec_result(result: ExecResult, *, timeout: int, note: str | None = None) ->
 
 
 def run_command(
-    sandbox: Sandbox, command: str, *, timeout: int, max_timeout: int, env: dict[str, str] = EXEC_ENV
+    sandbox: Environment, command: str, *, timeout: int, max_timeout: int, env: dict[str, str] = EXEC_ENV
 ) -> ToolResult:
     """Run `command` in the workspace with the model's timeout (bounded) and report it as a tool result."""
     bounded, note = clamp_timeout(timeout, max_timeout)
@@ -125,7 +118,7 @@ def run_command(
     return exec_result(result, timeout=bounded, note=note)
 
 
-def read_text(sandbox: Sandbox, rel: str) -> str:
+def read_text(sandbox: Environment, rel: str) -> str:
     """Read a workspace file as text, or raise ToolCallError (missing, a directory, binary)."""
     try:
         data = sandbox.read_file(rel)

@@ -4,7 +4,8 @@ import pytest
 
 from m3_agent.sandbox.config import ExecResult
 from m3_agent.tools.tool import ToolCallError
-from m3_agent.tools.workspace import clamp_timeout, clip, exec_result, workspace_path
+from m3_agent.sandbox.output import head_tail
+from m3_agent.tools.workspace import clamp_timeout, exec_result, workspace_path
 
 
 @pytest.mark.parametrize(
@@ -42,12 +43,13 @@ def test_clamp_timeout():
     assert bounded == 600 and "5000" in note
 
 
-def test_clip_keeps_head_and_tail():
+def test_head_tail_keeps_head_and_tail():
     text = "".join(f"{i:05d}\n" for i in range(10_000))
-    clipped = clip(text, 1000)
+    clipped = head_tail(text, 1000)
     assert clipped.startswith("00000\n") and clipped.endswith("09999\n")
     assert "characters left out" in clipped and len(clipped) < 1100
-    assert clip("short", 1000) == "short"
+    assert head_tail("short", 1000) == "short"
+    assert f"[... {len(text) - 1000} characters left out" in clipped
 
 
 def _exec(**kw):

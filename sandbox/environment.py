@@ -1,0 +1,55 @@
+"""The contract between the tools (and the loop) and where commands run: the `Environment` protocol.
+
+Two implementations ship: `Sandbox` (a hardened Docker container, the default) and
+`LocalEnvironment` (a temporary git checkout on this machine, no isolation: tests and embedding).
+An embedding program may bring its own; anything with these methods and attributes will do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from m3_agent.sandbox.config import ExecResult
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A copy of the repository where commands run and files are read and written.
+
+    Paths may be relative (to the repository root) or absolute under `/workspace` (the root as the
+    tools name it). `diff()` is the change against the repository's HEAD, new untracked files included.
+    """
+
+    kind: str  # "docker", "local", ...: recorded in the trajectory's run_start
+    isolated: bool  # False when commands can touch this machine
+
+    def exec(self, cmd: str, timeout: float | None = None, cwd: str | None = None,
+             env: dict | None = None) -> ExecResult:
+        """Run `cmd` with bash; on timeout its whole process tree is killed and exit_code is 124."""
+        ...
+
+    def read_file(self, path: str) -> bytes:
+        """The bytes of a file; FileNotFoundError / IsADirectoryError / OSError otherwise."""
+        ...
+
+    def write_file(self, path: str, data: str | bytes) -> None:
+        """Write a file, creating parent directories; OSError when it cannot be written."""
+        ...
+
+    def diff(self) -> str:
+        """`git diff --binary` of the copy against the base commit, untracked files included."""
+        ...
+
+    def close(self) -> None:
+        """Release everything the environment holds (idempotent)."""
+        ...
+
+    def __enter__(self) -> Environment: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+EnvironmentFactory = Callable[[Path], Environment]
+"""Makes the environment for one run from the repository path (entered with `with` by the loop)."""
