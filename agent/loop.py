@@ -1,12 +1,18 @@
-"""The agent loop: the model proposes tool calls, the sandbox runs them, until the model is done.
+"""The agent loop: the model proposes tool calls, the environment runs them, until the model is done.
 
     config = AgentConfig(model=ModelConfig(base_url="http://127.0.0.1:8000/v1"))
     result = Agent(config).run(repo=Path("."), issue="...")
+    result = Agent(config, model=my_model, env_factory=LocalEnvironment).run(...)   # injected parts
+
+`Agent` takes a model and an environment factory (`agent.protocols`; defaults: the M3 client and the
+Docker sandbox). `_Run.loop` is a plain step loop: whatever ends the run raises a `RunEnded`
+(Submitted, Finished, LimitsExceeded, FormatError, Stalled). Each event is emitted once on one stream
+(`agent.events`); the trajectory writer and the callbacks subscribe to it.
 
 One request per turn. History is append-only so the server's prefix cache keeps hitting: the first
 user message is the packed repository (byte-identical for the same commit) followed by the issue;
 every later request extends the previous one. The thinking mode is chosen per request by
-`agent.thinking`; stalls are caught by `agent.stall`; everything goes to a JSONL trajectory.
+`agent.thinking`; stalls are caught by `agent.stall`.
 """
 
 from __future__ import annotations
@@ -24,25 +30,20 @@ from pydantic import BaseModel, Field
 from m3_agent.agent.config import SYSTEM_PROMPT, AgentConfig  # noqa: F401 - re-exported: where callers look
 from m3_agent.agent.context import EstimateCounter, Pack, ServerCounter, pack_repository
 from m3_agent.agent.context.tokens import budget_for_window
-from m3_agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
+from m3_agent.agent.events import EventStream, Subscriber
 from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelReply, Usage
+from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model
 from m3_agent.agent.stall import Stall, StallDetector, Step, nudge_message
 from m3_agent.agent.thinking import LoopState, ThinkingPolicy
 from m3_agent.agent.trajectory import TrajectoryWriter
+from m3_agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
 from m3_agent.sandbox import Sandbox
+from m3_agent.sandbox.output import head_tail
 from m3_agent.tools import Tool, ToolResult, default_tools, execute_call
 
 RunStatus = Literal["submitted", "finished", "stalled", "turn_limit", "token_limit", "time_limit", "cost_limit", "error"]
 
 FORMAT_ERROR_KINDS = {"unknown_tool", "bad_json", "bad_args", "truncated"}
-
-
-class AgentEvent(BaseModel):
-    """What an embedding program sees: kind is turn, reply (with usage), tool_call, tool_result, stall or finish."""
-
-    kind: str
-    turn: int
-    data: dict[str, Any] = Field(default_factory=dict)
 
 
 class Timings(BaseModel):
@@ -75,50 +76,94 @@ class RunResult(BaseModel):
     trajectory_path: Path | None = None
 
 
-Callback = Callable[[AgentEvent], None]
 IssueInput = str | list[dict[str, Any]]  # text, or OpenAI content parts (text + image_url)
 
 
-def cap_output(text: str, limit: int) -> str:
-    """Keep head and tail of a long tool output, with a marker saying what was cut."""
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    cut = len(text) - 2 * half
-    return f"{text[:half]}\n[... {cut} characters elided by m3-agent ...]\n{text[-half:]}"
+# ----- how a run ends: raised from wherever the loop is, caught once in `_Run.loop` ----------------
+
+
+class RunEnded(Exception):
+    """The loop is over; `status` is the run's status and `error` says why when it failed."""
+
+    status: RunStatus = "error"
+
+    def __init__(self, error: str | None = None, *, status: RunStatus | None = None) -> None:
+        super().__init__(error or status or self.status)
+        self.error = error
+        if status is not None:
+            self.status = status
+
+
+class Submitted(RunEnded):
+    """The model called `submit`."""
+
+    status = "submitted"
+
+
+class Finished(RunEnded):
+    """The model answered without a tool call: it considers the work done."""
+
+    status = "finished"
+
+
+class LimitsExceeded(RunEnded):
+    """A turn, token, time or cost limit was reached (the status names which)."""
+
+
+class FormatError(RunEnded):
+    """Too many turns in a row whose every tool call was malformed, or whose reply was cut off."""
+
+
+class Stalled(RunEnded):
+    """A stall was detected again after the nudge."""
+
+    status = "stalled"
+
+
+# ----- the agent ----------------------------------------------------------------------------------
 
 
 class Agent:
-    """Runs the loop for one issue on one repository. Build it from an AgentConfig."""
+    """Runs the loop for one issue on one repository.
+
+    `model` (a `protocols.Model`) defaults to `ModelClient(config)`; `env_factory` (repository path ->
+    `Environment`) to the Docker `Sandbox` with `config.sandbox`. Hand in your own to embed the loop,
+    e.g. `env_factory=LocalEnvironment` (no isolation). An injected model is not closed by the run,
+    and its packed repository is counted with the estimate (no `/tokenize` of an unknown server).
+    `callbacks` subscribe to the run's event stream (`agent.events`) after the trajectory writer.
+    """
 
     def __init__(
         self,
         config: AgentConfig | None = None,
         *,
+        model: Model | None = None,
+        env_factory: EnvironmentFactory | None = None,
         tools: list[Tool] | None = None,
-        callbacks: list[Callback] | None = None,
+        callbacks: list[Subscriber] | None = None,
     ) -> None:
         self.config = config or AgentConfig()
+        self.model = model
+        self.env_factory: EnvironmentFactory = env_factory or self.docker_sandbox
         self.tools = tools if tools is not None else default_tools()
         self.callbacks = list(callbacks or [])
 
-    def _emit(self, kind: str, turn: int, **data: Any) -> None:
-        if not self.callbacks:
-            return
-        event = AgentEvent(kind=kind, turn=turn, data=data)
-        for cb in self.callbacks:
-            cb(event)
+    def docker_sandbox(self, repo: Path) -> Sandbox:
+        """The default environment: a hardened Docker container holding a copy of `repo`."""
+        return Sandbox(self.config.sandbox, repo=repo)
 
     def run(self, repo: Path, issue: IssueInput, *, trajectory_path: Path | None = None) -> RunResult:
-        """Work on `issue` in a sandboxed copy of `repo` until submitted, finished, stalled or a limit.
+        """Work on `issue` in an environment made from `repo` until submitted, finished, stalled or a limit.
 
         Raises EndpointError / SandboxUnavailable when infrastructure is missing, Interrupted on Ctrl-C
-        (the trajectory is kept and the sandbox removed either way).
+        (the trajectory is kept and the environment closed either way).
         """
         repo = Path(repo)
         if not repo.is_dir():
             raise UsageError(f"repository path {repo} does not exist or is not a directory")
-        run = _Run(self, repo, issue, TrajectoryWriter(trajectory_path))
+        writer = TrajectoryWriter(trajectory_path)
+        events = EventStream([writer, *self.callbacks] if trajectory_path is not None else self.callbacks)
+        run = _Run(self, repo, issue, events, trajectory_path)
         try:
             return run.execute()
         except KeyboardInterrupt:
@@ -129,6 +174,7 @@ class Agent:
             raise
         finally:
             run.close()
+            writer.close()
 
 
 class _InThread:
@@ -156,23 +202,58 @@ class _InThread:
 class _Run:
     """The state of one run; Agent.run is its only user."""
 
-    def __init__(self, agent: Agent, repo: Path, issue: IssueInput, traj: TrajectoryWriter) -> None:
+    def __init__(self, agent: Agent, repo: Path, issue: IssueInput, events: EventStream,
+                 trajectory_path: Path | None) -> None:
         self.agent = agent
         self.cfg = agent.config
         self.repo = repo
         self.issue = issue
-        self.traj = traj
-        self.client = ModelClient(self.cfg.model)
+        self.events = events
+        self.owns_model = agent.model is None
+        self.model: Model = agent.model if agent.model is not None else ModelClient(self.cfg.model)
         self.policy = ThinkingPolicy(self.cfg.thinking)
         self.stall = StallDetector(self.cfg.stall)
-        self.result = RunResult(status="error", trajectory_path=traj.path)
+        self.result = RunResult(status="error", trajectory_path=trajectory_path)
+        self.state = LoopState(turn=0)
         self.modes: Counter[str] = Counter()
         self.t0 = time.monotonic()
+        self.turn = 0
+        self.nudged = False
+        self.budget: int | None = None
         self.messages: list[dict[str, Any]] = []
         self.schemas = [t.schema() for t in agent.tools]
         self.finished = False
 
+    def emit(self, kind: str, **data: Any) -> None:
+        self.events.emit(kind, self.turn, **data)
+
     # ----- set-up ---------------------------------------------------------------------------------
+    def execute(self) -> RunResult:
+        env = self.agent.env_factory(self.repo)
+        try:
+            self._start(env)
+            packing = _InThread(self._pack, self.budget)  # the repository is packed while the environment starts
+            t = time.monotonic()
+            with env:
+                self.result.timings.sandbox_start_s = time.monotonic() - t
+                self.messages = self._first_messages(self.budget, packing.result())
+                end = self.loop(env)
+                self.result.patch = env.diff()
+        finally:
+            env.close()
+        self.finish(end.status, error=end.error)
+        return self.result
+
+    def _start(self, env: Environment) -> None:
+        cfg = self.cfg
+        self.emit("run_start", repo=str(self.repo), model=cfg.model.name, base_url=cfg.model.base_url,
+                  config=cfg.model_dump(mode="json", exclude={"model": {"api_key"}}),
+                  environment={"kind": getattr(env, "kind", type(env).__name__),
+                               "isolated": getattr(env, "isolated", None)})
+        model = self.model.model  # fails fast with EndpointError when the server is down
+        self.emit("model", model=model, max_model_len=self.model.max_model_len())
+        self.budget = self._budget()
+
     def _issue_text(self) -> str:
         if isinstance(self.issue, str):
             return self.issue
@@ -181,15 +262,17 @@ class _Run:
     def _budget(self) -> int | None:
         if self.cfg.context.budget is not None:
             return self.cfg.context.budget
-        window = self.client.max_model_len()
+        window = self.model.max_model_len()
         if not window:
             return None
         return budget_for_window(window, output_reserve=self.cfg.model.max_tokens,
                                  growth_reserve=self.cfg.context.reserve_tokens)
 
     def _counter(self):
+        if not isinstance(self.model, ModelClient):
+            return EstimateCounter()  # an injected model: its server (if any) is unknown here
         try:
-            return ServerCounter(self.cfg.model.base_url, model=self.client.model,
+            return ServerCounter(self.cfg.model.base_url, model=self.model.model,
                                  api_key=self.cfg.model.api_key.get_secret_value())
         except EndpointError:  # a server without /tokenize (SGLang): fall back to the estimate
             return EstimateCounter()
@@ -212,8 +295,8 @@ class _Run:
         if pack is None:
             pack = self._pack(budget)
         self.result.pack_tokens, self.result.pack_files = pack.tokens, len(pack.files)
-        self.traj.write("pack", tokens=pack.tokens, files=len(pack.files), skipped=len(pack.skipped),
-                        counter=pack.counter_kind, budget=budget)
+        self.emit("pack", tokens=pack.tokens, files=len(pack.files), skipped=len(pack.skipped),
+                  counter=pack.counter_kind, budget=budget)
         # The repository comes first and the issue after it, so the prefix is shared across issues.
         task = (
             "\n\n<issue>\n{issue}\n</issue>\n\nResolve the issue above in /workspace. "
@@ -227,34 +310,39 @@ class _Run:
         return [{"role": "system", "content": self.cfg.system_prompt}, {"role": "user", "content": user}]
 
     # ----- the loop -------------------------------------------------------------------------------
-    def execute(self) -> RunResult:
-        cfg = self.cfg
-        self.traj.write("run_start", repo=str(self.repo), model=cfg.model.name, base_url=cfg.model.base_url,
-                        config=cfg.model_dump(mode="json", exclude={"model": {"api_key"}}))
-        model = self.client.model  # fails fast with EndpointError when the server is down
-        self.traj.write("model", model=model, max_model_len=self.client.max_model_len())
-        budget = self._budget()
-        packing = _InThread(self._pack, budget)  # the repository is packed while the sandbox starts
-        t = time.monotonic()
-        with Sandbox(cfg.sandbox, repo=self.repo) as sb:
-            self.result.timings.sandbox_start_s = time.monotonic() - t
-            self.messages = self._first_messages(budget, packing.result())
-            status, error = self._loop(sb, budget)
-            patch = sb.diff()
-        self.result.patch = patch
-        self.finish(status, error=error)
-        return self.result
+    def loop(self, env: Environment) -> RunEnded:
+        """Step until something ends the run."""
+        try:
+            while True:
+                self.step(env)
+        except RunEnded as end:
+            return end
 
-    def _limit_hit(self) -> RunStatus | None:
+    def step(self, env: Environment) -> None:
+        """One turn: check the limits, ask the model, run its tool calls, look for a stall."""
+        if self.turn >= self.cfg.limits.max_turns:
+            raise LimitsExceeded(status="turn_limit")
+        self.turn = self.state.turn = self.result.turns = self.turn + 1
+        self._check_limits()
+        reply = self._request()
+        self.messages.append(reply.as_message())
+        self.state.stalled = False
+        if not reply.tool_calls:
+            self._answer_without_tools(reply)
+            return
+        results = self._run_tools(env, reply)
+        self._observe(reply, results)
+        self._check_stall()
+
+    def _check_limits(self) -> None:
         cfg, u = self.cfg.limits, self.result.usage
         if cfg.max_total_tokens is not None and u.total_tokens >= cfg.max_total_tokens:
-            return "token_limit"
+            raise LimitsExceeded(status="token_limit")
         if cfg.max_wall_s is not None and time.monotonic() - self.t0 >= cfg.max_wall_s:
-            return "time_limit"
+            raise LimitsExceeded(status="time_limit")
         cost = self._cost()
         if cfg.max_cost_usd is not None and cost is not None and cost >= cfg.max_cost_usd:
-            return "cost_limit"
-        return None
+            raise LimitsExceeded(status="cost_limit")
 
     def _cost(self) -> float | None:
         cfg, u = self.cfg.limits, self.result.usage
@@ -264,37 +352,38 @@ class _Run:
             return cfg.gpu_usd_per_hour * (time.monotonic() - self.t0) / 3600
         return None
 
-    def _request(self, turn: int, state: LoopState, budget: int | None) -> ModelReply:
-        mode, reason = self.policy.decide(state)
+    def _request(self) -> ModelReply:
+        mode, reason = self.policy.decide(self.state)
         self.modes[mode] += 1
-        self.agent._emit("turn", turn, thinking_mode=mode, reason=reason)
-        self.traj.write("request", turn=turn, thinking_mode=mode, mode_reason=reason, n_messages=len(self.messages),
-                        new_messages=self.messages[-2:] if turn > 1 else None)
+        self.emit("request", thinking_mode=mode, mode_reason=reason, n_messages=len(self.messages),
+                  new_messages=self.messages[-2:] if self.turn > 1 else None)
+        reply = self._complete(mode)
+        usage = self.result.usage
+        usage.add(reply.usage)
+        self.emit("reply", content=reply.content, reasoning=reply.reasoning,
+                  tool_calls=[c.model_dump() for c in reply.tool_calls], finish_reason=reply.finish_reason,
+                  usage=reply.usage.model_dump(), total_usage=usage.model_dump(),
+                  cache_hit_share=round(usage.cache_hit_share, 4), latency_s=round(reply.latency_s, 4),
+                  attempts=reply.attempts)
+        return reply
+
+    def _complete(self, mode: str) -> ModelReply:
+        """The model's reply; a context overflow shrinks the conversation and asks again (at most 3 times)."""
         shrinks = 0
         while True:
             t = time.monotonic()
             try:
-                reply = self.client.complete(self.messages, tools=self.schemas, thinking_mode=mode)
+                return self.model.complete(self.messages, tools=self.schemas, thinking_mode=mode)
             except ContextOverflowError as e:
-                self.traj.write("context_overflow", turn=turn, message=str(e), input_tokens=e.input_tokens, limit=e.limit)
+                self.emit("context_overflow", message=str(e), input_tokens=e.input_tokens, limit=e.limit)
                 shrinks += 1
-                if shrinks > 3 or not self._shrink(e, budget, shrinks):
+                if shrinks > 3 or not self._shrink(e, shrinks):
                     raise
-                self.stall.record_condensation(turn)
-                continue
+                self.stall.record_condensation(self.turn)
             finally:
                 self.result.timings.model_s += time.monotonic() - t
-            break
-        self.result.usage.add(reply.usage)
-        self.agent._emit("reply", turn, finish_reason=reply.finish_reason, tool_calls=len(reply.tool_calls),
-                         usage=reply.usage.model_dump(), total_usage=self.result.usage.model_dump(),
-                         cache_hit_share=round(self.result.usage.cache_hit_share, 4))
-        self.traj.write("reply", turn=turn, content=reply.content, reasoning=reply.reasoning,
-                        tool_calls=[c.model_dump() for c in reply.tool_calls], finish_reason=reply.finish_reason,
-                        usage=reply.usage.model_dump(), latency_s=round(reply.latency_s, 4), attempts=reply.attempts)
-        return reply
 
-    def _shrink(self, e: ContextOverflowError, budget: int | None, attempt: int) -> bool:
+    def _shrink(self, e: ContextOverflowError, attempt: int) -> bool:
         """Make the conversation fit after a context overflow: elide old tool outputs, then repack smaller."""
         elided = 0
         tool_msgs = [m for m in self.messages if m.get("role") == "tool"]
@@ -303,105 +392,83 @@ class _Run:
                 m["content"] = "[elided by m3-agent to fit the context window; re-run the tool if needed]"
                 elided += 1
         if elided and attempt == 1:
-            self.traj.write("shrink", how="elided_tool_outputs", count=elided)
+            self.emit("shrink", how="elided_tool_outputs", count=elided)
             return True
         over = (e.input_tokens or 0) - (e.limit or 0) + self.cfg.model.max_tokens
-        current = budget if budget is not None else self.result.pack_tokens
+        current = self.budget if self.budget is not None else self.result.pack_tokens
         new_budget = int(max(current - max(over, 0), 0) * 0.8)
         if new_budget <= 0:
             return False
         first = self._first_messages(new_budget)
         self.messages[1] = first[1]
-        self.traj.write("shrink", how="repacked", budget=new_budget)
+        self.emit("shrink", how="repacked", budget=new_budget)
         return True
 
-    def _loop(self, sb: Sandbox, budget: int | None) -> tuple[RunStatus, str | None]:
-        cfg = self.cfg.limits
-        state = LoopState(turn=1, last_tools=[], last_tool_errors=0, last_tests_failed=None, last_edit_ok=False,
-                          stalled=False, format_errors_in_row=0)
-        nudged = False
-        for turn in range(1, cfg.max_turns + 1):
-            self.result.turns = turn
-            limit = self._limit_hit()
-            if limit:
-                return limit, None
-            state.turn = turn
-            reply = self._request(turn, state, budget)
-            self.messages.append(reply.as_message())
-            state.stalled = False
+    def _answer_without_tools(self, reply: ModelReply) -> None:
+        """A reply without tool calls: the model is done, unless it was cut off (then ask for a shorter one)."""
+        self.stall.record(Step(turn=self.turn, tool=None, args=None, output=reply.content))
+        if reply.finish_reason != "length":
+            self.result.final_message = reply.content
+            raise Finished()
+        self.state.format_errors_in_row += 1
+        if self.state.format_errors_in_row >= self.cfg.limits.max_format_errors:
+            raise FormatError(f"{self.state.format_errors_in_row} truncated replies in a row")
+        self.messages.append({"role": "user", "content": (
+            "Your reply was cut off (max_tokens reached). Reply more briefly, and make one tool call at a time.")})
 
-            if not reply.tool_calls:
-                self.stall.record(Step(turn=turn, tool=None, args=None, output=reply.content))
-                if reply.finish_reason == "length":
-                    # The reply was cut off before it said anything usable: ask for a shorter one.
-                    state.format_errors_in_row += 1
-                    if state.format_errors_in_row >= cfg.max_format_errors:
-                        return "error", f"{state.format_errors_in_row} truncated replies in a row"
-                    self.messages.append({"role": "user", "content": (
-                        "Your reply was cut off (max_tokens reached). Reply more briefly, "
-                        "and make one tool call at a time.")})
-                    continue
-                self.result.final_message = reply.content
-                return "finished", None
-
-            results = self._run_tools(sb, turn, reply)
-            submitted = any(r.submitted for r in results)
-            format_errors = [r for r in results if r.error_kind in FORMAT_ERROR_KINDS]
-            state.format_errors_in_row = state.format_errors_in_row + 1 if len(format_errors) == len(results) else 0
-            state.last_tools = [c.name for c in reply.tool_calls]
-            state.last_tool_errors = sum(not r.ok for r in results)
-            tests = [r.data for r in results if "failing" in r.data]
-            state.last_tests_failed = bool(tests[-1].get("failed") or tests[-1].get("errors")) if tests else None
-            state.last_edit_ok = any(r.ok and r.changed_files for r in results)
-            if tests:
-                self.result.final_tests = tests[-1]
-            if submitted:
-                self.result.final_message = next(r.output for r in results if r.submitted)
-                return "submitted", None
-            if state.format_errors_in_row >= cfg.max_format_errors:
-                return "error", f"{state.format_errors_in_row} turns in a row with only malformed tool calls"
-
-            self.stall.end_turn(turn)
-            stall = self.stall.check()
-            if stall is not None:
-                self.result.stalls.append(stall)
-                self.traj.write("stall", turn=turn, rule=stall.rule, evidence=stall.evidence, nudged=nudged)
-                self.agent._emit("stall", turn, rule=stall.rule, evidence=stall.evidence)
-                if nudged:
-                    return "stalled", f"stalled: {stall.rule}: {stall.evidence}"
-                nudged = True
-                state.stalled = True
-                self.messages.append({"role": "user", "content": nudge_message(stall)})
-                self.stall.user_message()
-        return "turn_limit", None
-
-    def _run_tools(self, sb: Sandbox, turn: int, reply: ModelReply) -> list[ToolResult]:
+    def _run_tools(self, env: Environment, reply: ModelReply) -> list[ToolResult]:
         truncated = reply.finish_reason == "length"
         results = []
         for call in reply.tool_calls:
-            self.traj.write("tool_call", turn=turn, id=call.id, name=call.name, arguments=call.arguments)
-            self.agent._emit("tool_call", turn, id=call.id, name=call.name, arguments=call.arguments)
+            self.emit("tool_call", id=call.id, name=call.name, arguments=call.arguments)
             t = time.monotonic()
-            result = execute_call(call.name, call.arguments, self.agent.tools, sb, truncated=truncated)
+            result = execute_call(call.name, call.arguments, self.agent.tools, env, truncated=truncated)
             took = time.monotonic() - t
             self.result.timings.tools_s += took
-            output = cap_output(result.output, self.cfg.output_cap_chars)
+            output = head_tail(result.output, self.cfg.output_cap_chars)
             self.messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
-            self.traj.write("tool_result", turn=turn, id=call.id, name=call.name, ok=result.ok,
-                            error_kind=result.error_kind, output=output, data=result.data,
-                            changed_files=result.changed_files, duration_s=round(took, 4))
-            self.agent._emit("tool_result", turn, id=call.id, name=call.name, ok=result.ok,
-                             error_kind=result.error_kind, data=result.data, output=output)
-            self.stall.record(Step(
-                turn=turn, tool=call.name, args=_parsed(call.arguments), output=output,
-                error=not result.ok, exit_code=result.data.get("exit_code"), running=result.running,
-                changed_files=list(result.changed_files),
-                failing_tests=[f.get("id", "") for f in result.data["failing"]] if "failing" in result.data else None,
-            ))
+            self.emit("tool_result", id=call.id, name=call.name, ok=result.ok, error_kind=result.error_kind,
+                      output=output, data=result.data, changed_files=result.changed_files,
+                      duration_s=round(took, 4))
+            self.stall.record(_step_of(self.turn, call.name, call.arguments, result, output))
             results.append(result)
             if result.submitted:
                 break
         return results
+
+    def _observe(self, reply: ModelReply, results: list[ToolResult]) -> None:
+        """Carry what the tool calls showed into the loop state; end the run on submit or too many format errors."""
+        state = self.state
+        all_malformed = all(r.error_kind in FORMAT_ERROR_KINDS for r in results)
+        state.format_errors_in_row = state.format_errors_in_row + 1 if all_malformed else 0
+        state.last_tools = [c.name for c in reply.tool_calls]
+        state.last_tool_errors = sum(not r.ok for r in results)
+        tests = [r.data for r in results if "failing" in r.data]
+        state.last_tests_failed = bool(tests[-1].get("failed") or tests[-1].get("errors")) if tests else None
+        state.last_edit_ok = any(r.ok and r.changed_files for r in results)
+        if tests:
+            self.result.final_tests = tests[-1]
+        submitted = next((r for r in results if r.submitted), None)
+        if submitted is not None:
+            self.result.final_message = submitted.output
+            raise Submitted()
+        if state.format_errors_in_row >= self.cfg.limits.max_format_errors:
+            raise FormatError(f"{state.format_errors_in_row} turns in a row with only malformed tool calls")
+
+    def _check_stall(self) -> None:
+        """Nudge the model at the first stall; end the run at the next one."""
+        self.stall.end_turn(self.turn)
+        stall = self.stall.check()
+        if stall is None:
+            return
+        self.result.stalls.append(stall)
+        self.emit("stall", rule=stall.rule, evidence=stall.evidence, nudged=self.nudged)
+        if self.nudged:
+            raise Stalled(f"stalled: {stall.rule}: {stall.evidence}")
+        self.nudged = True
+        self.state.stalled = True
+        self.messages.append({"role": "user", "content": nudge_message(stall)})
+        self.stall.user_message()
 
     # ----- the end --------------------------------------------------------------------------------
     def finish(self, status: RunStatus, *, error: str | None = None) -> None:
@@ -414,15 +481,23 @@ class _Run:
         r.cache_hit_share = round(r.usage.cache_hit_share, 4)
         r.cost_usd = self._cost()
         r.timings.wall_s = time.monotonic() - self.t0
-        self.traj.write("finish", status=status, error=error, turns=r.turns, usage=r.usage.model_dump(),
-                        cache_hit_share=r.cache_hit_share, mode_counts=r.mode_counts,
-                        stalls=[s.model_dump() for s in r.stalls], timings=r.timings.model_dump(),
-                        cost_usd=r.cost_usd, patch=r.patch, final_tests=r.final_tests)
-        self.agent._emit("finish", r.turns, status=status, error=error)
+        self.emit("finish", status=status, error=error, turns=r.turns, usage=r.usage.model_dump(),
+                  cache_hit_share=r.cache_hit_share, mode_counts=r.mode_counts,
+                  stalls=[s.model_dump() for s in r.stalls], timings=r.timings.model_dump(),
+                  cost_usd=r.cost_usd, patch=r.patch, final_tests=r.final_tests)
 
     def close(self) -> None:
-        self.traj.close()
-        self.client.close()
+        if self.owns_model:
+            self.model.close()
+
+
+def _step_of(turn: int, name: str, arguments: str | None, result: ToolResult, output: str) -> Step:
+    """What the stall detector keeps of one tool call."""
+    return Step(
+        turn=turn, tool=name, args=_parsed(arguments), output=output, error=not result.ok,
+        exit_code=result.data.get("exit_code"), running=result.running, changed_files=list(result.changed_files),
+        failing_tests=[f.get("id", "") for f in result.data["failing"]] if "failing" in result.data else None,
+    )
 
 
 def _parsed(arguments: str | None) -> dict[str, Any] | None:

@@ -1,15 +1,15 @@
 """JSONL trajectories: every request, reply, tool call, result, mode, usage and timing, as it happens.
 
-One JSON object per line, flushed at once, so a crash or Ctrl-C leaves a readable file. Each line has
-`kind` (run_start, request, reply, tool_call, tool_result, stall, note, finish) and `t` (seconds since
-the run started). `m3-agent show FILE` renders one.
+The writer is a subscriber of the run's event stream (`agent.events`): one JSON object per event,
+flushed at once, so a crash or Ctrl-C leaves a readable file. Each line has `kind` (run_start, model,
+pack, request, reply, tool_call, tool_result, stall, context_overflow, shrink, finish), `t` (seconds
+since the run started), `turn`, and the event's fields. `m3-agent show FILE` renders one.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,25 +17,25 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from m3_agent.agent.events import AgentEvent
 from m3_agent.errors import UsageError
 
 
 class TrajectoryWriter:
-    """Appends events to a JSONL file; safe to read while it is written."""
+    """Appends events to a JSONL file; safe to read while it is written. Subscribe it to an EventStream."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._t0 = time.monotonic()
         self._fh = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(path, "a", encoding="utf-8")
 
-    def write(self, kind: str, **data: Any) -> None:
-        """Append one event and flush it to the OS."""
+    def __call__(self, event: AgentEvent) -> None:
+        """Append one event of the stream, its fields flat beside kind, t and turn, and flush it to the OS."""
         if self._fh is None:
             return
-        record = {"kind": kind, "t": round(time.monotonic() - self._t0, 4), **data}
+        record = {"kind": event.kind, "t": event.t, "turn": event.turn, **event.data}
         self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
         self._fh.flush()
 
@@ -98,7 +98,7 @@ def render(events: list[dict[str, Any]], console: Console) -> None:
             detail = f"[bold]{e.get('status')}[/] {_short(e.get('error') or '', 80)}"
         else:
             detail = _short({k: v for k, v in e.items() if k not in ("kind", "t", "turn")})
-        table.add_row(f"{e.get('t', 0):.2f}", str(e.get("turn", "")), str(kind), detail)
+        table.add_row(f"{e.get('t', 0):.2f}", str(e.get("turn") or ""), str(kind), detail)
     console.print(table)
     if finish is None:
         console.print("[yellow]no finish event: the run was interrupted or is still going[/]")

@@ -206,14 +206,14 @@ def start_standin(script: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
 
 def run_ours(base_url: str, repo: Path, task: str, trajectory: Path, turns: int,
              profiler: cProfile.Profile | None = None) -> dict:
-    """One m3-agent session; the loop is timed from the first `turn` event to the last `tool_result` event.
+    """One m3-agent session; the loop is timed from the first `request` event to the last `tool_result` event.
 
     With `profiler`, it profiles that same span.
     """
     marks: dict[str, float] = {}
 
     def on_event(event) -> None:
-        if event.kind == "turn" and "start" not in marks:
+        if event.kind == "request" and "start" not in marks:
             marks["start"], marks["cpu0"] = time.perf_counter(), time.process_time()
             if profiler is not None:
                 profiler.enable()

@@ -22,7 +22,7 @@ from m3_agent.api import AgentEvent, M3AgentError, fix_issue, load_settings
 
 
 class ProgressFeed:
-    """A progress callback: each AgentEvent becomes one JSON status line for a dashboard."""
+    """A subscriber of the run's event stream: the events a dashboard cares about become JSON status lines."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
@@ -37,7 +37,7 @@ class ProgressFeed:
         data = event.data
         if event.kind == "fix_start":
             self.emit("start", issue=data["issue"], title=data["title"], trajectory=data["trajectory_path"])
-        elif event.kind == "turn":
+        elif event.kind == "request":  # one request to the model per turn
             self.emit("turn", turn=event.turn, thinking=data.get("thinking_mode"))
         elif event.kind == "tool_call":
             self.emit("tool", turn=event.turn, name=data.get("name"))

@@ -24,7 +24,6 @@ import shutil
 import signal
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,20 +34,21 @@ from typing import Any, Optional
 import typer
 from pydantic import BaseModel, Field
 from rich.console import Console, Group
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from m3_agent.fix import gitwork
 from m3_agent.agent.config import AgentConfig
-from m3_agent.agent.loop import Agent, AgentEvent, RunResult
+from m3_agent.agent.events import AgentEvent, Subscriber
+from m3_agent.agent.loop import Agent, RunResult
 from m3_agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError
+from m3_agent.fix.progress import LiveProgress, describe_tests, short
 from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
 from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
 from m3_agent.settings import Settings, display_rows, load_settings
 from m3_agent.tools import Tool
 
-Callback = Callable[[AgentEvent], None]
+Callback = Subscriber
 Notice = Callable[[str], None]
 
 # What a text-only endpoint says when handed an image (vLLM: "At most 0 image(s) may be provided").
@@ -349,133 +349,6 @@ def _deliver(job: _Job, result: FixResult, *, apply: bool) -> None:
         result.applied = True
 
 
-# ----- live progress ------------------------------------------------------------------------------
-
-
-def _short(text: Any, n: int = 90) -> str:
-    s = " ".join(str(text or "").split())
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
-def _call_summary(name: str, arguments: str | None) -> str:
-    try:
-        args = json.loads(arguments or "{}")
-    except (json.JSONDecodeError, TypeError):
-        return f"{name} {_short(arguments, 60)}"
-    if not isinstance(args, dict):
-        return name
-    first = next((v for v in args.values() if isinstance(v, str) and v.strip()), "")
-    return f"{name} {_short(first, 70)}".strip()
-
-
-def describe_tests(tests: dict[str, Any] | None) -> str:
-    """`3 passed, 1 failed` style summary of a test_runner result."""
-    if not tests:
-        return "-"
-    parts = [f"{tests.get('passed', 0)} passed", f"{tests.get('failed', 0)} failed"]
-    if tests.get("errors"):
-        parts.append(f"{tests['errors']} errors")
-    if tests.get("timed_out"):
-        parts.append("timed out")
-    return ", ".join(parts)
-
-
-class LiveProgress:
-    """A progress callback: turn, thinking mode, current tool call, last tests, tokens, elapsed.
-
-    On a terminal it is a live rich panel on `console` (stderr); elsewhere (CI logs) one plain line
-    per tool call, test summary and stall. Token counts come from the `reply` records of the run's
-    trajectory, which the loop flushes line by line.
-    """
-
-    def __init__(self, console: Console, *, max_turns: int, label: str) -> None:
-        self.console = console
-        self.max_turns = max_turns
-        self.label = label
-        self.turn = 0
-        self.mode = "-"
-        self.tool = "-"
-        self.tests = "-"
-        self.stalls = 0
-        self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
-        self.trajectory: Path | None = None
-        self._offset = 0
-        self.t0 = time.monotonic()
-        self.live = Live(self.render(), console=console, refresh_per_second=4, transient=True) \
-            if console.is_terminal else None
-
-    def __enter__(self) -> LiveProgress:
-        if self.live:
-            self.live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live:
-            self.live.stop()
-
-    def _read_usage(self) -> None:
-        if self.trajectory is None or not self.trajectory.is_file():
-            return
-        with self.trajectory.open("rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]  # a torn last line is read next time
-        self._offset += len(complete)
-        for line in complete.splitlines():
-            if b'"kind": "reply"' not in line:
-                continue
-            usage = json.loads(line).get("usage") or {}
-            self.prompt_tokens += usage.get("prompt_tokens", 0)
-            self.cached_tokens += usage.get("cached_tokens", 0)
-            self.completion_tokens += usage.get("completion_tokens", 0)
-
-    def _line(self, text: str) -> None:
-        if self.live is None:
-            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-    def __call__(self, event: AgentEvent) -> None:
-        """Take one AgentEvent and redraw."""
-        self.turn = max(self.turn, event.turn)
-        data = event.data
-        if event.kind == "fix_start":
-            self.trajectory, self._offset = Path(data["trajectory_path"]), 0
-            self.max_turns = data.get("max_turns", self.max_turns)
-            self.label = _short(f"{data['issue']} {data['title']}", 60)
-        elif event.kind == "turn":
-            self.mode = data.get("thinking_mode", "-")
-        elif event.kind == "tool_call":
-            self.tool = _call_summary(data.get("name", "?"), data.get("arguments"))
-            self._line(f"turn {event.turn}/{self.max_turns} [{self.mode}] {self.tool}")
-        elif event.kind == "tool_result" and "failing" in data.get("data", {}):
-            self.tests = describe_tests(data["data"])
-            self._line(f"  tests: {self.tests}")
-        elif event.kind == "stall":
-            self.stalls += 1
-            self._line(f"  stall: {data.get('rule')}")
-        self._read_usage()
-        if self.live:
-            self.live.update(self.render())
-
-    def render(self) -> Table:
-        """The progress panel as a two-column grid."""
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold cyan", no_wrap=True)
-        grid.add_column()
-        elapsed = time.monotonic() - self.t0
-        cached = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        stalls = f"   stalls: {self.stalls}" if self.stalls else ""
-        rows = [
-            ("m3-agent fix", f"{self.label}  ·  {int(elapsed // 60):02d}:{int(elapsed % 60):02d}"),
-            ("turn", f"{self.turn}/{self.max_turns}   thinking: {self.mode}{stalls}"),
-            ("tool", self.tool),
-            ("tests", self.tests),
-            ("tokens", f"{self.prompt_tokens:,} in ({cached:.0%} cached) · {self.completion_tokens:,} out"),
-        ]
-        for name, value in rows:
-            grid.add_row(name, Text(value))  # Text: tool arguments may hold [brackets] rich would parse
-        return grid
-
-
 # ----- the command --------------------------------------------------------------------------------
 
 
@@ -585,7 +458,7 @@ def _fix_from_flags(err: Console, spec: str | None, repo: Path, flags: dict[str,
 
     if quiet or json_out:
         return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, on_notice=on_notice)
-    with LiveProgress(err, max_turns=settings.limits.max_turns, label=_short(spec, 50)) as progress:
+    with LiveProgress(err, max_turns=settings.limits.max_turns, label=short(spec, 50)) as progress:
         return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, callbacks=[progress],
                          on_notice=on_notice)
 

@@ -5,13 +5,18 @@ Run the agent on a directory and watch it work:
     from pathlib import Path
     from m3_agent.api import Agent, AgentConfig, AgentEvent, LimitsConfig, ModelConfig
 
-    def progress(event: AgentEvent) -> None:           # kinds: turn, tool_call, tool_result, stall, finish
+    def progress(event: AgentEvent) -> None:           # kinds: request, reply, tool_call, tool_result, stall, finish, ...
         print(event.turn, event.kind, event.data.get("name", ""))
 
     config = AgentConfig(model=ModelConfig(base_url="http://gpu-node:8000/v1"), limits=LimitsConfig(max_turns=30))
     agent = Agent(config, callbacks=[progress])
     result = agent.run(repo=Path("."), issue="parse_date() rejects ISO weeks")   # -> RunResult
     print(result.status, result.patch)
+
+Hand in the parts (`Model`, `Environment`): your own model client, or commands run on this machine
+in a temporary checkout instead of the Docker sandbox (no isolation):
+
+    agent = Agent(config, model=my_model, env_factory=LocalEnvironment)
 
 Or do what `m3-agent fix` does (issue sources, git safety, branch + `.patch`) from the same
 layered configuration the command uses:
@@ -42,11 +47,14 @@ from m3_agent.errors import (
 )
 from m3_agent.fix.command import FixResult, fix_issue
 from m3_agent.fix.github import GitHubClient, Issue
-from m3_agent.agent.loop import Agent, AgentEvent, RunResult
+from m3_agent.agent.events import AgentEvent
+from m3_agent.agent.loop import Agent, RunResult
+from m3_agent.agent.model import ModelReply
+from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model
 from m3_agent.evals.report import build_report
 from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
 from m3_agent.evals.tasks import Task, load_tasks
-from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig, build_image
+from m3_agent.sandbox import DEFAULT_IMAGE, ExecResult, LocalEnvironment, SandboxConfig, build_image
 from m3_agent.serving.endpoint import resolve_endpoint
 from m3_agent.settings import Settings, load_settings
 from m3_agent.tools import Tool, ToolArgs, ToolCallError, ToolResult, default_tools
@@ -58,7 +66,10 @@ __all__ = [
     "ContextConfig",
     "DEFAULT_IMAGE",
     "EndpointError",
+    "Environment",
+    "EnvironmentFactory",
     "EvalConfig",
+    "ExecResult",
     "FixResult",
     "GitError",
     "GitHubClient",
@@ -67,7 +78,10 @@ __all__ = [
     "ModelConfig",
     "Interrupted",
     "Issue",
+    "LocalEnvironment",
     "M3AgentError",
+    "Model",
+    "ModelReply",
     "RunResult",
     "SandboxConfig",
     "SandboxUnavailable",

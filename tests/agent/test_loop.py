@@ -1,21 +1,37 @@
-"""The agent loop, end to end: the stand-in over real HTTP, the real Docker sandbox, real git repos."""
+"""The agent loop, end to end: the stand-in over real HTTP through the openai SDK, real git repos.
+
+Two tiers. Without Docker (`pytest -m "not docker"`): the loop's logic runs against the local
+environment (a temporary checkout on this machine), and a few pure-logic tests use an in-process
+scripted Model. With Docker (`-m docker`): the same flow in the real sandbox, and what only the
+sandbox does (its container is removed on Ctrl-C and on errors; it starts while the repo is packed).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import docker
 import pytest
 
-from m3_agent.errors import EndpointError, Interrupted
+from m3_agent.agent.events import AgentEvent
 from m3_agent.agent.loop import Agent, AgentConfig, cap_output
+from m3_agent.agent.model import ContextOverflowError, ModelReply, ToolCall, Usage
+from m3_agent.agent.protocols import Environment, Model
 from m3_agent.agent.stall import StallConfig
-from m3_agent.serving.standin import StandinServer
 from m3_agent.agent.thinking import ThinkingConfig
 from m3_agent.agent.trajectory import read_trajectory
-from m3_agent.sandbox import SandboxConfig
+from m3_agent.errors import EndpointError, Interrupted, UsageError
+from m3_agent.sandbox import LocalEnvironment, SandboxConfig
+from m3_agent.serving.standin import StandinServer
 
-pytestmark = pytest.mark.usefixtures("sandbox_image")
+
+@pytest.fixture(autouse=True)
+def _no_pytest_plugins_in_local_commands(monkeypatch):
+    """Local commands inherit this environment: the toy repos' tests need no plugins, and loading them is slow."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
 
 BUGGY = {
     "calc/__init__.py": "",
@@ -51,11 +67,12 @@ def fast(**kw) -> AgentConfig:
     return AgentConfig.model_validate(values)
 
 
-def run(git_repo, turns, tmp_path, script_extra=None, callbacks=None, **cfg):
+def run(git_repo, turns, tmp_path, script_extra=None, callbacks=None, env_factory=LocalEnvironment, **cfg):
+    """One run against the stand-in; the local environment unless `env_factory=None` (the Docker sandbox)."""
     repo = git_repo(BUGGY)
     traj = tmp_path / "traj.jsonl"
     with StandinServer({"turns": turns, **(script_extra or {})}) as srv:
-        agent = Agent(fast(base_url=srv.base_url, **cfg), callbacks=callbacks)
+        agent = Agent(fast(base_url=srv.base_url, **cfg), callbacks=callbacks, env_factory=env_factory)
         result = agent.run(repo, "add() subtracts instead of adding", trajectory_path=traj)
         requests = list(srv.requests)
     return result, requests, read_trajectory(traj)
@@ -74,11 +91,15 @@ def test_scripted_fix_is_submitted_with_a_patch(git_repo, tmp_path):
     assert [t["function"]["name"] for t in requests[0]["tools"]][:3] == ["code_exec", "file_write", "test_runner"]
     assert requests[0]["tool_choice"] == "auto"
     kinds = [e.kind for e in events]
-    assert kinds[0] == "turn" and kinds[-1] == "finish" and "tool_call" in kinds and "tool_result" in kinds
+    assert kinds[:4] == ["run_start", "model", "pack", "request"] and kinds[-1] == "finish"
+    assert "tool_call" in kinds and "tool_result" in kinds
     replies = [e for e in events if e.kind == "reply"]
     assert len(replies) == 4 and replies[-1].data["total_usage"] == result.usage.model_dump()
-    assert [e["kind"] for e in traj][0] == "run_start" and traj[-1]["kind"] == "finish"
-    assert traj[-1]["status"] == "submitted"
+    assert traj[-1]["kind"] == "finish" and traj[-1]["status"] == "submitted"
+    # One stream: the trajectory holds exactly the events the callbacks saw, fields flat.
+    assert [(e["kind"], e["turn"], e["t"]) for e in traj] == [(e.kind, e.turn, e.t) for e in events]
+    assert traj[0]["environment"] == {"kind": "local", "isolated": False}
+    assert [e["usage"] for e in traj if e["kind"] == "reply"] == [e.data["usage"] for e in replies]
 
 
 def test_history_is_append_only_and_the_prefix_cache_hits(git_repo, tmp_path):
@@ -162,7 +183,7 @@ def test_context_overflow_shrinks_and_retries(git_repo, tmp_path):
 
 
 def test_stall_nudges_once_then_stops(git_repo, tmp_path):
-    same = {"tool_calls": [call("test_runner", test_file="tests/test_ops.py")]}
+    same = {"tool_calls": [call("bash", command="grep -n 'a - b' calc/ops.py")]}  # the same look, over and over
     result, requests, traj = run(git_repo, [same] * 12, tmp_path,
                                  stall=StallConfig(same_failures_runs=3, repeat_actions=4, no_change_turns=0))
     assert result.status == "stalled"
@@ -176,7 +197,7 @@ def test_stall_nudges_once_then_stops(git_repo, tmp_path):
 
 
 def test_stall_detection_can_be_switched_off(git_repo, tmp_path):
-    same = {"tool_calls": [call("test_runner", test_file="tests/test_ops.py")]}
+    same = {"tool_calls": [call("bash", command="grep -n 'a - b' calc/ops.py")]}
     result, _, _ = run(git_repo, [same] * 6, tmp_path, max_turns=6, stall=StallConfig(enabled=False))
     assert result.status == "turn_limit" and result.stalls == []
 
@@ -192,13 +213,64 @@ def test_cost_is_computed_from_token_prices(git_repo, tmp_path):
     assert result.cost_usd == pytest.approx(expected)
 
 
-def test_server_down_is_an_endpoint_error_and_no_container_is_left(git_repo, tmp_path):
+def test_server_down_is_an_endpoint_error_before_any_environment_starts(git_repo, tmp_path):
     repo = git_repo(BUGGY)
+    made = []
+    # The default factory (the Docker sandbox) is used: discovery fails before it would start a container.
+    agent = Agent(fast(base_url="http://127.0.0.1:9/v1", retry_attempts=2))
+    agent.env_factory = lambda path: made.append(agent.docker_sandbox(path)) or made[-1]
     with pytest.raises(EndpointError):
-        Agent(fast(base_url="http://127.0.0.1:9/v1", retry_attempts=2)).run(repo, "x", trajectory_path=tmp_path / "t.jsonl")
-    assert read_trajectory(tmp_path / "t.jsonl")[-1]["status"] == "error"
+        agent.run(repo, "x", trajectory_path=tmp_path / "t.jsonl")
+    traj = read_trajectory(tmp_path / "t.jsonl")
+    assert traj[-1]["status"] == "error" and traj[0]["environment"] == {"kind": "docker", "isolated": True}
+    assert len(made) == 1 and made[0].id is None  # never started
 
 
+def recording_local(made: list):
+    """An env factory that makes local environments and keeps them, to look at after the run."""
+    def factory(path: Path) -> LocalEnvironment:
+        made.append(LocalEnvironment(path))
+        return made[-1]
+    return factory
+
+
+def test_interrupt_keeps_the_trajectory_and_removes_the_checkout(git_repo, tmp_path):
+    made: list[LocalEnvironment] = []
+    seen = []
+
+    def interrupt(event):
+        if event.kind == "tool_result":
+            seen.append(made[0].root.is_dir())
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted):
+        run(git_repo, solve_turns(), tmp_path, callbacks=[interrupt], env_factory=recording_local(made))
+    assert seen == [True] and not made[0].root.exists()
+    traj = read_trajectory(tmp_path / "traj.jsonl")
+    assert traj[-1]["kind"] == "finish" and traj[-1]["error"] == "interrupted"
+    assert any(e["kind"] == "tool_result" for e in traj)  # written before the callback that raised
+
+
+def test_a_pack_error_ends_the_run_and_closes_the_environment(git_repo, tmp_path):
+    made: list[LocalEnvironment] = []
+    with pytest.raises(UsageError, match="budget"):
+        run(git_repo, solve_turns(), tmp_path, budget=5, env_factory=recording_local(made))
+    assert made[0].root is None or not made[0].root.exists()
+    assert read_trajectory(tmp_path / "traj.jsonl")[-1]["status"] == "error"
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("sandbox_image")
+def test_scripted_fix_in_the_docker_sandbox(git_repo, tmp_path):
+    result, requests, traj = run(git_repo, solve_turns(), tmp_path, env_factory=None)
+    assert result.status == "submitted"
+    assert "-    return a - b\n+    return a + b" in result.patch
+    assert result.final_tests["passed"] == 1 and result.final_tests["failed"] == 0
+    assert traj[0]["environment"] == {"kind": "docker", "isolated": True}
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("sandbox_image")
 def test_interrupt_keeps_the_trajectory_and_removes_the_sandbox(git_repo, tmp_path):
     tag = {"m3-agent.test": f"interrupt-{tmp_path.name}"}  # other runs may own containers meanwhile
 
@@ -213,7 +285,8 @@ def test_interrupt_keeps_the_trajectory_and_removes_the_sandbox(git_repo, tmp_pa
             seen.extend(docker.from_env().containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in tag.items()]}))
 
     with pytest.raises(Interrupted):
-        run(git_repo, solve_turns(), tmp_path, callbacks=[spy, interrupt], sandbox=SandboxConfig(labels=tag))
+        run(git_repo, solve_turns(), tmp_path, callbacks=[spy, interrupt], sandbox=SandboxConfig(labels=tag),
+            env_factory=None)
     assert len(seen) == 1  # the run's sandbox existed while it worked ...
     left = docker.from_env().containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in tag.items()]})
     assert left == []  # ... and is gone after Ctrl-C
@@ -226,13 +299,13 @@ def test_tool_output_is_capped_before_it_enters_history(git_repo, tmp_path):
     big = {"tool_calls": [call("bash", command="python3 -c \"print('x' * 50000)\"")]}
     _, requests, _ = run(git_repo, [big] + solve_turns(), tmp_path, output_cap_chars=2000)
     content = requests[1]["messages"][-1]["content"]
-    assert len(content) < 2200 and "elided" in content
+    assert len(content) < 2200 and "characters left out" in content
 
 
 def test_cap_output_keeps_head_and_tail():
     text = "HEAD" + "m" * 1000 + "TAIL"
     capped = cap_output(text, 100)
-    assert capped.startswith("HEAD") and capped.endswith("TAIL") and "elided" in capped
+    assert capped.startswith("HEAD") and capped.endswith("TAIL") and "characters left out" in capped
     assert cap_output("short", 100) == "short"
 
 
@@ -269,6 +342,8 @@ def test_warming_server_is_waited_for(git_repo, tmp_path):
     assert result.timings.wall_s > 0.8  # the run started while the server still answered 503
 
 
+@pytest.mark.docker
+@pytest.mark.usefixtures("sandbox_image")
 def test_the_repository_is_packed_while_the_sandbox_starts(git_repo, tmp_path, monkeypatch):
     import time as clock
 
@@ -294,22 +369,101 @@ def test_the_repository_is_packed_while_the_sandbox_starts(git_repo, tmp_path, m
 
     monkeypatch.setattr(loop_module, "pack_repository", slow_pack)
     monkeypatch.setattr(loop_module.Sandbox, "start", start)
-    result, requests, traj = run(git_repo, solve_turns(), tmp_path)
+    result, requests, traj = run(git_repo, solve_turns(), tmp_path, env_factory=None)
     assert result.status == "submitted" and "calc/ops.py" in requests[0]["messages"][1]["content"]
     # The two overlapped: each began before the other was done.
     assert marks["pack_start"] < marks["sandbox_ready"] and marks["sandbox_start"] < marks["pack_end"]
     assert [e["kind"] for e in traj].index("pack") < [e["kind"] for e in traj].index("finish")
 
 
+@pytest.mark.docker
+@pytest.mark.usefixtures("sandbox_image")
 def test_a_pack_error_still_ends_the_run_cleanly(git_repo, tmp_path):
-    from m3_agent.errors import UsageError
-
     with pytest.raises(UsageError, match="budget"):
-        run(git_repo, solve_turns(), tmp_path, budget=5)
+        run(git_repo, solve_turns(), tmp_path, budget=5, env_factory=None)
     client = docker.from_env()
     try:
-        import os
-
         assert client.containers.list(all=True, filters={"label": f"m3-agent.owner-pid={os.getpid()}"}) == []
     finally:
         client.close()
+
+
+# ----- pure loop logic: an in-process scripted Model (no HTTP) and the local environment ---------
+
+
+class ScriptedModel:
+    """A Model that plays replies (or raises errors) in order: a test double, no server, no tokenizer."""
+
+    model = "scripted-test-double"
+
+    def __init__(self, replies: list) -> None:
+        self.replies = list(replies)
+        self.modes: list[str | None] = []
+
+    def max_model_len(self) -> int | None:
+        return None
+
+    def complete(self, messages, *, tools=None, thinking_mode=None) -> ModelReply:
+        self.modes.append(thinking_mode)
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+def tool_reply(name: str, n: int = 0, **arguments) -> ModelReply:
+    return ModelReply(tool_calls=[ToolCall(id=f"call-{n}", name=name, arguments=json.dumps(arguments))],
+                      finish_reason="tool_calls", usage=Usage(requests=1, prompt_tokens=100, completion_tokens=10))
+
+
+def run_scripted(git_repo, tmp_path, replies, **cfg):
+    model = ScriptedModel(replies)
+    agent = Agent(fast(**cfg), model=model, env_factory=LocalEnvironment)
+    result = agent.run(git_repo(BUGGY), "add() subtracts", trajectory_path=tmp_path / "t.jsonl")
+    return result, model, read_trajectory(tmp_path / "t.jsonl")
+
+
+def test_an_injected_model_and_environment_drive_the_loop(git_repo, tmp_path):
+    replies = [tool_reply("file_edit", 1, **FIX), tool_reply("bash", 2, command="echo note > NOTE.txt"),
+               tool_reply("submit", 3, summary="fixed")]
+    result, model, traj = run_scripted(git_repo, tmp_path, replies)
+    assert isinstance(model, Model) and isinstance(LocalEnvironment(Path(".")), Environment)
+    assert result.status == "submitted" and "fixed" in result.final_message
+    assert "+    return a + b" in result.patch and "+note" in result.patch
+    assert model.modes == ["enabled", "disabled", "adaptive"]  # plan; routine after an edit; default after bash
+    assert result.usage.prompt_tokens == 300
+    pack = next(e for e in traj if e["kind"] == "pack")
+    model_event = next(e for e in traj if e["kind"] == "model")
+    assert pack["counter"] == "estimate" and model_event["model"] == "scripted-test-double"
+
+
+def test_the_turn_limit_ends_the_run(git_repo, tmp_path):
+    replies = [tool_reply("bash", i, command=f"echo {i}") for i in range(5)]
+    result, model, traj = run_scripted(git_repo, tmp_path, replies, max_turns=3, stall=StallConfig(enabled=False))
+    assert result.status == "turn_limit" and result.turns == 3 and len(model.replies) == 2
+    assert traj[-1]["status"] == "turn_limit" and traj[-1]["turns"] == 3
+
+
+def test_cut_off_replies_in_a_row_end_the_run_as_an_error(git_repo, tmp_path):
+    cut = ModelReply(content="I will now", finish_reason="length")
+    result, model, _ = run_scripted(git_repo, tmp_path, [cut, cut, cut, cut], max_format_errors=3)
+    assert result.status == "error" and "3 truncated replies" in result.error and len(model.replies) == 1
+
+
+def test_a_context_overflow_that_cannot_be_shrunk_is_raised(git_repo, tmp_path):
+    overflow = ContextOverflowError("too long", input_tokens=10**9, limit=1000)
+    with pytest.raises(ContextOverflowError):
+        run_scripted(git_repo, tmp_path, [overflow])
+    traj = read_trajectory(tmp_path / "t.jsonl")
+    assert [e["kind"] for e in traj][-2:] == ["context_overflow", "finish"] and traj[-1]["status"] == "error"
+
+
+def test_callbacks_get_events_in_order_with_run_relative_times(git_repo, tmp_path):
+    seen: list[AgentEvent] = []
+    model = ScriptedModel([tool_reply("submit", 1, summary="done")])
+    Agent(AgentConfig(), model=model, env_factory=LocalEnvironment, callbacks=[seen.append]).run(
+        git_repo(BUGGY), "x")
+    assert [e.kind for e in seen] == ["run_start", "model", "pack", "request", "reply", "tool_call", "tool_result",
+                                      "finish"]
+    assert [e.t for e in seen] == sorted(e.t for e in seen)
+    assert seen[-1].data["status"] == "submitted" and seen[-1].turn == 1

@@ -8,17 +8,24 @@ import sys
 
 import pytest
 
-from m3_agent.errors import UsageError
+from m3_agent.agent.events import EventStream
 from m3_agent.agent.trajectory import TrajectoryWriter, read_trajectory
+from m3_agent.errors import UsageError
 
 
-def test_each_event_is_on_disk_as_soon_as_it_is_written(tmp_path):
-    path = tmp_path / "t.jsonl"
+def writer_stream(path) -> tuple[TrajectoryWriter, EventStream]:
     w = TrajectoryWriter(path)
-    w.write("request", turn=1, thinking_mode="enabled")
+    return w, EventStream([w])
+
+
+def test_each_event_is_on_disk_as_soon_as_it_is_emitted(tmp_path):
+    path = tmp_path / "t.jsonl"
+    w, stream = writer_stream(path)
+    stream.emit("request", 1, thinking_mode="enabled")
     # Read by another reader before close: a crash right now would leave this line.
-    assert json.loads(path.read_text().splitlines()[0])["thinking_mode"] == "enabled"
-    w.write("finish", status="submitted")
+    line = json.loads(path.read_text().splitlines()[0])
+    assert (line["kind"], line["turn"], line["thinking_mode"]) == ("request", 1, "enabled") and line["t"] >= 0
+    stream.emit("finish", 1, status="submitted")
     w.close()
     assert [e["kind"] for e in read_trajectory(path)] == ["request", "finish"]
 
@@ -49,14 +56,14 @@ def _show(path) -> subprocess.CompletedProcess:
 
 def test_show_renders_turns_and_outcome(tmp_path):
     path = tmp_path / "t.jsonl"
-    w = TrajectoryWriter(path)
-    w.write("request", turn=1, thinking_mode="enabled", mode_reason="plan the first turn", n_messages=2)
-    w.write("reply", turn=1, finish_reason="tool_calls", tool_calls=[{"name": "bash"}],
-            usage={"prompt_tokens": 900, "completion_tokens": 20, "cached_tokens": 768}, content="")
-    w.write("tool_call", turn=1, name="bash", arguments='{"command": "pytest"}')
-    w.write("tool_result", turn=1, ok=False, output="1 failed")
-    w.write("finish", status="stalled", turns=1, usage={"prompt_tokens": 900, "completion_tokens": 20,
-                                                        "cached_tokens": 768}, mode_counts={"enabled": 1})
+    w, stream = writer_stream(path)
+    stream.emit("request", 1, thinking_mode="enabled", mode_reason="plan the first turn", n_messages=2)
+    stream.emit("reply", 1, finish_reason="tool_calls", tool_calls=[{"name": "bash"}],
+                usage={"prompt_tokens": 900, "completion_tokens": 20, "cached_tokens": 768}, content="")
+    stream.emit("tool_call", 1, name="bash", arguments='{"command": "pytest"}')
+    stream.emit("tool_result", 1, ok=False, output="1 failed")
+    stream.emit("finish", 1, status="stalled", turns=1, usage={"prompt_tokens": 900, "completion_tokens": 20,
+                                                               "cached_tokens": 768}, mode_counts={"enabled": 1})
     w.close()
     proc = _show(path)
     assert proc.returncode == 0, proc.stderr

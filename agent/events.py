@@ -1,0 +1,64 @@
+"""One event stream: the loop emits each event once; the trajectory writer, the live progress panel and
+user callbacks are its subscribers.
+
+    def progress(event: AgentEvent) -> None:
+        if event.kind == "reply":
+            print(event.turn, event.data["usage"]["prompt_tokens"])
+
+    Agent(config, callbacks=[progress]).run(repo, issue)
+
+Kinds, in the order a run emits them (`data` holds the fields; the trajectory file writes them flat):
+
+  run_start         repo, model, base_url, config, environment {kind, isolated}
+  model             model, max_model_len                          (the served model, discovered)
+  pack              tokens, files, skipped, counter, budget       (again after a repack)
+  request           thinking_mode, mode_reason, n_messages, new_messages
+  context_overflow  message, input_tokens, limit
+  shrink            how (elided_tool_outputs | repacked), count | budget
+  reply             content, reasoning, tool_calls, finish_reason, usage, total_usage,
+                    cache_hit_share, latency_s, attempts
+  tool_call         id, name, arguments
+  tool_result       id, name, ok, error_kind, output, data, changed_files, duration_s
+  stall             rule, evidence, nudged
+  finish            status, error, turns, usage, cache_hit_share, mode_counts, stalls, timings,
+                    cost_usd, patch, final_tests
+
+`m3-agent fix` adds `fix_start` (issue, title, trajectory_path, base_commit, max_turns) before a run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class AgentEvent(BaseModel):
+    """One thing that happened in a run: its kind, the turn, seconds since the run started, and its fields."""
+
+    kind: str
+    turn: int = 0
+    t: float = 0.0
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+Subscriber = Callable[[AgentEvent], None]
+
+
+class EventStream:
+    """Hands each event to every subscriber in order; a subscriber's exception (Ctrl-C) propagates."""
+
+    def __init__(self, subscribers: list[Subscriber]) -> None:
+        self.subscribers = list(subscribers)
+        self._t0 = time.monotonic()
+
+    def emit(self, kind: str, turn: int = 0, **data: Any) -> None:
+        """Make the event and give it to each subscriber."""
+        if not self.subscribers:
+            return
+        # Built without validation: the loop is the only producer and its fields are already typed.
+        event = AgentEvent.model_construct(kind=kind, turn=turn, t=round(time.monotonic() - self._t0, 4), data=data)
+        for subscriber in self.subscribers:
+            subscriber(event)

@@ -1,0 +1,135 @@
+"""The live progress of `m3-agent fix`: a subscriber of the run's event stream.
+
+On a terminal it is a live rich panel (turn, thinking mode, current tool call, last tests, tokens
+with the cached share, elapsed time); elsewhere (CI logs) one plain line per tool call, test summary
+and stall. Every number comes from the events: token counts from each `reply` event's usage.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from m3_agent.agent.events import AgentEvent
+
+
+def short(text: Any, n: int = 90) -> str:
+    """`text` on one line, at most `n` characters (an ellipsis marks the cut)."""
+    s = " ".join(str(text or "").split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def call_summary(name: str, arguments: str | None) -> str:
+    """A tool call in a few words: its name and its first non-empty string argument."""
+    try:
+        args = json.loads(arguments or "{}")
+    except (json.JSONDecodeError, TypeError):
+        return f"{name} {short(arguments, 60)}"
+    if not isinstance(args, dict):
+        return name
+    first = next((v for v in args.values() if isinstance(v, str) and v.strip()), "")
+    return f"{name} {short(first, 70)}".strip()
+
+
+def describe_tests(tests: dict[str, Any] | None) -> str:
+    """`3 passed, 1 failed` style summary of a test_runner result."""
+    if not tests:
+        return "-"
+    parts = [f"{tests.get('passed', 0)} passed", f"{tests.get('failed', 0)} failed"]
+    if tests.get("errors"):
+        parts.append(f"{tests['errors']} errors")
+    if tests.get("timed_out"):
+        parts.append("timed out")
+    return ", ".join(parts)
+
+
+class LiveProgress:
+    """A progress subscriber: turn, thinking mode, current tool call, last tests, tokens, elapsed."""
+
+    def __init__(self, console: Console, *, max_turns: int, label: str) -> None:
+        self.console = console
+        self.max_turns = max_turns
+        self.label = label
+        self.turn = 0
+        self.mode = "-"
+        self.tool = "-"
+        self.tests = "-"
+        self.stalls = 0
+        self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
+        self.t0 = time.monotonic()
+        self.live = Live(self.render(), console=console, refresh_per_second=4, transient=True) \
+            if console.is_terminal else None
+
+    def __enter__(self) -> LiveProgress:
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.live.stop()
+
+    def _line(self, text: str) -> None:
+        if self.live is None:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def __call__(self, event: AgentEvent) -> None:
+        """Take one event and redraw."""
+        self.turn = max(self.turn, event.turn)
+        handler = getattr(self, "_on_" + event.kind, None)
+        if handler is not None:
+            handler(event.turn, event.data)
+        if self.live:
+            self.live.update(self.render())
+
+    def _on_fix_start(self, turn: int, data: dict[str, Any]) -> None:
+        self.max_turns = data.get("max_turns", self.max_turns)
+        self.label = short(f"{data['issue']} {data['title']}", 60)
+
+    def _on_request(self, turn: int, data: dict[str, Any]) -> None:
+        self.mode = data.get("thinking_mode", "-")
+
+    def _on_reply(self, turn: int, data: dict[str, Any]) -> None:
+        # Per-reply usage, summed here: a `fix` that runs again without images adds its second run.
+        usage = data.get("usage") or {}
+        self.prompt_tokens += usage.get("prompt_tokens", 0)
+        self.cached_tokens += usage.get("cached_tokens", 0)
+        self.completion_tokens += usage.get("completion_tokens", 0)
+
+    def _on_tool_call(self, turn: int, data: dict[str, Any]) -> None:
+        self.tool = call_summary(data.get("name", "?"), data.get("arguments"))
+        self._line(f"turn {turn}/{self.max_turns} [{self.mode}] {self.tool}")
+
+    def _on_tool_result(self, turn: int, data: dict[str, Any]) -> None:
+        if "failing" in (data.get("data") or {}):
+            self.tests = describe_tests(data["data"])
+            self._line(f"  tests: {self.tests}")
+
+    def _on_stall(self, turn: int, data: dict[str, Any]) -> None:
+        self.stalls += 1
+        self._line(f"  stall: {data.get('rule')}")
+
+    def render(self) -> Table:
+        """The progress panel as a two-column grid."""
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold cyan", no_wrap=True)
+        grid.add_column()
+        elapsed = time.monotonic() - self.t0
+        cached = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        stalls = f"   stalls: {self.stalls}" if self.stalls else ""
+        rows = [
+            ("m3-agent fix", f"{self.label}  ·  {int(elapsed // 60):02d}:{int(elapsed % 60):02d}"),
+            ("turn", f"{self.turn}/{self.max_turns}   thinking: {self.mode}{stalls}"),
+            ("tool", self.tool),
+            ("tests", self.tests),
+            ("tokens", f"{self.prompt_tokens:,} in ({cached:.0%} cached) · {self.completion_tokens:,} out"),
+        ]
+        for name, value in rows:
+            grid.add_row(name, Text(value))  # Text: tool arguments may hold [brackets] rich would parse
+        return grid
