@@ -8,12 +8,14 @@ sandbox does (its container is removed on Ctrl-C and on errors; it starts while 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
 
 import docker
 import pytest
+from rich.console import Console
 
 from m3_agent.agent.events import AgentEvent
 from m3_agent.agent.loop import Agent, AgentConfig
@@ -21,7 +23,7 @@ from m3_agent.agent.model import ContextOverflowError, ModelReply, ToolCall, Usa
 from m3_agent.agent.protocols import Environment, Model
 from m3_agent.agent.stall import StallConfig
 from m3_agent.agent.thinking import ThinkingConfig
-from m3_agent.agent.trajectory import read_trajectory
+from m3_agent.agent.trajectory import read_trajectory, render
 from m3_agent.errors import EndpointError, Interrupted, UsageError
 from m3_agent.sandbox import LocalEnvironment, SandboxConfig
 from m3_agent.serving.standin import StandinServer
@@ -302,10 +304,15 @@ def test_tool_output_is_capped_before_it_enters_history(git_repo, tmp_path):
     assert len(content) < 2200 and "characters left out" in content
 
 
-def test_trajectory_lines_are_each_valid_json(git_repo, tmp_path):
+def test_trajectory_lines_are_each_valid_json_and_show_renders_them(git_repo, tmp_path):
     run(git_repo, solve_turns(), tmp_path)
     for line in (tmp_path / "traj.jsonl").read_text().splitlines():
         json.loads(line)
+    out = Console(file=io.StringIO(), width=200, color_system=None)
+    render(read_trajectory(tmp_path / "traj.jsonl"), out)
+    text = out.file.getvalue()
+    assert "mode=enabled (plan the first turn)" in text and "test_runner(" in text
+    assert "status submitted, turns 4" in text
 
 
 def test_time_limit(git_repo, tmp_path):
