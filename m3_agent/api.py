@@ -117,11 +117,15 @@ def build_agent(
     overrides: dict | None = None,
     callbacks: list | None = None,
     tools: list[Tool] | None = None,
+    model: Model | None = None,
+    env_factory: EnvironmentFactory | None = None,
 ) -> Agent:
     """An Agent configured like `m3-agent fix` in `repo` (config file, M3_AGENT_* env), plus `overrides`.
 
     `overrides` are settings by dotted path (e.g. `{"limits.max_turns": 10}`) or by flag (`{"--max-turns": 10}`);
-    `tools` replaces the default tool set (add yours to `default_tools()`).
+    `tools` replaces the default tool set (add yours to `default_tools()`); `model` and `env_factory`
+    replace the M3 client and the Docker sandbox (e.g. `env_factory=LocalEnvironment`).
     """
     settings, _ = load_settings(repo, overrides or {})
-    return Agent(config_from_settings(settings), callbacks=callbacks, tools=tools)
+    return Agent(config_from_settings(settings), callbacks=callbacks, tools=tools, model=model,
+                 env_factory=env_factory)

@@ -40,6 +40,15 @@ def test_build_agent_uses_the_layered_configuration_plus_overrides(tmp_path, mon
     assert [t.name for t in agent.tools][-1] == "echo"
     assert agent.tools[-1].schema()["function"]["parameters"]["required"] == ["text"]
     assert agent.callbacks == [events.append]
+    assert agent.model is None and agent.env_factory == agent.docker_sandbox  # the defaults: M3 client, Docker
+
+
+def test_build_agent_takes_the_parts_an_embedding_program_brings(tmp_path, git_repo):
+    (tmp_path / "m3-agent.toml").write_text('[model]\nbase_url = "http://127.0.0.1:9/v1"\n')
+    agent = api.build_agent(tmp_path, env_factory=api.LocalEnvironment)
+    with agent.env_factory(git_repo({"a.py": "x = 1\n"})) as env:
+        assert isinstance(env, api.Environment) and not env.isolated
+        assert env.exec("cat a.py").stdout == "x = 1\n"
 
 
 def test_serve_reuses_a_healthy_endpoint_and_says_so(tmp_path):
