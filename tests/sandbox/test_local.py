@@ -90,3 +90,11 @@ def test_the_checkout_is_removed_on_close_and_a_missing_repo_is_a_usage_error(gi
     assert not root.exists()
     with pytest.raises(UsageError):
         LocalEnvironment(tmp_path / "missing")
+
+
+def test_a_folder_inside_a_repository_is_a_repository_of_its_own(git_repo):
+    repo = git_repo({"pkg/m.py": "a = 1\n", "other.py": "b = 2\n"})
+    with LocalEnvironment(repo / "pkg") as env:
+        assert env.diff() == "" and not env.path("other.py").exists()
+        env.write_file("m.py", "a = 2\n")
+        assert "a/m.py b/m.py" in env.diff()  # paths relative to the folder, as in the sandbox
