@@ -151,9 +151,9 @@ class LocalEnvironment:
             shutil.copyfile(root / ".git" / "index", index)
         else:
             index.unlink(missing_ok=True)
-        env = {"GIT_INDEX_FILE": str(index)}
-        excludes = ["-c", f"core.excludesFile={self._tmp / 'ignore'}"]
-        self._git(root, *excludes, "add", "-A", env=env)
+        env = {"GIT_INDEX_FILE": str(index), "GIT_CONFIG_COUNT": "1",
+               "GIT_CONFIG_KEY_0": "core.excludesFile", "GIT_CONFIG_VALUE_0": str(self._tmp / "ignore")}
+        self._git(root, "add", "-A", env=env)
         return self._git(root, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
                          self.base_commit or "HEAD", env=env)
 
@@ -168,8 +168,7 @@ class LocalEnvironment:
         r = subprocess.run(["git", *GIT_IDENTITY, *args], cwd=cwd, capture_output=True, text=True,
                            env={**os.environ, **(env or {})})
         if r.returncode != 0:
-            raise GitError(f"git {args[0] if args[0] != '-c' else args[2]} failed in the local environment: "
-                           f"{r.stderr.strip()[-300:]}")
+            raise GitError(f"git {args[0]} failed in the local environment: {r.stderr.strip()[-300:]}")
         return r.stdout
 
 
