@@ -111,10 +111,12 @@ class LocalEnvironment:
         timeout = self.timeout if timeout is None else float(timeout)
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, not {timeout}")
+        where = self.path(cwd or WORKSPACE)
         path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-        full_env = {**os.environ, "PATH": path, **{str(k): str(v) for k, v in (env or {}).items()}}
+        extra = {str(k): str(v) for k, v in (env or {}).items()}
+        full_env = {**os.environ, "PATH": path, **self._ignore_env(), **extra}
         t0 = time.monotonic()
-        proc = subprocess.Popen(["bash", "-c", cmd], cwd=self.path(cwd or WORKSPACE), env=full_env,
+        proc = subprocess.Popen(["bash", "-c", cmd], cwd=where, env=full_env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         try:
@@ -151,13 +153,17 @@ class LocalEnvironment:
             shutil.copyfile(root / ".git" / "index", index)
         else:
             index.unlink(missing_ok=True)
-        env = {"GIT_INDEX_FILE": str(index), "GIT_CONFIG_COUNT": "1",
-               "GIT_CONFIG_KEY_0": "core.excludesFile", "GIT_CONFIG_VALUE_0": str(self._tmp / "ignore")}
+        env = {"GIT_INDEX_FILE": str(index), **self._ignore_env()}
         self._git(root, "add", "-A", env=env)
         return self._git(root, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
                          self.base_commit or "HEAD", env=env)
 
     # plumbing
+
+    def _ignore_env(self) -> dict[str, str]:
+        """Git in the checkout (the model's commands and diff) ignores interpreter caches, as in the sandbox."""
+        return {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.excludesFile",
+                "GIT_CONFIG_VALUE_0": str(self._tmp / "ignore")}
 
     def _checkout(self) -> Path:
         if self.root is None or self._tmp is None:

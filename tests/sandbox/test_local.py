@@ -98,3 +98,21 @@ def test_a_folder_inside_a_repository_is_a_repository_of_its_own(git_repo):
         assert env.diff() == "" and not env.path("other.py").exists()
         env.write_file("m.py", "a = 2\n")
         assert "a/m.py b/m.py" in env.diff()  # paths relative to the folder, as in the sandbox
+
+
+@pytest.mark.docker
+def test_local_and_docker_environments_give_the_same_diff_and_exit_codes(git_repo, no_leftovers):
+    repo = git_repo({"a.py": "x = 1\n", "pkg/b.py": "y = 2\n", "gone.txt": "bye\n"})
+    (repo / "a.py").write_text("x = 10\n")
+    (repo / "untracked.txt").write_text("new on the host\n")
+    seen = {}
+    for env in (LocalEnvironment(repo), Sandbox(repo=repo)):
+        with env:
+            env.write_file("/workspace/pkg/new.py", "z = 3\n")
+            env.exec("rm gone.txt && mkdir -p pkg/__pycache__ && touch pkg/__pycache__/b.cpython-312.pyc")
+            env.exec("git add -A && git commit -qm 'the model commits'")
+            codes = (env.exec("exit 3").exit_code, env.exec("sleep 5", timeout=0.5).exit_code,
+                     env.exec("kill -9 $$").exit_code)
+            seen[env.kind] = (env.diff(), codes, env.read_file("pkg/new.py"))
+    assert seen["local"] == seen["docker"]
+    assert seen["local"][1] == (3, 124, 137) and "+new on the host" in seen["local"][0]
