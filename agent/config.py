@@ -70,4 +70,7 @@ class AgentConfig(BaseModel):
     stall: StallConfig = Field(default_factory=StallConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     output_cap_chars: int = Field(10_000, ge=100, description="tool output kept in history: head + tail")
+    test_cmd: str | None = Field(
+        None, description="shell command whose exit status decides the verdict when the agent ran no tests"
+    )
     system_prompt: str = SYSTEM_PROMPT

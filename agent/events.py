@@ -20,8 +20,10 @@ Kinds, in the order a run emits them (`data` holds the fields; the trajectory fi
   tool_call         id, name, arguments
   tool_result       id, name, ok, error_kind, output, data, changed_files, duration_s
   stall             rule, evidence, nudged
+  verify            source, passed, tests, command, test_turn, after_last_change, stale_turn, reason
+                    (agent.verdict: which test run decides; emitted after the loop, before finish)
   finish            status, error, turns, usage, cache_hit_share, mode_counts, stalls, timings,
-                    cost_usd, patch, final_tests
+                    cost_usd, patch, final_tests, verdict
 
 `m3-agent fix` adds `fix_start` (issue, title, trajectory_path, base_commit, max_turns) before a run.
 """

@@ -36,6 +36,7 @@ from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model
 from m3_agent.agent.stall import Stall, StallDetector, Step, nudge_message
 from m3_agent.agent.thinking import LoopState, ThinkingPolicy
 from m3_agent.agent.trajectory import TrajectoryWriter
+from m3_agent.agent.verdict import TestWatch, Verdict, decide, unverified
 from m3_agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
 from m3_agent.sandbox import Sandbox
 from m3_agent.sandbox.output import head_tail
@@ -69,7 +70,8 @@ class RunResult(BaseModel):
     timings: Timings = Field(default_factory=Timings)
     cost_usd: float | None = None
     final_message: str = ""
-    final_tests: dict[str, Any] | None = None  # the last test_runner summary
+    final_tests: dict[str, Any] | None = None  # the tests that ran on the final workspace (verdict.tests)
+    verdict: Verdict | None = None  # which test run decides, and when it ran relative to the last change
     pack_tokens: int = 0
     pack_files: int = 0
     error: str | None = None
@@ -222,6 +224,7 @@ class _Run:
         self.budget: int | None = None
         self.messages: list[dict[str, Any]] = []
         self.schemas = [t.schema() for t in agent.tools]
+        self.tests = TestWatch()
         self.finished = False
 
     def emit(self, kind: str, **data: Any) -> None:
@@ -239,6 +242,7 @@ class _Run:
                 self.messages = self._first_messages(self.budget, packing.result())
                 end = self.loop(env)
                 self.result.patch = env.diff()
+                self._verify(env, end)
         finally:
             env.close()
         self.finish(end.status, error=end.error)
@@ -431,6 +435,8 @@ class _Run:
                       output=output, data=result.data, changed_files=result.changed_files,
                       duration_s=round(took, 4))
             self.stall.record(_step_of(self.turn, call.name, call.arguments, result, output))
+            if "failing" in result.data:  # a test run: remember the workspace it saw
+                self.tests.saw(call.name, call.arguments, result.data, self.turn, env.diff())
             results.append(result)
             if result.submitted:
                 break
@@ -446,8 +452,6 @@ class _Run:
         tests = [r.data for r in results if "failing" in r.data]
         state.last_tests_failed = bool(tests[-1].get("failed") or tests[-1].get("errors")) if tests else None
         state.last_edit_ok = any(r.ok and r.changed_files for r in results)
-        if tests:
-            self.result.final_tests = tests[-1]
         submitted = next((r for r in results if r.submitted), None)
         if submitted is not None:
             self.result.final_message = submitted.output
@@ -471,6 +475,19 @@ class _Run:
         self.stall.user_message()
 
     # ----- the end --------------------------------------------------------------------------------
+    def _verify(self, env: Environment, end: RunEnded) -> None:
+        """Decide on the final workspace (`agent.verdict`): tests that ran after the last change, or none."""
+        if end.status not in ("submitted", "finished") or not self.result.patch.strip():
+            verdict = unverified(f"not verified: the run ended {end.status}"
+                                 + ("" if self.result.patch.strip() else " without a change"))
+        else:
+            t = time.monotonic()
+            verdict = decide(self.tests, self.result.patch, env, self.agent.tools, self.cfg.test_cmd)
+            self.result.timings.tools_s += time.monotonic() - t
+        self.result.verdict = verdict
+        self.result.final_tests = verdict.tests if verdict.after_last_change else None
+        self.emit("verify", **verdict.model_dump())
+
     def finish(self, status: RunStatus, *, error: str | None = None) -> None:
         if self.finished:
             return
@@ -484,7 +501,8 @@ class _Run:
         self.emit("finish", status=status, error=error, turns=r.turns, usage=r.usage.model_dump(),
                   cache_hit_share=r.cache_hit_share, mode_counts=r.mode_counts,
                   stalls=[s.model_dump() for s in r.stalls], timings=r.timings.model_dump(),
-                  cost_usd=r.cost_usd, patch=r.patch, final_tests=r.final_tests)
+                  cost_usd=r.cost_usd, patch=r.patch, final_tests=r.final_tests,
+                  verdict=r.verdict.model_dump() if r.verdict else None)
 
     def close(self) -> None:
         if self.owns_model:

@@ -464,6 +464,55 @@ def test_callbacks_get_events_in_order_with_run_relative_times(git_repo, tmp_pat
     Agent(AgentConfig(), model=model, env_factory=LocalEnvironment, callbacks=[seen.append]).run(
         git_repo(BUGGY), "x")
     assert [e.kind for e in seen] == ["run_start", "model", "pack", "request", "reply", "tool_call", "tool_result",
-                                      "finish"]
+                                      "verify", "finish"]
     assert [e.t for e in seen] == sorted(e.t for e in seen)
     assert seen[-1].data["status"] == "submitted" and seen[-1].turn == 1
+
+
+# ----- the verdict comes from tests that ran on the final workspace (issue: a stale "resolved") -----
+
+
+def test_tests_run_before_the_last_edit_do_not_decide_the_verdict(git_repo, tmp_path):
+    """The reported case: tests pass, the agent edits again, submits without testing. The verdict
+    comes from a fresh run on the final workspace, which fails here, not from the stale pass."""
+    turns = [
+        {"tool_calls": [call("file_edit", **FIX)]},
+        {"tool_calls": [call("test_runner", test_file="tests")]},  # passes: 1 passed
+        {"tool_calls": [call("file_edit", path="calc/ops.py", old_str="return a + b", new_str="return a * b")]},
+        {"tool_calls": [call("submit", summary="done")]},
+    ]
+    result, _, traj = run(git_repo, turns, tmp_path)
+    assert result.status == "submitted" and "return a * b" in result.patch
+    v = result.verdict
+    assert v.source == "rerun" and v.passed is False and v.after_last_change and v.stale_turn == 2
+    assert result.final_tests["failed"] == 1 and result.final_tests["passed"] == 0
+    verify = [e for e in traj if e["kind"] == "verify"]
+    assert len(verify) == 1 and verify[0]["source"] == "rerun" and verify[0]["stale_turn"] == 2
+    assert traj[-1]["kind"] == "finish" and traj[-1]["verdict"]["passed"] is False
+
+
+def test_the_agents_own_run_decides_when_nothing_changed_after_it(git_repo, tmp_path):
+    result, _, traj = run(git_repo, solve_turns(), tmp_path)
+    v = result.verdict
+    assert v.source == "agent" and v.passed is True and v.test_turn == 3 and v.stale_turn is None
+    assert sum(e["kind"] == "tool_result" and e["name"] == "test_runner" for e in traj) == 2  # no extra run
+    assert result.final_tests == v.tests
+
+
+def test_without_any_test_command_the_verdict_is_unverified(git_repo, tmp_path):
+    turns = [{"tool_calls": [call("file_edit", **FIX)]}, {"tool_calls": [call("submit", summary="done")]}]
+    result, _, _ = run(git_repo, turns, tmp_path)
+    assert result.verdict.source == "none" and result.verdict.passed is None
+    assert "no test command is known" in result.verdict.reason
+    assert result.final_tests is None
+
+
+def test_a_configured_test_cmd_decides_when_the_agent_ran_no_tests(git_repo, tmp_path):
+    turns = [{"tool_calls": [call("file_edit", **FIX)]}, {"tool_calls": [call("submit", summary="done")]}]
+    result, _, _ = run(git_repo, turns, tmp_path, test_cmd="python -m pytest -q tests")
+    v = result.verdict
+    assert v.source == "test_cmd" and v.passed is True and v.command == "python -m pytest -q tests"
+    assert v.tests["exit_code"] == 0 and "1 passed" in v.tests["output_tail"]
+    broken = [{"tool_calls": [call("submit", summary="nothing")]}]
+    unchanged, _, _ = run(git_repo, broken, tmp_path, test_cmd="python -m pytest -q tests")
+    assert unchanged.verdict.source == "none" and "without a change" in unchanged.verdict.reason

@@ -1,0 +1,101 @@
+"""Whether a run's final workspace passes its tests: the verdict `fix` and the library report.
+
+A test run counts only if it saw the workspace as the run left it. The loop tells a `TestWatch`
+about every test run together with the workspace's diff at that moment; when the agent stops,
+`decide` compares that diff with the final one. If they differ (the agent edited after testing) or
+the agent never tested, the tests run once more on the final workspace: the agent's last test call,
+or else the configured `test_cmd`. With neither, the verdict is `unverified`, never `passed`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from m3_agent.sandbox.environment import Environment
+from m3_agent.sandbox.output import head_tail
+from m3_agent.tools import Tool, execute_call
+
+VERIFY_TIMEOUT_S = 900.0  # one whole-suite run on the final workspace
+OUTPUT_TAIL_CHARS = 2_000
+
+VerdictSource = Literal["agent", "rerun", "test_cmd", "none"]
+
+
+class Verdict(BaseModel):
+    """Which test run decides, what it found, and when it ran relative to the last change."""
+
+    source: VerdictSource  # agent: its own run saw the final workspace; rerun / test_cmd: run after the loop
+    passed: bool | None  # None: unverified (no test ran on the final workspace)
+    tests: dict[str, Any] | None = None  # the deciding run's summary
+    command: str | None = None  # the test_runner arguments, or the shell command, that ran
+    test_turn: int | None = None  # the agent's turn of the deciding run; None when it ran after the loop
+    after_last_change: bool = False  # the deciding run saw the final workspace
+    stale_turn: int | None = None  # the agent's last test run, when a change came after it
+    reason: str = ""
+
+
+def suite_passed(tests: dict[str, Any] | None) -> bool:
+    """A test summary passed: a test_runner run with tests and no failure, or a command that exited 0."""
+    if not tests:
+        return False
+    if tests.get("framework") == "command":
+        return tests.get("exit_code") == 0 and not tests.get("timed_out")
+    return (
+        tests.get("passed", 0) > 0
+        and not tests.get("failed")
+        and not tests.get("errors")
+        and not tests.get("timed_out")
+        and not tests.get("problem")
+    )
+
+
+class TestWatch:
+    """The agent's last test run: the call that made it, its summary, and the workspace it saw."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.arguments: str | None = None
+        self.tests: dict[str, Any] | None = None
+        self.turn: int | None = None
+        self.diff: str | None = None
+
+    def saw(self, name: str, arguments: str | None, tests: dict[str, Any], turn: int, diff: str) -> None:
+        """Record a test run and the workspace's diff right after it."""
+        self.name, self.arguments, self.tests, self.turn, self.diff = name, arguments, tests, turn, diff
+
+
+def decide(watch: TestWatch, final_diff: str, env: Environment, tools: list[Tool], test_cmd: str | None) -> Verdict:
+    """The verdict on the final workspace: the agent's own run if it saw it, else one more run, else unverified."""
+    if watch.tests is not None and watch.diff == final_diff:
+        return Verdict(source="agent", passed=suite_passed(watch.tests), tests=watch.tests, command=watch.arguments,
+                       test_turn=watch.turn, after_last_change=True,
+                       reason=f"the agent's test run at turn {watch.turn} saw the final workspace")
+    stale = watch.turn if watch.tests is not None else None
+    if watch.name is not None:
+        result = execute_call(watch.name, watch.arguments, tools, env)
+        why = (f"the agent changed the workspace after its last test run (turn {stale}): re-ran that test call"
+               if stale is not None else "re-ran the agent's last test call")
+        return Verdict(source="rerun", passed=suite_passed(result.data), tests=result.data or None,
+                       command=watch.arguments, after_last_change=True, stale_turn=stale, reason=why)
+    if test_cmd:
+        tests = run_test_cmd(env, test_cmd)
+        return Verdict(source="test_cmd", passed=suite_passed(tests), tests=tests, command=test_cmd,
+                       after_last_change=True, reason="the agent ran no tests: ran the configured test_cmd")
+    return Verdict(source="none", passed=None,
+                   reason="no test ran on the final workspace and no test command is known (set test_cmd)")
+
+
+def run_test_cmd(env: Environment, command: str) -> dict[str, Any]:
+    """Run a shell test command on the workspace; its exit status is the verdict."""
+    r = env.exec(command, timeout=VERIFY_TIMEOUT_S)
+    return {"framework": "command", "command": command, "exit_code": r.exit_code, "timed_out": r.timed_out,
+            "output_tail": head_tail(r.stdout + r.stderr, OUTPUT_TAIL_CHARS)}
+
+
+def unverified(reason: str) -> Verdict:
+    """No verdict: the run ended without a patch to verify, or before it could be verified."""
+    return Verdict(source="none", passed=None, reason=reason)
