@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import typer
 from pydantic import BaseModel, Field
@@ -42,7 +42,7 @@ from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.events import AgentEvent, Subscriber
 from m3_agent.agent.loop import Agent, RunResult
 from m3_agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError
-from m3_agent.fix.progress import LiveProgress, describe_tests, short
+from m3_agent.fix.progress import LiveProgress, describe_verdict, short
 from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
 from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
 from m3_agent.settings import Settings, display_rows, load_settings
@@ -58,11 +58,16 @@ _ISSUE_SHORT_REF = re.compile(r"([\w.-]+)/([\w.-]+)#(\d+)")
 _FILE_LIKE = re.compile(r"\S+\.(md|txt|rst|json|markdown)")
 
 
+FixStatus = Literal["resolved", "not_resolved", "unverified"]
+EXIT_CODES: dict[str, int] = {"resolved": 0, "not_resolved": 1, "unverified": 6}
+
+
 class FixResult(BaseModel):
     """The outcome of `fix_issue` / `m3-agent fix`: what was made, where, and the run behind it."""
 
-    resolved: bool = Field(description="a patch was produced and the last test run in the sandbox passed")
-    exit_code: int = Field(description="0 resolved, 1 not resolved")
+    status: FixStatus = Field(description="resolved | not_resolved | unverified (no test ran on the final patch)")
+    resolved: bool = Field(description="a patch was produced and tests that ran on it, after the last change, passed")
+    exit_code: int = Field(description="0 resolved, 1 not resolved, 6 unverified")
     issue: Issue
     branch: str | None = None
     commit: str | None = None
@@ -160,17 +165,14 @@ def commit_message(issue: Issue, run: RunResult) -> str:
 # ----- the whole flow -----------------------------------------------------------------------------
 
 
-def suite_passed(tests: dict[str, Any] | None) -> bool:
-    """The last test run passed: some tests ran, none failed or errored, it finished in time."""
-    if not tests:
-        return False
-    return (
-        tests.get("passed", 0) > 0
-        and not tests.get("failed")
-        and not tests.get("errors")
-        and not tests.get("timed_out")
-        and not tests.get("problem")
-    )
+def fix_status(run: RunResult, patch: str) -> FixStatus:
+    """resolved only when tests that ran on the final workspace passed (`agent.verdict`); unverified
+    when the run produced a patch but no test ran on it and no test command is known."""
+    if not patch.strip() or run.status not in ("submitted", "finished") or run.verdict is None:
+        return "not_resolved"
+    if run.verdict.passed is None:
+        return "unverified"
+    return "resolved" if run.verdict.passed else "not_resolved"
 
 
 @dataclass
@@ -227,16 +229,14 @@ def fix_issue(
     if dropped:
         notice(f"left out of the patch, being inside a submodule: {', '.join(dropped)}")
     result = FixResult(
-        resolved=False, exit_code=1, issue=job.issue, base_commit=job.base_commit,
+        status="not_resolved", resolved=False, exit_code=1, issue=job.issue, base_commit=job.base_commit,
         included_uncommitted=job.settings.fix.include_uncommitted, images_sent=images_sent, notices=notices,
         run=run, patch=patch,
     )
     if patch.strip():
         _deliver(job, result, apply=apply)
-    result.resolved = bool(patch.strip()) and run.status in ("submitted", "finished") and suite_passed(
-        run.final_tests
-    )
-    result.exit_code = 0 if result.resolved else 1
+    result.status = fix_status(run, patch)
+    result.resolved, result.exit_code = result.status == "resolved", EXIT_CODES[result.status]
     return result
 
 
@@ -354,12 +354,13 @@ def _deliver(job: _Job, result: FixResult, *, apply: bool) -> None:
 
 def _summary(result: FixResult) -> Group:
     run = result.run
-    verdict = Text("resolved" if result.resolved else "not resolved", style="bold green" if result.resolved else "bold yellow")
+    style = {"resolved": "bold green", "not_resolved": "bold yellow", "unverified": "bold magenta"}[result.status]
+    verdict = Text(result.status.replace("_", " "), style=style)
     lines = [Text.assemble(verdict, f"  ({run.status}, {run.turns} turns, {run.timings.wall_s:.1f} s)")]
     u = run.usage
     lines.append(Text(f"tokens: {u.prompt_tokens:,} in ({run.cache_hit_share:.0%} cached) · "
                       f"{u.completion_tokens:,} out · thinking {run.mode_counts}"))
-    lines.append(Text(f"tests: {describe_tests(run.final_tests)}"))
+    lines.append(Text(f"tests: {describe_verdict(run.verdict)}"))
     if result.branch:
         lines.append(Text(f"branch: {result.branch} ({result.commit[:12] if result.commit else ''})"))
         lines.append(Text(f"patch:  {result.patch_path}"))
@@ -401,6 +402,9 @@ def fix_command(
     serve: Optional[str] = typer.Option(None, help="Launch or reuse an M3 endpoint from this serving profile."),
     model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
     max_turns: Optional[int] = typer.Option(None, help="Turn limit."),
+    test_cmd: Optional[str] = typer.Option(
+        None, help="Shell command whose exit status decides the verdict when the agent ran no tests on its patch."
+    ),
     time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help="Wall-clock limit, seconds."),
     thinking: Optional[str] = typer.Option(None, help="controller | enabled | disabled | adaptive."),
     images: Optional[str] = typer.Option(None, help="Send issue images: auto | on | off."),
@@ -417,13 +421,14 @@ def fix_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress, no diff: only the summary."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (FixResult) on stdout, nothing else."),
 ) -> None:
-    """Fix an issue; exit 0 when resolved with passing tests, 1 when not (see docs/usage.md)."""
+    """Fix an issue; exit 0 when resolved (tests ran on the final patch and pass), 1 when not, 6 when no
+    test ran on the final patch and no test command is known (see docs/usage.md)."""
     err = Console(stderr=True, highlight=False)
     try:
         if issue_arg and issue:
             raise UsageError("give the issue once: as the argument or with --issue")
         flags = {
-            "--base-url": base_url, "--serve": serve, "--model": model, "--max-turns": max_turns,
+            "--base-url": base_url, "--serve": serve, "--model": model, "--max-turns": max_turns, "--test-cmd": test_cmd,
             "--time-limit": time_limit_s, "--thinking": thinking, "--images": images,
             "--include-uncommitted": include_uncommitted, "--sandbox-image": sandbox_image,
             "--github-api-url": github_api_url, "--output-dir": output_dir,

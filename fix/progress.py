@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from m3_agent.agent.events import AgentEvent
+from m3_agent.agent.verdict import Verdict
 
 
 def short(text: Any, n: int = 90) -> str:
@@ -41,6 +42,8 @@ def describe_tests(tests: dict[str, Any] | None) -> str:
     """`3 passed, 1 failed` style summary of a test_runner result."""
     if not tests:
         return "-"
+    if tests.get("framework") == "command":
+        return f"exit code {tests.get('exit_code')}" + (" (timed out)" if tests.get("timed_out") else "")
     parts = [f"{tests.get('passed', 0)} passed", f"{tests.get('failed', 0)} failed"]
     if tests.get("errors"):
         parts.append(f"{tests['errors']} errors")
@@ -48,6 +51,22 @@ def describe_tests(tests: dict[str, Any] | None) -> str:
         parts.append("timed out")
     return ", ".join(parts)
 
+
+
+def describe_verdict(verdict: Verdict | None) -> str:
+    """The tests behind a verdict and when they ran relative to the last change."""
+    if verdict is None:
+        return "-"
+    if verdict.passed is None:
+        return f"unverified: {verdict.reason}"
+    if verdict.source == "agent":
+        where = f"the agent's run at turn {verdict.test_turn}, after its last change"
+    elif verdict.source == "rerun":
+        where = "re-run on the final patch" + (
+            f"; the agent's last run (turn {verdict.stale_turn}) came before a change" if verdict.stale_turn else "")
+    else:
+        where = f"`{verdict.command}` on the final patch"
+    return f"{describe_tests(verdict.tests)} ({where})"
 
 class LiveProgress:
     """A progress subscriber: turn, thinking mode, current tool call, last tests, tokens, elapsed."""

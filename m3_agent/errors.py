@@ -1,12 +1,13 @@
 """Project exceptions. Each carries the process exit code the CLI uses for it.
 
 Exit codes (documented in README.md):
-  0  success (fix: patch produced and tests pass; eval: run completed)
+  0  success (fix: patch produced and tests that ran on the final patch pass; eval: run completed)
   1  finished but not resolved (fix: no patch or tests still failing)
   2  usage error: bad input (missing repo, non-git directory, bad task file, bad flag)
   3  model endpoint unavailable or answering with errors
   4  Docker engine or sandbox image unavailable
   5  git or GitHub problem (dirty tree, detached HEAD, issue not found, rate limit, bad token)
+  6  fix: a patch no test ran on, and no test command known (status `unverified`)
   130 interrupted (Ctrl-C / SIGTERM); trajectory and results are kept
 """
 

@@ -47,6 +47,7 @@ FLAGS = {
     "--model": "model.name",
     "--serve": "serve",
     "--max-turns": "limits.max_turns",
+    "--test-cmd": "test_cmd",
     "--time-limit": "limits.max_wall_s",
     "--thinking": "thinking.policy",
     "--sandbox-image": "sandbox.image",

@@ -332,3 +332,48 @@ def test_submodules_are_copied_in_to_read_and_their_changes_stay_out_of_the_patc
     assert git(repo, "diff", "--name-only", f"main..{branch}").split() == ["calc.py"]
     assert "### libs/core/core.py" in first_user_content(srv)  # the model saw the submodule's files
     assert user_view(repo) == before
+
+
+# ----- "resolved" only on tests that ran against the final patch -------------------------------------
+
+EDIT_AGAIN = {"tool_calls": [{"name": "file_edit", "arguments": {
+    "path": "calc.py", "old_str": "return a + b", "new_str": "return a + b + 0 * int('x' in 'y') - (a == 2)"}}]}
+
+
+def test_tests_that_ran_before_the_last_edit_no_longer_make_a_fix_resolved(repo, fix_cli):
+    """Reproduces the report: tests pass, the agent edits again (breaking the fix) and submits.
+    The old verdict read that stale pass (exit 0); the verdict now comes from a fresh run in the
+    same sandbox on the final workspace."""
+    with StandinServer({"turns": [READ, edit("return a + b"), TEST, EDIT_AGAIN, SUBMIT]}) as srv:
+        code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", srv.base_url,
+                                 "--json")
+    assert code == 1, err
+    result = json.loads(out)
+    assert result["status"] == "not_resolved" and result["resolved"] is False and result["exit_code"] == 1
+    verdict = result["run"]["verdict"]
+    assert verdict["source"] == "rerun" and verdict["passed"] is False and verdict["after_last_change"] is True
+    assert verdict["stale_turn"] == 3 and verdict["tests"]["failed"] == 1
+    assert result["run"]["final_tests"] == verdict["tests"]
+    trajectory = Path(result["run"]["trajectory_path"])
+    kinds = [json.loads(line)["kind"] for line in trajectory.read_text().splitlines()]
+    assert kinds[-2:] == ["verify", "finish"]
+    assert containers_of(os.getpid()) == []
+
+
+def test_a_patch_no_test_ran_on_is_unverified_with_its_own_exit_code(repo, fix_cli):
+    with StandinServer({"turns": [READ, edit("return a + b"), SUBMIT]}) as srv:
+        code, _, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", srv.base_url)
+    assert code == 6, err
+    flat = " ".join(err.split())
+    assert "unverified (submitted" in flat and "no test command is known (set test_cmd)" in flat
+    (branch,) = git(repo, "branch", "--list", "m3-agent/*", "--format=%(refname:short)").split()
+    assert git(repo, "show", f"{branch}:calc.py") == "def add(a, b):\n    return a + b\n"  # the patch is still delivered
+
+
+def test_the_configured_test_cmd_verifies_a_patch_the_agent_did_not_test(repo, fix_cli):
+    with StandinServer({"turns": [READ, edit("return a + b"), SUBMIT]}) as srv:
+        code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", srv.base_url,
+                                 "--test-cmd", "python3 -m pytest -q tests", "--json")
+    assert code == 0, err
+    verdict = json.loads(out)["run"]["verdict"]
+    assert verdict["source"] == "test_cmd" and verdict["passed"] is True and verdict["tests"]["exit_code"] == 0
