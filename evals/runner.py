@@ -74,6 +74,8 @@ class AgentStats(BaseModel):
     cost_usd: float | None = None
     error: str | None = None
     trajectory_path: str | None = None
+    final_tests: dict[str, Any] | None = None  # the agent's tests that ran on its final workspace, if any
+    verdict_source: str | None = None  # agent | rerun | test_cmd | none (agent.verdict); grading decides resolved
 
 
 class InstanceResult(BaseModel):
@@ -149,6 +151,7 @@ def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, Agent
         status=rr.status, turns=rr.turns, **rr.usage.model_dump(), cache_hit_share=rr.cache_hit_share,
         mode_counts=dict(rr.mode_counts), stalls=len(rr.stalls), wall_s=rr.timings.wall_s, model_s=rr.timings.model_s,
         cost_usd=rr.cost_usd, error=rr.error, trajectory_path=str(rr.trajectory_path or trajectory),
+        final_tests=rr.final_tests, verdict_source=rr.verdict.source if rr.verdict else None,
     )
     return rr.patch or "", stats
 

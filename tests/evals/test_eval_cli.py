@@ -144,6 +144,14 @@ def test_run_resolves_what_the_scripted_solutions_solve(tmp_path, sandbox_image)
         assert set(p) == {"instance_id", "model_name_or_path", "model_patch"}
         assert p["model_name_or_path"] == "m3-agent" and p["model_patch"].startswith("diff --git")
         assert (out / "trajectories" / f"{p['instance_id']}.jsonl").stat().st_size > 0
+    # The agent's own test verdict follows the fix rule: only tests that ran on its final workspace.
+    agents = {r["instance_id"]: r["agent"] for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert set(agents) == set(ids.split(","))
+    for name in solved:  # their scripts test after the last edit
+        stats = agents[f"m3-agent__{name}-1"]
+        assert stats["verdict_source"] == "agent" and stats["final_tests"]["passed"] > 0
+    wrong = agents["m3-agent__chunks-1"]  # edits, never tests: no stale or invented test result
+    assert wrong["verdict_source"] == "none" and wrong["final_tests"] is None
 
 
 def test_progress_prints_ids_and_errors_with_brackets_verbatim():
