@@ -1,0 +1,201 @@
+"""Host-side git through GitPython: open a repository, export a tree at a commit, commit a directory.
+
+This is git on the user's machine, shared by `fix` (the user's repository) and `evals` (task
+repositories); git inside the sandbox is the container's own. GitPython's object API is used where
+it has one (HEAD, branches, remotes, config, trees); `repo.git.<cmd>(...)` where it has none
+(read-tree, checkout-index, write-tree and apply against a temporary index, commit-tree).
+Every git failure leaves here as a one-line `GitError` (exit code 5), never a GitPython traceback.
+
+    with repository(path) as repo:           # UsageError when `path` is not a git repository
+        tree = repo.commit("HEAD").tree.hexsha
+    export_tree(path, tree, dest)            # the files of `tree` under `dest`, as a fresh one-commit repo
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+# GitPython refuses to import without a git executable; load anyway and say so when git is used.
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+import git  # noqa: E402  (after the setting above)
+
+from m3_agent.errors import GitError, UsageError  # noqa: E402
+
+# Used for exported copies, and for the user's commits only when no git identity is configured.
+FALLBACK_IDENTITY = {"name": "m3-agent", "email": "m3-agent@localhost"}
+# Fixed identity and date: the same tree always gives the same commit id, so a packed prompt that
+# names the commit stays byte-identical between runs and the server's prefix cache hits.
+FIXED_COMMIT_ENV = {
+    "GIT_AUTHOR_NAME": FALLBACK_IDENTITY["name"], "GIT_AUTHOR_EMAIL": FALLBACK_IDENTITY["email"],
+    "GIT_COMMITTER_NAME": FALLBACK_IDENTITY["name"], "GIT_COMMITTER_EMAIL": FALLBACK_IDENTITY["email"],
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+# The user's config must not change what a copy holds (autocrlf), sign it, or run hooks on it.
+_COPY_OPTIONS = ["commit.gpgsign=false", "core.autocrlf=false", "core.hooksPath=/dev/null"]
+
+
+@contextmanager
+def git_errors(context: str = "") -> Iterator[None]:
+    """Turn GitPython's failures inside the block into one-line GitErrors, prefixed by `context`."""
+    try:
+        yield
+    except git.GitCommandNotFound:
+        raise GitError("git is not installed (or not on PATH): install git and try again") from None
+    except git.GitCommandError as e:
+        detail = f"git {_subcommand(e.command)} failed: {_last_line(e)}"
+        raise GitError(f"{context}: {detail}" if context else detail) from None
+    except (git.BadName, git.BadObject) as e:
+        detail = f"no such git object: {str(e).strip() or type(e).__name__}"
+        raise GitError(f"{context}: {detail}" if context else detail) from None
+
+
+def _subcommand(argv: list[str] | tuple[str, ...] | str) -> str:
+    """`read-tree` of `git -c x=y read-tree ...`: the first word that is not a global option."""
+    words = argv.split() if isinstance(argv, str) else list(argv)
+    skip = False
+    for word in words[1:]:
+        if skip:
+            skip = False
+        elif word in ("-c", "-C"):
+            skip = True
+        elif not word.startswith("-"):
+            return word
+    return words[0] if words else "git"
+
+
+def _last_line(error: git.GitCommandError) -> str:
+    """git's own last message line (GitPython wraps the output as "\\n  stderr: '...'")."""
+    for text in (error.stderr, error.stdout):
+        text = (text or "").strip()
+        for label in ("stderr: '", "stdout: '"):
+            if text.startswith(label):
+                text = text[len(label):].removesuffix("'")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return f"exit {error.status}"
+
+
+@contextmanager
+def repository(path: Path | str) -> Iterator[git.Repo]:
+    """The repository holding `path` (a work tree, a directory inside one, or a bare mirror), closed after.
+
+    UsageError when there is no such directory or it is not in a git repository; git failures in
+    the block become GitErrors.
+    """
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+    except git.NoSuchPathError:
+        raise UsageError(f"no such directory: {path}") from None
+    except git.InvalidGitRepositoryError:
+        raise UsageError(f"{path} is not a git repository") from None
+    try:
+        with git_errors():
+            yield repo
+    finally:
+        repo.close()  # GitPython keeps `git cat-file` processes per repository until closed
+
+
+def has_commit(repo: git.Repo, rev: str) -> bool:
+    """Whether `rev` names a commit the repository has."""
+    try:
+        repo.git.cat_file("-e", f"{rev}^{{commit}}")
+    except git.GitCommandError:
+        return False
+    return True
+
+
+@contextmanager
+def temp_index(repo: git.Repo, *, from_real: bool = False) -> Iterator[dict[str, str]]:
+    """An env pointing git at a throwaway index file (optionally seeded from the real one for speed)."""
+    fd, path = tempfile.mkstemp(prefix="m3-agent-index-")
+    os.close(fd)
+    os.unlink(path)  # git refuses an empty file as an index; it creates it
+    real = Path(repo.index.path)
+    if from_real and real.is_file():
+        shutil.copyfile(real, path)
+    try:
+        yield {"GIT_INDEX_FILE": path}
+    finally:
+        Path(path).unlink(missing_ok=True)
+
+
+def checkout_files(repo: git.Repo, treeish: str, dest: Path) -> None:
+    """Write the files of `treeish` under `dest`, through a temporary index (the real one is untouched)."""
+    with temp_index(repo) as env:
+        repo.git.read_tree(treeish, env=env)
+        # An explicit work tree: checkout-index needs one, and a bare mirror has none.
+        repo.git(git_dir=repo.git_dir, work_tree=str(dest)).checkout_index("-a", "-f", env=env)
+
+
+def submodules(root: Path, tree: str) -> list[tuple[str, str]]:
+    """(path, commit) of each submodule `tree` (or a commit's tree) records, in git's tree order."""
+    with repository(root) as repo:
+        # A tree looked up by id has no path, and traversal builds the entries' paths from it.
+        top = git.Tree(repo, repo.tree(tree).binsha, path="")
+        return [(item.path, item.hexsha) for item in top.traverse(branch_first=False) if item.type == "submodule"]
+
+
+def export_submodules(root: Path, tree: str, dest: Path, prefix: str = "") -> tuple[list[str], list[str]]:
+    """Write the files of each submodule `tree` records under `dest`, at the commit it records, from
+    the submodule's checkout in `root` (nested ones too). Returns (exported, missing) paths: a
+    submodule that is not checked out, or lacks the recorded commit, stays an empty directory."""
+    exported: list[str] = []
+    missing: list[str] = []
+    for path, commit in submodules(root, tree):
+        name = prefix + path
+        sub_tree = _checked_out_tree(Path(root) / path, commit)
+        if sub_tree is None:
+            missing.append(name)
+            continue
+        target = dest / path
+        target.mkdir(parents=True, exist_ok=True)
+        with repository(Path(root) / path) as sub:
+            checkout_files(sub, sub_tree, target)
+        exported.append(name)
+        more, gone = export_submodules(Path(root) / path, sub_tree, target, prefix=name + "/")
+        exported += more
+        missing += gone
+    return exported, missing
+
+
+def _checked_out_tree(sub: Path, commit: str) -> str | None:
+    """The tree of `commit` in the submodule checkout at `sub`; None when absent or lacking the commit."""
+    if not (sub / ".git").exists():
+        return None
+    with repository(sub) as repo:
+        return repo.commit(commit).tree.hexsha if has_commit(repo, commit) else None
+
+
+def commit_all(path: Path, message: str) -> str:
+    """Make `path` a new repository whose one commit holds every file in it (with a fixed identity
+    and date); returns the commit id."""
+    with git_errors():
+        git.Repo.init(path).close()
+    with repository(path) as repo:
+        # -f: every file is part of the copy, even if a .gitignore pattern matches it.
+        repo.git(c=_COPY_OPTIONS).add("-A", "-f")
+        repo.git(c=_COPY_OPTIONS).commit("-q", "--allow-empty", "-m", message, env=FIXED_COMMIT_ENV)
+        return repo.head.commit.hexsha
+
+
+def export_tree(root: Path, treeish: str, dest: Path, *, message: str = "m3-agent base",
+                with_submodules: bool = True) -> Path:
+    """Write `treeish` of the repository at `root` into the empty directory `dest`, as a fresh
+    one-commit git repository (checked-out submodules too, at their recorded commits).
+
+    The copy shares nothing with the source (no worktree link, no alternates), so the sandbox can
+    copy and diff it freely.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    with repository(root) as repo:
+        checkout_files(repo, treeish, dest)
+    if with_submodules:
+        export_submodules(root, treeish, dest)
+    commit_all(dest, message)
+    return dest
