@@ -14,30 +14,19 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import git
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from m3_agent import hostgit
 from m3_agent.errors import UsageError
 from m3_agent.evals.records import read_records, validate_record
 
 SUITE_DIR = Path(__file__).parent / "suite"
 BUILTIN = "builtin"
-
-# Fixed identity and dates: the same files always give the same base commit.
-_FIXED_GIT_ENV = {
-    "GIT_AUTHOR_NAME": "m3-agent",
-    "GIT_AUTHOR_EMAIL": "evals@m3-agent.invalid",
-    "GIT_COMMITTER_NAME": "m3-agent",
-    "GIT_COMMITTER_EMAIL": "evals@m3-agent.invalid",
-    "GIT_AUTHOR_DATE": "2025-01-01T00:00:00+00:00",
-    "GIT_COMMITTER_DATE": "2025-01-01T00:00:00+00:00",
-}
-_GIT_QUIET = ["-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null", "-c", "core.autocrlf=false",
-              "-c", "init.defaultBranch=main"]
 
 
 class TaskEnvironment(BaseModel):
@@ -156,36 +145,21 @@ def _materialise_suite_repo(files: Path) -> tuple[Path, str]:
         digest.update(p.relative_to(files).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     dest = cache_dir() / "suite" / f"{files.parent.name}-{digest.hexdigest()[:16]}"
     if (dest / ".git").is_dir():
-        return dest, _git(dest, "rev-parse", "HEAD").strip()
+        with hostgit.repository(dest) as repo:
+            return dest, repo.head.commit.hexsha
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
     for p in entries:
         target = tmp / p.relative_to(files)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(p.read_bytes())
-    commit = _commit_snapshot(tmp, f"{files.parent.name}: base")
+    # Fixed identity and date: the same files always give the same base commit.
+    commit = hostgit.commit_all(tmp, f"{files.parent.name}: base")
     try:
         tmp.rename(dest)  # atomic: a concurrent loader either wins or finds the finished copy
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest, commit
-
-
-def _commit_snapshot(path: Path, message: str) -> str:
-    """git init + add everything + one commit with fixed identity and dates; returns the commit id."""
-    _git(path, "init", "-q")
-    _git(path, "add", "-A", "-f")
-    _git(path, "commit", "-q", "--allow-empty", "-m", message)
-    return _git(path, "rev-parse", "HEAD").strip()
-
-
-def _git(cwd: Path, *args: str, input: bytes | None = None) -> str:
-    env = {**os.environ, **_FIXED_GIT_ENV}
-    proc = subprocess.run(["git", *_GIT_QUIET, *args], cwd=cwd, env=env, capture_output=True, input=input)
-    if proc.returncode != 0:
-        msg = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise UsageError(f"git {args[0]} failed in {cwd}: {msg[-1] if msg else 'exit ' + str(proc.returncode)}")
-    return proc.stdout.decode(errors="replace")
 
 
 # --- repositories ------------------------------------------------------------------------------------
@@ -211,47 +185,38 @@ def repo_source(task: Task, repos: Path | None) -> str:
                      f"{task.repo.replace('/', '__')}")
 
 
-def _local_git_dir(source: str, commit: str) -> Path:
-    """A local git directory holding `commit`: the source itself, or a mirror in the cache for a URL."""
+def _local_repository(source: str, commit: str) -> Path:
+    """A local repository holding `commit`: the source itself, or a mirror in the cache for a URL."""
     if not _is_url(source):
         path = Path(source)
         if not path.exists():
             raise UsageError(f"repository not found: {path}")
-        return Path(_git(path, "rev-parse", "--absolute-git-dir").strip())
+        return path
     mirror = cache_dir() / "mirrors" / hashlib.sha256(source.encode()).hexdigest()[:16]
     if not mirror.exists():
         mirror.parent.mkdir(parents=True, exist_ok=True)
-        _git(mirror.parent, "clone", "-q", "--mirror", source, str(mirror))
-    elif not _has_commit(mirror, commit):
-        _git(mirror, "fetch", "-q", "origin")
+        with hostgit.git_errors(f"cannot mirror {source}"):
+            git.Repo.clone_from(source, mirror, mirror=True).close()
+    else:
+        with hostgit.repository(mirror) as repo:
+            if not hostgit.has_commit(repo, commit):
+                repo.git.fetch("-q", "origin")
     return mirror
-
-
-def _has_commit(git_dir: Path, commit: str) -> bool:
-    return subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "-e", f"{commit}^{{commit}}"],
-                          capture_output=True).returncode == 0
 
 
 def checkout(task: Task, dest: Path, *, repos: Path | None = None) -> Path:
     """Write the repository's tree at `task.base_commit` to `dest`, as a fresh one-commit git repo.
 
     The history is left behind on purpose: the sandbox gets a small .git whatever the repository's size.
+    The source repository (maybe a user's clone) is never touched: the files come through a private index.
     """
-    git_dir = _local_git_dir(repo_source(task, repos), task.base_commit)
-    if not _has_commit(git_dir, task.base_commit):
-        raise UsageError(f"{task.instance_id}: base_commit {task.base_commit} is not in {git_dir}")
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        # A private index: the source repository (maybe a user's clone) is never touched.
-        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        for args in (["read-tree", task.base_commit], ["checkout-index", "-a", "-f"]):
-            proc = subprocess.run(["git", "--git-dir", str(git_dir), "--work-tree", str(dest), *_GIT_QUIET, *args],
-                                  env=env, capture_output=True)
-            if proc.returncode != 0:
-                raise UsageError(f"{task.instance_id}: cannot check out {task.base_commit}: "
-                                 f"{proc.stderr.decode(errors='replace').strip()}")
-    _commit_snapshot(dest, f"{task.instance_id}: base_commit {task.base_commit}")
-    return dest
+    source = _local_repository(repo_source(task, repos), task.base_commit)
+    with hostgit.repository(source) as repo:
+        if not hostgit.has_commit(repo, task.base_commit):
+            raise UsageError(f"{task.instance_id}: base_commit {task.base_commit} is not in {source}")
+    # Without submodules, as SWE-bench's harness checks a task's repository out.
+    return hostgit.export_tree(source, task.base_commit, dest, with_submodules=False,
+                               message=f"{task.instance_id}: base_commit {task.base_commit}")
 
 
 def builtin_standin_script(names: list[str] | None = None) -> dict[str, Any]:
