@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from m3_agent.errors import UsageError
+from m3_agent.errors import GitError, UsageError
 from m3_agent.evals import tasks as tasks_mod
 from m3_agent.evals.tasks import Task, builtin_names, builtin_standin_script, checkout, load_tasks
 
@@ -135,3 +135,26 @@ def test_unknown_commit_or_repository_is_a_usage_error(tmp_path, two_commit_repo
         checkout(Task(instance_id="x-2", repo="acme/other", base_commit="0" * 40), tmp_path / "t2", repos=tmp_path)
     with pytest.raises(UsageError, match="pass --repos DIR"):
         tasks_mod.repo_source(Task(instance_id="x-3", repo="acme/other", base_commit="a"), None)
+
+
+def test_checkout_from_a_url_mirrors_once_and_fetches_a_missing_commit(tmp_path, two_commit_repo, monkeypatch):
+    monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
+    upstream, first = two_commit_repo
+    url = upstream.resolve().as_uri()
+    tree = checkout(Task(instance_id="u-1", repo=url, base_commit=first), tmp_path / "t1")
+    assert (tree / "pkg" / "a.py").read_text() == "X = 1\n"
+    [mirror] = list((tasks_mod.cache_dir() / "mirrors").iterdir())
+    (upstream / "pkg" / "a.py").write_text("X = 3\n")
+    _git(upstream, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "fourth")
+    later = _git(upstream, "rev-parse", "HEAD")
+    assert subprocess.run(["git", "-C", str(mirror), "cat-file", "-e", later]).returncode != 0
+    tree = checkout(Task(instance_id="u-2", repo=url, base_commit=later), tmp_path / "t2")
+    assert (tree / "pkg" / "a.py").read_text() == "X = 3\n"  # fetched into the same mirror
+    assert list((tasks_mod.cache_dir() / "mirrors").iterdir()) == [mirror]
+
+
+def test_a_url_that_cannot_be_cloned_is_a_one_line_git_error(tmp_path):
+    url = (tmp_path / "gone").as_uri()
+    with pytest.raises(GitError, match=f"^cannot mirror {url}: git clone failed: ") as e:
+        checkout(Task(instance_id="u-3", repo=url, base_commit="0" * 40), tmp_path / "t")
+    assert e.value.exit_code == 5 and "\n" not in str(e.value)

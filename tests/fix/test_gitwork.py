@@ -262,3 +262,50 @@ def test_drop_paths_leaves_out_the_files_under_the_given_directories():
     assert kept == PATCH and dropped == ["libs/core/core.py"]
     assert gitwork.drop_paths(PATCH, []) == (PATCH, [])
     assert gitwork.drop_paths(PATCH, ["calc"]) == (PATCH, [])  # a prefix of a name is not its directory
+
+
+@pytest.fixture
+def no_identity(monkeypatch, tmp_path):
+    """A user with no git identity anywhere: empty home, no system config, no identity variables."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for var in ("GIT_CONFIG_GLOBAL", "EMAIL", *(f"GIT_{r}_{k}" for r in ("AUTHOR", "COMMITTER") for k in ("NAME", "EMAIL"))):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_commit_falls_back_to_m3_agents_identity_only_where_git_has_none(repo, no_identity):
+    head = sh(repo, "rev-parse", "HEAD").strip()
+    tree = gitwork.tree_of(repo, head)
+    commit = gitwork.commit_patch(repo, base_tree=tree, parent=head, patch=PATCH, message="Fix #7\n")
+    assert sh(repo, "log", "-1", "--format=%an <%ae>|%cn <%ce>", commit).strip() == (
+        "m3-agent <m3-agent@localhost>|m3-agent <m3-agent@localhost>")
+    assert sh(repo, "log", "-1", "--format=%B", commit) == "Fix #7\n\n"  # the message as given
+    sh(repo, "config", "user.name", "Ada")  # a name but no email: only the email falls back
+    commit = gitwork.commit_patch(repo, base_tree=tree, parent=head, patch=PATCH, message="Fix #7\n")
+    assert sh(repo, "log", "-1", "--format=%an <%ae>", commit).strip() == "Ada <m3-agent@localhost>"
+
+
+def test_git_failures_are_one_line_git_errors(repo):
+    head = sh(repo, "rev-parse", "HEAD").strip()
+    with pytest.raises(GitError) as e:
+        gitwork.commit_patch(repo, base_tree="0" * 40, parent=head, patch=PATCH, message="x")
+    assert e.value.exit_code == 5
+    assert str(e.value).startswith("git read-tree failed: ") and "\n" not in str(e.value)
+    with pytest.raises(GitError, match="^the patch does not apply to the working tree: git apply failed: ") as e:
+        gitwork.apply_to_worktree(repo, PATCH.replace("return a - b", "return a * b"))
+    assert "\n" not in str(e.value)
+
+
+def test_the_output_dir_of_a_linked_worktree_is_excluded_in_the_shared_exclude_file(repo, tmp_path):
+    sh(repo, "worktree", "add", "-q", "-b", "other", str(tmp_path / "wt"))
+    wt = tmp_path / "wt"
+    state = gitwork.open_repo(wt)
+    assert state.root == wt.resolve() and state.branch == "other"
+    (wt / ".m3-agent").mkdir()
+    (wt / ".m3-agent" / "issue-1.patch").write_text("x")
+    gitwork.exclude_from_status(wt, wt / ".m3-agent")
+    assert sh(wt, "status", "--porcelain") == ""
+    assert "/.m3-agent/" in (repo / ".git" / "info" / "exclude").read_text()

@@ -1,0 +1,113 @@
+"""Host-side git through GitPython: real repositories in temp dirs; failures are one-line GitErrors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from m3_agent import hostgit
+from m3_agent.errors import GitError, UsageError
+
+
+def sh(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(git_repo):
+    return git_repo({"pkg/a.py": "X = 1\n", "README.md": "hi\n", ".gitignore": "*.log\n", "keep.log": "tracked\n"})
+
+
+def test_a_failing_git_command_is_a_one_line_git_error(repo):
+    with pytest.raises(GitError) as e, hostgit.repository(repo) as r:
+        r.git.read_tree("0" * 40)
+    message = str(e.value)
+    assert e.value.exit_code == 5
+    assert message.startswith("git read-tree failed: fatal: ")
+    assert "\n" not in message and "Cmd(" not in message and "stderr:" not in message
+
+
+def test_the_context_names_what_failed_before_gits_own_line(repo):
+    with pytest.raises(GitError, match=r"^applying x: git apply failed: .*No such file") as e:
+        with hostgit.repository(repo) as r, hostgit.git_errors("applying x"):
+            r.git.apply("--check", str(repo / "missing.patch"))
+    assert "\n" not in str(e.value)
+
+
+def test_an_unknown_object_is_a_git_error(repo):
+    with pytest.raises(GitError, match="no such git object"), hostgit.repository(repo) as r:
+        r.commit("no-such-rev")
+
+
+def test_a_missing_or_plain_directory_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no such directory"):
+        with hostgit.repository(tmp_path / "nope"):
+            pass
+    with pytest.raises(UsageError, match="is not a git repository") as e:
+        with hostgit.repository(tmp_path):
+            pass
+    assert e.value.exit_code == 2
+
+
+def test_without_git_on_path_the_error_says_to_install_git(repo):
+    # A fresh interpreter: GitPython looks for git when it is first imported.
+    code = (
+        "from m3_agent import hostgit\n"
+        "from m3_agent.errors import GitError\n"
+        "try:\n"
+        f"    hostgit.commit_all(__import__('pathlib').Path({str(repo)!r}), 'x')\n"
+        "except GitError as e:\n"
+        "    print('GitError', e.exit_code, e)\n"
+    )
+    env = {**os.environ, "PATH": "/nonexistent"}
+    env.pop("GIT_PYTHON_REFRESH", None)
+    env.pop("GIT_PYTHON_GIT_EXECUTABLE", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("GitError 5 git is not installed")
+
+
+def test_export_tree_makes_a_repository_of_the_commit_alone(repo, tmp_path):
+    sh(repo, "add", "-f", "keep.log")
+    sh(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "track a file .gitignore matches")
+    head = sh(repo, "rev-parse", "HEAD").strip()
+    (repo / "pkg" / "a.py").write_text("X = 2\n")
+    sh(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "second")
+    dest = hostgit.export_tree(repo, head, tmp_path / "copy", message="base")
+    assert (dest / "pkg" / "a.py").read_text() == "X = 1\n"
+    assert (dest / "keep.log").read_text() == "tracked\n"  # ignored by pattern, tracked upstream
+    assert sh(dest, "rev-list", "--count", "HEAD").strip() == "1"
+    assert sh(dest, "log", "-1", "--format=%an <%ae> %ad %s", "--date=iso").strip() == (
+        "m3-agent <m3-agent@localhost> 2000-01-01 00:00:00 +0000 base")
+    assert sh(dest, "status", "--porcelain") == ""
+    assert not (dest / ".git" / "objects" / "info" / "alternates").exists()
+
+
+def test_export_works_from_a_bare_mirror(repo, tmp_path):
+    mirror = tmp_path / "mirror.git"
+    subprocess.run(["git", "clone", "-q", "--mirror", str(repo), str(mirror)], check=True)
+    dest = hostgit.export_tree(mirror, "HEAD", tmp_path / "copy")
+    assert (dest / "pkg" / "a.py").read_text() == "X = 1\n"
+    assert not (mirror / "index").exists()  # the private index went away with the export
+
+
+def test_a_linked_worktree_exports_its_own_head(repo, tmp_path):
+    sh(repo, "worktree", "add", "-q", "-b", "other", str(tmp_path / "wt"))
+    (tmp_path / "wt" / "README.md").write_text("other\n")
+    sh(tmp_path / "wt", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "other")
+    dest = hostgit.export_tree(tmp_path / "wt", "HEAD", tmp_path / "copy")
+    assert (dest / "README.md").read_text() == "other\n"
+    assert (repo / "README.md").read_text() == "hi\n"
+
+
+def test_commit_all_gives_the_same_id_for_the_same_files(tmp_path):
+    ids = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f.txt").write_text("same\n")
+        ids.append(hostgit.commit_all(tmp_path / name, "snapshot"))
+    assert ids[0] == ids[1] == sh(tmp_path / "one", "rev-parse", "HEAD").strip()
