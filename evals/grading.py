@@ -25,7 +25,6 @@ from __future__ import annotations
 import re
 import shlex
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Literal
 
@@ -34,10 +33,9 @@ from pydantic import BaseModel, Field
 from m3_agent.errors import M3AgentError
 from m3_agent.evals.tasks import Task, test_ids
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.tools.junit import case_id
+from m3_agent.tools.junit import ERROR, FAILED, PASSED, SKIPPED, XFAIL, junit_cases
 
 Status = Literal["PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"]
-PASSED, FAILED, SKIPPED, ERROR, XFAIL = "PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"
 
 EVAL_DIR = "/tmp/m3-eval"  # outside /workspace, so nothing here shows up in the repository's diff
 JUNIT_PATH = f"{EVAL_DIR}/junit.xml"
@@ -94,29 +92,16 @@ class InstanceReport(BaseModel):
 # --- reading test results ----------------------------------------------------------------------------
 
 def parse_junit(xml_text: str | bytes) -> dict[str, str]:
-    """Per-test statuses from a JUnit XML report, keyed by pytest node id (see tools.junit.case_id).
+    """Per-test statuses from a JUnit XML report (read by tools.junit), keyed by pytest node id.
 
     A test reported more than once (reruns, a teardown error after a pass) keeps its worst status.
     Raises ValueError when the text is not JUnit XML.
     """
-    try:
-        root = ET.fromstring(xml_text)
-    except ET.ParseError as e:
-        raise ValueError(f"not valid JUnit XML: {e}") from None
     rank = {PASSED: 0, XFAIL: 1, SKIPPED: 2, FAILED: 3, ERROR: 4}
     statuses: dict[str, str] = {}
-    for case in root.iter("testcase"):
-        if case.find("error") is not None:
-            status = ERROR
-        elif case.find("failure") is not None:
-            status = FAILED
-        elif (skipped := case.find("skipped")) is not None:
-            status = XFAIL if skipped.get("type") == "pytest.xfail" else SKIPPED
-        else:
-            status = PASSED
-        key = case_id(case)
-        if key not in statuses or rank[status] > rank[statuses[key]]:
-            statuses[key] = status
+    for case in junit_cases(xml_text):
+        if case.id not in statuses or rank[case.status] > rank[statuses[case.id]]:
+            statuses[case.id] = case.status
     return statuses
 
 

@@ -1,11 +1,20 @@
-"""JUnit XML (from pytest or the bundled unittest runner) parsed into a test summary."""
+"""JUnit XML (from pytest or the bundled unittest runner): the one parser of test reports.
+
+`junit_cases` reads a report into one `JUnitCase` per <testcase>, with its status. Both readers of
+test results use it: `parse_junit` here (the test_runner tool's summary for the model) and
+`evals.grading.parse_junit` (per-test statuses for a verdict).
+"""
 
 from __future__ import annotations
 
 import textwrap
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
+
+# A test's status, with SWE-bench's names.
+PASSED, FAILED, SKIPPED, ERROR, XFAIL = "PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"
 
 MESSAGE_CHARS = 200
 SHOWN_FAILURES = 20
@@ -95,44 +104,63 @@ def case_id(case: ET.Element) -> str:
     return f"{classname}.{name}"
 
 
-def parse_junit(xml_text: str | bytes, *, framework: str, target: str) -> TestSummary:
-    """Count outcomes in a JUnit XML report; failures and errors keep an id and a short message.
+@dataclass(frozen=True)
+class JUnitCase:
+    """One <testcase>: its id, status and, for a failure or error, a short message and the traceback's end."""
 
-    Raises ValueError if the text is not JUnit XML.
-    """
+    id: str
+    status: str  # PASSED | FAILED | SKIPPED | ERROR | XFAIL
+    message: str = ""
+    detail: str = ""
+    collected: bool = True  # False: an error without a class, a module that failed to import
+
+
+def junit_cases(xml_text: str | bytes) -> list[JUnitCase]:
+    """Every <testcase> of a JUnit XML report, in order. Raises ValueError if the text is not JUnit XML."""
     try:
         root = ET.fromstring(xml_text)
     except ET.ParseError as e:
         raise ValueError(f"not valid JUnit XML: {e}") from None
     if root.tag not in ("testsuites", "testsuite"):
         raise ValueError(f"not JUnit XML: root element <{root.tag}>")
-    summary = TestSummary(framework=framework, target=target)
-    uncollected = []
-    for case in root.iter("testcase"):
-        failure = case.find("failure")
-        error = case.find("error")
-        if failure is not None or error is not None:
-            kind = "failure" if failure is not None else "error"
-            element = failure if failure is not None else error
-            test = FailingTest(
-                id=case_id(case),
-                message=short_message(element.get("message"), element.text),
-                kind=kind,
+    return [_case(case) for case in root.iter("testcase")]
+
+
+def _case(case: ET.Element) -> JUnitCase:
+    """One testcase's status; an error (setup or teardown) outranks a failure in the same case."""
+    for tag, status in (("error", ERROR), ("failure", FAILED)):
+        element = case.find(tag)
+        if element is not None:
+            return JUnitCase(
+                id=case_id(case), status=status, message=short_message(element.get("message"), element.text),
                 detail=tail(element.text),
+                # Both runners report a module that failed to import as an error without a class.
+                collected=status != ERROR or bool(case.get("classname")),
             )
-            summary.failing.append(test)
-            if kind == "failure":
-                summary.failed += 1
-            else:
-                summary.errors += 1
-            # Both runners report a module that failed to import as an error without a class.
-            if kind == "error" and not case.get("classname"):
-                uncollected.append(test.id)
-        elif case.find("skipped") is not None:
-            summary.skipped += 1
-        else:
-            summary.passed += 1
-    summary.total = summary.passed + summary.failed + summary.errors + summary.skipped
+    skipped = case.find("skipped")
+    if skipped is not None:
+        return JUnitCase(id=case_id(case), status=XFAIL if skipped.get("type") == "pytest.xfail" else SKIPPED)
+    return JUnitCase(id=case_id(case), status=PASSED)
+
+
+def parse_junit(xml_text: str | bytes, *, framework: str, target: str) -> TestSummary:
+    """Count outcomes in a JUnit XML report; failures and errors keep an id and a short message.
+
+    Raises ValueError if the text is not JUnit XML.
+    """
+    summary = TestSummary(framework=framework, target=target)
+    counts = {PASSED: 0, FAILED: 0, ERROR: 0, SKIPPED: 0, XFAIL: 0}
+    uncollected = []
+    for case in junit_cases(xml_text):
+        counts[case.status] += 1
+        if case.status in (FAILED, ERROR):
+            kind = "failure" if case.status == FAILED else "error"
+            summary.failing.append(FailingTest(id=case.id, message=case.message, kind=kind, detail=case.detail))
+        if not case.collected:
+            uncollected.append(case.id)
+    summary.passed, summary.failed, summary.errors = counts[PASSED], counts[FAILED], counts[ERROR]
+    summary.skipped = counts[SKIPPED] + counts[XFAIL]  # an expected failure is reported as skipped
+    summary.total = sum(counts.values())
     if uncollected:
         summary.problem = f"could not import (collect) {len(uncollected)} test module(s): {', '.join(uncollected)}"
     return summary

@@ -75,6 +75,8 @@ def test_parse_junit_keeps_the_worst_status_of_a_repeated_test():
     assert parse_junit(xml) == {"t.py::test_a": ERROR}
     with pytest.raises(ValueError, match="not valid JUnit XML"):
         parse_junit("<testsuite>")
+    with pytest.raises(ValueError, match="not JUnit XML: root element <html>"):
+        parse_junit("<html><testcase classname='t' name='test_a'/></html>")
 
 
 def _task(f2p, p2p, **extra) -> Task:

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from m3_agent.tools.junit import MESSAGE_CHARS, parse_junit, short_message
+from m3_agent.tools.junit import ERROR, FAILED, MESSAGE_CHARS, SKIPPED, XFAIL, junit_cases, parse_junit, short_message
 from m3_agent.tools.test_runner import RUNNER_SOURCE
 
 PYTEST_TESTS = textwrap.dedent(
@@ -164,3 +164,29 @@ def test_short_message_is_one_capped_line():
     assert short_message("", "Traceback\n  File x\nE   KeyError: 'k'\nmore") == "KeyError: 'k'"
     assert short_message(None, "a\nValueError: v") == "ValueError: v"
     assert len(short_message("x" * 1000, None)) == MESSAGE_CHARS
+
+
+def test_the_summary_and_the_graders_statuses_come_from_the_same_cases(tmp_path):
+    from m3_agent.evals.grading import parse_junit as grading_statuses
+
+    root = _project(tmp_path, PYTEST_TESTS)
+    report = tmp_path / "report.xml"
+    _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+          "--continue-on-collection-errors", f"--junitxml={report}"], root)
+    cases = junit_cases(report.read_bytes())
+    summary = parse_junit(report.read_bytes(), framework="pytest", target="")
+    statuses = grading_statuses(report.read_bytes())
+    assert statuses == {case.id: case.status for case in cases}
+    assert statuses["tests/test_a.py::test_expected_to_fail"] == XFAIL
+    assert summary.skipped == sum(case.status in (SKIPPED, XFAIL) for case in cases)
+    assert [t.id for t in summary.failing] == [case.id for case in cases if case.status in (FAILED, ERROR)]
+    assert [case.id for case in cases if not case.collected] == ["tests/test_broken.py"]
+
+
+def test_an_error_outranks_a_failure_in_the_same_testcase():
+    xml = ('<testsuites><testsuite><testcase classname="t" name="test_a" file="t.py">'
+           '<failure message="assert 0"/><error message="teardown broke"/></testcase></testsuite></testsuites>')
+    [case] = junit_cases(xml)
+    assert (case.id, case.status, case.message) == ("t.py::test_a", ERROR, "teardown broke")
+    s = parse_junit(xml, framework="pytest", target="")
+    assert (s.failed, s.errors, s.failing[0].kind) == (0, 1, "error")
