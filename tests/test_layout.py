@@ -1,0 +1,124 @@
+"""The parts depend on each other one way: every product import points down the declared order.
+
+The modules are the ones the wheel installs (pyproject's `packages` and `package-dir`); every import
+in them counts, including those inside functions and `importlib.import_module("m3_agent....")`.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The parts, lowest first. A module may import its own part and the parts of lower layers; never a
+# part of its own layer or a higher one, so there can be no cycle between parts.
+LAYERS: list[tuple[str, ...]] = [
+    ("m3_agent.errors",),
+    ("m3_agent.settings", "m3_agent.hostgit"),  # layered settings; host-side git (GitPython)
+    ("m3_agent.sandbox",),  # Docker: images, containers, exec
+    ("m3_agent.tools",),  # each tool runs against a sandbox
+    ("m3_agent.agent",),  # the loop: model <-> tools <-> sandbox, and the repository context
+    ("m3_agent.serving",),  # launching and benchmarking M3 servers, the stand-in
+    ("m3_agent.fix", "m3_agent.evals"),  # the two ways to run the agent on a repository
+    ("m3_agent.cli", "m3_agent.api", "m3_agent"),  # the command and the library API over all of it
+]
+RANK = {part: rank for rank, layer in enumerate(LAYERS) for part in layer}
+PARTS_OUTSIDE_THE_ROOT = ("agent", "tools", "sandbox", "evals", "fix", "serving")
+
+
+def product_modules() -> dict[str, Path]:
+    """Dotted name -> file of every module the wheel installs."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = config["package-dir"]
+    modules = {}
+    for package in config["packages"]:
+        base = max((name for name in folders if package == name or package.startswith(name + ".")), key=len)
+        folder = ROOT / folders[base] / Path(*package[len(base):].split(".")[1:])
+        for file in sorted(folder.glob("*.py")):
+            modules[package if file.stem == "__init__" else f"{package}.{file.stem}"] = file
+    return modules
+
+
+def imports(module: str, file: Path) -> list[tuple[str, int]]:
+    """(absolute module name, line) of every import in `file`, wherever it is in the code."""
+    package = module if file.stem == "__init__" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            # `from m3_agent import errors` imports the module m3_agent.errors.
+            names = [f"{base}.{alias.name}" for alias in node.names] if base == "m3_agent" else [base]
+            found += [(name, node.lineno) for name in names]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
+            name = _leading_text(node.args[0]) if node.args else ""
+            if name:
+                found.append((name.rstrip("."), node.lineno))
+    return found
+
+
+def _leading_text(arg: ast.expr) -> str:
+    """The constant start of a string or f-string argument: enough to tell which part it names."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value)
+    return ""
+
+
+def part_of(module: str) -> str | None:
+    """The declared part a module belongs to (its longest declared prefix); None when undeclared.
+
+    The root package `m3_agent` is only its own __init__: a new module beside errors.py must be declared.
+    """
+    candidates = [part for part in RANK if module == part or (part != "m3_agent" and module.startswith(part + "."))]
+    return max(candidates, key=len) if candidates else None
+
+
+def edges() -> list[tuple[str, str, str]]:
+    """(importing part, imported part, where) for every import between two different parts."""
+    found = []
+    for module, file in product_modules().items():
+        source = part_of(module)
+        for name, line in imports(module, file):
+            target = part_of(name)
+            if target is not None and target != source:
+                found.append((source, target, f"{file.relative_to(ROOT)}:{line} imports {name}"))
+    return found
+
+
+def test_every_product_module_belongs_to_a_declared_part():
+    modules = product_modules()
+    assert "m3_agent.agent.loop" in modules and "m3_agent.fix.gitwork" in modules  # the walk finds the parts
+    assert [m for m in modules if part_of(m) is None] == []
+
+
+def test_parts_import_only_lower_layers():
+    upward = [
+        f"{where}: {source} (layer {RANK[source]}) -> {target} (layer {RANK[target]})"
+        for source, target, where in edges()
+        if RANK[target] >= RANK[source]
+    ]
+    assert upward == [], "imports against the declared order:\n" + "\n".join(upward)
+
+
+def test_the_check_sees_imports_inside_functions_and_lazy_imports():
+    seen = {(source, target) for source, target, _ in edges()}
+    assert ("m3_agent.cli", "m3_agent.fix") in seen  # cli imports each sub-command inside a function
+    assert ("m3_agent.tools", "m3_agent.sandbox") in seen
+
+
+def test_product_code_imports_the_parts_only_through_m3_agent():
+    bare = [
+        f"{file.relative_to(ROOT)}:{line} imports {name}"
+        for module, file in product_modules().items()
+        for name, line in imports(module, file)
+        if name.split(".")[0] in PARTS_OUTSIDE_THE_ROOT
+    ]
+    assert bare == [], "import through m3_agent. instead:\n" + "\n".join(bare)
