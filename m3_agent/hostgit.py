@@ -116,7 +116,7 @@ def temp_index(repo: git.Repo, *, from_real: bool = False) -> Iterator[dict[str,
     fd, path = tempfile.mkstemp(prefix="m3-agent-index-")
     os.close(fd)
     os.unlink(path)  # git refuses an empty file as an index; it creates it
-    real = Path(repo.index.path)
+    real = Path(repo.git_dir) / "index"  # a linked worktree's own index; a bare mirror has none
     if from_real and real.is_file():
         shutil.copyfile(real, path)
     try:
