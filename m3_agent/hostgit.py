@@ -14,6 +14,7 @@ Every git failure leaves here as a one-line `GitError` (exit code 5), never a Gi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -47,6 +48,11 @@ def git_errors(context: str = "") -> Iterator[None]:
     except git.GitCommandNotFound:
         raise GitError("git is not installed (or not on PATH): install git and try again") from None
     except git.GitCommandError as e:
+        owner_check = re.search(r"dubious ownership in repository at '([^']+)'", str(e.stderr))
+        if owner_check:
+            where = owner_check.group(1)
+            raise GitError(f"git refuses {where}, which another user owns: if you trust it, "
+                           f"run git config --global --add safe.directory {where}") from None
         detail = f"git {_subcommand(e.command)} failed: {_last_line(e)}"
         raise GitError(f"{context}: {detail}" if context else detail) from None
     except (git.BadName, git.BadObject) as e:
@@ -96,6 +102,8 @@ def repository(path: Path | str) -> Iterator[git.Repo]:
         raise UsageError(f"{path} is not a git repository") from None
     try:
         with git_errors():
+            # git's own check first: GitPython reads a repository git itself refuses (ownership).
+            repo.git.rev_parse("--git-dir")
             yield repo
     finally:
         repo.close()  # GitPython keeps `git cat-file` processes per repository until closed

@@ -111,3 +111,12 @@ def test_commit_all_gives_the_same_id_for_the_same_files(tmp_path):
         (tmp_path / name / "f.txt").write_text("same\n")
         ids.append(hostgit.commit_all(tmp_path / name, "snapshot"))
     assert ids[0] == ids[1] == sh(tmp_path / "one", "rev-parse", "HEAD").strip()
+
+
+def test_a_repository_git_refuses_for_its_owner_says_how_to_trust_it(repo, monkeypatch):
+    monkeypatch.setenv("GIT_TEST_ASSUME_DIFFERENT_OWNER", "1")  # git's own switch for this check
+    with pytest.raises(GitError) as e:
+        with hostgit.repository(repo):
+            pass
+    assert str(e.value) == (f"git refuses {repo}, which another user owns: if you trust it, "
+                            f"run git config --global --add safe.directory {repo}")
