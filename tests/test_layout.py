@@ -15,12 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # The parts, lowest first. A module may import its own part and the parts of lower layers; never a
 # part of its own layer or a higher one, so there can be no cycle between parts.
 LAYERS: list[tuple[str, ...]] = [
-    ("m3_agent.errors",),
-    ("m3_agent.settings", "m3_agent.hostgit"),  # layered settings; host-side git (GitPython)
+    ("m3_agent.errors",),  # exceptions and exit codes
+    ("m3_agent.hostgit",),  # host-side git (GitPython), for fix and evals
     ("m3_agent.sandbox",),  # Docker: images, containers, exec
     ("m3_agent.tools",),  # each tool runs against a sandbox
     ("m3_agent.agent",),  # the loop: model <-> tools <-> sandbox, and the repository context
     ("m3_agent.serving",),  # launching and benchmarking M3 servers, the stand-in
+    ("m3_agent.settings",),  # the layered config: the parts' own config models, from files, env and flags
     ("m3_agent.fix", "m3_agent.evals"),  # the two ways to run the agent on a repository
     ("m3_agent.cli", "m3_agent.api", "m3_agent"),  # the command and the library API over all of it
 ]
