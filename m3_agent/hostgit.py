@@ -55,7 +55,7 @@ def git_errors(context: str = "") -> Iterator[None]:
                            f"run git config --global --add safe.directory {where}") from None
         detail = f"git {_subcommand(e.command)} failed: {_last_line(e)}"
         raise GitError(f"{context}: {detail}" if context else detail) from None
-    except (git.BadName, git.BadObject) as e:
+    except (git.exc.BadName, git.exc.BadObject) as e:
         detail = f"no such git object: {str(e).strip() or type(e).__name__}"
         raise GitError(f"{context}: {detail}" if context else detail) from None
 
@@ -137,8 +137,9 @@ def checkout_files(repo: git.Repo, treeish: str, dest: Path) -> None:
     """Write the files of `treeish` under `dest`, through a temporary index (the real one is untouched)."""
     with temp_index(repo) as env:
         repo.git.read_tree(treeish, env=env)
-        # An explicit work tree: checkout-index needs one, and a bare mirror has none.
-        repo.git(git_dir=repo.git_dir, work_tree=str(dest)).checkout_index("-a", "-f", env=env)
+        # An explicit work tree: checkout-index needs one, and a bare mirror has none. No autocrlf:
+        # the copy's files are the bytes git stores, so a patch made on it applies upstream.
+        repo.git(c=_COPY_OPTIONS, git_dir=repo.git_dir, work_tree=str(dest)).checkout_index("-a", "-f", env=env)
 
 
 def submodules(root: Path, tree: str) -> list[tuple[str, str]]:

@@ -120,3 +120,11 @@ def test_a_repository_git_refuses_for_its_owner_says_how_to_trust_it(repo, monke
             pass
     assert str(e.value) == (f"git refuses {repo}, which another user owns: if you trust it, "
                             f"run git config --global --add safe.directory {repo}")
+
+
+def test_a_copy_holds_the_bytes_git_stores_whatever_the_users_autocrlf(git_repo, tmp_path):
+    repo = git_repo({"win.txt": "a\nb\n"})
+    sh(repo, "config", "core.autocrlf", "true")  # would write CRLF on checkout
+    dest = hostgit.export_tree(repo, "HEAD", tmp_path / "copy")
+    assert (dest / "win.txt").read_bytes() == b"a\nb\n"
+    assert sh(dest, "rev-parse", "HEAD:win.txt") == sh(repo, "rev-parse", "HEAD:win.txt")
