@@ -84,36 +84,32 @@ def start_command(
         text_only=text_only,
         extra_args=extra_arg,
     )
-    gpus = None
-    if profile is None:
-        gpus = detect_gpus()
-        profile = auto_profile(gpus)
-        if profile is None:
-            raise UsageError(
-                f"no profile for this machine ({summary(gpus)}): pass --profile (see `m3-agent serve profiles`)"
-            )
-        _progress("profile", f"{profile} for {summary(gpus)}")
+    profile, gpus = _pick_profile(profile)
     if dry_run:
         _dry_run(profile, engine, runner, o, nodes=nodes, replicas=replicas)
         return
     if nodes > 1 or replicas > 1:
         raise UsageError("--nodes and --replicas print multi-node commands: add --dry-run and run them per node")
-    cmd = prepare(
-        profile,
-        engine=engine,
-        runner=runner,
-        overrides=o,
-        check_gpus=not skip_gpu_check,
-        force=force,
-        progress=_progress,
-        gpus=gpus,
-    )
+    cmd = prepare(profile, engine=engine, runner=runner, overrides=o, check_gpus=not skip_gpu_check, force=force,
+                  progress=_progress, gpus=gpus)
     _progress("command", cmd.shell())
     state = launcher.start(cmd, name=name, timeout_s=timeout, progress=_progress, host="127.0.0.1")
     out.print(
         f"ready: {state.base_url} (model {state.served_model_name}); logs: m3-agent serve logs --name {name}",
         markup=False,
     )
+
+
+def _pick_profile(profile: str | None) -> tuple[str, list | None]:
+    """The profile asked for, or the one that fits this machine's GPUs (and the GPUs found)."""
+    if profile is not None:
+        return profile, None
+    gpus = detect_gpus()
+    picked = auto_profile(gpus)
+    if picked is None:
+        raise UsageError(f"no profile for this machine ({summary(gpus)}): pass --profile (see `m3-agent serve profiles`)")
+    _progress("profile", f"{picked} for {summary(gpus)}")
+    return picked, gpus
 
 
 def _entry_point_note(p: Profile) -> str | None:
@@ -237,26 +233,8 @@ def plan_command(
 ) -> None:
     """The largest --max-model-len that fits and the concurrency it leaves; exit 2 when it cannot fit."""
     _check_choice(precision, tuple(BYTES_PER_PARAM), "--precision")
-    req: dict = {}
-    if profile:
-        p = get_profile(profile, engine)  # type: ignore[arg-type]
-        cmd = build_command(
-            p, "native", Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype, text_only=text_only)
-        )
-        req = plan_request(p, cmd, p.gpus, gpu_memory_for(p.gpu)).model_dump()
-    if detect:
-        found = detect_gpus()
-        if not found:
-            raise UsageError(summary(found))
-        req.update(gpus=len(found), gpu_memory_gb=min(g.memory_gb for g in found))
-    if gpus is not None:
-        req["gpus"] = gpus
-    if gpu is not None:
-        req["gpu_memory_gb"] = gpu_memory_for(gpu)
-    if gpu_memory is not None:
-        req["gpu_memory_gb"] = gpu_memory
-    if "gpus" not in req or "gpu_memory_gb" not in req:
-        raise UsageError("say which machine: --profile, --detect, or --gpus N with --gpu KIND or --gpu-memory GB")
+    req = _machine(profile, engine, max_model_len, kv_dtype, text_only, detect=detect, gpus=gpus, gpu=gpu,
+                   gpu_memory=gpu_memory)
     for key, value in (
         ("precision", precision),
         ("kv_dtype", kv_dtype),
@@ -279,6 +257,32 @@ def plan_command(
             out.print(line, markup=False)
     if not result.fits:
         raise UsageError(f"does not fit: {result.reason}")
+
+
+def _machine(profile: str | None, engine: str | None, max_model_len: int | None, kv_dtype: str | None,
+             text_only: bool, *, detect: bool, gpus: int | None, gpu: str | None, gpu_memory: float | None) -> dict:
+    """The plan request's machine: a profile's, this machine's, or the GPUs given; the flags win."""
+    req: dict = {}
+    if profile:
+        p = get_profile(profile, engine)  # type: ignore[arg-type]
+        cmd = build_command(
+            p, "native", Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype, text_only=text_only)
+        )
+        req = plan_request(p, cmd, p.gpus, gpu_memory_for(p.gpu)).model_dump()
+    if detect:
+        found = detect_gpus()
+        if not found:
+            raise UsageError(summary(found))
+        req.update(gpus=len(found), gpu_memory_gb=min(g.memory_gb for g in found))
+    if gpus is not None:
+        req["gpus"] = gpus
+    if gpu is not None:
+        req["gpu_memory_gb"] = gpu_memory_for(gpu)
+    if gpu_memory is not None:
+        req["gpu_memory_gb"] = gpu_memory
+    if "gpus" not in req or "gpu_memory_gb" not in req:
+        raise UsageError("say which machine: --profile, --detect, or --gpus N with --gpu KIND or --gpu-memory GB")
+    return req
 
 
 @app.command("bench")
