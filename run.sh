@@ -35,17 +35,11 @@ ensure_python() {
     apt_install python3-venv
   fi
   command -v git >/dev/null 2>&1 || apt_install git
-  # A C compiler and Python's headers build the packer's optional C accelerator; without them the
-  # install still succeeds and packing runs in Python, slower.
-  if ! command -v cc >/dev/null 2>&1 || ! python3 -c 'import sysconfig, os, sys
-sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
-    ( apt_install build-essential python3-dev ) || log "no compiler: the packer's C accelerator will not be built"
-  fi
 }
 
 ensure_venv() {
   local stamp=.venv/.m3-agent-installed want
-  want=$(cat pyproject.toml agent/context/_fastpack.c | sha256sum | cut -d' ' -f1)  # the C part is built at install
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
   if [ ! -x .venv/bin/python ]; then
     log "creating .venv"
     python3 -m venv .venv

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from m3_agent.agent.context.limits import DEFAULT_MAX_FILE_BYTES
+from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES
 from m3_agent.agent.model import ModelConfig
 from m3_agent.agent.stall import StallConfig
 from m3_agent.agent.thinking import ThinkingConfig

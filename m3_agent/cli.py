@@ -7,10 +7,10 @@ sub-command imports only its own module.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from m3_agent.errors import M3AgentError
 
-TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: `m3-agent pack` does not load `typing`)
 if TYPE_CHECKING:
     import typer
 
@@ -29,18 +29,9 @@ def _config(app: typer.Typer) -> None:
 
 
 def _pack(app: typer.Typer) -> None:
-    import typer
+    from m3_agent.agent.context import cli as pack
 
-    # `main` runs `m3-agent pack` straight away (argparse, nothing else loaded); this entry lists it
-    # in `m3-agent --help` and serves callers of `build_app()`.
-    def pack(ctx) -> None:
-        from m3_agent.agent.context import cli
-
-        cli.main(ctx.args)
-
-    pack.__annotations__ = {"ctx": typer.Context, "return": None}  # an object, not a string: typer resolves it
-    app.command("pack", help="Pack a repository into one prompt for the 1M window.", add_help_option=False,
-                context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(pack)
+    app.command("pack", help="Pack a repository into one prompt for the 1M window.")(pack.pack_command)
 
 
 def _standin(app: typer.Typer) -> None:
@@ -102,30 +93,9 @@ def build_app(only: str | None = None) -> typer.Typer:
     return app
 
 
-def _repo_flag(args: list[str]) -> str:
-    """The value of `--repo` in `m3-agent pack`'s arguments, before its parser loads (it takes no
-    abbreviations, so this is the only spelling besides `--repo=...`)."""
-    for i, arg in enumerate(args):
-        if arg == "--":
-            break
-        if arg == "--repo" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--repo="):
-            return arg[len("--repo="):]
-    return "."
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: one-line errors, documented exit codes."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if args[:1] == ["pack"]:  # the hot command: no typer, no rich, only the packer
-        from m3_agent.agent.context import gitls
-
-        gitls.prefetch(_repo_flag(args[1:]))  # git lists the tree while the command loads
-        from m3_agent.agent.context.cli import main as pack_main
-
-        pack_main(args[1:], own_process=argv is None)
-        return
     from rich.console import Console
 
     err_console = Console(stderr=True, highlight=False)

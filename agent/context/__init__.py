@@ -7,27 +7,16 @@
     prompt = pack.text + "\\n\\n" + issue_text   # the issue goes after the repository
 """
 
-import importlib
+from m3_agent.agent.context.cache import PackCache, cache_dir
+from m3_agent.agent.context.pack import Pack, PackedFile, SkippedFile, pack_repository
+from m3_agent.agent.context.tokens import (
+    EstimateCounter,
+    ServerCounter,
+    TokenCounter,
+    TokenizerJsonCounter,
+    budget_for_server,
+    budget_for_window,
+)
 
-# Name -> module it lives in. Loaded on first use (PEP 562), so `m3-agent pack` can start git
-# before the packer's modules load.
-_EXPORTS = {
-    "PackCache": "cache", "cache_dir": "cache",
-    "Pack": "pack", "PackedFile": "pack", "SkippedFile": "pack", "pack_repository": "pack",
-    "EstimateCounter": "tokens", "ServerCounter": "tokens", "TokenCounter": "tokens",
-    "TokenizerJsonCounter": "tokens", "budget_for_server": "tokens", "budget_for_window": "tokens",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'm3_agent.agent.context' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"m3_agent.agent.context.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__all__ = ["EstimateCounter", "Pack", "PackCache", "PackedFile", "ServerCounter", "SkippedFile", "TokenCounter",
+           "TokenizerJsonCounter", "budget_for_server", "budget_for_window", "cache_dir", "pack_repository"]

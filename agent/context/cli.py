@@ -2,26 +2,32 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
+from pathlib import Path
 
-from m3_agent.agent.context import gitls
-from m3_agent.agent.context.limits import DEFAULT_MAX_FILE_BYTES
-from m3_agent.errors import EndpointError, M3AgentError, UsageError
+from enum import Enum
 
-TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: this command does not load `typing`)
-if TYPE_CHECKING:
-    from pathlib import Path
+import typer
 
-    from m3_agent.agent.context.pack import Pack
-    from m3_agent.agent.context.tokens import EstimateCounter, TokenCounter
+from m3_agent.agent.context.pack import Pack, pack_repository
+from m3_agent.agent.context.reader import read_bytes
+from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES, apply_path_rules, decode, list_files
+from m3_agent.agent.context.tokens import (EstimateCounter, ServerCounter, TokenCounter, TokenizerJsonCounter,
+                                           budget_for_server)
+from m3_agent.errors import EndpointError, UsageError
 
-# The packer's modules load after git has been started on the repository (`gitls.prefetch`): the
-# command's functions import them where they are used.
 
-COUNTERS = ("auto", "server", "tokenizer", "estimate")  # which tokenizer counts
+
+class Counter(str, Enum):
+    """Which tokenizer counts: `auto` is the server when one answers, else a given tokenizer.json,
+    else the estimate."""
+
+    AUTO = "auto"
+    SERVER = "server"
+    TOKENIZER = "tokenizer"
+    ESTIMATE = "estimate"
 
 
 def read_issue(value: str | None) -> str | None:
@@ -43,8 +49,6 @@ def choose_counter(choice: str, base_url: str | None, model: str | None, tokeniz
                    api_key: str | None, warn, repo: str | Path = ".") -> TokenCounter:
     """The counter the flags ask for; `auto` falls back (with a warning) when the server does not answer;
     `estimate` with a server is calibrated against its /tokenize on a sample of `repo`."""
-    from m3_agent.agent.context.tokens import EstimateCounter, ServerCounter, TokenizerJsonCounter
-
     if choice == "tokenizer" or (choice == "auto" and tokenizer and not base_url):
         if tokenizer is None:
             raise UsageError("--counter tokenizer needs --tokenizer PATH (a tokenizer.json)")
@@ -71,10 +75,6 @@ def choose_counter(choice: str, base_url: str | None, model: str | None, tokeniz
 
 def calibrated_estimate(repo: str | Path, exact: TokenCounter, samples: int = 32) -> EstimateCounter:
     """The estimate scaled to `exact` on a spread-out sample of the repository's text files."""
-    from m3_agent.agent.context.reader import read_bytes
-    from m3_agent.agent.context.selection import apply_path_rules, decode, list_files
-    from m3_agent.agent.context.tokens import EstimateCounter
-
     listing = list_files(os.path.abspath(repo))
     apply_path_rules(listing, None, None)
     paths = sorted(e.path for e in listing.entries if e.reason is None and e.kind == "file")
@@ -105,174 +105,74 @@ def summary_table(pack: Pack, elapsed: float, output: str) -> str:
     return "\n".join(lines)
 
 
-def build_parser():
-    """The options of `m3-agent pack` (argparse: the command starts without loading the other commands)."""
-    import argparse
-
-    class HelpFormatter(argparse.HelpFormatter):
-        """argparse's formatter, told the terminal's width: left to find it, it loads `shutil` (and
-        the compression modules `shutil` loads)."""
-
-        def __init__(self, prog: str) -> None:
-            try:
-                width = int(os.environ.get("COLUMNS", "")) or os.get_terminal_size(sys.stderr.fileno()).columns
-            except (ValueError, OSError):
-                width = 80
-            super().__init__(prog, width=max(40, width - 2))
-
-    p = argparse.ArgumentParser(
-        prog="m3-agent pack", formatter_class=HelpFormatter, allow_abbrev=False,
-        description="Pack a repository into one prompt: header, tree of all files, then files in a stable order. "
-                    "Exit codes: 0 done, 2 bad input, 3 endpoint error, 130 interrupted.")
-    p.add_argument("--repo", default=".", help="repository (or any directory) to pack")
-    p.add_argument("--issue", help="issue text, or a file holding it, or - for stdin: ranks files when the budget is short")
-    p.add_argument("--budget", type=int, help="token budget of the pack; default: the server's max_model_len less reserves, else none")
-    p.add_argument("-o", "--output", help="write the pack here (default: stdout)")
-    p.add_argument("--include", action="append", default=[], help="only files matching this glob (gitignore syntax); repeatable")
-    p.add_argument("--exclude", action="append", default=[], help="leave out files matching this glob; repeatable")
-    p.add_argument("--base-url", help="model server (vLLM) for exact counts and the default budget")
-    p.add_argument("--model", help="served model name (default: the first listed)")
-    p.add_argument("--tokenizer", help="a local tokenizer.json for exact counts")
-    p.add_argument("--counter", choices=COUNTERS, default="auto",
-                   help="auto (the server when one answers, else a given tokenizer.json, else the estimate) | server | tokenizer | estimate")
-    p.add_argument("--max-file-bytes", type=int, help=f"skip files larger than this (default {DEFAULT_MAX_FILE_BYTES:,})")
-    p.add_argument("--output-reserve", type=int, default=32_768, help="tokens kept for the model's output (default budget)")
-    p.add_argument("--no-cache", action="store_true", help="do not read or write the token-count cache")
-    return p
-
-
-class _Args:
-    """Parsed options, as argparse's Namespace holds them."""
-
-    def __init__(self, **values) -> None:
-        self.__dict__.update(values)
-
-
-_DEFAULTS = {"repo": ".", "issue": None, "budget": None, "output": None, "include": [], "exclude": [], "base_url": None,
-             "model": None, "tokenizer": None, "counter": "auto", "max_file_bytes": None, "output_reserve": 32_768,
-             "no_cache": False}
-_VALUED = {"--repo": "repo", "--issue": "issue", "--budget": "budget", "-o": "output", "--output": "output",
-           "--include": "include", "--exclude": "exclude", "--base-url": "base_url", "--model": "model",
-           "--tokenizer": "tokenizer", "--counter": "counter", "--max-file-bytes": "max_file_bytes",
-           "--output-reserve": "output_reserve"}
-_INTS = frozenset({"budget", "max_file_bytes", "output_reserve"})
-_LISTS = frozenset({"include", "exclude"})
-
-
-def parse_args(argv: list[str]):
-    """What `build_parser().parse_args(argv)` gives, for the plain spellings of the options, without
-    loading argparse (nor `re`, which argparse loads): anything else (help, an error, an unusual
-    spelling) is left to argparse, which prints usage and exits 2 where it should."""
-    values = {k: list(v) if isinstance(v, list) else v for k, v in _DEFAULTS.items()}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--no-cache":
-            values["no_cache"] = True
-            i += 1
-            continue
-        if arg.startswith("--") and "=" in arg:
-            name, value = arg.split("=", 1)
-            i += 1
-        else:
-            name, value = arg, argv[i + 1] if i + 1 < len(argv) else None
-            i += 2
-            if value is not None and value.startswith("-") and value != "-":
-                value = None  # an option where a value should be, or a negative number: argparse decides
-        dest = _VALUED.get(name)
-        if dest is None or value is None or (dest == "counter" and value not in COUNTERS):
-            return build_parser().parse_args(argv)
-        if dest in _INTS:
-            try:
-                value = int(value)
-            except ValueError:
-                return build_parser().parse_args(argv)
-        if dest in _LISTS:
-            values[dest].append(value)
-        else:
-            values[dest] = value
-    return _Args(**values)
-
-
-def pack_command(args) -> None:
-    """Pack a repository into one prompt: header, tree of all files, then files in a stable order."""
+def pack_command(
+    repo: str = typer.Option(".", "--repo", help="Repository (or any directory) to pack."),
+    issue: str | None = typer.Option(
+        None, help="Issue text, or a file holding it, or - for stdin: ranks files when the budget is short."),
+    budget: int | None = typer.Option(
+        None, help="Token budget of the pack; default: the server's max_model_len less reserves, else none."),
+    output: str | None = typer.Option(None, "--output", "-o", help="Write the pack here (default: stdout)."),
+    include: list[str] = typer.Option([], help="Only files matching this glob (gitignore syntax); repeatable."),
+    exclude: list[str] = typer.Option([], help="Leave out files matching this glob; repeatable."),
+    base_url: str | None = typer.Option(None, help="Model server (vLLM) for exact counts and the default budget."),
+    model: str | None = typer.Option(None, help="Served model name (default: the first listed)."),
+    tokenizer: str | None = typer.Option(None, help="A local tokenizer.json for exact counts."),
+    counter: Counter = typer.Option(
+        Counter.AUTO, help="auto (the server when one answers, else a given tokenizer.json, else the estimate) | server | "
+             "tokenizer | estimate."),
+    max_file_bytes: int | None = typer.Option(
+        None, help=f"Skip files larger than this (default {DEFAULT_MAX_FILE_BYTES:,})."),
+    output_reserve: int = typer.Option(32_768, help="Tokens kept for the model's output (default budget)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the token-count cache."),
+) -> None:
+    """Pack a repository into one prompt: header, tree of all files, then files in a stable order.
+    Exit codes: 0 done, 2 bad input, 3 endpoint error, 130 interrupted."""
     started = time.perf_counter()
-    from m3_agent.agent.context.pack import pack_repository
-    from m3_agent.agent.context.tokens import budget_for_server
-
-    repo = args.repo
     if not os.path.isdir(repo):
         raise UsageError(f"repository not found: {repo}")
     settings = _settings(repo)
-    base_url = args.base_url or (settings.model.base_url if settings else None)
-    model = args.model or (settings.model.name if settings else None)
+    base_url = base_url or (settings.model.base_url if settings else None)
+    model = model or (settings.model.name if settings else None)
     api_key = _api_key(settings)
-    includes = list(args.include) + (settings.context.include if settings else [])
-    excludes = list(args.exclude) + (settings.context.exclude if settings else [])
-    max_file_bytes = args.max_file_bytes
+    includes = list(include) + (settings.context.include if settings else [])
+    excludes = list(exclude) + (settings.context.exclude if settings else [])
     if max_file_bytes is None:
         max_file_bytes = settings.context.max_file_bytes if settings else DEFAULT_MAX_FILE_BYTES
-
-    def warn(msg: str) -> None:
-        print(f"m3-agent: warning: {msg}", file=sys.stderr)
-
-    tok = choose_counter(args.counter, base_url, model, args.tokenizer, api_key, warn, repo)
-    budget = args.budget
+    tok = choose_counter(counter.value, base_url, model, tokenizer, api_key, _warn, repo)
     if budget is None and base_url:
         try:
-            budget = budget_for_server(base_url, model=getattr(tok, "model", model), output_reserve=args.output_reserve,
+            budget = budget_for_server(base_url, model=getattr(tok, "model", model), output_reserve=output_reserve,
                                        api_key=api_key)
         except EndpointError as e:
-            warn(f"no default budget: {e}")
-    pack = pack_repository(repo, issue=read_issue(args.issue), budget=budget, counter=tok, include=tuple(includes),
-                           exclude=tuple(excludes), max_file_bytes=max_file_bytes, cache=not args.no_cache)
-    output = args.output
-    if output is None or output == "-":
-        sys.stdout.flush()
-        pack.write_to(sys.stdout.buffer)
-        sys.stdout.buffer.flush()
-        where = "stdout"
-    else:
-        try:
-            pack.write(output)
-        except OSError as e:
-            raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
-        where = str(output)
+            _warn(f"no default budget: {e}")
+    pack = pack_repository(repo, issue=read_issue(issue), budget=budget, counter=tok, include=tuple(includes),
+                           exclude=tuple(excludes), max_file_bytes=max_file_bytes, cache=not no_cache)
+    where = _write(pack, output)
     print(summary_table(pack, time.perf_counter() - started, where), file=sys.stderr)
     if pack.counter_kind == "estimate":
         print("token counts are estimates (no server /tokenize or tokenizer.json given)", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None, *, own_process: bool = False) -> None:
-    """`m3-agent pack ...`: one-line errors and the documented exit codes. With `own_process` (the
-    command is the whole process), a finished pack ends the process at once: the output is written
-    and flushed, and tearing down thousands of objects would only delay the exit."""
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)  # bad flags: usage on stderr, exit 2
-    except SystemExit:
-        gitls.stop_unused()  # started by `m3-agent`'s own entry point for the --repo it saw
-        raise
-    gitls.prefetch(str(args.repo))  # git lists the tree while the packer loads (if not already)
-    collecting = gc.isenabled()
-    gc.disable()  # thousands of small objects and no cycles worth collecting while packing
-    try:
-        pack_command(args)
-        if own_process:
+def _warn(msg: str) -> None:
+    print(f"m3-agent: warning: {msg}", file=sys.stderr)
+
+
+def _write(pack: Pack, output: str | None) -> str:
+    """Write the pack to `output` (stdout when None or -); where it went."""
+    if output is None or output == "-":
+        try:
             sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
-    except KeyboardInterrupt:
-        print("m3-agent: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except M3AgentError as e:
-        print(f"m3-agent: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
-    except BrokenPipeError:  # `m3-agent pack | head`: the reader left, nothing to report
-        sys.exit(0)
-    finally:
-        gitls.stop_unused()
-        if collecting:
-            gc.enable()
+            pack.write_to(sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:  # `m3-agent pack | head`: the reader left, nothing to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit)
+            raise typer.Exit(0)
+        return "stdout"
+    try:
+        pack.write(output)
+    except OSError as e:
+        raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
+    return str(output)
 
 
 def _settings(repo: str):
@@ -283,12 +183,8 @@ def _settings(repo: str):
         or (os.path.isfile(pyproject) and b"m3-agent" in _read(pyproject))
         or any(k.startswith("M3_AGENT_") and k != "M3_AGENT_CACHE_DIR" for k in os.environ)
     ):
-        return None  # nothing to read: skip loading the settings machinery
-    try:
-        from m3_agent.settings import load_settings
-    except ImportError:  # configuration is optional for packing
-        return None
-    from pathlib import Path
+        return None  # nothing to set
+    from m3_agent.settings import load_settings
 
     settings, _ = load_settings(Path(repo))
     return settings

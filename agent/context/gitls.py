@@ -1,60 +1,25 @@
-"""The git calls that list a work tree, run side by side, and startable ahead of time.
-
-`m3-agent pack` starts them as soon as it has read its flags (`prefetch`), so that git walks the
-tree while the packer's modules load; the listing then takes the running calls (`take`) instead of
-starting its own. This module imports nothing heavy for that reason: the calls are spawned with
-`os.posix_spawnp` where the platform has it (the `subprocess` module alone takes longer to import
-than git takes to list a large tree), and read with `select.poll`.
-"""
+"""The git calls behind the listing of a work tree, run through GitPython."""
 
 from __future__ import annotations
 
 import os
-import select
+from collections import namedtuple
 
-try:
-    import _signal as signal  # the C module: `signal` itself loads enum
-except ImportError:
-    import signal
+import git
 
 from m3_agent.errors import GitError
 
-# The listing's calls: the tracked files with their blob ids (`-t` tags them H, or S, M for
-# skip-worktree and unmerged entries) and, after a file's own record, a C record when the work
-# tree changed it; the untracked files that are not ignored (tagged ?), listed by a second git
-# that walks the tree meanwhile; and the commit checked out.
-COMMANDS = (("ls-files", "-z", "-t", "-s", "-m"), ("ls-files", "-z", "-t", "-o", "--exclude-standard"),
-            ("rev-parse", "-q", "--verify", "HEAD"))
-PROBE = ("rev-parse", "--is-inside-work-tree")
-
-_prefetched: dict[str, list[Call]] = {}
+# The tracked files with their blob ids (`-t` tags them H, or S, M for skip-worktree and unmerged
+# entries) and, after a file's own record, a C record when the work tree changed it.
+TRACKED = ("-z", "-t", "-s", "-m")
+UNTRACKED = ("-z", "-t", "-o", "--exclude-standard")  # the untracked files that are not ignored (tagged ?)
 
 
-class Call:
-    """One running git command: its pid and the read ends of its stdout and stderr."""
+class GitListing(namedtuple("GitListing", "tracked untracked head")):
+    """What git says of a work tree: `tracked` and `untracked` (raw `ls-files` output, NUL-separated
+    records) and `head` (the commit checked out; None before the first commit)."""
 
-    __slots__ = ("pid", "out", "err", "proc")
-
-    def __init__(self, pid: int | None, out: int | None, err: int | None, proc=None) -> None:
-        self.pid, self.out, self.err, self.proc = pid, out, err, proc
-
-    def stop(self) -> None:
-        """Kill and reap the command, if it is still there (an interrupted listing)."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.communicate()
-            return
-        for fd in (self.out, self.err):
-            if fd is not None:
-                os.close(fd)
-        self.out = self.err = None
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-            self.pid = None
+    __slots__ = ()
 
 
 def may_be_git(root: str) -> bool:
@@ -71,116 +36,39 @@ def may_be_git(root: str) -> bool:
         path = parent
 
 
-def needs_probe(root: str) -> bool:
-    """A `.git` in root itself makes root a work tree's top: no need to ask git first."""
-    return not os.path.exists(os.path.join(root, ".git"))
-
-
-def start(root: str) -> list[Call]:
-    """Start the listing's git calls in `root` (the probe first when one is needed)."""
-    commands = ((PROBE,) if needs_probe(root) else ()) + COMMANDS
-    calls: list[Call] = []
+def list_tree(root: str) -> GitListing | None:
+    """The listing of the work tree at `root`, paths relative to `root` (which may be a directory
+    inside a work tree); None when git says `root` is in no work tree."""
+    cmd = git.Git(root)
     try:
-        for args in commands:
-            calls.append(_spawn(["git", "-C", root, *args]))
-    except FileNotFoundError as e:
-        for call in calls:
-            call.stop()
+        if not os.path.exists(os.path.join(root, ".git")):  # not known to be a work tree's top: ask
+            code, out, err = _run(cmd.rev_parse, "--is-inside-work-tree")
+            _refused(root, err)
+            if code != 0 or out.strip() != b"true":
+                return None
+        tracked = _checked(root, "ls-files", *_run(cmd.ls_files, *TRACKED))
+        untracked = _checked(root, "ls-files --others", *_run(cmd.ls_files, *UNTRACKED))
+        code, head, _ = _run(cmd.rev_parse, "-q", "--verify", "HEAD")
+    except git.GitCommandNotFound as e:
         raise GitError("git is not installed: install git to pack a git repository") from e
-    except BaseException:
-        for call in calls:
-            call.stop()
-        raise
-    return calls
+    return GitListing(tracked, untracked, head.decode().strip() or None if code == 0 else None)
 
 
-def _spawn(argv: list[str]) -> Call:
-    if not hasattr(os, "posix_spawnp"):  # not a POSIX system: the general tool
-        import subprocess
-
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        return Call(None, None, None, proc)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    try:
-        pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
-            (os.POSIX_SPAWN_CLOSE, out_r), (os.POSIX_SPAWN_CLOSE, err_r)],
-            setsigdef=(signal.SIGPIPE,))  # as a shell would start it, not with this process's SIG_IGN
-    except BaseException:
-        for fd in (out_r, err_r):
-            os.close(fd)
-        raise
-    finally:
-        os.close(out_w)
-        os.close(err_w)
-    return Call(pid, out_r, err_r)
+def _run(call, *args: str) -> tuple[int, bytes, str]:
+    """(exit code, stdout as bytes, stderr) of one git call."""
+    return call(*args, with_extended_output=True, with_exceptions=False, stdout_as_string=False)
 
 
-def finish(calls: list[Call]) -> list[tuple[int, bytes, bytes]]:
-    """(returncode, stdout, stderr) of each call, in order. Every pipe is drained as it fills, so no
-    call waits on a full pipe while another is read."""
-    try:
-        return _finish(calls)
-    except BaseException:
-        for call in calls:
-            call.stop()
-        raise
+def _refused(root: str, err: str) -> None:
+    """git's refusal of a repository owned by someone else is one clear error."""
+    if "dubious ownership" in err or "safe.directory" in err:
+        raise GitError(f"git refuses {root} (dubious ownership): run git config --global --add safe.directory {root}")
 
 
-def _finish(calls: list[Call]) -> list[tuple[int, bytes, bytes]]:
-    chunks: dict[int, list[bytes]] = {}
-    owner: dict[int, tuple[Call, str]] = {}  # fd -> its call and which stream it is
-    for call in calls:
-        if call.proc is None:
-            for name in ("out", "err"):
-                fd = getattr(call, name)
-                chunks[fd], owner[fd] = [], (call, name)
-    output: dict[tuple[int, str], bytes] = {}
-    poll = select.poll()  # not select(): a busy process may hold descriptors numbered past its limit
-    for fd in owner:
-        poll.register(fd, select.POLLIN)
-    while owner:
-        for fd, _ in poll.poll():
-            data = os.read(fd, 1 << 20)
-            if data:
-                chunks[fd].append(data)
-                continue
-            call, name = owner.pop(fd)
-            poll.unregister(fd)
-            setattr(call, name, None)
-            os.close(fd)
-            output[id(call), name] = b"".join(chunks.pop(fd))
-    results = []
-    for call in calls:
-        if call.proc is not None:
-            out, err = call.proc.communicate()
-            results.append((call.proc.returncode, out, err))
-            continue
-        _, status = os.waitpid(call.pid, 0)
-        call.pid = None
-        results.append((os.waitstatus_to_exitcode(status), output[id(call), "out"], output[id(call), "err"]))
-    return results
-
-
-def prefetch(root: str) -> None:
-    """Start listing `root` now, if it may be a git work tree; `take` hands the calls over."""
-    root = os.path.abspath(os.path.expanduser(root))
-    if root not in _prefetched and os.path.isdir(root) and may_be_git(root):
-        try:
-            _prefetched[root] = start(root)
-        except GitError:
-            pass  # the listing reports it when it runs
-
-
-def take(root: str) -> list[Call] | None:
-    """The calls `prefetch` started for `root`, if any (each is handed over once)."""
-    return _prefetched.pop(os.path.abspath(os.path.expanduser(root)), None)
-
-
-def stop_unused() -> None:
-    """Stop the prefetched calls no listing took (the command failed before listing)."""
-    while _prefetched:
-        for call in _prefetched.popitem()[1]:
-            call.stop()
+def _checked(root: str, what: str, code: int, out: bytes, err: str) -> bytes:
+    """The output of a call that must succeed; else one clear error with the first line git said."""
+    _refused(root, err)
+    if code != 0:
+        lines = err.strip().splitlines()
+        raise GitError(f"git {what} failed in {root}: {lines[0] if lines else code}")
+    return out

@@ -10,11 +10,14 @@ run that opens a line of the file, so no content can close a section early (Comm
 
 from __future__ import annotations
 
-from m3_agent.agent.context.selection import Entry, _fastpack
+import json
+import re
+
+from m3_agent.agent.context.selection import Entry
 
 INDENT = "  "
 COLLAPSIBLE = frozenset({"vendored", "generated"})  # a directory all of one of these is one tree line
-_FENCE_RUN = None  # rb"^ {0,3}(`{3,})" (multiline), compiled for the first file that needs it: packing loads no `re`
+_FENCE_RUN = re.compile(rb"^ {0,3}(`{3,})", re.MULTILINE)  # a backtick run that opens a line
 
 
 def sort_key(path: str) -> str:
@@ -45,8 +48,6 @@ def shown(name: str) -> str:
             return name
         except UnicodeEncodeError:  # undecodable bytes kept as surrogate escapes
             pass
-    import json  # only odd names get here
-
     return json.dumps(name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
 
 
@@ -54,11 +55,6 @@ def fence_for(content: bytes) -> str:
     """Backticks enough to fence `content`: three, or one more than its longest line-opening run."""
     if b"`" not in content or b"```" not in content:  # memchr first: most files have no backtick at all
         return "```"
-    global _FENCE_RUN
-    if _FENCE_RUN is None:
-        import re
-
-        _FENCE_RUN = re.compile(rb"^ {0,3}(`{3,})", re.MULTILINE)
     longest = max((len(m) for m in _FENCE_RUN.findall(content)), default=0)
     return "`" * max(3, longest + 1)
 
@@ -106,20 +102,12 @@ def _marker(e: Entry) -> str:
     return f"  (skipped: {e.reason})"
 
 
-ACCELERATED = True  # False: the tree in Python even where the C accelerator is built (the tests compare)
-
-
 def tree(entries: list[Entry], max_depth: int | None = None) -> str:
     """The tree of all entries (sorted by `sort_key`), skip reasons marked, vendored trees folded.
 
     With `max_depth`, directories that deep are shown as one line with their file count: the
-    shortened tree a small budget gets. The whole tree is written by the C accelerator where it
-    is built (the same text: the tests hold the two to it).
+    shortened tree a small budget gets.
     """
-    if max_depth is None and ACCELERATED and _fastpack is not None:
-        text = _fastpack.tree(entries, shown, _marker, COLLAPSIBLE)
-        if text is not None:
-            return text
     keyed = _Components(entries)
     # Directories holding a vendored or generated file may fold into one line: those whose every
     # entry is skipped for that one reason. Entries under a directory are contiguous in tree order.
@@ -264,35 +252,15 @@ def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int
     return "".join(out)
 
 
-def render(head: str, tree_text: str, chosen: list[Entry], foot: str) -> tuple[list, str, int, int]:
-    """The whole pack as a list of UTF-8 byte pieces (file texts are not copied: a section rendered
-    in shared memory is one slice, and neighbouring ones are one slice together), the text around
-    the file contents rendered here, and the characters and extra UTF-8 bytes of the frames of the
-    sections rendered before (the estimate counts the shape of all of it)."""
-    parts: list = [head.encode(), tree_text.encode(), b"## Files\n\n"]
+def render(head: str, tree_text: str, chosen: list[Entry], foot: str) -> tuple[list[bytes], str]:
+    """The whole pack as a list of UTF-8 byte pieces (file texts are not copied), and the text around
+    the file contents (the estimate counts its shape, and the file texts' from their facts)."""
+    parts: list[bytes] = [head.encode(), tree_text.encode(), b"## Files\n\n"]
     frame = [head, tree_text, "## Files\n\n"]
-    frame_chars = frame_extra = 0
-    run = None  # the span of rendered sections being extended: [view, start, end]
     for e in chosen:
-        span = e.section
-        if span is not None:
-            frame_chars += e.frame[0]
-            frame_extra += e.frame[1]
-            if run is not None and run[0] is span[0] and run[2] == span[1]:
-                run[2] = span[2]
-                continue
-            if run is not None:
-                parts.append(run[0][run[1]:run[2]])
-            run = list(span)
-            continue
-        if run is not None:
-            parts.append(run[0][run[1]:run[2]])
-            run = None
         opening, content, closing = section_parts(e)
         parts += (opening.encode(), content, closing.encode())
         frame += (opening, closing)
-    if run is not None:
-        parts.append(run[0][run[1]:run[2]])
     parts.append(foot.encode())
     frame.append(foot)
-    return parts, "".join(frame), frame_chars, frame_extra
+    return parts, "".join(frame)

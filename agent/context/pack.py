@@ -6,18 +6,18 @@ import functools
 import math
 import os
 import time
-from collections import namedtuple
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from m3_agent.agent.context import layout
-from m3_agent.agent.context.reader import load, read_bytes, render_sections, start_scan
+from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
+from m3_agent.agent.context.relevance import rank
 from m3_agent.agent.context.selection import (
-    DEFAULT_MAX_FILE_BYTES,
     CODE_SUFFIXES,
+    DEFAULT_MAX_FILE_BYTES,
     Entry,
     Listing,
-    apply_path_rules,
     compile_globs,
-    content_reason,
     definitions,
     list_files,
     subword_terms,
@@ -25,10 +25,7 @@ from m3_agent.agent.context.selection import (
 from m3_agent.agent.context.tokens import EstimateCounter, text_shape
 from m3_agent.errors import UsageError
 
-TYPE_CHECKING = False  # (not `typing.TYPE_CHECKING`: packing does not load `typing`)
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from m3_agent.agent.context.cache import PackCache
     from m3_agent.agent.context.tokens import TokenCounter
 
@@ -39,20 +36,24 @@ CALIBRATION_SAMPLES = 32  # files counted exactly to scale the estimate that pla
 PLAN_MARGIN = 1.1  # planned counts of files not yet counted exactly err this much high
 
 
-# Named tuples from `collections`, not `typing`: packing does not load `typing`.
-class PackedFile(namedtuple("PackedFile", "path tokens bytes flags")):
+class PackedFile(NamedTuple):
     """A file whose text is in the pack: `path`, `tokens` of its text (without its heading and
     fences), `bytes`, and `flags` (a list: "non-utf8", "no-final-newline", "symlink", ...)."""
 
-    __slots__ = ()
+    path: str
+    tokens: int
+    bytes: int
+    flags: list[str]
 
 
-class SkippedFile(namedtuple("SkippedFile", "path reason detail", defaults=("",))):
+class SkippedFile(NamedTuple):
     """A file listed in the tree but not packed: `path`, `reason` (binary, too-large, lockfile,
     minified, source-map, vendored, generated, excluded, not-included, symlink-outside, budget, ...)
     and `detail` (e.g. a symlink's target)."""
 
-    __slots__ = ()
+    path: str
+    reason: str
+    detail: str = ""
 
 
 class Pack:
@@ -141,7 +142,7 @@ class Pack:
 
 
 def _tree_order(e: Entry) -> str:
-    return e.path.replace("/", "\0")  # layout.sort_key, inlined: called once per file
+    return layout.sort_key(e.path)
 
 
 def _flags(e: Entry) -> list[str]:
@@ -168,112 +169,70 @@ def pack_repository(
     by git blob id under the user's cache directory.
     """
     t0 = time.perf_counter()
-    timings: dict[str, float] = {}
     if budget is not None and budget <= 0:
         raise UsageError(f"the token budget must be positive, got {budget}")
     if max_file_bytes <= 0:
         raise UsageError(f"max_file_bytes must be positive, got {max_file_bytes}")
     counter = counter or EstimateCounter()
-    root = os.path.abspath(os.path.expanduser(os.fspath(repo)))  # (os.path: packing does not load pathlib)
-    globs = (compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"))
-    scans = []  # a full pack without globs reads the tracked files while git looks for untracked ones
-
-    def on_tracked(tracked: list[Entry]) -> None:
-        tracked.sort(key=_tree_order)  # their sections then lie in tree order, in a few long runs
-        scan = start_scan(tracked, list(range(len(tracked))), root, max_file_bytes)
-        if scan is not None:
-            scans.append(scan)
-
-    plain_full = budget is None and globs == (None, None)
-    listing = list_files(root, on_tracked=on_tracked if plain_full else None)
-    if budget is not None:  # a full pack decides path rules as it reads, in parallel
-        apply_path_rules(listing, *globs)
-    timings["list_s"] = time.perf_counter() - t0
-
-    own_cache = cache is True
+    root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
+    rules = Rules(root, compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"),
+                  max_file_bytes)
+    listing = list_files(root)
+    timings = {"list_s": time.perf_counter() - t0}
     if cache is True:
-        from m3_agent.agent.context.cache import PackCache  # (sqlite3 loads only for a cached pack)
+        from m3_agent.agent.context.cache import PackCache
 
-        store = PackCache()
-    else:
-        store = cache or None
-    try:
-        if budget is None:
-            return _pack_all(listing, store, counter, max_file_bytes, globs, timings, t0, scans[0] if scans else None)
-        return _pack(listing, store, issue, budget, counter, max_file_bytes, timings, t0)
-    finally:
-        if own_cache and store is not None:
-            store.close()
+        with PackCache() as store:
+            return _pack(listing, store, rules, issue, budget, counter, timings, t0)
+    return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0)
 
 
-def _pack_all(listing: Listing, store: PackCache | None, counter: TokenCounter, max_file_bytes: int,
-              globs: tuple, timings: dict[str, float], t0: float, scan=None) -> Pack:
-    """The pack of every file (no budget): each file read once, its section rendered as it is read."""
+def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | None, budget: int | None,
+          counter: TokenCounter, timings: dict[str, float], t0: float) -> Pack:
+    """Decide every entry, count, choose (within `budget`, when there is one), render."""
     t = time.perf_counter()
     entries = sorted(listing.entries, key=_tree_order)
-    # The accelerator reads every file and finds its facts as fast as the cache would give them:
-    # with this index's facts already stored, only the files git has no blob id for are added.
-    stored = (scan is not None and store is not None and listing.index_key is not None
-              and store.has_snapshot(listing.index_key))
-    known, stale = ({}, False) if stored else _known_facts(store, listing, entries)
-    for e in entries:
-        if e.blob in known:
-            e.facts = known[e.blob]
-    render_sections(entries, str(listing.root), *globs, max_file_bytes, scan=scan)
+    known, stale = _known_facts(store, listing, entries)
+    raw: dict[str, bytes] = {}  # bytes of the files read, kept for relevance
+    for e in entries:  # a budgeted pack reads only what no cached facts stand in for; a full pack, all it packs
+        decide(e, rules, known.get(e.blob) if e.blob else None, read=budget is None, raw=raw if budget else None)
     packable = [e for e in entries if e.reason is None]
-    dirty = any(map(_changed, entries))
+    new_facts = {e.blob: e.facts for e in entries if e.blob and e.facts is not None and e.blob not in known}
     timings["read_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    _count_files(packable, counter, store, listing, max_file_bytes, None)
+    _count_files(packable, counter, store, listing, rules.limit, budget)
     timings["count_s"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    head_text = layout.header(git=listing.git, head=listing.head, dirty=dirty, total=len(entries))
+    head_text = layout.header(git=listing.git, head=listing.head, dirty=any(map(_changed, entries)),
+                              total=len(entries))
     tree_text = layout.tree(entries)
+    if budget is None:
+        chosen, left_out, parts, tokens = _render_all(packable, entries, head_text, tree_text, counter, timings)
+    else:
+        chosen, left_out, parts, tokens = _render_within(packable, entries, head_text, tree_text, issue, budget,
+                                                         counter, listing, store, new_facts, raw, rules.limit,
+                                                         timings)
+    _remember(store, listing, _facts_by_blob(entries), new_facts, stale)
+    timings["total_s"] = time.perf_counter() - t0
+    return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings)
+
+
+def _render_all(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, counter: TokenCounter,
+                timings: dict[str, float]) -> tuple[list[Entry], list[Entry], list, int]:
+    """The pack of every packable file (no budget)."""
+    t = time.perf_counter()
     parts, tokens = _render(packable, [], entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
     timings["render_s"] = time.perf_counter() - t
-    if stored:
-        added = {e.blob: e.facts for e in entries if _changed(e) and e.blob and e.facts is not None}
-        if added:
-            store.put_facts(added)
-    elif store is not None:
-        facts = _facts_by_blob(entries)
-        _remember(store, listing, facts, {b: f for b, f in facts.items() if b not in known}, stale)
-    timings["total_s"] = time.perf_counter() - t0
-    return _result(entries, packable, [], parts, tokens, counter, None, listing, timings)
+    return packable, [], parts, tokens
 
 
-def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: int,
-          counter: TokenCounter, max_file_bytes: int, timings: dict[str, float], t0: float) -> Pack:
-    """A pack within `budget`: files read only where no cached facts stand in, and for relevance."""
-    t = time.perf_counter()
-    entries = sorted(listing.entries, key=_tree_order)
-    candidates = [e for e in entries if e.reason is None]
-    known, stale = _known_facts(store, listing, candidates)
-    new_facts = {}
-    raw: dict[str, bytes] = {}  # file bytes kept for relevance only
-    dirty = False
-    for e in candidates:
-        facts = known.get(e.blob) if e.blob else None
-        if facts is not None:
-            e.facts, e.size = facts, facts.size
-        else:
-            load(str(listing.root), e, max_file_bytes, raw)
-            if e.facts is not None:
-                new_facts[e.blob] = e.facts
-        if e.reason is None and e.facts is not None:
-            e.reason = content_reason(e.path, e.facts, max_file_bytes, e.forced)
-        dirty = dirty or _changed(e)
-    packable = [e for e in candidates if e.reason is None]
-    timings["read_s"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    _count_files(packable, counter, store, listing, max_file_bytes, budget)
-    timings["count_s"] = time.perf_counter() - t
-
-    head_text = layout.header(git=listing.git, head=listing.head, dirty=dirty, total=len(entries))
-    tree_text = _tree_for_budget(entries, head_text, layout.tree(entries), budget, counter)
+def _render_within(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
+                   budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
+                   raw: dict[str, bytes], max_file_bytes: int,
+                   timings: dict[str, float]) -> tuple[list[Entry], list[Entry], list, int]:
+    """The pack of the files that fit `budget`, the most relevant to `issue` first."""
+    tree_text = _tree_for_budget(entries, head_text, tree_text, budget, counter)
     t = time.perf_counter()
     chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
                             listing, store, new_facts, raw, max_file_bytes)
@@ -287,10 +246,7 @@ def _pack(listing: Listing, store: PackCache | None, issue: str | None, budget: 
         chosen, left_out, parts, tokens, budget, len(entries), counter, render,
         lambda more: _prepare(more, counter, store, listing, max_file_bytes))
     timings["render_s"] = time.perf_counter() - t
-
-    _remember(store, listing, _facts_by_blob(candidates), new_facts, stale)
-    timings["total_s"] = time.perf_counter() - t0
-    return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings)
+    return chosen, left_out, parts, tokens
 
 
 def _changed(e: Entry) -> bool:
@@ -299,15 +255,14 @@ def _changed(e: Entry) -> bool:
 
 
 def _known_facts(store: PackCache | None, listing: Listing, entries: list[Entry]) -> tuple[dict, bool]:
-    """Cached facts of these entries' blobs: the index's snapshot, then a lookup of the blobs it
-    lacks; and whether it lacked any (the snapshot is then written again)."""
+    """Cached facts of these entries' blobs: the index's snapshot (one read), else a lookup of each
+    blob; and whether the snapshot is missing (it is then written)."""
     if store is None:
         return {}, False
     known = store.get_snapshot(listing.index_key) if listing.index_key else {}
-    unknown = [e.blob for e in entries if e.blob and e.blob not in known and e.reason is None]
-    if unknown:
-        known.update(store.get_facts(unknown))
-    return known, bool(unknown)
+    if known:
+        return known, False
+    return store.get_facts([e.blob for e in entries if e.blob]), listing.index_key is not None
 
 
 def _facts_by_blob(entries: list[Entry]) -> dict:
@@ -483,8 +438,6 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
          budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
          data: dict[str, bytes] | None, max_file_bytes: int) -> tuple[list[Entry], list[Entry]]:
     """Choose the files that fit the budget: all when they do, else the most relevant first."""
-    from m3_agent.agent.context.relevance import rank
-
     estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
     fixed = counter.count(head_text + tree_text + "## Files\n\n")
     for e in packable:
@@ -544,12 +497,10 @@ def _render(chosen: list[Entry], left_out: list[Entry], *, entries: list[Entry],
             counter: TokenCounter) -> tuple[list, int]:
     """The pack's byte pieces and the token count of their text."""
     foot = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out)
-    parts, frame, frame_chars, frame_extra = layout.render(head_text, tree_text, chosen, foot)
+    parts, frame = layout.render(head_text, tree_text, chosen, foot)
     if isinstance(counter, EstimateCounter):
         # The estimate depends on characters and extra UTF-8 bytes only, which add up over parts.
         chars, extra = text_shape(frame)
-        chars += frame_chars
-        extra += frame_extra
         for e in chosen:
             chars += e.facts.chars
             extra += e.facts.extra

@@ -8,18 +8,18 @@ decided here without reading a file; content rules (binary, minified, generated,
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections import namedtuple
+from dataclasses import astuple, dataclass
+
+import pathspec
 
 from m3_agent.agent.context import gitls
-from m3_agent.agent.context.limits import DEFAULT_MAX_FILE_BYTES  # noqa: F401 - re-exported: where callers look for it
-from m3_agent.errors import GitError, UsageError
+from m3_agent.errors import UsageError
 
-try:  # the C accelerator (agent/context/_fastpack.c), when it was built: the one import of it
-    from m3_agent.agent.context import _fastpack
-except ImportError:  # not built (no compiler at install time): the same work in Python
-    _fastpack = None
-
+DEFAULT_MAX_FILE_BYTES = 1_048_576  # files larger than this are listed, not packed
 
 LOCKFILES = frozenset({
     "package-lock.json", "npm-shrinkwrap.json", "yarn.lock", "pnpm-lock.yaml", "bun.lockb", "bun.lock",
@@ -70,57 +70,33 @@ _DEF_KEYWORDS = {
     (".sh", ".lua"): ("function",),
 }
 CODE_SUFFIXES = frozenset(suffix for suffixes in _DEF_KEYWORDS for suffix in suffixes)
-_DEF_RES: dict[str, tuple] = {}  # suffix -> its compiled definition regexes, compiled on first use
-
-
-def _def_regexes(suffix: str) -> tuple:
-    if suffix not in CODE_SUFFIXES:
-        return ()
-    if not _DEF_RES:
-        import re  # (relevance only: a full pack loads no `re`)
-
-        for suffixes, kws in _DEF_KEYWORDS.items():
-            compiled = tuple(re.compile(kw.encode() + rb"[ \t]+(?:\([^)\n]*\)[ \t]*)?([A-Za-z_][A-Za-z0-9_]*)")
-                             for kw in kws)
-            _DEF_RES.update(dict.fromkeys(suffixes, compiled))
-    return _DEF_RES[suffix]
+_DEF_RES = {  # suffix -> its compiled definition regexes
+    suffix: tuple(re.compile(kw.encode() + rb"[ \t]+(?:\([^)\n]*\)[ \t]*)?([A-Za-z_][A-Za-z0-9_]*)") for kw in kws)
+    for suffixes, kws in _DEF_KEYWORDS.items() for suffix in suffixes
+}
 
 
 _WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.$")
 
 
+@dataclass(slots=True)
 class Facts:
-    """What the packer knows about one file content: the same for every path with that content.
-    (A plain class with slots: one is made per file, and the pack command starts without the
-    dataclasses machinery.)"""
+    """What the packer knows about one file content: the same for every path with that content."""
 
-    __slots__ = ("size", "binary", "encoding", "chars", "extra", "lines", "final_newline", "generated", "defs",
-                 "terms")
-
-    def __init__(self, size: int, binary: bool, encoding: str = "utf-8", chars: int = 0, extra: int = 0,
-                 lines: int = 0, final_newline: bool = True, generated: bool = False, defs: str | None = None,
-                 terms: str | None = None) -> None:
-        self.size = size
-        self.binary = binary
-        self.encoding = encoding  # "utf-8" | "non-utf8" (decoded with replacement) | "utf-16"
-        self.chars = chars
-        self.extra = extra  # UTF-8 bytes beyond one per character, for the estimate
-        self.lines = lines  # line ends in the first MINIFIED_PROBE bytes
-        self.final_newline = final_newline
-        self.generated = generated
-        self.defs = defs  # space-separated names the file defines; None = not computed yet
-        self.terms = terms  # the lowercase words of those names (`bulk_create` -> bulk create)
+    size: int
+    binary: bool
+    encoding: str = "utf-8"  # "utf-8" | "non-utf8" (decoded with replacement) | "utf-16"
+    chars: int = 0
+    extra: int = 0  # UTF-8 bytes beyond one per character, for the estimate
+    lines: int = 0  # line ends in the first MINIFIED_PROBE bytes
+    final_newline: bool = True
+    generated: bool = False
+    defs: str | None = None  # space-separated names the file defines; None = not computed yet
+    terms: str | None = None  # the lowercase words of those names (`bulk_create` -> bulk create)
 
     def astuple(self) -> tuple:
         """The fields in order: `Facts(*f.astuple())` is an equal copy."""
-        return (self.size, self.binary, self.encoding, self.chars, self.extra, self.lines, self.final_newline,
-                self.generated, self.defs, self.terms)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Facts) and self.astuple() == other.astuple()
-
-    def __repr__(self) -> str:
-        return "Facts(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
+        return astuple(self)
 
 
 class Entry:
@@ -142,8 +118,6 @@ class Entry:
     cost = 0  # planned tokens of its section around the text (heading, fences)
     rank = 0  # position in relevance order (0 = most relevant), set when a budget applies
     flags: tuple[str, ...] = ()  # notes for the section heading, e.g. the target of a symlink
-    section: tuple | None = None  # (shared memory view, start, end) of its rendered section, when rendered
-    frame = (0, 0)  # characters and extra UTF-8 bytes of that section around the text
 
     def __init__(self, path: str, **attrs: object) -> None:
         self.path = path  # relative, '/'-separated; odd bytes kept as surrogate escapes
@@ -165,21 +139,9 @@ class Listing(namedtuple("Listing", "root entries git head index_key", defaults=
 
 def blob_id(data: bytes) -> str:
     """The git blob id of `data` (what `git hash-object` prints)."""
-    import hashlib  # loaded for the first file git has no id for: packing a clean work tree never does
-
     h = hashlib.sha1(b"blob %d\0" % len(data))
     h.update(data)
     return h.hexdigest()
-
-
-def _digest(data: bytes) -> str:
-    """A SHA-1 hex digest of a small text, without loading `hashlib` (and OpenSSL) where Python has
-    its own SHA-1 module."""
-    try:
-        from _sha1 import sha1
-    except ImportError:
-        from hashlib import sha1
-    return sha1(data).hexdigest()
 
 
 def decode(data: bytes) -> tuple[bytes | None, Facts]:
@@ -234,40 +196,18 @@ def _has_marker(data: bytes) -> bool:
     return data.find(first, 0, MARKER_PROBE) >= 0 or data.find(second, 0, MARKER_PROBE) >= 0
 
 
-def text_probe_is_plain(probe: bytes) -> bool:
-    """Whether a file's leading bytes hold no control byte (the common case `decode` checks for)."""
-    return not probe.translate(None, _NON_CONTROL)
-
-
-_SUBWORD_RE = None  # compiled on first use: a full pack loads no `re`
-
-
-def _subword_re():
-    """QuerySet -> Query, Set; HTTPError -> HTTP, Error."""
-    global _SUBWORD_RE
-    if _SUBWORD_RE is None:
-        import re
-
-        _SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
-    return _SUBWORD_RE
-
-
-def __getattr__(name: str):
-    """`SUBWORD_RE` (what relevance splits identifiers with), compiled on first use."""
-    if name == "SUBWORD_RE":
-        return _subword_re()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+SUBWORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")  # QuerySet -> Query, Set; HTTPError -> HTTP, Error
 
 
 def subword_terms(names: str) -> str:
     """The distinct lowercase words in identifiers (`QuerySet bulk_create` -> bulk create query set)."""
-    return " ".join(sorted(set(" ".join(_subword_re().findall(names)).lower().split())))
+    return " ".join(sorted(set(" ".join(SUBWORD_RE.findall(names)).lower().split())))
 
 
 def definitions(path: str, data: bytes) -> str:
     """Space-separated names `data` defines (functions, classes, types), deduplicated, in order."""
     dot = path.rfind(".")
-    regexes = _def_regexes(path[dot:].lower()) if dot > path.rfind("/") + 1 else ()
+    regexes = _DEF_RES.get(path[dot:].lower(), ()) if dot > path.rfind("/") + 1 else ()
     names: dict[str, None] = {}
     for rx in regexes:
         for m in rx.finditer(data):
@@ -315,66 +255,30 @@ def content_reason(path: str, facts: Facts, max_file_bytes: int, forced: bool) -
     return None
 
 
-def _list_git(root: str | os.PathLike, on_tracked=None) -> Listing | None:
-    """The git listing of a work tree; None when git says `root` is not in one. `on_tracked` gets the
-    tracked files' entries as soon as git has listed them, while it still looks for untracked ones."""
-    calls = gitls.take(str(root)) or gitls.start(str(root))
-    try:
-        if len(calls) > len(gitls.COMMANDS):  # not known to be a work tree's top: the probe first
-            (code, out, err), = _finished(root, calls[:1])
-            if code != 0 or out.strip() != b"true":
-                return None
-            calls = calls[1:]
-        (code, listed, err), = _finished(root, calls[:1])
-        _check(root, "ls-files", code, err)
-        parse = _fastpack.listing if ACCELERATED and _fastpack is not None else _parse_listing
-        entries, _, index_records = parse(listed, Entry)
-        if on_tracked is not None:
-            on_tracked(list(entries.values()))
-        (code, others, err), (head_code, head, _) = _finished(root, calls[1:])
-        _check(root, "ls-files --others", code, err)
-    finally:
-        for call in calls:  # (a failure or interrupt midway: the calls not waited for)
-            call.stop()
-    _, untracked, _ = parse(others, Entry)
+def _list_git(root: str | os.PathLike) -> Listing | None:
+    """The git listing of a work tree; None when git says `root` is not in one."""
+    listed = gitls.list_tree(str(root))
+    if listed is None:
+        return None
+    entries, _, index_records = _parse_listing(listed.tracked)
+    _, untracked, _ = _parse_listing(listed.untracked)
     for path in untracked:
         if path.endswith("/"):  # an untracked directory git lists whole: a nested repository
             entries[path.rstrip("/")] = Entry(path.rstrip("/"), kind="dir", reason="nested-repository")
         elif path not in entries:
             full = os.path.join(root, path)
             entries[path] = Entry(path, kind="symlink" if os.path.islink(full) else "file", untracked=True)
-    head = head.decode().strip() or None if head_code == 0 else None
-    return Listing(root, list(entries.values()), git=True, head=head, index_key=_digest(index_records))
+    return Listing(root, list(entries.values()), git=True, head=listed.head,
+                   index_key=hashlib.sha1(index_records).hexdigest())
 
 
-def _finished(root, calls) -> list[tuple[int, bytes, bytes]]:
-    """The results of these git calls; a refusal for ownership is one clear error."""
-    results = gitls.finish(calls)
-    for _, _, err in results:
-        if b"dubious ownership" in err or b"safe.directory" in err:
-            raise GitError(f"git refuses {root} (dubious ownership): "
-                           f"run git config --global --add safe.directory {root}")
-    return results
-
-
-def _check(root, what: str, code: int, err: bytes) -> None:
-    """A failed git call is one clear error, with the first line git said."""
-    if code != 0:
-        msg = err.decode(errors="replace").strip().splitlines()
-        raise GitError(f"git {what} failed in {root}: {msg[0] if msg else code}")
-
-
-ACCELERATED = True  # False: git's listing parsed in Python even where the C accelerator is built (tests compare)
-
-
-def _parse_listing(listed: bytes, entry_type=Entry) -> tuple[dict[str, Entry], list[str], bytes]:
+def _parse_listing(listed: bytes) -> tuple[dict[str, Entry], list[str], bytes]:
     """`ls-files -z -t` output (tracked with -s -m, untracked with -o): the tracked entries by path,
     the untracked paths, and the index's own records (joined by NULs: what names the cached facts
-    snapshot). What `_fastpack.listing` does in C."""
+    snapshot)."""
     entries: dict[str, Entry] = {}
     untracked: list[str] = []
     tracked: list[str] = []  # the index's own records: what names its cached facts snapshot
-    make = entry_type.__new__  # most entries: a tracked file, its path and blob id set directly
     # One decode of the whole listing (what os.fsdecode does per path on POSIX). Records: "? path"
     # (untracked), "H mode blob stage\tpath" (tracked; S, M: skip-worktree, unmerged) and, after a
     # tracked file's own record, "C mode blob stage\tpath" when the work tree changed it.
@@ -397,13 +301,11 @@ def _parse_listing(listed: bytes, entry_type=Entry) -> tuple[dict[str, Entry], l
             continue
         mode = record[2:8]
         if mode == "160000":
-            entries[path] = entry_type(path, kind="submodule", reason="submodule")
+            entries[path] = Entry(path, kind="submodule", reason="submodule")
         elif mode == "120000":
-            entries[path] = entry_type(path, kind="symlink")
+            entries[path] = Entry(path, kind="symlink")
         else:
-            entry = entries[path] = make(entry_type)
-            entry.path = path
-            entry.blob = record[9:tab - 2]  # between the mode and " <stage>"
+            entries[path] = Entry(path, blob=record[9:tab - 2])  # the blob id: between the mode and " <stage>"
     return entries, untracked, "\0".join(tracked).encode("utf-8", "surrogateescape")
 
 
@@ -424,8 +326,6 @@ class _IgnoreRules:
                 continue
         if not lines:
             return 0
-        import pathspec  # only walked directories and globs need it
-
         self.specs.append((prefix, pathspec.GitIgnoreSpec.from_lines(lines)))
         return 1
 
@@ -479,16 +379,14 @@ def _list_walk(root: str | os.PathLike) -> Listing:
     return Listing(root, entries, git=False, head=None)
 
 
-def list_files(root: str | os.PathLike, on_tracked=None) -> Listing:
-    """Every file of the repository at `root` (a str or Path; git-aware), before any rule is applied.
-    In a git work tree, `on_tracked(entries)` is called with the tracked files' entries as soon as
-    git has listed them (untracked ones are added after)."""
+def list_files(root: str | os.PathLike) -> Listing:
+    """Every file of the repository at `root` (a str or Path; git-aware), before any rule is applied."""
     if not os.path.exists(root):
         raise UsageError(f"repository not found: {root}")
     if not os.path.isdir(root):
         raise UsageError(f"not a directory: {root}")
     if gitls.may_be_git(str(root)):
-        listing = _list_git(root, on_tracked)
+        listing = _list_git(root)
         if listing is not None:
             return listing
     return _list_walk(root)
@@ -499,8 +397,6 @@ def compile_globs(globs: tuple[str, ...] | list[str], what: str):
     globs = [g for g in globs if g and g.strip()]
     if not globs:
         return None
-    import pathspec
-
     try:
         return pathspec.GitIgnoreSpec.from_lines(globs)
     except Exception as e:  # pathspec raises several pattern error types

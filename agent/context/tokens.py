@@ -7,11 +7,9 @@ cache: two counters with the same id must give the same counts) and `count_many(
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 
 from m3_agent.errors import EndpointError, UsageError
-
-# The estimate is all a full pack needs: what only the exact counters use (json, hashlib, threading,
-# pathlib, urllib, typing) is imported where they use it, so that packing does not load it.
 
 # Texts longer than this are counted in pieces cut at line ends and summed (a cut can split a token
 # the whole would merge, so the sum is usually at or a little above the whole's count); this keeps
@@ -19,34 +17,20 @@ from m3_agent.errors import EndpointError, UsageError
 MAX_REQUEST_CHARS = 8_000_000
 
 
-def __getattr__(name: str):
-    """`TokenCounter` is made on first use: it needs `typing`, which packing does not load."""
-    if name == "TokenCounter":
-        global TokenCounter
-        TokenCounter = _token_counter_protocol()
-        return TokenCounter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+@runtime_checkable
+class TokenCounter(Protocol):
+    """What the packer needs from a tokenizer."""
 
+    kind: str
+    id: str
 
-def _token_counter_protocol():
-    from typing import Protocol, runtime_checkable
+    def count_many(self, texts: list[str]) -> list[int]:
+        """Token counts of `texts`, in order."""
+        ...
 
-    @runtime_checkable
-    class TokenCounter(Protocol):
-        """What the packer needs from a tokenizer."""
-
-        kind: str
-        id: str
-
-        def count_many(self, texts: list[str]) -> list[int]:
-            """Token counts of `texts`, in order."""
-            ...
-
-        def count(self, text: str) -> int:
-            """Token count of one text."""
-            ...
-
-    return TokenCounter
+    def count(self, text: str) -> int:
+        """Token count of one text."""
+        ...
 
 
 def text_shape(text: str) -> tuple[int, int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -96,16 +95,3 @@ def repo(tmp_path):
         return root
 
     return make
-
-
-@pytest.fixture
-def accelerator():
-    """The packer's C accelerator (agent/context/_fastpack.c): a test that needs it fails in CI when
-    it was not built (the set-up builds it), and is skipped elsewhere."""
-    from m3_agent.agent.context import reader
-
-    if reader._fastpack is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the C accelerator (agent/context/_fastpack.c) was not built")
-        pytest.skip("the C accelerator is not built here")
-    return reader._fastpack

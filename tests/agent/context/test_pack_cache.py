@@ -106,7 +106,6 @@ def test_facts_are_cached_so_unchanged_files_are_not_reread(repo, private_cache,
     reads: list[str] = []
     real = reader.read_bytes
     monkeypatch.setattr(reader, "read_bytes", lambda path, limit: reads.append(path) or real(path, limit))
-    monkeypatch.setattr(reader, "ACCELERATED", False)  # every read through read_bytes (C takes facts-less files only)
     pack = pack_repository(root, max_file_bytes=2000)
     # The binary file's facts come from the cache; the oversized one is only opened for its size.
     assert sorted(p.rsplit("/", 1)[-1] for p in reads) == ["big.txt", "keep.py"]
@@ -127,21 +126,3 @@ def test_a_warm_pack_reads_the_facts_of_the_whole_index_in_one_snapshot(repo, pr
     third = pack_repository(root)
     assert lookups == []
     assert "V = 'changed'" in third.text and "NEW = 1" in third.text
-
-
-def test_a_warm_full_pack_with_the_accelerator_reads_no_facts_back(repo, private_cache, monkeypatch, accelerator):
-    root = repo({f"m{i}.py": f"V = {i}\n" for i in range(40)} | {"img.bin": b"\0\1"})
-    first = pack_repository(root)  # stores this index's facts
-    reads: list[str] = []
-    monkeypatch.setattr(PackCache, "get_snapshot", lambda self, key: reads.append(key) or {})
-    monkeypatch.setattr(PackCache, "get_facts", lambda self, blobs: reads.append("facts") or {})
-    (root / "m3.py").write_text("V = 'changed'\n")
-    second = pack_repository(root)
-    assert reads == []  # the accelerator found every file's facts itself
-    assert second.data == first.data.replace(b"V = 3\n", b"V = 'changed'\n").replace(
-        b"git commit " + first.head.encode(), b"git commit " + first.head.encode() + b" plus uncommitted changes in the working tree")
-    from m3_agent.agent.context.selection import blob_id
-
-    monkeypatch.undo()
-    with PackCache(private_cache) as store:
-        assert store.get_facts([blob_id(b"V = 'changed'\n")])  # the changed file's facts were added

@@ -14,17 +14,17 @@ FILES = {"src/app.py": "def main():\n    return 'hi'\n", "logo.png": b"\x89PNG\0
          "README.md": "# app\n"}
 
 
-def run_pack(*args: str, entry: tuple[str, ...] = ("m3_agent.agent.context",)) -> subprocess.CompletedProcess:
-    """Run the pack command in a fresh process: `python -m agent.context` (the same command as
-    `m3-agent pack` without loading the other commands), or `entry=("m3_agent.cli", "pack")`."""
+def run_pack(*args: str) -> subprocess.CompletedProcess:
+    """Run `m3-agent pack` in a fresh process."""
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", *entry, *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, "-m", "m3_agent.cli", "pack", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
 
 
 def test_m3_agent_pack_writes_the_file_and_prints_a_summary(repo, tmp_path):
     root = repo(FILES)
     out = tmp_path / "pack.md"
-    proc = run_pack("--repo", str(root), "-o", str(out), entry=("m3_agent.cli", "pack"))
+    proc = run_pack("--repo", str(root), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     assert out.read_text() == pack_repository(root).text
     for line in ("packed", "skipped: binary", "skipped: lockfile", "counter", "estimate", "time"):
@@ -98,56 +98,23 @@ def test_estimate_with_a_server_is_calibrated_against_tokenize(repo):
         assert "estimate" in proc.stderr
 
 
-def test_pack_command_loads_only_the_packer_and_lists_with_the_git_it_started_first(repo, tmp_path):
+def test_bad_flags_are_usage_errors_and_help_lists_the_options(repo):
     root = repo(FILES)
+    for bad in (["--budget", "many"], ["--counter", "guess"], ["--bogus"], ["extra"], ["--repo"]):
+        proc = run_pack("--repo", str(root), *bad) if bad != ["--repo"] else run_pack(*bad)
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+    proc = run_pack("--help")
+    assert proc.returncode == 0
+    for flag in ("--repo", "--issue", "--budget", "--output", "--include", "--exclude", "--base-url", "--model",
+                 "--tokenizer", "--counter", "--max-file-bytes", "--output-reserve", "--no-cache"):
+        assert flag in proc.stdout, flag
+
+
+def test_repeated_and_equals_spellings_of_the_flags(repo, tmp_path):
+    root = repo(FILES | {"docs/guide.md": "# guide\n"})
     out = tmp_path / "p.md"
-    code = (
-        "import sys\n"
-        "from m3_agent.agent.context import gitls\n"
-        "started = []\n"
-        "real = gitls.start\n"
-        "gitls.start = lambda root: started.append(root) or real(root)\n"
-        "import m3_agent.agent.context.cli\n"
-        "light = 'm3_agent.agent.context.pack' not in sys.modules\n"
-        "from m3_agent.cli import main\n"
-        f"main(['pack', '--repo', {str(root)!r}, '-o', {str(out)!r}])\n"
-        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'typer', 'rich', 'pydantic', 'click'})\n"
-        "print(light, len(started), gitls._prefetched, heavy)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = run_pack(f"--repo={root}", "--include", "src/**", "--include=docs/", f"--output={out}", "--no-cache",
+                    "--counter=estimate")
     assert proc.returncode == 0, proc.stderr
-    # The command module loads without the packer; git starts once (before the packer loads) and
-    # its calls are the ones the listing uses; no CLI framework or model library is loaded.
-    assert proc.stdout.split("\n")[0] == "True 1 {} []"
-    assert out.read_text() == pack_repository(root).text
-
-
-def test_the_library_exports_load_on_first_use():
-    code = ("import sys, agent.context as c\n"
-            "before = 'm3_agent.agent.context.pack' in sys.modules\n"
-            "from m3_agent.agent.context import pack_repository, EstimateCounter, PackCache\n"
-            "print(before, pack_repository.__module__, EstimateCounter.__module__, 'PackCache' in dir(c))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.stdout.split() == ["False", "m3_agent.agent.context.pack", "m3_agent.agent.context.tokens", "True"], proc.stderr
-
-
-def test_the_quick_option_parser_agrees_with_argparse(capsys):
-    import pytest
-
-    from m3_agent.agent.context.cli import build_parser, parse_args
-
-    lines = [
-        [], ["--repo", "r"], ["--repo=r", "-o", "out.md", "--no-cache"], ["--issue", "-"], ["--issue", "-x y"],
-        ["--budget", "1000", "--budget=2000"], ["--include", "*.py", "--include=docs/", "--exclude", "tests/"],
-        ["--counter", "estimate", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--tokenizer", "t.json"],
-        ["--max-file-bytes", "10", "--output-reserve=5", "--output", "-"], ["--repo="], ["--budget", "-5"],
-        ["-oout.md"],
-    ]
-    for argv in lines:
-        assert vars(parse_args(argv)) == vars(build_parser().parse_args(argv)), argv
-    for bad in (["--budget", "many"], ["--counter", "guess"], ["--bogus"], ["extra"], ["--repo"], ["--no-cache=1"],
-                ["--re", "x"], ["--issue", "--repo", "x"]):
-        with pytest.raises(SystemExit) as exc:
-            parse_args(bad)
-        assert exc.value.code == 2, bad
-    assert "usage: m3-agent pack" in capsys.readouterr().err
+    assert out.read_text() == pack_repository(root, include=("src/**", "docs/")).text

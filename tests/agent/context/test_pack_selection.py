@@ -239,35 +239,3 @@ def test_file_names_that_are_not_utf8_are_packed_and_shown_escaped(repo, git):
     assert [f.path for f in pack.files] == [os.fsdecode(b"caf\xe9.txt"), "ok.txt"]
     assert '### "caf\\\\xe9.txt"\n```txt\nlatin-1 name\n```' in pack.text
     pack.text.encode("utf-8")  # the text stays valid UTF-8
-
-
-def test_the_c_listing_parse_is_the_python_one(repo, git, monkeypatch, accelerator):
-    from m3_agent.agent.context import reader, selection
-
-    root = repo({"a.py": "A = 1\n", "d/b.txt": "b\n", "d/e/c.md": "c\n", "keep.txt": "k\n"})
-    (root / "a.py").write_text("A = 2\n")  # changed
-    (root / "keep.txt").touch()  # stat-dirty, same content
-    (root / "new.txt").write_text("untracked\n")
-    os.symlink("a.py", root / "link.py")
-    git(root, "add", "link.py")
-    odd = os.fsencode(str(root)) + b"/caf\xe9.txt"
-    with open(odd, "wb") as f:
-        f.write(b"latin-1 name\n")
-    git(root, "update-index", "--add", "--cacheinfo", "160000,1234567890123456789012345678901234567890,sub")
-    nested = root / "nested"
-    nested.mkdir()
-    git(nested, "init", "-q")
-    (nested / "x.txt").write_text("x\n")
-
-    def listed(accelerated: bool):
-        monkeypatch.setattr(selection, "ACCELERATED", accelerated)
-        listing = selection.list_files(str(root))
-        return listing.index_key, sorted((e.path, e.kind, e.reason, e.blob, e.index_blob, e.untracked)
-                                         for e in listing.entries)
-
-    fast, slow = listed(True), listed(False)
-    assert fast == slow
-    paths = {p[0]: p for p in fast[1]}
-    assert paths["a.py"][3] is None and paths["a.py"][4]  # changed: the index's blob kept aside
-    assert paths["sub"][1:3] == ("submodule", "submodule") and paths["link.py"][1] == "symlink"
-    assert paths["new.txt"][5] and paths["nested"][2] == "nested-repository" and "caf\udce9.txt" in paths
