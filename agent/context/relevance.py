@@ -1,8 +1,9 @@
 """Rank files by relevance to an issue, for packs that cannot hold the whole repository.
 
-Signals, strongest first: paths the issue names (also as stack-trace frames, `a/b.py:12`, or
-dotted module names), names the issue mentions that a file defines, tests of those files, lexical
-similarity of the issue to paths and defined names, then a prior (source code, shallow, small).
+Each signal is a function of the issue that scores files, with a weight; `SIGNALS` lists them in
+the order they are added up: paths the issue names, stack-trace frames, dotted module names, names
+a file defines, tests of the files named so far, their neighbours, lexical similarity. Without an
+issue (and to break ties by value per token) a prior counts: source code, shallow, small.
 """
 
 from __future__ import annotations
@@ -10,18 +11,13 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from m3_agent.agent.context.selection import CODE_SUFFIXES, SUBWORD_RE, Entry
 
-PATH_SCORE = 100.0
-BASENAME_SCORE = 60.0
-FRAME_BONUS = 40.0
-MODULE_SCORE = 80.0
-DEF_SCORE = 30.0
-DEF_CAP = 90.0
-TEST_SCORE = 35.0
-NEIGHBOUR_SCORE = 4.0
-LEXICAL_SCORE = 12.0
+PATH_SCORE = 100.0  # the weight of a path the issue names; the others are measured against it
+BASENAME_SCORE = 60.0  # a bare file name the issue names, shared by the files with that name
 
 _PATH_RE = re.compile(r"(?:[A-Za-z]:)?[\w.\-/\\]*[\w\-]\.[A-Za-z][A-Za-z0-9]{0,9}\b")
 _FRAME_RES = (
@@ -132,116 +128,170 @@ def _prior(e: Entry) -> float:
     return score - min(path.count("/"), 10) * 0.02
 
 
-def _score_issue(entries: list[Entry], issue: str, scores: list[float]) -> None:
-    index = _Index(entries)
-    strong: dict[int, float] = {}
+class _Issue:
+    """What the signals read: the issue's text and words, the entries and lookups into them, and how
+    strongly the signals so far point at each file (`strong`: its largest single score from them)."""
 
-    def add(i: int, s: float) -> None:
-        scores[i] += s
-        strong[i] = max(strong.get(i, 0.0), s)
+    def __init__(self, entries: list[Entry], text: str) -> None:
+        self.text, self.entries = text, entries
+        self.index = _Index(entries)
+        self.words = Counter(_IDENT_RE.findall(text))
+        self.n_files = max(1, len(entries))
+        self.strong: dict[int, float] = {}
 
-    # Paths named anywhere, and stack-trace frames (later frames are nearer the failure).
-    seen_paths: set[str] = set()
-    for m in _PATH_RE.finditer(issue):
+    def top(self) -> list[int]:
+        """The files the issue points at most strongly (at most 8)."""
+        return sorted(self.strong, key=lambda i: (-self.strong[i], self.entries[i].path))[:8]
+
+
+Scores = Iterable[tuple[int, float]]  # (entry index, points), in the order they are added
+
+
+def named_paths(issue: _Issue, weight: float) -> Scores:
+    """Paths named anywhere in the issue: `weight` for a path that picks files out by more than
+    their name; a bare name's BASENAME_SCORE is shared by the files that have it."""
+    seen: set[str] = set()
+    for m in _PATH_RE.finditer(issue.text):
         raw = m.group(0)
-        if raw in seen_paths:
+        if raw in seen:
             continue
-        seen_paths.add(raw)
-        hits, specific = index.match_path(_norm_path(raw))
+        seen.add(raw)
+        hits, specific = issue.index.match_path(_norm_path(raw))
         for i in hits:
-            add(i, PATH_SCORE if specific else BASENAME_SCORE / len(hits))
-    frames: list[str] = []
-    for rx in _FRAME_RES:
-        frames.extend(m.group(1) for m in rx.finditer(issue))
+            yield i, weight if specific else BASENAME_SCORE / len(hits)
+
+
+def trace_frames(issue: _Issue, weight: float) -> Scores:
+    """Files in stack-trace frames, more for later frames (nearer the failure)."""
+    frames = [m.group(1) for rx in _FRAME_RES for m in rx.finditer(issue.text)]
     for n, frame in enumerate(frames):
-        hits, specific = index.match_path(_norm_path(frame))
+        hits, specific = issue.index.match_path(_norm_path(frame))
         if specific:
             for i in hits:
-                scores[i] += FRAME_BONUS * (0.5 + 0.5 * (n + 1) / len(frames))
+                yield i, weight * (0.5 + 0.5 * (n + 1) / len(frames))
 
-    # Dotted module names: pkg.mod.Class -> pkg/mod.py or pkg/mod/__init__.py.
-    for m in set(_MODULE_RE.findall(issue)):
+
+def module_names(issue: _Issue, weight: float) -> Scores:
+    """Dotted module names: pkg.mod.Class -> pkg/mod.py or pkg/mod/__init__.py (the longest that exists)."""
+    for m in set(_MODULE_RE.findall(issue.text)):
         parts = m.split(".")
         if parts[-1] in ("py", "js", "ts", "go", "rs", "md", "txt", "json", "toml", "yaml", "yml", "cfg"):
             continue
         for j in range(len(parts), 1, -1):
+            hits = []
             for cand in ("/".join(parts[:j]) + ".py", "/".join(parts[:j]) + "/__init__.py"):
-                hits = index.match_exact(cand)
-                for i in hits:
-                    add(i, MODULE_SCORE / len(hits))
+                hits = issue.index.match_exact(cand)
                 if hits:
                     break
-            else:
-                continue
-            break
+            for i in hits:
+                yield i, weight / len(hits)
+            if hits:
+                break
 
-    # Names the issue mentions that files define; rarer names weigh more.
-    words = Counter(_IDENT_RE.findall(issue))
-    spans = {w for s in _CODE_SPAN_RE.findall(issue) for w in _IDENT_RE.findall(s)}
-    n_files = max(1, len(entries))
-    wanted = {w for w in words if w.lower() not in STOPWORDS}
+
+def defined_names(issue: _Issue, weight: float) -> Scores:
+    """Files defining names the issue mentions; a name few files define weighs more, a name that
+    looks like code (or is in a code span) more than a plain word; at most three times `weight`."""
+    spans = {w for s in _CODE_SPAN_RE.findall(issue.text) for w in _IDENT_RE.findall(s)}
+    wanted = {w for w in issue.words if w.lower() not in STOPWORDS}
     by_def: dict[str, list[int]] = defaultdict(list)
-    for i, e in enumerate(entries):
+    for i, e in enumerate(issue.entries):
         if e.facts is not None and e.facts.defs:
             for name in wanted.intersection(e.facts.defs.split()):
                 by_def[name].append(i)
-    def_score: dict[int, float] = defaultdict(float)
+    total: dict[int, float] = defaultdict(float)
     for word in sorted(by_def):
         hits = by_def[word]
-        weight = 1.0 if (_code_like(word) or word in spans) else 0.35
-        idf = math.log(1 + n_files / len(hits)) / math.log(1 + n_files)
+        kind = 1.0 if (_code_like(word) or word in spans) else 0.35
+        idf = math.log(1 + issue.n_files / len(hits)) / math.log(1 + issue.n_files)
         for i in hits:
-            def_score[i] += DEF_SCORE * weight * idf * idf  # squared: a name many files define says little
-    for i, s in def_score.items():
-        add(i, min(DEF_CAP, s))
+            total[i] += weight * kind * idf * idf  # squared: a name many files define says little
+    for i, s in total.items():
+        yield i, min(3 * weight, s)
 
-    # Tests of the files the issue points at.
-    top = sorted(strong, key=lambda i: (-strong[i], entries[i].path))[:8]
+
+def tests_of_named_files(issue: _Issue, weight: float) -> Scores:
+    """Tests of the files the issue points at: by their names (test_x, x_test, ...) or directories."""
     stems = {}
-    for i in top:
-        parts = entries[i].path.lower().split("/")
+    for i in issue.top():
+        parts = issue.entries[i].path.lower().split("/")
         if any("test" in p or "spec" in p for p in parts):
             continue
         stem = parts[-1].split(".", 1)[0]
         if stem == "__init__" and len(parts) > 1:
             stem = parts[-2]
         if len(stem) > 2 and stem not in GENERIC_STEMS:
-            stems[stem] = strong[i]
-    if stems:
-        for i, e in enumerate(entries):
-            lower = e.path.lower()
-            if "test" not in lower and "spec" not in lower:
-                continue
-            parts = lower.split("/")
-            base = parts[-1].split(".", 1)[0]
-            for stem, s in stems.items():
-                low = stem.lower()
-                if (base in (f"test_{low}", f"{low}_test", f"test{low}", f"{low}test", f"{low}_spec", low)
-                        or low in parts[:-1] or low + "s" in parts[:-1]):
-                    scores[i] += TEST_SCORE * min(1.0, s / PATH_SCORE + 0.3)
-                    break
+            stems[stem] = issue.strong[i]
+    if not stems:
+        return
+    for i, e in enumerate(issue.entries):
+        lower = e.path.lower()
+        if "test" not in lower and "spec" not in lower:
+            continue
+        parts = lower.split("/")
+        base = parts[-1].split(".", 1)[0]
+        for stem, s in stems.items():
+            if (base in (f"test_{stem}", f"{stem}_test", f"test{stem}", f"{stem}test", f"{stem}_spec", stem)
+                    or stem in parts[:-1] or stem + "s" in parts[:-1]):
+                yield i, weight * min(1.0, s / PATH_SCORE + 0.3)
+                break
 
-    # Neighbours of the top files: same directory.
-    top_dirs = {entries[i].path.rpartition("/")[0] for i in top}
-    for i, e in enumerate(entries):
+
+def neighbours(issue: _Issue, weight: float) -> Scores:
+    """Files in the same directory as the files the issue points at."""
+    top_dirs = {issue.entries[i].path.rpartition("/")[0] for i in issue.top()}
+    for i, e in enumerate(issue.entries):
         if e.path.rpartition("/")[0] in top_dirs:
-            scores[i] += NEIGHBOUR_SCORE
+            yield i, weight
 
-    # Lexical similarity of the issue's words to each file's path and defined names.
-    issue_terms = {t for w in words for t in _subwords(w) if t not in STOPWORDS and len(t) > 2}
+
+def lexical(issue: _Issue, weight: float) -> Scores:
+    """Words of the issue in a file's path and defined names, rarer words weighing more."""
+    issue_terms = {t for w in issue.words for t in _subwords(w) if t not in STOPWORDS and len(t) > 2}
     if not issue_terms:
         return
     file_terms: list[set[str]] = []
     df: Counter[str] = Counter()
-    for e in entries:
+    for e in issue.entries:
         terms = issue_terms.intersection(_PATH_SEPARATORS.split(e.path.lower()))
         if e.facts is not None and e.facts.terms:
             terms.update(issue_terms.intersection(e.facts.terms.split()))
         file_terms.append(terms)
         for t in terms:
             df[t] += 1
-    idf = {t: math.log(1 + n_files / df[t]) for t in df}
+    idf = {t: math.log(1 + issue.n_files / df[t]) for t in df}
     norm = sum(idf.values()) or 1.0
     for i, terms in enumerate(file_terms):
         if terms:
-            scores[i] += LEXICAL_SCORE * sum(idf[t] for t in terms) / norm
+            yield i, weight * sum(idf[t] for t in terms) / norm
+
+
+class Signal(NamedTuple):
+    """One relevance signal: `score(issue, weight)` gives points to files; a `strong` signal's
+    points also say the issue points at the file (what the tests and neighbours signals follow)."""
+
+    name: str
+    weight: float
+    score: Callable[[_Issue, float], Scores]
+    strong: bool = False
+
+
+SIGNALS = (
+    Signal("named_paths", PATH_SCORE, named_paths, strong=True),
+    Signal("trace_frames", 40.0, trace_frames),
+    Signal("module_names", 80.0, module_names, strong=True),
+    Signal("defined_names", 30.0, defined_names, strong=True),
+    Signal("tests_of_named_files", 35.0, tests_of_named_files),
+    Signal("neighbours", 4.0, neighbours),
+    Signal("lexical", 12.0, lexical),
+)
+
+
+def _score_issue(entries: list[Entry], text: str, scores: list[float]) -> None:
+    """Add each signal's points to `scores`, in the order SIGNALS lists them."""
+    issue = _Issue(entries, text)
+    for signal in SIGNALS:
+        for i, points in list(signal.score(issue, signal.weight)):
+            scores[i] += points
+            if signal.strong:
+                issue.strong[i] = max(issue.strong.get(i, 0.0), points)

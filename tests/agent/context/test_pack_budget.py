@@ -185,3 +185,41 @@ def test_relevance_uses_lexical_similarity_when_nothing_is_named(repo):
     root = repo(PROJECT | {"shop/refunds.py": "def compute_refund_rounding(amount):\n    return round(amount, 2)\n"})
     ranked = _ranked_paths(root, "When a customer gets money back the refund rounding is off by a cent")
     assert ranked[0] == "shop/refunds.py"
+
+
+EVERY_SIGNAL_ISSUE = (
+    'Traceback (most recent call last):\n  File "/srv/shop/cart.py", line 3, in add\n'
+    '  File "/srv/shop/billing.py", line 9, in compute_total\n'
+    "TypeError: `compute_total` fails on an empty cart; see shop.search and payments.py, also the refund rounding\n"
+)
+
+
+def test_an_issue_with_every_signal_ranks_as_before_the_signals_were_split(repo):
+    root = repo(PROJECT)
+    # The order the single scoring function gave (checked against it before it was split).
+    assert _ranked_paths(root, EVERY_SIGNAL_ISSUE) == [
+        "shop/billing.py", "shop/cart.py", "shop/deep/nested/payments.py", "shop/search.py", "tests/test_billing.py",
+        "tests/test_cart.py", "shop/__init__.py", "shop/catalog.py", "README.md", "docs/guide.md"]
+
+
+def test_each_signal_is_declared_with_a_weight_and_counts_by_it(repo, monkeypatch):
+    from m3_agent.agent.context import relevance
+
+    weights = {s.name: s.weight for s in relevance.SIGNALS}
+    assert weights == {"named_paths": 100.0, "trace_frames": 40.0, "module_names": 80.0, "defined_names": 30.0,
+                       "tests_of_named_files": 35.0, "neighbours": 4.0, "lexical": 12.0}
+    root = repo(PROJECT)
+    issue = "`compute_total` returns the wrong sum for an empty cart"
+    assert _ranked_paths(root, issue)[0] == "shop/billing.py"  # the file that defines the name
+    silenced = tuple(s._replace(weight=0.0) if s.name == "defined_names" else s for s in relevance.SIGNALS)
+    monkeypatch.setattr(relevance, "SIGNALS", silenced)
+    assert _ranked_paths(root, issue)[0] != "shop/billing.py"
+    monkeypatch.undo()
+    entries = [Entry("shop/cart.py"), Entry("shop/billing.py"), Entry("docs/x.md")]
+    scores, doubled_scores = [0.0] * 3, [0.0] * 3
+    relevance._score_issue(entries, "shop/cart.py breaks", scores)
+    assert scores[0] > 100.0 and 0.0 < scores[1] < scores[0] and scores[2] == 0.0  # named; a neighbour; neither
+    doubled = tuple(s._replace(weight=2 * s.weight) for s in relevance.SIGNALS)
+    monkeypatch.setattr(relevance, "SIGNALS", doubled)
+    relevance._score_issue(entries, "shop/cart.py breaks", doubled_scores)
+    assert doubled_scores == [2 * s for s in scores]
