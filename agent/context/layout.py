@@ -109,13 +109,7 @@ def tree(entries: list[Entry], max_depth: int | None = None) -> str:
     shortened tree a small budget gets.
     """
     keyed = _Components(entries)
-    # Directories holding a vendored or generated file may fold into one line: those whose every
-    # entry is skipped for that one reason. Entries under a directory are contiguous in tree order.
-    candidates = set()
-    for i, e in enumerate(entries):
-        if e.reason in COLLAPSIBLE and e.kind != "dir":
-            parts = keyed[i]
-            candidates.update(parts[:k] for k in range(1, len(parts)))
+    candidates = _foldable(entries, keyed)
     lines = ["## Tree\n"]
     opened: tuple[str, ...] = ()
     prefix, indent = "", ""  # the open directory as a path prefix ("a/b/"), and its entries' indent
@@ -126,33 +120,7 @@ def tree(entries: list[Entry], max_depth: int | None = None) -> str:
         path = e.path
         cut = path.rfind("/") + 1
         if cut != len(prefix) or not path.startswith(prefix):  # directories to open (most entries: none)
-            parts = keyed[i]
-            dirs = len(parts) - 1
-            common = 0
-            limit = min(len(opened), dirs)
-            while common < limit and opened[common] == parts[common]:
-                common += 1
-            opened = opened[:common]
-            folded_to = None
-            for depth in range(common, dirs):
-                key = parts[: depth + 1]
-                if max_depth is not None and depth >= max_depth:
-                    folded_to = i
-                    while folded_to < n and keyed[folded_to][: depth + 1] == key:
-                        folded_to += 1
-                    count = folded_to - i
-                    lines.append(f"{INDENT * depth}{shown(parts[depth])}/  ({count} file{'s' if count != 1 else ''}, "
-                                 "not listed: tree shortened to fit the budget)\n")
-                    break
-                if key in candidates:
-                    folded_to = _fold(keyed, entries, i, key)
-                    if folded_to is not None:
-                        count = folded_to - i
-                        lines.append(f"{INDENT * depth}{shown(parts[depth])}/  (skipped: {entries[i].reason}, "
-                                     f"{count} file{'s' if count != 1 else ''})\n")
-                        break
-                lines.append(f"{INDENT * depth}{shown(parts[depth])}/\n")
-                opened = key
+            opened, folded_to = _open_dirs(lines, keyed, entries, i, opened, candidates, max_depth)
             prefix = "".join(p + "/" for p in opened)
             indent = INDENT * len(opened)
             if folded_to is not None:
@@ -169,6 +137,51 @@ def tree(entries: list[Entry], max_depth: int | None = None) -> str:
         i += 1
     lines.append("\n")
     return "".join(lines)
+
+
+def _foldable(entries: list[Entry], keyed: _Components) -> set[tuple[str, ...]]:
+    """Directories that may fold into one line: those holding a vendored or generated file (they
+    fold when every entry under them is skipped for that one reason)."""
+    candidates = set()
+    for i, e in enumerate(entries):
+        if e.reason in COLLAPSIBLE and e.kind != "dir":
+            parts = keyed[i]
+            candidates.update(parts[:k] for k in range(1, len(parts)))
+    return candidates
+
+
+def _open_dirs(lines: list[str], keyed: _Components, entries: list[Entry], i: int, opened: tuple[str, ...],
+               candidates: set, max_depth: int | None) -> tuple[tuple[str, ...], int | None]:
+    """Add the lines of the directories entry `i` is in beyond those it shares with `opened`: the
+    directories open after them, and the end of the entries a folded one stands for (None: none
+    folded). Entries under a directory are contiguous in tree order."""
+    parts = keyed[i]
+    dirs = len(parts) - 1
+    common = 0
+    limit = min(len(opened), dirs)
+    while common < limit and opened[common] == parts[common]:
+        common += 1
+    opened = opened[:common]
+    for depth in range(common, dirs):
+        key = parts[: depth + 1]
+        if max_depth is not None and depth >= max_depth:
+            end = i
+            while end < len(entries) and keyed[end][: depth + 1] == key:
+                end += 1
+            count = end - i
+            lines.append(f"{INDENT * depth}{shown(parts[depth])}/  ({count} file{'s' if count != 1 else ''}, "
+                         "not listed: tree shortened to fit the budget)\n")
+            return opened, end
+        if key in candidates:
+            end = _fold(keyed, entries, i, key)
+            if end is not None:
+                count = end - i
+                lines.append(f"{INDENT * depth}{shown(parts[depth])}/  (skipped: {entries[i].reason}, "
+                             f"{count} file{'s' if count != 1 else ''})\n")
+                return opened, end
+        lines.append(f"{INDENT * depth}{shown(parts[depth])}/\n")
+        opened = key
+    return opened, None
 
 
 class _Components:
