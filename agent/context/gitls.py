@@ -38,25 +38,39 @@ def may_be_git(root: str) -> bool:
 
 def list_tree(root: str) -> GitListing | None:
     """The listing of the work tree at `root`, paths relative to `root` (which may be a directory
-    inside a work tree); None when git says `root` is in no work tree."""
+    inside a work tree); None when git says `root` is in no work tree. The untracked files and the
+    commit are asked for while git lists the tracked files (the untracked listing walks the tree)."""
     cmd = git.Git(root)
+    started = []
     try:
         if not os.path.exists(os.path.join(root, ".git")):  # not known to be a work tree's top: ask
             code, out, err = _run(cmd.rev_parse, "--is-inside-work-tree")
             _refused(root, err)
             if code != 0 or out.strip() != b"true":
                 return None
+        started = [cmd.ls_files(*UNTRACKED, as_process=True), cmd.rev_parse("-q", "--verify", "HEAD", as_process=True)]
         tracked = _checked(root, "ls-files", *_run(cmd.ls_files, *TRACKED))
-        untracked = _checked(root, "ls-files --others", *_run(cmd.ls_files, *UNTRACKED))
-        code, head, _ = _run(cmd.rev_parse, "-q", "--verify", "HEAD")
+        untracked = _checked(root, "ls-files --others", *_finish(started[0]))
+        code, head, _ = _finish(started[1])
     except git.GitCommandNotFound as e:
         raise GitError("git is not installed: install git to pack a git repository") from e
+    finally:
+        for call in started:  # (an error or an interrupt midway: the calls not waited for)
+            if call.proc.returncode is None:
+                call.proc.kill()
+                call.proc.communicate()
     return GitListing(tracked, untracked, head.decode().strip() or None if code == 0 else None)
 
 
 def _run(call, *args: str) -> tuple[int, bytes, str]:
     """(exit code, stdout as bytes, stderr) of one git call."""
     return call(*args, with_extended_output=True, with_exceptions=False, stdout_as_string=False)
+
+
+def _finish(call) -> tuple[int, bytes, str]:
+    """(exit code, stdout, stderr) of a git call started with `as_process=True`, once it is done."""
+    out, err = call.proc.communicate()
+    return call.proc.returncode, out, err.decode(errors="replace")
 
 
 def _refused(root: str, err: str) -> None:

@@ -58,3 +58,19 @@ def test_a_failing_call_is_one_clear_error(repo):
     (root / ".git" / "index").write_bytes(b"not an index")
     with pytest.raises(GitError, match=r"^git ls-files failed in .*: \S"):
         gitls.list_tree(str(root))
+
+
+def test_an_interrupted_listing_kills_and_reaps_its_calls(repo, monkeypatch):
+    root = repo({f"f{i}.txt": f"{i}\n" for i in range(50)})
+    real = gitls._checked
+
+    def interrupted(*args):
+        raise KeyboardInterrupt  # while the untracked listing and the commit are still asked for
+
+    monkeypatch.setattr(gitls, "_checked", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gitls.list_tree(str(root))
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no git left running or as a zombie
+    monkeypatch.setattr(gitls, "_checked", real)
+    assert gitls.list_tree(str(root)).tracked.count(b"\0") == 50
