@@ -7,9 +7,10 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from m3_agent.agent.context import layout
+from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
 from m3_agent.agent.context.relevance import rank
 from m3_agent.agent.context.selection import (
@@ -22,12 +23,8 @@ from m3_agent.agent.context.selection import (
     list_files,
     subword_terms,
 )
-from m3_agent.agent.context.tokens import EstimateCounter, text_shape
+from m3_agent.agent.context.tokens import EstimateCounter, TokenCounter, text_shape
 from m3_agent.errors import UsageError
-
-if TYPE_CHECKING:
-    from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.tokens import TokenCounter
 
 # Exact counts are planned with a calibrated estimate and checked; a plan this much over is re-cut.
 TOP_UP_ROUNDS = 2
@@ -180,8 +177,6 @@ def pack_repository(
     listing = list_files(root)
     timings = {"list_s": time.perf_counter() - t0}
     if cache is True:
-        from m3_agent.agent.context.cache import PackCache
-
         with PackCache() as store:
             return _pack(listing, store, rules, issue, budget, counter, timings, t0)
     return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0)

@@ -6,8 +6,15 @@ cache: two counters with the same id must give the same counts) and `count_many(
 
 from __future__ import annotations
 
+import hashlib
+import http.client
+import json
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 from m3_agent.errors import EndpointError, UsageError
 
@@ -91,9 +98,6 @@ class TokenizerJsonCounter:
     kind = "tokenizer.json"
 
     def __init__(self, path: Path | str) -> None:
-        import hashlib
-        from pathlib import Path
-
         path = Path(path)
         try:
             from tokenizers import Tokenizer
@@ -132,9 +136,6 @@ class _Http:
     """A small JSON-over-HTTP client with one keep-alive connection per thread."""
 
     def __init__(self, root: str, timeout: float) -> None:
-        import threading
-        from urllib.parse import urlsplit
-
         parts = urlsplit(root)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError(f"not an http(s) URL: {root!r}")
@@ -144,8 +145,6 @@ class _Http:
         self._local = threading.local()
 
     def _conn(self):
-        import http.client  # only servers need it; the CLI starts faster without
-
         conn = getattr(self._local, "conn", None)
         if conn is None:
             cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
@@ -155,9 +154,6 @@ class _Http:
 
     def request(self, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> dict:
         """Send one request; the decoded JSON answer, or EndpointError naming the failure."""
-        import http.client
-        import json
-
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         url = self.prefix + path
@@ -235,8 +231,6 @@ class ServerCounter:
         """Exact counts, `concurrency` requests in flight over keep-alive connections."""
         if len(texts) <= 1 or self.concurrency == 1:
             return [self._count_text(t) for t in texts]
-        from concurrent.futures import ThreadPoolExecutor  # only servers need threads
-
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="tokenize") as pool:
             return list(pool.map(self._count_text, texts))
 
