@@ -190,7 +190,8 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
     known, stale = _known_facts(store, listing, entries)
     raw: dict[str, bytes] = {}  # bytes of the files read, kept for relevance
     for e in entries:  # a budgeted pack reads only what no cached facts stand in for; a full pack, all it packs
-        decide(e, rules, known.get(e.blob) if e.blob else None, read=budget is None, raw=raw if budget else None)
+        decide(e, rules, known.get(e.blob) if e.blob else None, read=budget is None,
+               raw=None if budget is None else raw)
     packable = [e for e in entries if e.reason is None]
     new_facts = {e.blob: e.facts for e in entries if e.blob and e.facts is not None and e.blob not in known}
     timings["read_s"] = time.perf_counter() - t
@@ -203,7 +204,11 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
                               total=len(entries))
     tree_text = layout.tree(entries)
     if budget is None:
-        chosen, left_out, parts, tokens = _render_all(packable, entries, head_text, tree_text, counter, timings)
+        t = time.perf_counter()
+        chosen, left_out = packable, []
+        parts, tokens = _render(chosen, left_out, entries=entries, head_text=head_text, tree_text=tree_text,
+                                counter=counter)
+        timings["render_s"] = time.perf_counter() - t
     else:
         chosen, left_out, parts, tokens = _render_within(packable, entries, head_text, tree_text, issue, budget,
                                                          counter, listing, store, new_facts, raw, rules.limit,
@@ -211,15 +216,6 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
     _remember(store, listing, _facts_by_blob(entries), new_facts, stale)
     timings["total_s"] = time.perf_counter() - t0
     return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings)
-
-
-def _render_all(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, counter: TokenCounter,
-                timings: dict[str, float]) -> tuple[list[Entry], list[Entry], list, int]:
-    """The pack of every packable file (no budget)."""
-    t = time.perf_counter()
-    parts, tokens = _render(packable, [], entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
-    timings["render_s"] = time.perf_counter() - t
-    return packable, [], parts, tokens
 
 
 def _render_within(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,

@@ -12,7 +12,7 @@ import hashlib
 import os
 import re
 from collections import namedtuple
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 import pathspec
 
@@ -93,10 +93,6 @@ class Facts:
     generated: bool = False
     defs: str | None = None  # space-separated names the file defines; None = not computed yet
     terms: str | None = None  # the lowercase words of those names (`bulk_create` -> bulk create)
-
-    def astuple(self) -> tuple:
-        """The fields in order: `Facts(*f.astuple())` is an equal copy."""
-        return astuple(self)
 
 
 class Entry:

@@ -3,6 +3,8 @@ with and without cached facts, gives the same fate, facts and text."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from m3_agent.agent.context import pack_repository
 from m3_agent.agent.context import reader
 from m3_agent.agent.context.cache import PackCache
@@ -93,7 +95,7 @@ def _decided(root, known: dict | None = None, *, read: bool = True, limit: int =
     for e in sorted(listing.entries, key=lambda e: e.path):
         reader.decide(e, rules, (known or {}).get(e.blob) if e.blob else None, read=read)
         out.append((e.path, e.reason, e.detail, e.forced, e.flags, e.size, e.blob,
-                    e.facts.astuple() if e.facts else None, e.content))
+                    dataclasses.astuple(e.facts) if e.facts else None, e.content))
     return out
 
 
