@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
-
 from enum import Enum
+from pathlib import Path
 
 import typer
 
@@ -17,7 +16,6 @@ from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES, apply_path_
 from m3_agent.agent.context.tokens import (EstimateCounter, ServerCounter, TokenCounter, TokenizerJsonCounter,
                                            budget_for_server)
 from m3_agent.errors import EndpointError, UsageError
-
 
 
 class Counter(str, Enum):
