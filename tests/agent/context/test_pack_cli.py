@@ -84,7 +84,7 @@ def test_bad_input_is_a_one_line_usage_error(tmp_path, repo):
 
 
 def test_estimate_with_a_server_is_calibrated_against_tokenize(repo):
-    from m3_agent.agent.context.cli import calibrated_estimate
+    from m3_agent.pack_cli import calibrated_estimate
 
     root = repo({f"m{i}.py": "x = foo(bar, baz)  # call\n" * (5 + i) for i in range(12)})
     with StandinServer({"turns": []}) as srv:
