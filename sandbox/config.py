@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from m3_agent.sandbox.image import DEFAULT_IMAGE
 
 _SIZE = re.compile(r"^\d+([kmg]b?)?$", re.IGNORECASE)
+_USER = re.compile(r"^(\d+)(:\d+)?$")
 
 
 class SandboxConfig(BaseModel):
@@ -23,7 +24,8 @@ class SandboxConfig(BaseModel):
         "itself is mounted read-write (for very large repos; commands then change the host files; set user= to "
         "the owner of the directory so git can write)")
     network: str = Field("none", description="Docker network mode; 'none' unless a task really needs one")
-    user: str = "1000:1000"
+    user: str = Field("1000:1000", description="uid:gid every command runs as (never 0); the sandbox's own "
+                      "processes run as root, so commands cannot signal them")
     memory: str = Field("4g", description="memory limit; swap is set equal, so there is no extra swap")
     cpus: float = Field(2.0, gt=0)
     pids_limit: int = Field(256, gt=8)
@@ -38,6 +40,16 @@ class SandboxConfig(BaseModel):
     transport: Literal["auto", "attach"] = Field(
         "auto", description="auto: a Unix socket shared read-only with the container when the engine is local "
         "(fastest); attach: always the engine's attach stream")
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        m = _USER.match(v)
+        if not m:
+            raise ValueError(f"{v!r} is not a numeric uid or uid:gid like 1000:1000")
+        if int(m.group(1)) == 0:
+            raise ValueError("commands never run as root: pick a non-zero uid")
+        return v
 
     @field_validator("memory", "workspace_size", "tmp_size")
     @classmethod

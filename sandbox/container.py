@@ -37,6 +37,9 @@ SERVER_ENV = {
     "M3_AGENT_BOOT": 'import os; exec(compile(os.environ.pop("M3_AGENT_SERVER"), "m3-agent-server", "exec"))',
     "M3_AGENT_SERVER": SERVER_SOURCE,
 }
+# Only the server (root, uid 0) holds these, and only until it has switched uids and emptied the
+# bounding set: commands never have any capability.
+SERVER_CAPS = ["SETUID", "SETGID", "SETPCAP"]
 ANSWER_MARGIN_S = 30.0  # how much longer than a command's timeout the host waits for the server's answer
 TAR_CHUNK = 1 << 20
 READ_AHEAD_CHUNKS = 64  # at most this many MiB of tar data wait in memory
@@ -145,9 +148,10 @@ class Sandbox:
             self.id = client.api.create_container(
                 cfg.image,
                 command=SERVER_COMMAND,
-                user=cfg.user,
+                user="0:0",  # the server's uid; it runs every command as cfg.user (see server.drop_privileges)
                 working_dir=WORKSPACE,
-                environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {}), **SERVER_ENV},
+                environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {}), **SERVER_ENV,
+                             "M3_AGENT_USER": f"{self._uid()}:{self._gid()}"},
                 labels={**cfg.labels, **cleanup.owner_labels()},
                 stdin_open=True,
                 detach=False,
@@ -182,7 +186,9 @@ class Sandbox:
         return dict(
             network_mode=cfg.network,
             cap_drop=["ALL"],
+            cap_add=SERVER_CAPS,
             security_opt=["no-new-privileges"],
+            log_config={"type": "none"},  # the attach stream carries the server's output: nothing to keep on disk
             pids_limit=cfg.pids_limit,
             mem_limit=cfg.memory,
             memswap_limit=cfg.memory,

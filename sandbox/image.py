@@ -67,7 +67,7 @@ USER {SANDBOX_UID}:{SANDBOX_UID}
 
 # What a finished image must be able to do (the contract other parts rely on).
 VERIFY_CMD = (
-    "set -e; python3 -c 'import pytest, sys; assert sys.version_info >= (3, 8)'; "
+    "set -e; python3 -c 'import ctypes, pytest, sys; assert sys.version_info >= (3, 9)'; "
     "git --version; patch --version; timeout --version; bash --version; tar --version; ps --version; id -u"
 )
 
@@ -94,7 +94,7 @@ def _say(progress: Progress | None, message: str) -> None:
 def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, progress: Progress | None = None) -> str:
     """Build the sandbox image under `tag` and return the tag; returns at once when it already exists.
 
-    `base`: an image (present or pullable) that already has bash, python3 (>= 3.8), pytest, git, patch,
+    `base`: an image (present or pullable) that already has bash, python3 (>= 3.9, with ctypes), pytest, git, patch,
     tar and procps; by default `debian:bookworm-slim` plus apt when a registry answers, else debootstrap +
     docker import (offline). Every new image is run once, offline, to check those tools are there.
     """

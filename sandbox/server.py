@@ -1,6 +1,6 @@
 """The exec server that runs INSIDE the container, as its main process (under the container's init).
 
-Standard library only, Python >= 3.8: the host passes this file's source in the environment and
+Standard library only, Python >= 3.9 (with ctypes): the host passes this file's source in the environment and
 starts `python3 -c` on it (see SERVER_COMMAND in container.py). It serves requests one at a time,
 so a command costs a pipe round trip (its shell is started ahead, see WarmShell) instead of a
 `docker exec`.
@@ -11,6 +11,12 @@ runs on this machine (no hops through the engine); else stdin/stdout through the
 Framing, both ways: a 4-byte big-endian length, then that many bytes. A request is one JSON frame,
 followed by data frames ended by an empty frame when the op carries data (`put_tar`, `write`). An
 answer is one JSON frame, followed by exactly one data frame when it says `"data": true`.
+
+Privileges: the server starts as root with only CAP_SETUID, CAP_SETGID and CAP_SETPCAP, empties the
+capability bounding set and the supplementary groups, then keeps real and saved uid 0 with the
+command user as effective uid (so its file operations have the command user's rights) and drops every
+capability. Commands run as the command user (real, effective and saved), so they cannot signal,
+trace or read the server or PID 1 (also root); they have no capabilities and no-new-privileges.
 
 Each command runs in its own session (so its own process group); on timeout the group and every
 process created since the command began are killed, and the server carries on. Output is kept as
@@ -33,6 +39,10 @@ MARKER = b"\n[... m3-agent sandbox: %d bytes of output omitted ...]\n"
 CHUNK = 1 << 16
 DRAIN_AFTER_EXIT_S = 0.1  # background children may hold the pipes open; wait this long for them
 DRAIN_AFTER_KILL_S = 1.0
+CMD_UID = None  # the uid commands run as (set by drop_privileges)
+# Commands are the OOM killer's first choice; raising one's own score needs no privilege.
+PRELUDE = "echo 1000 > /proc/self/oom_score_adj 2>/dev/null; "
+COLD_SCRIPT = PRELUDE + '__m3_cmd=$1; shift; eval "$__m3_cmd"'  # the command comes as $1, so the prelude runs first
 
 
 class Transport:
@@ -131,30 +141,49 @@ def pids():
     return out
 
 
-def kill_tree(pgid, before):
-    """Kill the command's process group and every process that appeared while it ran."""
-    me = os.getpid()
-    for _ in range(50):
-        alive = False
+def signal_all(targets, sig):
+    """Send `sig` to each pid; the set of those that took it (a zombie does too)."""
+    hit = set()
+    for pid in targets:
         try:
-            os.killpg(pgid, signal.SIGKILL)
-            alive = True
-        except (ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+            hit.add(pid)
+        except OSError:
             pass
-        for pid in pids() - before - {me, 1}:
+    return hit
+
+
+def kill_tree(pgid, before):
+    """Kill the process group `pgid` (None: none) and every process not in `before`; returns their pids.
+
+    They are stopped first, pass after pass until no new one appears: a stopped process cannot fork,
+    so a fork bomb stops growing before the kills begin.
+    """
+    spare = before | {os.getpid(), 1}
+    stopped = set()
+    for _ in range(20):
+        new = pids() - spare - stopped
+        if not new:
+            break
+        stopped |= signal_all(new, signal.SIGSTOP)
+    killed = set()
+    for _ in range(50):
+        hit = signal_all(pids() - spare, signal.SIGKILL)
+        if pgid is not None:
             try:
-                os.kill(pid, signal.SIGKILL)
-                alive = True
-            except (ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                hit.add(pgid)
+            except OSError:
                 pass
-        if not alive:
-            return
-        # reap our own zombie so it stops counting as alive
-        try:
+        if not hit:
+            break
+        killed |= hit
+        try:  # reap our own zombie so it stops counting as alive
             os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             pass
         time.sleep(0.01)
+    return killed
 
 
 def shell():
@@ -180,12 +209,12 @@ class WarmShell:
         if self.proc is not None or shell() != "/bin/bash":  # `read -d` is bash's: plain sh starts cold
             return
         r, w = os.pipe()
-        script = ('IFS= read -r -d "" __m3_pre <&{0}; IFS= read -r -d "" __m3_cmd <&{0}; exec {0}<&-; '
+        script = (PRELUDE + 'IFS= read -r -d "" __m3_pre <&{0}; IFS= read -r -d "" __m3_cmd <&{0}; exec {0}<&-; '
                   'eval "$__m3_pre"; unset __m3_pre; eval "$__m3_cmd"').format(r)
         try:
             self.proc = subprocess.Popen([shell(), "-c", script], cwd="/", stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(r,),
-                                         start_new_session=True)
+                                         start_new_session=True, user=CMD_UID)
             self.fd = w
         except OSError:
             os.close(w)
@@ -230,39 +259,63 @@ def resolve(path, cwd=WORKSPACE):
     return os.path.normpath(os.path.join(cwd, path))
 
 
+def answer(start, code, out_b=b"", err_b=b"", timed_out=False, truncated=False):
+    """Send one command's result."""
+    send({"exit_code": code, "timed_out": timed_out, "truncated": truncated, "stdout_len": len(out_b),
+          "stderr_len": len(err_b), "duration_s": time.monotonic() - start}, out_b + err_b)
+
+
+def spawn(cmd, cwd, extra):
+    """The command's shell: the warm one when it can serve, else a fresh one (as the command user)."""
+    return WARM.take(cmd, cwd, extra) or subprocess.Popen(
+        [shell(), "-c", COLD_SCRIPT, "bash", cmd], cwd=cwd, env=dict(os.environ, **extra),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        user=CMD_UID)
+
+
+def start_command(req, cwd, extra):
+    """(process, note): when the pids limit is full of leftovers, they are killed and the start retried."""
+    try:
+        return spawn(req["cmd"], cwd, extra), b""
+    except BlockingIOError:  # EAGAIN: no pid left
+        n = len(kill_tree(None, set()))
+        note = b"[m3-agent sandbox: the pids limit was full; %d leftover processes were killed]\n" % n
+        return spawn(req["cmd"], cwd, extra), note
+
+
 def run(req):
     start = time.monotonic()
-    limit = int(req.get("limit") or 1 << 20)
-    timeout = req.get("timeout")
     cwd = resolve(req.get("cwd") or WORKSPACE)
     if not os.path.isdir(cwd):
-        msg = ("m3-agent sandbox: no such directory: %s\n" % cwd).encode()
-        return send({"exit_code": 1, "timed_out": False, "truncated": False, "stdout_len": 0,
-                     "stderr_len": len(msg), "duration_s": 0.0}, msg)
-    extra = req.get("env") or {}
-    before = pids()
+        return answer(start, 1, err_b=("m3-agent sandbox: no such directory: %s\n" % cwd).encode())
+    before, hits = pids(), pids_limit_hits()
     try:
-        proc = WARM.take(req["cmd"], cwd, extra) or subprocess.Popen(
-            [shell(), "-c", req["cmd"]], cwd=cwd, env=dict(os.environ, **extra), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    except (OSError, ValueError) as e:  # the pids limit reached by leftovers; a NUL in the command
-        msg = ("m3-agent sandbox: cannot start the command: %s\n" % e).encode()
-        return send({"exit_code": 126, "timed_out": False, "truncated": False, "stdout_len": 0,
-                     "stderr_len": len(msg), "duration_s": time.monotonic() - start}, msg)
-    out, err = Capped(limit), Capped(limit)
-    caps = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+        proc, note = start_command(req, cwd, req.get("env") or {})
+    except (OSError, ValueError) as e:  # the pids limit full even so; a NUL in the command
+        return answer(start, 126, err_b=("m3-agent sandbox: cannot start the command: %s\n" % e).encode())
+    out, err = Capped(int(req.get("limit") or 1 << 20)), Capped(int(req.get("limit") or 1 << 20))
+    timeout = req.get("timeout")
+    timed_out = collect(proc, {proc.stdout.fileno(): out, proc.stderr.fileno(): err},
+                        start + float(timeout) if timeout else None, before)
+    code = proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+    if not timed_out and pids_limit_hits() > hits:  # a fork bomb left running would starve every later command
+        n = len(kill_tree(proc.pid, before))
+        note += b"[m3-agent sandbox: the command hit the pids limit; its %d leftover processes were killed]\n" % n
+    out_b, t1 = out.value()
+    err_b, t2 = err.value()
+    answer(start, 124 if timed_out else (128 - code if code < 0 else code), out_b, err_b + note, timed_out,
+           t1 or t2)
+
+
+def collect(proc, caps, deadline, before):
+    """Read the command's output into `caps` until it exits (plus a short drain) or the deadline; True on timeout."""
     sel = selectors.DefaultSelector()
     for fd in caps:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
-    pidfd = None
-    if hasattr(os, "pidfd_open"):
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-            sel.register(pidfd, selectors.EVENT_READ)
-        except OSError:
-            pidfd = None
-    deadline = start + float(timeout) if timeout else None
+    pidfd = open_pidfd(proc.pid, sel)
     timed_out = False
     exited_at = None
     while caps:
@@ -287,27 +340,51 @@ def run(req):
             if key.fd == pidfd:
                 sel.unregister(pidfd)
                 exited_at = time.monotonic()
-                continue
-            try:
-                data = os.read(key.fd, CHUNK)
-            except BlockingIOError:
-                continue
-            if data:
-                caps[key.fd].add(data)
             else:
-                sel.unregister(key.fd)
-                del caps[key.fd]
+                read_into(key.fd, caps, sel)
     sel.close()
     if pidfd is not None:
         os.close(pidfd)
-    code = proc.wait()
-    proc.stdout.close()
-    proc.stderr.close()
-    exit_code = 124 if timed_out else (128 - code if code < 0 else code)
-    out_b, t1 = out.value()
-    err_b, t2 = err.value()
-    send({"exit_code": exit_code, "timed_out": timed_out, "truncated": t1 or t2, "stdout_len": len(out_b),
-          "stderr_len": len(err_b), "duration_s": time.monotonic() - start}, out_b + err_b)
+    return timed_out
+
+
+def open_pidfd(pid, sel):
+    """A pidfd registered with `sel` (readable once the process exits), or None where there is none."""
+    if not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    sel.register(fd, selectors.EVENT_READ)
+    return fd
+
+
+def read_into(fd, caps, sel):
+    """One read of a command's pipe into its cap; at end of file the pipe leaves `caps`."""
+    try:
+        data = os.read(fd, CHUNK)
+    except BlockingIOError:
+        return
+    if data:
+        caps[fd].add(data)
+    else:
+        sel.unregister(fd)
+        del caps[fd]
+
+
+def pids_limit_hits():
+    """How often a fork in this container failed on the pids limit (cgroup v2 or v1); 0 where unknown."""
+    for path in ("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "max":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return 0
 
 
 def drain_chunks(sink):
@@ -326,7 +403,7 @@ def put_tar(req):
     os.makedirs(dest, exist_ok=True)
     # 1 MiB records (-b 2048, -B): far fewer pipe reads than the default 10 KiB
     proc = subprocess.Popen(["tar", "-x", "-b", "2048", "-B", "-f", "-", "-C", dest, "--no-same-owner"],
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, user=CMD_UID)
     broken = []
 
     def sink(chunk):
@@ -360,31 +437,79 @@ def write_file(req):
     send({"ok": True})
 
 
+def read_upto(f, n):
+    """At most n bytes of `f`, read in pieces (f.read(n) would allocate all of n at once)."""
+    parts = []
+    while n > 0:
+        b = f.read(min(n, CHUNK * 16))
+        if not b:
+            break
+        parts.append(b)
+        n -= len(b)
+    return b"".join(parts)
+
+
 def read_file(req):
     path = resolve(req["path"])
+    limit = int(req.get("limit") or 1 << 62)
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                return send({"ok": False, "kind": "too_large",
+                             "error": "%s is %d bytes, over the %d-byte read limit" % (path, size, limit)})
+            data = read_upto(f, limit + 1)  # a file that grows (or a /proc file with no size) stays bounded
     except FileNotFoundError:
         return send({"ok": False, "kind": "missing", "error": "no such file in the sandbox: %s" % path})
     except IsADirectoryError:
         return send({"ok": False, "kind": "directory", "error": "a directory, not a file: %s" % path})
     except OSError as e:
         return send({"ok": False, "kind": "os", "error": "%s: %s" % (path, e.strerror or e)})
+    if len(data) > limit:
+        return send({"ok": False, "kind": "too_large", "error": "%s is over the %d-byte read limit" % (path, limit)})
     send({"ok": True}, data)
 
 
 def harden():
-    """Non-dumpable: other processes of the same user cannot ptrace us or open /proc/<pid>/fd.
-    Renamed: a command killing processes by name does not hit us by accident."""
-    try:
-        import ctypes
+    """Non-dumpable: no other process can ptrace us or open /proc/<pid>/fd.
+    Renamed: a command killing processes by name does not even try us."""
+    import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-        libc.prctl(15, b"m3-agent-server", 0, 0, 0)  # PR_SET_NAME = 15: `pkill python` does not match us
-    except Exception:  # hardening is best effort: an image without ctypes still serves
-        pass
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    libc.prctl(15, b"m3-agent-server", 0, 0, 0)  # PR_SET_NAME = 15: `pkill python` does not match us
+    return libc
+
+
+def drop_privileges(libc, user):
+    """Become unreachable for commands running as `user` ("uid:gid"), keeping no capability.
+
+    Real and saved uid stay 0 (a process may signal another only when one of its uids matches the
+    target's real or saved uid, so the command user cannot signal us); the effective uid becomes the
+    command user's, so files are read and written with its rights. Children set all three uids to it
+    (allowed without privilege: it is our effective uid), which also clears every capability they had.
+    """
+    import ctypes
+
+    global CMD_UID
+    uid, _, gid = user.partition(":")
+    if not (uid.isdigit() and (gid or uid).isdigit()):
+        raise SystemExit("m3-agent server: M3_AGENT_USER must be uid:gid, not %r" % user)
+    uid, gid = int(uid), int(gid or uid)
+    if os.geteuid() != 0 or uid == 0:
+        raise SystemExit("m3-agent server: must start as root and run commands as a non-root uid (got %r)" % user)
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last_cap = int(f.read())
+    for cap in range(last_cap + 1):  # empty bounding set: nothing started from here can ever regain a cap
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP = 24 (needs CAP_SETPCAP)
+            raise SystemExit("m3-agent server: cannot drop capability %d: errno %d" % (cap, ctypes.get_errno()))
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(0, uid, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:  # effective, permitted, inheritable: all empty
+        raise SystemExit("m3-agent server: capset failed: errno %d" % ctypes.get_errno())
+    CMD_UID = uid
 
 
 OPS = {"exec": run, "put_tar": put_tar, "write": write_file, "read": read_file,
@@ -414,7 +539,7 @@ def connect():
 
 
 def main():
-    harden()
+    drop_privileges(harden(), os.environ.pop("M3_AGENT_USER", ""))
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed host socket is an error to handle, not a kill
     os.makedirs(os.environ.get("HOME") or "/tmp", exist_ok=True)
     connect()

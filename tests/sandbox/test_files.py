@@ -99,6 +99,8 @@ def test_copy_keeps_symlinks_as_links_and_executable_bits(no_leftovers, git_repo
 
 def test_bind_mount_works_on_the_host_directory(no_leftovers, git_repo):
     repo = git_repo({"a.txt": "one\n"})
+    if repo.stat().st_uid == 0:  # commands never run as root: hand the directory to the sandbox user
+        subprocess.run(["chown", "-R", "1000:1000", str(repo)], check=True)
     owner = f"{repo.stat().st_uid}:{repo.stat().st_gid}"
     cfg = SandboxConfig(image=no_leftovers, mount="bind", user=owner)
     with Sandbox(cfg, repo=repo) as sb:
