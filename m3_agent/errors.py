@@ -43,6 +43,13 @@ class SandboxUnavailable(M3AgentError):
     exit_code = 4
 
 
+class SandboxDied(SandboxUnavailable):
+    """A running sandbox's container is gone (OOM-killed, removed, engine restarted), not a failing command.
+
+    Recoverable: `Sandbox.recreate(patch)` starts a fresh one with the workspace restored.
+    """
+
+
 class GitError(M3AgentError):
     """A git or GitHub problem the user has to resolve."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from m3_agent.errors import GitError, SandboxUnavailable, UsageError
+from m3_agent.errors import GitError, SandboxDied, SandboxUnavailable, UsageError
 from m3_agent.sandbox import cleanup, server
 from m3_agent.sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, SharedSocket
 from m3_agent.sandbox.config import ExecResult, SandboxConfig
@@ -44,6 +44,8 @@ ANSWER_MARGIN_S = 30.0  # how much longer than a command's timeout the host wait
 TAR_CHUNK = 1 << 20
 READ_AHEAD_CHUNKS = 64  # at most this many MiB of tar data wait in memory
 DIFF_LIMIT = 256 * 1024 * 1024
+READ_LIMIT = 64 * 1024 * 1024  # read_file refuses larger files: a model-made 1 GB file must not land in our memory
+PATCH_FILE = "/tmp/.m3-agent-restore.patch"
 
 # Everything a command sees in its environment: nothing is inherited from the host.
 BASE_ENV = {
@@ -73,6 +75,14 @@ printf '%s\n' '__pycache__/' '*.py[co]' '.pytest_cache/' > "$HOME/.config/git/ig
 git rev-parse HEAD
 """
 
+# Back to the base commit (ignored files, e.g. build output copied from the host, stay), then the patch.
+RESTORE = r"""set -e
+git reset -q --hard BASE
+git clean -fdq
+if [ -s "$M3_PATCH" ]; then git apply --binary --whitespace=nowarn "$M3_PATCH"; fi
+rm -f "$M3_PATCH"
+"""
+
 DIFF = r"""set -e
 idx=$(mktemp)
 trap 'rm -f "$idx"' EXIT
@@ -87,7 +97,8 @@ class Sandbox:
     """A hardened container holding a copy of `repo` (or an empty git repo) at /workspace.
 
     Use as a context manager, or call `start()` and `close()`. Raises SandboxUnavailable when the
-    engine or the image is missing, and when the container has died.
+    engine or the image is missing, and SandboxDied (a subclass) when the container has died: then
+    `recreate(patch)` gives a fresh sandbox with the workspace restored to base commit + `patch`.
     """
 
     kind = "docker"
@@ -282,15 +293,18 @@ class Sandbox:
         if not header.get("ok"):
             raise OSError(header.get("error", f"cannot write {path}"))
 
-    def read_file(self, path: str) -> bytes:
-        """The bytes of a file (relative paths are under /workspace); FileNotFoundError when missing."""
-        header, data = self._request({"op": "read", "path": str(path)})
+    def read_file(self, path: str, limit: int = READ_LIMIT) -> bytes:
+        """The bytes of a file (relative paths are under /workspace); FileNotFoundError when missing,
+        OSError when it is over `limit` bytes."""
+        header, data = self._request({"op": "read", "path": str(path), "limit": int(limit)})
         if header.get("ok"):
             return data or b""
         if header.get("kind") == "missing":
             raise FileNotFoundError(header["error"])
         if header.get("kind") == "directory":
             raise IsADirectoryError(header["error"])
+        if header.get("kind") == "too_large":
+            raise OSError(header["error"])
         raise OSError(header.get("error", f"cannot read {path}"))
 
     def diff(self) -> str:
@@ -305,6 +319,48 @@ class Sandbox:
                            f"{r.stderr.strip()[-300:]}")
         return r.stdout
 
+    # recovery
+
+    def ping(self) -> bool:
+        """True when the server answers; False once the container is dead or closed."""
+        try:
+            return bool(self._request({"op": "ping"}, answer_timeout=10)[0].get("ok"))
+        except SandboxUnavailable:
+            return False
+
+    def restore(self, patch: str) -> None:
+        """Make /workspace the base commit plus `patch` (a `diff()`), as in a sandbox that died.
+
+        Copy mode only: in bind mode the workspace is the host directory, which outlives the container.
+        Raises GitError when the patch does not apply.
+        """
+        if self.config.mount != "copy":
+            raise UsageError("restore() is for mount='copy': a bind-mounted workspace keeps its files by itself")
+        self.write_file(PATCH_FILE, patch)
+        r = self._exec(RESTORE.replace("BASE", self.base_commit or "HEAD"), self.config.timeout, None,
+                       {"M3_PATCH": PATCH_FILE}, self.config.output_limit)
+        if r.exit_code != 0:
+            raise GitError(f"cannot restore the workspace (base commit + patch): {r.stderr.strip()[-300:]}")
+
+    def recreate(self, patch: str | None = None) -> Sandbox:
+        """A fresh, started sandbox like this one (same config and repository), the workspace restored
+        to the base commit plus `patch` in copy mode; this one is closed first. Raises what `start()`
+        and `restore()` raise."""
+        self.close()
+        fresh = Sandbox(self.config, self.repo).start()
+        try:
+            if patch and self.config.mount == "copy":
+                fresh.restore(patch)
+        except BaseException:
+            fresh.close()
+            raise
+        return fresh
+
+    @property
+    def death(self) -> str | None:
+        """Why the container is dead (None while it is not known to be)."""
+        return self._dead
+
     # plumbing
 
     def _request(self, req: dict, chunks: list[bytes] | Iterator[bytes] | None = None,
@@ -313,13 +369,13 @@ class Sandbox:
             if self._closed or self._channel is None:
                 raise SandboxUnavailable("the sandbox is closed: start a new one")
             if self._dead is not None:
-                raise SandboxUnavailable(self._dead)
+                raise SandboxDied(self._dead)
             try:
                 self._channel.send(req, chunks)
                 return self._channel.receive(answer_timeout)
             except ChannelClosed as e:
                 self._dead = self._death_note(str(e))
-                raise SandboxUnavailable(self._dead) from None
+                raise SandboxDied(self._dead) from None
             except BaseException:  # half a request sent or half an answer read: the stream is out of step
                 self._dead = f"sandbox {str(self.id)[:12]} is unusable: a request was interrupted; start a new sandbox"
                 raise
