@@ -23,12 +23,14 @@ process created since the command began are killed, and the server carries on. O
 head + tail per stream, so memory stays bounded whatever the command prints.
 """
 
+import errno
 import json
 import os
 import re
 import selectors
 import shlex
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -228,8 +230,9 @@ class WarmShell:
         if proc is None:
             return None
         try:
-            if (len(cmd) <= WARM_MAX and "\0" not in cmd and all(NAME.match(k) for k in env)
-                    and proc.poll() is None):
+            # a NUL anywhere would end a NUL-terminated field early and shift the rest into the command
+            if (len(cmd) <= WARM_MAX and "\0" not in cmd + cwd + "".join(env.values())
+                    and all(NAME.match(k) for k in env) and proc.poll() is None):
                 pre = "cd -- %s || exit 1\n" % shlex.quote(cwd)
                 pre += "".join("export %s=%s\n" % (k, shlex.quote(v)) for k, v in env.items())
                 os.write(fd, (pre + "\0" + cmd + "\0").encode("utf-8", "surrogateescape"))
@@ -400,10 +403,14 @@ def drain_chunks(sink):
 
 def put_tar(req):
     dest = resolve(req.get("dest") or WORKSPACE)
-    os.makedirs(dest, exist_ok=True)
-    # 1 MiB records (-b 2048, -B): far fewer pipe reads than the default 10 KiB
-    proc = subprocess.Popen(["tar", "-x", "-b", "2048", "-B", "-f", "-", "-C", dest, "--no-same-owner"],
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, user=CMD_UID)
+    try:
+        os.makedirs(dest, exist_ok=True)
+        # 1 MiB records (-b 2048, -B): far fewer pipe reads than the default 10 KiB
+        proc = subprocess.Popen(["tar", "-x", "-b", "2048", "-B", "-f", "-", "-C", dest, "--no-same-owner"],
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, user=CMD_UID)
+    except (OSError, ValueError) as e:  # every error is an answer: an exception here would end the sandbox
+        drain_chunks(lambda chunk: None)
+        return send({"ok": False, "error": "%s: %s" % (dest, e)})
     broken = []
 
     def sink(chunk):
@@ -423,17 +430,45 @@ def put_tar(req):
     send({"ok": code == 0, "error": err.strip()[-500:]})
 
 
+SPECIAL_ROOTS = ("proc", "sys", "dev")  # pseudo files: /proc/self here is the server, not a command
+
+
+def open_regular(path, flags):
+    """A file descriptor on `path`, opened with the command user's rights, when it is a regular file
+    outside /proc, /sys and /dev. Checked on the opened file, so a symlink swapped meanwhile changes
+    nothing; opened non-blocking, so a FIFO cannot hang the server."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory")
+        real = os.readlink("/proc/self/fd/%d" % fd)  # "pipe:[...]" or "socket:[...]" for what has no path
+        if not (stat.S_ISREG(mode) and real.startswith("/") and real.split("/")[1] not in SPECIAL_ROOTS):
+            raise PermissionError(errno.EACCES, "not a regular file of the sandbox (%s)" % real)
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def error_text(path, e):
+    """One line for a failed file operation."""
+    return "%s: %s" % (path, getattr(e, "strerror", None) or e)
+
+
 def write_file(req):
     path = resolve(req["path"])
     parts = []
     drain_chunks(parts.append)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
+        with os.fdopen(open_regular(path, os.O_WRONLY | os.O_CREAT), "wb") as f:
+            f.truncate(0)
             for p in parts:
                 f.write(p)
-    except OSError as e:
-        return send({"ok": False, "error": "%s: %s" % (path, e.strerror or e)})
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        return send({"ok": False, "error": error_text(path, e)})
     send({"ok": True})
 
 
@@ -453,18 +488,18 @@ def read_file(req):
     path = resolve(req["path"])
     limit = int(req.get("limit") or 1 << 62)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limit:
                 return send({"ok": False, "kind": "too_large",
                              "error": "%s is %d bytes, over the %d-byte read limit" % (path, size, limit)})
-            data = read_upto(f, limit + 1)  # a file that grows (or a /proc file with no size) stays bounded
+            data = read_upto(f, limit + 1)  # a file that grows while we read stays bounded
     except FileNotFoundError:
         return send({"ok": False, "kind": "missing", "error": "no such file in the sandbox: %s" % path})
     except IsADirectoryError:
         return send({"ok": False, "kind": "directory", "error": "a directory, not a file: %s" % path})
-    except OSError as e:
-        return send({"ok": False, "kind": "os", "error": "%s: %s" % (path, e.strerror or e)})
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        return send({"ok": False, "kind": "os", "error": error_text(path, e)})
     if len(data) > limit:
         return send({"ok": False, "kind": "too_large", "error": "%s is over the %d-byte read limit" % (path, limit)})
     send({"ok": True}, data)
