@@ -31,3 +31,10 @@ def test_unknown_fields_are_rejected():
 
 def test_sizes_are_normalised():
     assert SandboxConfig(memory="512M").memory == "512m"
+
+
+@pytest.mark.parametrize("user", ["0", "0:1000", "root", "1000:sandbox", ""])
+def test_commands_never_run_as_root_and_the_user_is_numeric(user):
+    with pytest.raises(ValidationError):
+        SandboxConfig(user=user)
+    assert SandboxConfig(user="1001").user == "1001" and SandboxConfig(user="1001:50").user == "1001:50"
