@@ -10,11 +10,15 @@ Where things happen:
   environment.py  the Environment protocol the tools and the loop use (this Sandbox, or LocalEnvironment)
   local.py        LocalEnvironment: a temporary git checkout on this machine, NO isolation (tests, embedding)
   output.py       head_tail: the one host-side cut of long output (head + tail around a marker)
-  config.py       SandboxConfig (hardened defaults: network none, uid 1000, no capabilities,
-                  no-new-privileges, pids/memory/CPU limits, read-only root, init) and ExecResult
-  container.py    Sandbox: creates the container, copies the repo in, exec / files / diff, close
+  config.py       SandboxConfig (hardened defaults: network none, commands as uid 1000 with no
+                  capabilities and no-new-privileges, pids/memory/CPU limits, read-only root, init)
+                  and ExecResult
+  container.py    Sandbox: creates the container, copies the repo in, exec / files / diff, close;
+                  SandboxDied when the container is gone, then recreate(patch) / restore(patch)
   server.py       the process inside the container that runs each command (own session, timeout kills
-                  the tree, head + tail output cap); a command enters the container in `run()` there
+                  the tree, head + tail output cap); a command enters the container in `run()` there;
+                  it runs as root with no capabilities, each command as the command user, so commands
+                  cannot signal it (`drop_privileges`)
   channel.py      the host end of the server's pipe (a shared Unix socket, or the engine's attach stream)
   cleanup.py      owner labels, close at exit and on SIGINT / SIGTERM, `prune` for what a SIGKILL left
   image.py        the sandbox image (registry or debootstrap + docker import), per-task env images,
@@ -22,6 +26,7 @@ Where things happen:
   cli.py          `m3-agent sandbox build|prune [--images]`
 """
 
+from m3_agent.errors import SandboxDied
 from m3_agent.sandbox.cleanup import prune
 from m3_agent.sandbox.config import ExecResult, SandboxConfig
 from m3_agent.sandbox.container import Sandbox
@@ -30,4 +35,4 @@ from m3_agent.sandbox.image import DEFAULT_IMAGE, build_env_image, build_image, 
 from m3_agent.sandbox.local import LocalEnvironment
 
 __all__ = ["DEFAULT_IMAGE", "Environment", "EnvironmentFactory", "ExecResult", "LocalEnvironment", "Sandbox",
-           "SandboxConfig", "build_env_image", "build_image", "prune", "prune_images"]
+           "SandboxConfig", "SandboxDied", "build_env_image", "build_image", "prune", "prune_images"]
