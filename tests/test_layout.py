@@ -123,3 +123,30 @@ def test_product_code_imports_the_parts_only_through_m3_agent():
         if name.split(".")[0] in PARTS_OUTSIDE_THE_ROOT
     ]
     assert bare == [], "import through m3_agent. instead:\n" + "\n".join(bare)
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(source: str, where: str) -> list[str]:
+    """`where:line name (N lines)` for each function or method in `source` longer than the limit."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{where}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_product_function_is_longer_than_sixty_lines():
+    """Short functions keep the flow readable (the stall rules and relevance signals are the model)."""
+    too_long = [hit for name, file in product_modules().items()
+                for hit in long_functions(file.read_text(), str(file.relative_to(ROOT)))]
+    assert too_long == []
+
+
+def test_the_length_check_counts_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def short():\n    return 1\n\ndef long():\n{body}\n", "m.py") == [
+        f"m.py:4 long ({MAX_FUNCTION_LINES + 1} lines)"]
