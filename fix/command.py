@@ -21,11 +21,8 @@ import hashlib
 import json
 import re
 import shutil
-import signal
 import tempfile
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -375,23 +372,6 @@ def _summary(result: FixResult) -> Group:
     return Group(*lines)
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM (a cancelled CI job, `kill`) like Ctrl-C: the run stops cleanly, the sandbox is removed."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def fix_command(
     issue_arg: Optional[str] = typer.Argument(
         None, metavar="ISSUE", help="Issue number (origin's GitHub repo), owner/repo#N, issue URL, file, or text."
@@ -433,9 +413,8 @@ def fix_command(
             "--include-uncommitted": include_uncommitted, "--sandbox-image": sandbox_image,
             "--github-api-url": github_api_url, "--output-dir": output_dir,
         }
-        with sigterm_as_interrupt():
-            result = _fix_from_flags(err, issue_arg or issue, repo, flags, config=config, apply=apply, base=base,
-                                     quiet=quiet, json_out=json_out)
+        result = _fix_from_flags(err, issue_arg or issue, repo, flags, config=config, apply=apply, base=base,
+                                 quiet=quiet, json_out=json_out)
     except M3AgentError as e:
         if json_out:
             typer.echo(json.dumps({"resolved": False, "exit_code": e.exit_code, "error": str(e)}))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from m3_agent.errors import M3AgentError
+from m3_agent.errors import M3AgentError, sigterm_as_interrupt
 
 if TYPE_CHECKING:
     import typer
@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     err_console = Console(stderr=True, highlight=False)
     app = build_app(args[0] if args else None)
     try:
-        app(args=args, prog_name="m3-agent")  # standalone: usage errors exit 2, --help exits 0
+        with sigterm_as_interrupt():  # every command: SIGTERM stops it as Ctrl-C does (exit 130)
+            app(args=args, prog_name="m3-agent")  # standalone: usage errors exit 2, --help exits 0
     except KeyboardInterrupt:
         err_console.print("m3-agent: interrupted: trajectory and results kept", markup=False, soft_wrap=True)
         sys.exit(130)

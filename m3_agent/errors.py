@@ -13,6 +13,11 @@ Exit codes (documented in README.md):
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class M3AgentError(Exception):
     """Base error: a one-line message that tells the user what to do next."""
@@ -66,3 +71,20 @@ def first_validation_error(error: Exception, *, top: str = "") -> tuple[str, str
     """(dotted location, message) of a pydantic ValidationError's first error, for one-line messages."""
     first = error.errors()[0]  # type: ignore[attr-defined]
     return ".".join(str(p) for p in first["loc"]) or top, first["msg"]
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM (a cancelled CI job, `kill`) like Ctrl-C: runs stop cleanly and remove their sandboxes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
