@@ -37,6 +37,8 @@ class SandboxConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every command")
     labels: dict[str, str] = Field(default_factory=dict, description="extra container labels")
     start_timeout: float = Field(60.0, gt=0)
+    runtime: str | None = Field(None, description="OCI runtime, e.g. runsc (gVisor) where the engine has it: "
+                                "a user-space kernel between commands and the host; None = the engine's default")
     transport: Literal["auto", "attach"] = Field(
         "auto", description="auto: a Unix socket shared read-only with the container when the engine is local "
         "(fastest); attach: always the engine's attach stream")

@@ -210,6 +210,7 @@ class Sandbox:
             init=True,
             auto_remove=True,
             ipc_mode="private",
+            **({"runtime": cfg.runtime} if cfg.runtime else {}),
         )
 
     def _uid(self) -> str:

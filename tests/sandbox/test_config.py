@@ -38,3 +38,15 @@ def test_commands_never_run_as_root_and_the_user_is_numeric(user):
     with pytest.raises(ValidationError):
         SandboxConfig(user=user)
     assert SandboxConfig(user="1001").user == "1001" and SandboxConfig(user="1001:50").user == "1001:50"
+
+
+@pytest.mark.docker
+def test_a_runtime_the_engine_lacks_is_a_clear_sandbox_error(git_repo, sandbox_image):
+    from m3_agent.errors import SandboxUnavailable
+    from m3_agent.sandbox import Sandbox
+
+    repo = git_repo({"a.py": "A = 1\n"})
+    with pytest.raises(SandboxUnavailable, match="runtime.*runsc-missing"):
+        with Sandbox(SandboxConfig(runtime="runsc-missing"), repo=repo):
+            pass
+    assert SandboxConfig().runtime is None  # the engine's default runtime unless asked
