@@ -24,7 +24,9 @@ from tenacity import (
 from m3_agent.agent.thinking import ThinkingMode
 from m3_agent.errors import EndpointError, M3AgentError, UsageError
 
-_STRAY_THINK_CLOSE = re.compile(r"^\s*</mm:think>\s*")
+# vLLM 0.33 and SGLang drop a stray leading </mm:think> but vLLM keeps the newlines after it, and keeps
+# the closer itself when whitespace precedes it or when the server runs without a reasoning parser
+_STRAY_THINK_CLOSE = re.compile(r"^\s*</mm:think>\s*|^\n+")
 _RAW_THINK = re.compile(r"^\s*<mm:think>(.*?)</mm:think>\s*", re.DOTALL)
 # vLLM (new and old wording) and SGLang context-overflow messages.
 _OVERFLOW = re.compile(r"context length|maximum context", re.IGNORECASE)

@@ -85,6 +85,7 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from m3_agent.errors import UsageError, first_validation_error
+from m3_agent.serving.m3_output import parse_output, split_reasoning
 
 STANDIN_HEADER = "X-M3-Standin"
 STANDIN_HEADER_VALUE = "test double; scripted replies, not a model"
@@ -133,6 +134,7 @@ class Turn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    raw: str | None = None
     reasoning: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallSpec] = Field(default_factory=list)
@@ -141,6 +143,12 @@ class Turn(BaseModel):
     repeat: int = Field(default=1, ge=1)
     fault: Fault | None = None
     stray_think_close: bool | None = None
+
+    @model_validator(mode="after")
+    def _raw_alone(self) -> Turn:
+        if self.raw is not None and (self.reasoning is not None or self.content is not None or self.tool_calls):
+            raise ValueError("a turn with 'raw' model output takes no 'reasoning', 'content' or 'tool_calls'")
+        return self
 
 
 class Conversation(BaseModel):
@@ -483,15 +491,31 @@ def _cut_at_parameter_close(value: Any) -> Any:
     return value
 
 
+def _tool_call(name: str, arguments: str) -> dict[str, Any]:
+    # vLLM 0.33 names M3's tool calls chatcmpl-tool-<16 hex digits>
+    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _reply_from_raw(turn: Turn, request: dict[str, Any], thinking_mode: str) -> _Reply:
+    """A raw M3 completion, parsed as vLLM's minimax_m3 reasoning and tool parsers parse it."""
+    parsed = parse_output(turn.raw or "", request.get("tools"), thinking_mode)
+    calls = [_tool_call(name, json.dumps(args, ensure_ascii=False)) for name, args in parsed.tool_calls]
+    reason = turn.finish_reason or ("tool_calls" if calls else "stop")
+    return _Reply(reasoning=parsed.reasoning, content=parsed.content, tool_calls=calls, finish_reason=reason)
+
+
 def build_reply(turn: Turn, script: Script, request: dict[str, Any], thinking_mode: str) -> _Reply:
     """Apply thinking mode, stray-think and argument faults to a turn; token counts are left at 0."""
+    if turn.raw is not None:
+        return _reply_from_raw(turn, request, thinking_mode)
     reply = _Reply()
     reply.reasoning = turn.reasoning if thinking_mode != "disabled" else None
     content = turn.content
     stray = turn.stray_think_close if turn.stray_think_close is not None else script.stray_think_close
     multi_turn = any(m.get("role") == "assistant" for m in request.get("messages", []))
     if stray and thinking_mode != "enabled" and multi_turn:
-        content = STRAY_THINK_CLOSE + (content or "")
+        # the model writes the closer; vLLM's reasoning parser drops it when it leads the output
+        content = split_reasoning(STRAY_THINK_CLOSE + (content or ""), thinking_mode)[1]
     for spec in turn.tool_calls:
         if spec.arguments_raw is not None:
             arguments = spec.arguments_raw
@@ -505,9 +529,7 @@ def build_reply(turn: Turn, script: Script, request: dict[str, Any], thinking_mo
             arguments = json.dumps(args, ensure_ascii=False)
             if turn.fault == "malformed_arguments":
                 arguments = arguments[:-1] + ', "'  # unterminated: never valid JSON
-        reply.tool_calls.append(
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": spec.name, "arguments": arguments}}
-        )
+        reply.tool_calls.append(_tool_call(spec.name, arguments))
     reply.finish_reason = turn.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
     if turn.fault == "truncate":
         if content:
@@ -835,10 +857,10 @@ def _stream_events(reply: _Reply, script: Script, include_usage: bool) -> Iterat
     for piece in _pieces_of(reply.content or ""):
         yield chunk({"content": piece})
     for index, call in enumerate(reply.tool_calls):
-        head = {"index": index, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
+        # vLLM's M3 parser sends the name first, then the arguments whole once the <invoke> closes
+        head = {"id": call["id"], "type": "function", "index": index, "function": {"name": call["function"]["name"]}}
         yield chunk({"tool_calls": [head]})
-        for piece in _pieces_of(call["function"]["arguments"], per_chunk=4):
-            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+        yield chunk({"tool_calls": [{"index": index, "function": {"arguments": call["function"]["arguments"]}}]})
     yield chunk({}, reply.finish_reason)
     if include_usage:
         yield json.dumps(

@@ -143,7 +143,7 @@ def test_reasoning_and_tool_calls_are_read_back_and_returned_in_both_fields():
     assert reply.reasoning == "Look at a.py first."
     assert reply.finish_reason == "tool_calls"
     assert reply.tool_calls[0].name == "file_read"
-    assert reply.tool_calls[0].id.startswith("call_")
+    assert reply.tool_calls[0].id.startswith("chatcmpl-tool-")
     assert reply.tool_calls[0].arguments == '{"path": "a.py"}' or '"a.py"' in reply.tool_calls[0].arguments
     msg = reply.as_message()
     assert msg["reasoning"] == msg["reasoning_content"] == "Look at a.py first."

@@ -118,7 +118,7 @@ def test_tool_call_turn_has_vllm_fields():
     assert msg.model_extra["reasoning"] == "Look at a.py first."
     assert "reasoning_content" not in msg.model_extra  # removed from vLLM (PR #33402)
     (call,) = msg.tool_calls
-    assert re.fullmatch(r"call_[0-9a-f]+", call.id) and call.type == "function"
+    assert re.fullmatch(r"chatcmpl-tool-[0-9a-f]{16}", call.id) and call.type == "function"
     assert call.function.name == "read" and isinstance(call.function.arguments, str)
     assert json.loads(call.function.arguments) == {"path": "a.py"}
     u = r.usage
@@ -193,7 +193,7 @@ def test_stream_chunks_match_vllm_shape():
     assert sum(1 for d in deltas if "reasoning" in d) > 1  # streamed in pieces, not one lump
     heads = [d["tool_calls"][0] for d in deltas if "tool_calls" in d and "id" in d["tool_calls"][0]]
     assert [(h["index"], h["function"]["name"]) for h in heads] == [(0, "read"), (1, "read")]
-    assert all(re.fullmatch(r"call_[0-9a-f]+", h["id"]) and h["type"] == "function" for h in heads)
+    assert all(re.fullmatch(r"chatcmpl-tool-[0-9a-f]{16}", h["id"]) and h["type"] == "function" for h in heads)
     args = {0: "", 1: ""}
     for d in deltas:
         for tc in d.get("tool_calls", []):
@@ -383,7 +383,7 @@ def test_unknown_thinking_mode_is_rejected():
             ask(srv, extra_body={"chat_template_kwargs": {"thinking_mode": "maybe"}})
 
 
-def test_stray_think_close_on_multi_turn_without_enabled():
+def test_stray_think_close_on_multi_turn_without_enabled_is_dropped_like_vllm():
     history = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "step"},
                {"role": "user", "content": "more"}]
     with StandinServer({"stray_think_close": True, "turns": [{"content": "a", "repeat": 4}]}) as srv:
@@ -392,8 +392,8 @@ def test_stray_think_close_on_multi_turn_without_enabled():
         disabled = ask(srv, history, extra_body={"chat_template_kwargs": {"thinking_mode": "disabled"}}).choices[0].message.content
         enabled = ask(srv, history, extra_body={"chat_template_kwargs": {"thinking_mode": "enabled"}}).choices[0].message.content
     assert first == "a" and enabled == "a"
-    assert adaptive.startswith("</mm:think>") and adaptive.endswith("a")
-    assert disabled.startswith("</mm:think>")
+    # the model writes "</mm:think>\n\n"; vLLM 0.33's reasoning parser drops the leading closer only
+    assert adaptive == disabled == "\n\na"
 
 
 def test_stray_think_close_per_turn_overrides_script():
