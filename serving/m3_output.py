@@ -272,11 +272,14 @@ def tool_properties(tools: list[dict[str, Any]] | None, name: str) -> dict[str, 
     return {}
 
 
-def _invoke_name(text: str, pos: int) -> tuple[str, int] | None:
-    """The tool name after `<invoke name=` at `pos` (quoted either way, or bare) and where it ends."""
+def _invoke_name(text: str, pos: int) -> tuple[str, int]:
+    """The tool name after `<invoke name=` at `pos` (quoted either way, or bare) and where it ends.
+
+    A name the output cuts off is the name so far, with nothing after it.
+    """
     quote = text[pos] if text[pos : pos + 1] in ("'", '"') else ""
     end = text.find(f"{quote}>", pos + len(quote))
-    return (text[pos + len(quote) : end], end + len(quote) + 1) if end >= 0 else None
+    return (text[pos + len(quote) : end], end + len(quote) + 1) if end >= 0 else (text[pos + len(quote) :], len(text))
 
 
 def split_tool_calls(content: str, tools: list[dict[str, Any]] | None) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
@@ -290,10 +293,7 @@ def split_tool_calls(content: str, tools: list[dict[str, Any]] | None) -> tuple[
         return content, []
     calls, pos = [], start + len(TOOL_OPEN)
     while (at := content.find(INVOKE_OPEN, pos)) >= 0:
-        named = _invoke_name(content, at + len(INVOKE_OPEN))
-        if named is None:
-            break
-        name, body_start = named
+        name, body_start = _invoke_name(content, at + len(INVOKE_OPEN))
         end = content.find(INVOKE_CLOSE, body_start)
         body = content[body_start:] if end < 0 else content[body_start:end]
         args = _convert_object(_parse_params(body), {"properties": tool_properties(tools, name.strip())})

@@ -25,7 +25,7 @@ DEPS=(
   "transformers==5.19.0" huggingface_hub tokenizers safetensors protobuf "fastapi<0.137" aiohttp
   openai pydantic orjson prometheus_client pillow msgspec cloudpickle uvloop partial-json-parser
   ijson "mistral_common>=1.11.6" oss-harmony pybase64 pyzmq pyyaml jsonschema einops cbor2
-  setproctitle "xgrammar==0.2.8" "llguidance>=1.7,<1.8" watchfiles ipython
+  setproctitle "xgrammar==0.2.8" "llguidance>=1.7,<1.8" watchfiles ipython uvicorn
 )
 
 stamp_want=$( { cat "$0"; echo "$VLLM_VERSION $SGLANG_VERSION $TORCH_VERSION"; } | sha256sum | cut -d' ' -f1)

@@ -81,10 +81,16 @@ def vllm_args(q: dict[str, Any]) -> dict[str, Any]:
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
 
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
     top, cmd = _vllm_serve_parser()
+    api_server = make_arg_parser(FlexibleArgumentParser(prog="vllm.entrypoints.openai.api_server"))
     results = []
-    for argv in q["argvs"]:
-        ns, error = _parse_quietly(lambda argv=argv: top.parse_args(["serve", *argv]))
+    for argv, form in zip(q["argvs"], q.get("forms") or ["serve"] * len(q["argvs"])):
+        # `vllm serve ARGS` and `python -m vllm.entrypoints.openai.api_server ARGS` share make_arg_parser
+        parse = (lambda argv=argv: top.parse_args(["serve", *argv])) if form == "serve" else (lambda argv=argv: api_server.parse_args(argv))
+        ns, error = _parse_quietly(parse)
         if ns is not None:
             _, error = _parse_quietly(lambda ns=ns: (cmd.validate(ns), ns)[1])
         picked = {k: getattr(ns, k, None) for k in ("model", "model_tag", "tool_call_parser", "reasoning_parser",
