@@ -1,0 +1,96 @@
+"""Every request body the project sends validates against vLLM's own protocol models, nothing ignored."""
+
+from __future__ import annotations
+
+import pytest
+
+from m3_agent.agent.context.tokens import ServerCounter
+from m3_agent.agent.model import ModelClient, ModelConfig
+from m3_agent.serving.loadgen import LoadConfig, run_load
+from m3_agent.serving.m3_faults import BASH, READ
+from m3_agent.serving.standin import COUNTERS, StandinServer
+from tests.conformance.conftest import post_json
+
+MODEL = "MiniMaxAI/MiniMax-M3"
+PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
+
+
+def _client_bodies() -> list[dict]:
+    """The chat bodies the agent's client sends: first turn, later turns, each thinking mode, images."""
+    script = [{"reasoning": "Read it first.", "tool_calls": [{"name": "file_read", "arguments": {"path": "a.py"}}]},
+              {"content": "Done."}, {"content": "ok", "repeat": 4}]  # fmt: skip
+    with StandinServer(script) as srv:
+        client = ModelClient(ModelConfig(base_url=srv.base_url, model=MODEL, retry_attempts=1))
+        first = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix a.py"}]
+        reply = client.complete(first, tools=[BASH, READ], thinking_mode="enabled")
+        later = first + [reply.as_message(), {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "x = 1\n"}]
+        client.complete(later, tools=[BASH, READ], thinking_mode="adaptive")
+        client.complete(first, tools=[BASH, READ], thinking_mode="disabled")
+        client.complete(first, tools=[BASH, READ])
+        image = [{"role": "user", "content": [{"type": "text", "text": "What is wrong here?"},
+                                               {"type": "image_url", "image_url": {"url": PNG}}]}]  # fmt: skip
+        client.complete(image, thinking_mode="adaptive")
+        client.close()
+        bodies = srv.requests
+    assert len(bodies) == 5
+    return bodies
+
+
+def _streaming_bodies() -> list[dict]:
+    """The streaming bodies `m3-agent serve bench` sends."""
+    with StandinServer([{"content": "word " * 8, "repeat": 4}]) as srv:
+        run_load(LoadConfig(base_url=srv.base_url, model=MODEL, input_len=16, output_len=8, concurrency=1, num_prompts=2))
+        bodies = srv.requests
+    assert bodies and all(b.get("stream") for b in bodies)
+    return bodies
+
+
+@pytest.fixture(scope="module")
+def bodies() -> list[dict]:
+    return _client_bodies() + _streaming_bodies()
+
+
+def test_request_bodies_validate_with_nothing_ignored(oracle, bodies):
+    answer = oracle.ask("validate_requests", bodies=bodies)
+    for body, r in zip(bodies, answer["results"]):
+        assert r["error"] is None, r["error"]
+        assert r["ignored"] == [], f"vLLM would ignore {r['ignored']} in {sorted(body)}"
+
+
+def test_assistant_reasoning_reaches_vllm(oracle, bodies):
+    """vLLM reads `reasoning` on an assistant message (and renames `reasoning_content` to it)."""
+    later = next(b for b in bodies if any(m.get("role") == "tool" for m in b["messages"]))
+    answer = oracle.ask("validate_requests", bodies=[later])
+    assistant = [i for i, m in enumerate(later["messages"]) if m["role"] == "assistant"]
+    assert [answer["results"][0]["message_reasoning"][i] for i in assistant] == ["Read it first."]
+
+
+def test_a_misspelled_field_would_be_caught(oracle, bodies):
+    """The check can fail: a field vLLM does not know is reported as ignored."""
+    answer = oracle.ask("validate_requests", bodies=[{**bodies[0], "thinking_mode": "enabled"}])
+    assert answer["results"][0]["ignored"] == ["thinking_mode"]
+
+
+def test_client_sends_only_tool_choices_m3_supports(oracle, bodies):
+    facts = oracle.ask("source_facts", metrics=[])
+    assert facts["version"]
+    if not facts["supports_required_and_named"]:
+        assert {b.get("tool_choice") for b in bodies} <= {None, "auto", "none"}
+
+
+def test_tokenize_requests_and_responses_match_vllm(oracle):
+    with StandinServer([]) as srv:
+        counter = ServerCounter(srv.base_url, check=False)
+        request = {"model": counter.model, "prompt": "def f(): pass", "add_special_tokens": False}
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"thinking_mode": "enabled"}}
+        responses = [post_json(srv.root_url + "/tokenize", request), post_json(srv.root_url + "/tokenize", chat)]
+        assert counter.count("def f(): pass") == responses[0]["count"]
+    answer = oracle.ask("tokenize_models", requests=[request, chat], responses=responses)
+    assert [r["error"] for r in answer["requests"] + answer["responses"]] == [None] * 4, answer
+    assert all(r["ignored"] == [] for r in answer["requests"] + answer["responses"]), answer
+
+
+def test_metric_names_exist_in_vllm(oracle):
+    names = [f"vllm:{key}" for key, _ in COUNTERS] + ["vllm:request_success"]
+    facts = oracle.ask("source_facts", metrics=names)
+    assert facts["metrics_present"] == {n: True for n in names}
