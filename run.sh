@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian machine (as root, or with sudo):
 #   bash run.sh demo   set everything up, then run `m3-agent fix` on the bundled demo repo
-#   bash run.sh test   set everything up, then run the whole test suite
+#   bash run.sh test   set everything up (with the conformance oracles), then run the whole test suite
 # Each step is idempotent: a second run skips what is done.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -85,6 +85,14 @@ ensure_image() {
   .venv/bin/m3-agent sandbox build
 }
 
+# The conformance tier's oracles (vLLM's and SGLang's own code) in a cached venv outside the repo:
+# a few minutes the first time, milliseconds once built. Its python is handed to the tests.
+ensure_oracle() {
+  local py
+  py=$(bash tests/conformance/oracle-venv.sh) || die "could not build the conformance oracle venv (see above)" 4
+  export M3_ORACLE_PYTHON="$py"
+}
+
 setup() {
   ensure_python
   ensure_venv
@@ -100,6 +108,7 @@ case "${1:-}" in
   test)
     setup
     ensure_browser
+    ensure_oracle
     shift
     exec .venv/bin/python -m pytest -q "$@"
     ;;

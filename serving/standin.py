@@ -25,17 +25,19 @@ Script format (JSON; a list of turns, or an object):
 
 Each chat-completions request consumes the next turn of its conversation: the first conversation
 whose `match` occurs in the request's first user message, else the top-level `turns` (no match and
-no top-level turns: HTTP 400). A turn has `reasoning`, `content`, `tool_calls` (each
+no top-level turns: HTTP 400). A turn has either `raw`, the model's raw output served as vLLM's
+minimax_m3 parsers parse it (`serving/m3_output.py`; the conformance tier proves they agree), or
+`reasoning`, `content`, `tool_calls` (each
 `{"name", "arguments": {...}}` or `{"name", "arguments_raw": "any string"}`), `finish_reason`
 (default `tool_calls` when there are tool calls, else `stop`), `delay_s`, `repeat` (serve it N
 times), `stray_think_close`, and `fault`:
 
     "500" / "503"             a vLLM-style error body with that status
     "drop"                    the connection is closed without a response
-    "malformed_arguments"     tool-call arguments are not valid JSON
+    "malformed_arguments"     tool-call arguments are not valid JSON (M2 compatibility)
     "truncate"                content and the last tool call's arguments cut; finish_reason length
     "context_overflow"        HTTP 400 with vLLM's context-length text, from the real counts
-    "literal_parameter_close" a string argument is cut at a literal `</parameter>` (the M3 parser bug)
+    "literal_parameter_close" a string argument is cut at a literal `</parameter>` (M2's parser fault)
     "null_nullable"           arguments the tool schema marks nullable come back as null
 
 A fault turn is consumed by the request it fails, so a retrying client gets the next turn. When a
@@ -52,8 +54,12 @@ Wire details that follow the vLLM version M3 is served with:
 - `usage.prompt_tokens_details` is `{"cached_tokens": N}` when N > 0 and null when nothing was
   cached: vLLM tests the count for truth before filling it in.
 - `chat_template_kwargs.thinking_mode` (`enabled` | `disabled` | `adaptive`, default adaptive):
-  `disabled` sends no reasoning. With `stray_think_close`, replies in a multi-turn conversation
-  under a mode other than `enabled` start with a stray `</mm:think>` in content, as M3 does.
+  `disabled` sends no reasoning. With `stray_think_close`, the model starts replies in a multi-turn
+  conversation under a mode other than `enabled` with a stray `</mm:think>`; vLLM's reasoning
+  parser drops it, leaving the newlines after it in content.
+- tool-call ids are `chatcmpl-tool-<16 hex>`; streamed, a call is a head delta (id, name) and then
+  its whole arguments, as vLLM's M3 parser emits them once the `<invoke>` closes.
+- M3's real faults are raw text: see the catalogue in `serving/m3_faults.py`.
 - context overflow (prompt tokens + max_completion_tokens or max_tokens > max_model_len) is
   HTTP 400 with vLLM's text, checked before any turn is consumed.
 
