@@ -1,9 +1,12 @@
 """Side-by-side: how tool calls damaged in MiniMax-M3's known ways are handled, m3-agent vs mini-swe-agent.
 
-Each case is one `bash` tool call as the server could hand it over (the M3 parser faults in the
-project's serving notes: arguments that are not valid JSON, a `</parameter>` tail, nulls for
-optional parameters, calls cut off at the token limit), with what should happen: the command the
-model meant, or a rejection (when what was meant cannot be known, the call must not run).
+Each case is one `bash` tool call as the server hands it over, with what should happen: the command
+the model meant, or a rejection (when what was meant cannot be known, the call must not run). The
+`m3` cases come from the M3 fault catalogue (serving/m3_faults.py): raw M3 output passed through
+the server's minimax_m3 parse (the conformance tier proves ours equals vLLM's), so the client sees
+valid JSON with missing, extra, repeated or coerced parameters. The `m2-compat` cases are the older
+MiniMax-M2 parser's faults (arguments that are not valid JSON, a `</parameter>` tail), kept as
+compatibility cases.
 
 Per implementation the script counts:
   correct        ran the intended command, or rejected a call that had to be rejected
@@ -36,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from m3_agent.sandbox import ExecResult  # noqa: E402
+from m3_agent.serving.m3_faults import CASES as M3_CATALOGUE  # noqa: E402
+from m3_agent.serving.m3_output import parse_output  # noqa: E402
 from m3_agent.tools import default_tools, execute_call  # noqa: E402
 
 CACHE = Path(os.environ.get("M3_BENCH_CACHE", Path.home() / ".cache" / "m3-agent" / "bench-peers"))
@@ -43,8 +48,36 @@ PEER_VENV = CACHE / "mini-swe-agent-venv"
 PEER_SPEC = "mini-swe-agent"
 REJECT = None  # expected outcome: the call must not run
 
-# (name, tool name, raw arguments, finish_reason, intended command or REJECT)
-CASES: list[tuple[str, str, str, str, str | None]] = [
+# M3 catalogue case -> (finish_reason, the command the model meant, or REJECT)
+M3_INTENDED: dict[str, tuple[str, str | None]] = {
+    "clean call": ("tool_calls", "ls -la"),
+    "text after the tool block": ("tool_calls", "ls"),
+    "null for a nullable parameter": ("tool_calls", "ls"),
+    "unknown parameter": ("tool_calls", "ls"),
+    "number in a string parameter": ("tool_calls", "42"),
+    "JSON text in a string parameter": ("tool_calls", '{"a": 1}'),
+    "repeated parameter": ("tool_calls", REJECT),
+    "unknown tool": ("tool_calls", REJECT),
+    "marker inside a value": ("tool_calls", REJECT),
+    "truncated before the invoke closes": ("length", REJECT),
+    "M2 parameter syntax": ("tool_calls", REJECT),
+}
+
+
+def m3_cases() -> list[tuple[str, str, str, str, str | None]]:
+    """The catalogue's bash cases as the client receives them: through the server's M3 parse."""
+    out = []
+    for case in M3_CATALOGUE:
+        if case.name in M3_INTENDED:
+            finish, intended = M3_INTENDED[case.name]
+            name, args = parse_output(case.raw, case.tools, case.thinking_mode).tool_calls[0]
+            out.append((f"{case.label}: {case.name}", name, json.dumps(args, ensure_ascii=False), finish, intended))
+    return out
+
+
+# M2-era cases: arguments strings as the minimax_m2 parser could hand them over (compatibility only:
+# vLLM's M3 parser always sends valid JSON). (name, tool, raw arguments, finish_reason, intended)
+M2_CASES: list[tuple[str, str, str, str, str | None]] = [
     ("clean", "bash", '{"command": "ls -la"}', "tool_calls", "ls -la"),
     ("surrounding whitespace", "bash", '  {"command": "ls"}\n', "tool_calls", "ls"),
     ("raw newlines in a heredoc", "bash", '{"command": "cat > a.txt <<EOF\nhello\nEOF"}', "tool_calls",
@@ -72,6 +105,7 @@ CASES: list[tuple[str, str, str, str, str | None]] = [
     ("command as a list", "bash", '{"command": ["ls", "-la"]}', "tool_calls", REJECT),
     ("unknown tool", "shell", '{"command": "ls"}', "tool_calls", REJECT),
 ]
+CASES = m3_cases() + [(f"m2-compat: {n}", *rest) for n, *rest in M2_CASES]
 
 PEER_SCRIPT = r"""
 import json, statistics, sys, time
