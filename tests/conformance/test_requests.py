@@ -20,7 +20,7 @@ def _client_bodies() -> list[dict]:
     script = [{"reasoning": "Read it first.", "tool_calls": [{"name": "file_read", "arguments": {"path": "a.py"}}]},
               {"content": "Done."}, {"content": "ok", "repeat": 4}]  # fmt: skip
     with StandinServer(script) as srv:
-        client = ModelClient(ModelConfig(base_url=srv.base_url, model=MODEL, retry_attempts=1))
+        client = ModelClient(ModelConfig(base_url=srv.base_url, name=MODEL, retry_attempts=1))
         first = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix a.py"}]
         reply = client.complete(first, tools=[BASH, READ], thinking_mode="enabled")
         later = first + [reply.as_message(), {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "x = 1\n"}]
