@@ -57,11 +57,3 @@ def oracle() -> Oracle:
         python = proc.stdout.strip().splitlines()[-1]
     return Oracle(python)
 
-
-def post_json(url: str, body: dict) -> dict:
-    """POST a JSON body with the standard library; the decoded JSON answer."""
-    import urllib.request
-
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import pytest
 
 from m3_agent.agent.context.tokens import ServerCounter
@@ -9,10 +12,15 @@ from m3_agent.agent.model import ModelClient, ModelConfig
 from m3_agent.serving.loadgen import LoadConfig, run_load
 from m3_agent.serving.m3_faults import BASH, READ
 from m3_agent.serving.standin import COUNTERS, StandinServer
-from tests.conformance.conftest import post_json
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
+
+
+def post_json(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
 
 
 def _client_bodies() -> list[dict]:

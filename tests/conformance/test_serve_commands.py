@@ -98,6 +98,7 @@ def test_vllm_commands_parse_with_vllm_serve_parser(oracle, commands):
 
 
 def test_sglang_commands_parse_with_sglang_server_args(oracle, commands):
+    """SGLang's --tool-call-parser / --reasoning-parser choices are its parser registries."""
     sglang = [(what, argv) for what, engine, _, argv in commands if engine == "sglang"]
     answer = oracle.ask("sglang_args", argvs=[argv for _, argv in sglang])
     failures = [f"{what}: {r['error']}" for (what, _), r in zip(sglang, answer["results"]) if r["error"]]
@@ -113,3 +114,5 @@ def test_the_checks_can_fail(oracle):
     answer = oracle.ask("vllm_args", argvs=[argv + ["--no-such-flag", "1"], argv], forms=["serve", "api_server"])
     assert "--no-such-flag" in answer["results"][0]["error"]
     assert answer["results"][1]["values"]["tool_call_parser"] not in answer["tool_parsers"]
+    wrong = oracle.ask("sglang_args", argvs=[["--model-path", "MiniMaxAI/MiniMax-M3", "--tool-call-parser", "minimax_m3"]])
+    assert "minimax_m3" in wrong["results"][0]["error"]  # vLLM's spelling is not SGLang's
