@@ -80,6 +80,8 @@ CASES: list[FaultCase] = [
     FaultCase("unknown tool", _invoke("shell", _el("command", "ls")), "a call to shell with untyped text arguments"),
     FaultCase("text after the tool block", render_tool_calls([("bash", {"command": "ls"})]) + "\nDone, I think.",
               "the text after the block is dropped"),
+    FaultCase("tool syntax when the request has no tools", render_tool_calls([("bash", {"command": "ls"})]),
+              "no tools declared: the syntax stays in content", tools=[]),
     FaultCase("stray closer at the start", "</mm:think>\n\nAll tests pass.", "the closer is dropped, the newlines stay"),
     FaultCase("stray closer after whitespace", "\n</mm:think>All tests pass.", "not at the very start: the closer stays in content"),
     FaultCase("second closer later", "Done.</mm:think> really", "a later closer stays in content"),

@@ -22,7 +22,7 @@ def _served(case: FaultCase, stream: bool) -> dict:
     """What the stand-in answers for the case's raw text, as reasoning / content / tool calls."""
     with StandinServer([{"raw": case.raw}]) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
-        kwargs = dict(model="MiniMaxAI/MiniMax-M3", messages=HISTORY, tools=case.tools,
+        kwargs = dict(model="MiniMaxAI/MiniMax-M3", messages=HISTORY, tools=case.tools or openai.NOT_GIVEN,
                       extra_body={"chat_template_kwargs": {"thinking_mode": case.thinking_mode}})  # fmt: skip
         if not stream:
             msg = client.chat.completions.create(**kwargs).choices[0].message

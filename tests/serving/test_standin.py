@@ -683,3 +683,31 @@ def test_cli_bad_script_is_a_one_line_usage_error(tmp_path):
 def test_help_says_test_double():
     r = subprocess.run([sys.executable, "-m", "m3_agent.cli", "standin", "--help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "TEST DOUBLE" in r.stdout
+
+
+# raw M3 output ----------------------------------------------------------------------------------
+
+RAW_CALL = ('<mm:think>Check the file.</mm:think>Reading.]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="read">\n'
+            ']<]minimax[>[<path>a.py]<]minimax[>[</path>\n]<]minimax[>[<start>3]<]minimax[>[</start>\n'
+            ']<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>')  # fmt: skip
+
+
+def test_raw_turn_is_parsed_into_reasoning_content_and_typed_arguments():
+    with StandinServer([{"raw": RAW_CALL}]) as srv:
+        r = ask(srv, tools=[READ_TOOL])
+    msg = r.choices[0].message
+    assert msg.model_extra["reasoning"] == "Check the file." and msg.content == "Reading."
+    (call,) = msg.tool_calls
+    assert call.function.name == "read" and json.loads(call.function.arguments) == {"path": "a.py", "start": 3}
+    assert r.choices[0].finish_reason == "tool_calls"
+
+
+def test_raw_tool_syntax_stays_content_when_the_request_has_no_tools():
+    with StandinServer([{"raw": RAW_CALL}]) as srv:
+        msg = ask(srv).choices[0].message
+    assert not msg.tool_calls and msg.content.startswith("Reading.]<]minimax[>[<tool_call>")
+
+
+def test_raw_turn_takes_no_parsed_fields():
+    with pytest.raises(UsageError, match="raw"):
+        load_script([{"raw": "hi", "content": "hi"}])
