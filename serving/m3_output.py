@@ -44,9 +44,6 @@ _ENUM_KINDS = ((type(None), "null"), (bool, "boolean"), (int, "integer"), (float
                (dict, "object"))  # fmt: skip
 _COERCE_ORDER = ("null", "integer", "number", "boolean", "object", "array", "string")
 
-Element = "str | list[tuple[str, Element]]"
-
-
 @dataclass
 class ParsedOutput:
     """What the server returns for one raw completion: reasoning, content, tool calls."""
@@ -259,7 +256,8 @@ def _convert_object(elements: list[tuple[str, Any]], schema: dict[str, Any] | No
         elif name in listed:
             out[name].append(value)
         else:
-            out[name], _ = [out[name], value], listed.add(name)
+            out[name] = [out[name], value]
+            listed.add(name)
     return out
 
 
