@@ -56,6 +56,10 @@ class LimitsConfig(BaseModel):
     usd_per_m_output: float | None = Field(None, ge=0, description="price: USD per 1M output tokens")
     gpu_usd_per_hour: float | None = Field(None, ge=0, description="self-hosted price: GPU USD per hour of wall time")
     max_format_errors: int = Field(3, ge=1, description="turns in a row whose every tool call was malformed")
+    max_sandbox_restarts: int = Field(
+        2, ge=0, description="fresh sandboxes a run may start after the one in use died (workspace restored); "
+        "0: none, and no diff is taken after each tool call"
+    )
 
 
 class AgentConfig(BaseModel):

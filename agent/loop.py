@@ -33,11 +33,12 @@ from m3_agent.agent.context.tokens import budget_for_window
 from m3_agent.agent.events import EventStream, Subscriber
 from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelReply, Usage
 from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model
+from m3_agent.agent.recovery import READ_ONLY_TOOLS, Recovery, SandboxLostError, notice, reason_of
 from m3_agent.agent.stall import Stall, StallDetector, Step, nudge_message
 from m3_agent.agent.thinking import LoopState, ThinkingPolicy
 from m3_agent.agent.trajectory import TrajectoryWriter
 from m3_agent.agent.verdict import TestWatch, Verdict, decide, unverified
-from m3_agent.errors import EndpointError, Interrupted, M3AgentError, UsageError
+from m3_agent.errors import EndpointError, Interrupted, M3AgentError, SandboxDied, UsageError
 from m3_agent.sandbox import Sandbox
 from m3_agent.sandbox.output import head_tail
 from m3_agent.tools import Tool, ToolResult, default_tools, execute_call
@@ -67,6 +68,7 @@ class RunResult(BaseModel):
     cache_hit_share: float = 0.0
     mode_counts: dict[str, int] = Field(default_factory=dict)
     stalls: list[Stall] = Field(default_factory=list)
+    sandbox_restarts: int = 0  # fresh environments started after the one in use died (agent.recovery)
     timings: Timings = Field(default_factory=Timings)
     cost_usd: float | None = None
     final_message: str = ""
@@ -120,6 +122,10 @@ class Stalled(RunEnded):
     """A stall was detected again after the nudge."""
 
     status = "stalled"
+
+
+class SandboxLost(RunEnded):
+    """The environment died once more than `limits.max_sandbox_restarts` allows."""
 
 
 # ----- the agent ----------------------------------------------------------------------------------
@@ -225,6 +231,8 @@ class _Run:
         self.messages: list[dict[str, Any]] = []
         self.schemas = [t.schema() for t in agent.tools]
         self.tests = TestWatch()
+        self.env: Environment | None = None  # replaced when it dies (agent.recovery)
+        self.recovery = Recovery(self.cfg.limits.max_sandbox_restarts)
         self.finished = False
 
     def emit(self, kind: str, **data: Any) -> None:
@@ -232,19 +240,21 @@ class _Run:
 
     # ----- set-up ---------------------------------------------------------------------------------
     def execute(self) -> RunResult:
-        env = self.agent.env_factory(self.repo)
+        first = self.env = self.agent.env_factory(self.repo)
         try:
-            self._start(env)
+            self._start(first)
             packing = _InThread(self._pack, self.budget)  # the repository is packed while the environment starts
             t = time.monotonic()
-            with env:
+            with first:
                 self.result.timings.sandbox_start_s = time.monotonic() - t
                 self.messages = self._first_messages(self.budget, packing.result())
-                end = self.loop(env)
-                self.result.patch = env.diff()
-                self._verify(env, end)
+                end = self.loop()
+                # After a restart self.env is the fresh environment; a lost one leaves its last known state.
+                self.result.patch = self.recovery.last_diff if self.recovery.lost else self.env.diff()
+                self._verify(self.env, end)
         finally:
-            env.close()
+            self.env.close()
+            first.close()
         self.finish(end.status, error=end.error)
         return self.result
 
@@ -314,15 +324,15 @@ class _Run:
         return [{"role": "system", "content": self.cfg.system_prompt}, {"role": "user", "content": user}]
 
     # ----- the loop -------------------------------------------------------------------------------
-    def loop(self, env: Environment) -> RunEnded:
+    def loop(self) -> RunEnded:
         """Step until something ends the run."""
         try:
             while True:
-                self.step(env)
+                self.step()
         except RunEnded as end:
             return end
 
-    def step(self, env: Environment) -> None:
+    def step(self) -> None:
         """One turn: check the limits, ask the model, run its tool calls, look for a stall."""
         if self.turn >= self.cfg.limits.max_turns:
             raise LimitsExceeded(status="turn_limit")
@@ -334,7 +344,7 @@ class _Run:
         if not reply.tool_calls:
             self._answer_without_tools(reply)
             return
-        results = self._run_tools(env, reply)
+        results = self._run_tools(reply)
         self._observe(reply, results)
         self._check_stall()
 
@@ -420,13 +430,13 @@ class _Run:
         self.messages.append({"role": "user", "content": (
             "Your reply was cut off (max_tokens reached). Reply more briefly, and make one tool call at a time.")})
 
-    def _run_tools(self, env: Environment, reply: ModelReply) -> list[ToolResult]:
+    def _run_tools(self, reply: ModelReply) -> list[ToolResult]:
         truncated = reply.finish_reason == "length"
         results = []
         for call in reply.tool_calls:
             self.emit("tool_call", id=call.id, name=call.name, arguments=call.arguments)
             t = time.monotonic()
-            result = execute_call(call.name, call.arguments, self.agent.tools, env, truncated=truncated)
+            result = self._call(call.name, call.arguments, truncated)
             took = time.monotonic() - t
             self.result.timings.tools_s += took
             output = head_tail(result.output, self.cfg.output_cap_chars)
@@ -435,12 +445,42 @@ class _Run:
                       output=output, data=result.data, changed_files=result.changed_files,
                       duration_s=round(took, 4))
             self.stall.record(_step_of(self.turn, call.name, call.arguments, result, output))
-            if "failing" in result.data:  # a test run: remember the workspace it saw
-                self.tests.saw(call.name, call.arguments, result.data, self.turn, env.diff())
+            if "failing" in result.data:  # a test run: remember the workspace it saw (diffed by _call)
+                self.tests.saw(call.name, call.arguments, result.data, self.turn, self.recovery.last_diff)
             results.append(result)
             if result.submitted:
                 break
         return results
+
+    def _call(self, name: str, arguments: str | None, truncated: bool) -> ToolResult:
+        """One tool call in the environment, then its diff (the last known workspace); a death restarts it."""
+        try:
+            result = execute_call(name, arguments, self.agent.tools, self.env, truncated=truncated)
+            if self._worth_a_diff(name, result):
+                self.recovery.saw(self.env.diff())
+            return result
+        except SandboxDied as died:
+            return self._restart(died)
+
+    def _worth_a_diff(self, name: str, result: ToolResult) -> bool:
+        """A test run (the verdict compares its workspace), or a call that ran and may have changed files."""
+        if "failing" in result.data:
+            return True
+        return bool(self.recovery.limit) and result.error_kind not in FORMAT_ERROR_KINDS and name not in READ_ONLY_TOOLS
+
+    def _restart(self, died: SandboxDied) -> ToolResult:
+        """Replace the dead environment (base commit + the last diff); the result tells the model so."""
+        reason, patch = reason_of(self.env, died), self.recovery.last_diff
+        self.result.patch = patch  # kept if no environment can be started any more
+        try:
+            self.env = self.recovery.replace(self.env, reason, self.agent.env_factory, self.repo)
+        except SandboxLostError as e:
+            raise SandboxLost(str(e)) from None
+        n = self.result.sandbox_restarts = self.recovery.restarts
+        self.emit("sandbox_restart", reason=reason, restored_diff_bytes=len(patch.encode()),
+                  restored_files=patch.count("diff --git "), restarts=n)
+        return ToolResult(output=notice(reason, patch, n, self.recovery.limit), ok=False, error_kind="execution",
+                          data={"sandbox_restart": n, "reason": reason})
 
     def _observe(self, reply: ModelReply, results: list[ToolResult]) -> None:
         """Carry what the tool calls showed into the loop state; end the run on submit or too many format errors."""
@@ -500,7 +540,8 @@ class _Run:
         r.timings.wall_s = time.monotonic() - self.t0
         self.emit("finish", status=status, error=error, turns=r.turns, usage=r.usage.model_dump(),
                   cache_hit_share=r.cache_hit_share, mode_counts=r.mode_counts,
-                  stalls=[s.model_dump() for s in r.stalls], timings=r.timings.model_dump(),
+                  stalls=[s.model_dump() for s in r.stalls], sandbox_restarts=r.sandbox_restarts,
+                  timings=r.timings.model_dump(),
                   cost_usd=r.cost_usd, patch=r.patch, final_tests=r.final_tests,
                   verdict=r.verdict.model_dump() if r.verdict else None)
 

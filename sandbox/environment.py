@@ -2,7 +2,9 @@
 
 Two implementations ship: `Sandbox` (a hardened Docker container, the default) and
 `LocalEnvironment` (a temporary git checkout on this machine, no isolation: tests and embedding).
-An embedding program may bring its own; anything with these methods and attributes will do.
+An embedding program may bring its own; anything with these methods and attributes will do. One that
+can die under a run (raising `SandboxDied`) is `Recoverable` when it also offers `death` and
+`recreate(patch)`; the loop then replaces it with the workspace restored (`agent.recovery`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,20 @@ class Environment(Protocol):
     def __enter__(self) -> Environment: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class Recoverable(Protocol):
+    """An environment that can die under a run (`SandboxDied`) and make its own replacement: the Sandbox."""
+
+    @property
+    def death(self) -> str | None:
+        """Why it died (OOM flag, exit code, last stderr line); None while it is not known to be dead."""
+        ...
+
+    def recreate(self, patch: str | None = None) -> Environment:
+        """Close this one; return a fresh, started one holding the base commit plus `patch` (a `diff()`)."""
+        ...
 
 
 EnvironmentFactory = Callable[[Path], Environment]

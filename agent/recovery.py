@@ -1,0 +1,91 @@
+"""Surviving an environment that dies under a run: the last known workspace, a fresh environment, a notice.
+
+    recovery = Recovery(limit=2)
+    recovery.saw(env.diff())                       # after each tool call that may change files
+    fresh = recovery.replace(env, reason_of(env, died), factory, repo)   # on SandboxDied
+
+A Docker sandbox can die whatever it runs (OOM kill of the container, an engine restart, `docker rm`
+by someone). The loop keeps the workspace's diff after every tool call that may change files; when a
+call raises `SandboxDied`, `replace` starts a fresh environment with that diff restored (the
+environment's own `recreate(patch)` when it offers one, else the factory's new environment and its
+`restore(patch)`), and `notice` is what the model reads in that call's result. After `limit`
+restarts the next death ends the run (`SandboxLost`, status error).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from m3_agent.errors import SandboxDied, SandboxUnavailable
+from m3_agent.sandbox.environment import Environment, EnvironmentFactory, Recoverable
+
+# Tools that never change the workspace: no diff is taken after them (`diff()` costs one git run).
+READ_ONLY_TOOLS = frozenset({"file_read", "submit"})
+
+
+class Recovery:
+    """The workspace's last known state and the restarts a run has made (at most `limit`)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.restarts = 0
+        self.last_diff = ""  # the base commit's workspace: nothing changed yet
+        self.lost = False  # the environment died once more than the limit allows: nothing left to ask
+
+    def saw(self, diff: str) -> None:
+        """Record the workspace's diff after a tool call that completed."""
+        self.last_diff = diff
+
+    def replace(self, env: Environment, reason: str, factory: EnvironmentFactory, repo: Path) -> Environment:
+        """A fresh, started environment with the last known workspace; SandboxLostError past the limit."""
+        if self.restarts >= self.limit:
+            self.lost = True
+            env.close()
+            raise SandboxLostError(
+                f"the sandbox died {self.restarts + 1} times, more than max_sandbox_restarts={self.limit} "
+                f"allows; last: {reason}")
+        fresh = fresh_environment(env, factory, repo, self.last_diff)
+        self.restarts += 1
+        return fresh
+
+
+class SandboxLostError(SandboxUnavailable):
+    """The environment died more often than the restart limit allows (the loop ends the run with it)."""
+
+
+def reason_of(env: Environment, died: SandboxDied) -> str:
+    """Why the environment died, as the environment says (OOM flag, exit code, last stderr line)."""
+    why = (env.death if isinstance(env, Recoverable) else None) or str(died)
+    return why.removesuffix("; start a new sandbox")
+
+
+def fresh_environment(env: Environment, factory: EnvironmentFactory, repo: Path, patch: str) -> Environment:
+    """The dead `env` closed and a started replacement holding base commit + `patch`."""
+    if isinstance(env, Recoverable):
+        return env.recreate(patch)
+    env.close()
+    fresh = factory(repo).__enter__()
+    try:
+        if patch:
+            restore = getattr(fresh, "restore", None)
+            if restore is None:
+                raise SandboxUnavailable(f"the {fresh.kind} environment died and cannot restore a workspace "
+                                         "(it has neither recreate() nor restore())")
+            restore(patch)
+    except BaseException:
+        fresh.close()
+        raise
+    return fresh
+
+
+def notice(reason: str, patch: str, restarts: int, limit: int) -> str:
+    """The tool result the model reads for the call the environment died under."""
+    files = patch.count("diff --git ")
+    restored = (f"your changes as of the last completed tool call ({files} file(s), {len(patch.encode())} "
+                "bytes of diff)" if patch else "the base commit (no change had been made yet)")
+    return (
+        f"The sandbox died during this tool call ({reason}). m3-agent started a fresh sandbox and restored "
+        f"/workspace to {restored}. This call's own effects are lost, and so are running processes, files "
+        "outside /workspace and anything installed. Re-run what you still need, and avoid what killed it "
+        f"(memory, processes, output). Restart {restarts} of at most {limit}."
+    )

@@ -1,0 +1,180 @@
+"""A run survives an environment that dies under it: a fresh one with the workspace restored, a notice to
+the model, a `sandbox_restart` event, a count in the result, and a limit that ends a run that keeps dying.
+
+Two tiers, both through the stand-in over real HTTP. Without Docker: a local environment that raises
+`SandboxDied` when a command asks it to (the limit logic and the factory + `restore` path). With Docker:
+the real sandbox's container is killed from outside with the docker SDK at the moment the model's
+marked command is called (deterministic: the `tool_call` event comes before the command runs).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import docker
+import pytest
+
+from m3_agent.agent.loop import Agent
+from m3_agent.agent.trajectory import read_trajectory
+from m3_agent.errors import SandboxDied
+from m3_agent.sandbox import LocalEnvironment, Recoverable
+from m3_agent.serving.standin import StandinServer
+from tests.agent.test_loop import BUGGY, FIX, call, fast
+
+NOTICE = "The sandbox died during this tool call"
+
+
+@pytest.fixture(autouse=True)
+def _no_pytest_plugins_in_local_commands(monkeypatch):
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
+class DyingLocal(LocalEnvironment):
+    """A local checkout that dies like a container when a command says DIE: every later call raises too."""
+
+    made: list[DyingLocal]
+
+    def __init__(self, repo: Path) -> None:
+        super().__init__(repo)
+        self.dead = False
+        self.made.append(self)
+
+    def exec(self, cmd, timeout=None, cwd=None, env=None):
+        if self.dead or "DIE" in cmd:
+            self.dead = True
+            raise SandboxDied("sandbox local is dead: killed by the test, OOM-killed=True; start a new sandbox")
+        return super().exec(cmd, timeout=timeout, cwd=cwd, env=env)
+
+    def diff(self) -> str:
+        if self.dead:
+            raise SandboxDied("sandbox local is dead")
+        return super().diff()
+
+    def restore(self, patch: str) -> None:
+        """Base commit + `patch`, as the sandbox's restore does (a fresh checkout is at the base already)."""
+        subprocess.run(["git", "apply", "--binary", "-"], input=patch.encode(), cwd=self.root, check=True)
+
+
+def dying_factory(made: list) -> type[DyingLocal]:
+    return type("Recorded", (DyingLocal,), {"made": made})
+
+
+def scripted(git_repo, tmp_path, turns, env_factory, callbacks=None, **cfg):
+    repo = git_repo(BUGGY)
+    traj = tmp_path / "traj.jsonl"
+    with StandinServer({"turns": turns}) as srv:
+        agent = Agent(fast(base_url=srv.base_url, **cfg), env_factory=env_factory, callbacks=callbacks)
+        result = agent.run(repo, "add() subtracts instead of adding", trajectory_path=traj)
+        requests = list(srv.requests)
+    return result, requests, read_trajectory(traj)
+
+
+def died_once_turns(marker: str) -> list[dict]:
+    return [
+        {"tool_calls": [call("file_edit", **FIX)]},
+        {"tool_calls": [call("bash", command=f"echo {marker}")]},
+        {"tool_calls": [call("bash", command="cat calc/ops.py")]},
+        {"tool_calls": [call("test_runner", test_file="tests")]},
+        {"tool_calls": [call("submit", summary="add adds")]},
+    ]
+
+
+def tool_messages(request: dict) -> list[str]:
+    return [m["content"] for m in request["messages"] if m["role"] == "tool"]
+
+
+def test_a_death_restarts_the_environment_with_the_workspace_and_tells_the_model(git_repo, tmp_path):
+    made: list[DyingLocal] = []
+    result, requests, traj = scripted(git_repo, tmp_path, died_once_turns("DIE"), dying_factory(made))
+    assert result.status == "submitted" and result.sandbox_restarts == 1
+    assert "-    return a - b\n+    return a + b" in result.patch
+    assert len(made) == 2 and made[0].dead and not made[1].dead and not isinstance(made[0], Recoverable)
+    notice = tool_messages(requests[2])[-1]
+    assert notice.startswith(NOTICE) and "OOM-killed=True" in notice and "1 file(s)" in notice
+    assert "return a + b" in tool_messages(requests[3])[-1]  # the fresh checkout holds the edit
+    assert result.verdict.source == "agent" and result.verdict.passed  # the tests ran in the fresh one
+    restart = [e for e in traj if e["kind"] == "sandbox_restart"]
+    assert len(restart) == 1 and restart[0]["turn"] == 2 and restart[0]["restarts"] == 1
+    assert restart[0]["restored_diff_bytes"] == len(result.patch.encode()) and restart[0]["restored_files"] == 1
+    assert traj[-1]["sandbox_restarts"] == 1
+    assert all(e.root is None or not e.root.exists() for e in made)  # both checkouts removed
+
+
+@pytest.mark.parametrize("limit", [0, 2])
+def test_a_run_that_keeps_dying_ends_as_an_error_at_the_limit(git_repo, tmp_path, limit):
+    made: list[DyingLocal] = []
+    turns = [{"tool_calls": [call("file_edit", **FIX)]}]
+    turns += [{"tool_calls": [call("bash", command=f"echo DIE {n}")]} for n in range(5)]
+    result, requests, traj = scripted(git_repo, tmp_path, turns, dying_factory(made), max_sandbox_restarts=limit)
+    assert result.status == "error" and result.sandbox_restarts == limit
+    assert f"the sandbox died {limit + 1} times, more than max_sandbox_restarts={limit}" in result.error
+    # The last known workspace is kept; with restarts off no diff is taken per call, so none is known.
+    assert ("+    return a + b" in result.patch) if limit else result.patch == ""
+    assert len(requests) == 2 + limit and len(made) == 1 + limit
+    assert [e["restarts"] for e in traj if e["kind"] == "sandbox_restart"] == list(range(1, limit + 1))
+    assert traj[-1]["status"] == "error" and result.verdict.source == "none"
+    assert all(e.root is None or not e.root.exists() for e in made)
+
+
+def test_read_only_calls_take_no_diff(git_repo, tmp_path, monkeypatch):
+    diffs = []
+    real = LocalEnvironment.diff
+    monkeypatch.setattr(LocalEnvironment, "diff", lambda self: diffs.append(1) or real(self))
+    turns = [{"tool_calls": [call("file_read", path="calc/ops.py")]}, {"tool_calls": [call("file_edit", **FIX)]},
+             {"tool_calls": [call("submit", summary="x")]}]
+    result, _, _ = scripted(git_repo, tmp_path, turns, LocalEnvironment)
+    assert result.status == "submitted"
+    assert len(diffs) == 2  # after file_edit, and the final patch; none after file_read or submit
+
+
+# ----- the real engine ------------------------------------------------------------------------------
+
+
+def containers_of(pid: int) -> list:
+    client = docker.from_env(timeout=30)
+    try:
+        return client.containers.list(all=True, filters={"label": f"m3-agent.owner-pid={pid}"})
+    finally:
+        client.close()
+
+
+def killer(marker: str, kills: list):
+    """A subscriber that kills this process's sandbox container when the model's command holds `marker`."""
+    def on_event(event) -> None:
+        if event.kind == "tool_call" and marker in (event.data.get("arguments") or ""):
+            (box,) = containers_of(os.getpid())
+            kills.append(box.id)
+            box.kill()
+    return on_event
+
+
+@pytest.mark.docker
+def test_a_killed_container_is_replaced_and_the_run_is_submitted(git_repo, tmp_path, sandbox_image):
+    kills: list[str] = []
+    result, requests, traj = scripted(git_repo, tmp_path, died_once_turns("KILL-ME"), None,
+                                      callbacks=[killer("KILL-ME", kills)])
+    assert result.status == "submitted" and result.sandbox_restarts == 1 and len(kills) == 1
+    assert "-    return a - b\n+    return a + b" in result.patch
+    notice = tool_messages(requests[2])[-1]
+    assert notice.startswith(NOTICE) and f"sandbox {kills[0][:12]} is dead" in notice
+    assert "return a + b" in tool_messages(requests[3])[-1]
+    assert result.verdict.source == "agent" and result.verdict.passed
+    restart = [e for e in traj if e["kind"] == "sandbox_restart"]
+    assert len(restart) == 1 and restart[0]["restored_diff_bytes"] == len(result.patch.encode())
+    assert containers_of(os.getpid()) == []
+
+
+@pytest.mark.docker
+def test_a_container_killed_past_the_limit_ends_the_run(git_repo, tmp_path, sandbox_image):
+    kills: list[str] = []
+    turns = [{"tool_calls": [call("file_edit", **FIX)]}]
+    turns += [{"tool_calls": [call("bash", command=f"echo KILL-ME {n}")]} for n in range(4)]
+    result, requests, traj = scripted(git_repo, tmp_path, turns, None, callbacks=[killer("KILL-ME", kills)],
+                                      max_sandbox_restarts=1)
+    assert result.status == "error" and result.sandbox_restarts == 1 and len(set(kills)) == 2
+    assert "more than max_sandbox_restarts=1" in result.error and "+    return a + b" in result.patch
+    assert NOTICE in tool_messages(requests[2])[-1] and len(requests) == 3
+    assert [e["kind"] for e in traj].count("sandbox_restart") == 1
+    assert containers_of(os.getpid()) == []
