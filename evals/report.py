@@ -87,6 +87,7 @@ class Summary(BaseModel):
     cache_hit_share: float = 0.0
     turns: int = 0
     stalls: int = 0
+    sandbox_restarts: int = 0  # over all instances: sandboxes that died mid-run and were replaced
     mode_counts: dict[str, int] = Field(default_factory=dict)
     wall_s: float = 0.0  # the run's wall time when known, else the sum over instances
     cost_usd: float | None = None  # sum over instances
@@ -147,6 +148,7 @@ def build_report(results: list[InstanceResult], *, tasks: list[Task] | None = No
         cache_hit_share=round(cached / prompt, 4) if prompt else 0.0,
         turns=sum(a.turns for a in runs),
         stalls=sum(a.stalls for a in runs),
+        sandbox_restarts=sum(a.sandbox_restarts for a in runs),
         mode_counts=modes,
         wall_s=round(wall, 3),
         cost_usd=total_cost,
@@ -212,6 +214,7 @@ def _headline(s: Summary) -> list[tuple[str, str]]:
         ("cache-hit share", f"{s.cache_hit_share:.1%}"),
         ("thinking modes", _modes(s.mode_counts)),
         ("turns / stalls", f"{s.turns} / {s.stalls}"),
+        ("sandbox restarts", str(s.sandbox_restarts)),
         ("wall time", f"{s.wall_s:.1f} s"),
         ("cost (sum over instances)", _money(s.cost_usd)),
         ("cost (GPU $/h x run wall time)", _money(s.run_cost_usd)),

@@ -69,6 +69,7 @@ class AgentStats(BaseModel):
     cache_hit_share: float = 0.0
     mode_counts: dict[str, int] = Field(default_factory=dict)
     stalls: int = 0
+    sandbox_restarts: int = 0  # fresh sandboxes started after one died mid-run (agent.recovery)
     wall_s: float = 0.0
     model_s: float = 0.0
     cost_usd: float | None = None
@@ -149,7 +150,8 @@ def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, Agent
     rr = Agent(config.agent).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
     stats = AgentStats(
         status=rr.status, turns=rr.turns, **rr.usage.model_dump(), cache_hit_share=rr.cache_hit_share,
-        mode_counts=dict(rr.mode_counts), stalls=len(rr.stalls), wall_s=rr.timings.wall_s, model_s=rr.timings.model_s,
+        mode_counts=dict(rr.mode_counts), stalls=len(rr.stalls),
+        sandbox_restarts=rr.sandbox_restarts, wall_s=rr.timings.wall_s, model_s=rr.timings.model_s,
         cost_usd=rr.cost_usd, error=rr.error, trajectory_path=str(rr.trajectory_path or trajectory),
         final_tests=rr.final_tests, verdict_source=rr.verdict.source if rr.verdict else None,
     )

@@ -26,7 +26,7 @@ def _result(iid: str, *, patch: str | None = "diff", resolved=False, applied=Tru
 
 AGENT = AgentStats(status="submitted", turns=6, prompt_tokens=1000, completion_tokens=200, cached_tokens=600,
                    reasoning_tokens=50, requests=6, cache_hit_share=0.6, mode_counts={"enabled": 1, "disabled": 5},
-                   stalls=1, wall_s=36.0)
+                   stalls=1, sandbox_restarts=2, wall_s=36.0)
 
 
 @pytest.fixture
@@ -62,7 +62,8 @@ def test_run_metrics_add_up_over_instances(results):
     assert (s.prompt_tokens, s.completion_tokens, s.cached_tokens, s.reasoning_tokens) == (2000, 400, 1200, 100)
     assert s.cache_hit_share == 0.6
     assert s.mode_counts == {"enabled": 3, "disabled": 5}
-    assert (s.turns, s.stalls) == (12, 1)
+    assert (s.turns, s.stalls, s.sandbox_restarts) == (12, 1, 4)
+    assert "- **sandbox restarts**: 4" in to_markdown(build_report(results))
     assert s.wall_s == 50.0  # no run wall time given: the sum over instances
 
 
