@@ -33,7 +33,7 @@ from m3_agent.agent.context.tokens import budget_for_window
 from m3_agent.agent.events import EventStream, Subscriber
 from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelReply, Usage
 from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model
-from m3_agent.agent.recovery import READ_ONLY_TOOLS, Recovery, SandboxLostError, notice, reason_of
+from m3_agent.agent.recovery import Recovery, SandboxLostError, Watched, notice, reason_of
 from m3_agent.agent.stall import Stall, StallDetector, Step, nudge_message
 from m3_agent.agent.thinking import LoopState, ThinkingPolicy
 from m3_agent.agent.trajectory import TrajectoryWriter
@@ -453,20 +453,19 @@ class _Run:
         return results
 
     def _call(self, name: str, arguments: str | None, truncated: bool) -> ToolResult:
-        """One tool call in the environment, then its diff (the last known workspace); a death restarts it."""
+        """One tool call in the environment, then its diff (the last known workspace); a death restarts it.
+
+        No diff after a call that only read files or never reached the environment: it changed nothing.
+        """
+        watched = Watched(self.env)
         try:
-            result = execute_call(name, arguments, self.agent.tools, self.env, truncated=truncated)
-            if self._worth_a_diff(name, result):
+            result = execute_call(name, arguments, self.agent.tools, watched, truncated=truncated)
+            # A test run's workspace decides the verdict; any other is kept only for a restart.
+            if watched.touched and (self.recovery.limit or "failing" in result.data):
                 self.recovery.saw(self.env.diff())
             return result
         except SandboxDied as died:
             return self._restart(died)
-
-    def _worth_a_diff(self, name: str, result: ToolResult) -> bool:
-        """A test run (the verdict compares its workspace), or a call that ran and may have changed files."""
-        if "failing" in result.data:
-            return True
-        return bool(self.recovery.limit) and result.error_kind not in FORMAT_ERROR_KINDS and name not in READ_ONLY_TOOLS
 
     def _restart(self, died: SandboxDied) -> ToolResult:
         """Replace the dead environment (base commit + the last diff); the result tells the model so."""

@@ -1,11 +1,13 @@
 """Surviving an environment that dies under a run: the last known workspace, a fresh environment, a notice.
 
     recovery = Recovery(limit=2)
-    recovery.saw(env.diff())                       # after each tool call that may change files
+    watched = Watched(env)                         # what the tools get: notes commands and writes
+    recovery.saw(env.diff())                       # after a tool call that ran a command or wrote a file
     fresh = recovery.replace(env, reason_of(env, died), factory, repo)   # on SandboxDied
 
 A Docker sandbox can die whatever it runs (OOM kill of the container, an engine restart, `docker rm`
-by someone). The loop keeps the workspace's diff after every tool call that may change files; when a
+by someone). The loop keeps the workspace's diff after every tool call that ran a command or wrote a
+file (one that only read, or never reached the environment, cannot have changed it); when a
 call raises `SandboxDied`, `replace` starts a fresh environment with that diff restored (the
 environment's own `recreate(patch)` when it offers one, else the factory's new environment and its
 `restore(patch)`), and `notice` is what the model reads in that call's result. After `limit`
@@ -15,13 +17,10 @@ restarts the next death ends the run (`SandboxLost`, status error).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from m3_agent.errors import SandboxDied, SandboxUnavailable
 from m3_agent.sandbox.environment import Environment, EnvironmentFactory, Recoverable
-
-# Tools that never change the workspace: no diff is taken after them (`diff()` costs one git run).
-READ_ONLY_TOOLS = frozenset({"file_read", "submit"})
-
 
 class Recovery:
     """The workspace's last known state and the restarts a run has made (at most `limit`)."""
@@ -47,6 +46,27 @@ class Recovery:
         fresh = fresh_environment(env, factory, repo, self.last_diff)
         self.restarts += 1
         return fresh
+
+
+class Watched:
+    """The environment as one tool call sees it; `touched` says whether the call ran a command or wrote a file."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self.touched = False
+
+    def exec(self, *args: Any, **kwargs: Any) -> Any:
+        """`Environment.exec`, noted."""
+        self.touched = True
+        return self.env.exec(*args, **kwargs)
+
+    def write_file(self, *args: Any, **kwargs: Any) -> Any:
+        """`Environment.write_file`, noted."""
+        self.touched = True
+        return self.env.write_file(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
 
 
 class SandboxLostError(SandboxUnavailable):

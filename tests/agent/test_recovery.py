@@ -118,15 +118,16 @@ def test_a_run_that_keeps_dying_ends_as_an_error_at_the_limit(git_repo, tmp_path
     assert all(e.root is None or not e.root.exists() for e in made)
 
 
-def test_read_only_calls_take_no_diff(git_repo, tmp_path, monkeypatch):
+def test_calls_that_run_no_command_and_write_nothing_take_no_diff(git_repo, tmp_path, monkeypatch):
     diffs = []
     real = LocalEnvironment.diff
     monkeypatch.setattr(LocalEnvironment, "diff", lambda self: diffs.append(1) or real(self))
-    turns = [{"tool_calls": [call("file_read", path="calc/ops.py")]}, {"tool_calls": [call("file_edit", **FIX)]},
+    turns = [{"tool_calls": [call("file_read", path="calc/ops.py"), call("no_such_tool")]},
+             {"tool_calls": [call("file_edit", **FIX), call("bash", command="true")]},
              {"tool_calls": [call("submit", summary="x")]}]
     result, _, _ = scripted(git_repo, tmp_path, turns, LocalEnvironment)
     assert result.status == "submitted"
-    assert len(diffs) == 2  # after file_edit, and the final patch; none after file_read or submit
+    assert len(diffs) == 3  # after file_edit and bash, and the final patch; none after the read, the typo, submit
 
 
 # ----- the real engine ------------------------------------------------------------------------------
