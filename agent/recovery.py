@@ -11,7 +11,7 @@ file (one that only read, or never reached the environment, cannot have changed 
 call raises `SandboxDied`, `replace` starts a fresh environment with that diff restored (the
 environment's own `recreate(patch)` when it offers one, else the factory's new environment and its
 `restore(patch)`), and `notice` is what the model reads in that call's result. After `limit`
-restarts the next death ends the run (`SandboxLost`, status error).
+restarts the next death ends the run (the loop's `SandboxLost`, status error).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from m3_agent.errors import SandboxDied, SandboxUnavailable
 from m3_agent.sandbox.environment import Environment, EnvironmentFactory, Recoverable
+
 
 class Recovery:
     """The workspace's last known state and the restarts a run has made (at most `limit`)."""
@@ -41,8 +42,8 @@ class Recovery:
             self.lost = True
             env.close()
             raise SandboxLostError(
-                f"the sandbox died {self.restarts + 1} times, more than max_sandbox_restarts={self.limit} "
-                f"allows; last: {reason}")
+                f"the sandbox died again after {self.restarts} restart(s) (limits.max_sandbox_restarts="
+                f"{self.limit}): {reason}")
         fresh = fresh_environment(env, factory, repo, self.last_diff)
         self.restarts += 1
         return fresh

@@ -109,7 +109,8 @@ def test_a_run_that_keeps_dying_ends_as_an_error_at_the_limit(git_repo, tmp_path
     turns += [{"tool_calls": [call("bash", command=f"echo DIE {n}")]} for n in range(5)]
     result, requests, traj = scripted(git_repo, tmp_path, turns, dying_factory(made), max_sandbox_restarts=limit)
     assert result.status == "error" and result.sandbox_restarts == limit
-    assert f"the sandbox died {limit + 1} times, more than max_sandbox_restarts={limit}" in result.error
+    assert f"the sandbox died again after {limit} restart(s) (limits.max_sandbox_restarts={limit})" in result.error
+    assert "OOM-killed=True" in result.error
     # The last known workspace is kept; with restarts off no diff is taken per call, so none is known.
     assert ("+    return a + b" in result.patch) if limit else result.patch == ""
     assert len(requests) == 2 + limit and len(made) == 1 + limit
@@ -175,7 +176,7 @@ def test_a_container_killed_past_the_limit_ends_the_run(git_repo, tmp_path, sand
     result, requests, traj = scripted(git_repo, tmp_path, turns, None, callbacks=[killer("KILL-ME", kills)],
                                       max_sandbox_restarts=1)
     assert result.status == "error" and result.sandbox_restarts == 1 and len(set(kills)) == 2
-    assert "more than max_sandbox_restarts=1" in result.error and "+    return a + b" in result.patch
+    assert "(limits.max_sandbox_restarts=1): sandbox" in result.error and "+    return a + b" in result.patch
     assert NOTICE in tool_messages(requests[2])[-1] and len(requests) == 3
     assert [e["kind"] for e in traj].count("sandbox_restart") == 1
     assert containers_of(os.getpid()) == []
