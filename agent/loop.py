@@ -249,9 +249,11 @@ class _Run:
                 self.result.timings.sandbox_start_s = time.monotonic() - t
                 self.messages = self._first_messages(self.budget, packing.result())
                 end = self.loop()
-                # After a restart self.env is the fresh environment; a lost one leaves its last known state.
-                self.result.patch = self.recovery.last_diff if self.recovery.lost else self.env.diff()
-                self._verify(self.env, end)
+                try:
+                    self.result.patch = self._final_patch()
+                except SandboxLost as lost:
+                    end, self.result.patch = lost, self.recovery.kept
+                self._verify(self.env, end)  # after a restart, self.env is the fresh environment
         finally:
             self.env.close()
             first.close()
@@ -467,10 +469,20 @@ class _Run:
         except SandboxDied as died:
             return self._restart(died)
 
+    def _final_patch(self) -> str:
+        """The final workspace's diff; a sandbox that died after the last tool call is replaced first."""
+        if self.recovery.lost:
+            return self.recovery.kept
+        try:
+            return self.env.diff()
+        except SandboxDied as died:
+            self._restart(died)  # SandboxLost past the limit
+            return self.env.diff()
+
     def _restart(self, died: SandboxDied) -> ToolResult:
         """Replace the dead environment (base commit + the last diff); the result tells the model so."""
         reason, patch = reason_of(self.env, died), self.recovery.last_diff
-        self.result.patch = patch  # kept if no environment can be started any more
+        self.result.patch = self.recovery.kept  # if no environment can be started any more
         try:
             self.env = self.recovery.replace(self.env, reason, self.agent.env_factory, self.repo)
         except SandboxLostError as e:

@@ -32,6 +32,11 @@ class Recovery:
         self.last_diff = ""  # the base commit's workspace: nothing changed yet
         self.lost = False  # the environment died once more than the limit allows: nothing left to ask
 
+    @property
+    def kept(self) -> str:
+        """The patch a run keeps when no environment is left: the last diff, when one is taken per call."""
+        return self.last_diff if self.limit else ""
+
     def saw(self, diff: str) -> None:
         """Record the workspace's diff after a tool call that completed."""
         self.last_diff = diff

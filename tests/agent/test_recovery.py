@@ -35,10 +35,13 @@ class DyingLocal(LocalEnvironment):
     """A local checkout that dies like a container when a command says DIE: every later call raises too."""
 
     made: list[DyingLocal]
+    first_dies_at_diff = 0  # the first environment's Nth diff finds it dead (0: never)
 
     def __init__(self, repo: Path) -> None:
         super().__init__(repo)
         self.dead = False
+        self.diffs = 0
+        self.dies_at_diff = 0 if self.made else self.first_dies_at_diff
         self.made.append(self)
 
     def exec(self, cmd, timeout=None, cwd=None, env=None):
@@ -48,7 +51,9 @@ class DyingLocal(LocalEnvironment):
         return super().exec(cmd, timeout=timeout, cwd=cwd, env=env)
 
     def diff(self) -> str:
-        if self.dead:
+        self.diffs += 1
+        if self.dead or self.diffs == self.dies_at_diff:
+            self.dead = True
             raise SandboxDied("sandbox local is dead")
         return super().diff()
 
@@ -57,8 +62,8 @@ class DyingLocal(LocalEnvironment):
         subprocess.run(["git", "apply", "--binary", "-"], input=patch.encode(), cwd=self.root, check=True)
 
 
-def dying_factory(made: list) -> type[DyingLocal]:
-    return type("Recorded", (DyingLocal,), {"made": made})
+def dying_factory(made: list, first_dies_at_diff: int = 0) -> type[DyingLocal]:
+    return type("Recorded", (DyingLocal,), {"made": made, "first_dies_at_diff": first_dies_at_diff})
 
 
 def scripted(git_repo, tmp_path, turns, env_factory, callbacks=None, **cfg):
@@ -117,6 +122,17 @@ def test_a_run_that_keeps_dying_ends_as_an_error_at_the_limit(git_repo, tmp_path
     assert [e["restarts"] for e in traj if e["kind"] == "sandbox_restart"] == list(range(1, limit + 1))
     assert traj[-1]["status"] == "error" and result.verdict.source == "none"
     assert all(e.root is None or not e.root.exists() for e in made)
+
+
+def test_a_death_after_the_last_tool_call_is_recovered_before_the_final_diff_and_the_verdict(git_repo, tmp_path):
+    made: list[DyingLocal] = []
+    turns = [{"tool_calls": [call("file_edit", **FIX)]}, {"tool_calls": [call("submit", summary="x")]}]
+    result, _, traj = scripted(git_repo, tmp_path, turns, dying_factory(made, first_dies_at_diff=2),
+                               test_cmd="python3 -m pytest -q tests")
+    assert result.status == "submitted" and result.sandbox_restarts == 1 and len(made) == 2
+    assert "+    return a + b" in result.patch
+    assert result.verdict.source == "test_cmd" and result.verdict.passed  # ran in the fresh checkout
+    assert [e["turn"] for e in traj if e["kind"] == "sandbox_restart"] == [2]
 
 
 def test_calls_that_run_no_command_and_write_nothing_take_no_diff(git_repo, tmp_path, monkeypatch):
