@@ -86,7 +86,7 @@ rm -f "$M3_PATCH"
 DIFF = r"""set -e
 idx=$(mktemp)
 trap 'rm -f "$idx"' EXIT
-if [ -f .git/index ]; then cp .git/index "$idx"; else rm -f "$idx"; fi
+if [ -f .git/index ]; then cp -p .git/index "$idx"; else rm -f "$idx"; fi  # -p: git's racy-entry check needs its mtime
 export GIT_INDEX_FILE="$idx"
 git add -A
 git diff --cached --binary --no-color --no-ext-diff BASE

@@ -150,7 +150,7 @@ class LocalEnvironment:
         root = self._checkout()
         index = self._tmp / "diff-index"
         if (root / ".git" / "index").is_file():
-            shutil.copyfile(root / ".git" / "index", index)
+            shutil.copy2(root / ".git" / "index", index)  # its mtime too: git re-checks entries as new as the index
         else:
             index.unlink(missing_ok=True)
         env = {"GIT_INDEX_FILE": str(index), **self._ignore_env()}

@@ -116,3 +116,19 @@ def test_local_and_docker_environments_give_the_same_diff_and_exit_codes(git_rep
             seen[env.kind] = (env.diff(), codes, env.read_file("pkg/new.py"))
     assert seen["local"] == seen["docker"]
     assert seen["local"][1] == (3, 124, 137) and "+new on the host" in seen["local"][0]
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_a_same_size_edit_right_after_start_is_in_a_later_diff(kind, git_repo, request):
+    """Git trusts an index entry whose stat matches unless the entry is as new as the index file; the
+    diff's copy of the index keeps the original's mtime, so an edit of the same size made in the
+    checkout's first second is still seen by a diff taken a second later."""
+    if kind == "docker":
+        request.getfixturevalue("sandbox_image")
+    root = git_repo({"pkg/m.py": "a = 1\n", "other.py": "b = 2\n"})
+    repo = root / "pkg"  # a folder inside a repository: its copy gets a new commit and a new index
+    env = LocalEnvironment(repo) if kind == "local" else Sandbox(repo=repo)
+    with env:
+        env.write_file("m.py", "a = 2\n")  # same size, within a moment of the checkout
+        time.sleep(1.1)
+        assert "-a = 1\n+a = 2" in env.diff()
