@@ -442,7 +442,8 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
 
     if issue:
         _ensure_definitions(packable, listing, store, new_facts, data, max_file_bytes)
-    ranked = [e for _, e in rank(packable, issue)]
+    ranked = [e for _, e in rank(packable, issue, functools.partial(_bytes_of, listing=listing, data=data,
+                                                                     max_file_bytes=max_file_bytes))]
     foot = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=ranked[:25])) + 8
     room = budget - fixed - foot
     chosen_ids = set()
@@ -475,13 +476,19 @@ def _definitions_of(e: Entry, listing: Listing, data: dict[str, bytes] | None, m
     dot = name.rfind(".")
     if dot <= 0 or name[dot:].lower() not in CODE_SUFFIXES:
         return ""
+    raw = _bytes_of(e, listing=listing, data=data, max_file_bytes=max_file_bytes)
+    return definitions(e.path, raw) if raw else ""
+
+
+def _bytes_of(e: Entry, *, listing: Listing, data: dict[str, bytes] | None, max_file_bytes: int) -> bytes | None:
+    """A file's bytes: those read while deciding, else from the disk (None when unreadable)."""
     raw = data.get(e.path) if data else None
     if raw is None:
         try:
             raw, _ = read_bytes(os.path.join(listing.root, e.path), max_file_bytes)
         except OSError:
-            return ""
-    return definitions(e.path, raw) if raw else ""
+            return None
+    return raw
 
 
 def _render(chosen: list[Entry], left_out: list[Entry], *, entries: list[Entry], head_text: str, tree_text: str,

@@ -87,8 +87,8 @@ GENERIC_STEMS = frozenset({"__init__", "models", "base", "utils", "util", "helpe
                            "tests", "test", "conftest", "types", "core", "api", "mod", "lib"})
 
 
-def rank(entries: list[Entry], issue: str | None) -> list[tuple[float, Entry]]:
-    """Entries best first, with their scores.
+def rank(entries: list[Entry], issue: str | None, read: Reader | None = None) -> list[tuple[float, Entry]]:
+    """Entries best first, with their scores; `read` gives a file's bytes for the content signal.
 
     Files the issue names come first, by score. The rest are ordered by value per token (their
     score and prior over the log of the size), so a budget packs many useful files rather than a
@@ -96,7 +96,7 @@ def rank(entries: list[Entry], issue: str | None) -> list[tuple[float, Entry]]:
     """
     scores = [0.0] * len(entries)
     if issue:
-        _score_issue(entries, issue, scores)
+        _score_issue(entries, issue, scores, read)
 
     def key(i: int) -> tuple:
         e = entries[i]
@@ -128,12 +128,15 @@ def _prior(e: Entry) -> float:
     return score - min(path.count("/"), 10) * 0.02
 
 
+Reader = Callable[[Entry], "bytes | None"]  # a file's bytes (None: unreadable), for the content signal
+
+
 class _Issue:
     """What the signals read: the issue's text and words, the entries and lookups into them, and how
     strongly the signals so far point at each file (`strong`: its largest single score from them)."""
 
-    def __init__(self, entries: list[Entry], text: str) -> None:
-        self.text, self.entries = text, entries
+    def __init__(self, entries: list[Entry], text: str, read: Reader | None = None) -> None:
+        self.text, self.entries, self.read = text, entries, read
         self.index = _Index(entries)
         self.words = Counter(_IDENT_RE.findall(text))
         self.n_files = max(1, len(entries))
@@ -266,6 +269,61 @@ def lexical(issue: _Issue, weight: float) -> Scores:
             yield i, weight * sum(idf[t] for t in terms) / norm
 
 
+# Bytes -> lowercase words: ASCII letters, digits and `_` are word characters, all else separates.
+_WORD_BYTES = bytes(c if chr(c).isalnum() or c == 0x5F else 0x20 for c in range(128)).lower() + b" " * 128
+LENGTH_UNIT = 8  # words per unit of a file's length given to BM25: the ratios BM25 uses stay, the lists shrink
+
+
+def _query_terms(text: str) -> list[bytes]:
+    """The issue's words for the content search: lowercase, no stopwords or bare numbers, and the
+    parts of names written in camel or snake case (`SlotSequence` -> slotsequence, slot, sequence)."""
+    words = set(text.encode("utf-8", "replace").translate(_WORD_BYTES).split())
+    words.update(t.encode() for w in _IDENT_RE.findall(text) if _code_like(w) for t in _subwords(w))
+    from bm25s.stopwords import STOPWORDS_EN
+
+    stop = STOPWORDS | frozenset(STOPWORDS_EN)
+    return sorted(w for w in words if len(w) > 1 and not w.isdigit() and w.decode() not in stop)
+
+
+def _bag(data: bytes, terms: frozenset[bytes]) -> tuple[int, dict[bytes, int]]:
+    """A text's length in words and how often it uses each of `terms`."""
+    words = data.translate(_WORD_BYTES).split()
+    return len(words), {t: words.count(t) for t in terms.intersection(words)}
+
+
+def content(issue: _Issue, weight: float) -> Scores:
+    """BM25 (bm25s) of the issue's words over each file's path and text, `weight` for the best file:
+    the words a file uses (strings, comments, other languages), not only the names it defines.
+    Each file goes to bm25s as its query words plus one id standing for the other words (one per
+    LENGTH_UNIT of its length), so term frequencies, length ratios and weighting are BM25's while
+    only the query's words are counted."""
+    terms = _query_terms(issue.text)
+    if issue.read is None or not terms:
+        return
+    import bm25s  # here: numpy and bm25s load only for packs that rank by an issue
+    import numpy as np
+
+    ids = {t: n for n, t in enumerate(terms, start=1)}
+    wanted, found = frozenset(terms), set()
+    corpus: list[list[int]] = []
+    for e in issue.entries:
+        length, counts = _bag(e.path.encode("utf-8", "replace") + b"\n" + (issue.read(e) or b""), wanted)
+        doc = [ids[t] for t in sorted(counts) for _ in range(counts[t])]
+        found.update(counts)
+        corpus.append(doc + [0] * (length // LENGTH_UNIT - len(doc)))
+    if not found:
+        return
+    index = bm25s.BM25()
+    index.index((corpus, {"": 0, **{t.decode(): n for t, n in ids.items()}}), create_empty_token=False,
+                show_progress=False)
+    scores = index.get_scores(sorted(ids[t] for t in found))
+    top = float(np.max(scores))
+    if top <= 0:
+        return
+    for i in np.flatnonzero(scores).tolist():
+        yield i, weight * float(scores[i]) / top
+
+
 class Signal(NamedTuple):
     """One relevance signal: `score(issue, weight)` gives points to files; a `strong` signal's
     points also say the issue points at the file (what the tests and neighbours signals follow)."""
@@ -284,12 +342,13 @@ SIGNALS = (
     Signal("tests_of_named_files", 35.0, tests_of_named_files),
     Signal("neighbours", 4.0, neighbours),
     Signal("lexical", 12.0, lexical),
+    Signal("content", 40.0, content),
 )
 
 
-def _score_issue(entries: list[Entry], text: str, scores: list[float]) -> None:
+def _score_issue(entries: list[Entry], text: str, scores: list[float], read: Reader | None = None) -> None:
     """Add each signal's points to `scores`, in the order SIGNALS lists them."""
-    issue = _Issue(entries, text)
+    issue = _Issue(entries, text, read)
     for signal in SIGNALS:
         for i, points in list(signal.score(issue, signal.weight)):
             scores[i] += points
