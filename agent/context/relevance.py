@@ -214,7 +214,8 @@ def defined_names(issue: _Issue, weight: float) -> Scores:
 
 
 def tests_of_named_files(issue: _Issue, weight: float) -> Scores:
-    """Tests of the files the issue points at: by their names (test_x, x_test, ...) or directories."""
+    """Tests of the files the issue points at, by their names (test_x, x_test, ...): not every file
+    of a directory named like one, which floods the top of the ranking."""
     stems = {}
     for i in issue.top():
         parts = issue.entries[i].path.lower().split("/")
@@ -234,29 +235,32 @@ def tests_of_named_files(issue: _Issue, weight: float) -> Scores:
         parts = lower.split("/")
         base = parts[-1].split(".", 1)[0]
         for stem, s in stems.items():
-            if (base in (f"test_{stem}", f"{stem}_test", f"test{stem}", f"{stem}test", f"{stem}_spec", stem)
-                    or stem in parts[:-1] or stem + "s" in parts[:-1]):
+            if base in (f"test_{stem}", f"{stem}_test", f"test{stem}", f"{stem}test", f"{stem}_spec", stem):
                 yield i, weight * min(1.0, s / PATH_SCORE + 0.3)
                 break
 
 
 def neighbours(issue: _Issue, weight: float) -> Scores:
-    """Files in the same directory as the files the issue points at."""
+    """Files in the same directory as the files the issue points at (not empty ones)."""
     top_dirs = {issue.entries[i].path.rpartition("/")[0] for i in issue.top()}
     for i, e in enumerate(issue.entries):
-        if e.path.rpartition("/")[0] in top_dirs:
+        if e.tokens and e.path.rpartition("/")[0] in top_dirs:  # empty files (`__init__.py`) say nothing
             yield i, weight
 
 
 def lexical(issue: _Issue, weight: float) -> Scores:
-    """Words of the issue in a file's path and defined names, rarer words weighing more."""
+    """Words of the issue in a file's path (also inside run-together names) and defined names,
+    rarer words weighing more."""
     issue_terms = {t for w in issue.words for t in _subwords(w) if t not in STOPWORDS and len(t) > 2}
     if not issue_terms:
         return
+    long_terms = [t for t in sorted(issue_terms) if len(t) > 3]
     file_terms: list[set[str]] = []
     df: Counter[str] = Counter()
     for e in issue.entries:
-        terms = issue_terms.intersection(_PATH_SEPARATORS.split(e.path.lower()))
+        path = e.path.lower()
+        terms = issue_terms.intersection(_PATH_SEPARATORS.split(path))
+        terms.update(t for t in long_terms if t in path)  # run-together names: sphinxlatextables
         if e.facts is not None and e.facts.terms:
             terms.update(issue_terms.intersection(e.facts.terms.split()))
         file_terms.append(terms)
@@ -274,15 +278,16 @@ _WORD_BYTES = bytes(c if chr(c).isalnum() or c == 0x5F else 0x20 for c in range(
 LENGTH_UNIT = 8  # words per unit of a file's length given to BM25: the ratios BM25 uses stay, the lists shrink
 
 
-def _query_terms(text: str) -> list[bytes]:
-    """The issue's words for the content search: lowercase, no stopwords or bare numbers, and the
-    parts of names written in camel or snake case (`SlotSequence` -> slotsequence, slot, sequence)."""
-    words = set(text.encode("utf-8", "replace").translate(_WORD_BYTES).split())
-    words.update(t.encode() for w in _IDENT_RE.findall(text) if _code_like(w) for t in _subwords(w))
+def _query_terms(text: str) -> Counter[bytes]:
+    """The issue's words for the content search, with how often it uses them: lowercase, no
+    stopwords or bare numbers, and the parts of names written in camel or snake case
+    (`SlotSequence` -> slotsequence, slot, sequence)."""
     from bm25s.stopwords import STOPWORDS_EN
 
+    words = Counter(text.encode("utf-8", "replace").translate(_WORD_BYTES).split())
+    words.update({t.encode() for w in _IDENT_RE.findall(text) if _code_like(w) for t in _subwords(w)})
     stop = STOPWORDS | frozenset(STOPWORDS_EN)
-    return sorted(w for w in words if len(w) > 1 and not w.isdigit() and w.decode() not in stop)
+    return Counter({w: n for w, n in words.items() if len(w) > 1 and not w.isdigit() and w.decode() not in stop})
 
 
 def _bag(data: bytes, terms: frozenset[bytes]) -> tuple[int, dict[bytes, int]]:
@@ -303,7 +308,7 @@ def content(issue: _Issue, weight: float) -> Scores:
     import bm25s  # here: numpy and bm25s load only for packs that rank by an issue
     import numpy as np
 
-    ids = {t: n for n, t in enumerate(terms, start=1)}
+    ids = {t: n for n, t in enumerate(sorted(terms), start=1)}
     wanted, found = frozenset(terms), set()
     corpus: list[list[int]] = []
     for e in issue.entries:
@@ -316,7 +321,7 @@ def content(issue: _Issue, weight: float) -> Scores:
     index = bm25s.BM25()
     index.index((corpus, {"": 0, **{t.decode(): n for t, n in ids.items()}}), create_empty_token=False,
                 show_progress=False)
-    scores = index.get_scores(sorted(ids[t] for t in found))
+    scores = index.get_scores([ids[t] for t in sorted(found) for _ in range(terms[t])])  # as BM25 counts a query
     top = float(np.max(scores))
     if top <= 0:
         return
@@ -342,7 +347,7 @@ SIGNALS = (
     Signal("tests_of_named_files", 35.0, tests_of_named_files),
     Signal("neighbours", 4.0, neighbours),
     Signal("lexical", 12.0, lexical),
-    Signal("content", 40.0, content),
+    Signal("content", 60.0, content),
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bm25s
+import pytest
 
 from m3_agent.agent.context import relevance
 from m3_agent.agent.context.relevance import rank
@@ -69,7 +70,66 @@ def test_content_reads_files_of_any_language():
 def test_content_signal_needs_the_bytes_and_is_declared():
     files = {"a.py": "x = 1\n", "b.py": "merged = 2\n"}
     issue = relevance._Issue(_entries(files), "merged cells")
-    assert list(relevance.content(issue, 40.0)) == []  # no reader: nothing to score
+    assert list(relevance.content(issue, 10.0)) == []  # no reader: nothing to score
     issue.read = lambda e: files[e.path].encode()
-    assert list(relevance.content(issue, 40.0)) == [(1, 40.0)]  # the best file gets the weight
-    assert {s.name: s.weight for s in relevance.SIGNALS}["content"] == 40.0
+    assert list(relevance.content(issue, 10.0)) == [(1, 10.0)]  # the best file gets the weight
+    assert {s.name: s.weight for s in relevance.SIGNALS}["content"] > relevance.STRONG  # BM25's best leads
+
+
+def _points(signal_name: str, files: dict[str, str], issue: str) -> dict[str, float]:
+    """What the signals up to and including `signal_name` give each file (later ones follow earlier)."""
+    entries = _entries(files)
+    state = relevance._Issue(entries, issue, lambda e: files[e.path].encode())
+    for signal in relevance.SIGNALS:
+        points: dict[str, float] = {}
+        for i, p in signal.score(state, signal.weight):
+            points[entries[i].path] = points.get(entries[i].path, 0.0) + p
+            if signal.strong:
+                state.strong[i] = max(state.strong.get(i, 0.0), p)
+        if signal.name == signal_name:
+            return points
+    raise AssertionError(signal_name)
+
+
+# Files that repeat the issue's words, as docs, changelogs and tests do: what BM25 puts first.
+NOISE = {
+    "docs/changes.rst": "cart total crash empty rules pricing compute_total billing refund tables latex " * 40,
+    "docs/faq.rst": "Why does the cart crash? Empty carts, pricing rules and refunds explained. " * 30,
+}
+SHOP = NOISE | {
+    "shop/__init__.py": "",
+    "shop/cart.py": _filler("cart", 30),
+    "shop/cart_view.py": _filler("view", 20),
+    "shop/billing.py": _filler("billing", 30) + "def compute_total(items):\n    return sum(items)\n",
+    "shop/pricing/rules.py": _filler("rule", 30),
+    "tests/test_cart.py": "from shop import cart\n\ndef test_add():\n    assert cart\n",
+    "app/other.py": _filler("other", 30),
+    "tex/sphinxlatextables.sty": "\\def\\sphinxtablecolumn{}\n" * 20,
+}
+CASES = {  # signal -> (issue, the file it finds)
+    "named_paths": ("shop/cart.py: the cart crashes when empty", "shop/cart.py"),
+    "trace_frames": ('Traceback:\n  File "/srv/x/shop/billing.py", line 9, in compute\nValueError: empty cart',
+                     "shop/billing.py"),
+    "module_names": ("shop.pricing.rules drops the pricing rules of an empty cart", "shop/pricing/rules.py"),
+    "defined_names": ("`compute_total` is wrong for an empty cart", "shop/billing.py"),
+    "tests_of_named_files": ("shop/cart.py: the cart crashes when empty", "tests/test_cart.py"),
+    "neighbours": ("shop/cart.py: the cart crashes when empty", "shop/cart_view.py"),
+    "lexical": ("latex tables: crash on empty cells", "tex/sphinxlatextables.sty"),
+}
+
+
+def test_every_signal_has_a_case_here():
+    assert set(CASES) | {"content"} == {s.name for s in relevance.SIGNALS}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_signal_finds_a_file_plain_bm25_ranks_below_noise(name):
+    issue, target = CASES[name]
+    points = _points(name, SHOP, issue)
+    assert points.get(target, 0.0) > 0.0  # the signal finds the file
+    bm25 = _bm25(SHOP, issue)
+    assert bm25.index(target) > min(bm25.index(p) for p in NOISE)  # BM25 puts noise above it
+    ours = _ours(SHOP, issue)
+    assert ours.index(target) < ours.index("app/other.py")  # and ours ranks it above files nothing points at
+    if name not in ("neighbours", "lexical"):  # the weak signals only order what the others leave
+        assert ours.index(target) < min(ours.index(p) for p in NOISE)
