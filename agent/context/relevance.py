@@ -296,9 +296,27 @@ def _bag(data: bytes, terms: frozenset[bytes]) -> tuple[int, dict[bytes, int]]:
     return len(words), {t: words.count(t) for t in terms.intersection(words)}
 
 
+PROSE_DISCOUNT = 0.4  # docs, changelogs, message catalogues: they repeat an issue's words, the fix is elsewhere
+TEST_DISCOUNT = 0.75  # tests repeat the names they test
+_PROSE_SUFFIXES = (".rst", ".md", ".txt", ".po", ".pot", ".html", ".ipynb")
+_PROSE_DIRS = ("doc", "docs", "changelog", "changes", "locale", "locales")
+_TEST_DIRS = ("test", "tests", "testing")
+
+
+def _content_discount(path: str) -> float:
+    """How much of its BM25 score a file keeps: 1 for source, less for prose and tests."""
+    parts = path.lower().split("/")
+    if parts[-1].endswith(_PROSE_SUFFIXES) or any(p in _PROSE_DIRS for p in parts[:-1]):
+        return PROSE_DISCOUNT
+    if any(p in _TEST_DIRS for p in parts[:-1]) or parts[-1].startswith("test_") or parts[-1] == "conftest.py":
+        return TEST_DISCOUNT
+    return 1.0
+
+
 def content(issue: _Issue, weight: float) -> Scores:
     """BM25 (bm25s) of the issue's words over each file's path and text, `weight` for the best file:
-    the words a file uses (strings, comments, other languages), not only the names it defines.
+    the words a file uses (strings, comments, other languages), not only the names it defines;
+    prose and tests keep a share of their score (`_content_discount`).
     Each file goes to bm25s as its query words plus one id standing for the other words (one per
     LENGTH_UNIT of its length), so term frequencies, length ratios and weighting are BM25's while
     only the query's words are counted."""
@@ -322,6 +340,7 @@ def content(issue: _Issue, weight: float) -> Scores:
     index.index((corpus, {"": 0, **{t.decode(): n for t, n in ids.items()}}), create_empty_token=False,
                 show_progress=False)
     scores = index.get_scores([ids[t] for t in sorted(found) for _ in range(terms[t])])  # as BM25 counts a query
+    scores *= np.array([_content_discount(e.path) for e in issue.entries], dtype=scores.dtype)
     top = float(np.max(scores))
     if top <= 0:
         return
@@ -343,7 +362,7 @@ SIGNALS = (
     Signal("named_paths", PATH_SCORE, named_paths, strong=True),
     Signal("trace_frames", 40.0, trace_frames),
     Signal("module_names", 80.0, module_names, strong=True),
-    Signal("defined_names", 30.0, defined_names, strong=True),
+    Signal("defined_names", 50.0, defined_names, strong=True),
     Signal("tests_of_named_files", 35.0, tests_of_named_files),
     Signal("neighbours", 4.0, neighbours),
     Signal("lexical", 12.0, lexical),
