@@ -19,7 +19,7 @@ def _entries(files: dict[str, str]) -> list[Entry]:
     entries = []
     for path, text in sorted(files.items()):
         defs = definitions(path, text.encode())
-        entries.append(Entry(path, tokens=max(1, len(text) // 4),
+        entries.append(Entry(path, tokens=len(text) // 4,
                              facts=Facts(size=len(text), binary=False, defs=defs, terms=subword_terms(defs))))
     return entries
 
@@ -133,3 +133,30 @@ def test_each_signal_finds_a_file_plain_bm25_ranks_below_noise(name):
     assert ours.index(target) < ours.index("app/other.py")  # and ours ranks it above files nothing points at
     if name not in ("neighbours", "lexical"):  # the weak signals only order what the others leave
         assert ours.index(target) < min(ours.index(p) for p in NOISE)
+
+
+def test_prose_that_repeats_the_issue_ranks_below_the_source_that_uses_its_words():
+    files = {
+        "doc/changes/1.2.rst": "Fixed the napoleon docstring event handler. " * 20,
+        "ext/napoleon/docstring.py": _filler("parse", 40) + "def process(app):\n    app.emit('docstring-event')\n",
+        "app/other.py": _filler("other", 40),
+    }
+    issue = "Fix the docstring event handler of napoleon"
+    assert _bm25(files, issue)[0] == "doc/changes/1.2.rst"
+    assert _ours(files, issue)[0] == "ext/napoleon/docstring.py"
+    assert relevance._content_discount("doc/changes/1.2.rst") == relevance.PROSE_DISCOUNT
+    assert relevance._content_discount("tests/test_x.py") == relevance.TEST_DISCOUNT
+
+
+def test_tests_pairing_and_neighbours_do_not_flood_a_directory():
+    files = {
+        "calc/tensor/array.py": _filler("array", 10),
+        "calc/tensor/__init__.py": "",
+        "calc/tensor/tests/test_array.py": "def test_array():\n    pass\n",
+        "calc/tensor/tests/test_other.py": "def test_other():\n    pass\n",
+        "calc/tensor/tests/__init__.py": "",
+    }
+    tests = dict(_points("tests_of_named_files", files, "calc/tensor/array.py breaks"))
+    assert set(tests) == {"calc/tensor/tests/test_array.py"}  # not every file under tensor/
+    near = dict(_points("neighbours", files, "calc/tensor/array.py breaks"))
+    assert "calc/tensor/__init__.py" not in near  # an empty file says nothing
