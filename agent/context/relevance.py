@@ -141,6 +141,7 @@ class _Issue:
         self.words = Counter(_IDENT_RE.findall(text))
         self.n_files = max(1, len(entries))
         self.strong: dict[int, float] = {}
+        self.content_best: list[int] = []  # the files BM25 over contents ranks near the best
 
     def top(self) -> list[int]:
         """The files the issue points at most strongly (at most 8)."""
@@ -240,6 +241,28 @@ def tests_of_named_files(issue: _Issue, weight: float) -> Scores:
                 break
 
 
+def companions(issue: _Issue, weight: float) -> Scores:
+    """Modules named after a file the issue points at, beside it (`mathematica.py` ->
+    `mathematica_named_characters.py`, `_mathematica_impl.py`): parts of one module split in files."""
+    leads = {}
+    for i in issue.top() + issue.content_best:
+        directory, _, name = issue.entries[i].path.rpartition("/")
+        stem = name.split(".", 1)[0].lower().strip("_")
+        if len(stem) > 3 and stem not in GENERIC_STEMS and not _is_test(issue.entries[i].path):
+            leads.setdefault(directory, set()).add(stem)
+    for i, e in enumerate(issue.entries):
+        directory, _, name = e.path.rpartition("/")
+        stem = name.split(".", 1)[0].lower().strip("_")
+        if directory in leads and any(stem != s and (stem.startswith(s + "_") or stem.endswith("_" + s))
+                                      for s in leads[directory]):
+            yield i, weight
+
+
+def _is_test(path: str) -> bool:
+    parts = path.lower().split("/")
+    return any(p in _TEST_DIRS for p in parts[:-1]) or parts[-1].startswith("test_") or parts[-1] == "conftest.py"
+
+
 def neighbours(issue: _Issue, weight: float) -> Scores:
     """Files in the same directory as the files the issue points at (not empty ones)."""
     top_dirs = {issue.entries[i].path.rpartition("/")[0] for i in issue.top()}
@@ -296,6 +319,7 @@ def _bag(data: bytes, terms: frozenset[bytes]) -> tuple[int, dict[bytes, int]]:
     return len(words), {t: words.count(t) for t in terms.intersection(words)}
 
 
+CONTENT_LEAD = 0.8  # a file with this share of the best content score leads, as a named file does
 PROSE_DISCOUNT = 0.4  # docs, changelogs, message catalogues: they repeat an issue's words, the fix is elsewhere
 TEST_DISCOUNT = 0.75  # tests repeat the names they test
 _PROSE_SUFFIXES = (".rst", ".md", ".txt", ".po", ".pot", ".html", ".ipynb")
@@ -308,7 +332,7 @@ def _content_discount(path: str) -> float:
     parts = path.lower().split("/")
     if parts[-1].endswith(_PROSE_SUFFIXES) or any(p in _PROSE_DIRS for p in parts[:-1]):
         return PROSE_DISCOUNT
-    if any(p in _TEST_DIRS for p in parts[:-1]) or parts[-1].startswith("test_") or parts[-1] == "conftest.py":
+    if _is_test(path):
         return TEST_DISCOUNT
     return 1.0
 
@@ -344,6 +368,7 @@ def content(issue: _Issue, weight: float) -> Scores:
     top = float(np.max(scores))
     if top <= 0:
         return
+    issue.content_best = [int(i) for i in np.flatnonzero(scores >= CONTENT_LEAD * top)[:8]]
     for i in np.flatnonzero(scores).tolist():
         yield i, weight * float(scores[i]) / top
 
@@ -367,6 +392,7 @@ SIGNALS = (
     Signal("neighbours", 4.0, neighbours),
     Signal("lexical", 12.0, lexical),
     Signal("content", 60.0, content),
+    Signal("companions", 20.0, companions),
 )
 
 
