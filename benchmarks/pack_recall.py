@@ -15,7 +15,8 @@ Metrics: all-gold recall (share of instances whose pack holds every gold file), 
 
     python benchmarks/pack_recall.py --repo sympy=PATH --repo PATH ... [--limit 20] [--cache-dir DIR]
 
-BM25 needs `pip install -r benchmarks/requirements-pack-recall.txt` (not a project dependency).
+BM25 is bm25s, which m3-agent itself depends on (its ranker's content signal); outside the project's
+environment, `pip install -r benchmarks/requirements-pack-recall.txt`.
 The last line of output is one JSON object.
 """
 
