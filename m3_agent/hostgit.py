@@ -126,7 +126,7 @@ def temp_index(repo: git.Repo, *, from_real: bool = False) -> Iterator[dict[str,
     os.unlink(path)  # git refuses an empty file as an index; it creates it
     real = Path(repo.git_dir) / "index"  # a linked worktree's own index; a bare mirror has none
     if from_real and real.is_file():
-        shutil.copyfile(real, path)
+        shutil.copy2(real, path)  # its mtime too: git re-checks entries as new as the index
     try:
         yield {"GIT_INDEX_FILE": path}
     finally:

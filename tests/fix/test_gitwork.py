@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,17 @@ def test_snapshot_includes_uncommitted_and_untracked_but_not_ignored(repo, tmp_p
     assert not (dest / "debug.log").exists()
     assert user_state(repo) == before  # neither the index nor the files moved
 
+
+
+def test_snapshot_sees_a_same_size_edit_made_in_the_index_s_second(git_repo):
+    """Git trusts a stat-matching entry unless it is as new as the index file: the snapshot's copy of
+    the index keeps the original's mtime, so an edit of the same size made right after the commit
+    is in a snapshot taken a second later."""
+    repo = git_repo({"m.py": "a = 1\n"})
+    (repo / "m.py").write_text("a = 2\n")
+    time.sleep(1.1)
+    tree = gitwork.snapshot_tree(repo)
+    assert sh(repo, "show", f"{tree}:m.py") == "a = 2\n"
 
 def test_commit_patch_makes_a_branch_without_touching_the_checkout(repo):
     (repo / "README.md").write_text("user's own edit\n")
