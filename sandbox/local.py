@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from m3_agent import hostgit
 from m3_agent.errors import GitError, UsageError
 from m3_agent.sandbox.config import ExecResult
 from m3_agent.sandbox.output import head_tail
@@ -180,13 +181,14 @@ class LocalEnvironment:
 
 def _head_of(repo: Path) -> str | None:
     """The commit HEAD names in `repo`, or None when it is no git repository (or has no commit yet)."""
-    r = subprocess.run(["git", "-C", str(repo), "rev-parse", "-q", "--verify", "HEAD^{commit}"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
+    try:
+        with hostgit.repository(repo) as r:
+            # A folder inside a bigger repository is copied as a repository of its own, like the sandbox does.
+            if r.working_tree_dir is None or Path(r.working_tree_dir).resolve() != repo.resolve():
+                return None
+            return r.head.commit.hexsha if hostgit.has_commit(r, "HEAD") else None
+    except (UsageError, GitError):  # not a repository, or one git refuses: copied as a fresh one
         return None
-    top = subprocess.run(["git", "-C", str(repo), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
-    # A folder inside a bigger repository is copied as a repository of its own, like the sandbox does.
-    return r.stdout.strip() if Path(top.stdout.strip()).resolve() == repo.resolve() else None
 
 
 def _kill_group(proc: subprocess.Popen) -> tuple[bytes, bytes]:
