@@ -64,3 +64,25 @@ def git_repo(tmp_path):
         return make_git_repo(tmp_path / (name or f"repo{next(counter)}"), files)
 
     return make
+
+
+def process_parents() -> dict[int, int]:
+    """pid -> parent pid of every process on this machine, zombies included (from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:  # the process ended while we looked
+            continue
+    return parents
+
+
+def descendants(pid: int) -> set[int]:
+    """`pid` and every process below it."""
+    parents = process_parents()
+    found, frontier = {pid}, [pid]
+    while frontier:
+        kids = [p for p, parent in parents.items() if parent in frontier and p not in found]
+        found.update(kids)
+        frontier = kids
+    return found

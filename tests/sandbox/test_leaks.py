@@ -20,6 +20,7 @@ import pytest
 
 from m3_agent.sandbox.cleanup import LABEL_PID
 from m3_agent.serving.standin import StandinServer
+from tests.conftest import descendants
 
 pytestmark = pytest.mark.docker
 
@@ -43,22 +44,6 @@ def command(entry: str, base_url: str, repo: Path, out: Path) -> list[str]:
         return [*m3, "eval", "run", "--tasks", "builtin", "-i", "m3-agent__roman-1", "--base-url", base_url,
                 "--workers", "1", "-o", str(out), "-q"]
     return [sys.executable, "-c", LIBRARY, base_url, str(repo)]
-
-
-def descendants(pid: int) -> set[int]:
-    """`pid` and every process below it (eval workers run in a forkserver's children)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-    found, frontier = {pid}, [pid]
-    while frontier:
-        kids = [p for p, parent in parents.items() if parent in frontier and p not in found]
-        found.update(kids)
-        frontier = kids
-    return found
 
 
 def containers_of(pids: set[int]) -> list[str]:

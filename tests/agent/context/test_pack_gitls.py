@@ -4,26 +4,18 @@ one clear error when git is missing or refuses, and None outside a work tree."""
 from __future__ import annotations
 
 import os
-import pathlib
 
 import pytest
 
 from m3_agent.agent.context import gitls
 from m3_agent.errors import GitError
-
+from tests.conftest import process_parents
 
 
 def children() -> set[int]:
     """This process's child processes, zombies included (their /proc entries stay until reaped)."""
-    found = set()
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the process ended while we looked
-            continue
-        if int(fields[1]) == os.getpid():
-            found.add(int(stat.parent.name))
-    return found
+    return {p for p, parent in process_parents().items() if parent == os.getpid()}
+
 
 def test_the_listing_is_what_git_prints_even_past_a_pipe_buffer(repo):
     before = children()  # other tests may leave long-lived children (the eval runner's forkserver)
