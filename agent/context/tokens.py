@@ -252,7 +252,7 @@ def budget_for_window(max_model_len: int, *, output_reserve: int = 32_768, growt
 
 def server_card(base_url: str, model: str | None = None, *, api_key: str | None = None, timeout: float = 30.0):
     """The `ServedModel` (id, max_model_len) a server lists for `model`, or its first when None."""
-    from m3_agent.agent.model import list_models  # only servers need it (and pydantic): packing does not
+    from m3_agent.agent.model import list_models  # only servers need it: a pack without one skips the client's import
 
     models = list_models(base_url, api_key=api_key, timeout=timeout)
     card = next((m for m in models if model is None or m.id == model), None)
