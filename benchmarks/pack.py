@@ -172,9 +172,9 @@ def ensure_ours(cache: Path, project: Path) -> list[str]:
         if not (venv / "bin" / "python").exists():
             log("creating the venv m3-agent is installed into for the benchmark")
             run([sys.executable, "-m", "venv", str(venv)])
-            run(pip + [str(project)])
         log("installing this checkout of m3-agent (regular install) into the benchmark venv")
-        run(pip + ["--no-deps", "--force-reinstall", str(project)])
+        run(pip + [str(project)])  # dependencies this checkout added since the venv was made
+        run(pip + ["--no-deps", "--force-reinstall", str(project)])  # same version number: reinstall the code
         return [str(exe)]
     except (OSError, subprocess.CalledProcessError) as e:
         detail = e.stderr.strip().splitlines()[-1] if getattr(e, "stderr", None) else e
