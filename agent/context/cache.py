@@ -1,8 +1,8 @@
 """The on-disk cache of what packing learns about file contents, keyed by git blob id.
 
 One SQLite file under `$M3_AGENT_CACHE_DIR` (else `$XDG_CACHE_HOME/m3-agent`, else
-`~/.cache/m3-agent`): the facts of each content (binary, encoding, shape, defined names) and its
-token count per counter. The cache is an accelerator only: any failure to read or write it is
+`~/.cache/m3-agent`): the facts of each content (binary, encoding, shape, defined names), its
+token count per counter, and the content relevance scores of an issue over a tree. The cache is an accelerator only: any failure to read or write it is
 ignored and the packer recomputes.
 """
 
@@ -22,6 +22,9 @@ CREATE TABLE IF NOT EXISTS facts (
     lines INTEGER, final_newline INTEGER, generated INTEGER, defs TEXT, terms TEXT
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS snapshots (
+    key TEXT PRIMARY KEY, data BLOB
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS scores (
     key TEXT PRIMARY KEY, data BLOB
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counts (
@@ -123,6 +126,20 @@ class PackCache:
         rows = [(b, f.size, f.binary, f.encoding, f.chars, f.extra, f.lines, f.final_newline, f.generated, f.defs,
                  f.terms) for b, f in items.items()]
         self._write("INSERT OR REPLACE INTO snapshots VALUES (?, ?)", [(key, marshal.dumps(rows))])
+
+    def get_scores(self, key: str):
+        """Relevance scores stored under `key` (see relevance.content), or None."""
+        if self._db is None:
+            return None
+        try:
+            row = self._db.execute("SELECT data FROM scores WHERE key = ?", (key,)).fetchone()
+            return marshal.loads(row[0]) if row else None
+        except (sqlite3.Error, ValueError, EOFError, TypeError):
+            return None
+
+    def put_scores(self, key: str, value) -> None:
+        """Store relevance scores (lists, ints and floats) under `key`."""
+        self._write("INSERT OR REPLACE INTO scores VALUES (?, ?)", [(key, marshal.dumps(value))])
 
     def get_counts(self, counter_id: str, blobs: list[str]) -> dict[str, int]:
         """Known token counts of these blobs under one counter."""

@@ -442,8 +442,8 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
 
     if issue:
         _ensure_definitions(packable, listing, store, new_facts, data, max_file_bytes)
-    ranked = [e for _, e in rank(packable, issue, functools.partial(_bytes_of, listing=listing, data=data,
-                                                                     max_file_bytes=max_file_bytes))]
+    read = functools.partial(_bytes_of, listing=listing, data=data, max_file_bytes=max_file_bytes)
+    ranked = [e for _, e in rank(packable, issue, read, store)]
     foot = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=ranked[:25])) + 8
     room = budget - fixed - foot
     chosen_ids = set()

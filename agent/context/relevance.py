@@ -8,12 +8,14 @@ issue (and to break ties by value per token) a prior counts: source code, shallo
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.selection import CODE_SUFFIXES, SUBWORD_RE, Entry
 
 PATH_SCORE = 100.0  # the weight of a path the issue names; the others are measured against it
@@ -87,8 +89,10 @@ GENERIC_STEMS = frozenset({"__init__", "models", "base", "utils", "util", "helpe
                            "tests", "test", "conftest", "types", "core", "api", "mod", "lib"})
 
 
-def rank(entries: list[Entry], issue: str | None, read: Reader | None = None) -> list[tuple[float, Entry]]:
-    """Entries best first, with their scores; `read` gives a file's bytes for the content signal.
+def rank(entries: list[Entry], issue: str | None, read: Reader | None = None,
+         cache: PackCache | None = None) -> list[tuple[float, Entry]]:
+    """Entries best first, with their scores; `read` gives a file's bytes for the content signal,
+    `cache` keeps its scores.
 
     Files the issue names come first, by score. The rest are ordered by value per token (their
     score and prior over the log of the size), so a budget packs many useful files rather than a
@@ -96,7 +100,7 @@ def rank(entries: list[Entry], issue: str | None, read: Reader | None = None) ->
     """
     scores = [0.0] * len(entries)
     if issue:
-        _score_issue(entries, issue, scores, read)
+        _score_issue(entries, issue, scores, read, cache)
 
     def key(i: int) -> tuple:
         e = entries[i]
@@ -135,8 +139,9 @@ class _Issue:
     """What the signals read: the issue's text and words, the entries and lookups into them, and how
     strongly the signals so far point at each file (`strong`: its largest single score from them)."""
 
-    def __init__(self, entries: list[Entry], text: str, read: Reader | None = None) -> None:
-        self.text, self.entries, self.read = text, entries, read
+    def __init__(self, entries: list[Entry], text: str, read: Reader | None = None,
+                 cache: PackCache | None = None) -> None:
+        self.text, self.entries, self.read, self.cache = text, entries, read, cache
         self.index = _Index(entries)
         self.words = Counter(_IDENT_RE.findall(text))
         self.n_files = max(1, len(entries))
@@ -322,56 +327,92 @@ def _bag(data: bytes, terms: frozenset[bytes]) -> tuple[int, dict[bytes, int]]:
 
 CONTENT_LEAD = 0.8  # a file with this share of the best content score leads, as a named file does
 PROSE_DISCOUNT = 0.4  # docs, changelogs, message catalogues: they repeat an issue's words, the fix is elsewhere
-TEST_DISCOUNT = 0.75  # tests repeat the names they test
-_PROSE_SUFFIXES = (".rst", ".md", ".txt", ".po", ".pot", ".html", ".ipynb")
+_PROSE_SUFFIXES = (".rst", ".md", ".txt", ".html", ".ipynb")
+# Message catalogues repeat the interface's English strings once per language: never where a fix goes,
+# and a fifth of Django's bytes. The content signal does not read them.
+_CATALOGUE_SUFFIXES = (".po", ".pot")
 _PROSE_DIRS = ("doc", "docs", "changelog", "changes", "locale", "locales")
 _TEST_DIRS = ("test", "tests", "testing")
 
 
 def _content_discount(path: str) -> float:
-    """How much of its BM25 score a file keeps: 1 for source, less for prose and tests."""
+    """How much of its BM25 score a file keeps: 1 for source, less for prose."""
     parts = path.lower().split("/")
     if parts[-1].endswith(_PROSE_SUFFIXES) or any(p in _PROSE_DIRS for p in parts[:-1]):
         return PROSE_DISCOUNT
-    if _is_test(path):
-        return TEST_DISCOUNT
     return 1.0
+
+
+def _content_corpus(entries: list[Entry]) -> list[int]:
+    """The entries the content signal reads: not tests (they repeat the names they test, and the
+    fix is not in them: a fifth to a half of a repository's bytes) and not message catalogues."""
+    return [i for i, e in enumerate(entries) if not e.path.endswith(_CATALOGUE_SUFFIXES) and not _is_test(e.path)]
+
+
+ContentScores = tuple[list[int], list[tuple[int, float]]]  # (the files near the best, (entry, share of the best))
+CONTENT_VERSION = "content-1"  # part of the cache key: change it when the scoring changes
 
 
 def content(issue: _Issue, weight: float) -> Scores:
     """BM25 (bm25s) of the issue's words over each file's path and text, `weight` for the best file:
-    the words a file uses (strings, comments, other languages), not only the names it defines;
-    prose and tests keep a share of their score (`_content_discount`).
+    the words a file uses (strings, comments, other languages), not only the names it defines.
+    The scores of one issue over one tree are cached (a resumed run or a second `fix` packs again)."""
+    if issue.read is None:
+        return
+    scored = _content_corpus(issue.entries)
+    key = _content_key(issue, scored)
+    found = issue.cache.get_scores(key) if key else None
+    if found is None:
+        found = _bm25_scores(issue, scored)
+        if key:
+            issue.cache.put_scores(key, found)
+    best, shares = found
+    issue.content_best = best
+    for i, share in shares:
+        yield i, weight * share
+
+
+def _content_key(issue: _Issue, scored: list[int]) -> str | None:
+    """What the content scores depend on: the issue, and the path and blob of each file read."""
+    if issue.cache is None or any(issue.entries[i].blob is None for i in scored):
+        return None
+    h = hashlib.sha256(f"{CONTENT_VERSION}\0{LENGTH_UNIT}\0{issue.text}\0".encode("utf-8", "replace"))
+    h.update("\0".join(f"{issue.entries[i].path}\0{issue.entries[i].blob}" for i in scored).encode("utf-8", "replace"))
+    return h.hexdigest()
+
+
+def _bm25_scores(issue: _Issue, scored: list[int]) -> ContentScores:
+    """BM25 of the issue's query words over the `scored` entries, as shares of the best score; prose
+    keeps a share of its score (`_content_discount`).
     Each file goes to bm25s as its query words plus one id standing for the other words (one per
     LENGTH_UNIT of its length), so term frequencies, length ratios and weighting are BM25's while
     only the query's words are counted."""
     terms = _query_terms(issue.text)
-    if issue.read is None or not terms:
-        return
+    if not terms:
+        return [], []
     import bm25s  # here: numpy and bm25s load only for packs that rank by an issue
     import numpy as np
 
     ids = {t: n for n, t in enumerate(sorted(terms), start=1)}
     wanted, found = frozenset(terms), set()
     corpus: list[list[int]] = []
-    for e in issue.entries:
+    for e in map(issue.entries.__getitem__, scored):
         length, counts = _bag(e.path.encode("utf-8", "replace") + b"\n" + (issue.read(e) or b""), wanted)
         doc = [ids[t] for t in sorted(counts) for _ in range(counts[t])]
         found.update(counts)
         corpus.append(doc + [0] * (length // LENGTH_UNIT - len(doc)))
     if not found:
-        return
+        return [], []
     index = bm25s.BM25()
     index.index((corpus, {"": 0, **{t.decode(): n for t, n in ids.items()}}), create_empty_token=False,
                 show_progress=False)
     scores = index.get_scores([ids[t] for t in sorted(found) for _ in range(terms[t])])  # as BM25 counts a query
-    scores *= np.array([_content_discount(e.path) for e in issue.entries], dtype=scores.dtype)
+    scores *= np.array([_content_discount(issue.entries[i].path) for i in scored], dtype=scores.dtype)
     top = float(np.max(scores))
     if top <= 0:
-        return
-    issue.content_best = [int(i) for i in np.flatnonzero(scores >= CONTENT_LEAD * top)[:8]]
-    for i in np.flatnonzero(scores).tolist():
-        yield i, weight * float(scores[i]) / top
+        return [], []
+    best = [scored[i] for i in np.flatnonzero(scores >= CONTENT_LEAD * top)[:8].tolist()]
+    return best, [(scored[i], float(scores[i]) / top) for i in np.flatnonzero(scores).tolist()]
 
 
 class Signal(NamedTuple):
@@ -389,7 +430,7 @@ SIGNALS = (
     Signal("trace_frames", 40.0, trace_frames),
     Signal("module_names", 80.0, module_names, strong=True),
     Signal("defined_names", 50.0, defined_names, strong=True),
-    Signal("tests_of_named_files", 35.0, tests_of_named_files),
+    Signal("tests_of_named_files", 60.0, tests_of_named_files),
     Signal("neighbours", 4.0, neighbours),
     Signal("lexical", 12.0, lexical),
     Signal("content", 60.0, content),
@@ -397,9 +438,10 @@ SIGNALS = (
 )
 
 
-def _score_issue(entries: list[Entry], text: str, scores: list[float], read: Reader | None = None) -> None:
+def _score_issue(entries: list[Entry], text: str, scores: list[float], read: Reader | None = None,
+                 cache: PackCache | None = None) -> None:
     """Add each signal's points to `scores`, in the order SIGNALS lists them."""
-    issue = _Issue(entries, text, read)
+    issue = _Issue(entries, text, read, cache)
     for signal in SIGNALS:
         for i, points in list(signal.score(issue, signal.weight)):
             scores[i] += points

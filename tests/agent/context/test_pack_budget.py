@@ -207,7 +207,7 @@ def test_each_signal_is_declared_with_a_weight_and_counts_by_it(repo, monkeypatc
 
     weights = {s.name: s.weight for s in relevance.SIGNALS}
     assert weights == {"named_paths": 100.0, "trace_frames": 40.0, "module_names": 80.0, "defined_names": 50.0,
-                       "tests_of_named_files": 35.0, "neighbours": 4.0, "lexical": 12.0,
+                       "tests_of_named_files": 60.0, "neighbours": 4.0, "lexical": 12.0,
                        "content": 60.0, "companions": 20.0}
     root = repo(PROJECT)
     issue = "`compute_total` returns the wrong sum for an empty cart"

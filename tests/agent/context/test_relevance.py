@@ -147,7 +147,22 @@ def test_prose_that_repeats_the_issue_ranks_below_the_source_that_uses_its_words
     assert _bm25(files, issue)[0] == "doc/changes/1.2.rst"
     assert _ours(files, issue)[0] == "ext/napoleon/docstring.py"
     assert relevance._content_discount("doc/changes/1.2.rst") == relevance.PROSE_DISCOUNT
-    assert relevance._content_discount("tests/test_x.py") == relevance.TEST_DISCOUNT
+
+
+def test_content_reads_neither_tests_nor_message_catalogues():
+    files = {
+        "tests/test_napoleon.py": "def test_docstring_event():\n    napoleon_docstring_event()\n" * 30,
+        "locale/de/LC_MESSAGES/app.po": 'msgid "napoleon docstring event"\nmsgstr ""\n' * 30,
+        "ext/napoleon/docstring.py": _filler("parse", 40) + "def process(app):\n    app.emit('docstring-event')\n",
+        "app/other.py": _filler("other", 40),
+    }
+    read: list[str] = []
+    entries = _entries(files)
+    issue = relevance._Issue(entries, "Fix the docstring event handler of napoleon",
+                             lambda e: read.append(e.path) or files[e.path].encode())
+    points = dict(relevance.content(issue, 1.0))
+    assert sorted(read) == ["app/other.py", "ext/napoleon/docstring.py"]
+    assert [entries[i].path for i in points] == ["ext/napoleon/docstring.py"]
 
 
 def test_tests_pairing_and_neighbours_do_not_flood_a_directory():
@@ -162,3 +177,25 @@ def test_tests_pairing_and_neighbours_do_not_flood_a_directory():
     assert set(tests) == {"calc/tensor/tests/test_array.py"}  # not every file under tensor/
     near = dict(_points("neighbours", files, "calc/tensor/array.py breaks"))
     assert "calc/tensor/__init__.py" not in near  # an empty file says nothing
+
+
+def test_content_scores_of_an_issue_over_a_tree_are_cached_and_follow_its_blobs(tmp_path):
+    from m3_agent.agent.context.cache import PackCache
+
+    files = {"ext/napoleon/docstring.py": _filler("parse", 20) + "def docstring_event():\n    pass\n",
+             "app/other.py": _filler("other", 20) + "# docstring\n"}
+    issue = "Fix the docstring event handler of napoleon"
+
+    def content_points(blob_of_other: str, reads: list[str]) -> dict[str, float]:
+        entries = _entries(files)
+        for e in entries:
+            e.blob = blob_of_other if e.path == "app/other.py" else "b1"
+        with PackCache(tmp_path) as cache:
+            view = relevance._Issue(entries, issue, lambda e: reads.append(e.path) or files[e.path].encode(), cache)
+            return {entries[i].path: p for i, p in relevance.content(view, 1.0)}
+
+    first, again, changed = [], [], []
+    cold = content_points("b2", first)
+    assert content_points("b2", again) == cold and again == []  # the same issue and blobs: nothing is read
+    files["app/other.py"] = "docstring event napoleon\n"
+    assert content_points("b3", changed) != cold and len(changed) == 2  # a new blob: scored again
