@@ -1,8 +1,9 @@
-"""The text of a pack: header, tree of every file, file sections, footer. Byte-deterministic.
+"""The text of a pack: header, file sections, tree of every file, commit, footer. Byte-deterministic.
 
 Nothing here depends on time, machine, absolute paths or the issue, so the same commit gives the
-same bytes and a server's prefix cache hits across turns and across runs on that repository. The
-header and tree depend on the snapshot only; the budget first shows in which sections follow.
+same bytes and a server's prefix cache hits across turns and across runs on that repository. What
+differs between commits comes late: the header is the same for all, the sections go least changed
+first (`stability`), and the tree and the commit id follow them.
 
 A file section is its path heading and its text between backtick fences longer than any backtick
 run that opens a line of the file, so no content can close a section early (CommonMark rules).
@@ -76,22 +77,27 @@ def language(path: str) -> str:
 _LANGUAGES: dict[str, str] = {}  # extension -> info string, filled as extensions are met
 
 
-def header(*, git: bool, head: str | None, dirty: bool, total: int) -> str:
-    """The opening lines: what the snapshot is and how to read the rest."""
-    if git and head:
-        source = f"git commit {head}" + (" plus uncommitted changes in the working tree" if dirty else "")
-    elif git:
-        source = "git repository without commits (working tree)"
-    else:
-        source = "directory (not a git repository)"
+def header(*, total: int) -> str:
+    """The opening lines: how to read the rest. The same for every commit (the commit comes last)."""
     return (
         "# Repository snapshot\n"
-        f"Source: {source}\n"
-        f"The tree lists all {total} files. File contents follow in tree order, each under a `### path` "
-        "heading, verbatim between backtick fences (each fence is longer than any backtick run that "
-        "opens a line of its file). A file marked (skipped: ...) in the tree, or without a section, was "
-        "not packed: read it with the file_read tool if you need it.\n\n"
+        f"File contents come first, each under a `### path` heading, verbatim between backtick fences (each "
+        "fence is longer than any backtick run that opens a line of its file), the files least often changed "
+        f"first. Then the tree lists all {total} files, and the snapshot says which commit it is. A file marked "
+        "(skipped: ...) in the tree, or without a section, was not packed: read it with the file_read tool "
+        "if you need it.\n\n"
     )
+
+
+def source(*, git: bool, head: str | None, dirty: bool) -> str:
+    """What the snapshot is: the commit (and whether the working tree differs), after the tree."""
+    if git and head:
+        what = f"git commit {head}" + (" plus uncommitted changes in the working tree" if dirty else "")
+    elif git:
+        what = "git repository without commits (working tree)"
+    else:
+        what = "directory (not a git repository)"
+    return f"Source: {what}\n\n"
 
 
 def _marker(e: Entry) -> str:
@@ -268,12 +274,12 @@ def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int
 def render(head: str, tree_text: str, chosen: list[Entry], foot: str) -> tuple[list[bytes], str]:
     """The whole pack as a list of UTF-8 byte pieces (file texts are not copied), and the text around
     the file contents (the estimate counts its shape, and the file texts' from their facts)."""
-    parts: list[bytes] = [head.encode(), tree_text.encode(), b"## Files\n\n"]
-    frame = [head, tree_text, "## Files\n\n"]
+    parts: list[bytes] = [head.encode(), b"## Files\n\n"]
+    frame = [head, "## Files\n\n"]
     for e in chosen:
         opening, content, closing = section_parts(e)
         parts += (opening.encode(), content, closing.encode())
         frame += (opening, closing)
-    parts.append(foot.encode())
-    frame.append(foot)
+    parts += (tree_text.encode(), foot.encode())
+    frame += (tree_text, foot)
     return parts, "".join(frame)

@@ -13,6 +13,7 @@ from m3_agent.agent.context import layout
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
 from m3_agent.agent.context.relevance import rank
+from m3_agent.agent.context.stability import StableOrder
 from m3_agent.agent.context.selection import (
     CODE_SUFFIXES,
     DEFAULT_MAX_FILE_BYTES,
@@ -156,11 +157,13 @@ def pack_repository(
     exclude: tuple[str, ...] | list[str] = (),
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     cache: PackCache | bool = True,
+    history: Path | str | None = None,
 ) -> Pack:
     """Pack the repository at `repo` into one prompt text.
 
-    The text is a header, a tree of every file (packed or not, with skip reasons), the packed files
-    in tree order, and a footer. With `budget`, `pack.tokens <= budget` per `counter` (default: the
+    The text is a header, the packed files (those least changed in the recent commits of `history`,
+    default `repo` itself, first: see `stability`), a tree of every file (packed or not, with skip
+    reasons), the commit packed, and a footer. With `budget`, `pack.tokens <= budget` per `counter` (default: the
     estimate); when the repository does not fit, files are chosen by relevance to `issue`. The
     issue itself is never part of the text. `cache` (on by default) keeps facts and token counts
     by git blob id under the user's cache directory.
@@ -176,16 +179,18 @@ def pack_repository(
                   max_file_bytes)
     listing = list_files(root)
     timings = {"list_s": time.perf_counter() - t0}
+    history = os.fspath(history) if history is not None else root if listing.git else None
     if cache is True:
         with PackCache() as store:
-            return _pack(listing, store, rules, issue, budget, counter, timings, t0)
-    return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0)
+            return _pack(listing, store, rules, issue, budget, counter, timings, t0, history)
+    return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0, history)
 
 
 def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | None, budget: int | None,
-          counter: TokenCounter, timings: dict[str, float], t0: float) -> Pack:
+          counter: TokenCounter, timings: dict[str, float], t0: float, history: str | None) -> Pack:
     """Decide every entry, count, choose (within `budget`, when there is one), render."""
     t = time.perf_counter()
+    order = StableOrder(history, store) if history is not None else None
     entries = sorted(listing.entries, key=_tree_order)
     known, stale = _known_facts(store, listing, entries)
     raw: dict[str, bytes] = {}  # bytes of the files read, kept for relevance
@@ -193,6 +198,9 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
         decide(e, rules, known.get(e.blob) if e.blob else None, read=budget is None,
                raw=None if budget is None else raw)
     packable = [e for e in entries if e.reason is None]
+    if order is not None:
+        by_path = order.key(e.path for e in packable)
+        packable.sort(key=lambda e: by_path(e.path))
     new_facts = {e.blob: e.facts for e in entries if e.blob and e.facts is not None and e.blob not in known}
     timings["read_s"] = time.perf_counter() - t
 
@@ -200,9 +208,9 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
     _count_files(packable, counter, store, listing, rules.limit, budget)
     timings["count_s"] = time.perf_counter() - t
 
-    head_text = layout.header(git=listing.git, head=listing.head, dirty=any(map(_changed, entries)),
-                              total=len(entries))
-    tree_text = layout.tree(entries)
+    head_text = layout.header(total=len(entries))
+    source_text = layout.source(git=listing.git, head=listing.head, dirty=any(map(_changed, entries)))
+    tree_text = layout.tree(entries) + source_text
     if budget is None:
         t = time.perf_counter()
         chosen, left_out = packable, []
@@ -212,7 +220,7 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
     else:
         chosen, left_out, parts, tokens = _render_within(packable, entries, head_text, tree_text, issue, budget,
                                                          counter, listing, store, new_facts, raw, rules.limit,
-                                                         timings)
+                                                         timings, source_text)
     _remember(store, listing, _facts_by_blob(entries), new_facts, stale)
     timings["total_s"] = time.perf_counter() - t0
     return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings)
@@ -221,9 +229,9 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
 def _render_within(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
                    budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
                    raw: dict[str, bytes], max_file_bytes: int,
-                   timings: dict[str, float]) -> tuple[list[Entry], list[Entry], list, int]:
+                   timings: dict[str, float], source_text: str) -> tuple[list[Entry], list[Entry], list, int]:
     """The pack of the files that fit `budget`, the most relevant to `issue` first."""
-    tree_text = _tree_for_budget(entries, head_text, tree_text, budget, counter)
+    tree_text = _tree_for_budget(entries, head_text, tree_text, budget, counter, source_text)
     t = time.perf_counter()
     chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
                             listing, store, new_facts, raw, max_file_bytes)
@@ -233,9 +241,10 @@ def _render_within(packable: list[Entry], entries: list[Entry], head_text: str, 
     _prepare(chosen, counter, store, listing, max_file_bytes)
     render = functools.partial(_render, entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
     parts, tokens = render(chosen, left_out)
+    place = {id(e): i for i, e in enumerate(packable)}  # pack order
     chosen, left_out, parts, tokens = _fit_exactly(
         chosen, left_out, parts, tokens, budget, len(entries), counter, render,
-        lambda more: _prepare(more, counter, store, listing, max_file_bytes))
+        lambda more: _prepare(more, counter, store, listing, max_file_bytes), lambda e: place[id(e)])
     timings["render_s"] = time.perf_counter() - t
     return chosen, left_out, parts, tokens
 
@@ -315,7 +324,7 @@ def _prepare(entries: list[Entry], counter: TokenCounter, store: PackCache | Non
 
 
 def _fit_exactly(chosen: list[Entry], left_out: list[Entry], data: list, tokens: int, budget: int, total: int,
-                 counter: TokenCounter, render, prepare) -> tuple[list[Entry], list[Entry], list, int]:
+                 counter: TokenCounter, render, prepare, order) -> tuple[list[Entry], list[Entry], list, int]:
     """Hold the plan to the exact count of the text: drop the least relevant files while over the
     budget, then fill the slack a cautious plan leaves with the most relevant of the rest."""
     while tokens > budget:
@@ -336,7 +345,7 @@ def _fit_exactly(chosen: list[Entry], left_out: list[Entry], data: list, tokens:
             break
         prepare(more)
         added = {id(e) for e in more}
-        grown = sorted(chosen + more, key=_tree_order)
+        grown = sorted(chosen + more, key=order)
         rest = [e for e in left_out if id(e) not in added]
         grown_data, grown_tokens = render(grown, rest)
         if grown_tokens > budget:
@@ -348,14 +357,15 @@ def _fit_exactly(chosen: list[Entry], left_out: list[Entry], data: list, tokens:
     return chosen, left_out, data, tokens
 
 
-def _tree_for_budget(entries: list[Entry], head_text: str, tree_text: str, budget: int, counter: TokenCounter) -> str:
+def _tree_for_budget(entries: list[Entry], head_text: str, tree_text: str, budget: int, counter: TokenCounter,
+                     source_text: str) -> str:
     """The full tree, or when it would take over TREE_SHARE of the budget, the deepest shortened one that fits."""
     limit = budget * TREE_SHARE
     if counter.count(head_text + tree_text) <= limit:
         return tree_text
     deepest = max((e.path.count("/") for e in entries), default=0)
     for depth in range(deepest - 1, -1, -1):
-        shorter = layout.tree(entries, max_depth=depth)
+        shorter = layout.tree(entries, max_depth=depth) + source_text
         if counter.count(head_text + shorter) <= limit:
             return shorter
     return tree_text  # nothing fits: the caller reports that the budget cannot hold the header and tree

@@ -103,7 +103,7 @@ def test_tree_lists_every_file_packed_or_not_and_the_issue_is_not_in_the_text(re
     root = repo({"src/a.py": "A = 1\n", "src/b.py": "B = 2\n" * 200, "logo.png": b"\x89PNG\0\0", "yarn.lock": "x\n"})
     issue = "UNIQUE-ISSUE-MARKER: a.py is broken"
     small = pack_repository(root, issue=issue, budget=pack_repository(root).tokens - 100)
-    tree = small.text[small.text.index("## Tree") : small.text.index("## Files")]
+    tree = small.text[small.text.index("## Tree") : small.text.index("Source: ")]
     assert tree == ("## Tree\nlogo.png  (skipped: binary)\nsrc/\n  a.py\n  b.py\nyarn.lock  (skipped: lockfile)\n\n")
     assert [f.path for f in small.files] == ["src/a.py"]
     assert "UNIQUE-ISSUE-MARKER" not in small.text
