@@ -41,6 +41,8 @@ class ContextConfig(BaseModel):
     include: list[str] = Field(default_factory=list, description="globs: pack only matching files")
     exclude: list[str] = Field(default_factory=list, description="globs: never pack matching files")
     max_file_bytes: int = Field(DEFAULT_MAX_FILE_BYTES, gt=0, description="skip larger files when packing")
+    history: str | None = Field(None, description="a git repository whose recent commits order the packed files, "
+                                "least changed first (default: the packed repository)")
 
 
 class LimitsConfig(BaseModel):

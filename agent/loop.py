@@ -303,6 +303,7 @@ class _Run:
             include=tuple(self.cfg.context.include),
             exclude=tuple(self.cfg.context.exclude),
             max_file_bytes=self.cfg.context.max_file_bytes,
+            history=self.cfg.context.history,
         )
         self.result.timings.pack_s += time.monotonic() - t
         return pack

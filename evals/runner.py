@@ -34,7 +34,7 @@ from m3_agent.errors import Interrupted, M3AgentError, SandboxUnavailable, Usage
 from m3_agent.evals.grading import InstanceReport, grade
 from m3_agent.evals.predictions import Prediction, append_prediction
 from m3_agent.evals.records import append_record, read_jsonl_tolerant
-from m3_agent.evals.tasks import Task, checkout
+from m3_agent.evals.tasks import Task, checkout, source_repository
 from m3_agent.sandbox import SandboxConfig
 
 RESULTS_FILE = "results.jsonl"
@@ -147,7 +147,10 @@ def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, Agent
 
     trajectory = config.output_dir / "trajectories" / f"{task.instance_id}.jsonl"
     trajectory.parent.mkdir(parents=True, exist_ok=True)
-    rr = Agent(config.agent).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
+    # The checkout has no history: the files are ordered by the source repository's (prefix reuse across tasks).
+    source = str(source_repository(task, config.repos))
+    agent = config.agent.model_copy(update={"context": config.agent.context.model_copy(update={"history": source})})
+    rr = Agent(agent).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
     stats = AgentStats(
         status=rr.status, turns=rr.turns, **rr.usage.model_dump(), cache_hit_share=rr.cache_hit_share,
         mode_counts=dict(rr.mode_counts), stalls=len(rr.stalls),

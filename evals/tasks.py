@@ -204,13 +204,18 @@ def _local_repository(source: str, commit: str) -> Path:
     return mirror
 
 
+def source_repository(task: Task, repos: Path | None = None) -> Path:
+    """A local repository (with its history) holding the task's base commit."""
+    return _local_repository(repo_source(task, repos), task.base_commit)
+
+
 def checkout(task: Task, dest: Path, *, repos: Path | None = None) -> Path:
     """Write the repository's tree at `task.base_commit` to `dest`, as a fresh one-commit git repo.
 
     The history is left behind on purpose: the sandbox gets a small .git whatever the repository's size.
     The source repository (maybe a user's clone) is never touched: the files come through a private index.
     """
-    source = _local_repository(repo_source(task, repos), task.base_commit)
+    source = source_repository(task, repos)
     with hostgit.repository(source) as repo:
         if not hostgit.has_commit(repo, task.base_commit):
             raise UsageError(f"{task.instance_id}: base_commit {task.base_commit} is not in {source}")
