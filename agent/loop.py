@@ -304,6 +304,7 @@ class _Run:
             exclude=tuple(self.cfg.context.exclude),
             max_file_bytes=self.cfg.context.max_file_bytes,
             history=self.cfg.context.history,
+            shared_share=self.cfg.context.shared_share,
         )
         self.result.timings.pack_s += time.monotonic() - t
         return pack

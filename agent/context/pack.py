@@ -12,7 +12,7 @@ from typing import NamedTuple
 from m3_agent.agent.context import layout
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
-from m3_agent.agent.context.relevance import rank
+from m3_agent.agent.context.relevance import is_test, rank
 from m3_agent.agent.context.stability import StableOrder
 from m3_agent.agent.context.selection import (
     CODE_SUFFIXES,
@@ -158,13 +158,16 @@ def pack_repository(
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     cache: PackCache | bool = True,
     history: Path | str | None = None,
+    shared_share: float = 0.0,
 ) -> Pack:
     """Pack the repository at `repo` into one prompt text.
 
     The text is a header, the packed files (those least changed in the recent commits of `history`,
     default `repo` itself, first: see `stability`), a tree of every file (packed or not, with skip
     reasons), the commit packed, and a footer. With `budget`, `pack.tokens <= budget` per `counter` (default: the
-    estimate); when the repository does not fit, files are chosen by relevance to `issue`. The
+    estimate); when the repository does not fit, files are chosen by relevance to `issue`, after
+    `shared_share` of the room is filled with the same files whatever the issue (the least changed
+    source files: a batch of issues of one repository then shares that prefix in the server's cache). The
     issue itself is never part of the text. `cache` (on by default) keeps facts and token counts
     by git blob id under the user's cache directory.
     """
@@ -173,6 +176,8 @@ def pack_repository(
         raise UsageError(f"the token budget must be positive, got {budget}")
     if max_file_bytes <= 0:
         raise UsageError(f"max_file_bytes must be positive, got {max_file_bytes}")
+    if not 0.0 <= shared_share < 1.0:
+        raise UsageError(f"shared_share must be at least 0 and below 1, got {shared_share}")
     counter = counter or EstimateCounter()
     root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
     rules = Rules(root, compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"),
@@ -182,12 +187,13 @@ def pack_repository(
     history = os.fspath(history) if history is not None else root if listing.git else None
     if cache is True:
         with PackCache() as store:
-            return _pack(listing, store, rules, issue, budget, counter, timings, t0, history)
-    return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0, history)
+            return _pack(listing, store, rules, issue, budget, counter, timings, t0, history, shared_share)
+    return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0, history, shared_share)
 
 
 def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | None, budget: int | None,
-          counter: TokenCounter, timings: dict[str, float], t0: float, history: str | None) -> Pack:
+          counter: TokenCounter, timings: dict[str, float], t0: float, history: str | None,
+          shared_share: float) -> Pack:
     """Decide every entry, count, choose (within `budget`, when there is one), render."""
     t = time.perf_counter()
     order = StableOrder(history, store) if history is not None else None
@@ -220,7 +226,7 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
     else:
         chosen, left_out, parts, tokens = _render_within(packable, entries, head_text, tree_text, issue, budget,
                                                          counter, listing, store, new_facts, raw, rules.limit,
-                                                         timings, source_text)
+                                                         timings, source_text, shared_share)
     _remember(store, listing, _facts_by_blob(entries), new_facts, stale)
     timings["total_s"] = time.perf_counter() - t0
     return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings)
@@ -229,19 +235,20 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
 def _render_within(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
                    budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
                    raw: dict[str, bytes], max_file_bytes: int,
-                   timings: dict[str, float], source_text: str) -> tuple[list[Entry], list[Entry], list, int]:
+                   timings: dict[str, float], source_text: str,
+                   shared_share: float) -> tuple[list[Entry], list[Entry], list, int]:
     """The pack of the files that fit `budget`, the most relevant to `issue` first."""
     tree_text = _tree_for_budget(entries, head_text, tree_text, budget, counter, source_text)
     t = time.perf_counter()
     chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
-                            listing, store, new_facts, raw, max_file_bytes)
+                            listing, store, new_facts, raw, max_file_bytes, shared_share)
     timings["fit_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     _prepare(chosen, counter, store, listing, max_file_bytes)
     render = functools.partial(_render, entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
     parts, tokens = render(chosen, left_out)
-    place = {id(e): i for i, e in enumerate(packable)}  # pack order
+    place = {id(e): (not e.shared, i) for i, e in enumerate(packable)}  # pack order: the shared part first
     chosen, left_out, parts, tokens = _fit_exactly(
         chosen, left_out, parts, tokens, budget, len(entries), counter, render,
         lambda more: _prepare(more, counter, store, listing, max_file_bytes), lambda e: place[id(e)])
@@ -437,7 +444,7 @@ def _section_cost(e: Entry, estimate: EstimateCounter) -> int:
 
 def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
          budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
-         data: dict[str, bytes] | None, max_file_bytes: int) -> tuple[list[Entry], list[Entry]]:
+         data: dict[str, bytes] | None, max_file_bytes: int, shared_share: float) -> tuple[list[Entry], list[Entry]]:
     """Choose the files that fit the budget: all when they do, else the most relevant first."""
     estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
     fixed = counter.count(head_text + tree_text + "## Files\n\n")
@@ -456,17 +463,37 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
     ranked = [e for _, e in rank(packable, issue, read, store)]
     foot = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=ranked[:25])) + 8
     room = budget - fixed - foot
-    chosen_ids = set()
+    shared = _shared_part(packable, costs, int(room * shared_share))
+    room -= sum(costs[id(e)] for e in shared)
+    chosen_ids = {id(e) for e in shared}
     for e in ranked:
         c = costs[id(e)]
-        if c <= room:
+        if c <= room and id(e) not in chosen_ids:
             chosen_ids.add(id(e))
             room -= c
     for i, e in enumerate(ranked):
-        e.rank = i
-    chosen = [e for e in packable if id(e) in chosen_ids]
+        e.rank = i - len(ranked) if e.shared else i  # the shared part is trimmed last
+    chosen = shared + [e for e in packable if id(e) in chosen_ids and not e.shared]
     left_out = [e for e in ranked if id(e) not in chosen_ids]
     return chosen, left_out
+
+
+def _shared_part(packable: list[Entry], costs: dict[int, int], room: int) -> list[Entry]:
+    """The budget's part that is the same whatever the issue: source files (not tests) in pack order,
+    least changed first, up to the first that does not fit `room`, so it is a prefix of that order
+    for every issue and, until those files change, every commit."""
+    shared: list[Entry] = []
+    for e in packable:
+        name = e.path.rsplit("/", 1)[-1]
+        dot = name.rfind(".")
+        if dot <= 0 or name[dot:].lower() not in CODE_SUFFIXES or is_test(e.path):
+            continue
+        if costs[id(e)] > room:
+            break
+        e.shared = True
+        shared.append(e)
+        room -= costs[id(e)]
+    return shared
 
 
 def _ensure_definitions(packable: list[Entry], listing: Listing, store: PackCache | None, new_facts: dict,

@@ -253,7 +253,7 @@ def companions(issue: _Issue, weight: float) -> Scores:
     for i in issue.top() + issue.content_best:
         directory, _, name = issue.entries[i].path.rpartition("/")
         stem = name.split(".", 1)[0].lower().strip("_")
-        if len(stem) > 3 and stem not in GENERIC_STEMS and not _is_test(issue.entries[i].path):
+        if len(stem) > 3 and stem not in GENERIC_STEMS and not is_test(issue.entries[i].path):
             leads.setdefault(directory, set()).add(stem)
     for i, e in enumerate(issue.entries):
         directory, _, name = e.path.rpartition("/")
@@ -263,7 +263,8 @@ def companions(issue: _Issue, weight: float) -> Scores:
             yield i, weight
 
 
-def _is_test(path: str) -> bool:
+def is_test(path: str) -> bool:
+    """Whether a path is a test's: under a test directory, `test_*`, or `conftest.py`."""
     parts = path.lower().split("/")
     return any(p in _TEST_DIRS for p in parts[:-1]) or parts[-1].startswith("test_") or parts[-1] == "conftest.py"
 
@@ -346,7 +347,7 @@ def _content_discount(path: str) -> float:
 def _content_corpus(entries: list[Entry]) -> list[int]:
     """The entries the content signal reads: not tests (they repeat the names they test, and the
     fix is not in them: a fifth to a half of a repository's bytes) and not message catalogues."""
-    return [i for i, e in enumerate(entries) if not e.path.endswith(_CATALOGUE_SUFFIXES) and not _is_test(e.path)]
+    return [i for i, e in enumerate(entries) if not e.path.endswith(_CATALOGUE_SUFFIXES) and not is_test(e.path)]
 
 
 ContentScores = tuple[list[int], list[tuple[int, float]]]  # (the files near the best, (entry, share of the best))

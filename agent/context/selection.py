@@ -113,6 +113,7 @@ class Entry:
     exact = True  # False while `tokens` is a calibrated estimate standing in for an exact count
     cost = 0  # planned tokens of its section around the text (heading, fences)
     rank = 0  # position in relevance order (0 = most relevant), set when a budget applies
+    shared = False  # packed in the budget's shared part, the same for every issue (see pack's shared_share)
     flags: tuple[str, ...] = ()  # notes for the section heading, e.g. the target of a symlink
 
     def __init__(self, path: str, **attrs: object) -> None:

@@ -77,3 +77,21 @@ def test_an_explicit_history_orders_a_checkout_without_one(repo, git, tmp_path):
     assert _sections(pack_repository(checkout, cache=False).text)[0] == "CHANGES.txt"  # path order
     ordered = _sections(pack_repository(checkout, cache=False, history=source).text)
     assert ordered[-1] == "CHANGES.txt" and ordered[:-1] == sorted(FILES)
+
+
+def test_the_shared_part_of_a_budget_is_the_same_for_every_issue(repo, git, tmp_path):
+    files = {**FILES, **{f"pkg/tests/test_mod{i:02d}.py": f"def test_{i}():\n    pass\n" for i in range(5)},
+             "pkg/mod07.py": "def bulk_create():\n    return 'conflict'\n" * 20}
+    root = repo(files)
+    full = pack_repository(root, cache=False).tokens
+    budget = full // 2
+    packs = {issue: pack_repository(root, issue=issue, budget=budget, cache=False, shared_share=0.6)
+             for issue in ("bulk_create fails on conflict", "f13 returns the wrong value")}
+    a, b = (p.text for p in packs.values())
+    assert all(p.tokens <= budget for p in packs.values())
+    assert "### pkg/mod07.py" in a and "### pkg/mod13.py" in b  # each still holds what its issue names
+    assert _shared_prefix(a, b) >= 0.5 * len(a)
+    shared = _sections(a[: _shared_prefix(a, b)])[:-1]  # (the last heading may be cut)
+    assert shared == sorted(FILES)[: len(shared)]  # source files in pack order, no tests
+    assert all(p.tokens == pack_repository(root, issue=i, budget=budget, cache=False, shared_share=0.6).tokens
+               for i, p in packs.items())  # deterministic
