@@ -2,7 +2,8 @@
 
 One SQLite file under `$M3_AGENT_CACHE_DIR` (else `$XDG_CACHE_HOME/m3-agent`, else
 `~/.cache/m3-agent`): the facts of each content (binary, encoding, shape, defined names), its
-token count per counter, and the content relevance scores of an issue over a tree. The cache is an accelerator only: any failure to read or write it is
+token count per counter, the content relevance scores of an issue over a tree, and each
+repository's file order. The cache is an accelerator only: any failure to read or write it is
 ignored and the packer recomputes.
 """
 

@@ -77,27 +77,28 @@ def language(path: str) -> str:
 _LANGUAGES: dict[str, str] = {}  # extension -> info string, filled as extensions are met
 
 
-def header(*, total: int) -> str:
-    """The opening lines: how to read the rest. The same for every commit (the commit comes last)."""
+def header() -> str:
+    """The opening lines: how to read the rest. The same for every commit (what differs comes last)."""
     return (
         "# Repository snapshot\n"
         f"File contents come first, each under a `### path` heading, verbatim between backtick fences (each "
         "fence is longer than any backtick run that opens a line of its file), the files least often changed "
-        f"first. Then the tree lists all {total} files, and the snapshot says which commit it is. A file marked "
+        "first. Then the tree lists every file, and the snapshot says which commit it is. A file marked "
         "(skipped: ...) in the tree, or without a section, was not packed: read it with the file_read tool "
         "if you need it.\n\n"
     )
 
 
-def source(*, git: bool, head: str | None, dirty: bool) -> str:
-    """What the snapshot is: the commit (and whether the working tree differs), after the tree."""
+def source(*, git: bool, head: str | None, dirty: bool, total: int) -> str:
+    """What the snapshot is (the commit, and whether the working tree differs) and its number of
+    files, after the tree."""
     if git and head:
         what = f"git commit {head}" + (" plus uncommitted changes in the working tree" if dirty else "")
     elif git:
         what = "git repository without commits (working tree)"
     else:
         what = "directory (not a git repository)"
-    return f"Source: {what}\n\n"
+    return f"Source: {what}\nFiles: {total}\n\n"
 
 
 def _marker(e: Entry) -> str:

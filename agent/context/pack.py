@@ -214,8 +214,9 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
     _count_files(packable, counter, store, listing, rules.limit, budget)
     timings["count_s"] = time.perf_counter() - t
 
-    head_text = layout.header(total=len(entries))
-    source_text = layout.source(git=listing.git, head=listing.head, dirty=any(map(_changed, entries)))
+    head_text = layout.header()
+    source_text = layout.source(git=listing.git, head=listing.head, dirty=any(map(_changed, entries)),
+                                total=len(entries))
     tree_text = layout.tree(entries) + source_text
     if budget is None:
         t = time.perf_counter()
