@@ -219,6 +219,8 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
         if retry_errors:
             done = {k: v for k, v in done.items() if v.outcome != "error"}
         pending = [t for t in tasks if t.instance_id not in done]
+        if config.agent is not None:
+            _order_packs(pending, config)
         for t in tasks:
             if t.instance_id in done and on_event:
                 on_event("skip", {"result": done[t.instance_id]})
@@ -228,6 +230,23 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
             if on_event:
                 on_event("finish", {"result": result})
     return [done[t.instance_id] for t in tasks if t.instance_id in done]
+
+
+def _order_packs(tasks: list[Task], config: EvalConfig) -> None:
+    """Order each repository's files for the base commits of its tasks (files the same in all first),
+    so the server's prefix cache serves one instance's first request from another's."""
+    from m3_agent.agent.context.cache import PackCache
+    from m3_agent.agent.context.stability import order_for_commits
+
+    by_source: dict[str, set[str]] = {}
+    for task in tasks:
+        try:
+            by_source.setdefault(str(source_repository(task, config.repos)), set()).add(task.base_commit)
+        except UsageError:
+            continue  # the instance reports it
+    with PackCache() as store:
+        for source, commits in by_source.items():
+            order_for_commits(source, commits, store)
 
 
 def _prune_leftovers() -> None:

@@ -63,6 +63,42 @@ class StableOrder:
         return lambda path: (known.get(path, last), sort_key(path))
 
 
+def order_for_commits(history: str, commits: Iterable[str], store: PackCache | None) -> int:
+    """Store the order of `history`'s files for a batch of its commits (an eval run's base commits):
+    files the same at every commit first, then by how many versions they have among them, where
+    (in commit order) they first change, how often recent commits changed them, and path. Every
+    pack of the batch then shares the sections of files no two of its commits differ in, and
+    neighbouring commits more. Returns the number of files ordered (0: none)."""
+    if store is None:
+        return 0
+    try:  # oldest first
+        commits = git.Git(history).rev_list("--no-walk=sorted", *set(commits)).split()[::-1] if commits else []
+    except (git.GitCommandError, git.GitCommandNotFound, OSError):
+        return 0
+    if not commits:
+        return 0
+    blobs: dict[str, list[str | None]] = {}  # path -> its blob at each commit (None: absent)
+    for n, commit in enumerate(commits):
+        try:
+            listing = git.Git(history).ls_tree("-r", "-z", "--full-tree", commit)
+        except (git.GitCommandError, git.GitCommandNotFound, OSError):
+            return 0
+        for record in listing.split("\0"):
+            meta, _, path = record.partition("\t")
+            if path:
+                blobs.setdefault(path, [None] * len(commits))[n] = meta.rsplit(" ", 1)[-1]
+    changes = _changes(history)
+    ordered = sorted(blobs, key=lambda p: (len(set(blobs[p])), _first_change(blobs[p]), changes[p], sort_key(p)))
+    store.put_scores(_key(history), ordered)
+    return len(ordered)
+
+
+def _first_change(blobs: list[str | None]) -> int:
+    """Where in the batch a file first differs from the commit before (files that change at the same
+    point sit together, so the other pairs of neighbouring commits share a prefix past them)."""
+    return next((n for n in range(1, len(blobs)) if blobs[n] != blobs[n - 1]), len(blobs))
+
+
 def _changes(history: str) -> Counter[str]:
     """How many of the last HISTORY_COMMITS commits of `history` changed each path (empty when it
     is no git repository or has no commits)."""

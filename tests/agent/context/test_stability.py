@@ -95,3 +95,25 @@ def test_the_shared_part_of_a_budget_is_the_same_for_every_issue(repo, git, tmp_
     assert shared == sorted(FILES)[: len(shared)]  # source files in pack order, no tests
     assert all(p.tokens == pack_repository(root, issue=i, budget=budget, cache=False, shared_share=0.6).tokens
                for i, p in packs.items())  # deterministic
+
+
+def test_a_batch_of_commits_puts_the_files_they_all_share_first(repo, git, tmp_path):
+    from m3_agent.agent.context.stability import order_for_commits
+
+    source = repo({**FILES, "CHANGES.txt": "start\n"})
+    commits = [git(source, "rev-parse", "HEAD").strip()]
+    for n in range(3):  # CHANGES.txt and mod03 differ between the batch's commits; the rest never do
+        _commit(git, source, "CHANGES.txt", f"release {n}\n", f"release {n}")
+        _commit(git, source, "pkg/mod03.py", f"X = {n}\n", f"fix {n}")
+        commits.append(git(source, "rev-parse", "HEAD").strip())
+    checkouts = []
+    for n, commit in enumerate(commits[1:]):
+        checkouts.append(tmp_path / f"checkout{n}")
+        git(tmp_path, "clone", "-q", str(source), str(checkouts[-1]))
+        git(checkouts[-1], "checkout", "-q", commit)
+    with PackCache(tmp_path / "cache") as cache:
+        assert order_for_commits(str(source), commits[1:], cache) == len(FILES) + 1
+        packs = [pack_repository(c, cache=cache, history=source).text for c in checkouts]
+    assert _sections(packs[0])[-2:] == ["CHANGES.txt", "pkg/mod03.py"]  # 3 versions each; then by changes, path
+    for a, b in zip(packs, packs[1:]):
+        assert _shared_prefix(a, b) > a.index("### CHANGES.txt")  # everything the commits share comes first
