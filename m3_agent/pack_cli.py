@@ -144,7 +144,9 @@ def pack_command(
         except EndpointError as e:
             _warn(f"no default budget: {e}")
     pack = pack_repository(repo, issue=read_issue(issue), budget=budget, counter=tok, include=tuple(includes),
-                           exclude=tuple(excludes), max_file_bytes=max_file_bytes, cache=not no_cache)
+                           exclude=tuple(excludes), max_file_bytes=max_file_bytes, cache=not no_cache,
+                           history=settings.context.history if settings else None,
+                           shared_share=settings.context.shared_share if settings else 0.0)
     where = _write(pack, output)
     print(summary_table(pack, time.perf_counter() - started, where), file=sys.stderr)
     if pack.counter_kind == "estimate":

@@ -118,3 +118,15 @@ def test_repeated_and_equals_spellings_of_the_flags(repo, tmp_path):
                     "--counter=estimate")
     assert proc.returncode == 0, proc.stderr
     assert out.read_text() == pack_repository(root, include=("src/**", "docs/")).text
+
+
+def test_pack_takes_the_shared_part_and_history_from_the_settings(repo, tmp_path):
+    root = repo(FILES | {f"pkg/m{i}.py": f"VALUE_{i} = {i}\n" * 40 for i in range(10)})
+    issue = tmp_path / "issue.md"
+    issue.write_text("pkg/m7.py gives the wrong VALUE_7\n")
+    budget = pack_repository(root).tokens // 2
+    (root / "m3-agent.toml").write_text("[context]\nshared_share = 0.5\n")
+    proc = run_pack("--repo", str(root), "--issue", str(issue), "--budget", str(budget))
+    assert proc.returncode == 0, proc.stderr
+    shared = pack_repository(root, issue=issue.read_text(), budget=budget, shared_share=0.5).text
+    assert proc.stdout == shared != pack_repository(root, issue=issue.read_text(), budget=budget).text
