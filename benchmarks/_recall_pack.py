@@ -1,9 +1,9 @@
 """Reading a pack written by `m3-agent pack`: which files it holds, how many characters of content,
 which files its tree lists as packable, and the order of the files the budget left out.
 
-The pack's text is the product's output (agent/context/layout.py documents it): a `## Tree`, then
-under `## Files` one `### path` heading per file followed by its text between backtick fences, and
-a footer naming the left-out files most relevant first. Paths are printed as they are, or
+The pack's text is the product's output (agent/context/layout.py documents it): under `## Files`
+one `### path` heading per file followed by its text between backtick fences, then a `## Tree`,
+and a footer naming the left-out files most relevant first (older packs put the tree first). Paths are printed as they are, or
 JSON-quoted when odd; a heading's notes follow the path after two spaces and a parenthesis.
 """
 
@@ -93,14 +93,15 @@ def read_pack(data: bytes) -> PackView:
     """The files a pack holds, read off its sections; its tree's packable files; its footer's order."""
     lines = data.decode("utf-8", "replace").split("\n")
     view = PackView()
-    i = 0
-    while i < len(lines):
-        if lines[i] == "## Tree":
+    i, done = 0, set()
+    while i < len(lines) and len(done) < 2:
+        if lines[i] == "## Tree" and "tree" not in done:
             i = _tree(lines, i + 1, view)
-        elif lines[i] == "## Files":
+            done.add("tree")
+        elif lines[i] == "## Files" and "files" not in done:
             i = _sections(lines, i + 1, view)
-            _footer(lines, i, view)
-            break
+            done.add("files")
         else:
             i += 1
+    _footer(lines, i, view)
     return view
