@@ -62,6 +62,11 @@ class Task(BaseModel):
     env_setup: list[str] = Field(default_factory=list)  # extension: shell commands run before the tests
     environment: TaskEnvironment | None = None  # extension: the sandbox image is built from this recipe
     repo_source: str | None = None  # extension: a path or git URL holding `repo`
+    # SWE-bench >= 5 instance fields (per-repo facts as data); a custom task may give image + test_cmd + log_parser
+    image: str | None = None  # the instance image; official names follow --image-namespace / --image-tag
+    eval_script: str | None = None  # the harness's eval script; composed from test_cmd when absent
+    log_parser: str | None = None  # a name in the harness's PARSER_REGISTRY: set, the task is graded by the harness
+    eval_type: str | None = None  # pass_and_fail (default) or fail_only
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod

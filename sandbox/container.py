@@ -31,9 +31,18 @@ SERVER_SOURCE = Path(server.__file__).read_text()
 # The server's source travels in its environment (popped at once), its argv[0] is a name of its own,
 # and no command line in the container says "python": `pkill -f python` in a command does not take
 # the sandbox down with it. -I -S: no site import and no PYTHON* variables, for a quick start.
-SERVER_COMMAND = ["bash", "-c", 'exec -a m3-agent-server "$M3_AGENT_PY" -I -S -c "$M3_AGENT_BOOT"']
+# The first python3 found runs the server, whatever its version (>= 3.6): an instance image's own
+# environments may be old. M3_AGENT_SETUP, when set, runs first, as root (see IMAGE_SETUP).
+SERVER_COMMAND = ["bash", "-c", 'if [ -n "${M3_AGENT_SETUP:-}" ]; then eval "$M3_AGENT_SETUP" || exit 125; fi; '
+                  'for p in $M3_AGENT_PY; do if command -v "$p" >/dev/null; then '
+                  'exec -a m3-agent-server "$p" -I -S -c "$M3_AGENT_BOOT"; fi; done; '
+                  'echo "m3-agent: no python3 in the image (looked for $M3_AGENT_PY)" >&2; exit 127']
+# mount="image": the image's own workdir (SWE-bench's /testbed) is handed to the command user and
+# /workspace points at it, so the tools' paths hold; this needs CAP_CHOWN until the server drops it.
+IMAGE_SETUP = ('chown -R "$M3_AGENT_USER" "$M3_AGENT_WORKDIR" && { [ -L /workspace ] || rmdir /workspace '
+               '2>/dev/null || [ ! -e /workspace ]; } && ln -sfn "$M3_AGENT_WORKDIR" /workspace')
 SERVER_ENV = {
-    "M3_AGENT_PY": "python3",
+    "M3_AGENT_PY": "/usr/bin/python3 /usr/local/bin/python3 /opt/miniconda3/bin/python3 python3",
     "M3_AGENT_BOOT": 'import os; exec(compile(os.environ.pop("M3_AGENT_SERVER"), "m3-agent-server", "exec"))',
     "M3_AGENT_SERVER": SERVER_SOURCE,
 }
@@ -160,9 +169,9 @@ class Sandbox:
                 cfg.image,
                 command=SERVER_COMMAND,
                 user="0:0",  # the server's uid; it runs every command as cfg.user (see server.drop_privileges)
-                working_dir=WORKSPACE,
+                working_dir=cfg.workdir if cfg.mount == "image" else WORKSPACE,
                 environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {}), **SERVER_ENV,
-                             "M3_AGENT_USER": f"{self._uid()}:{self._gid()}"},
+                             **self._image_setup_env(), "M3_AGENT_USER": f"{self._uid()}:{self._gid()}"},
                 labels={**cfg.labels, **cleanup.owner_labels()},
                 stdin_open=True,
                 detach=False,
@@ -180,6 +189,12 @@ class Sandbox:
             if shared is not None:
                 shared.close()
 
+    def _image_setup_env(self) -> dict[str, str]:
+        """The root setup step of mount='image' (see IMAGE_SETUP); nothing for the other mounts."""
+        if self.config.mount != "image":
+            return {}
+        return {"M3_AGENT_SETUP": IMAGE_SETUP, "M3_AGENT_WORKDIR": self.config.workdir}
+
     def _host_config(self, shared: SharedSocket | None) -> dict:
         cfg = self.config
         tmpfs = {
@@ -190,21 +205,21 @@ class Sandbox:
         if cfg.mount == "copy":
             tmpfs[WORKSPACE] = (f"rw,exec,nosuid,nodev,size={cfg.workspace_size},uid={self._uid()},"
                                 f"gid={self._gid()},mode=0755")
-        else:
+        elif cfg.mount == "bind":
             binds[str(self.repo.resolve())] = {"bind": WORKSPACE, "mode": "rw"}
         if shared is not None:
             binds[shared.dir] = {"bind": MOUNT_POINT, "mode": "ro"}
         return dict(
             network_mode=cfg.network,
             cap_drop=["ALL"],
-            cap_add=SERVER_CAPS,
+            cap_add=SERVER_CAPS + (["CHOWN"] if cfg.mount == "image" else []),
             security_opt=["no-new-privileges"],
             log_config={"type": "none"},  # the attach stream carries the server's output: nothing to keep on disk
             pids_limit=cfg.pids_limit,
             mem_limit=cfg.memory,
             memswap_limit=cfg.memory,
             nano_cpus=int(cfg.cpus * 1e9),
-            read_only=cfg.read_only,
+            read_only=cfg.read_only and cfg.mount != "image",  # the image's workdir lives on its root fs
             tmpfs=tmpfs,
             binds=binds or None,
             init=True,
@@ -335,8 +350,8 @@ class Sandbox:
         Copy mode only: in bind mode the workspace is the host directory, which outlives the container.
         Raises GitError when the patch does not apply.
         """
-        if self.config.mount != "copy":
-            raise UsageError("restore() is for mount='copy': a bind-mounted workspace keeps its files by itself")
+        if self.config.mount == "bind":
+            raise UsageError("restore() is for mount='copy' or 'image': a bind-mounted workspace keeps its files")
         self.write_file(PATCH_FILE, patch)
         r = self._exec(RESTORE.replace("BASE", self.base_commit or "HEAD"), self.config.timeout, None,
                        {"M3_PATCH": PATCH_FILE}, self.config.output_limit)
@@ -350,7 +365,7 @@ class Sandbox:
         self.close()
         fresh = Sandbox(self.config, self.repo).start()
         try:
-            if patch and self.config.mount == "copy":
+            if patch and self.config.mount != "bind":
                 fresh.restore(patch)
         except BaseException:
             fresh.close()

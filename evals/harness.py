@@ -1,0 +1,196 @@
+"""Grading the SWE-bench harness's way, through its own code (the `swebench` package, optional extra).
+
+    if uses_harness(task):
+        report = grade_with_harness(task, patch, image=instance_image(task, "swebench", "latest"), ...)
+
+What comes from the harness (swebench >= 5): `make_test_spec` turns the instance into a TestSpec
+(its eval script, with the test command's exit code recorded), `PARSER_REGISTRY` names the log
+parsers, `get_eval_report` reads the test log and decides `resolved`, and `ImageSpec` names the
+instance images. What is ours: the sandbox the script runs in (the instance image, hardened, commands
+as an unprivileged user), applying the model's patch, and composing an eval script for a task that
+gives only per-repo facts (image, test_cmd, log_parser) instead of the dataset's `eval_script`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tempfile
+import time
+from pathlib import Path
+
+from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
+from m3_agent.evals.grading import EVAL_DIR, InstanceReport, Outcome, TestsStatus, _StepFailed, apply_model_patch, patch_files
+from m3_agent.evals.tasks import Task
+from m3_agent.sandbox import Sandbox, SandboxConfig
+
+TESTBED = "/testbed"
+ENV_BIN = "/opt/miniconda3/envs/testbed/bin"
+EVAL_SCRIPT = f"{EVAL_DIR}/eval.sh"
+HEREDOC = "EOF_M3_AGENT_TEST_PATCH"
+NON_TEST_SUFFIXES = (".json", ".png", ".csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
+PYTHON_PATH = f"{ENV_BIN}:/opt/miniconda3/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_OFFICIAL_NAME = re.compile(r"(?:[^/]+/)?sweb\.eval\.[^./]+\.[^/:]+(?::[^/]+)?")
+
+
+def swebench():
+    """The harness's modules, or a one-line error saying how to install them."""
+    try:
+        from swebench.harness import grading, log_parsers, utils
+        from swebench.image_builder import image_spec
+    except ImportError:
+        raise UsageError("grading SWE-bench instances needs the harness: pip install 'm3-agent[swebench]'") from None
+    return grading, log_parsers, utils, image_spec
+
+
+def uses_harness(task: Task) -> bool:
+    """True when the task is graded by the harness: it has the dataset's eval_script or names a log parser."""
+    return bool(task.eval_script or task.log_parser)
+
+
+# --- images ------------------------------------------------------------------------------------------
+
+def instance_image_name(instance_id: str, *, namespace: str | None = "swebench", tag: str = "latest") -> str:
+    """The instance image's name as the harness gives it (`swebench/sweb.eval.x86_64.django_1776_...:latest`)."""
+    *_, image_spec = swebench()
+    return image_spec.ImageSpec(instance_id=instance_id, dockerfile="-", namespace=namespace or None, tag=tag).name
+
+
+def instance_image(task: Task, namespace: str | None, tag: str) -> str:
+    """The image to run the task in: its own `image` unless that is an official instance image name,
+    which follows `namespace` and `tag` (a registry mirror, a locally built tag)."""
+    if task.image and not _OFFICIAL_NAME.fullmatch(task.image):
+        return task.image
+    return instance_image_name(task.instance_id, namespace=namespace, tag=tag)
+
+
+def ensure_image(name: str) -> str:
+    """`name` if it is here, else pulled when a registry answers; else a one-line error saying what to do."""
+    import docker.errors
+
+    from m3_agent.sandbox.engine import docker_client, image_exists
+
+    client = docker_client()
+    try:
+        if image_exists(client, name):
+            return name
+        try:
+            client.images.pull(name)
+            return name
+        except (docker.errors.DockerException, OSError):
+            pass
+    finally:
+        client.close()
+    raise SandboxUnavailable(f"instance image {name} is not here and could not be pulled: `docker pull {name}` "
+                             "where a registry answers, or build it offline (docs/evals.md, 'offline images')")
+
+
+def sandbox_for(base: SandboxConfig, image: str) -> SandboxConfig:
+    """The hardened sandbox config, on the instance image, its /testbed the workspace, `testbed` active."""
+    env = {"PATH": PYTHON_PATH, "CONDA_DEFAULT_ENV": "testbed", "CONDA_PREFIX": ENV_BIN.rsplit("/", 1)[0],
+           **base.env}
+    return base.model_copy(update={"image": image, "mount": "image", "workdir": TESTBED, "env": env})
+
+
+# --- the eval script ---------------------------------------------------------------------------------
+
+def test_directives(task: Task) -> list[str]:
+    """The test files the test patch touches (what the harness runs for most repositories)."""
+    return [path for path, _ in patch_files(task.test_patch) if not path.endswith(NON_TEST_SUFFIXES)]
+
+
+def compose_eval_script(task: Task) -> str:
+    """An eval script in the harness's shape, from the task's per-repo facts (test_cmd, log_parser).
+
+    Between the harness's output markers runs `test_cmd` ({test_files} filled in, else the test
+    files appended); around it, the test patch is applied and the test files are reset, as in the
+    official scripts.
+    """
+    grading, *_ = swebench()
+    if not task.test_cmd:
+        raise UsageError(f"{task.instance_id}: names log_parser {task.log_parser!r} but has no test_cmd or eval_script")
+    files = [p for p, existed in patch_files(task.test_patch) if existed]
+    files_q = " ".join(shlex.quote(f) for f in test_directives(task))
+    cmd = task.test_cmd.replace("{test_files}", files_q) if "{test_files}" in task.test_cmd else f"{task.test_cmd} {files_q}"
+    reset = f"git checkout {task.base_commit} {' '.join(shlex.quote(f) for f in files)}" if files else ":"
+    lines = ["source /opt/miniconda3/bin/activate", "conda activate testbed", f"cd {TESTBED}",
+             f"git config --global --add safe.directory {TESTBED}", *task.env_setup, reset]
+    if task.test_patch.strip():
+        lines += [f"git apply -v - <<'{HEREDOC}'", task.test_patch.rstrip("\n"), HEREDOC]
+    lines += [f": '{grading.START_TEST_OUTPUT}'", cmd.rstrip(), f": '{grading.END_TEST_OUTPUT}'", reset]
+    return "\n".join(["#!/bin/bash", "set -uxo pipefail", *lines]) + "\n"
+
+
+def test_spec(task: Task, image: str):
+    """The harness's TestSpec for the task (its eval script records the tests' exit code)."""
+    _, log_parsers, utils, _ = swebench()
+    parser = task.log_parser or ""
+    if parser not in log_parsers.PARSER_REGISTRY:
+        raise UsageError(f"{task.instance_id}: unknown log_parser {parser!r}; the harness has "
+                         f"{', '.join(sorted(log_parsers.PARSER_REGISTRY))}")
+    return utils.make_test_spec({
+        "instance_id": task.instance_id, "image": image, "repo": task.repo, "version": task.version,
+        "eval_script": task.eval_script or compose_eval_script(task), "log_parser": parser,
+        "eval_type": task.eval_type or "pass_and_fail",
+        "FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS,
+    })
+
+
+# --- grading -----------------------------------------------------------------------------------------
+
+def harness_report(task: Task, spec, model_patch: str | None, log: str) -> tuple[dict, dict[str, str]]:
+    """The harness's report.json entry for the log, and the status map its parser read."""
+    grading, *_ = swebench()
+    with tempfile.TemporaryDirectory(prefix="m3-harness-") as tmp:
+        path = Path(tmp) / "test_output.txt"
+        path.write_text(log)
+        entry = grading.get_eval_report(spec, {"instance_id": task.instance_id, "model_patch": model_patch,
+                                               "model_name_or_path": "m3-agent"}, str(path), True)
+        statuses, _ = grading.get_logs_eval(spec, str(path))
+    return entry[task.instance_id], statuses
+
+
+def grade_with_harness(task: Task, model_patch: str | None, *, image: str, sandbox: SandboxConfig,
+                       test_timeout: float = 1800.0) -> InstanceReport:
+    """Grade one prediction in the instance image: apply the patch, run the harness's eval script,
+    and let its parser and report function decide. An unappliable patch is an error, as in evals.grading."""
+    report = InstanceReport(patch_is_None=model_patch is None, patch_exists=bool(model_patch and model_patch.strip()))
+    clock = time.monotonic()
+    try:
+        spec = test_spec(task, image)
+        with Sandbox(sandbox_for(sandbox, ensure_image(image))) as sb:
+            report.timings["sandbox_s"] = round(time.monotonic() - clock, 3)
+            log = _run_eval_script(sb, spec, model_patch or "", report, test_timeout)
+        if log is not None:
+            entry, statuses = harness_report(task, spec, model_patch, log)
+            report.patch_successfully_applied = report.patch_successfully_applied and entry["patch_successfully_applied"]
+            report.resolved = bool(entry["resolved"]) and report.patch_exists
+            report.tests_status = TestsStatus(**{k: Outcome(**v) for k, v in entry.get("tests_status", {}).items()})
+            report.test_statuses = statuses
+    except _StepFailed as e:
+        report.error = str(e)
+    except M3AgentError as e:
+        report.error = f"{type(e).__name__}: {e}"
+    report.timings["total_s"] = round(time.monotonic() - clock, 3)
+    return report
+
+
+def _run_eval_script(sb: Sandbox, spec, model_patch: str, report: InstanceReport, timeout: float) -> str | None:
+    """Apply the patch, run the eval script (stderr into stdout, as the harness reads one stream)."""
+    grading, *_ = swebench()
+    sb.exec(f"mkdir -p {EVAL_DIR}", timeout=60)
+    report.patch_successfully_applied = True
+    if report.patch_exists:
+        report.apply_method, report.apply_output = apply_model_patch(sb, model_patch)
+        if report.apply_method is None:
+            report.patch_successfully_applied = False
+            report.error = "patch does not apply"
+            return None
+    sb.write_file(EVAL_SCRIPT, spec.eval_script)
+    clock = time.monotonic()
+    r = sb.exec(f"bash {EVAL_SCRIPT} 2>&1", timeout=timeout)
+    report.timings["tests_s"] = round(time.monotonic() - clock, 3)
+    report.test_exit_code, report.tests_timed_out = r.exit_code, r.timed_out
+    log = r.stdout + (f"\n{grading.TESTS_TIMEOUT} after {timeout:g}s\n" if r.timed_out else "")
+    report.test_output = log[-20_000:]
+    return log

@@ -1,0 +1,220 @@
+"""Offline SWE-bench-layout instance images, for machines that cannot pull the official ones.
+
+    image = build_testbed_image(task, namespace="m3-agent-offline")   # tagged as the harness names it
+
+What such an image holds, as the official ones do:
+  - `/testbed`: the repository at `task.base_commit`. Here that tree is a release sdist from the
+    package index (release sdists carry the tests), plus any files the recipe restores from the
+    upstream tag (e.g. sympy's `bin/test`), committed with a fixed identity and date, so the commit
+    id is reproducible and must equal the task's `base_commit`;
+  - a `testbed` environment with the repository's dependencies, installed at build time from wheels
+    downloaded on the host (the build itself has no network), and the repository on its path;
+  - `/opt/miniconda3/bin/activate`: a small shim, not conda, so the official eval script's
+    `source /opt/miniconda3/bin/activate && conda activate testbed` works unchanged.
+
+The image is built FROM the offline sandbox base (debootstrap, see sandbox/image.py) and tagged
+with the name the official harness gives the instance's image; a label carries the hash of its
+recipe, so an unchanged recipe is never rebuilt and a changed one is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from m3_agent import hostgit
+from m3_agent.errors import SandboxUnavailable, UsageError
+from m3_agent.evals.tasks import Task, cache_dir
+from m3_agent.sandbox.engine import docker_client, image_exists
+from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, build_image
+
+ENV_PREFIX = "/opt/miniconda3/envs/testbed"
+NAMESPACE = "m3-agent-offline"  # offline images are named as the harness names them, in a namespace of their own
+PYTHON_VERSION = "3.11"  # the offline base's python3 (Debian bookworm); wheels are chosen for it
+
+ACTIVATE_SHIM = """\
+# m3-agent offline testbed: a shim for conda's activate script (there is no conda in this image).
+# `conda activate NAME` puts /opt/miniconda3/envs/NAME first on PATH, as conda would.
+conda() {
+  if [ "${1:-}" = activate ]; then
+    _m3_env="/opt/miniconda3/envs/${2:-base}"
+    if [ ! -d "$_m3_env" ]; then echo "conda shim: no environment $_m3_env" >&2; return 1; fi
+    export PATH="$_m3_env/bin:$PATH" CONDA_PREFIX="$_m3_env" CONDA_DEFAULT_ENV="${2:-base}" VIRTUAL_ENV="$_m3_env"
+    return 0
+  fi
+  echo "conda shim: only 'conda activate NAME' is supported" >&2
+  return 1
+}
+"""
+
+DOCKERFILE = f"""\
+FROM {{base}}
+USER root
+COPY testbed /testbed
+COPY site /tmp/m3-site
+COPY activate /opt/miniconda3/bin/activate
+RUN set -e; python3 -m venv --without-pip {ENV_PREFIX}; \\
+    sp=$({ENV_PREFIX}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \\
+    cp -a /tmp/m3-site/. "$sp/"; rm -rf /tmp/m3-site; echo {{path_entry}} > "$sp/testbed.pth"; \\
+    ln -sf python3 {ENV_PREFIX}/bin/python; \\
+    PATH={ENV_PREFIX}/bin:$PATH python -c 'import sys; print(sys.prefix)'
+WORKDIR /testbed
+"""
+
+
+class TestbedRecipe(BaseModel):
+    """How to make an instance's /testbed and environment offline (task extension `testbed`)."""
+
+    __test__ = False  # not a pytest test class despite the name
+    model_config = ConfigDict(extra="forbid")
+
+    sdist: str = Field(description="pip requirement of the release whose sdist becomes /testbed, e.g. sympy==1.12")
+    upstream: str = Field(description="the upstream tag and commit the sdist was cut from (provenance)")
+    restore_files: dict[str, str] = Field(default_factory=dict,
+                                          description="files the sdist lacks, restored from the upstream tag")
+    packages: list[str] = Field(default_factory=list,
+                                description="pinned wheels (name==version) installed without their dependencies")
+    path_entry: str = Field("/testbed", description="the directory put on the environment's sys.path")
+
+
+def recipe_of(task: Task) -> TestbedRecipe:
+    """The task's offline recipe; a one-line error when it has none."""
+    raw = (task.model_extra or {}).get("testbed")
+    if raw is None:
+        raise UsageError(f"{task.instance_id}: no `testbed` recipe: an offline image cannot be built for it")
+    return TestbedRecipe.model_validate(raw)
+
+
+def recipe_hash(task: Task, recipe: TestbedRecipe) -> str:
+    """The cache key of the image: what goes into it and the Dockerfile that puts it there."""
+    text = json.dumps([recipe.model_dump(), task.base_commit, DOCKERFILE, ACTIVATE_SHIM, PYTHON_VERSION],
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_testbed_image(task: Task, *, namespace: str | None = NAMESPACE, tag: str = "latest",
+                        progress=None) -> str:
+    """Build (or reuse) the offline instance image of `task`; returns its name (the harness's naming)."""
+    from m3_agent.evals.harness import instance_image_name
+
+    recipe = recipe_of(task)
+    name = instance_image_name(task.instance_id, namespace=namespace, tag=tag)
+    digest = recipe_hash(task, recipe)
+    client = docker_client()
+    try:
+        if image_exists(client, name):
+            labels = client.images.get(name).labels or {}
+            if labels.get(RECIPE_LABEL) == digest:
+                return name
+            if labels.get(IMAGE_LABEL) != "testbed":
+                raise SandboxUnavailable(f"{name} exists and was not built by m3-agent (a pulled official image?): "
+                                         "use it as it is, or remove it to build the offline one")
+        build_image()  # the sandbox image, and with it the offline base
+        with tempfile.TemporaryDirectory(prefix="m3-testbed-") as tmp:
+            context = Path(tmp)
+            _prepare_context(task, recipe, context)
+            dockerfile = DOCKERFILE.replace("{base}", BASE_IMAGE).replace("{path_entry}", recipe.path_entry)
+            (context / "Dockerfile").write_text(dockerfile)
+            _docker_build(client, context, name, {IMAGE_LABEL: "testbed", RECIPE_LABEL: digest}, progress)
+        return name
+    finally:
+        client.close()
+
+
+def _prepare_context(task: Task, recipe: TestbedRecipe, context: Path) -> None:
+    """testbed/ (the sdist committed at the task's base commit), site/ (the wheels), activate."""
+    commit = make_testbed_tree(task.instance_id, recipe, context / "testbed")
+    if commit != task.base_commit:
+        raise UsageError(f"{task.instance_id}: the sdist of {recipe.sdist} commits as {commit}, not the task's "
+                         f"base_commit {task.base_commit}: the recipe or the release changed")
+    _install_wheels(recipe.packages, context / "site")
+    (context / "activate").write_text(ACTIVATE_SHIM)
+
+
+def make_testbed_tree(instance_id: str, recipe: TestbedRecipe, dest: Path) -> str:
+    """The sdist unpacked into `dest` plus the restored files, committed reproducibly; returns the commit id."""
+    _unpack_sdist(_download_sdist(recipe.sdist), dest)
+    for rel, text in recipe.restore_files.items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if text.startswith("#!"):
+            path.chmod(0o755)
+    return hostgit.commit_all(dest, f"{instance_id}: {recipe.sdist} ({recipe.upstream})")
+
+
+def _pip(*args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pip", *args, "-q", "--disable-pip-version-check"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+        raise SandboxUnavailable(f"pip {args[0]} failed for the offline testbed: {tail[0][:300]}")
+
+
+def _download_sdist(requirement: str) -> Path:
+    """The release sdist from the package index, kept in the cache (a pinned release never changes)."""
+    where = cache_dir() / "testbed" / "sdists" / requirement.replace("=", "_")
+    found = sorted(where.glob("*.tar.gz")) if where.is_dir() else []
+    if not found:
+        _pip("download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", "-d", str(where), requirement)
+        found = sorted(where.glob("*.tar.gz"))
+    if not found:
+        raise SandboxUnavailable(f"pip download of {requirement} gave no .tar.gz sdist")
+    return found[0]
+
+
+def _unpack_sdist(archive: Path, dest: Path) -> None:
+    """The sdist's files under `dest`, without its top-level directory."""
+    dest.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            parts = Path(member.name).parts[1:]
+            if not parts or not (member.isfile() or member.isdir()):
+                continue
+            member.name = str(Path(*parts))
+            tar.extract(member, dest, filter="data")
+
+
+def _install_wheels(packages: list[str], site: Path) -> None:
+    """The pinned wheels for the image's Python, unpacked into `site` on the host (no network in the build)."""
+    site.mkdir()
+    if not packages:
+        return
+    wheels = cache_dir() / "testbed" / "wheels"
+    _pip("download", "--no-deps", "--only-binary", ":all:", "--python-version", PYTHON_VERSION,
+         "--implementation", "cp", "--platform", "manylinux2014_x86_64", "--platform", "any",
+         "-d", str(wheels), *packages)
+    _pip("install", "--no-deps", "--no-index", "--find-links", str(wheels), "--no-compile", "--target", str(site),
+         "--python-version", PYTHON_VERSION, "--implementation", "cp", "--platform", "manylinux2014_x86_64",
+         "--only-binary", ":all:", *packages)
+
+
+def _docker_build(client, context: Path, name: str, labels: dict[str, str], progress) -> None:
+    """`docker build` of a directory context, with no network (none is needed: everything is in it)."""
+    import docker.errors
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(context, arcname=".")
+    buf.seek(0)
+    try:
+        for chunk in client.api.build(fileobj=buf, custom_context=True, tag=name, labels=labels, rm=True,
+                                      forcerm=True, decode=True, network_mode="none"):
+            if "error" in chunk:
+                raise SandboxUnavailable(f"docker build of {name} failed: {str(chunk['error']).strip()[:400]}")
+            line = str(chunk.get("stream", "")).strip()
+            if line and progress is not None:
+                progress(f"build: {line}")
+    except docker.errors.APIError as e:
+        raise SandboxUnavailable(f"docker build of {name} failed: {e.explanation or e}") from None
+    if not image_exists(client, name):
+        raise SandboxUnavailable(f"docker build did not produce {name}")
+
