@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from m3_agent.errors import SandboxUnavailable, UsageError
+from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
 from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
@@ -23,6 +24,8 @@ from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig
 app = typer.Typer(no_args_is_help=True)
 
 DEFAULT_ROOT = Path(".m3-agent") / "evals"
+TASKS_HELP = ("Tasks: `builtin`, a .json / .jsonl / .parquet of SWE-bench instances, a dataset folder, or a hub "
+              "dataset id (princeton-nlp/SWE-bench_Verified, SWE-bench/SWE-bench_Lite, ...).")
 
 
 class RunProgress:
@@ -104,7 +107,8 @@ def execute(tasks: list[Task], predictions, config: EvalConfig, *, workers: int,
     `all_tasks` (default: `tasks`) is what the report counts, so tasks left out show as incomplete.
     """
     console = Console(stderr=json_out)
-    _require_image(config.sandbox.image)
+    if not all(uses_harness(t) for t in tasks):  # harness tasks run in their instance images instead
+        _require_image(config.sandbox.image)
     config.output_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with RunProgress(len(tasks), console, enabled=not quiet) as progress:
@@ -132,7 +136,10 @@ def _sandbox(image: Optional[str]) -> SandboxConfig:
 
 @app.command("grade")
 def grade_command(
-    tasks: str = typer.Option(..., "--tasks", "-t", help="Tasks: a .json / .jsonl of SWE-bench instances, or `builtin`."),
+    tasks: str = typer.Option(..., "--tasks", "-t", help=TASKS_HELP),
+    split: str = typer.Option("test", "--split", help="Dataset split (hub datasets and dataset folders)."),
+    image_namespace: str = typer.Option("swebench", help="Namespace of SWE-bench instance images ('' for none)."),
+    image_tag: str = typer.Option("latest", help="Tag of SWE-bench instance images."),
     predictions: str = typer.Option(..., "--predictions", "-p", help="A predictions file, `gold` or `empty`."),
     repos: Optional[Path] = typer.Option(None, "--repos", help="Folder of clones or mirrors named <owner>__<name>."),
     workers: int = typer.Option(1, "--workers", "-w", help="Instances graded at once."),
@@ -146,7 +153,7 @@ def grade_command(
     json_out: bool = typer.Option(False, "--json", help="End with the summary as one JSON object on stdout."),
 ) -> None:
     """Grade existing predictions: resolved = every FAIL_TO_PASS and PASS_TO_PASS test passes."""
-    task_list = load_tasks(tasks, instance_ids=_ids(instance_ids))
+    task_list = load_tasks(tasks, instance_ids=_ids(instance_ids), split=split)
     preds = load_predictions(predictions, task_list)
     # As SWE-bench does: only instances with a prediction are graded; the others count as incomplete.
     predicted = [t for t in task_list if t.instance_id in preds]
@@ -156,14 +163,18 @@ def grade_command(
     if strays and not quiet:
         Console(stderr=True).print(f"m3-agent: {strays} prediction(s) name no task here and are ignored")
     config = EvalConfig(output_dir=output or _default_output("grade", tasks, predictions), repos=repos,
-                        sandbox=_sandbox(image), test_timeout=test_timeout, instance_timeout=instance_timeout)
+                        sandbox=_sandbox(image), test_timeout=test_timeout, instance_timeout=instance_timeout,
+                        image_namespace=image_namespace or None, image_tag=image_tag)
     execute(predicted, preds, config, workers=workers, retry_errors=retry_errors, cost=CostModel(), quiet=quiet,
             json_out=json_out, all_tasks=task_list)
 
 
 @app.command("run")
 def run_command(
-    tasks: str = typer.Option(..., "--tasks", "-t", help="Tasks: a .json / .jsonl of SWE-bench instances, or `builtin`."),
+    tasks: str = typer.Option(..., "--tasks", "-t", help=TASKS_HELP),
+    split: str = typer.Option("test", "--split", help="Dataset split (hub datasets and dataset folders)."),
+    image_namespace: str = typer.Option("swebench", help="Namespace of SWE-bench instance images ('' for none)."),
+    image_tag: str = typer.Option("latest", help="Tag of SWE-bench instance images."),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint of the M3 server (…/v1)."),
     serve: Optional[str] = typer.Option(None, "--serve", help="Launch or reuse an M3 endpoint from this serving profile."),
     model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
@@ -197,10 +208,10 @@ def run_command(
                                 notice=None if quiet else lambda msg: typer.echo(msg, err=True))
     check_endpoint(endpoint)  # exit 3 now, not one retried error per instance
     agent = settings.agent_config(base_url=endpoint)
-    task_list = load_tasks(tasks, instance_ids=_ids(instance_ids))
+    task_list = load_tasks(tasks, instance_ids=_ids(instance_ids), split=split)
     config = EvalConfig(output_dir=output or _default_output("run", tasks), repos=repos, sandbox=agent.sandbox,
                         test_timeout=test_timeout, instance_timeout=instance_timeout, model_name=model_name,
-                        agent=agent)
+                        agent=agent, image_namespace=image_namespace or None, image_tag=image_tag)
     execute(task_list, None, config, workers=workers, retry_errors=retry_errors, quiet=quiet, json_out=json_out,
             cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour))
 

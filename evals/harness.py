@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.grading import EVAL_DIR, InstanceReport, Outcome, TestsStatus, _StepFailed, apply_model_patch, patch_files
-from m3_agent.evals.tasks import Task
+from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox import Sandbox, SandboxConfig
 
 TESTBED = "/testbed"
@@ -92,6 +94,80 @@ def sandbox_for(base: SandboxConfig, image: str) -> SandboxConfig:
     return base.model_copy(update={"image": image, "mount": "image", "workdir": TESTBED, "env": env})
 
 
+def export_testbed(image: str, dest: Path) -> Path:
+    """The image's /testbed copied to `dest` on the host (what the agent packs into its context)."""
+    import docker.errors
+
+    from m3_agent.sandbox.engine import docker_client
+
+    client = docker_client()
+    container = None
+    try:
+        container = client.containers.create(image, command=["true"], network_disabled=True,
+                                             labels={"m3-agent.export": "1"})
+        stream, _ = container.get_archive(TESTBED)
+        with tempfile.TemporaryFile() as buf:
+            for chunk in stream:
+                buf.write(chunk)
+            buf.seek(0)
+            dest.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(fileobj=buf) as tar:
+                for member in tar.getmembers():
+                    parts = Path(member.name).parts[1:]  # drop the leading "testbed/"
+                    if parts:
+                        member.name = str(Path(*parts))
+                        tar.extract(member, dest, filter="data")
+    except docker.errors.DockerException as e:
+        raise SandboxUnavailable(f"cannot copy {TESTBED} out of {image}: {e}") from None
+    finally:
+        if container is not None:
+            container.remove(force=True)
+        client.close()
+    return dest
+
+
+def testbed_tree(image: str) -> Path:
+    """The image's /testbed on the host, exported once per image id into the cache (copied into each
+    sandbox, as a checkout is; and what the agent packs into its context)."""
+    import docker.errors
+
+    from m3_agent.sandbox.engine import docker_client
+
+    client = docker_client()
+    try:
+        image_id = client.images.get(image).id.split(":")[-1][:16]
+    except docker.errors.DockerException as e:
+        raise SandboxUnavailable(f"cannot inspect {image}: {e}") from None
+    finally:
+        client.close()
+    dest = cache_dir() / "testbeds" / image_id
+    if (dest / ".git").exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=image_id + ".", dir=dest.parent))
+    export_testbed(image, tmp / "testbed")
+    try:
+        (tmp / "testbed").rename(dest)  # atomic: a concurrent exporter either wins or finds the finished copy
+    except OSError:
+        pass
+    shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def evaluate_with_harness(task: Task, patch: str | None, config, run_agent):
+    """One instance of a harness task (evals.runner calls this): the agent in the instance image when
+    `config.agent` is set, then grading there; returns (patch, agent stats or None, report)."""
+    image = ensure_image(instance_image(task, config.image_namespace, config.image_tag))
+    tree = testbed_tree(image)
+    stats = None
+    if config.agent is not None:
+        agent = config.agent.model_copy(update={"sandbox": sandbox_for(config.agent.sandbox, image)})
+        patch, stats = run_agent(task, tree, config.model_copy(update={"agent": agent}))
+    report = grade_with_harness(task, patch, image=image, sandbox=config.sandbox, test_timeout=config.test_timeout,
+                                tree=tree)
+    return patch, stats, report
+
+
 # --- the eval script ---------------------------------------------------------------------------------
 
 def test_directives(task: Task) -> list[str]:
@@ -151,14 +227,15 @@ def harness_report(task: Task, spec, model_patch: str | None, log: str) -> tuple
 
 
 def grade_with_harness(task: Task, model_patch: str | None, *, image: str, sandbox: SandboxConfig,
-                       test_timeout: float = 1800.0) -> InstanceReport:
+                       test_timeout: float = 1800.0, tree: Path | None = None) -> InstanceReport:
     """Grade one prediction in the instance image: apply the patch, run the harness's eval script,
     and let its parser and report function decide. An unappliable patch is an error, as in evals.grading."""
     report = InstanceReport(patch_is_None=model_patch is None, patch_exists=bool(model_patch and model_patch.strip()))
     clock = time.monotonic()
     try:
         spec = test_spec(task, image)
-        with Sandbox(sandbox_for(sandbox, ensure_image(image))) as sb:
+        image = ensure_image(image)
+        with Sandbox(sandbox_for(sandbox, image), repo=tree or testbed_tree(image)) as sb:
             report.timings["sandbox_s"] = round(time.monotonic() - clock, 3)
             log = _run_eval_script(sb, spec, model_patch or "", report, test_timeout)
         if log is not None:

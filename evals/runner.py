@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from m3_agent.agent.config import AgentConfig
 from m3_agent.errors import Interrupted, M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.grading import InstanceReport, grade
+from m3_agent.evals.harness import evaluate_with_harness, uses_harness
 from m3_agent.evals.predictions import Prediction, append_prediction
 from m3_agent.evals.records import append_record, read_jsonl_tolerant
 from m3_agent.evals.tasks import Task, checkout, source_repository
@@ -54,6 +55,8 @@ class EvalConfig(BaseModel):
     instance_timeout: float = Field(3600.0, gt=0, description="seconds for one whole instance (agent + grading)")
     model_name: str = "m3-agent"
     agent: AgentConfig | None = Field(None, description="the agent's config: set for `eval run`, None to grade")
+    image_namespace: str | None = Field("swebench", description="registry namespace of SWE-bench instance images")
+    image_tag: str = Field("latest", description="tag of SWE-bench instance images")
 
 
 class AgentStats(BaseModel):
@@ -115,6 +118,9 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
     stats: AgentStats | None = None
     with tempfile.TemporaryDirectory(prefix="m3-eval-") as tmp:
         try:
+            if uses_harness(task):  # the instance image holds the repository: nothing to check out
+                patch, stats, report = evaluate_with_harness(task, patch, config, _agent_patch)
+                return _result(task, name, patch, report, stats, None, start)
             tree = checkout(task, Path(tmp) / "repo", repos=config.repos)
             config = _with_environment(task, config)
             if config.agent is not None:
@@ -123,6 +129,11 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
             error = None
         except (UsageError, SandboxUnavailable) as e:
             report, error = InstanceReport(patch_is_None=patch is None, patch_exists=bool(patch)), str(e)
+    return _result(task, name, patch, report, stats, error, start)
+
+
+def _result(task: Task, name: str, patch: str | None, report: InstanceReport, stats: AgentStats | None,
+            error: str | None, start: float) -> InstanceResult:
     return InstanceResult(instance_id=task.instance_id, model_name_or_path=name, model_patch=patch, report=report,
                           agent=stats, error=error, wall_s=round(time.monotonic() - start, 3),
                           finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from m3_agent import hostgit
 from m3_agent.errors import UsageError
-from m3_agent.evals.records import read_records, validate_record
+from m3_agent.evals.records import validate_record
 
 SUITE_DIR = Path(__file__).parent / "suite"
 BUILTIN = "builtin"
@@ -86,12 +86,15 @@ def test_ids(value: Any) -> Any:
     return value
 
 
-def load_tasks(spec: str | Path, *, instance_ids: list[str] | None = None) -> list[Task]:
-    """Tasks from `builtin` (the shipped suite) or a .json / .jsonl file; optionally only some ids."""
+def load_tasks(spec: str | Path, *, instance_ids: list[str] | None = None, split: str = "test") -> list[Task]:
+    """Tasks from `builtin` (the shipped suite), a .json / .jsonl / .parquet file, a dataset folder or a
+    hub dataset id (see evals.datasets); optionally only some ids."""
     if str(spec) == BUILTIN:
         tasks = builtin_tasks()
     else:
-        rows = read_records(Path(spec), "tasks")
+        from m3_agent.evals.datasets import dataset_rows
+
+        rows = dataset_rows(str(spec), split)
         tasks = [validate_record(Task, row, f"{spec}: instance {i + 1}") for i, row in enumerate(rows)]
     seen: set[str] = set()
     for t in tasks:

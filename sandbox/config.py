@@ -22,9 +22,9 @@ class SandboxConfig(BaseModel):
     mount: Literal["copy", "bind", "image"] = Field(
         "copy", description="copy: the repo is copied into an in-memory /workspace; bind: the host directory "
         "itself is mounted read-write (for very large repos; commands then change the host files; set user= to "
-        "the owner of the directory so git can write); image: the repository is the image's own `workdir` "
-        "(SWE-bench instance images: /testbed), given to the command user at start, /workspace pointing at it; "
-        "the root filesystem is then writable (the container's own layer, removed with it)")
+        "the owner of the directory so git can write); image: as copy, but into the image's own `workdir` "
+        "(SWE-bench instance images: /testbed, where their environment expects the repository), /workspace "
+        "a link to it; the root filesystem is then writable (the container's own layer, removed with it)")
     workdir: str = Field("/testbed", description="the image's repository directory, for mount='image'")
     network: str = Field("none", description="Docker network mode; 'none' unless a task really needs one")
     user: str = Field("1000:1000", description="uid:gid every command runs as (never 0); the sandbox's own "

@@ -36,11 +36,11 @@ SERVER_SOURCE = Path(server.__file__).read_text()
 SERVER_COMMAND = ["bash", "-c", 'if [ -n "${M3_AGENT_SETUP:-}" ]; then eval "$M3_AGENT_SETUP" || exit 125; fi; '
                   'for p in $M3_AGENT_PY; do if command -v "$p" >/dev/null; then '
                   'exec -a m3-agent-server "$p" -I -S -c "$M3_AGENT_BOOT"; fi; done; '
-                  'echo "m3-agent: no python3 in the image (looked for $M3_AGENT_PY)" >&2; exit 127']
-# mount="image": the image's own workdir (SWE-bench's /testbed) is handed to the command user and
-# /workspace points at it, so the tools' paths hold; this needs CAP_CHOWN until the server drops it.
-IMAGE_SETUP = ('chown -R "$M3_AGENT_USER" "$M3_AGENT_WORKDIR" && { [ -L /workspace ] || rmdir /workspace '
-               '2>/dev/null || [ ! -e /workspace ]; } && ln -sfn "$M3_AGENT_WORKDIR" /workspace')
+                  'echo "m3-agent: no server interpreter in the image (looked for $M3_AGENT_PY)" >&2; exit 127']
+# mount="image": the repository is copied into an in-memory `workdir` (SWE-bench's /testbed, where the
+# image's environment expects it) and /workspace points there, so the tools' paths hold.
+IMAGE_SETUP = ('{ [ -L /workspace ] || rmdir /workspace 2>/dev/null || [ ! -e /workspace ]; } '
+               '&& ln -sfn "$M3_AGENT_WORKDIR" /workspace')
 SERVER_ENV = {
     "M3_AGENT_PY": "/usr/bin/python3 /usr/local/bin/python3 /opt/miniconda3/bin/python3 python3",
     "M3_AGENT_BOOT": 'import os; exec(compile(os.environ.pop("M3_AGENT_SERVER"), "m3-agent-server", "exec"))',
@@ -118,8 +118,8 @@ class Sandbox:
         self.repo = Path(repo) if repo is not None else None
         if self.repo is not None and not self.repo.is_dir():
             raise UsageError(f"repository {self.repo} is not a directory: pass an existing folder")
-        if self.config.mount == "bind" and self.repo is None:
-            raise UsageError("mount='bind' needs a repository to mount: pass repo=")
+        if self.config.mount in ("bind", "image") and self.repo is None:
+            raise UsageError(f"mount={self.config.mount!r} needs a repository: pass repo=")
         self.id: str | None = None
         self.base_commit: str | None = None
         self._client: docker.DockerClient | None = None
@@ -144,7 +144,7 @@ class Sandbox:
         cfg = self.config
         if not image_exists(client, cfg.image):
             raise SandboxUnavailable(f"sandbox image {cfg.image} not found: run `m3-agent sandbox build`")
-        tar = _TarStream(self.repo) if self.repo is not None and cfg.mount == "copy" else None
+        tar = _TarStream(self.repo) if self.repo is not None and cfg.mount != "bind" else None
         try:
             self._create_and_attach(client)
             if tar is not None:
@@ -169,7 +169,7 @@ class Sandbox:
                 cfg.image,
                 command=SERVER_COMMAND,
                 user="0:0",  # the server's uid; it runs every command as cfg.user (see server.drop_privileges)
-                working_dir=cfg.workdir if cfg.mount == "image" else WORKSPACE,
+                working_dir=self._workspace(),
                 environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {}), **SERVER_ENV,
                              **self._image_setup_env(), "M3_AGENT_USER": f"{self._uid()}:{self._gid()}"},
                 labels={**cfg.labels, **cleanup.owner_labels()},
@@ -202,8 +202,8 @@ class Sandbox:
             HOME: f"rw,exec,nosuid,nodev,size=256m,uid={self._uid()},gid={self._gid()},mode=0755",
         }
         binds = {}
-        if cfg.mount == "copy":
-            tmpfs[WORKSPACE] = (f"rw,exec,nosuid,nodev,size={cfg.workspace_size},uid={self._uid()},"
+        if cfg.mount != "bind":
+            tmpfs[self._workspace()] = (f"rw,exec,nosuid,nodev,size={cfg.workspace_size},uid={self._uid()},"
                                 f"gid={self._gid()},mode=0755")
         elif cfg.mount == "bind":
             binds[str(self.repo.resolve())] = {"bind": WORKSPACE, "mode": "rw"}
@@ -212,14 +212,14 @@ class Sandbox:
         return dict(
             network_mode=cfg.network,
             cap_drop=["ALL"],
-            cap_add=SERVER_CAPS + (["CHOWN"] if cfg.mount == "image" else []),
+            cap_add=SERVER_CAPS,
             security_opt=["no-new-privileges"],
             log_config={"type": "none"},  # the attach stream carries the server's output: nothing to keep on disk
             pids_limit=cfg.pids_limit,
             mem_limit=cfg.memory,
             memswap_limit=cfg.memory,
             nano_cpus=int(cfg.cpus * 1e9),
-            read_only=cfg.read_only and cfg.mount != "image",  # the image's workdir lives on its root fs
+            read_only=cfg.read_only and cfg.mount != "image",  # the /workspace link is made on the root fs
             tmpfs=tmpfs,
             binds=binds or None,
             init=True,
@@ -227,6 +227,10 @@ class Sandbox:
             ipc_mode="private",
             **({"runtime": cfg.runtime} if cfg.runtime else {}),
         )
+
+    def _workspace(self) -> str:
+        """Where the repository is in the container: the image's workdir for mount='image'."""
+        return self.config.workdir if self.config.mount == "image" else WORKSPACE
 
     def _uid(self) -> str:
         return self.config.user.split(":")[0]
@@ -409,7 +413,7 @@ class Sandbox:
 
     def _copy_in(self, tar: _TarStream) -> None:
         """Stream the tar into /workspace through the exec server (tmpfs is not reachable by `docker cp`)."""
-        header, _ = self._request({"op": "put_tar", "dest": WORKSPACE}, chunks=tar.chunks(),
+        header, _ = self._request({"op": "put_tar", "dest": self._workspace()}, chunks=tar.chunks(),
                                   answer_timeout=self.config.start_timeout)
         if not header.get("ok"):
             raise SandboxUnavailable(f"copying {tar.repo} into the sandbox failed: {header.get('error', '')[-300:]}")
