@@ -10,9 +10,14 @@ the patch, its `git apply` chain, an eval script between its output markers run 
 `exec_run_with_timeout`, its pytest log parser and report functions, then `cleanup_container`.
 Its images hold the repository already; here both sides copy the same checkout in.
 
+Then the offline SWE-bench tasks (real sympy and sphinx fixes, tests/evals/data/swebench) in their
+offline-built instance images: gold and empty graded by our runner through the harness's parsers,
+and by the official harness's own `run_evaluation` on the same images as the peer.
+
 The last line of output is one JSON object: instances, s_per_instance_1w, s_per_instance_2w,
-overhead_s (per instance: sandbox, checkout, apply, teardown; the tests themselves excluded), and
-the peer's figures under `peer`.
+overhead_s (per instance: sandbox, checkout, apply, teardown; the tests themselves excluded), the
+peer's figures under `peer`, and the SWE-bench tasks' under `swebench` (resolved and wall time for
+gold and empty, ours and the peer's).
 """
 
 from __future__ import annotations
@@ -138,9 +143,76 @@ def ours(tasks, preds, workers: int, work: Path) -> dict:
     }
 
 
+SWEBENCH_TASKS = ROOT / "tests" / "evals" / "data" / "swebench" / "tasks.jsonl"
+
+
+def swebench_ours(tasks, work: Path) -> dict:
+    """gold and empty predictions of the offline SWE-bench tasks, graded through the harness by our runner."""
+    from m3_agent.evals.testbed import NAMESPACE
+
+    out = {}
+    for kind in ("gold", "empty"):
+        config = EvalConfig(output_dir=work / f"sb-ours-{kind}", image_namespace=NAMESPACE)
+        start = time.monotonic()
+        results = run_eval(tasks, load_predictions(kind, tasks), config, workers=2)
+        out[kind] = {"resolved": sum(r.report.resolved for r in results), "wall_s": round(time.monotonic() - start, 3),
+                     "errors": [r.instance_id for r in results if r.outcome == "error"]}
+    return out
+
+
+def swebench_peer(tasks, work: Path) -> dict:
+    """The official harness (`python -m swebench.harness.run_evaluation`) on the same images and tasks."""
+    from m3_agent.evals import harness
+    from m3_agent.evals.testbed import NAMESPACE
+
+    dataset = work / "sb-dataset.jsonl"
+    rows = []
+    for t in tasks:  # the dataset in the harness's v5 schema: the image and eval script per instance
+        row = t.model_dump(exclude_none=True)
+        row.pop("testbed", None)
+        row.update(image=harness.instance_image_name(t.instance_id, namespace=NAMESPACE),
+                   eval_script=harness.compose_eval_script(t), eval_type="pass_and_fail")
+        rows.append(json.dumps(row))
+    dataset.write_text("\n".join(rows) + "\n")
+    empty = work / "sb-empty.jsonl"
+    empty.write_text("".join(json.dumps({"instance_id": t.instance_id, "model_name_or_path": "empty",
+                                         "model_patch": ""}) + "\n" for t in tasks))
+    out = {}
+    for kind, preds in (("gold", "gold"), ("empty", str(empty))):
+        start = time.monotonic()
+        proc = subprocess.run([str(peer_python()), "-m", "swebench.harness.run_evaluation", "-d", str(dataset),
+                               "-p", preds, "--max_workers", "2", "-id", f"m3-bench-{kind}"],
+                              cwd=work, capture_output=True, text=True)
+        wall = time.monotonic() - start
+        reports = sorted(work.glob(f"*.m3-bench-{kind}.json"))
+        if proc.returncode != 0 or not reports:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            raise SystemExit("the official harness run failed")
+        report = json.loads(reports[0].read_text())
+        out[kind] = {"resolved": report["resolved_instances"], "wall_s": round(wall, 3),
+                     "errors": report["error_ids"]}
+    return out
+
+
+def swebench_section(work: Path, skip_peer: bool) -> dict:
+    """The offline SWE-bench tasks (sympy, sphinx): ours and the official harness in the same run."""
+    from m3_agent.evals.testbed import NAMESPACE, build_testbed_image
+
+    tasks = load_tasks(SWEBENCH_TASKS)
+    for t in tasks:
+        build_testbed_image(t, namespace=NAMESPACE)
+    section = {"instances": len(tasks), "ours": swebench_ours(tasks, work)}
+    print(f"m3-agent on SWE-bench tasks: {section['ours']}", file=sys.stderr)
+    if not skip_peer:
+        section["peer"] = {"name": f"SWE-bench harness ({PEER_SPEC}) run_evaluation", **swebench_peer(tasks, work)}
+        print(f"peer on SWE-bench tasks: {section['peer']}", file=sys.stderr)
+    return section
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-peer", action="store_true", help="measure m3-agent only")
+    parser.add_argument("--skip-swebench", action="store_true", help="leave out the offline SWE-bench tasks")
     args = parser.parse_args()
     image = build_image(DEFAULT_IMAGE)
     tasks = load_tasks("builtin")
@@ -175,6 +247,7 @@ def main() -> None:
                 "cleanup_s": round(raw["1w"]["cleanup_s"], 3),
             }
             print(f"peer: {peer}", file=sys.stderr)
+        swebench = None if args.skip_swebench else swebench_section(work, args.skip_peer)
     print(json.dumps({
         "instances": n,
         "resolved_1w": one["resolved"], "resolved_2w": two["resolved"],
@@ -183,6 +256,7 @@ def main() -> None:
         "overhead_s": round(one["overhead_s"], 3),
         "tests_s": round(one["tests_s"], 3),
         "peer": peer,
+        "swebench": swebench,
     }))
 
 

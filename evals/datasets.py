@@ -19,6 +19,7 @@ from m3_agent.errors import UsageError
 from m3_agent.evals.records import read_records
 
 LOCAL_SUFFIXES = (".json", ".jsonl")
+GRADABLE = ("eval_script", "log_parser", "test_cmd")  # what a hub instance needs to be graded here
 
 
 def _datasets():
@@ -61,4 +62,8 @@ def dataset_rows(spec: str, split: str = "test") -> list[dict[str, Any]]:
         reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise UsageError(f"cannot load {spec} (split {split!r}): {reason}; where the hub does not answer, "
                          "download the dataset elsewhere and give its folder or a .jsonl / .parquet file") from None
-    return [dict(row) for row in data]
+    rows = [dict(row) for row in data]
+    if is_dataset_name(spec) and rows and not any(r.get(k) for r in rows for k in GRADABLE):
+        raise UsageError(f"{spec} gives no eval_script, log_parser or test_cmd per instance (the schema before "
+                         "swebench 5): use its SWE-bench/... counterpart (e.g. SWE-bench/SWE-bench_Verified), or add them")
+    return rows

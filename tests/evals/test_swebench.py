@@ -226,3 +226,22 @@ def test_eval_run_resolves_the_tasks_with_the_standin_replaying_the_gold_patch(o
         assert preds[t.instance_id]["model_patch"].startswith("diff --git")
         changed = {line[6:] for line in preds[t.instance_id]["model_patch"].splitlines() if line.startswith("+++ b/")}
         assert changed == {line[6:] for line in t.patch.splitlines() if line.startswith("+++ b/")}
+
+
+def test_a_hub_dataset_in_the_schema_before_swebench_5_is_refused_by_name(monkeypatch):
+    """princeton-nlp/* rows carry no eval_script / log_parser: the error names the v5 counterpart."""
+    from types import SimpleNamespace
+
+    from m3_agent.evals import datasets as ds
+
+    old_row = {"instance_id": "django__django-11099", "repo": "django/django", "base_commit": "a" * 40,
+               "version": "3.0", "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]"}
+    loaded = []
+    hub = SimpleNamespace(load_dataset=lambda name, split: loaded.append((name, split)) or [old_row])
+    monkeypatch.setattr(ds, "_datasets", lambda: hub)  # the hub is not reachable here: its answer is given
+    with pytest.raises(UsageError, match="princeton-nlp/SWE-bench_Verified gives no eval_script.*SWE-bench/SWE-bench_Verified"):
+        load_tasks("princeton-nlp/SWE-bench_Verified", split="test")
+    assert loaded == [("princeton-nlp/SWE-bench_Verified", "test")]
+    v5 = dict(old_row, eval_script="#!/bin/bash\n", log_parser="parse_log_django", image="x")
+    hub.load_dataset = lambda name, split: [v5]
+    assert load_tasks("SWE-bench/SWE-bench_Verified")[0].log_parser == "parse_log_django"
