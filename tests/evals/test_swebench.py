@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.errors import UsageError
+from m3_agent.errors import SandboxUnavailable, UsageError
 from m3_agent.evals import harness
 from m3_agent.evals.grading import grade
 from m3_agent.evals.predictions import load_predictions
@@ -130,7 +130,7 @@ def test_a_hub_dataset_that_cannot_be_reached_is_a_one_line_error(tmp_path):
 
 
 def test_a_missing_instance_image_says_what_to_pull(docker_ready):
-    with pytest.raises(Exception, match=r"instance image swebench/sweb\.eval\.x86_64\.nope_1776_nope-1:latest is not "
+    with pytest.raises(SandboxUnavailable, match=r"instance image swebench/sweb\.eval\.x86_64\.nope_1776_nope-1:latest is not "
                                         r"here .*docker pull"):
         harness.ensure_image(harness.instance_image_name("nope__nope-1"))
 
@@ -245,3 +245,28 @@ def test_a_hub_dataset_in_the_schema_before_swebench_5_is_refused_by_name(monkey
     v5 = dict(old_row, eval_script="#!/bin/bash\n", log_parser="parse_log_django", image="x")
     hub.load_dataset = lambda name, split: [v5]
     assert load_tasks("SWE-bench/SWE-bench_Verified")[0].log_parser == "parse_log_django"
+
+
+@pytest.mark.docker
+def test_the_exec_server_finds_a_python_where_the_image_keeps_one(offline):
+    """No /usr/bin/python3 (an image whose only interpreter is conda's): the server starts on that one."""
+    import io
+
+    from m3_agent.sandbox.engine import docker_client
+
+    _, image = offline["sympy__sympy-25431"]
+    tag = "m3-agent-test/conda-python-only:1"
+    dockerfile = (f"FROM {image}\nUSER root\nRUN cp /usr/bin/python3.11 /opt/miniconda3/bin/python3 "
+                  "&& rm /usr/bin/python3\n")
+    client = docker_client()
+    try:
+        for _ in client.api.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, network_mode="none"):
+            pass
+        with Sandbox(harness.sandbox_for(SandboxConfig(), tag), repo=harness.testbed_tree(image)) as sb:
+            r = sb.exec("test -e /usr/bin/python3 || echo gone; command -v python3")
+            # the env's python3 links to the removed one: conda's base interpreter is the one left
+            assert r.stdout.split() == ["gone", "/opt/miniconda3/bin/python3"], r.stdout + r.stderr
+            assert sb.exec("git rev-parse HEAD").stdout.strip() == offline["sympy__sympy-25431"][0].base_commit
+    finally:
+        client.images.remove(tag, force=True)
+        client.close()
