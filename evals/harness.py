@@ -31,8 +31,8 @@ ENV_BIN = "/opt/miniconda3/envs/testbed/bin"
 EVAL_SCRIPT = f"{EVAL_DIR}/eval.sh"
 HEREDOC = "EOF_M3_AGENT_TEST_PATCH"
 NON_TEST_SUFFIXES = (".json", ".png", ".csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
-PYTHON_PATH = f"{ENV_BIN}:/opt/miniconda3/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_OFFICIAL_NAME = re.compile(r"(?:[^/]+/)?sweb\.eval\.[^./]+\.[^/:]+(?::[^/]+)?")
+ENV_PATH = f"{ENV_BIN}:/opt/miniconda3/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_OFFICIAL_NAME = re.compile(r"(?:.+/)?sweb\.eval\.[^./]+\.[^/:]+(?::[^/]+)?")
 
 
 def swebench():
@@ -89,7 +89,7 @@ def ensure_image(name: str) -> str:
 
 def sandbox_for(base: SandboxConfig, image: str) -> SandboxConfig:
     """The hardened sandbox config, on the instance image, its /testbed the workspace, `testbed` active."""
-    env = {"PATH": PYTHON_PATH, "CONDA_DEFAULT_ENV": "testbed", "CONDA_PREFIX": ENV_BIN.rsplit("/", 1)[0],
+    env = {"PATH": ENV_PATH, "CONDA_DEFAULT_ENV": "testbed", "CONDA_PREFIX": ENV_BIN.rsplit("/", 1)[0],
            **base.env}
     return base.model_copy(update={"image": image, "mount": "image", "workdir": TESTBED, "env": env})
 

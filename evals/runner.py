@@ -274,7 +274,9 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
              on_event: Event | None):
     """Yield results as instances finish, each in its own process, at most `workers` at a time."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["m3_agent.evals.runner"])  # children fork from a warm interpreter
+    # Children fork from a warm interpreter; the harness (seconds to import) is preloaded when used.
+    preload = ["m3_agent.evals.runner"] + (["swebench.harness"] if any(map(uses_harness, tasks)) else [])
+    ctx.set_forkserver_preload(preload)
     queue = list(reversed(tasks))
     running: dict[Any, tuple[Any, Any, Task, float]] = {}  # sentinel -> (process, conn, task, started)
     try:

@@ -36,7 +36,7 @@ SERVER_SOURCE = Path(server.__file__).read_text()
 SERVER_COMMAND = ["bash", "-c", 'if [ -n "${M3_AGENT_SETUP:-}" ]; then eval "$M3_AGENT_SETUP" || exit 125; fi; '
                   'for p in $M3_AGENT_PY; do if command -v "$p" >/dev/null; then '
                   'exec -a m3-agent-server "$p" -I -S -c "$M3_AGENT_BOOT"; fi; done; '
-                  'echo "m3-agent: no server interpreter in the image (looked for $M3_AGENT_PY)" >&2; exit 127']
+                  'echo "m3-agent: tried $M3_AGENT_PY: not found" >&2; exit 127']
 # mount="image": the repository is copied into an in-memory `workdir` (SWE-bench's /testbed, where the
 # image's environment expects it) and /workspace points there, so the tools' paths hold.
 IMAGE_SETUP = ('{ [ -L /workspace ] || rmdir /workspace 2>/dev/null || [ ! -e /workspace ]; } '
