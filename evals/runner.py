@@ -159,7 +159,8 @@ def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, Agent
     trajectory = config.output_dir / "trajectories" / f"{task.instance_id}.jsonl"
     trajectory.parent.mkdir(parents=True, exist_ok=True)
     # The checkout has no history: the files are ordered by the source repository's (prefix reuse across tasks).
-    source = str(source_repository(task, config.repos))
+    # A harness task's tree is the image's /testbed, with whatever history the image keeps.
+    source = str(tree) if uses_harness(task) else str(source_repository(task, config.repos))
     agent = config.agent.model_copy(update={"context": config.agent.context.model_copy(update={"history": source})})
     rr = Agent(agent).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
     stats = AgentStats(
