@@ -216,6 +216,22 @@ def run_command(
             cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour))
 
 
+@app.command("images")
+def images_command(
+    tasks: str = typer.Option(..., "--tasks", "-t", help="Tasks with a `testbed` recipe (see docs/evals.md)."),
+    split: str = typer.Option("test", "--split", help="Dataset split (hub datasets and dataset folders)."),
+    image_namespace: str = typer.Option("m3-agent-offline", help="Namespace to name the images in."),
+    instance_ids: Optional[list[str]] = typer.Option(None, "--instance-ids", "-i", help="Only these ids."),
+) -> None:
+    """Build SWE-bench-layout instance images offline (no registry): one name per line on stdout."""
+    from m3_agent.evals.testbed import build_testbed_image
+
+    console = Console(stderr=True)
+    for task in load_tasks(tasks, instance_ids=_ids(instance_ids), split=split):
+        print(build_testbed_image(task, namespace=image_namespace or None,
+                                  progress=lambda line: console.print(escape(line), highlight=False)))
+
+
 @app.command("report")
 def report_command(
     output: Path = typer.Argument(..., help="A results folder written by `eval run` or `eval grade`."),

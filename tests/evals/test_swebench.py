@@ -270,3 +270,12 @@ def test_the_exec_server_finds_a_python_where_the_image_keeps_one(offline):
     finally:
         client.images.remove(tag, force=True)
         client.close()
+
+
+@pytest.mark.docker
+def test_eval_images_builds_or_reuses_the_offline_images_and_names_them(offline, tmp_path):
+    r = m3("eval", "images", "--tasks", str(TASKS), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [offline[t.instance_id][1] for t in load_tasks(TASKS)]
+    r = m3("eval", "images", "--tasks", "builtin", "-i", "m3-agent__roman-1", cwd=tmp_path)
+    assert r.returncode == 2 and "m3-agent__roman-1: no `testbed` recipe" in r.stderr, r.stderr
