@@ -22,16 +22,18 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import platform
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from m3_agent import hostgit
-from m3_agent.errors import SandboxUnavailable, UsageError
+from m3_agent.errors import SandboxUnavailable, UsageError, first_validation_error
+from m3_agent.evals.harness import instance_image_name
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox.engine import docker_client, image_exists
 from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, build_image
@@ -39,6 +41,7 @@ from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, build_
 ENV_PREFIX = "/opt/miniconda3/envs/testbed"
 NAMESPACE = "m3-agent-offline"  # offline images are named as the harness names them, in a namespace of their own
 PYTHON_VERSION = "3.11"  # the offline base's python3 (Debian bookworm); wheels are chosen for it
+WHEEL_PLATFORM = f"manylinux2014_{platform.machine()}"  # the engine runs images of this machine's architecture
 
 ACTIVATE_SHIM = """\
 # m3-agent offline testbed: a shim for conda's activate script (there is no conda in this image).
@@ -90,7 +93,11 @@ def recipe_of(task: Task) -> TestbedRecipe:
     raw = (task.model_extra or {}).get("testbed")
     if raw is None:
         raise UsageError(f"{task.instance_id}: no `testbed` recipe: an offline image cannot be built for it")
-    return TestbedRecipe.model_validate(raw)
+    try:  # datasets on the hub hold nested records as JSON strings
+        return TestbedRecipe.model_validate_json(raw) if isinstance(raw, str) else TestbedRecipe.model_validate(raw)
+    except ValueError as e:
+        where, why = first_validation_error(e) if isinstance(e, ValidationError) else ("", str(e))
+        raise UsageError(f"{task.instance_id}: bad `testbed` recipe{f' ({where})' if where else ''}: {why}") from None
 
 
 def recipe_hash(task: Task, recipe: TestbedRecipe) -> str:
@@ -103,8 +110,6 @@ def recipe_hash(task: Task, recipe: TestbedRecipe) -> str:
 def build_testbed_image(task: Task, *, namespace: str | None = NAMESPACE, tag: str = "latest",
                         progress=None) -> str:
     """Build (or reuse) the offline instance image of `task`; returns its name (the harness's naming)."""
-    from m3_agent.evals.harness import instance_image_name
-
     recipe = recipe_of(task)
     name = instance_image_name(task.instance_id, namespace=namespace, tag=tag)
     digest = recipe_hash(task, recipe)
@@ -190,10 +195,10 @@ def _install_wheels(packages: list[str], site: Path) -> None:
         return
     wheels = cache_dir() / "testbed" / "wheels"
     _pip("download", "--no-deps", "--only-binary", ":all:", "--python-version", PYTHON_VERSION,
-         "--implementation", "cp", "--platform", "manylinux2014_x86_64", "--platform", "any",
+         "--implementation", "cp", "--platform", WHEEL_PLATFORM, "--platform", "any",
          "-d", str(wheels), *packages)
     _pip("install", "--no-deps", "--no-index", "--find-links", str(wheels), "--no-compile", "--target", str(site),
-         "--python-version", PYTHON_VERSION, "--implementation", "cp", "--platform", "manylinux2014_x86_64",
+         "--python-version", PYTHON_VERSION, "--implementation", "cp", "--platform", WHEEL_PLATFORM,
          "--only-binary", ":all:", *packages)
 
 

@@ -20,7 +20,7 @@ from m3_agent.evals.grading import grade
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.runner import EvalConfig, run_eval
 from m3_agent.evals.tasks import Task, load_tasks, patch_standin_script
-from m3_agent.evals.testbed import NAMESPACE, build_testbed_image
+from m3_agent.evals.testbed import NAMESPACE, build_testbed_image, recipe_of
 from m3_agent.sandbox import Sandbox, SandboxConfig
 
 TASKS = Path(__file__).parent / "data" / "swebench" / "tasks.jsonl"
@@ -112,6 +112,10 @@ def test_a_dataset_folder_in_the_hubs_layout_loads_by_split(tmp_path, monkeypatc
     tasks = load_tasks(str(folder), split="test")
     assert [t.instance_id for t in tasks] == [r["instance_id"] for r in rows]
     assert tasks[0].FAIL_TO_PASS == json.loads(rows[0]["FAIL_TO_PASS"])
+    assert recipe_of(tasks[0]).sdist == json.loads(rows[0]["testbed"])["sdist"]  # nested records as JSON strings
+    bad = tasks[0].model_copy(update={"testbed": '{"sdist": "x"}'})
+    with pytest.raises(UsageError, match=r"bad `testbed` recipe \(upstream\): Field required"):
+        recipe_of(bad)
     assert [t.instance_id for t in load_tasks(str(folder), split="dev")] == [rows[0]["instance_id"]]
     assert len(load_tasks(str(folder / "data" / "test-00000-of-00001.parquet"))) == 2
     with pytest.raises(UsageError, match=r"cannot load .*split 'nope'"):
