@@ -2,9 +2,9 @@
 
 One SQLite file under `$M3_AGENT_CACHE_DIR` (else `$XDG_CACHE_HOME/m3-agent`, else
 `~/.cache/m3-agent`): the facts of each content (binary, encoding, shape, defined names), its
-token count per counter, the content relevance scores of an issue over a tree, and each
-repository's file order. The cache is an accelerator only: any failure to read or write it is
-ignored and the packer recomputes.
+token count per counter, its outline (per outline format and Python version), the content
+relevance scores of an issue over a tree, and each repository's file order. The cache is an
+accelerator only: any failure to read or write it is ignored and the packer recomputes.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ CREATE TABLE IF NOT EXISTS scores (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counts (
     counter TEXT, blob TEXT, tokens INTEGER, PRIMARY KEY (counter, blob)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS outlines (
+    version INTEGER, blob TEXT, outline TEXT, PRIMARY KEY (version, blob)
 ) WITHOUT ROWID;
 """
 
@@ -151,6 +154,16 @@ class PackCache:
     def put_counts(self, counter_id: str, counts: dict[str, int]) -> None:
         """Store token counts under one counter."""
         self._write("INSERT OR REPLACE INTO counts VALUES (?,?,?)", [(counter_id, b, n) for b, n in counts.items()])
+
+    def get_outlines(self, version: int, blobs: list[str]) -> dict[str, str]:
+        """Known outlines of these blobs in one outline format version."""
+        rows = self._select_joined("SELECT o.blob, outline FROM outlines o JOIN temp.wanted w ON o.blob = w.blob "
+                                   "WHERE version = ?", blobs, (version,))
+        return {r[0]: r[1] for r in rows}
+
+    def put_outlines(self, version: int, outlines: dict[str, str]) -> None:
+        """Store outlines (the empty ones too: a file with no definitions is not parsed again)."""
+        self._write("INSERT OR REPLACE INTO outlines VALUES (?,?,?)", [(version, b, t) for b, t in outlines.items()])
 
     def _write(self, sql: str, rows: list[tuple]) -> None:
         if self._db is None or not rows:
