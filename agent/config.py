@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from m3_agent.agent.context.outline import DEFAULT_OUTLINE_SHARE
 from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES
 from m3_agent.agent.model import ModelConfig
 from m3_agent.agent.stall import StallConfig
@@ -46,6 +47,8 @@ class ContextConfig(BaseModel):
     shared_share: float = Field(0.0, ge=0.0, lt=1.0, description="share of a budgeted pack filled with the same "
                                 "files for every issue (batch evals of one repository: the server's prefix "
                                 "cache serves it across instances; the rest is ranked by the issue)")
+    outline_share: float = Field(DEFAULT_OUTLINE_SHARE, ge=0, le=0.5,
+                                 description="share of the budget for outlines of the files left out; 0 = none")
 
 
 class LimitsConfig(BaseModel):

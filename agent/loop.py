@@ -305,6 +305,7 @@ class _Run:
             max_file_bytes=self.cfg.context.max_file_bytes,
             history=self.cfg.context.history,
             shared_share=self.cfg.context.shared_share,
+            outline_share=self.cfg.context.outline_share,
         )
         self.result.timings.pack_s += time.monotonic() - t
         return pack

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from m3_agent.agent.context.pack import Pack, pack_repository
+from m3_agent.agent.context.pack import DEFAULT_OUTLINE_SHARE, Pack, pack_repository
 from m3_agent.agent.context.reader import read_bytes
 from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES, apply_path_rules, decode, list_files
 from m3_agent.agent.context.tokens import (EstimateCounter, ServerCounter, TokenCounter, TokenizerJsonCounter,
@@ -91,6 +91,8 @@ def calibrated_estimate(repo: str | Path, exact: TokenCounter, samples: int = 32
 def summary_table(pack: Pack, elapsed: float, output: str) -> str:
     """The summary printed after packing: files packed and skipped by reason, tokens, time."""
     rows = [("packed", f"{pack.packed_count:,} files", f"{pack.packed_tokens():,} tokens")]
+    if pack.outlined:
+        rows.append(("outlined (left out)", f"{len(pack.outlined):,} files", f"{pack.outline_tokens:,} tokens"))
     rows += [(f"skipped: {reason}", f"{n:,} files", "") for reason, n in pack.skipped_by_reason().items()]
     budget = f" of {pack.budget:,} budget" if pack.budget is not None else ""
     rows.append(("pack text", f"{pack.total_files:,} in tree", f"{pack.tokens:,} tokens{budget}"))
@@ -122,6 +124,8 @@ def pack_command(
         None, help=f"Skip files larger than this (default {DEFAULT_MAX_FILE_BYTES:,})."),
     output_reserve: int = typer.Option(32_768, help="Tokens kept for the model's output (default budget)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the token-count cache."),
+    outline_share: float | None = typer.Option(
+        None, help=f"Share of the budget for outlines of the files left out (default {DEFAULT_OUTLINE_SHARE}; 0: none)."),
 ) -> None:
     """Pack a repository into one prompt: header, tree of all files, then files in a stable order.
     Exit codes: 0 done, 2 bad input, 3 endpoint error, 130 interrupted."""
@@ -136,6 +140,8 @@ def pack_command(
     excludes = list(exclude) + (settings.context.exclude if settings else [])
     if max_file_bytes is None:
         max_file_bytes = settings.context.max_file_bytes if settings else DEFAULT_MAX_FILE_BYTES
+    if outline_share is None:
+        outline_share = settings.context.outline_share if settings else DEFAULT_OUTLINE_SHARE
     tok = choose_counter(counter.value, base_url, model, tokenizer, api_key, _warn, repo)
     if budget is None and base_url:
         try:
@@ -146,7 +152,8 @@ def pack_command(
     pack = pack_repository(repo, issue=read_issue(issue), budget=budget, counter=tok, include=tuple(includes),
                            exclude=tuple(excludes), max_file_bytes=max_file_bytes, cache=not no_cache,
                            history=settings.context.history if settings else None,
-                           shared_share=settings.context.shared_share if settings else 0.0)
+                           shared_share=settings.context.shared_share if settings else 0.0,
+                           outline_share=outline_share)
     where = _write(pack, output)
     print(summary_table(pack, time.perf_counter() - started, where), file=sys.stderr)
     if pack.counter_kind == "estimate":

@@ -85,7 +85,8 @@ def header() -> str:
         "fence is longer than any backtick run that opens a line of its file), the files least often changed "
         "first. Then the tree lists every file, and the snapshot says which commit it is. A file marked "
         "(skipped: ...) in the tree, or without a section, was not packed: read it with the file_read tool "
-        "if you need it.\n\n"
+        "if you need it. When a token budget leaves files out, outlines of the most relevant of them (their "
+        "definitions as `line: definition`) follow the snapshot.\n\n"
     )
 
 
@@ -262,9 +263,30 @@ def section(e: Entry) -> str:
     return opening + content.decode("utf-8") + closing
 
 
-def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int = 25) -> str:
+OUTLINES_HEAD = (
+    "## Outlines\n\n"
+    "Files left out to fit the token budget, most relevant first, as their definitions: `line: definition`, "
+    "class members indented under their class. Read what you need with the file_read tool.\n\n"
+)
+
+
+def outline_section(path: str, text: str) -> str:
+    """One file's outline: its heading marked as an outline, its `line: definition` lines fenced."""
+    fence = fence_for(text.encode("utf-8", "surrogateescape"))
+    return f"### {shown(path)}  (outline)\n{fence}\n{text}{fence}\n\n"
+
+
+def outlines(items: list[tuple[str, str]]) -> str:
+    """The outline tier: (path, outline text) pairs in relevance order under their heading; "" for none."""
+    if not items:
+        return ""
+    return OUTLINES_HEAD + "".join(outline_section(path, text) for path, text in items)
+
+
+def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int = 25, outlined: int = 0) -> str:
     """The closing lines: what was packed, and the most relevant files the budget left out."""
-    out = [f"# End of repository snapshot\nPacked {packed} of {total} files.\n"]
+    more = f"; {outlined} more as outlines" if outlined else ""
+    out = [f"# End of repository snapshot\nPacked {packed} of {total} files{more}.\n"]
     if budget_left:
         names = ", ".join(shown(e.path) for e in budget_left[:shown_left])
         more = f" and {len(budget_left) - shown_left} more" if len(budget_left) > shown_left else ""
@@ -272,15 +294,22 @@ def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int
     return "".join(out)
 
 
-def render(head: str, tree_text: str, chosen: list[Entry], foot: str) -> tuple[list[bytes], str]:
+def render(head: str, tree_text: str, chosen: list[Entry], foot: str, outline_text: str = "") -> tuple[list[bytes], str]:
     """The whole pack as a list of UTF-8 byte pieces (file texts are not copied), and the text around
-    the file contents (the estimate counts its shape, and the file texts' from their facts)."""
+    the file contents (the estimate counts its shape, and the file texts' from their facts). The
+    outline tier, when there is one, comes after the tree, before the footer: the part that depends
+    on the issue goes last, so a server's prefix cache shares what comes before it."""
     parts: list[bytes] = [head.encode(), b"## Files\n\n"]
     frame = [head, "## Files\n\n"]
     for e in chosen:
         opening, content, closing = section_parts(e)
         parts += (opening.encode(), content, closing.encode())
         frame += (opening, closing)
-    parts += (tree_text.encode(), foot.encode())
-    frame += (tree_text, foot)
+    parts.append(tree_text.encode())
+    frame.append(tree_text)
+    if outline_text:
+        parts.append(outline_text.encode("utf-8", "surrogateescape"))
+        frame.append(outline_text)
+    parts.append(foot.encode())
+    frame.append(foot)
     return parts, "".join(frame)

@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from m3_agent.agent.context import layout
+from m3_agent.agent.context import layout, outline
 from m3_agent.agent.context.cache import PackCache
+from m3_agent.agent.context.outline import DEFAULT_OUTLINE_SHARE
 from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
 from m3_agent.agent.context.relevance import is_test, rank
 from m3_agent.agent.context.stability import StableOrder
@@ -64,12 +65,14 @@ class Pack:
     def __init__(self, *, files: list[PackedFile] | None = None, skipped: list[SkippedFile] | None = None, tokens: int,
                  counter_kind: str, budget: int | None = None, head: str | None = None, total_files: int = 0,
                  timings: dict[str, float] | None = None, parts: tuple = (), listed=None, counted=None,
-                 packed_count: int | None = None) -> None:
+                 packed_count: int | None = None, outlined: list[str] | None = None, outline_tokens: int = 0) -> None:
         self._files = files
         self._skipped = skipped
         self._listed = listed  # () -> (files, skipped): the lists made on first use
         self._counted = counted  # () -> (packed tokens, {reason: files}): without making the lists
         self.packed_count = len(files) if files is not None else packed_count  # files with their text in the pack
+        self.outlined = outlined or []  # files left out by the budget shown as outlines, most relevant first
+        self.outline_tokens = outline_tokens  # tokens of the outline tier (part of `tokens`)
         self.tokens = tokens  # tokens of `text` per the counter
         self.counter_kind = counter_kind  # "server" | "tokenizer.json" | "estimate"
         self.budget = budget
@@ -159,6 +162,7 @@ def pack_repository(
     cache: PackCache | bool = True,
     history: Path | str | None = None,
     shared_share: float = 0.0,
+    outline_share: float = DEFAULT_OUTLINE_SHARE,
 ) -> Pack:
     """Pack the repository at `repo` into one prompt text.
 
@@ -167,8 +171,9 @@ def pack_repository(
     reasons), the commit packed, and a footer. With `budget`, `pack.tokens <= budget` per `counter` (default: the
     estimate); when the repository does not fit, files are chosen by relevance to `issue`, after
     `shared_share` of the room is filled with the same files whatever the issue (the least changed
-    source files: a batch of issues of one repository then shares that prefix in the server's cache). The
-    issue itself is never part of the text. `cache` (on by default) keeps facts and token counts
+    source files: a batch of issues of one repository then shares that prefix in the server's cache), and
+    up to `outline_share` of the budget shows outlines of the most relevant files left out (their
+    definitions, after the tree). The issue itself is never part of the text. `cache` (on by default) keeps facts and token counts
     by git blob id under the user's cache directory.
     """
     t0 = time.perf_counter()
@@ -178,6 +183,8 @@ def pack_repository(
         raise UsageError(f"max_file_bytes must be positive, got {max_file_bytes}")
     if not 0.0 <= shared_share < 1.0:
         raise UsageError(f"shared_share must be at least 0 and below 1, got {shared_share}")
+    if not 0 <= outline_share <= 0.5:
+        raise UsageError(f"the outline share must be between 0 and 0.5 of the budget, got {outline_share}")
     counter = counter or EstimateCounter()
     root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
     rules = Rules(root, compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"),
@@ -187,13 +194,15 @@ def pack_repository(
     history = os.fspath(history) if history is not None else root if listing.git else None
     if cache is True:
         with PackCache() as store:
-            return _pack(listing, store, rules, issue, budget, counter, timings, t0, history, shared_share)
-    return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0, history, shared_share)
+            return _pack(listing, store, rules, issue, budget, counter, timings, t0, history, shared_share,
+                         outline_share)
+    return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0, history, shared_share,
+                 outline_share)
 
 
 def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | None, budget: int | None,
           counter: TokenCounter, timings: dict[str, float], t0: float, history: str | None,
-          shared_share: float) -> Pack:
+          shared_share: float, outline_share: float) -> Pack:
     """Decide every entry, count, choose (within `budget`, when there is one), render."""
     t = time.perf_counter()
     order = StableOrder(history, store) if history is not None else None
@@ -220,41 +229,64 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
     tree_text = layout.tree(entries) + source_text
     if budget is None:
         t = time.perf_counter()
-        chosen, left_out = packable, []
+        chosen, left_out, outlined = packable, [], []
         parts, tokens = _render(chosen, left_out, entries=entries, head_text=head_text, tree_text=tree_text,
                                 counter=counter)
         timings["render_s"] = time.perf_counter() - t
     else:
-        chosen, left_out, parts, tokens = _render_within(packable, entries, head_text, tree_text, issue, budget,
-                                                         counter, listing, store, new_facts, raw, rules.limit,
-                                                         timings, source_text, shared_share)
+        chosen, left_out, parts, tokens, outlined = _render_within(
+            packable, entries, head_text, tree_text, issue, budget, counter, listing, store, new_facts, raw,
+            rules.limit, timings, source_text, (shared_share, outline_share))
     _remember(store, listing, _facts_by_blob(entries), new_facts, stale)
     timings["total_s"] = time.perf_counter() - t0
-    return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings)
+    return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings, outlined)
 
 
 def _render_within(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
                    budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
                    raw: dict[str, bytes], max_file_bytes: int,
                    timings: dict[str, float], source_text: str,
-                   shared_share: float) -> tuple[list[Entry], list[Entry], list, int]:
-    """The pack of the files that fit `budget`, the most relevant to `issue` first."""
+                   shares: tuple[float, float]) -> tuple[list[Entry], list[Entry], list, int, list[outline.Outlined]]:
+    """The pack of the files that fit `budget`, the most relevant to `issue` first, then the outline
+    tier: outlines of the most relevant files left out. `shares`: of the budget, the shared part's
+    and the outline tier's."""
+    shared_share, outline_share = shares
     tree_text = _tree_for_budget(entries, head_text, tree_text, budget, counter, source_text)
     t = time.perf_counter()
+    room = int(budget * outline_share)
     chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
-                            listing, store, new_facts, raw, max_file_bytes, shared_share)
+                            listing, store, new_facts, raw, max_file_bytes, shared_share, reserve=room)
     timings["fit_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    outlined = _outline_tier(left_out, room, counter, listing, store, raw, max_file_bytes)
+    timings["outline_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
     _prepare(chosen, counter, store, listing, max_file_bytes)
-    render = functools.partial(_render, entries=entries, head_text=head_text, tree_text=tree_text, counter=counter)
+    render = functools.partial(_render, entries=entries, head_text=head_text, tree_text=tree_text, counter=counter,
+                               outlined={id(o.entry): o for o in outlined})
     parts, tokens = render(chosen, left_out)
     place = {id(e): (not e.shared, i) for i, e in enumerate(packable)}  # pack order: the shared part first
     chosen, left_out, parts, tokens = _fit_exactly(
         chosen, left_out, parts, tokens, budget, len(entries), counter, render,
         lambda more: _prepare(more, counter, store, listing, max_file_bytes), lambda e: place[id(e)])
     timings["render_s"] = time.perf_counter() - t
-    return chosen, left_out, parts, tokens
+    left_ids = {id(e) for e in left_out}
+    return chosen, left_out, parts, tokens, [o for o in outlined if id(o.entry) in left_ids]
+
+
+def _outline_tier(left_out: list[Entry], room: int, counter: TokenCounter, listing: Listing,
+                  store: PackCache | None, raw: dict[str, bytes], max_file_bytes: int) -> list[outline.Outlined]:
+    """Outlines of the files left out, most relevant first, planned within `room` tokens."""
+    if not left_out or room <= 0:
+        return []
+    estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
+    exact = None if isinstance(counter, EstimateCounter) else (
+        lambda chosen: counter.count(layout.outlines([(o.entry.path, o.text) for o in chosen])))
+    return outline.plan(left_out, room - estimate.count(layout.OUTLINES_HEAD),
+                        functools.partial(_bytes_of, listing=listing, data=raw, max_file_bytes=max_file_bytes), store,
+                        lambda e, text: estimate.count(layout.outline_section(e.path, text)), exact)
 
 
 def _changed(e: Entry) -> bool:
@@ -288,7 +320,8 @@ def _remember(store: PackCache | None, listing: Listing, facts: dict, new: dict,
 
 
 def _result(entries: list[Entry], chosen: list[Entry], left_out: list[Entry], parts: list, tokens: int,
-            counter: TokenCounter, budget: int | None, listing: Listing, timings: dict[str, float]) -> Pack:
+            counter: TokenCounter, budget: int | None, listing: Listing, timings: dict[str, float],
+            outlined: list[outline.Outlined]) -> Pack:
     """The pack; its lists of packed and skipped files are made when first asked for."""
 
     @functools.cache
@@ -319,7 +352,15 @@ def _result(entries: list[Entry], chosen: list[Entry], left_out: list[Entry], pa
         return packed_tokens, by_reason
 
     return Pack(tokens=tokens, counter_kind=counter.kind, budget=budget, head=listing.head, total_files=len(entries),
-                timings=timings, parts=tuple(parts), listed=listed, counted=counted, packed_count=len(chosen))
+                timings=timings, parts=tuple(parts), listed=listed, counted=counted, packed_count=len(chosen),
+                outlined=[o.entry.path for o in outlined], outline_tokens=_outline_tokens(outlined, counter))
+
+
+def _outline_tokens(outlined: list[outline.Outlined], counter: TokenCounter) -> int:
+    """Tokens of the outline tier's text (its heading and note included), per the pack's counter."""
+    if not outlined:
+        return 0
+    return counter.count(layout.outlines([(o.entry.path, o.text) for o in outlined]))
 
 
 def _prepare(entries: list[Entry], counter: TokenCounter, store: PackCache | None, listing: Listing,
@@ -445,8 +486,10 @@ def _section_cost(e: Entry, estimate: EstimateCounter) -> int:
 
 def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
          budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
-         data: dict[str, bytes] | None, max_file_bytes: int, shared_share: float) -> tuple[list[Entry], list[Entry]]:
-    """Choose the files that fit the budget: all when they do, else the most relevant first."""
+         data: dict[str, bytes] | None, max_file_bytes: int, shared_share: float,
+         reserve: int = 0) -> tuple[list[Entry], list[Entry]]:
+    """Choose the files that fit the budget: all when they do, else the most relevant first within
+    the budget less `reserve` (the outline tier's room)."""
     estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
     fixed = counter.count(head_text + tree_text + "## Files\n\n")
     for e in packable:
@@ -463,7 +506,7 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
     read = functools.partial(_bytes_of, listing=listing, data=data, max_file_bytes=max_file_bytes)
     ranked = [e for _, e in rank(packable, issue, read, store)]
     foot = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=ranked[:25])) + 8
-    room = budget - fixed - foot
+    room = budget - fixed - foot - reserve
     shared = _shared_part(packable, costs, int(room * shared_share))
     room -= sum(costs[id(e)] for e in shared)
     chosen_ids = {id(e) for e in shared}
@@ -530,10 +573,13 @@ def _bytes_of(e: Entry, *, listing: Listing, data: dict[str, bytes] | None, max_
 
 
 def _render(chosen: list[Entry], left_out: list[Entry], *, entries: list[Entry], head_text: str, tree_text: str,
-            counter: TokenCounter) -> tuple[list, int]:
-    """The pack's byte pieces and the token count of their text."""
-    foot = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out)
-    parts, frame = layout.render(head_text, tree_text, chosen, foot)
+            counter: TokenCounter, outlined: dict[int, outline.Outlined] | None = None) -> tuple[list, int]:
+    """The pack's byte pieces and the token count of their text; `outlined` (by entry id) are the
+    outlines planned, of which those of files still left out are shown, in `left_out`'s order."""
+    shown = [outlined[id(e)] for e in left_out if id(e) in outlined] if outlined else []
+    foot = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out, outlined=len(shown))
+    parts, frame = layout.render(head_text, tree_text, chosen, foot,
+                                 layout.outlines([(o.entry.path, o.text) for o in shown]))
     if isinstance(counter, EstimateCounter):
         # The estimate depends on characters and extra UTF-8 bytes only, which add up over parts.
         chars, extra = text_shape(frame)
