@@ -3,7 +3,9 @@ which files its tree lists as packable, and the order of the files the budget le
 
 The pack's text is the product's output (agent/context/layout.py documents it): under `## Files`
 one `### path` heading per file followed by its text between backtick fences, then a `## Tree`,
-and a footer naming the left-out files most relevant first (older packs put the tree first). Paths are printed as they are, or
+(when the budget left files out) under `## Outlines` one `### path  (outline)` section per outlined
+file, and a footer naming the left-out files most relevant first (older packs put the tree first).
+Paths are printed as they are, or
 JSON-quoted when odd; a heading's notes follow the path after two spaces and a parenthesis.
 """
 
@@ -26,6 +28,8 @@ class PackView:
     candidates: list[str] | None = None  # files the tree lists without a skip mark
     tree_shortened: bool = False
     left_out: list[str] = field(default_factory=list)  # the footer's names, most relevant first (first 25)
+    outlined: list[str] = field(default_factory=list)  # files shown only as outlines, most relevant first
+    outline_chars: int = 0  # characters of those outlines
 
 
 def _name(text: str) -> tuple[str, str]:
@@ -59,8 +63,9 @@ def _tree(lines: list[str], start: int, view: PackView) -> int:
     return i
 
 
-def _sections(lines: list[str], start: int, view: PackView) -> int:
-    """Read the `### path` sections from line `start`; the index of the first line after them."""
+def _sections(lines: list[str], start: int, view: PackView, outlines: bool = False) -> int:
+    """Read the `### path` sections from line `start` (file texts, or with `outlines` the outline
+    tier's); the index of the first line after them."""
     i = start
     while i < len(lines):
         line = lines[i]
@@ -75,8 +80,13 @@ def _sections(lines: list[str], start: int, view: PackView) -> int:
         while lines[j] != fence:
             j += 1
         body = lines[i + 2: j]
-        view.files.append(path)
-        view.content_chars += sum(len(b) + 1 for b in body)  # each line and its newline
+        chars = sum(len(b) + 1 for b in body)  # each line and its newline
+        if outlines:
+            view.outlined.append(path)
+            view.outline_chars += chars
+        else:
+            view.files.append(path)
+            view.content_chars += chars
         i = j + 1
     return i
 
@@ -90,17 +100,25 @@ def _footer(lines: list[str], start: int, view: PackView) -> None:
 
 
 def read_pack(data: bytes) -> PackView:
-    """The files a pack holds, read off its sections; its tree's packable files; its footer's order."""
+    """The files a pack holds, read off its sections; its tree's packable files; its outline tier;
+    its footer's order. The parts are found by their headings, in whatever order the pack has them
+    (each read once: a file's text is skipped by its fences, so a heading inside it is not met)."""
     lines = data.decode("utf-8", "replace").split("\n")
     view = PackView()
     i, done = 0, set()
-    while i < len(lines) and len(done) < 2:
+    while i < len(lines) and not lines[i].startswith("# End of repository snapshot"):
         if lines[i] == "## Tree" and "tree" not in done:
             i = _tree(lines, i + 1, view)
             done.add("tree")
         elif lines[i] == "## Files" and "files" not in done:
             i = _sections(lines, i + 1, view)
             done.add("files")
+        elif lines[i] == "## Outlines" and "outlines" not in done:
+            i += 1
+            while i < len(lines) and not lines[i].startswith("### "):  # the tier's note
+                i += 1
+            i = _sections(lines, i, view, outlines=True)
+            done.add("outlines")
         else:
             i += 1
     _footer(lines, i, view)

@@ -6,12 +6,16 @@ fix's parent commit, the issue text is the fix's commit message, and the gold fi
 non-test, non-doc files the fix modified. At each budget (1M / 200k / 50k tokens):
 
   ours   `m3-agent pack --repo TREE --budget B --issue ISSUE --no-cache`, the files whose sections
-         the pack holds, and the characters of file content it used
+         the pack holds, the files it shows only as outlines, and the characters of file content
+         and of outlines it used
   bm25   bm25s over the same candidate files (those the pack's tree lists as packable), documents
-         "path\\ncontent", filled highest score first up to the characters ours used
+         "path\\ncontent", filled highest score first up to the characters ours used (contents and
+         outlines together)
 
-Metrics: all-gold recall (share of instances whose pack holds every gold file), file-level recall
-(gold files held / gold files, over all instances) and pack time.
+Metrics: all-gold recall (share of instances whose pack holds every gold file in full), file-level
+recall (gold files held in full / gold files, over all instances), the same counting a file seen
+as an outline (`ours_seen_*`: reported beside, never in place of, the full-file figures) and pack
+time.
 
     python benchmarks/pack_recall.py --repo sympy=PATH --repo PATH ... [--limit 20] [--cache-dir DIR]
 
@@ -79,6 +83,7 @@ class Outcome:
     chars: int
     seconds: float
     ranks: dict[str, int | None] = field(default_factory=dict)  # gold file -> rank from 1 (ours: among the left-out)
+    outlined: list[str] = field(default_factory=list)  # ours: files shown only as outlines
 
 
 def git(git_dir: str | Path, *args: str) -> str:
@@ -247,8 +252,9 @@ def run_instance(inst: Instance, checkout: Checkout, ranker: Bm25Ranker, exe: st
         view, seconds = run_ours(exe, tree, issue_file, budget, work / "pack.md")
         if candidates is None and not view.tree_shortened:  # the largest budget's whole tree, normally 1M's
             candidates = view.candidates
-        ours[key] = Outcome(view.files, view.content_chars, seconds,
-                            {g: view.left_out.index(g) + 1 if g in view.left_out else None for g in inst.gold})
+        ours[key] = Outcome(view.files, view.content_chars + view.outline_chars, seconds,
+                            {g: view.left_out.index(g) + 1 if g in view.left_out else None for g in inst.gold},
+                            view.outlined)
     if not candidates:
         raise RuntimeError(f"{inst.repo} {inst.sha[:10]}: the pack's tree was shortened at every budget")
     ranked, bm25_s = ranker.rank(tree, candidates, checkout.blobs(), inst.issue)
@@ -263,8 +269,9 @@ def run_instance(inst: Instance, checkout: Checkout, ranker: Bm25Ranker, exe: st
 
 
 def _outcome_record(o: Outcome, gold: tuple[str, ...]) -> dict:
-    held = set(o.held)
-    return {"found": [g for g in gold if g in held], "files": len(o.held), "chars": o.chars,
+    held, outlined = set(o.held), set(o.outlined)
+    return {"found": [g for g in gold if g in held], "outlined": [g for g in gold if g in outlined],
+            "files": len(o.held), "outlines": len(o.outlined), "chars": o.chars,
             "seconds": round(o.seconds, 3), "gold_ranks": o.ranks}
 
 
@@ -278,6 +285,9 @@ def summarize(records: list[dict], budgets: dict[str, int]) -> dict:
                 gold = [len(r["gold"]) for r in rows]
                 out[f"{who}_all_{key}"] = round(sum(f == g for f, g in zip(found, gold)) / max(1, len(rows)), 4)
                 out[f"{who}_file_recall_{key}"] = round(sum(found) / max(1, sum(gold)), 4)
+            seen = [len(r["ours"][key]["found"]) + len(r["ours"][key].get("outlined", [])) for r in rows]
+            out[f"ours_seen_all_{key}"] = round(sum(s == len(r["gold"]) for s, r in zip(seen, rows)) / max(1, len(rows)), 4)
+            out[f"ours_seen_file_recall_{key}"] = round(sum(seen) / max(1, sum(len(r["gold"]) for r in rows)), 4)
             times = [r["ours"][key]["seconds"] for r in rows]
             out[f"ours_pack_s_median_{key}"] = round(statistics.median(times), 3) if times else None
             out[f"ours_pack_s_max_{key}"] = round(max(times), 3) if times else None
@@ -295,13 +305,14 @@ def summarize(records: list[dict], budgets: dict[str, int]) -> dict:
 def print_table(summary: dict, budgets: dict[str, int]) -> None:
     """The human-readable table: all-gold and file-level recall, ours vs BM25, per repository and budget."""
     print(f"{'repository':<12} {'n':>3} {'budget':>6}  {'ours all':>8} {'bm25 all':>8}  {'ours file':>9} "
-          f"{'bm25 file':>9}  {'ours s (med/max)':>16}")
+          f"{'bm25 file':>9}  {'ours seen':>9}  {'ours s (med/max)':>16}")
     rows = [*summary["per_repo"].items(), ("ALL", summary)]
     for name, s in rows:
         for key in budgets:
             print(f"{name:<12} {s['instances']:>3} {key:>6}  "
                   f"{s[f'ours_all_{key}']:>8.0%} {s[f'bm25_all_{key}']:>8.0%}  "
                   f"{s[f'ours_file_recall_{key}']:>9.0%} {s[f'bm25_file_recall_{key}']:>9.0%}  "
+                  f"{s[f'ours_seen_all_{key}']:>9.0%}  "
                   f"{s[f'ours_pack_s_median_{key}']:>7.2f}/{s[f'ours_pack_s_max_{key}']:<7.2f}")
 
 
@@ -314,8 +325,9 @@ def print_misses(records: list[dict], budgets: dict[str, int]) -> None:
             missing = [g for g in r["gold"] if g not in r["ours"][key]["found"]]
             for g in missing:
                 bm25_has = "held" if g in r["bm25"][key]["found"] else "missed"
+                outlined = " (outlined)" if g in r["ours"][key].get("outlined", []) else ""
                 ours_rank = r["ours"][key]["gold_ranks"].get(g)
-                print(f"  {r['repo']} {r['sha'][:10]} {key:>4} {g} ({r['gold_chars'].get(g, 0):,} chars) "
+                print(f"  {r['repo']} {r['sha'][:10]} {key:>4} {g}{outlined} ({r['gold_chars'].get(g, 0):,} chars) "
                       f"ours rank {'-' if ours_rank is None else ours_rank}, bm25 rank "
                       f"{r['bm25'][key]['gold_ranks'].get(g)} ({bm25_has})  | {r['subject'][:70]}")
 
