@@ -15,6 +15,7 @@ line-based scan is the fallback for every language but Python.
 from __future__ import annotations
 
 import ast
+import math
 import re
 import warnings
 from collections.abc import Callable, Iterable
@@ -28,6 +29,7 @@ MAX_SIGNATURE = 160  # characters of one definition line before it is cut with "
 MAX_DECORATOR = 40
 MIN_ROOM = 48  # tokens: below this the tier is full (an outline heading alone costs about 20)
 MAX_MISSES = 32  # outlines in a row that do not fit end the walk (each may cost a parse)
+RESCALES = 3  # plans of the tier scaled to an exact counter before outlines are dropped instead
 
 _PY_SUFFIXES = (".py", ".pyi")
 _MEMBER_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -211,8 +213,9 @@ def _scan(data: bytes, rx: re.Pattern[str]) -> list[tuple[int, str]]:
         line += text.count("\n", counted, start)
         counted = start
         end = text.find("\n", start)
-        shown = text[start: end if end >= 0 else len(text)].rstrip().removesuffix("{").rstrip()
-        out.append((line, _cut(shown.expandtabs(4))))
+        shown = text[start: end if end >= 0 else len(text)].rstrip().removesuffix("{").rstrip().expandtabs(4)
+        body = shown.lstrip()
+        out.append((line, shown[: len(shown) - len(body)] + _cut(body)))
     return out
 
 
@@ -309,24 +312,38 @@ def _with_rest(lines: list[str], keep: int) -> str:
 
 
 def plan(left_out: list[Entry], room: int, read: Callable[[Entry], bytes | None], store,
-         cost: Callable[[Entry, str], int]) -> list[Outlined]:
+         cost: Callable[[Entry, str], int], exact: Callable[[list[Outlined]], int] | None = None) -> list[Outlined]:
     """The outline tier of a budgeted pack: outlines of `left_out` (most relevant first) within
     `room` tokens. Outlines come from `store` (a PackCache, or None) by blob id where it has them,
-    else from the bytes `read` gives; the new ones are stored."""
+    else from the bytes `read` gives; the new ones are stored. With `exact` (the exact count of a
+    tier), the planned `cost` is scaled until the tier's exact count fits, then the least relevant
+    outlines are dropped while it does not."""
     blobs = [e.blob for e in left_out if e.blob]
-    cached = store.get_outlines(OUTLINE_VERSION, blobs) if store is not None and blobs else {}
+    known = store.get_outlines(OUTLINE_VERSION, blobs) if store is not None and blobs else {}
     made: dict[str, str] = {}
 
     def outline_of(e: Entry) -> str:
-        if e.blob is not None and e.blob in cached:
-            return cached[e.blob]
-        data = read(e)
-        text = outline(e.path, data) if data else ""
-        if e.blob is not None:
-            made[e.blob] = text
+        key = e.blob if e.blob is not None else "path:" + e.path
+        text = known.get(key)
+        if text is None:
+            data = read(e)
+            text = known[key] = outline(e.path, data) if data else ""
+            if e.blob is not None:
+                made[e.blob] = text
         return text
 
     chosen = fill(left_out, room, outline_of, cost)
+    scale = 1.0
+    for _ in range(RESCALES):
+        if exact is None or not chosen:
+            break
+        counted = exact(chosen)
+        if counted <= room:
+            break
+        scale *= counted / max(1, sum(o.tokens for o in chosen)) * 1.02
+        chosen = fill(left_out, room, outline_of, lambda e, text: math.ceil(cost(e, text) * scale))
+    while exact is not None and chosen and exact(chosen) > room:
+        chosen.pop()
     if store is not None and made:
         store.put_outlines(OUTLINE_VERSION, made)
     return chosen
