@@ -3,13 +3,15 @@
 An outline is one line per definition, `line: signature`, indented by nesting (class members under
 their class), so the model sees where everything is and can `file_read` the lines it needs. Python
 is read with `ast` (decorators, signatures with defaults and annotations, methods, definitions
-under top-level `if`/`try`); other code by a line-based scan for each language's definition
+under top-level `if`/`try`), parsing only the module's statement headers unless they do not parse
+alone; other code by a line-based scan for each language's definition
 keywords at shallow indentation; Markdown by its headings. Outlines depend only on a file's bytes,
 so they are cached by blob id and the same commit gives the same outline tier.
 
-tree-sitter-language-pack would parse more languages exactly, but it is a large download (hundreds
-of grammars) and loading grammars costs start-up time the cold budgeted pack cannot spare: the
-line-based scan is the fallback for every language but Python.
+tree-sitter-language-pack would parse more languages exactly, but its current releases fetch each
+grammar at run time (the wheel holds a download manager, not the grammars), which a self-hosted,
+possibly offline deployment cannot count on, and one grammar package per language would be a
+dependency each: the line-based scan is the fallback for every language but Python.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
@@ -25,6 +28,8 @@ from m3_agent.agent.context.selection import Entry
 
 DEFAULT_OUTLINE_SHARE = 0.05  # share of a budget kept for outlines of the files left out
 OUTLINE_VERSION = 1  # changes with the outline format: older cached outlines are not used
+# Cached outlines are kept per format and Python version: `ast.unparse` spells some code differently.
+_CACHE_VERSION = OUTLINE_VERSION * 10_000 + sys.version_info[0] * 100 + sys.version_info[1]
 MAX_SIGNATURE = 160  # characters of one definition line before it is cut with "..."
 MAX_DECORATOR = 40
 MIN_ROOM = 48  # tokens: below this the tier is full (an outline heading alone costs about 20)
@@ -319,7 +324,7 @@ def plan(left_out: list[Entry], room: int, read: Callable[[Entry], bytes | None]
     tier), the planned `cost` is scaled until the tier's exact count fits, then the least relevant
     outlines are dropped while it does not."""
     blobs = [e.blob for e in left_out if e.blob]
-    known = store.get_outlines(OUTLINE_VERSION, blobs) if store is not None and blobs else {}
+    known = store.get_outlines(_CACHE_VERSION, blobs) if store is not None and blobs else {}
     made: dict[str, str] = {}
 
     def outline_of(e: Entry) -> str:
@@ -345,5 +350,5 @@ def plan(left_out: list[Entry], room: int, read: Callable[[Entry], bytes | None]
     while exact is not None and chosen and exact(chosen) > room:
         chosen.pop()
     if store is not None and made:
-        store.put_outlines(OUTLINE_VERSION, made)
+        store.put_outlines(_CACHE_VERSION, made)
     return chosen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,17 @@ def test_python_skeleton_parses_to_the_same_outline_as_the_whole_module():
     tree = ast.parse(skeleton(PY_MODULE))
     assert [type(n).__name__ for n in tree.body] == ["FunctionDef", "ClassDef", "If", "Try"]
     assert "not_a_definition" not in skeleton(PY_MODULE)  # docstring text is not a header
+
+
+def test_the_skeleton_gives_the_outline_a_parse_of_the_whole_module_gives(monkeypatch):
+    # This project's own modules: strings, comprehensions and conditions over several lines, decorators.
+    root = Path(outline.__file__).resolve().parents[2]
+    sources = sorted(p for d in ("agent", "tools", "sandbox", "evals", "fix", "serving") for p in (root / d).rglob("*.py"))
+    assert len(sources) > 40
+    fast = [outline.outline(str(p), p.read_bytes()) for p in sources]
+    monkeypatch.setattr(outline, "skeleton", lambda text: text)  # the "skeleton" is the whole module
+    whole = [outline.outline(str(p), p.read_bytes()) for p in sources]
+    assert fast == whole and sum(map(len, fast)) > 10_000
 
 
 def test_python_that_does_not_parse_is_outlined_line_by_line():

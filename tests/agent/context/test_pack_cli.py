@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,25 @@ def test_pack_takes_the_shared_part_and_history_from_the_settings(repo, tmp_path
     assert proc.returncode == 0, proc.stderr
     shared = pack_repository(root, issue=issue.read_text(), budget=budget, shared_share=0.5).text
     assert proc.stdout == shared != pack_repository(root, issue=issue.read_text(), budget=budget).text
+
+
+def test_pack_summary_counts_the_outline_tier_and_the_share_is_a_flag_and_a_setting(repo, tmp_path):
+    modules = {f"pkg/m{i}.py": "".join(f"def step_{i}_{n}(value):\n    return value + {n}\n\n" for n in range(60))
+               for i in range(8)}
+    root = repo(FILES | modules)
+    budget = pack_repository(root).tokens // 3
+    proc = run_pack("--repo", str(root), "--issue", "step_3_1 is wrong", "--budget", str(budget), "-o", str(tmp_path / "p"))
+    assert proc.returncode == 0, proc.stderr
+    default = pack_repository(root, issue="step_3_1 is wrong", budget=budget)
+    assert (tmp_path / "p").read_bytes() == default.data
+    assert default.outlined
+    assert re.search(rf"outlined \(left out\) +{len(default.outlined):,} files +{default.outline_tokens:,} tokens",
+                     proc.stderr)
+    off = run_pack("--repo", str(root), "--issue", "step_3_1 is wrong", "--budget", str(budget), "--outline-share", "0")
+    assert off.returncode == 0 and "## Outlines" not in off.stdout and "outlined" not in off.stderr
+    (root / "m3-agent.toml").write_text("[context]\noutline_share = 0.2\n")
+    wide = run_pack("--repo", str(root), "--issue", "step_3_1 is wrong", "--budget", str(budget))
+    assert wide.returncode == 0
+    assert wide.stdout.encode() == pack_repository(root, issue="step_3_1 is wrong", budget=budget, outline_share=0.2).data
+    bad = run_pack("--repo", str(root), "--budget", str(budget), "--outline-share", "0.9")
+    assert bad.returncode == 2 and "outline share" in bad.stderr and "Traceback" not in bad.stderr
