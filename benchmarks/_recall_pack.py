@@ -5,8 +5,8 @@ The pack's text is the product's output (agent/context/layout.py documents it): 
 one `### path` heading per file followed by its text between backtick fences, then a `## Tree`,
 (when the budget left files out) under `## Outlines` one `### path  (outline)` section per outlined
 file, and a footer naming the left-out files most relevant first (older packs put the tree first).
-Paths are printed as they are, or
-JSON-quoted when odd; a heading's notes follow the path after two spaces and a parenthesis.
+Paths are printed as they are, or JSON-quoted when odd; a heading's notes follow the path after two
+spaces and a parenthesis.
 """
 
 from __future__ import annotations
