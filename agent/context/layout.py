@@ -85,8 +85,7 @@ def header() -> str:
         "fence is longer than any backtick run that opens a line of its file), the files least often changed "
         "first. Then the tree lists every file, and the snapshot says which commit it is. A file marked "
         "(skipped: ...) in the tree, or without a section, was not packed: read it with the file_read tool "
-        "if you need it. When a token budget leaves files out, outlines of the most relevant of them (their "
-        "definitions as `line: definition`) follow the snapshot.\n\n"
+        "if you need it.\n\n"
     )
 
 
