@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from m3_agent.agent.context.outline import DEFAULT_OUTLINE_SHARE
+from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS, DEFAULT_OUTLINE_SHARE
 from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES
 from m3_agent.agent.model import ModelConfig
 from m3_agent.agent.stall import StallConfig
@@ -49,6 +49,7 @@ class ContextConfig(BaseModel):
                                 "cache serves it across instances; the rest is ranked by the issue)")
     outline_share: float = Field(DEFAULT_OUTLINE_SHARE, ge=0, le=0.5,
                                  description="share of the budget for outlines of the files left out; 0 = none")
+    outline_max_tokens: int = Field(DEFAULT_OUTLINE_MAX_TOKENS, ge=0, description="most tokens of those outlines")
 
 
 class LimitsConfig(BaseModel):

@@ -306,6 +306,7 @@ class _Run:
             history=self.cfg.context.history,
             shared_share=self.cfg.context.shared_share,
             outline_share=self.cfg.context.outline_share,
+            outline_max_tokens=self.cfg.context.outline_max_tokens,
         )
         self.result.timings.pack_s += time.monotonic() - t
         return pack

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS
 from m3_agent.agent.context.pack import DEFAULT_OUTLINE_SHARE, Pack, pack_repository
 from m3_agent.agent.context.reader import read_bytes
 from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES, apply_path_rules, decode, list_files
@@ -153,7 +154,9 @@ def pack_command(
                            exclude=tuple(excludes), max_file_bytes=max_file_bytes, cache=not no_cache,
                            history=settings.context.history if settings else None,
                            shared_share=settings.context.shared_share if settings else 0.0,
-                           outline_share=outline_share)
+                           outline_share=outline_share,
+                           outline_max_tokens=(settings.context.outline_max_tokens if settings
+                                               else DEFAULT_OUTLINE_MAX_TOKENS))
     where = _write(pack, output)
     print(summary_table(pack, time.perf_counter() - started, where), file=sys.stderr)
     if pack.counter_kind == "estimate":

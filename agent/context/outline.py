@@ -27,6 +27,9 @@ from typing import NamedTuple
 from m3_agent.agent.context.selection import Entry
 
 DEFAULT_OUTLINE_SHARE = 0.05  # share of a budget kept for outlines of the files left out
+# ... and at most this many tokens: the tier's parse time grows with its size, and a pack of a
+# million tokens already holds its most relevant files whole.
+DEFAULT_OUTLINE_MAX_TOKENS = 20_000
 OUTLINE_VERSION = 1  # changes with the outline format: older cached outlines are not used
 # Cached outlines are kept per format and Python version: `ast.unparse` spells some code differently.
 _CACHE_VERSION = OUTLINE_VERSION * 10_000 + sys.version_info[0] * 100 + sys.version_info[1]

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from m3_agent.agent.context import layout, outline
 from m3_agent.agent.context.cache import PackCache
-from m3_agent.agent.context.outline import DEFAULT_OUTLINE_SHARE
+from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS, DEFAULT_OUTLINE_SHARE
 from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
 from m3_agent.agent.context.relevance import is_test, rank
 from m3_agent.agent.context.stability import StableOrder
@@ -163,6 +163,7 @@ def pack_repository(
     history: Path | str | None = None,
     shared_share: float = 0.0,
     outline_share: float = DEFAULT_OUTLINE_SHARE,
+    outline_max_tokens: int = DEFAULT_OUTLINE_MAX_TOKENS,
 ) -> Pack:
     """Pack the repository at `repo` into one prompt text.
 
@@ -172,9 +173,10 @@ def pack_repository(
     estimate); when the repository does not fit, files are chosen by relevance to `issue`, after
     `shared_share` of the room is filled with the same files whatever the issue (the least changed
     source files: a batch of issues of one repository then shares that prefix in the server's cache), and
-    up to `outline_share` of the budget shows outlines of the most relevant files left out (their
-    definitions, after the tree). The issue itself is never part of the text. `cache` (on by default) keeps facts and token counts
-    by git blob id under the user's cache directory.
+    up to `outline_share` of the budget (at most `outline_max_tokens`) shows outlines of the most
+    relevant files left out (their definitions, after the tree). The issue itself is never part of
+    the text. `cache` (on by default) keeps facts and token counts by git blob id under the user's
+    cache directory.
     """
     t0 = time.perf_counter()
     if budget is not None and budget <= 0:
@@ -185,6 +187,8 @@ def pack_repository(
         raise UsageError(f"shared_share must be at least 0 and below 1, got {shared_share}")
     if not 0 <= outline_share <= 0.5:
         raise UsageError(f"the outline share must be between 0 and 0.5 of the budget, got {outline_share}")
+    if outline_max_tokens < 0:
+        raise UsageError(f"outline_max_tokens must be at least 0, got {outline_max_tokens}")
     counter = counter or EstimateCounter()
     root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
     rules = Rules(root, compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"),
@@ -195,14 +199,14 @@ def pack_repository(
     if cache is True:
         with PackCache() as store:
             return _pack(listing, store, rules, issue, budget, counter, timings, t0, history, shared_share,
-                         outline_share)
+                         (outline_share, outline_max_tokens))
     return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0, history, shared_share,
-                 outline_share)
+                 (outline_share, outline_max_tokens))
 
 
 def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | None, budget: int | None,
           counter: TokenCounter, timings: dict[str, float], t0: float, history: str | None,
-          shared_share: float, outline_share: float) -> Pack:
+          shared_share: float, outline_room: tuple[float, int]) -> Pack:
     """Decide every entry, count, choose (within `budget`, when there is one), render."""
     t = time.perf_counter()
     order = StableOrder(history, store) if history is not None else None
@@ -236,7 +240,7 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
     else:
         chosen, left_out, parts, tokens, outlined = _render_within(
             packable, entries, head_text, tree_text, issue, budget, counter, listing, store, new_facts, raw,
-            rules.limit, timings, source_text, (shared_share, outline_share))
+            rules.limit, timings, source_text, (shared_share, *outline_room))
     _remember(store, listing, _facts_by_blob(entries), new_facts, stale)
     timings["total_s"] = time.perf_counter() - t0
     return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings, outlined)
@@ -246,14 +250,15 @@ def _render_within(packable: list[Entry], entries: list[Entry], head_text: str, 
                    budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
                    raw: dict[str, bytes], max_file_bytes: int,
                    timings: dict[str, float], source_text: str,
-                   shares: tuple[float, float]) -> tuple[list[Entry], list[Entry], list, int, list[outline.Outlined]]:
+                   shares: tuple[float, float, int],
+                   ) -> tuple[list[Entry], list[Entry], list, int, list[outline.Outlined]]:
     """The pack of the files that fit `budget`, the most relevant to `issue` first, then the outline
     tier: outlines of the most relevant files left out. `shares`: of the budget, the shared part's
-    and the outline tier's."""
-    shared_share, outline_share = shares
+    and the outline tier's, and the tier's most tokens."""
+    shared_share, outline_share, outline_max = shares
     tree_text = _tree_for_budget(entries, head_text, tree_text, budget, counter, source_text)
     t = time.perf_counter()
-    room = int(budget * outline_share)
+    room = min(int(budget * outline_share), outline_max)
     chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
                             listing, store, new_facts, raw, max_file_bytes, shared_share, reserve=room)
     timings["fit_s"] = time.perf_counter() - t

@@ -239,3 +239,12 @@ def test_no_outline_tier_without_a_budget_or_with_a_zero_share_and_a_bad_share_i
     assert pack_repository(root, issue="cart", budget=budget, outline_share=0).outlined == []
     with pytest.raises(UsageError, match="outline share"):
         pack_repository(root, budget=budget, outline_share=0.9)
+
+
+def test_the_tier_is_capped_in_tokens_whatever_the_share(repo):
+    root = repo(PROJECT)
+    budget = pack_repository(root).tokens // 2
+    wide = pack_repository(root, issue="cart totals", budget=budget, outline_share=0.5)
+    capped = pack_repository(root, issue="cart totals", budget=budget, outline_share=0.5, outline_max_tokens=300)
+    assert wide.outline_tokens > 300 >= capped.outline_tokens > 0
+    assert capped.packed_count >= wide.packed_count  # the room the tier does not take goes to whole files
