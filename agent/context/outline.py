@@ -319,6 +319,9 @@ def _with_rest(lines: list[str], keep: int) -> str:
     return "".join(lines[:keep]) + (f"... {rest} more definitions\n" if rest else "")
 
 
+LOOKUP_CHUNK = 128  # left-out files whose cached outlines one lookup asks for
+
+
 def plan(left_out: list[Entry], room: int, read: Callable[[Entry], bytes | None], store,
          cost: Callable[[Entry, str], int], exact: Callable[[list[Outlined]], int] | None = None) -> list[Outlined]:
     """The outline tier of a budgeted pack: outlines of `left_out` (most relevant first) within
@@ -326,12 +329,18 @@ def plan(left_out: list[Entry], room: int, read: Callable[[Entry], bytes | None]
     else from the bytes `read` gives; the new ones are stored. With `exact` (the exact count of a
     tier), the planned `cost` is scaled until the tier's exact count fits, then the least relevant
     outlines are dropped while it does not."""
-    blobs = [e.blob for e in left_out if e.blob]
-    known = store.get_outlines(_CACHE_VERSION, blobs) if store is not None and blobs else {}
+    known: dict[str, str] = {}
     made: dict[str, str] = {}
+    place = {id(e): i for i, e in enumerate(left_out)}
+    looked: set[int] = set()  # the chunks of `left_out` whose cached outlines were asked for
 
     def outline_of(e: Entry) -> str:
         key = e.blob if e.blob is not None else "path:" + e.path
+        chunk = place[id(e)] // LOOKUP_CHUNK
+        if store is not None and key not in known and chunk not in looked:  # the walk stops early: ask as it goes
+            looked.add(chunk)
+            part = [x.blob for x in left_out[chunk * LOOKUP_CHUNK:(chunk + 1) * LOOKUP_CHUNK] if x.blob]
+            known.update(store.get_outlines(_CACHE_VERSION, part))
         text = known.get(key)
         if text is None:
             data = read(e)
