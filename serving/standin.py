@@ -21,7 +21,7 @@ Script format (JSON; a list of turns, or an object):
     {"model": "MiniMaxAI/MiniMax-M3", "max_model_len": 1048576, "block_size": 128,
      "turns": [...], "conversations": [{"match": "substring", "turns": [...]}, ...],
      "on_exhausted": "final" | "error", "loading_s": 0, "stray_think_close": false,
-     "reasoning_content_alias": false}
+     "reasoning_content_alias": false, "performance": null}
 
 Each chat-completions request consumes the next turn of its conversation: the first conversation
 whose `match` occurs in the request's first user message, else the top-level `turns` (no match and
@@ -68,7 +68,13 @@ chat-template-like form (`render_prompt`) and cut by the regex `\\w+|[^\\w\\s]|\
 characters, single punctuation marks, runs of whitespace). Ids are given out in order of first
 sight by each server, so `/detokenize` inverts `/tokenize` on the same server. Prefix caching is
 block-granular like vLLM's: a chain hash per full `block_size` block of prompt tokens; a request's
-`cached_tokens` is the number of leading blocks seen before, never the whole prompt.
+`cached_tokens` is the number of leading blocks still cached, never the whole prompt.
+
+With `"performance": {...}` (a `Performance`; defaults: seed 000's 8x B200) the server models its
+timing: a KV cache of `kv_capacity_tokens` whose free blocks are evicted least recently freed
+first, one serialized prefill lane, decode per sequence, and a clock `time_scale` times faster than
+real time. docs/standin.md gives the formulas. `/metrics` exports vLLM's cache gauges and
+`vllm:cache_config_info` (num_gpu_blocks, block_size) so a client can learn the capacity.
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -92,6 +99,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from m3_agent.errors import UsageError, first_validation_error
 from m3_agent.serving.m3_output import parse_output, split_reasoning
+from m3_agent.serving.planner import GB, PlanRequest, plan
 
 STANDIN_HEADER = "X-M3-Standin"
 STANDIN_HEADER_VALUE = "test double; scripted replies, not a model"
@@ -106,6 +114,27 @@ COUNTERS = (
     ("prompt_tokens", "Number of prefill tokens processed."),
     ("generation_tokens", "Number of generation tokens processed."),
 )
+# the /metrics gauges about cache capacity and load, named as vLLM names them
+GAUGES = (
+    ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+    ("num_requests_running", "Number of requests in model execution batches."),
+    ("num_requests_waiting", "Number of requests waiting to be processed."),
+)
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+# Seed 000's 8x B200 run (vLLM, 8192 in / 2048 out, 32 concurrent): 8,097.56 tok/s total of which
+# 1,619.51 output, so the engine sustained 6,478 prompt tok/s while decoding; mean ITL 19.06 ms.
+B200X8_PREFILL_TOK_S = 8_097.56 - 1_619.51
+B200X8_DECODE_TOK_S = 1000 / 19.06
+
+
+def _b200x8_kv_tokens() -> int:
+    """The KV pool of 8x B200 at BF16 with vLLM's default utilization, per the serving planner."""
+    p = plan(PlanRequest(gpus=8, gpu_memory_gb=180))
+    return int(p.kv_pool_gb * GB / p.kv_bytes_per_token)
+
+
+B200X8_KV_TOKENS = _b200x8_kv_tokens()
 
 Fault = Literal[
     "500",
@@ -166,6 +195,21 @@ class Conversation(BaseModel):
     turns: list[Turn]
 
 
+class Performance(BaseModel):
+    """The stand-in's server performance model (a test double's timing, calibrated, not measured).
+
+    Defaults are seed 000's 8x B200 figures (see docs/standin.md for the formulas). `time_scale` is
+    simulated seconds per real second: 600 runs an hour in six seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kv_capacity_tokens: int = Field(default=B200X8_KV_TOKENS, gt=0)
+    prefill_tokens_per_s: float = Field(default=B200X8_PREFILL_TOK_S, gt=0, description="whole server, serialized")
+    decode_tokens_per_s: float = Field(default=B200X8_DECODE_TOK_S, gt=0, description="per running sequence")
+    time_scale: float = Field(default=1.0, gt=0)
+
+
 class Script(BaseModel):
     """A whole stand-in script: server settings plus the turns to serve."""
 
@@ -180,6 +224,14 @@ class Script(BaseModel):
     loading_s: float = Field(default=0.0, ge=0)
     stray_think_close: bool = False
     reasoning_content_alias: bool = False
+    performance: Performance | None = None
+
+    @model_validator(mode="after")
+    def _window_fits_the_cache(self) -> Script:
+        if self.performance and self.performance.kv_capacity_tokens < self.max_model_len:
+            # vLLM refuses to start when one full-length request cannot fit its KV cache
+            raise ValueError(f"performance.kv_capacity_tokens must hold max_model_len ({self.max_model_len})")
+        return self
 
 
 def load_script(source: Script | dict | list | str | Path) -> Script:
@@ -334,6 +386,86 @@ class _Reply:
     completion_tokens: int = 0
 
 
+class PrefixCache:
+    """Block-granular prefix cache with vLLM's eviction order; `capacity` None is unbounded.
+
+    Keys are chain hashes of full prompt blocks, each with a reference count (running requests that
+    use it). Blocks of running requests are pinned; a free block stays cached until space is needed,
+    and the least recently freed goes first. A request frees its blocks tail first, as vLLM does,
+    so a prompt's leading blocks (the ones other prompts share) outlive its tail.
+    `anonymous` counts blocks in use that no later request can hit (the partial last block, the
+    generated tokens).
+    """
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity
+        self.blocks: OrderedDict[bytes, int] = OrderedDict()  # hash -> refs; first = next to evict
+        self.anonymous = 0
+        self.evicted = 0
+
+    @property
+    def used(self) -> int:
+        """Blocks held: cached (pinned or free) and anonymous."""
+        return len(self.blocks) + self.anonymous
+
+    @property
+    def pinned(self) -> int:
+        """Blocks that running requests hold."""
+        return self.anonymous + sum(1 for refs in self.blocks.values() if refs)
+
+    def hits(self, hashes: list[bytes]) -> int:
+        """Leading blocks of `hashes` that are cached."""
+        n = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            n += 1
+        return n
+
+    def allocate(self, hashes: list[bytes], extra: int) -> int | None:
+        """Pin the cached prefix, evict what must go, add the rest; the hit count, or None if it cannot fit now."""
+        hit = self.hits(hashes)
+        new = len(hashes) - hit + extra
+        if self.capacity is not None:
+            reused_free = sum(1 for h in hashes[:hit] if not self.blocks[h])
+            if self.pinned + reused_free + new > self.capacity:
+                return None
+        for h in hashes[:hit]:
+            self.blocks[h] += 1
+        while self.capacity is not None and self.used + new > self.capacity:
+            self._evict_one()
+        for h in hashes[hit:]:
+            self.blocks[h] = 1
+        self.anonymous += extra
+        return hit
+
+    def _evict_one(self) -> None:
+        victim = next(h for h, refs in self.blocks.items() if not refs)
+        del self.blocks[victim]
+        self.evicted += 1
+
+    def free(self, hashes: list[bytes], extra: int) -> None:
+        """Unpin a finished request's blocks, tail first; they stay cached until evicted."""
+        self.anonymous -= extra
+        for h in reversed(hashes):
+            refs = self.blocks.get(h)
+            if refs is None:
+                continue
+            self.blocks[h] = refs - 1
+            if refs == 1:
+                self.blocks.move_to_end(h)
+
+
+@dataclass
+class Ticket:
+    """A request admitted to the KV cache: its blocks (to free) and when it finishes, in real time."""
+
+    hashes: list[bytes]
+    extra: int
+    cached_tokens: int
+    finish_at: float = 0.0
+
+
 class StandinState:
     """Everything the server remembers: cursors, the request log, the vocabulary, the prefix cache.
 
@@ -351,7 +483,11 @@ class StandinState:
         self._convs = [(c.match, _Cursor(c.turns)) for c in script.conversations]
         self._vocab: dict[str, int] = {}
         self._pieces: list[str] = []
-        self._blocks: set[bytes] = set()
+        perf = script.performance
+        self.cache = PrefixCache(perf.kv_capacity_tokens // script.block_size if perf else None)
+        self.kv_freed = threading.Condition(self.lock)
+        self.running = self.waiting = 0
+        self.prefill_free_at = 0.0  # simulated time at which the serialized prefill lane is free
         self.metrics = {key: 0 for key, _ in COUNTERS}
         self.finished: dict[str, int] = {}
 
@@ -393,20 +529,55 @@ class StandinState:
             hashes.append(parent)
         return hashes
 
-    def cache_lookup_and_insert(self, ids: list[int]) -> int:
-        """Cached tokens for this prompt (whole leading blocks seen before); then remember its blocks."""
+    def sim_now(self, at: float | None = None) -> float:
+        """Simulated seconds since start (real seconds times the performance model's time scale)."""
+        scale = self.script.performance.time_scale if self.script.performance else 1.0
+        return ((time.monotonic() if at is None else at) - self.started_at) * scale
+
+    def admit(self, ids: list[int], completion_tokens: int, received: float) -> Ticket:
+        """Take KV blocks for a request (waiting while the cache is full) and schedule it.
+
+        Counts the prefix-cache query and hits; with a performance model, `finish_at` is the real
+        time by which prefill of the uncached tokens and decode of the completion are done.
+        """
         hashes = self._block_hashes(ids)
+        bs = self.script.block_size
+        extra = max(0, -(-(len(ids) + completion_tokens) // bs) - len(hashes))
+        if self.cache.capacity is not None:  # a request never needs more than the whole cache
+            extra = min(extra, self.cache.capacity - len(hashes))
         with self.lock:
-            hits = 0
-            for h in hashes:
-                if h not in self._blocks:
-                    break
-                hits += 1
-            self._blocks.update(hashes)
-            cached = hits * self.script.block_size
+            self.waiting += 1
+            hit = self.cache.allocate(hashes, extra)
+            while hit is None:
+                self.kv_freed.wait()
+                received = time.monotonic()  # the request starts once it is admitted
+                hit = self.cache.allocate(hashes, extra)
+            self.waiting -= 1
+            self.running += 1
+            cached = hit * bs
             self.metrics["prefix_cache_queries"] += len(ids)
             self.metrics["prefix_cache_hits"] += cached
-            return cached
+            ticket = Ticket(hashes, extra, cached)
+            perf = self.script.performance
+            if perf is not None:
+                start = max(self.sim_now(received), self.prefill_free_at)
+                self.prefill_free_at = start + (len(ids) - cached) / perf.prefill_tokens_per_s
+                finish = self.prefill_free_at + completion_tokens / perf.decode_tokens_per_s
+                ticket.finish_at = self.started_at + finish / perf.time_scale
+            return ticket
+
+    def release(self, ticket: Ticket) -> None:
+        """A request finished: unpin its blocks and wake requests waiting for KV space."""
+        with self.lock:
+            self.cache.free(ticket.hashes, ticket.extra)
+            self.running -= 1
+            self.kv_freed.notify_all()
+
+    def cache_lookup_and_insert(self, ids: list[int]) -> int:
+        """Cached tokens for this prompt (whole leading blocks held now); then cache its blocks."""
+        ticket = self.admit(ids, 0, time.monotonic())
+        self.release(ticket)
+        return ticket.cached_tokens
 
     # turns ----------------------------------------------------------------------------------------
     def record(self, body: dict[str, Any]) -> None:
@@ -463,7 +634,25 @@ class StandinState:
         ]
         for reason in ("stop", "length", "abort", *sorted(set(finished) - {"stop", "length", "abort"})):
             lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(finished.get(reason, 0))}')
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + self._cache_lines(labels)) + "\n"
+
+    def _cache_lines(self, labels: str) -> list[str]:
+        """The gauges of KV-cache usage and load, and the cache-config info vLLM exports once."""
+        with self.lock:
+            cap = self.cache.capacity
+            values = {"kv_cache_usage_perc": self.cache.used / cap if cap else 0.0,
+                      "num_requests_running": self.running, "num_requests_waiting": self.waiting}
+        lines = []
+        for key, help_text in GAUGES:
+            name = f"vllm:{key}"
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{labels}}} {float(values[key])}"]
+        # vLLM exports every CacheConfig field as a label; num_gpu_blocks is "None" until it is known
+        info = {"block_size": self.script.block_size, "cache_dtype": "auto", "enable_prefix_caching": True,
+                "engine": 0, "num_gpu_blocks": cap}
+        info_labels = ",".join(f'{k}="{v}"' for k, v in info.items())
+        lines += [f"# HELP {CACHE_CONFIG_INFO} Information of the LLMEngine CacheConfig",
+                  f"# TYPE {CACHE_CONFIG_INFO} gauge", f"{CACHE_CONFIG_INFO}{{{info_labels}}} 1.0"]
+        return lines
 
 
 # Building replies --------------------------------------------------------------------------------
@@ -719,6 +908,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, {"prompt": self.state.decode(ids)})
 
     def _chat(self) -> None:
+        received = time.monotonic()
         state, script = self.state, self.state.script
         body = self._read_json()
         state.record(body)
@@ -750,14 +940,25 @@ class _Handler(BaseHTTPRequestHandler):
             reply = build_reply(turn, script, body, mode)
 
         reply.prompt_tokens = n
-        reply.cached_tokens = state.cache_lookup_and_insert(ids)
         reply.completion_tokens = _completion_tokens(reply)
+        reply.cached_tokens = self._run_on_engine(ids, reply.completion_tokens, received)
         state.count_finished(reply.prompt_tokens, reply.completion_tokens, reply.finish_reason)
         if body.get("stream"):
             opts = body.get("stream_options") or {}
             self._stream(reply, include_usage=bool(opts.get("include_usage")))
         else:
             self._json(200, _completion_body(reply, script))
+
+    def _run_on_engine(self, ids: list[int], completion_tokens: int, received: float) -> int:
+        """Hold the request's KV blocks for as long as the performance model says it runs; its cached tokens."""
+        ticket = self.state.admit(ids, completion_tokens, received)
+        try:
+            wait = ticket.finish_at - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        finally:
+            self.state.release(ticket)
+        return ticket.cached_tokens
 
     def _stream(self, reply: _Reply, include_usage: bool) -> None:
         self.send_response(200)

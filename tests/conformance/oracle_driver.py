@@ -221,6 +221,7 @@ def source_facts(q: dict[str, Any]) -> dict[str, Any]:
     import pathlib
 
     import vllm
+    from vllm.config import CacheConfig
     from vllm.tool_parsers import ToolParserManager
 
     root = pathlib.Path(vllm.__file__).parent
@@ -230,6 +231,7 @@ def source_facts(q: dict[str, Any]) -> dict[str, Any]:
         "version": importlib.metadata.version("vllm"),
         "metrics_present": {name: f'"{name}"' in metrics_src for name in q["metrics"]},
         "supports_required_and_named": getattr(parser_cls, "supports_required_and_named", True),
+        "cache_config_fields": sorted(CacheConfig.__dataclass_fields__),  # the labels of vllm:cache_config_info
     }
 
 

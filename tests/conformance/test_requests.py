@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import pytest
@@ -11,7 +12,7 @@ from m3_agent.agent.context.tokens import ServerCounter
 from m3_agent.agent.model import ModelClient, ModelConfig
 from m3_agent.serving.loadgen import LoadConfig, run_load
 from m3_agent.serving.m3_faults import BASH, READ
-from m3_agent.serving.standin import COUNTERS, StandinServer
+from m3_agent.serving.standin import CACHE_CONFIG_INFO, COUNTERS, GAUGES, StandinServer
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
@@ -84,7 +85,8 @@ def test_a_misspelled_field_would_be_caught(validated):
 
 @pytest.fixture(scope="module")
 def facts(oracle) -> dict:
-    return oracle.ask("source_facts", metrics=[f"vllm:{key}" for key, _ in COUNTERS] + ["vllm:request_success"])
+    names = [f"vllm:{key}" for key, _ in COUNTERS + GAUGES] + ["vllm:request_success", CACHE_CONFIG_INFO]
+    return oracle.ask("source_facts", metrics=names)
 
 
 def test_client_sends_only_tool_choices_m3_supports(facts, bodies):
@@ -94,6 +96,15 @@ def test_client_sends_only_tool_choices_m3_supports(facts, bodies):
 
 def test_metric_names_exist_in_vllm(facts):
     assert facts["metrics_present"] and all(facts["metrics_present"].values()), facts["metrics_present"]
+
+
+def test_cache_config_info_labels_are_vllm_cache_config_fields(facts):
+    """The runner reads num_gpu_blocks and block_size from these labels: vLLM must export them."""
+    with StandinServer({"performance": {}}) as srv:
+        with urllib.request.urlopen(srv.root_url + "/metrics", timeout=10) as r:
+            line = next(x for x in r.read().decode().splitlines() if x.startswith(CACHE_CONFIG_INFO + "{"))
+    labels = set(re.findall(r'(\w+)="', line)) - {"engine"}  # vLLM adds `engine` itself
+    assert {"num_gpu_blocks", "block_size"} <= labels <= set(facts["cache_config_fields"]), labels
 
 
 def test_tokenize_requests_and_responses_match_vllm(oracle):

@@ -1,0 +1,162 @@
+"""The stand-in's performance model: KV capacity, LRU eviction of cached blocks, prefill/decode rates, /metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from m3_agent.errors import UsageError
+from m3_agent.serving.standin import (
+    B200X8_DECODE_TOK_S,
+    B200X8_KV_TOKENS,
+    B200X8_PREFILL_TOK_S,
+    Performance,
+    PrefixCache,
+    StandinServer,
+    load_script,
+)
+
+MODEL = "MiniMaxAI/MiniMax-M3"
+
+
+def h(i: int) -> bytes:
+    return i.to_bytes(4, "big")
+
+
+def samples(root_url: str) -> dict[str, list]:
+    with urllib.request.urlopen(root_url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {s.name: s for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+# --- the cache alone ------------------------------------------------------------------------------
+
+def test_eviction_takes_the_least_recently_freed_block_first():
+    cache = PrefixCache(capacity=4)
+    a, b = [h(1), h(2)], [h(3), h(4)]
+    assert cache.allocate(a, 0) == 0
+    cache.free(a, 0)
+    assert cache.allocate(b, 0) == 0
+    cache.free(b, 0)
+    assert cache.hits(a) == 2 and cache.used == 4
+    cache.allocate(a, 0)  # a is used again: now b's blocks are the oldest free ones
+    cache.free(a, 0)
+    cache.allocate([h(5), h(6)], 0)
+    assert cache.hits(a) == 2 and cache.hits(b) == 0 and cache.evicted == 2
+
+
+def test_a_request_frees_its_tail_first_so_shared_heads_survive():
+    cache = PrefixCache(capacity=3)
+    prompt = [h(1), h(2), h(3)]
+    cache.allocate(prompt, 0)
+    cache.free(prompt, 0)
+    cache.allocate([h(9)], 0)  # one block needed: the tail goes, not the head
+    assert cache.hits(prompt) == 2
+    assert list(cache.blocks) == [h(2), h(1), h(9)]
+
+
+def test_pinned_blocks_are_never_evicted_and_a_full_cache_refuses():
+    cache = PrefixCache(capacity=4)
+    assert cache.allocate([h(1), h(2)], 1) == 0  # two cached blocks and one anonymous, all pinned
+    assert cache.allocate([h(3), h(4)], 0) is None  # 3 pinned + 2 new > 4
+    assert cache.allocate([h(1), h(2), h(3)], 0) == 2  # the shared head costs nothing new
+    assert cache.pinned == 4 and cache.evicted == 0
+    cache.free([h(1), h(2)], 1)
+    assert cache.allocate([h(5)], 0) == 0 and cache.used == 4  # a free block was evicted for it
+
+
+def test_unbounded_cache_never_evicts():
+    cache = PrefixCache()
+    for i in range(1000):
+        cache.allocate([h(i)], 3)
+        cache.free([h(i)], 3)
+    assert cache.used == 1000 and cache.evicted == 0 and cache.anonymous == 0
+
+
+# --- the model over HTTP --------------------------------------------------------------------------
+
+def test_b200_calibration_comes_from_seed_000_and_the_planner():
+    perf = Performance()
+    assert perf.prefill_tokens_per_s == B200X8_PREFILL_TOK_S == pytest.approx(6478.05)
+    assert perf.decode_tokens_per_s == B200X8_DECODE_TOK_S == pytest.approx(1000 / 19.06)
+    assert 1_700_000 < B200X8_KV_TOKENS < 1_850_000  # ~407 GB of KV at 240 KB per token
+
+
+def test_the_window_must_fit_the_kv_cache():
+    with pytest.raises(UsageError, match="kv_capacity_tokens must hold max_model_len"):
+        load_script({"max_model_len": 4096, "performance": {"kv_capacity_tokens": 2048}})
+
+
+def test_request_time_follows_prefill_and_decode_rates():
+    # 1000 tok/s prefill, 100 tok/s decode, 50 simulated seconds per real second
+    perf = {"kv_capacity_tokens": 1 << 20, "prefill_tokens_per_s": 1000, "decode_tokens_per_s": 100, "time_scale": 50}
+    script = {"performance": perf, "turns": [{"content": "ok " * 50, "repeat": 2}]}
+    prompt = "word " * 2500  # 5000 toy tokens
+    with StandinServer(script) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x")
+        timed = []
+        for _ in range(2):
+            t = time.monotonic()
+            r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}])
+            timed.append(((time.monotonic() - t) * 50, r.usage))
+    (cold_s, cold), (warm_s, warm) = timed
+    expect_cold = cold.prompt_tokens / 1000 + cold.completion_tokens / 100
+    expect_warm = (warm.prompt_tokens - warm.prompt_tokens_details.cached_tokens) / 1000 + warm.completion_tokens / 100
+    assert expect_cold - 0.5 < cold_s < expect_cold + 5  # up to 0.1 real second of HTTP overhead
+    assert expect_warm - 0.5 < warm_s < expect_warm + 5
+    assert cold_s - warm_s > 3  # the cached prefix is not prefilled again
+
+
+def test_prefill_is_serialized_across_requests():
+    perf = {"kv_capacity_tokens": 1 << 20, "prefill_tokens_per_s": 1000, "decode_tokens_per_s": 1e6, "time_scale": 20}
+    with StandinServer({"performance": perf, "turns": [{"content": "ok", "repeat": 3}]}) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x")
+        prompts = [f"{i} " + f"w{i} " * 1000 for i in range(3)]  # distinct from the first token: no sharing
+        t = time.monotonic()
+        threads = [threading.Thread(target=client.chat.completions.create,
+                                    kwargs={"model": MODEL, "messages": [{"role": "user", "content": p}]}) for p in prompts]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        sim = (time.monotonic() - t) * 20
+    assert sim > 3 * 2.0 - 0.3  # three ~2000-token prefills one after another, not at once
+
+
+def test_requests_wait_for_kv_space_and_metrics_show_capacity_and_usage():
+    # 16 blocks of 16 tokens; each prompt takes ~12 blocks for ~0.4 real seconds: the second must wait
+    perf = {"kv_capacity_tokens": 256, "prefill_tokens_per_s": 500, "decode_tokens_per_s": 1e6, "time_scale": 1}
+    script = {"max_model_len": 256, "block_size": 16, "performance": perf, "turns": [{"content": "ok", "repeat": 2}]}
+    with StandinServer(script) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x")
+        info = samples(srv.root_url)["vllm:cache_config_info"]
+        assert info.labels["num_gpu_blocks"] == "16" and info.labels["block_size"] == "16"
+
+        def call(tag: str) -> None:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"{tag} " + "x " * 90}])
+
+        threads = [threading.Thread(target=call, args=(tag,)) for tag in "ab"]
+        for th in threads:
+            th.start()
+            time.sleep(0.1)
+        during = samples(srv.root_url)
+        for th in threads:
+            th.join()
+        after = samples(srv.root_url)
+    assert during["vllm:num_requests_running"].value == 1.0
+    assert during["vllm:num_requests_waiting"].value == 1.0  # no room for its blocks beside the first's
+    assert during["vllm:kv_cache_usage_perc"].value > 0.6
+    assert after["vllm:num_requests_running"].value == 0.0 and after["vllm:num_requests_waiting"].value == 0.0
+    assert after["vllm:prefix_cache_queries_total"].value > 300
+
+
+def test_metrics_of_an_unbounded_standin_say_the_block_count_is_unknown():
+    with StandinServer([]) as srv:
+        m = samples(srv.root_url)
+    assert m["vllm:cache_config_info"].labels["num_gpu_blocks"] == "None"
+    assert m["vllm:kv_cache_usage_perc"].value == 0.0
