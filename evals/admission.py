@@ -1,0 +1,176 @@
+"""KV-aware admission and ordering for `eval run`: keep the running sessions inside the server's KV cache.
+
+    capacity = capacity_from_metrics(base_url)          # vllm:cache_config_info on /metrics, or None
+    tasks = order_for_reuse(tasks)                      # a repository's instances back to back
+    gate = Admission(capacity.tokens, workers=8)
+    gate.admits(expected_context(task, repos), [expected tokens of each running instance])
+
+Why: a whole-repository prompt is hundreds of thousands of tokens. When the sessions running at
+once need more KV than the server has, vLLM evicts their cached prefixes between turns and every
+turn is prefilled again from scratch; and two instances of one repository share the pack's prefix
+only if the second starts while the first's blocks are still cached. So the runner starts a new
+instance only while the expected contexts of the running ones and the new one fit the cache, and
+runs the instances of one repository one after another, oldest commit first. `--workers` stays an
+upper bound: admission only ever lowers concurrency, and one instance always runs even if it alone
+exceeds the cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel
+
+from m3_agent.evals.tasks import Task, repo_source
+
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+CHARS_PER_TOKEN = 3.2  # the pack's own estimate for source text (agent.context.tokens.EstimateCounter)
+GROWTH = 0.15  # a session's context grows past its first prompt by about this share (tool output, replies)
+OUTPUT_RESERVE = 32_768  # tokens the agent leaves for a reply (agent.context.budget_for_window)
+
+
+class KvCapacity(BaseModel):
+    """How many tokens of KV cache the endpoint has, and where the figure came from."""
+
+    tokens: int
+    block_size: int
+    source: str
+
+
+def parse_capacity(metrics_text: str, source: str = "/metrics") -> KvCapacity | None:
+    """The KV capacity in vLLM's Prometheus text: num_gpu_blocks x block_size of vllm:cache_config_info.
+
+    None when the server does not say (SGLang, or a vLLM whose cache is not sized yet).
+    """
+    try:
+        families = list(text_string_to_metric_families(metrics_text))
+    except ValueError:
+        return None
+    blocks = 0
+    for family in families:
+        for sample in family.samples:
+            if sample.name != CACHE_CONFIG_INFO:
+                continue
+            try:
+                # data-parallel engines each export their own pool; the endpoint has their sum
+                blocks += int(sample.labels["num_gpu_blocks"])
+                size = int(sample.labels["block_size"])
+            except (KeyError, ValueError):
+                return None
+    return KvCapacity(tokens=blocks * size, block_size=size, source=source) if blocks else None
+
+
+def metrics_url(base_url: str) -> str:
+    """The /metrics address of an OpenAI base URL (…/v1)."""
+    root = base_url.rstrip("/")
+    return (root[: -len("/v1")] if root.endswith("/v1") else root) + "/metrics"
+
+
+def capacity_from_metrics(base_url: str, *, timeout: float = 10.0) -> KvCapacity | None:
+    """The endpoint's KV capacity from its /metrics; None when it has no such page or does not say."""
+    url = metrics_url(base_url)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            text = r.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return parse_capacity(text, source=url)
+
+
+def capacity_from_profile(profile: str) -> KvCapacity:
+    """The KV pool `m3-agent serve plan --profile` computes for a serving profile's machine."""
+    from m3_agent.serving.endpoint import plan_request
+    from m3_agent.serving.planner import BLOCK, GB, gpu_memory_for, plan
+    from m3_agent.serving.profiles import build_command, get_profile
+
+    p = get_profile(profile)
+    result = plan(plan_request(p, build_command(p, "native"), p.gpus, gpu_memory_for(p.gpu)))
+    tokens = int(result.kv_pool_gb * GB / result.kv_bytes_per_token) // BLOCK * BLOCK
+    return KvCapacity(tokens=tokens, block_size=BLOCK, source=f"serve plan --profile {profile}")
+
+
+def order_for_reuse(tasks: Sequence[Task]) -> list[Task]:
+    """Instances of one repository back to back (repositories in first-seen order), oldest first within one.
+
+    Neighbouring commits share the most files, so each instance's pack finds the longest prefix
+    of the one before it still cached. Instances without `created_at` keep their given order.
+    """
+    first_seen: dict[str, int] = {}
+    for t in tasks:
+        first_seen.setdefault(t.repo, len(first_seen))
+    return [t for _, t in sorted(enumerate(tasks), key=lambda it: (first_seen[it[1].repo], it[1].created_at or "", it[0]))]
+
+
+@functools.lru_cache(maxsize=4096)
+def _tree_bytes(source: str, commit: str) -> int | None:
+    """Total size of the files at `commit` (git ls-tree, no checkout); None if git cannot tell."""
+    try:
+        out = subprocess.run(["git", "-C", source, "ls-tree", "-r", "-l", commit], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    total = 0
+    for line in out.splitlines():
+        fields = line.split(None, 4)  # mode, type, object, size ("-" for a submodule), path
+        total += int(fields[3]) if len(fields) > 4 and fields[3].isdigit() else 0
+    return total
+
+
+def expected_context(task: Task, repos: Path | None, window: int) -> int:
+    """Tokens one instance is expected to hold at its largest: its pack plus growth, at most the window.
+
+    The pack is estimated from the repository's size at `base_commit`; a repository that cannot be
+    read locally counts as a full window (the safe side).
+    """
+    try:
+        source = repo_source(task, repos)
+    except Exception:  # noqa: BLE001 - the instance itself reports a missing repository
+        return window
+    size = _tree_bytes(source, task.base_commit) if Path(source).exists() else None
+    if size is None:
+        return window
+    pack = min(size / CHARS_PER_TOKEN, window - OUTPUT_RESERVE)
+    return min(window, int(pack * (1 + GROWTH)) + OUTPUT_RESERVE)
+
+
+class Admission:
+    """Admits one more instance while the running ones' expected contexts and its own fit the KV cache.
+
+    `capacity_tokens` None (the server did not say) leaves only the `workers` cap.
+    """
+
+    def __init__(self, capacity_tokens: int | None, workers: int) -> None:
+        self.capacity_tokens = capacity_tokens
+        self.workers = workers
+
+    def admits(self, candidate: int, running: Sequence[int]) -> bool:
+        """True when an instance expected to hold `candidate` tokens may start beside `running`."""
+        if len(running) >= self.workers:
+            return False
+        if not running or self.capacity_tokens is None:
+            return True
+        return sum(running) + candidate <= self.capacity_tokens
+
+
+def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | None:
+    """The endpoint's KV capacity: its /metrics first, else `serve plan` for the profile it was launched from."""
+    found = capacity_from_metrics(base_url)
+    if found is None and profile:
+        found = capacity_from_profile(profile)
+    return found
+
+
+def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int):
+    """The runner's `admit` callable: `Admission` over each task's `expected_context`."""
+    gate = Admission(capacity.tokens if capacity else None, workers)
+
+    def admit(task: Task, running: list[Task]) -> bool:
+        return gate.admits(expected_context(task, repos, window), [expected_context(t, repos, window) for t in running])
+
+    return admit

@@ -1,0 +1,115 @@
+"""KV-aware admission and ordering: capacity from a live stand-in's /metrics or a profile's plan, the gate, the order."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from m3_agent.evals.admission import (
+    GROWTH,
+    OUTPUT_RESERVE,
+    Admission,
+    capacity_from_metrics,
+    capacity_from_profile,
+    expected_context,
+    learn_capacity,
+    order_for_reuse,
+    parse_capacity,
+)
+from m3_agent.evals.runner import EvalConfig, run_eval
+from m3_agent.evals.tasks import Task
+from m3_agent.serving.planner import GB, plan
+from m3_agent.serving.standin import B200X8_KV_TOKENS, StandinServer
+
+
+def _task(iid: str, repo: str = "o/r", created_at: str = "", base_commit: str = "0" * 40, **kw) -> Task:
+    return Task(instance_id=iid, repo=repo, base_commit=base_commit, created_at=created_at, **kw)
+
+
+def test_capacity_comes_from_the_cache_config_info_of_metrics():
+    with StandinServer({"performance": {}}) as srv:
+        cap = capacity_from_metrics(srv.base_url)
+    assert cap is not None and cap.block_size == 128
+    assert cap.tokens == B200X8_KV_TOKENS // 128 * 128 and cap.source.endswith("/metrics")
+
+
+def test_no_capacity_when_the_server_does_not_say_or_does_not_answer():
+    with StandinServer([]) as srv:  # no performance model: num_gpu_blocks="None", as vLLM before profiling
+        assert capacity_from_metrics(srv.base_url) is None
+    assert capacity_from_metrics("http://127.0.0.1:9/v1") is None
+    assert parse_capacity("not prometheus {{{") is None
+
+
+def test_data_parallel_engines_add_up():
+    text = ('vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="100"} 1.0\n'
+            'vllm:cache_config_info{block_size="128",engine="1",num_gpu_blocks="100"} 1.0\n')
+    assert parse_capacity(text).tokens == 200 * 128
+
+
+def test_a_profile_gives_the_kv_pool_of_its_plan():
+    cap = capacity_from_profile("h200-tp8")
+    from m3_agent.serving.endpoint import plan_request
+    from m3_agent.serving.planner import gpu_memory_for
+    from m3_agent.serving.profiles import build_command, get_profile
+
+    p = get_profile("h200-tp8")
+    expect = plan(plan_request(p, build_command(p, "native"), p.gpus, gpu_memory_for(p.gpu)))
+    assert cap.tokens == pytest.approx(expect.kv_pool_gb * GB / expect.kv_bytes_per_token, abs=128)
+    assert cap.tokens % 128 == 0 and "h200-tp8" in cap.source
+    with StandinServer([]) as srv:  # /metrics does not say: the profile's plan is the fallback
+        assert learn_capacity(srv.base_url, "h200-tp8") == cap
+        assert learn_capacity(srv.base_url, None) is None
+
+
+def test_instances_of_a_repository_run_back_to_back_oldest_first():
+    tasks = [_task("a-3", "o/a", "2021"), _task("b-1", "o/b", "2019"), _task("a-1", "o/a", "2019"),
+             _task("b-2", "o/b"), _task("a-2", "o/a", "2020")]
+    assert [t.instance_id for t in order_for_reuse(tasks)] == ["a-1", "a-2", "a-3", "b-2", "b-1"]
+
+
+def test_the_gate_caps_at_workers_fits_the_cache_and_always_runs_one():
+    gate = Admission(1_000_000, workers=3)
+    assert gate.admits(2_000_000, [])  # alone it may exceed the cache: one instance always runs
+    assert gate.admits(400_000, [500_000])
+    assert not gate.admits(600_000, [500_000])
+    assert not gate.admits(1, [1, 1, 1])  # --workers still caps
+    assert Admission(None, workers=2).admits(10**9, [10**9]) and not Admission(None, workers=2).admits(1, [1, 1])
+
+
+def test_expected_context_follows_the_tree_size_and_caps_at_the_window(tmp_path):
+    repo = tmp_path / "o__r"
+    repo.mkdir()
+    (repo / "a.py").write_text("x = 1\n" * 16_000)  # 96,000 bytes
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    task = _task("r-1", base_commit=head)
+    assert expected_context(task, tmp_path, 1_048_576) == int(96_000 / 3.2 * (1 + GROWTH)) + OUTPUT_RESERVE
+    assert expected_context(task, tmp_path, 50_000) == 50_000
+    assert expected_context(_task("r-2", repo="o/missing"), tmp_path, 70_000) == 70_000
+
+
+def test_the_runner_starts_instances_only_when_admitted(tmp_path):
+    # repositories that do not exist: each instance ends at once with an error, no model or sandbox needed
+    tasks = [_task(f"r-{i}", repo=str(tmp_path / "absent")) for i in range(4)]
+    asked, running, peak = [], set(), [0]
+
+    def on_event(kind, info):
+        if kind == "start":
+            running.add(info["instance_id"])
+            peak[0] = max(peak[0], len(running))
+        elif kind == "finish":
+            running.discard(info["result"].instance_id)
+
+    def admit(task, busy):
+        asked.append((task.instance_id, [t.instance_id for t in busy]))
+        return False  # never another beside a running one
+
+    results = run_eval(tasks, None, EvalConfig(output_dir=tmp_path / "out"), workers=4, on_event=on_event, admit=admit)
+    assert [r.instance_id for r in results] == [t.instance_id for t in tasks]
+    assert all(r.error for r in results)
+    assert peak[0] == 1  # admission lowered concurrency below --workers 4
+    assert asked and all(len(busy) == 1 for _, busy in asked)  # only asked while one runs
