@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from m3_agent.errors import SandboxUnavailable, UsageError
+from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
@@ -101,10 +101,12 @@ def _default_output(kind: str, *parts: str) -> Path:
 
 
 def execute(tasks: list[Task], predictions, config: EvalConfig, *, workers: int, retry_errors: bool,
-            cost: CostModel, quiet: bool, json_out: bool, all_tasks: list[Task] | None = None) -> Report:
+            cost: CostModel, quiet: bool, json_out: bool, all_tasks: list[Task] | None = None,
+            admit=None, meta_extra: dict | None = None) -> Report:
     """Run, write the reports into the output directory, print the table (and the JSON summary).
 
     `all_tasks` (default: `tasks`) is what the report counts, so tasks left out show as incomplete.
+    `admit` (evals.admission.kv_admit) may hold instances back; `meta_extra` goes into run.json.
     """
     console = Console(stderr=json_out)
     if not all(uses_harness(t) for t in tasks):  # harness tasks run in their instance images instead
@@ -112,12 +114,13 @@ def execute(tasks: list[Task], predictions, config: EvalConfig, *, workers: int,
     config.output_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with RunProgress(len(tasks), console, enabled=not quiet) as progress:
-        results = run_eval(tasks, predictions, config, workers=workers, retry_errors=retry_errors, on_event=progress)
+        results = run_eval(tasks, predictions, config, workers=workers, retry_errors=retry_errors, on_event=progress,
+                           admit=admit)
     meta_path = config.output_dir / "run.json"
     earlier = json.loads(meta_path.read_text()).get("wall_s", 0.0) if meta_path.is_file() else 0.0
     wall = round(earlier + time.monotonic() - started, 3)  # a resumed run adds to the time already spent
     meta = {"wall_s": wall, "workers": workers, "model_name": config.model_name, "cost": cost.model_dump(),
-            "instances": len(tasks)}
+            "instances": len(tasks), **(meta_extra or {})}
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     report = build_report(results, tasks=all_tasks or tasks, cost=cost, run_wall_s=wall)
     paths = write_reports(report, config.output_dir)
@@ -194,6 +197,9 @@ def run_command(
     gpu_usd_per_hour: Optional[float] = typer.Option(None, help="Self-hosted price: GPU USD per hour."),
     config_file: Optional[Path] = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject."),
     retry_errors: bool = typer.Option(False, "--retry-errors", help="Redo instances that ended in an error."),
+    kv_admission: bool = typer.Option(True, "--kv-admission/--no-kv-admission",
+                                      help="Order a repository's instances back to back and start one only while "
+                                           "the running contexts fit the server's KV cache (never above --workers)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
     json_out: bool = typer.Option(False, "--json", help="End with the summary as one JSON object on stdout."),
 ) -> None:
@@ -212,8 +218,31 @@ def run_command(
     config = EvalConfig(output_dir=output or _default_output("run", tasks), repos=repos, sandbox=agent.sandbox,
                         test_timeout=test_timeout, instance_timeout=instance_timeout, model_name=model_name,
                         agent=agent, image_namespace=image_namespace or None, image_tag=image_tag)
+    admit, meta = None, {}
+    if kv_admission:
+        task_list, admit, meta = _kv_admission(task_list, endpoint, settings.serve, workers, repos, agent, quiet)
     execute(task_list, None, config, workers=workers, retry_errors=retry_errors, quiet=quiet, json_out=json_out,
-            cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour))
+            cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour), admit=admit,
+            meta_extra=meta)
+
+
+def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers: int, repos: Optional[Path],
+                  agent, quiet: bool) -> tuple[list[Task], Any, dict]:
+    """The tasks in reuse order, the admission gate for the endpoint's KV capacity, and what run.json records."""
+    from m3_agent.agent.context.tokens import server_card
+    from m3_agent.evals.admission import kv_admit, learn_capacity, order_for_reuse
+
+    capacity = learn_capacity(endpoint, profile)
+    try:
+        window = server_card(endpoint, agent.model.name).max_model_len or 1_048_576
+    except M3AgentError:
+        window = 1_048_576
+    if not quiet:
+        said = f"{capacity.tokens:,} tokens of KV cache ({capacity.source})" if capacity else "no KV capacity known"
+        Console(stderr=True).print(f"m3-agent: {escape(said)}; a repository's instances run back to back")
+    meta = {"kv_capacity_tokens": capacity.tokens if capacity else None,
+            "kv_capacity_source": capacity.source if capacity else None}
+    return order_for_reuse(tasks), kv_admit(capacity, workers, repos=repos, window=window), meta
 
 
 @app.command("images")

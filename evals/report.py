@@ -85,6 +85,8 @@ class Summary(BaseModel):
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     cache_hit_share: float = 0.0
+    prefill_computed_tokens: int = 0  # prompt tokens the server prefilled (prompt - cached)
+    prefill_reused_tokens: int = 0  # prompt tokens served from its prefix cache (= cached_tokens)
     turns: int = 0
     stalls: int = 0
     sandbox_restarts: int = 0  # over all instances: sandboxes that died mid-run and were replaced
@@ -146,6 +148,8 @@ def build_report(results: list[InstanceResult], *, tasks: list[Task] | None = No
         cached_tokens=cached,
         reasoning_tokens=sum(a.reasoning_tokens for a in runs),
         cache_hit_share=round(cached / prompt, 4) if prompt else 0.0,
+        prefill_computed_tokens=prompt - cached,
+        prefill_reused_tokens=cached,
         turns=sum(a.turns for a in runs),
         stalls=sum(a.stalls for a in runs),
         sandbox_restarts=sum(a.sandbox_restarts for a in runs),
@@ -212,6 +216,7 @@ def _headline(s: Summary) -> list[tuple[str, str]]:
         ("incomplete", str(len(s.incomplete_ids))),
         ("tokens in / out / cached", f"{s.prompt_tokens:,} / {s.completion_tokens:,} / {s.cached_tokens:,}"),
         ("cache-hit share", f"{s.cache_hit_share:.1%}"),
+        ("prefill computed / reused", f"{s.prefill_computed_tokens:,} / {s.prefill_reused_tokens:,}"),
         ("thinking modes", _modes(s.mode_counts)),
         ("turns / stalls", f"{s.turns} / {s.stalls}"),
         ("sandbox restarts", str(s.sandbox_restarts)),

@@ -214,12 +214,15 @@ def _exclusive(output_dir: Path):
 # --- the local executor ------------------------------------------------------------------------------
 
 Event = Callable[[str, dict[str, Any]], None]  # ("start" | "finish" | "skip", info)
+Admit = Callable[[Task, list[Task]], bool]  # may this task start beside the running ones? (evals.admission)
 
 
 def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig, *,
-             workers: int = 1, retry_errors: bool = False, on_event: Event | None = None) -> list[InstanceResult]:
+             workers: int = 1, retry_errors: bool = False, on_event: Event | None = None,
+             admit: Admit | None = None) -> list[InstanceResult]:
     """Evaluate every task with `workers` processes; skips instances already in results.jsonl.
 
+    Tasks start in the given order; `admit` may hold the next one back (never below one running).
     Returns the results of all tasks (earlier and new) in task order.
     """
     if workers < 1:
@@ -236,7 +239,7 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
         for t in tasks:
             if t.instance_id in done and on_event:
                 on_event("skip", {"result": done[t.instance_id]})
-        for result in _execute(pending, predictions, config, workers, on_event):
+        for result in _execute(pending, predictions, config, workers, on_event, admit):
             save_result(output_dir, result)
             done[result.instance_id] = result
             if on_event:
@@ -272,7 +275,7 @@ def _prune_leftovers() -> None:
 
 
 def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig, workers: int,
-             on_event: Event | None):
+             on_event: Event | None, admit: Admit | None = None):
     """Yield results as instances finish, each in its own process, at most `workers` at a time."""
     ctx = multiprocessing.get_context("forkserver")
     # Children fork from a warm interpreter; the harness (seconds to import) is preloaded when used.
@@ -282,7 +285,8 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
     running: dict[Any, tuple[Any, Any, Task, float]] = {}  # sentinel -> (process, conn, task, started)
     try:
         while queue or running:
-            while queue and len(running) < workers:
+            while queue and len(running) < workers and (
+                    not running or admit is None or admit(queue[-1], [r[2] for r in running.values()])):
                 task = queue.pop()
                 pred = _pred_of(predictions, task)
                 parent, child = ctx.Pipe(duplex=False)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from m3_agent.serving.standin import StandinServer
+from m3_agent.serving.standin import B200X8_KV_TOKENS, StandinServer
 from m3_agent.evals.tasks import builtin_standin_script, builtin_task
 
 
@@ -124,6 +124,7 @@ def test_run_resolves_what_the_scripted_solutions_solve(tmp_path, sandbox_image)
     solved = ["roman", "lru", "slugify"]
     script = builtin_standin_script(solved)
     script["conversations"].append(WRONG_CHUNKS)
+    script["performance"] = {"time_scale": 1e6}  # 8x B200's KV cache on /metrics; timing out of the way
     out = tmp_path / "run"
     ids = ",".join(f"m3-agent__{n}-1" for n in [*solved, "chunks"])
     with StandinServer(script) as srv:
@@ -137,6 +138,10 @@ def test_run_resolves_what_the_scripted_solutions_solve(tmp_path, sandbox_image)
     assert summary["prompt_tokens"] > 0 and summary["turns"] >= 4 * 2
     assert sum(summary["mode_counts"].values()) == summary["turns"]
     assert summary["cost_usd"] > 0 and summary["run_cost_usd"] > 0
+    assert summary["prefill_computed_tokens"] + summary["prefill_reused_tokens"] == summary["prompt_tokens"]
+    assert summary["prefill_reused_tokens"] == summary["cached_tokens"] > 0
+    run = json.loads((out / "run.json").read_text())  # admission learned the capacity from /metrics
+    assert run["kv_capacity_tokens"] == B200X8_KV_TOKENS // 128 * 128 and run["kv_capacity_source"].endswith("/metrics")
 
     preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert {p["instance_id"] for p in preds} == set(ids.split(","))
@@ -180,4 +185,6 @@ def test_run_with_serve_reuses_a_healthy_endpoint(tmp_path, sandbox_image):
         assert r.returncode == 0, r.stderr
         assert srv.requests
     assert "serve: " in r.stderr and srv.base_url in r.stderr
+    # this stand-in's /metrics does not size its cache: admission falls back to the profile's plan
+    assert json.loads((out / "run.json").read_text())["kv_capacity_source"] == "serve plan --profile h200-tp8"
     assert json.loads(r.stdout.strip().splitlines()[-1])["resolved_ids"] == ["m3-agent__roman-1"]
