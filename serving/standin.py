@@ -487,6 +487,7 @@ class StandinState:
         self._vocab: dict[str, int] = {}
         self._pieces: list[str] = []
         self._memo: OrderedDict[bytes, array] = OrderedDict()  # long prompt segment -> its ids
+        self._chains: OrderedDict[tuple[int, bytes], list[bytes]] = OrderedDict()  # prompt blocks -> chain hashes
         perf = script.performance
         self.cache = PrefixCache(perf.kv_capacity_tokens // script.block_size if perf else None)
         self.kv_freed = threading.Condition(self.lock)
@@ -544,13 +545,35 @@ class StandinState:
 
     # prefix cache -----------------------------------------------------------------------------------
     def _block_hashes(self, ids: list[int]) -> list[bytes]:
-        """Chain hashes of the full blocks a request may take from the cache (never its last token)."""
+        """Chain hashes of the full blocks a request may take from the cache (never its last token).
+
+        The chain of an earlier prompt that this one extends is reused (one pass of a running
+        digest finds it), so a long conversation's turns do not hash their whole prefix again.
+        """
         bs = self.script.block_size
-        data = array("q", ids[: (len(ids) - 1) // bs * bs]).tobytes()
-        hashes, parent, step = [], b"", bs * 8
-        for start in range(0, len(data), step):
-            parent = hashlib.blake2b(parent + data[start : start + step], digest_size=16).digest()
+        data = memoryview(array("q", ids[: (len(ids) - 1) // bs * bs])).cast("B")
+        step, blake = bs * 8, hashlib.blake2b
+        with self.lock:
+            known = sorted((n, digest, chain) for (n, digest), chain in self._chains.items() if n <= len(data))
+        hashes: list[bytes] = []
+        running, pos = blake(), 0
+        for n, digest, chain in known:
+            running.update(data[pos:n])
+            pos = n
+            if running.copy().digest() == digest:
+                hashes = chain
+        hashes = list(hashes)
+        parent = hashes[-1] if hashes else b""
+        for start in range(len(hashes) * step, len(data), step):
+            h = blake(parent, digest_size=16)
+            h.update(data[start : start + step])
+            parent = h.digest()
             hashes.append(parent)
+        if hashes:
+            with self.lock:
+                self._chains[(len(data), blake(data).digest())] = hashes
+                if len(self._chains) > MEMO_SEGMENTS:
+                    self._chains.popitem(last=False)
         return hashes
 
     def sim_now(self, at: float | None = None) -> float:
