@@ -101,6 +101,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from m3_agent.errors import UsageError, first_validation_error
 from m3_agent.serving.m3_output import parse_output, split_reasoning
 from m3_agent.serving.planner import GB, PlanRequest, plan
+from m3_agent.serving.simclock import ScaledClock, VirtualClock
 
 STANDIN_HEADER = "X-M3-Standin"
 STANDIN_HEADER_VALUE = "test double; scripted replies, not a model"
@@ -475,7 +476,7 @@ class StandinState:
     All public methods take the one lock, so handler threads can call them concurrently.
     """
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, clock: ScaledClock | VirtualClock | None = None) -> None:
         self.script = script
         self.lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
@@ -491,8 +492,9 @@ class StandinState:
         perf = script.performance
         self.cache = PrefixCache(perf.kv_capacity_tokens // script.block_size if perf else None)
         self.kv_freed = threading.Condition(self.lock)
-        self.running = self.waiting = 0
+        self.running = self.waiting = self.parked = 0
         self.prefill_free_at = 0.0  # simulated time at which the serialized prefill lane is free
+        self.clock = clock or ScaledClock(perf.time_scale if perf else 1.0)
         self.metrics = {key: 0 for key, _ in COUNTERS}
         self.finished: dict[str, int] = {}
 
@@ -576,16 +578,12 @@ class StandinState:
                     self._chains.popitem(last=False)
         return hashes
 
-    def sim_now(self, at: float | None = None) -> float:
-        """Simulated seconds since start (real seconds times the performance model's time scale)."""
-        scale = self.script.performance.time_scale if self.script.performance else 1.0
-        return ((time.monotonic() if at is None else at) - self.started_at) * scale
-
     def admit(self, ids: list[int], completion_tokens: int, received: float) -> Ticket:
         """Take KV blocks for a request (waiting while the cache is full) and schedule it.
 
-        Counts the prefix-cache query and hits; with a performance model, `finish_at` is the real
-        time by which prefill of the uncached tokens and decode of the completion are done.
+        `received` is the clock's time when the request arrived. Counts the prefix-cache query and
+        hits; with a performance model, `finish_at` is the clock's time by which prefill of the
+        uncached tokens and decode of the completion are done.
         """
         hashes = self._block_hashes(ids)
         bs = self.script.block_size
@@ -596,8 +594,10 @@ class StandinState:
             self.waiting += 1
             hit = self.cache.allocate(hashes, extra)
             while hit is None:
+                self.parked += 1
+                self.clock.park()
                 self.kv_freed.wait()
-                received = time.monotonic()  # the request starts once it is admitted
+                received = self.clock.now()  # the request starts once it is admitted
                 hit = self.cache.allocate(hashes, extra)
             self.waiting -= 1
             self.running += 1
@@ -607,10 +607,9 @@ class StandinState:
             ticket = Ticket(hashes, extra, cached)
             perf = self.script.performance
             if perf is not None:
-                start = max(self.sim_now(received), self.prefill_free_at)
+                start = max(received, self.prefill_free_at)
                 self.prefill_free_at = start + (len(ids) - cached) / perf.prefill_tokens_per_s
-                finish = self.prefill_free_at + completion_tokens / perf.decode_tokens_per_s
-                ticket.finish_at = self.started_at + finish / perf.time_scale
+                ticket.finish_at = self.prefill_free_at + completion_tokens / perf.decode_tokens_per_s
             return ticket
 
     def release(self, ticket: Ticket) -> None:
@@ -618,11 +617,14 @@ class StandinState:
         with self.lock:
             self.cache.free(ticket.hashes, ticket.extra)
             self.running -= 1
+            # the woken count as busy at once, so a virtual clock cannot jump past their admission
+            self.clock.unpark(self.parked)
+            self.parked = 0
             self.kv_freed.notify_all()
 
     def cache_lookup_and_insert(self, ids: list[int]) -> int:
         """Cached tokens for this prompt (whole leading blocks held now); then cache its blocks."""
-        ticket = self.admit(ids, 0, time.monotonic())
+        ticket = self.admit(ids, 0, self.clock.now())
         self.release(ticket)
         return ticket.cached_tokens
 
@@ -955,7 +957,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, {"prompt": self.state.decode(ids)})
 
     def _chat(self) -> None:
-        received = time.monotonic()
+        received = self.state.clock.now()
         state, script = self.state, self.state.script
         body = self._read_json()
         state.record(body)
@@ -1000,9 +1002,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Hold the request's KV blocks for as long as the performance model says it runs; its cached tokens."""
         ticket = self.state.admit(ids, completion_tokens, received)
         try:
-            wait = ticket.finish_at - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
+            self.state.clock.sleep_until(ticket.finish_at)
         finally:
             self.state.release(ticket)
         return ticket.cached_tokens
@@ -1131,13 +1131,16 @@ class StandinServer:
 
     `script` is a Script, a dict, a list of turns, or a path to a JSON script. Port 0 picks a
     free port. The server runs in a background thread until `stop()` (or the end of the `with`).
+    `clock` times the performance model: default real time times its `time_scale`; a
+    `serving.simclock.VirtualClock` for in-process simulations that real work must not slow.
     """
 
-    def __init__(self, script: Script | dict | list | str | Path, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, script: Script | dict | list | str | Path, *, host: str = "127.0.0.1", port: int = 0,
+                 clock: ScaledClock | VirtualClock | None = None) -> None:
         self.script = load_script(script)
         self.host = host
         self.port = port
-        self._state = StandinState(self.script)
+        self._state = StandinState(self.script, clock)
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -20,6 +20,7 @@ from m3_agent.serving.standin import (
     StandinServer,
     load_script,
 )
+from m3_agent.serving.simclock import VirtualClock
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 
@@ -92,45 +93,66 @@ def test_the_window_must_fit_the_kv_cache():
         load_script({"max_model_len": 4096, "performance": {"kv_capacity_tokens": 2048}})
 
 
+def _chat(client: openai.OpenAI, clock: VirtualClock, content: str, *, joined: bool = False):
+    """One request as a participant of the virtual clock: its usage and the simulated seconds it took."""
+    if not joined:
+        clock.join()
+    try:
+        t = clock.now()
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}])
+        return r.usage, clock.now() - t
+    finally:
+        clock.leave()
+
+
 def test_request_time_follows_prefill_and_decode_rates():
-    # 1000 tok/s prefill, 100 tok/s decode, 50 simulated seconds per real second
-    perf = {"kv_capacity_tokens": 1 << 20, "prefill_tokens_per_s": 1000, "decode_tokens_per_s": 100, "time_scale": 50}
-    script = {"performance": perf, "turns": [{"content": "ok " * 50, "repeat": 2}]}
-    prompt = "word " * 2500  # 5000 toy tokens
-    with StandinServer(script) as srv:
+    perf = {"kv_capacity_tokens": 1 << 20, "prefill_tokens_per_s": 1000, "decode_tokens_per_s": 100}
+    clock = VirtualClock()
+    with StandinServer({"performance": perf, "turns": [{"content": "ok " * 50, "repeat": 2}]}, clock=clock) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="x")
-        timed = []
-        for _ in range(2):
-            t = time.monotonic()
-            r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}])
-            timed.append(((time.monotonic() - t) * 50, r.usage))
-    (cold_s, cold), (warm_s, warm) = timed
-    expect_cold = cold.prompt_tokens / 1000 + cold.completion_tokens / 100
-    expect_warm = (warm.prompt_tokens - warm.prompt_tokens_details.cached_tokens) / 1000 + warm.completion_tokens / 100
-    assert expect_cold - 0.5 < cold_s < expect_cold + 5  # up to 0.1 real second of HTTP overhead
-    assert expect_warm - 0.5 < warm_s < expect_warm + 5
-    assert cold_s - warm_s > 3  # the cached prefix is not prefilled again
+        cold, cold_s = _chat(client, clock, "word " * 2500)
+        warm, warm_s = _chat(client, clock, "word " * 2500)
+    assert cold_s == pytest.approx(cold.prompt_tokens / 1000 + cold.completion_tokens / 100)
+    cached = warm.prompt_tokens_details.cached_tokens
+    assert cached > 4900 and warm_s == pytest.approx((warm.prompt_tokens - cached) / 1000 + warm.completion_tokens / 100)
 
 
-def test_prefill_is_serialized_across_requests():
-    perf = {"kv_capacity_tokens": 1 << 20, "prefill_tokens_per_s": 1000, "decode_tokens_per_s": 1e6, "time_scale": 20}
-    with StandinServer({"performance": perf, "turns": [{"content": "ok", "repeat": 3}]}) as srv:
+def test_prefill_is_serialized_and_decode_runs_beside_it():
+    perf = {"kv_capacity_tokens": 1 << 20, "prefill_tokens_per_s": 1000, "decode_tokens_per_s": 10}
+    clock = VirtualClock()
+    with StandinServer({"performance": perf, "turns": [{"content": "ok", "repeat": 3}]}, clock=clock) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="x")
         prompts = [f"{i} " + f"w{i} " * 1000 for i in range(3)]  # distinct from the first token: no sharing
-        t = time.monotonic()
-        threads = [threading.Thread(target=client.chat.completions.create,
-                                    kwargs={"model": MODEL, "messages": [{"role": "user", "content": p}]}) for p in prompts]
+        out = []
+        threads = [threading.Thread(target=lambda p=p: out.append(_chat(client, clock, p, joined=True))) for p in prompts]
+        for _ in threads:
+            clock.join()  # all three take part before any time passes: they arrive together
         for th in threads:
             th.start()
         for th in threads:
             th.join()
-        sim = (time.monotonic() - t) * 20
-    assert sim > 3 * 2.0 - 0.3  # three ~2000-token prefills one after another, not at once
+    prefills = sorted(u.prompt_tokens / 1000 for u, _ in out)
+    decode = out[0][0].completion_tokens / 10
+    # all three arrive at t=0: the k-th waits for the prefills before it, decodes overlap
+    assert clock.now() == pytest.approx(sum(prefills) + decode)
+    assert sorted(s for _, s in out)[0] == pytest.approx(min(prefills) + decode, rel=0.01)
+
+
+def test_the_scaled_clock_runs_hours_in_seconds():
+    perf = {"prefill_tokens_per_s": 1, "decode_tokens_per_s": 1e9, "time_scale": 36_000}  # 1 token = 1 s
+    with StandinServer({"performance": perf, "turns": [{"content": "ok"}]}) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x")
+        client.models.list()  # connection and client warm-up outside the timed part
+        t = time.monotonic()
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 1800}])
+        real = time.monotonic() - t
+    assert r.usage.prompt_tokens >= 3600  # an hour of prefill at 1 tok/s ...
+    assert real >= r.usage.prompt_tokens / 36_000 - 0.01  # ... is at least prompt/scale real seconds
 
 
 def test_requests_wait_for_kv_space_and_metrics_show_capacity_and_usage():
-    # 16 blocks of 16 tokens; each prompt takes ~12 blocks for ~0.4 real seconds: the second must wait
-    perf = {"kv_capacity_tokens": 256, "prefill_tokens_per_s": 500, "decode_tokens_per_s": 1e6, "time_scale": 1}
+    # 16 blocks of 16 tokens; each prompt takes ~12 blocks for ~1 real second: the second must wait
+    perf = {"kv_capacity_tokens": 256, "prefill_tokens_per_s": 200, "decode_tokens_per_s": 1e6, "time_scale": 1}
     script = {"max_model_len": 256, "block_size": 16, "performance": perf, "turns": [{"content": "ok", "repeat": 2}]}
     with StandinServer(script) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="x")
@@ -143,7 +165,7 @@ def test_requests_wait_for_kv_space_and_metrics_show_capacity_and_usage():
         threads = [threading.Thread(target=call, args=(tag,)) for tag in "ab"]
         for th in threads:
             th.start()
-            time.sleep(0.1)
+            time.sleep(0.25)
         during = samples(srv.root_url)
         for th in threads:
             th.join()
