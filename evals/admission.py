@@ -31,6 +31,11 @@ from m3_agent.evals.tasks import Task, repo_source
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 CHARS_PER_TOKEN = 3.2  # the pack's own estimate for source text (agent.context.tokens.EstimateCounter)
+CALIBRATION_FILES = 16  # files of a tree the endpoint tokenizes to learn its bytes per token
+# files a pack leaves out as binary, by suffix: they do not count towards a context
+BINARY = (".png", ".jpg", ".jpeg", ".gif", ".ico", ".bmp", ".webp", ".pdf", ".zip", ".gz", ".bz2", ".xz", ".tar",
+          ".whl", ".egg", ".so", ".dll", ".dylib", ".exe", ".pyc", ".class", ".jar", ".woff", ".woff2", ".ttf", ".eot",
+          ".otf", ".mo", ".mp3", ".mp4", ".wav", ".ogg", ".npy", ".npz", ".pkl", ".db", ".sqlite", ".fits", ".h5")
 GROWTH = 0.15  # a session's context grows past its first prompt by about this share (tool output, replies)
 OUTPUT_RESERVE = 32_768  # tokens the agent leaves for a reply (agent.context.budget_for_window)
 
@@ -107,26 +112,62 @@ def order_for_reuse(tasks: Sequence[Task]) -> list[Task]:
     return [t for _, t in sorted(enumerate(tasks), key=lambda it: (first_seen[it[1].repo], it[1].created_at or "", it[0]))]
 
 
-@functools.lru_cache(maxsize=4096)
-def _tree_bytes(source: str, commit: str) -> int | None:
-    """Total size of the files at `commit` (git ls-tree, no checkout); None if git cannot tell."""
-    try:
-        out = subprocess.run(["git", "-C", source, "ls-tree", "-r", "-l", commit], capture_output=True,
-                             text=True, timeout=60, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
-    total = 0
+def _blobs(source: str, commit: str) -> list[tuple[int, str, str]]:
+    """(size, object id, path) of the text-looking files at `commit` (git ls-tree, no checkout)."""
+    out = subprocess.run(["git", "-C", source, "ls-tree", "-r", "-l", commit], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    blobs = []
     for line in out.splitlines():
         fields = line.split(None, 4)  # mode, type, object, size ("-" for a submodule), path
-        total += int(fields[3]) if len(fields) > 4 and fields[3].isdigit() else 0
-    return total
+        if len(fields) > 4 and fields[1] == "blob" and fields[3].isdigit() and not fields[4].lower().endswith(BINARY):
+            blobs.append((int(fields[3]), fields[2], fields[4]))
+    return blobs
 
 
-def expected_context(task: Task, repos: Path | None, window: int) -> int:
+@functools.lru_cache(maxsize=4096)
+def _tree_bytes(source: str, commit: str) -> int | None:
+    """Total size of the text-looking files at `commit`; None if git cannot tell."""
+    try:
+        return sum(size for size, _, _ in _blobs(source, commit))
+    except (subprocess.SubprocessError, OSError):
+        return None
+
+
+def bytes_per_token(base_url: str, task: Task, repos: Path | None, *, api_key: str | None = None) -> float:
+    """The endpoint's bytes per token on this repository: a sample of its files through /tokenize.
+
+    The sample is the files found at evenly spaced points of the tree's bytes, so the ratio is
+    weighted as the tree is. Falls back to the pack's estimate when the server has no /tokenize
+    (SGLang) or the tree cannot be read.
+    """
+    from m3_agent.agent.context.tokens import ServerCounter
+
+    try:
+        source = repo_source(task, repos)
+        blobs = _blobs(source, task.base_commit)
+        total, marks, chosen, seen = sum(b[0] for b in blobs), [], [], 0
+        marks = [total * (i + 0.5) / CALIBRATION_FILES for i in range(CALIBRATION_FILES)]
+        for size, oid, _path in blobs:
+            if marks and seen + size > marks[0]:
+                chosen.append(oid)
+                while marks and seen + size > marks[0]:
+                    marks.pop(0)
+            seen += size
+        texts = [subprocess.run(["git", "-C", source, "cat-file", "blob", oid], capture_output=True, timeout=60,
+                                check=True).stdout.decode("utf-8", "replace") for oid in chosen]
+        tokens = sum(ServerCounter(base_url, api_key=api_key).count_many(texts))
+    except Exception:  # noqa: BLE001 - any failure leaves the documented estimate
+        return CHARS_PER_TOKEN
+    size = sum(len(t.encode()) for t in texts)
+    return size / tokens if tokens and size else CHARS_PER_TOKEN
+
+
+def expected_context(task: Task, repos: Path | None, window: int, *, per_token: float = CHARS_PER_TOKEN) -> int:
     """Tokens one instance is expected to hold at its largest: its pack plus growth, at most the window.
 
-    The pack is estimated from the repository's size at `base_commit`; a repository that cannot be
-    read locally counts as a full window (the safe side).
+    The pack is estimated from the repository's size at `base_commit` at `per_token` bytes per token
+    (`bytes_per_token` measures it on the endpoint); a repository that cannot be read locally
+    counts as a full window (the safe side).
     """
     try:
         source = repo_source(task, repos)
@@ -135,7 +176,7 @@ def expected_context(task: Task, repos: Path | None, window: int) -> int:
     size = _tree_bytes(source, task.base_commit) if Path(source).exists() else None
     if size is None:
         return window
-    pack = min(size / CHARS_PER_TOKEN, window - OUTPUT_RESERVE)
+    pack = min(size / per_token, window - OUTPUT_RESERVE)
     return min(window, int(pack * (1 + GROWTH)) + OUTPUT_RESERVE)
 
 
@@ -166,11 +207,19 @@ def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | No
     return found
 
 
-def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int):
-    """The runner's `admit` callable: `Admission` over each task's `expected_context`."""
+def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
+             per_token: dict[str, float] | None = None):
+    """The runner's `admit` callable: `Admission` over each task's `expected_context`.
+
+    `per_token` maps a repository to its bytes per token (default: the pack's estimate).
+    """
     gate = Admission(capacity.tokens if capacity else None, workers)
+    ratios = per_token or {}
+
+    def expected(t: Task) -> int:
+        return expected_context(t, repos, window, per_token=ratios.get(t.repo, CHARS_PER_TOKEN))
 
     def admit(task: Task, running: list[Task]) -> bool:
-        return gate.admits(expected_context(task, repos, window), [expected_context(t, repos, window) for t in running])
+        return gate.admits(expected(task), [expected(t) for t in running])
 
     return admit

@@ -230,7 +230,7 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
                   agent, quiet: bool) -> tuple[list[Task], Any, dict]:
     """The tasks in reuse order, the admission gate for the endpoint's KV capacity, and what run.json records."""
     from m3_agent.agent.context.tokens import server_card
-    from m3_agent.evals.admission import kv_admit, learn_capacity, order_for_reuse
+    from m3_agent.evals.admission import bytes_per_token, kv_admit, learn_capacity, order_for_reuse
 
     capacity = learn_capacity(endpoint, profile)
     try:
@@ -240,9 +240,13 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
     if not quiet:
         said = f"{capacity.tokens:,} tokens of KV cache ({capacity.source})" if capacity else "no KV capacity known"
         Console(stderr=True).print(f"m3-agent: {escape(said)}; a repository's instances run back to back")
+    key = agent.model.api_key.get_secret_value()
+    first = {t.repo: t for t in reversed(tasks)}  # one task per repository: its tree calibrates the ratio
+    per_token = {repo: bytes_per_token(endpoint, t, repos, api_key=key) for repo, t in first.items()} if capacity else {}
     meta = {"kv_capacity_tokens": capacity.tokens if capacity else None,
-            "kv_capacity_source": capacity.source if capacity else None}
-    return order_for_reuse(tasks), kv_admit(capacity, workers, repos=repos, window=window), meta
+            "kv_capacity_source": capacity.source if capacity else None,
+            "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()}}
+    return order_for_reuse(tasks), kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token), meta
 
 
 @app.command("images")

@@ -7,9 +7,11 @@ import subprocess
 import pytest
 
 from m3_agent.evals.admission import (
+    CHARS_PER_TOKEN,
     GROWTH,
     OUTPUT_RESERVE,
     Admission,
+    bytes_per_token,
     capacity_from_metrics,
     capacity_from_profile,
     expected_context,
@@ -20,7 +22,7 @@ from m3_agent.evals.admission import (
 from m3_agent.evals.runner import EvalConfig, run_eval
 from m3_agent.evals.tasks import Task
 from m3_agent.serving.planner import GB, plan
-from m3_agent.serving.standin import B200X8_KV_TOKENS, StandinServer
+from m3_agent.serving.standin import B200X8_KV_TOKENS, StandinServer, toy_pieces
 
 
 def _task(iid: str, repo: str = "o/r", created_at: str = "", base_commit: str = "0" * 40, **kw) -> Task:
@@ -77,7 +79,8 @@ def test_the_gate_caps_at_workers_fits_the_cache_and_always_runs_one():
     assert Admission(None, workers=2).admits(10**9, [10**9]) and not Admission(None, workers=2).admits(1, [1, 1])
 
 
-def test_expected_context_follows_the_tree_size_and_caps_at_the_window(tmp_path):
+@pytest.fixture
+def one_commit(tmp_path) -> Task:
     repo = tmp_path / "o__r"
     repo.mkdir()
     (repo / "a.py").write_text("x = 1\n" * 16_000)  # 96,000 bytes
@@ -86,10 +89,21 @@ def test_expected_context_follows_the_tree_size_and_caps_at_the_window(tmp_path)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "one"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    task = _task("r-1", base_commit=head)
-    assert expected_context(task, tmp_path, 1_048_576) == int(96_000 / 3.2 * (1 + GROWTH)) + OUTPUT_RESERVE
-    assert expected_context(task, tmp_path, 50_000) == 50_000
+    return _task("r-1", base_commit=head)
+
+
+def test_expected_context_follows_the_tree_size_and_caps_at_the_window(tmp_path, one_commit):
+    assert expected_context(one_commit, tmp_path, 1_048_576) == int(96_000 / 3.2 * (1 + GROWTH)) + OUTPUT_RESERVE
+    assert expected_context(one_commit, tmp_path, 1_048_576, per_token=6.0) == int(16_000 * (1 + GROWTH)) + OUTPUT_RESERVE
+    assert expected_context(one_commit, tmp_path, 50_000) == 50_000
     assert expected_context(_task("r-2", repo="o/missing"), tmp_path, 70_000) == 70_000
+
+
+def test_the_endpoint_tokenizes_a_sample_to_give_its_bytes_per_token(tmp_path, one_commit):
+    with StandinServer([]) as srv:
+        ratio = bytes_per_token(srv.base_url, one_commit, tmp_path)
+    assert ratio == pytest.approx(96_000 / len(toy_pieces("x = 1\n" * 16_000)))  # the stand-in's toy tokens
+    assert bytes_per_token("http://127.0.0.1:9/v1", one_commit, tmp_path) == CHARS_PER_TOKEN  # no server: the estimate
 
 
 def test_the_runner_starts_instances_only_when_admitted(tmp_path):
