@@ -1,0 +1,350 @@
+"""Batch throughput on one M3 endpoint: a fixed pool of N workers vs `eval run`'s KV-aware scheduler.
+
+Both arms run the same instances, in the same run, against a fresh stand-in each with the same
+performance model (a test double calibrated to seed 000's 8x B200: KV capacity, LRU eviction of
+cached blocks, prefill and decode rates; docs/standin.md) on a virtual clock: simulated time
+passes only while every session waits (for the server's modeled prefill and decode, for KV space,
+or for its tool time), so hours run in the seconds the machine needs and its load changes nothing. An instance is one commit of the given repository: its tree exported as
+`eval run` exports it, packed by `m3_agent.agent.context.pack_repository` with the agent's default
+budget for a 1M window, the message of the commit after it as the issue, and the agent's system
+prompt and tool schemas. A session then plays `--turns` requests as the agent loop sends them (each
+turn appends the model's tool call and a tool result, with `--tool-s` simulated seconds of tool
+time between turns).
+
+- fixed pool: N threads take instances in order, each running one session after another.
+- scheduler: `evals.admission` as `eval run` uses it: the capacity read from the stand-in's
+  /metrics, bytes per token measured through its /tokenize, `order_for_reuse`, `expected_context`
+  per instance, `Admission` with `--workers` N.
+
+Reported per arm: simulated wall time, prefill tokens computed and
+reused (the server's counters), the largest number of sessions at once, and the first-request
+cached share of instances after the first (cached / prompt tokens of each session's first request).
+A third, untimed pass sends only first requests of the newest commits, whose packs are budgeted
+(the repository outgrew the window), to a stand-in without a performance model:
+`first_request_cached_share_budgeted` at `--shared-share` (context.shared_share: that share of a
+budgeted pack is the same files whatever the issue), and the same at the config's default.
+Before packing, the repository's files are ordered for the instances' base commits, as `eval run`
+does (`stability.order_for_commits`), and each pack reads the repository's history.
+
+    .venv/bin/python benchmarks/batch_throughput.py REPO [--tasks 40] [--workers 8] [--turns 6]
+        [--stride 10] [--budgeted-tasks 10] [--tool-s 20] [--shared-share 0.5]
+
+REPO is a git repository with history (a clone or a bare mirror). The last line of output is one
+JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+from m3_agent import hostgit
+from m3_agent.agent.config import AgentConfig
+from m3_agent.agent.context import PackCache, budget_for_window, pack_repository
+from m3_agent.agent.context.stability import order_for_commits
+from m3_agent.evals.admission import (
+    Admission,
+    bytes_per_token,
+    capacity_from_metrics,
+    expected_context,
+    order_for_reuse,
+)
+from m3_agent.evals.tasks import Task
+from m3_agent.serving.simclock import VirtualClock
+from m3_agent.serving.standin import StandinServer
+from m3_agent.tools import default_tools
+
+WINDOW = 1_048_576
+MODEL = "MiniMaxAI/MiniMax-M3"
+# what the loop appends after the pack (agent/loop.py, _first_messages)
+TASK_TEXT = ("\n\n<issue>\n{issue}\n</issue>\n\nResolve the issue above in /workspace. "
+             "Use the tools; run the tests; call `submit` when the fix is done.")
+REASONING = " ".join(["The failing test points at the fixture teardown order, so read it and run the suite."] * 12)
+
+
+@dataclass
+class Instance:
+    """One task and its first two messages (system prompt, pack + issue)."""
+
+    task: Task
+    messages: list[dict]
+    pack_tokens: int
+    budgeted: bool
+
+
+@dataclass
+class Session:
+    """What one session saw: its first request's usage, its turns, when it ran."""
+
+    instance_id: str
+    first_prompt: int = 0
+    first_cached: int = 0
+    started: float = 0.0
+    ended: float = 0.0
+
+
+@dataclass
+class Arm:
+    """One arm's totals."""
+
+    name: str
+    sessions: list[Session] = field(default_factory=list)
+    sim_wall_s: float = 0.0
+    prefill_computed: int = 0
+    prefill_reused: int = 0
+    max_running: int = 0
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def tree_bytes(repo: Path, commit: str) -> int:
+    return sum(int(f[3]) for f in (line.split(None, 4) for line in git(repo, "ls-tree", "-r", "-l", commit).splitlines())
+               if len(f) > 4 and f[3].isdigit())
+
+
+def newest_fitting(repo: Path, commits: list[str], target_tokens: int) -> int:
+    """Index (newest first) of the newest commit whose whole pack should fit `target_tokens`.
+
+    Pack tokens grow with the tree's bytes: bisect on bytes with the ratio of a probe's pack, then
+    probe the commit found and bisect again with its own ratio (old trees pack differently).
+    """
+    probe, found = 0, 0
+    for _ in range(3):
+        ratio = export_and_pack(repo, commits[probe], "probe", None)[0].tokens / max(1, tree_bytes(repo, commits[probe]))
+        lo, hi = 0, len(commits) - 1  # trees grow with time: the fitting commits are the older ones
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if tree_bytes(repo, commits[mid]) * ratio <= target_tokens:
+                hi = mid
+            else:
+                lo = mid + 1
+        found, probe = lo, lo
+    return found
+
+
+def export_and_pack(repo: Path, commit: str, iid: str, issue: str | None, budget: int | None = None,
+                    shares: tuple[float, ...] = (0.0,)) -> list:
+    """The commit's tree as `eval run` exports it (a fresh one-commit repository) and its pack per shared share.
+
+    As `eval run` packs a task: the files are ordered by the source repository's history.
+    """
+    with tempfile.TemporaryDirectory(prefix="m3-batch-") as tmp:
+        dest = Path(tmp) / "repo"
+        dest.mkdir()
+        archive = subprocess.Popen(["git", "-C", str(repo), "archive", commit], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
+        archive.wait()
+        hostgit.commit_all(dest, f"{iid}: base_commit {commit}")
+        return [pack_repository(dest, issue=issue, budget=budget, history=str(repo), shared_share=share)
+                for share in shares]
+
+
+def instances(repo: Path, commits: list[tuple[str, str]], budget: int,
+              shares: tuple[float, ...] = (0.0,)) -> list[list[Instance]]:
+    """Per shared share, one instance per commit (the issue: the message of the commit after it), packed
+    as the agent packs."""
+    name = repo.resolve().name if repo.name not in ("repo", ".git") else repo.resolve().parent.name
+    system = AgentConfig().system_prompt
+    out: list[list[Instance]] = [[] for _ in shares]
+    for base, child in commits:
+        iid = f"{name}-{base[:10]}"
+        issue = git(repo, "log", "-1", "--format=%B", child).strip()
+        task = Task(instance_id=iid, repo=name, base_commit=base, problem_statement=issue, repo_source=str(repo),
+                    created_at=git(repo, "log", "-1", "--format=%cI", base).strip())
+        for packs, pack in zip(out, export_and_pack(repo, base, iid, issue, budget, shares)):
+            user = pack.text + TASK_TEXT.format(issue=issue)
+            packs.append(Instance(task, [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                  pack.tokens, "budget" in pack.skipped_by_reason()))
+    return out
+
+
+def order_files(repo: Path, commits: list[tuple[str, str]]) -> None:
+    """What `eval run` does before its instances start: order the repository's files for their base commits."""
+    with PackCache() as store:
+        order_for_commits(str(repo), {base for base, _ in commits}, store)
+
+
+def tool_output(iid: str, turn: int) -> str:
+    return f"$ python -m pytest -q  # {iid}, turn {turn}\n" + "".join(
+        f"testing/test_case_{turn}_{i}.py::test_{i} PASSED\n" for i in range(80))
+
+
+def run_session(client: openai.OpenAI, inst: Instance, turns: int, tool_s: float, clock, tools: list) -> Session:
+    """Play one agent session's requests, with `tool_s` of tool time after each; keep the first request's usage."""
+    s = Session(inst.task.instance_id, started=clock.now())
+    messages = list(inst.messages)
+    for turn in range(turns):
+        r = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=32_768)
+        if turn == 0:
+            s.first_prompt = r.usage.prompt_tokens
+            s.first_cached = r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0
+        call = r.choices[0].message.tool_calls[0]
+        messages.append({"role": "assistant", "content": r.choices[0].message.content,
+                         "tool_calls": [{"id": call.id, "type": "function",
+                                         "function": {"name": call.function.name, "arguments": call.function.arguments}}]})
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_output(s.instance_id, turn)})
+        clock.sleep(tool_s)
+    s.ended = clock.now()
+    return s
+
+
+def script(performance: bool) -> dict:
+    turn = {"reasoning": REASONING, "tool_calls": [{"name": "bash", "arguments": {"command": "python -m pytest -q"}}],
+            "repeat": 1_000_000}
+    return {"turns": [turn], **({"performance": {}} if performance else {})}
+
+
+def counters(root_url: str) -> dict[str, float]:
+    with urllib.request.urlopen(root_url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
+    """One arm on a fresh stand-in with the 8x B200 performance model and a virtual clock."""
+    arm, tools, clock = Arm(name), [t.schema() for t in default_tools()], VirtualClock()
+    with StandinServer(script(performance=True), clock=clock) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=3600)
+        if scheduled:
+            capacity = capacity_from_metrics(srv.base_url)
+            gate = Admission(capacity.tokens if capacity else None, args.workers)
+            tasks = order_for_reuse([i.task for i in insts])
+            ratio = bytes_per_token(srv.base_url, tasks[0], None)  # as eval run calibrates, once per repository
+            expected = {t.instance_id: expected_context(t, None, WINDOW, per_token=ratio) for t in tasks}
+        else:  # a fixed pool: the given order, N at a time whatever they hold
+            gate, tasks, expected = Admission(None, args.workers), [i.task for i in insts], {}
+        by_id = {i.task.instance_id: i for i in insts}
+        pending = [by_id[t.instance_id] for t in tasks]
+        arm.sessions = drive(pending, gate, expected, clock, arm,
+                             lambda inst: run_session(client, inst, args.turns, args.tool_s, clock, tools))
+        arm.sim_wall_s = clock.now()
+        c = counters(srv.root_url)
+    arm.prefill_reused = int(c["vllm:prefix_cache_hits_total"])
+    arm.prefill_computed = int(c["vllm:prompt_tokens_total"]) - arm.prefill_reused
+    return arm
+
+
+def drive(pending: list[Instance], gate: Admission, expected: dict[str, int], clock: VirtualClock, arm: Arm,
+          session) -> list[Session]:
+    """Start sessions while the gate admits them; each is a participant of the clock from start to end."""
+    running, done = {}, []
+    with ThreadPoolExecutor(max_workers=gate.workers) as pool:
+        while pending or running:
+            while pending and gate.admits(expected.get(pending[0].task.instance_id, 0),
+                                          [expected.get(i.task.instance_id, 0) for i in running.values()]):
+                inst = pending.pop(0)
+                clock.join()  # before it is submitted, so no time passes until it has sent its request
+                running[pool.submit(session, inst)] = inst
+            arm.max_running = max(arm.max_running, len(running))
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in finished:
+                done.append(f.result())
+                del running[f]
+            # the finished leave only now, after their successors joined: time cannot jump in between
+            for _ in finished:
+                clock.leave()
+    return done
+
+
+def first_share(sessions: list[Session]) -> float:
+    """Mean cached share of first requests, over every session but the one that started first."""
+    later = sorted(sessions, key=lambda s: s.started)[1:]
+    return round(sum(s.first_cached / s.first_prompt for s in later) / len(later), 4) if later else 0.0
+
+
+def budgeted_share(insts: list[Instance]) -> float:
+    """First requests only, one after another, oldest first, to a stand-in without a performance model."""
+    tools, clock = [t.schema() for t in default_tools()], VirtualClock()
+    with StandinServer(script(performance=False), clock=clock) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=600)
+        sessions = [run_session(client, i, 1, 0.0, clock, tools) for i in sorted(insts, key=lambda i: i.task.created_at)]
+    return first_share(sessions)
+
+
+def pick_commits(repo: Path, args) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(base, child) pairs: `--tasks` whose packs fit the window, `--budgeted-tasks` newest ones."""
+    commits = git(repo, "rev-list", "--first-parent", "HEAD").split()
+    fit = newest_fitting(repo, commits, int(budget_for_window(WINDOW) * 0.8))
+    pairs = [(commits[i + 1], commits[i]) for i in range(len(commits) - 1)]
+    fitting = pairs[fit : fit + args.tasks * args.stride : args.stride]
+    newest = pairs[: args.budgeted_tasks * args.stride : args.stride]
+    if len(fitting) < args.tasks:
+        raise SystemExit(f"{repo}: only {len(fitting)} commits with a pack that fits the window at stride {args.stride}")
+    return fitting, newest
+
+
+def table(arms: list[Arm]) -> list[str]:
+    rows = ["| arm | simulated wall | prefill computed | prefill reused | most at once | first-request cached share |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for a in arms:
+        rows.append(f"| {a.name} | {a.sim_wall_s / 3600:.2f} h | {a.prefill_computed:,} | {a.prefill_reused:,} | "
+                    f"{a.max_running} | {first_share(a.sessions):.1%} |")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("repo", type=Path, help="a git repository with history (clone or bare mirror)")
+    ap.add_argument("--tasks", type=int, default=40)
+    ap.add_argument("--workers", type=int, default=8, help="the fixed pool's size and the scheduler's cap")
+    ap.add_argument("--turns", type=int, default=6, help="requests per session")
+    ap.add_argument("--stride", type=int, default=10, help="first-parent commits between two instances")
+    ap.add_argument("--budgeted-tasks", type=int, default=10)
+    ap.add_argument("--tool-s", type=float, default=20.0, help="simulated seconds of tool time between turns")
+    ap.add_argument("--shared-share", type=float, default=0.5,
+                    help="context.shared_share of the budgeted packs (the figure at the config's default is reported too)")
+    args = ap.parse_args()
+
+    t = time.monotonic()
+    fitting, newest = pick_commits(args.repo, args)
+    order_files(args.repo, fitting + newest)
+    (insts,) = instances(args.repo, fitting, budget_for_window(WINDOW))
+    default_share = AgentConfig().context.shared_share
+    shares = (args.shared_share, default_share)
+    budgeted, unshared = ([i for i in packs if i.budgeted]
+                          for packs in instances(args.repo, newest, budget_for_window(WINDOW), shares))
+    print(f"packed {len(insts)} + {len(budgeted)} budgeted instances in {time.monotonic() - t:.0f} s; pack tokens "
+          f"{min(i.pack_tokens for i in insts):,}..{max(i.pack_tokens for i in insts):,}", file=sys.stderr)
+    arms = [run_arm(f"fixed pool of {args.workers}", insts, args, scheduled=False),
+            run_arm(f"KV-aware scheduler (cap {args.workers})", insts, args, scheduled=True)]
+    fixed, ours = arms
+    for line in table(arms):
+        print(line)
+    prompts = [s.first_prompt for s in ours.sessions]
+    result = {
+        "repo": insts[0].task.repo, "tasks": len(insts), "workers": args.workers, "turns": args.turns,
+        "stride": args.stride, "tool_s": args.tool_s,
+        "first_prompt_tokens_min": min(prompts), "first_prompt_tokens_max": max(prompts),
+        "fixed_pool": _arm_json(fixed), "scheduler": _arm_json(ours),
+        "speedup_vs_fixed_pool": round(fixed.sim_wall_s / ours.sim_wall_s, 3),
+        "first_request_cached_share": first_share(ours.sessions),
+        "first_request_cached_share_budgeted": budgeted_share(budgeted) if len(budgeted) > 1 else None,
+        "shared_share": args.shared_share,
+        f"first_request_cached_share_budgeted_at_default_shared_share_{default_share:g}":
+            budgeted_share(unshared) if len(unshared) > 1 else None,
+        "budgeted_tasks": len(budgeted),
+    }
+    print(json.dumps(result))
+
+
+def _arm_json(a: Arm) -> dict:
+    return {"sim_wall_s": round(a.sim_wall_s, 1), "prefill_computed_tokens": a.prefill_computed,
+            "prefill_reused_tokens": a.prefill_reused, "max_running": a.max_running,
+            "first_request_cached_share": first_share(a.sessions)}
+
+
+if __name__ == "__main__":
+    main()

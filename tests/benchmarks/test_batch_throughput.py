@@ -1,0 +1,37 @@
+"""benchmarks/batch_throughput.py end to end on a small real git history: both arms, the JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "batch_throughput.py"
+ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+       "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+
+
+def test_both_arms_run_the_same_instances_and_the_last_line_is_json(tmp_path):
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=ENV)
+    for i in range(8):
+        for j in range(20):
+            (repo / f"mod_{j}.py").write_text("".join(f"def f_{j}_{k}(x):\n    return x + {k}\n" for k in range(50 + i)))
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True, env=ENV)
+        subprocess.run(["git", "-C", str(repo), "commit", "-qm", f"change {i}: grow every module"], check=True, env=ENV)
+    r = subprocess.run([sys.executable, str(BENCH), str(repo), "--tasks", "4", "--stride", "1", "--turns", "2",
+                        "--workers", "2", "--budgeted-tasks", "0"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["tasks"] == 4 and out["workers"] == 2
+    for arm in ("fixed_pool", "scheduler"):
+        assert out[arm]["sim_wall_s"] > 0 and 1 <= out[arm]["max_running"] <= 2
+        assert out[arm]["prefill_computed_tokens"] > 0 and out[arm]["prefill_reused_tokens"] > 0
+    # the same requests in both arms: the server counted the same prompt tokens
+    total = {arm: out[arm]["prefill_computed_tokens"] + out[arm]["prefill_reused_tokens"] for arm in ("fixed_pool", "scheduler")}
+    assert total["fixed_pool"] == total["scheduler"]
+    assert out["speedup_vs_fixed_pool"] > 0 and out["first_request_cached_share_budgeted"] is None
+    assert "| fixed pool of 2 |" in r.stdout
