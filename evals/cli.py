@@ -218,12 +218,12 @@ def run_command(
     config = EvalConfig(output_dir=output or _default_output("run", tasks), repos=repos, sandbox=agent.sandbox,
                         test_timeout=test_timeout, instance_timeout=instance_timeout, model_name=model_name,
                         agent=agent, image_namespace=image_namespace or None, image_tag=image_tag)
-    admit, meta = None, {}
+    run_order, admit, meta = task_list, None, {}
     if kv_admission:
-        task_list, admit, meta = _kv_admission(task_list, endpoint, settings.serve, workers, repos, agent, quiet)
-    execute(task_list, None, config, workers=workers, retry_errors=retry_errors, quiet=quiet, json_out=json_out,
+        run_order, admit, meta = _kv_admission(task_list, endpoint, settings.serve, workers, repos, agent, quiet)
+    execute(run_order, None, config, workers=workers, retry_errors=retry_errors, quiet=quiet, json_out=json_out,
             cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour), admit=admit,
-            meta_extra=meta)
+            meta_extra=meta, all_tasks=task_list)  # the report keeps the tasks' own order
 
 
 def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers: int, repos: Optional[Path],
