@@ -234,6 +234,7 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
         c = counters(srv.root_url)
     arm.prefill_reused = int(c["vllm:prefix_cache_hits_total"])
     arm.prefill_computed = int(c["vllm:prompt_tokens_total"]) - arm.prefill_reused
+    print(f"{name}: {arm.sim_wall_s / 3600:.2f} simulated hours", file=sys.stderr)
     return arm
 
 
