@@ -27,6 +27,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
+from m3_agent.errors import M3AgentError, UsageError
 from m3_agent.evals.tasks import Task, repo_source
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
@@ -145,7 +146,7 @@ def bytes_per_token(base_url: str, task: Task, repos: Path | None, *, api_key: s
     try:
         source = repo_source(task, repos)
         blobs = _blobs(source, task.base_commit)
-        total, marks, chosen, seen = sum(b[0] for b in blobs), [], [], 0
+        total, chosen, seen = sum(b[0] for b in blobs), [], 0
         marks = [total * (i + 0.5) / CALIBRATION_FILES for i in range(CALIBRATION_FILES)]
         for size, oid, _path in blobs:
             if marks and seen + size > marks[0]:
@@ -156,7 +157,7 @@ def bytes_per_token(base_url: str, task: Task, repos: Path | None, *, api_key: s
         texts = [subprocess.run(["git", "-C", source, "cat-file", "blob", oid], capture_output=True, timeout=60,
                                 check=True).stdout.decode("utf-8", "replace") for oid in chosen]
         tokens = sum(ServerCounter(base_url, api_key=api_key).count_many(texts))
-    except Exception:  # noqa: BLE001 - any failure leaves the documented estimate
+    except (M3AgentError, subprocess.SubprocessError, OSError):  # no /tokenize, no tree: the documented estimate
         return CHARS_PER_TOKEN
     size = sum(len(t.encode()) for t in texts)
     return size / tokens if tokens and size else CHARS_PER_TOKEN
@@ -171,7 +172,7 @@ def expected_context(task: Task, repos: Path | None, window: int, *, per_token: 
     """
     try:
         source = repo_source(task, repos)
-    except Exception:  # noqa: BLE001 - the instance itself reports a missing repository
+    except UsageError:  # the instance itself reports a missing repository
         return window
     size = _tree_bytes(source, task.base_commit) if Path(source).exists() else None
     if size is None:
