@@ -462,7 +462,7 @@ class PrefixCache:
 
 @dataclass
 class Ticket:
-    """A request admitted to the KV cache: its blocks (to free) and when it finishes, in real time."""
+    """A request admitted to the KV cache: its blocks (to free) and when it finishes, on the server's clock."""
 
     hashes: list[bytes]
     extra: int
