@@ -1,8 +1,8 @@
 """The live progress of `m3-agent fix`: a subscriber of the run's event stream.
 
 On a terminal it is a live rich panel (turn, thinking mode, current tool call, last tests, tokens
-with the cached share, elapsed time); elsewhere (CI logs) one plain line per tool call, test summary
-and stall. Every number comes from the events: token counts from each `reply` event's usage.
+with the cached share, sandbox restarts, elapsed time); elsewhere (CI logs) one plain line per tool
+call, test summary, stall and sandbox restart. Every number comes from the events: token counts from each `reply` event's usage.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def describe_verdict(verdict: Verdict | None) -> str:
         where = f"`{verdict.command}` on the final patch"
     return f"{describe_tests(verdict.tests)} ({where})"
 
+
 class LiveProgress:
     """A progress subscriber: turn, thinking mode, current tool call, last tests, tokens, elapsed."""
 
@@ -80,6 +81,8 @@ class LiveProgress:
         self.tool = "-"
         self.tests = "-"
         self.stalls = 0
+        self.restarts = 0
+        self.restart_note = ""
         self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
         self.t0 = time.monotonic()
         self.live = Live(self.render(), console=console, refresh_per_second=4, transient=True) \
@@ -134,6 +137,12 @@ class LiveProgress:
         self.stalls += 1
         self._line(f"  stall: {data.get('rule')}")
 
+    def _on_sandbox_restart(self, turn: int, data: dict[str, Any]) -> None:
+        self.restarts = data.get("restarts", self.restarts + 1)
+        self.restart_note = f"{data.get('restored_files', 0)} changed file(s) restored"
+        self._line(f"  sandbox restart {self.restarts}: {short(data.get('reason'), 200)}; {self.restart_note}")
+        self.restart_note += f"; {short(data.get('reason'), 50)}"
+
     def render(self) -> Table:
         """The progress panel as a two-column grid."""
         grid = Table.grid(padding=(0, 2))
@@ -149,6 +158,8 @@ class LiveProgress:
             ("tests", self.tests),
             ("tokens", f"{self.prompt_tokens:,} in ({cached:.0%} cached) · {self.completion_tokens:,} out"),
         ]
+        if self.restarts:  # only once a sandbox died: most runs never see one
+            rows.append(("sandbox", f"restarted {self.restarts}x, {self.restart_note}"))
         for name, value in rows:
             grid.add_row(name, Text(value))  # Text: tool arguments may hold [brackets] rich would parse
         return grid

@@ -72,3 +72,28 @@ def test_without_a_terminal_it_prints_plain_lines():
         "  tests: 3 passed, 1 failed",
         "  stall: same_failures",
     ]
+
+
+def restart(turn: int, n: int) -> AgentEvent:
+    return AgentEvent(kind="sandbox_restart", turn=turn, data={
+        "reason": "sandbox 0123456789ab is dead: the sandbox closed its output, OOM-killed=True, exit=137",
+        "restored_diff_bytes": 321, "restored_files": 2, "restarts": n})
+
+
+def test_sandbox_restarts_show_in_the_panel_and_as_lines():
+    progress = LiveProgress(Console(file=io.StringIO(), force_terminal=True, width=160), max_turns=40, label="x")
+    with progress:
+        for e in events():
+            progress(e)
+        assert "sandbox" not in shown(progress)  # no row while no sandbox died
+        progress(restart(3, 1))
+        progress(restart(5, 2))
+        text = shown(progress)
+    assert "restarted 2x, 2 changed file(s) restored; sandbox 0123456789ab is dead: the sandbox closed …" in text
+    sink = io.StringIO()
+    plain = LiveProgress(Console(file=sink, width=200), max_turns=40, label="x")
+    with plain:
+        plain(restart(3, 1))
+    assert sink.getvalue().splitlines() == [
+        "  sandbox restart 1: sandbox 0123456789ab is dead: the sandbox closed its output, OOM-killed=True, exit=137; "
+        "2 changed file(s) restored"]
