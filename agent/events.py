@@ -21,8 +21,8 @@ Kinds, in the order a run emits them (`data` holds the fields; the trajectory fi
   tool_result       id, name, ok, error_kind, output, data, changed_files, duration_s
   stall             rule, evidence, nudged
   sandbox_restart   reason, restored_diff_bytes, restored_files, restarts
-                    (the environment died under a tool call or before the final diff: a fresh one holds
-                    the last known workspace)
+                    (the environment died under a tool call, before the final diff or under the verdict's
+                    test run: a fresh one holds the last known workspace)
   verify            source, passed, tests, command, test_turn, after_last_change, stale_turn, reason
                     (agent.verdict: which test run decides; emitted after the loop, before finish)
   finish            status, error, turns, usage, cache_hit_share, mode_counts, stalls, sandbox_restarts, timings,

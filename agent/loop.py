@@ -253,7 +253,7 @@ class _Run:
                     self.result.patch = self._final_patch()
                 except SandboxLost as lost:
                     end, self.result.patch = lost, self.recovery.kept
-                self._verify(self.env, end)  # after a restart, self.env is the fresh environment
+                self._verify(end)
         finally:
             self.env.close()
             first.close()
@@ -530,18 +530,34 @@ class _Run:
         self.stall.user_message()
 
     # ----- the end --------------------------------------------------------------------------------
-    def _verify(self, env: Environment, end: RunEnded) -> None:
+    def _verify(self, end: RunEnded) -> None:
         """Decide on the final workspace (`agent.verdict`): tests that ran after the last change, or none."""
         if end.status not in ("submitted", "finished") or not self.result.patch.strip():
             verdict = unverified(f"not verified: the run ended {end.status}"
                                  + ("" if self.result.patch.strip() else " without a change"))
         else:
             t = time.monotonic()
-            verdict = decide(self.tests, self.result.patch, env, self.agent.tools, self.cfg.test_cmd)
+            verdict = self._decide()
             self.result.timings.tools_s += time.monotonic() - t
         self.result.verdict = verdict
         self.result.final_tests = verdict.tests if verdict.after_last_change else None
         self.emit("verify", **verdict.model_dump())
+
+    def _decide(self) -> Verdict:
+        """`decide` in the current environment; one that dies under the verdict's test run is replaced
+        (final patch restored, within the run's restart budget) and the run is decided there."""
+        patch = self.result.patch
+        while True:
+            try:
+                return decide(self.tests, patch, self.env, self.agent.tools, self.cfg.test_cmd)
+            except SandboxDied as died:
+                self.recovery.saw(patch)  # the final workspace is the state to restore
+                try:
+                    self._restart(died)
+                except SandboxLost as lost:
+                    return unverified(f"not verified: the sandbox died under the verdict's test run: {lost}")
+                finally:
+                    self.result.patch = patch  # known whatever the restart did: the run keeps it
 
     def finish(self, status: RunStatus, *, error: str | None = None) -> None:
         if self.finished:

@@ -16,6 +16,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from m3_agent.agent import verdict as verdict_module
 from m3_agent.agent.loop import Agent
 from m3_agent.agent.trajectory import read_trajectory
 from m3_agent.errors import SandboxDied
@@ -135,6 +136,54 @@ def test_a_death_after_the_last_tool_call_is_recovered_before_the_final_diff_and
     assert [e["turn"] for e in traj if e["kind"] == "sandbox_restart"] == [2]
 
 
+def stale_test_turns() -> list[dict]:
+    """The agent tests, then edits and submits: the verdict re-runs its test call on the final workspace."""
+    return [{"tool_calls": [call("test_runner", test_file="tests")]},
+            {"tool_calls": [call("file_edit", **FIX)]},
+            {"tool_calls": [call("submit", summary="add adds")]}]
+
+
+def dies_at_verdict(monkeypatch, kill) -> list:
+    """Make the environment die (by `kill(env)`) just before the verdict's first re-run; the calls seen."""
+    seen = []
+    real = verdict_module.execute_call
+
+    def execute_call(name, arguments, tools, env, **kw):
+        seen.append(env)
+        if len(seen) == 1:
+            kill(env)
+        return real(name, arguments, tools, env, **kw)
+
+    monkeypatch.setattr(verdict_module, "execute_call", execute_call)
+    return seen
+
+
+def test_a_death_under_the_verdict_rerun_restarts_and_decides_in_the_fresh_environment(git_repo, tmp_path, monkeypatch):
+    made: list[DyingLocal] = []
+    seen = dies_at_verdict(monkeypatch, lambda env: setattr(env, "dead", True))
+    result, _, traj = scripted(git_repo, tmp_path, stale_test_turns(), dying_factory(made))
+    assert result.status == "submitted" and result.sandbox_restarts == 1 and len(made) == 2
+    assert seen == [made[0], made[1]]  # re-run once more, in the fresh checkout
+    assert "+    return a + b" in result.patch
+    assert result.verdict.source == "rerun" and result.verdict.passed and result.verdict.stale_turn == 1
+    restart = [e for e in traj if e["kind"] == "sandbox_restart"]
+    assert len(restart) == 1 and restart[0]["restored_diff_bytes"] == len(result.patch.encode())
+    assert [e["kind"] for e in traj][-3:] == ["sandbox_restart", "verify", "finish"]
+
+
+def test_a_death_under_the_verdict_rerun_past_the_limit_leaves_it_unverified_and_keeps_the_patch(
+        git_repo, tmp_path, monkeypatch):
+    made: list[DyingLocal] = []
+    dies_at_verdict(monkeypatch, lambda env: setattr(env, "dead", True))
+    result, _, traj = scripted(git_repo, tmp_path, stale_test_turns(), dying_factory(made), max_sandbox_restarts=0)
+    assert result.status == "submitted" and result.sandbox_restarts == 0 and len(made) == 1
+    assert "+    return a + b" in result.patch  # the final diff was taken before the death
+    assert result.verdict.source == "none" and result.verdict.passed is None
+    assert "died under the verdict's test run" in result.verdict.reason
+    assert "limits.max_sandbox_restarts=0" in result.verdict.reason
+    assert traj[-1]["status"] == "submitted" and all(e.root is None or not e.root.exists() for e in made)
+
+
 def test_calls_that_run_no_command_and_write_nothing_take_no_diff(git_repo, tmp_path, monkeypatch):
     diffs = []
     real = LocalEnvironment.diff
@@ -195,4 +244,26 @@ def test_a_container_killed_past_the_limit_ends_the_run(git_repo, tmp_path, sand
     assert "(limits.max_sandbox_restarts=1): sandbox" in result.error and "+    return a + b" in result.patch
     assert NOTICE in tool_messages(requests[2])[-1] and len(requests) == 3
     assert [e["kind"] for e in traj].count("sandbox_restart") == 1
+    assert containers_of(os.getpid()) == []
+
+
+@pytest.mark.docker
+def test_a_container_killed_under_the_verdict_rerun_is_replaced_and_the_run_is_verified(
+        git_repo, tmp_path, sandbox_image, monkeypatch):
+    kills: list[str] = []
+
+    def kill(env) -> None:
+        (box,) = containers_of(os.getpid())
+        assert box.id == env.id
+        kills.append(box.id)
+        box.kill()
+
+    seen = dies_at_verdict(monkeypatch, kill)
+    result, _, traj = scripted(git_repo, tmp_path, stale_test_turns(), None)
+    assert result.status == "submitted" and result.sandbox_restarts == 1 and len(kills) == 1
+    assert len(seen) == 2 and seen[1].id != kills[0]  # decided in a fresh container
+    assert "-    return a - b\n+    return a + b" in result.patch
+    assert result.verdict.source == "rerun" and result.verdict.passed
+    restart = [e for e in traj if e["kind"] == "sandbox_restart"]
+    assert len(restart) == 1 and f"sandbox {kills[0][:12]} is dead" in restart[0]["reason"]
     assert containers_of(os.getpid()) == []
