@@ -27,9 +27,11 @@ import errno
 import json
 import os
 import re
+import select
 import selectors
 import shlex
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -42,6 +44,8 @@ CHUNK = 1 << 16
 DRAIN_AFTER_EXIT_S = 0.1  # background children may hold the pipes open; wait this long for them
 DRAIN_AFTER_KILL_S = 1.0
 CMD_UID = None  # the uid commands run as (set by drop_privileges)
+MAXFD = os.sysconf("SC_OPEN_MAX")
+LIBC = None  # libc through ctypes (set by harden)
 # Commands are the OOM killer's first choice; raising one's own score needs no privilege.
 PRELUDE = "echo 1000 > /proc/self/oom_score_adj 2>/dev/null; "
 COLD_SCRIPT = PRELUDE + '__m3_cmd=$1; shift; eval "$__m3_cmd"'  # the command comes as $1, so the prelude runs first
@@ -161,7 +165,7 @@ def kill_tree(pgid, before):
     They are stopped first, pass after pass until no new one appears: a stopped process cannot fork,
     so a fork bomb stops growing before the kills begin.
     """
-    spare = before | {os.getpid(), 1}
+    spare = before | {os.getpid(), 1, WARM.ready(), SPAWNER.pid}  # neither is a leftover of this command
     stopped = set()
     for _ in range(20):
         new = pids() - spare - stopped
@@ -180,10 +184,7 @@ def kill_tree(pgid, before):
         if not hit:
             break
         killed |= hit
-        try:  # reap our own zombie so it stops counting as alive
-            os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            pass
+        reap_orphans()  # our own zombies stop counting as alive
         time.sleep(0.01)
     return killed
 
@@ -200,31 +201,58 @@ class WarmShell:
     """A shell started before its command is known, so no fork + exec sits on a command's critical path.
 
     It waits on a pipe for two NUL-terminated strings, a prologue (cd, exports) and the command, then
-    evals them: the same bash, the same session of its own, just started earlier.
+    evals them: the same bash, the same session of its own, just started earlier: by the spawner
+    while the previous command runs, or as the server's own child when there is no spawner.
     """
 
     def __init__(self):
         self.proc = None
         self.fd = None
+        self.pending = None  # (stdout, stderr, command pipe): our ends, while the spawner starts the shell
+
+    @staticmethod
+    def script(fd):
+        return (PRELUDE + 'IFS= read -r -d "" __m3_pre <&{0}; IFS= read -r -d "" __m3_cmd <&{0}; exec {0}<&-; '
+                'eval "$__m3_pre"; unset __m3_pre; eval "$__m3_cmd"').format(fd)
 
     def prepare(self):
-        if self.proc is not None or shell() != "/bin/bash":  # `read -d` is bash's: plain sh starts cold
-            return
+        """Start the next command's shell, unless one is there or on its way."""
+        if self.proc is not None or self.pending is not None or shell() != "/bin/bash":
+            return  # `read -d` is bash's: plain sh starts cold
         r, w = os.pipe()
-        script = (PRELUDE + 'IFS= read -r -d "" __m3_pre <&{0}; IFS= read -r -d "" __m3_cmd <&{0}; exec {0}<&-; '
-                  'eval "$__m3_pre"; unset __m3_pre; eval "$__m3_cmd"').format(r)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
         try:
-            self.proc = subprocess.Popen([shell(), "-c", script], cwd="/", stdin=subprocess.DEVNULL,
+            if SPAWNER.start([shell(), "-c", self.script(3)], [out_w, err_w, r]):
+                self.pending = (out_r, err_r, w)
+                return
+            for fd in (out_r, err_r):
+                os.close(fd)
+            self.proc = subprocess.Popen([shell(), "-c", self.script(r)], cwd="/", stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(r,),
                                          start_new_session=True, user=CMD_UID)
             self.fd = w
-        except OSError:
+        except OSError:  # the pids limit is full: the next command starts cold
             os.close(w)
         finally:
-            os.close(r)
+            for fd in (r, out_w, err_w):
+                os.close(fd)
+
+    def ready(self):
+        """Settle a start asked of the spawner; the waiting shell's pid, or None."""
+        if self.pending is not None:
+            out_r, err_r, w = self.pending
+            self.pending = None
+            try:
+                self.proc, self.fd = Remote(SPAWNER.started(), SPAWNER.gen, out_r, err_r), w
+            except OSError:
+                for fd in (out_r, err_r, w):
+                    os.close(fd)
+        return self.proc.pid if self.proc is not None else None
 
     def take(self, cmd, cwd, env):
         """The prepared shell, now running `cmd` in `cwd` with `env` added; None when it cannot serve."""
+        self.ready()
         proc, fd = self.proc, self.fd
         self.proc = self.fd = None
         if proc is None:
@@ -235,6 +263,7 @@ class WarmShell:
                     and all(NAME.match(k) for k in env) and proc.poll() is None):
                 pre = "cd -- %s || exit 1\n" % shlex.quote(cwd)
                 pre += "".join("export %s=%s\n" % (k, shlex.quote(v)) for k, v in env.items())
+                os.killpg(proc.pid, signal.SIGCONT)  # the last command may have stopped every process it could
                 os.write(fd, (pre + "\0" + cmd + "\0").encode("utf-8", "surrogateescape"))
                 return proc
         except (OSError, ValueError):
@@ -255,7 +284,219 @@ def discard(proc):
     proc.stderr.close()
 
 
+class Remote:
+    """A shell the spawner started: our ends of its output pipes, and its exit code as the spawner reports it."""
+
+    def __init__(self, pid, gen, stdout_fd, stderr_fd):
+        self.pid = pid
+        self.gen = gen  # which spawner started it
+        self.stdout = os.fdopen(stdout_fd, "rb", 0)
+        self.stderr = os.fdopen(stderr_fd, "rb", 0)
+        self.returncode = None
+
+    def poll(self):
+        """The exit code (-N: killed by signal N), or None while it runs."""
+        if self.returncode is None:
+            self.returncode = SPAWNER.code(self.pid, self.gen, block=False)
+        return self.returncode
+
+    def wait(self):
+        if self.returncode is None:
+            self.returncode = SPAWNER.code(self.pid, self.gen, block=True)
+        return self.returncode
+
+
+class Spawner:
+    """A helper forked from the server that runs as the command user and starts the warm shells with
+    posix_spawn (a vfork: nothing of its memory is copied). From the server itself, a start as another
+    uid is a full fork of the server (CPython does not vfork with user=) plus a wait for the exec.
+
+    Commands can kill it or stop it (it has their uid): it is then replaced at the next start, and the
+    shells it started, orphans now, are the server's children (the server is their subreaper).
+    """
+
+    REPLY_WAIT_S = 2.0  # a spawner this slow to answer was stopped by a command: replace it
+
+    def __init__(self):
+        self.pid = None
+        self.sock = None
+        self.gen = 0  # one more at each spawner forked
+        self.exits = {}  # pid -> exit code, as reported
+        self.replies = []  # answers to starts, in order: {"pid": n} or {"error": text}
+
+    def start(self, argv, fds):
+        """Ask for `argv` with `fds` as its fds 1, 2, 3 (the answer comes with `started`); False without a spawner."""
+        for _ in range(2):  # a spawner found dead now is replaced at once
+            if self.sock is None and not self._fork():
+                return False
+            try:
+                os.kill(self.pid, signal.SIGCONT)  # a command may have stopped it
+                socket.send_fds(self.sock, [json.dumps(argv).encode()], fds)
+                return True
+            except (OSError, ValueError):
+                self.lost()
+        return False
+
+    def started(self):
+        """The pid of the oldest start not yet answered; OSError when it failed."""
+        while not self.replies:
+            self._read(block=True)
+        reply = self.replies.pop(0)
+        if "error" in reply:
+            raise OSError(reply["error"])
+        return reply["pid"]
+
+    def code(self, pid, gen, block):
+        """The exit code of a process spawner `gen` started; None while it runs (block=False)."""
+        try:
+            while pid not in self.exits and self.sock is not None and gen == self.gen:
+                if not self._read(block):
+                    return None
+        except OSError:
+            pass  # gone: its processes are ours now
+        if pid in self.exits:
+            return self.exits.pop(pid)
+        try:
+            got, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:  # reaped by reap_orphans already: ended, its code unknown
+            return -signal.SIGKILL
+        return os.waitstatus_to_exitcode(status) if got == pid else None
+
+    def _read(self, block):
+        """Take one message (False when none waits and block is False); OSError when the spawner is gone."""
+        if self.sock is None:
+            raise OSError("no spawner")
+        if block:
+            os.kill(self.pid, signal.SIGCONT)  # a command may have stopped it
+        if not select.select([self.sock], [], [], self.REPLY_WAIT_S if block else 0)[0]:
+            if not block:
+                return False
+            self.lost()
+            raise OSError("the spawner stopped answering")
+        data = self.sock.recv(4096)
+        if not data:
+            self.lost()
+            raise OSError("the spawner is gone")
+        msg = json.loads(data)
+        if "exit" in msg:
+            self.exits[msg["exit"]] = msg["code"]
+        else:
+            self.replies.append(msg)
+        return True
+
+    def _fork(self):
+        """Start the spawner (first use, or after it died); False where it cannot run (no pidfd, old Python)."""
+        if not (hasattr(os, "pidfd_open") and hasattr(socket, "send_fds") and hasattr(os, "posix_spawn")):
+            return False
+        try:
+            mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError:
+            return False
+        try:
+            pid = os.fork()
+        except OSError:
+            mine.close()
+            its.close()
+            return False
+        if pid == 0:
+            spawner_main(its)  # never returns
+        its.close()
+        self.pid, self.sock, self.exits, self.replies = pid, mine, {}, []
+        self.gen += 1
+        return True
+
+    def lost(self):
+        """Drop a spawner that died or hangs; once it is reaped, its processes are our children."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.pid is not None:
+            pid, self.pid = self.pid, None
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+
+    def reaped(self, pid):
+        """`pid` was reaped by reap_orphans: if it was the spawner, its pid may be reused now."""
+        if pid == self.pid:
+            self.pid = None
+            self.lost()
+
+
+def spawner_main(sock):
+    """The spawner's whole life, in the forked child: the command user's uids, nothing of the server's
+    but `sock` (as fd 3), then start what the server asks and report each exit."""
+    try:
+        LIBC.prctl(15, b"m3-agent-spawn", 0, 0, 0)  # PR_SET_NAME: `pgrep -x m3-agent-server` finds the server alone
+        os.setsid()
+        os.setresuid(CMD_UID, CMD_UID, CMD_UID)
+        fd = sock.detach()
+        if fd != 3:
+            os.dup2(fd, 3)
+        os.set_inheritable(3, False)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.closerange(4, MAXFD)  # the host's socket and every other fd of the server
+        os.chdir("/")
+        spawner_loop(socket.socket(fileno=3))
+    finally:
+        os._exit(0)
+
+
+def spawner_loop(sock):
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is sock:
+                spawn_one(sock, sel)
+                continue
+            sel.unregister(key.fileobj)
+            os.close(key.fileobj)
+            _, status = os.waitpid(key.data, 0)
+            sock.send(json.dumps({"exit": key.data, "code": os.waitstatus_to_exitcode(status)}).encode())
+
+
+def spawn_one(sock, sel):
+    """Start one process as asked: /dev/null as stdin, the fds that came with the request as 1, 2, 3..."""
+    msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+    if not msg:
+        os._exit(0)  # the server is gone
+    try:
+        for fd in fds:
+            os.set_inheritable(fd, False)  # only their copies as 1, 2, 3 cross the exec
+        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
+        actions += [(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate(fds, 1)]
+        argv = json.loads(msg)
+        pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=actions, setsid=True,
+                             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))  # ignored here, default for commands
+        sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
+        reply = {"pid": pid}
+    except (OSError, ValueError) as e:
+        reply = {"error": str(e)}
+    finally:
+        for fd in fds:
+            os.close(fd)
+    sock.send(json.dumps(reply).encode())
+
+
+def reap_orphans():
+    """Reap every child that has ended: the server is the subreaper of the commands' processes."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        SPAWNER.reaped(pid)
+
+
 WARM = WarmShell()
+SPAWNER = Spawner()
 
 
 def resolve(path, cwd=WORKSPACE):
@@ -296,6 +537,7 @@ def run(req):
         proc, note = start_command(req, cwd, req.get("env") or {})
     except (OSError, ValueError) as e:  # the pids limit full even so; a NUL in the command
         return answer(start, 126, err_b=("m3-agent sandbox: cannot start the command: %s\n" % e).encode())
+    WARM.prepare()  # the next command's shell starts (in the spawner) while this one runs
     out, err = Capped(int(req.get("limit") or 1 << 20)), Capped(int(req.get("limit") or 1 << 20))
     timeout = req.get("timeout")
     timed_out = collect(proc, {proc.stdout.fileno(): out, proc.stderr.fileno(): err},
@@ -510,9 +752,11 @@ def harden():
     Renamed: a command killing processes by name does not even try us."""
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    global LIBC
+    libc = LIBC = ctypes.CDLL(None, use_errno=True)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     libc.prctl(15, b"m3-agent-server", 0, 0, 0)  # PR_SET_NAME = 15: `pkill python` does not match us
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER = 36: orphans of commands are ours to reap
     return libc
 
 
@@ -592,8 +836,9 @@ def main():
             send({"ok": False, "error": "unknown op %r" % req.get("op")})
             continue
         op(req)
+        reap_orphans()
         if op is run:
-            WARM.prepare()  # the answer is out: start the next command's shell while the host reads it
+            WARM.prepare()  # when it could not start during the command
 
 
 if __name__ == "__main__":

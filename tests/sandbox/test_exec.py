@@ -115,6 +115,15 @@ def test_signal_death_is_reported_as_128_plus_signal(sb):
     assert sb.exec("kill -9 $$").exit_code == 137
 
 
+def test_commands_start_with_no_signal_ignored(sb):
+    # the server ignores SIGPIPE; a command must not inherit that, or `yes | head` would never end.
+    # Signals 1-31 only: glibc keeps 32 and 33 for itself (posix_spawn leaves them ignored).
+    ignored = sb.exec("grep SigIgn /proc/self/status").stdout.split()[1]
+    assert int(ignored, 16) & 0x7FFFFFFF == 0, ignored
+    r = sb.exec("yes | head -c 3; echo \" ${PIPESTATUS[0]}\"", timeout=10)
+    assert r.stdout == "y\ny 141\n" and not r.timed_out
+
+
 def test_stdin_is_empty(sb):
     r = sb.exec("cat; echo rc=$?", timeout=5)
     assert r.stdout == "rc=0\n" and not r.timed_out

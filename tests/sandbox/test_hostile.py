@@ -139,6 +139,24 @@ def test_mass_kills_do_not_reach_the_server_or_init(sb, cmd):
     _alive_and_able_to_fork(sb)
 
 
+def test_the_spawner_killed_or_stopped_by_a_command_is_replaced(sb):
+    """The helper that starts commands' shells runs as their uid: they can kill or stop it, and lose nothing."""
+    first = sb.exec("pgrep -x m3-agent-spawn").stdout.split()
+    assert len(first) == 1, sb.exec("ps -eo pid,ppid,user,comm,args").stdout + sb._channel.diagnostics
+    status = sb.exec(f"grep -E '^(Uid|CapEff|CapPrm)' /proc/{first[0]}/status").stdout
+    assert "\t0\t" not in status and status.count("0000000000000000") == 2, status  # no root uid, no capability
+    r = sb.exec("pkill -9 -x m3-agent-spawn; sleep 0.2; echo orphaned; exit 7")
+    assert (r.exit_code, r.stdout) == (7, "orphaned\n")  # the shell outlived the process that started it
+    assert sb.exec("echo next").stdout == "next\n"  # a new spawner is forked while this runs
+    again = sb.exec("pgrep -x m3-agent-spawn").stdout.split()
+    assert len(again) == 1 and again != first
+    started = time.monotonic()
+    sb.exec("pkill -STOP -x m3-agent-spawn; kill -STOP -1")
+    assert [sb.exec("echo go", timeout=20).stdout for _ in range(3)] == ["go\n"] * 3
+    assert time.monotonic() - started < 5  # stopped processes are woken, not waited for
+    _alive_and_able_to_fork(sb)
+
+
 @pytest.mark.timeout(90)
 def test_a_fork_bomb_left_running_is_killed_when_the_command_ends(sb):
     r = sb.exec("(bomb() { bomb | bomb & }; bomb) & sleep 1", timeout=30)
