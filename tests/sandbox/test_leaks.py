@@ -48,9 +48,9 @@ def command(entry: str, base_url: str, repo: Path, out: Path) -> list[str]:
 
 def containers_of(pids: set[int]) -> list[str]:
     client = docker.from_env()
-    try:
-        return [c.id for c in client.containers.list(all=True, filters={"label": "m3-agent.sandbox=1"})
-                if int(c.labels.get(LABEL_PID, "0")) in pids]
+    try:  # one list call: inspecting each would race the removal this test waits for (404)
+        return [c["Id"] for c in client.api.containers(all=True, filters={"label": "m3-agent.sandbox=1"})
+                if int((c.get("Labels") or {}).get(LABEL_PID, "0")) in pids]
     finally:
         client.close()
 
