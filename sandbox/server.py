@@ -18,6 +18,11 @@ command user as effective uid (so its file operations have the command user's ri
 capability. Commands run as the command user (real, effective and saved), so they cannot signal,
 trace or read the server or PID 1 (also root); they have no capabilities and no-new-privileges.
 
+Commands' shells are started by the spawner, a helper forked from the server that runs wholly as the
+command user and starts them with posix_spawn (a vfork), so no command pays for a fork of this
+server. Commands can kill or stop it: it is then replaced, and the server, their subreaper, reaps
+what it started.
+
 Each command runs in its own session (so its own process group); on timeout the group and every
 process created since the command began are killed, and the server carries on. Output is kept as
 head + tail per stream, so memory stays bounded whatever the command prints.
