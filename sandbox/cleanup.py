@@ -131,11 +131,13 @@ def prune(*, all: bool = False, labels: dict[str, str] | None = None) -> list[st
     removed = []
     wanted = [LABEL] + [f"{k}={v}" for k, v in (labels or {}).items()]
     try:
-        for c in client.containers.list(all=True, filters={"label": wanted}):
-            if not all and owner_alive(c.labels):
+        # One list call: containers.list() inspects each one after listing it, and one removed in
+        # between (another run ending) failed the whole prune with a 404.
+        for c in client.api.containers(all=True, filters={"label": wanted}):
+            if not all and owner_alive(c.get("Labels") or {}):
                 continue
-            remove_container(client, c.id)
-            removed.append(c.short_id)
+            remove_container(client, c["Id"])
+            removed.append(c["Id"][:12])
     finally:
         client.close()
     return removed
