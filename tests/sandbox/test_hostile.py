@@ -145,6 +145,8 @@ def test_the_spawner_killed_or_stopped_by_a_command_is_replaced(sb):
     assert len(first) == 1, sb.exec("ps -eo pid,ppid,user,comm,args").stdout + sb._channel.diagnostics
     status = sb.exec(f"grep -E '^(Uid|CapEff|CapPrm)' /proc/{first[0]}/status").stdout
     assert "\t0\t" not in status and status.count("0000000000000000") == 2, status  # no root uid, no capability
+    for path in (f"/proc/{first[0]}/environ", f"/proc/{first[0]}/mem"):  # a copy of the server's memory
+        assert sb.exec(f"head -c1 {path}").exit_code != 0, path
     r = sb.exec("pkill -9 -x m3-agent-spawn; sleep 0.2; echo orphaned; exit 7")
     assert (r.exit_code, r.stdout) == (7, "orphaned\n")  # the shell outlived the process that started it
     assert sb.exec("echo next").stdout == "next\n"  # a new spawner is forked while this runs
