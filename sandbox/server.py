@@ -480,8 +480,8 @@ def spawn_one(sock, sel):
                              setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))  # ignored here, default for commands
         sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
         reply = {"pid": pid}
-    except (OSError, ValueError) as e:
-        reply = {"error": str(e)}
+    except Exception as e:  # e.g. NotImplementedError where the libc has no POSIX_SPAWN_SETSID: cold starts
+        reply = {"error": "%s: %s" % (type(e).__name__, e)}
     finally:
         for fd in fds:
             os.close(fd)
