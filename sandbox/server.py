@@ -326,11 +326,15 @@ class Spawner:
         self.pid = None
         self.sock = None
         self.gen = 0  # one more at each spawner forked
+        self.usable = True
         self.exits = {}  # pid -> exit code, as reported
         self.replies = []  # answers to starts, in order: {"pid": n} or {"error": text}
 
     def start(self, argv, fds):
         """Ask for `argv` with `fds` as its fds 1, 2, 3 (the answer comes with `started`); False without a spawner."""
+        if not self.usable:
+            self.lost()
+            return False
         for _ in range(2):  # a spawner found dead now is replaced at once
             if self.sock is None and not self._fork():
                 return False
@@ -348,6 +352,7 @@ class Spawner:
             self._read(block=True)
         reply = self.replies.pop(0)
         if "error" in reply:
+            self.usable = not reply.get("fatal")  # not OSError (pids limit): it never will; the server starts shells
             raise OSError(reply["error"])
         return reply["pid"]
 
@@ -391,7 +396,8 @@ class Spawner:
 
     def _fork(self):
         """Start the spawner (first use, or after it died); False where it cannot run (no pidfd, old Python)."""
-        if not (hasattr(os, "pidfd_open") and hasattr(socket, "send_fds") and hasattr(os, "posix_spawn")):
+        if not (self.usable and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
+                and hasattr(os, "posix_spawn")):
             return False
         try:
             mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -480,8 +486,8 @@ def spawn_one(sock, sel):
                              setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))  # ignored here, default for commands
         sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
         reply = {"pid": pid}
-    except Exception as e:  # e.g. NotImplementedError where the libc has no POSIX_SPAWN_SETSID: cold starts
-        reply = {"error": "%s: %s" % (type(e).__name__, e)}
+    except Exception as e:  # e.g. NotImplementedError where the libc has no POSIX_SPAWN_SETSID
+        reply = {"error": "%s: %s" % (type(e).__name__, e), "fatal": not isinstance(e, OSError)}
     finally:
         for fd in fds:
             os.close(fd)
