@@ -400,6 +400,11 @@ class Spawner:
                 and hasattr(os, "posix_spawn")):
             return False
         try:
+            os.close(os.pidfd_open(os.getpid()))  # the kernel has pidfds (Linux >= 5.3)
+        except OSError:
+            self.usable = False
+            return False
+        try:
             mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         except OSError:
             return False
