@@ -65,8 +65,9 @@ class StableOrder:
 
 def order_for_commits(history: str, commits: Iterable[str], store: PackCache | None) -> int:
     """Store the order of `history`'s files for a batch of its commits (an eval run's base commits):
-    files the same at every commit first, then by how many versions they have among them, where
-    (in commit order) they first change, how often recent commits changed them, and path. Every
+    files the same at every commit first, files some commits lack (release-note fragments, files
+    added or removed) last, and between them by how many versions they have among them, where (in
+    commit order) they first change, how often recent commits changed them, and path. Every
     pack of the batch then shares the sections of files no two of its commits differ in, and
     neighbouring commits more. Returns the number of files ordered (0: none)."""
     if store is None:
@@ -88,7 +89,8 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
             if path:
                 blobs.setdefault(path, [None] * len(commits))[n] = meta.rsplit(" ", 1)[-1]
     changes = _changes(history)
-    ordered = sorted(blobs, key=lambda p: (len(set(blobs[p])), _first_change(blobs[p]), changes[p], sort_key(p)))
+    ordered = sorted(blobs, key=lambda p: (None in blobs[p], len(set(blobs[p])), _first_change(blobs[p]),
+                                           changes[p], sort_key(p)))
     store.put_scores(_key(history), ordered)
     return len(ordered)
 

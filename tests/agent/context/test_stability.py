@@ -105,6 +105,12 @@ def test_a_batch_of_commits_puts_the_files_they_all_share_first(repo, git, tmp_p
     for n in range(3):  # CHANGES.txt and mod03 differ between the batch's commits; the rest never do
         _commit(git, source, "CHANGES.txt", f"release {n}\n", f"release {n}")
         _commit(git, source, "pkg/mod03.py", f"X = {n}\n", f"fix {n}")
+        if n == 1:  # a release-note fragment only the middle commit has
+            (source / "changelog").mkdir()
+            _commit(git, source, "changelog/12.bugfix", "Fixed f3.\n", "fragment")
+        if n == 2:
+            git(source, "rm", "-q", "changelog/12.bugfix")
+            git(source, "commit", "-qm", "release: fold fragments")
         commits.append(git(source, "rev-parse", "HEAD").strip())
     checkouts = []
     for n, commit in enumerate(commits[1:]):
@@ -112,8 +118,9 @@ def test_a_batch_of_commits_puts_the_files_they_all_share_first(repo, git, tmp_p
         git(tmp_path, "clone", "-q", str(source), str(checkouts[-1]))
         git(checkouts[-1], "checkout", "-q", commit)
     with PackCache(tmp_path / "cache") as cache:
-        assert order_for_commits(str(source), commits[1:], cache) == len(FILES) + 1
+        assert order_for_commits(str(source), commits[1:], cache) == len(FILES) + 2
         packs = [pack_repository(c, cache=cache, history=source).text for c in checkouts]
     assert _sections(packs[0])[-2:] == ["CHANGES.txt", "pkg/mod03.py"]  # 3 versions each; then by changes, path
+    assert _sections(packs[1])[-1] == "changelog/12.bugfix"  # not at every commit: after all the others
     for a, b in zip(packs, packs[1:]):
         assert _shared_prefix(a, b) > a.index("### CHANGES.txt")  # everything the commits share comes first
