@@ -17,7 +17,7 @@ from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
-from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
+from m3_agent.evals.runner import EvalConfig, Executor, InstanceResult, run_eval
 from m3_agent.evals.tasks import Task, load_tasks
 from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig
 
@@ -102,20 +102,22 @@ def _default_output(kind: str, *parts: str) -> Path:
 
 def execute(tasks: list[Task], predictions, config: EvalConfig, *, workers: int, retry_errors: bool,
             cost: CostModel, quiet: bool, json_out: bool, all_tasks: list[Task] | None = None,
-            admit=None, meta_extra: dict | None = None) -> Report:
+            admit=None, meta_extra: dict | None = None, executor: Executor | None = None) -> Report:
     """Run, write the reports into the output directory, print the table (and the JSON summary).
 
     `all_tasks` (default: `tasks`) is what the report counts, so tasks left out show as incomplete.
     `admit` (evals.admission.kv_admit) may hold instances back; `meta_extra` goes into run.json.
+    `executor` (default: the local process pool) checks the sandbox image on its own nodes.
     """
     console = Console(stderr=json_out)
-    if not all(uses_harness(t) for t in tasks):  # harness tasks run in their instance images instead
+    # Harness tasks run in their instance images instead; an executor checks its own nodes.
+    if executor is None and not all(uses_harness(t) for t in tasks):
         _require_image(config.sandbox.image)
     config.output_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with RunProgress(len(tasks), console, enabled=not quiet) as progress:
         results = run_eval(tasks, predictions, config, workers=workers, retry_errors=retry_errors, on_event=progress,
-                           admit=admit)
+                           admit=admit, executor=executor)
     meta_path = config.output_dir / "run.json"
     earlier = json.loads(meta_path.read_text()).get("wall_s", 0.0) if meta_path.is_file() else 0.0
     wall = round(earlier + time.monotonic() - started, 3)  # a resumed run adds to the time already spent
@@ -178,7 +180,7 @@ def run_command(
     split: str = typer.Option("test", "--split", help="Dataset split (hub datasets and dataset folders)."),
     image_namespace: str = typer.Option("swebench", help="Namespace of SWE-bench instance images ('' for none)."),
     image_tag: str = typer.Option("latest", help="Tag of SWE-bench instance images."),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint of the M3 server (…/v1)."),
+    base_url: Optional[list[str]] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint of the M3 server (…/v1); repeat for a pool (--executor ray)."),
     serve: Optional[str] = typer.Option(None, "--serve", help="Launch or reuse an M3 endpoint from this serving profile."),
     model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
     model_name: str = typer.Option("m3-agent", help="model_name_or_path written into the predictions."),
@@ -202,12 +204,19 @@ def run_command(
                                            "the running contexts fit the server's KV cache (never above --workers)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no table."),
     json_out: bool = typer.Option(False, "--json", help="End with the summary as one JSON object on stdout."),
+    executor: str = typer.Option("local", "--executor", help="local (a process pool) | ray (a Ray cluster)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (HOST:PORT); default: a one-machine Ray."),
 ) -> None:
     """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
     from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
     from m3_agent.settings import load_settings
 
-    flags = {"--base-url": base_url, "--serve": serve, "--model": model, "--max-turns": max_turns,
+    urls = base_url or []
+    if executor not in ("local", "ray"):
+        raise UsageError(f"unknown --executor {executor!r}: use local or ray")
+    if executor == "local" and (len(urls) > 1 or ray_address):
+        raise UsageError("several --base-url and --ray-address need --executor ray")
+    flags = {"--base-url": urls[0] if urls else None, "--serve": serve, "--model": model, "--max-turns": max_turns,
              "--thinking": thinking, "--image": image}
     settings, _ = load_settings(".", flags, config_file=config_file)
     endpoint = resolve_endpoint(settings.model.base_url, settings.serve,
@@ -223,7 +232,8 @@ def run_command(
         run_order, admit, meta = _kv_admission(task_list, endpoint, settings.serve, workers, repos, agent, quiet)
     execute(run_order, None, config, workers=workers, retry_errors=retry_errors, quiet=quiet, json_out=json_out,
             cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour), admit=admit,
-            meta_extra=meta, all_tasks=task_list)  # the report keeps the tasks' own order
+            meta_extra=meta, all_tasks=task_list,  # the report keeps the tasks' own order
+            executor=_ray_executor(ray_address, [endpoint, *urls[1:]]) if executor == "ray" else None)
 
 
 def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers: int, repos: Optional[Path],
@@ -247,6 +257,17 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
             "kv_capacity_source": capacity.source if capacity else None,
             "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()}}
     return order_for_reuse(tasks), kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token), meta
+
+
+def _ray_executor(address: Optional[str], endpoints: list[str]) -> Executor:
+    """The Ray executor over a pool of the endpoints (the first one was checked already)."""
+    from m3_agent.evals.endpoints import EndpointPool
+    from m3_agent.evals.ray_executor import RayExecutor
+    from m3_agent.serving.endpoint import check_endpoint
+
+    for url in endpoints[1:]:
+        check_endpoint(url)  # exit 3 now, as for the first
+    return RayExecutor(address=address, pool=EndpointPool(endpoints))
 
 
 @app.command("images")

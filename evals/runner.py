@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -95,6 +95,7 @@ class InstanceResult(BaseModel):
     error: str | None = None  # the instance failed before or outside grading (timeout, crash, bad repo)
     wall_s: float = 0.0
     finished_at: str = ""
+    node: str | None = None  # the Ray node that ran it (`--executor ray`); None for the local executor
 
     @property
     def outcome(self) -> Literal["resolved", "unresolved", "error", "empty_patch"]:
@@ -215,12 +216,15 @@ def _exclusive(output_dir: Path):
 
 Event = Callable[[str, dict[str, Any]], None]  # ("start" | "finish" | "skip", info)
 Admit = Callable[[Task, list[Task]], bool]  # may this task start beside the running ones? (evals.admission)
+# (pending tasks, predictions, config, workers, on_event, admit) -> results as they finish; `_execute` is the local one
+Executor = Callable[[list[Task], dict[str, Prediction] | None, EvalConfig, int, Event | None, Admit | None],
+                    Iterator[InstanceResult]]
 
 
 def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig, *,
              workers: int = 1, retry_errors: bool = False, on_event: Event | None = None,
-             admit: Admit | None = None) -> list[InstanceResult]:
-    """Evaluate every task with `workers` processes; skips instances already in results.jsonl.
+             admit: Admit | None = None, executor: Executor | None = None) -> list[InstanceResult]:
+    """Evaluate every task with `workers` processes (or `executor`); skips instances already in results.jsonl.
 
     Tasks start in the given order; `admit` may hold the next one back (never below one running).
     Returns the results of all tasks (earlier and new) in task order.
@@ -239,7 +243,7 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
         for t in tasks:
             if t.instance_id in done and on_event:
                 on_event("skip", {"result": done[t.instance_id]})
-        for result in _execute(pending, predictions, config, workers, on_event, admit):
+        for result in (executor or _execute)(pending, predictions, config, workers, on_event, admit):
             save_result(output_dir, result)
             done[result.instance_id] = result
             if on_event:
@@ -363,12 +367,16 @@ def _child(conn, task_json: str, pred_json: str | None, config_json: str) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     task = Task.model_validate_json(task_json)
     pred = Prediction.model_validate_json(pred_json) if pred_json else None
-    config = EvalConfig.model_validate_json(config_json)
-    try:
-        result = evaluate_instance(task, pred, config)
-    except (M3AgentError, Interrupted) as e:
-        result = _failed(task, pred, f"{type(e).__name__}: {e}", 0.0)
-    except Exception:  # a bug must not take the run down: record it with its traceback
-        result = _failed(task, pred, "internal error: " + traceback.format_exc(limit=5)[-1500:], 0.0)
+    result = run_instance(task, pred, EvalConfig.model_validate_json(config_json))
     conn.send_bytes(result.model_dump_json().encode())
     conn.close()
+
+
+def run_instance(task: Task, pred: Prediction | None, config: EvalConfig) -> InstanceResult:
+    """`evaluate_instance`, with any failure recorded as the instance's error: what every executor runs."""
+    try:
+        return evaluate_instance(task, pred, config)
+    except (M3AgentError, Interrupted) as e:
+        return _failed(task, pred, f"{type(e).__name__}: {e}", 0.0)
+    except Exception:  # a bug must not take the run down: record it with its traceback
+        return _failed(task, pred, "internal error: " + traceback.format_exc(limit=5)[-1500:], 0.0)

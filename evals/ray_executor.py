@@ -1,0 +1,288 @@
+"""The Ray executor: `eval run --executor ray` places instances on the nodes of a Ray cluster.
+
+    run_eval(tasks, preds, config, workers=8, executor=RayExecutor(address="head:6379", pool=pool))
+
+Each instance runs `runner.run_instance` (the local executor's per-instance function: agent, then
+grading) as a Ray task that needs one unit of the custom resource `docker`, which node operators
+declare on nodes with a Docker engine (`ray start ... --resources '{"docker": 4}'`). Nothing is
+shared but the cluster:
+
+- the driver checks each repository out at its base commit once, packs that tree (a one-commit git
+  repo, no history) and puts it in Ray's object store; a node fetches it once and caches it there;
+- the worker sends back the result and the trajectory; the driver writes them (results.jsonl,
+  fsynced, by `run_eval`), so `report`, resume and the official harness read the same files;
+- a node that dies mid-instance: Ray reruns the task on another node (at most `NODE_RETRIES` times)
+  and the driver still records one result; Ctrl-C or a timeout cancels the remote task, and every
+  node prunes the sandbox containers whose owner process is gone;
+- with an endpoint pool, each instance runs against one endpoint (sticky); an instance whose
+  endpoint failed is placed on another one and run again, and that endpoint leaves the pool.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import tarfile
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from m3_agent import hostgit
+from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
+from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
+from m3_agent.evals.predictions import Prediction
+from m3_agent.evals.runner import EvalConfig, Event, InstanceResult, _config_json, _failed, _pred_of, run_instance
+from m3_agent.evals.tasks import Task, checkout, repo_source
+
+DOCKER_RESOURCE = "docker"
+NODE_RETRIES = 2  # reruns of an instance whose node or worker process died
+CANCEL_GRACE_S = 10.0  # after a polite cancel (KeyboardInterrupt in the task), force-kill the worker
+
+
+def import_ray():
+    """The `ray` module, or a UsageError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs Ray: pip install 'm3-agent[ray]'") from None
+    return ray
+
+
+# --- on a worker node --------------------------------------------------------------------------------
+
+def pack_tree(tree: Path) -> bytes:
+    """A checked-out tree (with its one-commit .git) as gzip'd tar bytes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        tar.add(str(tree), arcname="repo")
+    return buf.getvalue()
+
+
+def unpack_tree(data: bytes, dest: Path) -> Path:
+    """Undo `pack_tree` under `dest`; returns the repository's path."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(dest, filter="tar") if hasattr(tarfile, "data_filter") else tar.extractall(dest)
+    return dest / "repo"
+
+
+def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: bytes) -> dict[str, Any]:
+    """Worker body: the instance run on the shipped tree; returns its result, trajectory and node."""
+    task = Task.model_validate_json(task_json)
+    pred = Prediction.model_validate_json(pred_json) if pred_json else None
+    config = EvalConfig.model_validate_json(config_json)
+    with tempfile.TemporaryDirectory(prefix="m3-ray-") as tmp:
+        repo = unpack_tree(tree, Path(tmp) / "src")
+        with hostgit.repository(repo) as r:
+            head = r.head.commit.hexsha  # the shipped tree's own commit stands in for base_commit
+        here = task.model_copy(update={"repo_source": str(repo), "base_commit": head})
+        out = Path(tmp) / "out"
+        result = run_instance(here, pred, config.model_copy(update={"output_dir": out, "repos": None}))
+        trajectory = out / "trajectories" / f"{task.instance_id}.jsonl"
+        traj = trajectory.read_bytes() if trajectory.is_file() else None
+    return {"result": result.model_dump_json(), "trajectory": traj, "node": import_ray().get_runtime_context().get_node_id()}
+
+
+def _prune_here() -> list[str]:
+    from m3_agent.sandbox import prune
+
+    return prune()
+
+
+def _image_here(image: str) -> bool:
+    from m3_agent.sandbox.engine import docker_client, image_exists
+
+    client = docker_client()
+    try:
+        return image_exists(client, image)
+    finally:
+        client.close()
+
+
+# --- on the driver -----------------------------------------------------------------------------------
+
+@dataclass
+class _Flight:
+    task: Task
+    started: float
+    endpoint: str | None
+
+
+class RayExecutor:
+    """An `Executor` for `run_eval` that runs instances as Ray tasks; see the module docstring."""
+
+    def __init__(self, *, address: str | None = None, pool: EndpointPool | None = None) -> None:
+        self.address = address
+        self.pool = pool
+        self._trees: dict[tuple[str, str], Any] = {}  # (source, base commit) -> ObjectRef of the packed tree
+        self._remote: Any = None
+        self._started_ray = False
+
+    def __call__(self, tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig,
+                 workers: int, on_event: Event | None):
+        ray = self._connect(workers)
+        self._preflight(ray, config)
+        queue: deque[Task] = deque(tasks)
+        running: dict[Any, _Flight] = {}
+        try:
+            while queue or running:
+                while queue and len(running) < workers:
+                    task = queue.popleft()
+                    launched = self._launch(ray, task, predictions, config, running)
+                    if isinstance(launched, InstanceResult):
+                        yield launched
+                    elif on_event:
+                        on_event("start", {"instance_id": task.instance_id})
+                yield from self._collect(ray, running, queue, predictions, config)
+        finally:
+            self._cancel(ray, running)
+            self._prune_nodes(ray)
+            if self._started_ray:
+                ray.shutdown()
+                self._started_ray, self._trees, self._remote = False, {}, None
+
+    # -- cluster ----------------------------------------------------------------------------------
+
+    def _connect(self, workers: int):
+        ray = import_ray()
+        if not ray.is_initialized():
+            self._started_ray = True
+            try:
+                if self.address:
+                    ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+                else:  # a one-machine cluster, gone when the run ends
+                    ray.init(num_cpus=max(1, workers), resources={DOCKER_RESOURCE: workers},
+                             include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise UsageError(f"cannot connect to the Ray cluster at {self.address}: {e}") from None
+        if not ray.cluster_resources().get(DOCKER_RESOURCE):
+            raise UsageError(f"no node of the Ray cluster declares the `{DOCKER_RESOURCE}` resource: start nodes "
+                             f"that have Docker with: ray start ... --resources '{{\"{DOCKER_RESOURCE}\": 4}}'")
+        return ray
+
+    def _docker_nodes(self, ray) -> list[str]:
+        return [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(DOCKER_RESOURCE)]
+
+    def _on_each_node(self, ray, fn, *args, timeout: float = 120.0) -> dict[str, Any]:
+        """`fn(*args)` once on every live Docker node; node id -> its value (or the exception it raised)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        refs = {node: ray.remote(num_cpus=0, max_retries=0)(fn).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(*args)
+            for node in self._docker_nodes(ray)}
+        out: dict[str, Any] = {}
+        for node, ref in refs.items():
+            try:
+                out[node] = ray.get(ref, timeout=timeout)
+            except Exception as e:  # a node that died meanwhile: nothing of ours can run there any more
+                out[node] = e
+        return out
+
+    def _preflight(self, ray, config: EvalConfig) -> None:
+        """Every Docker node has the sandbox image; leftovers of a killed run are pruned there."""
+        missing = [n[:12] for n, ok in self._on_each_node(ray, _image_here, config.sandbox.image).items() if ok is not True]
+        if missing:
+            raise SandboxUnavailable(f"sandbox image {config.sandbox.image} missing or Docker down on Ray node(s) "
+                                     f"{', '.join(missing)}: run `m3-agent sandbox build` there")
+        self._prune_nodes(ray)
+
+    def _prune_nodes(self, ray) -> None:
+        for node, removed in self._on_each_node(ray, _prune_here).items():
+            if isinstance(removed, Exception):
+                print(f"m3-agent: could not prune sandboxes on Ray node {node[:12]}: {removed}", file=sys.stderr)
+
+    # -- instances --------------------------------------------------------------------------------
+
+    def _tree(self, ray, task: Task, config: EvalConfig):
+        """The packed tree at the task's base commit, in the object store once per (repository, commit)."""
+        key = (repo_source(task, config.repos), task.base_commit)
+        if key not in self._trees:
+            with tempfile.TemporaryDirectory(prefix="m3-ship-") as tmp:
+                tree = checkout(task, Path(tmp) / "repo", repos=config.repos)
+                self._trees[key] = ray.put(pack_tree(tree))
+        return self._trees[key]
+
+    def _launch(self, ray, task: Task, predictions, config: EvalConfig, running: dict) -> InstanceResult | None:
+        """Submit one instance; a result instead when it cannot start (bad repository, no endpoint left)."""
+        pred = _pred_of(predictions, task)
+        try:
+            tree = self._tree(ray, task, config)
+        except M3AgentError as e:  # a missing repository or commit: that instance's error, as locally
+            return _failed(task, pred, f"{type(e).__name__}: {e}", 0.0)
+        endpoint = self.pool.acquire(task.instance_id) if self.pool and config.agent else None
+        if endpoint:
+            model = config.agent.model.model_copy(update={"base_url": endpoint})
+            config = config.model_copy(update={"agent": config.agent.model_copy(update={"model": model})})
+        if self._remote is None:
+            self._remote = ray.remote(run_shipped).options(
+                num_cpus=0, resources={DOCKER_RESOURCE: 1}, max_retries=NODE_RETRIES, retry_exceptions=False)
+        ref = self._remote.remote(task.model_dump_json(), pred.model_dump_json() if pred else None,
+                                  _config_json(config), tree)
+        running[ref] = _Flight(task, time.monotonic(), endpoint)
+        return None
+
+    def _collect(self, ray, running: dict, queue: deque, predictions, config: EvalConfig):
+        """Results of the instances that finished within a second; timed-out ones are cancelled."""
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
+        if ready:  # and whatever else is already done
+            ready, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
+        now = time.monotonic()
+        for ref in ready:
+            flight = running.pop(ref)
+            if self.pool:
+                self.pool.release(flight.task.instance_id)
+            result = self._result(ray, ref, flight, _pred_of(predictions, flight.task), config, now)
+            if self.pool and flight.endpoint and is_endpoint_failure(result.error):
+                self.pool.fail(flight.endpoint, result.error.splitlines()[0][:200])
+                queue.appendleft(flight.task)  # placed on another endpoint; none left: the next launch says so
+                continue
+            yield result
+        for ref, flight in list(running.items()):
+            if now - flight.started > config.instance_timeout:
+                ray.cancel(ref, force=True)  # the worker dies; its sandbox goes with it, prune takes the rest
+                del running[ref]
+                if self.pool:
+                    self.pool.release(flight.task.instance_id)
+                yield _failed(flight.task, _pred_of(predictions, flight.task),
+                              f"instance timed out after {config.instance_timeout:g}s", now - flight.started)
+
+    def _result(self, ray, ref, flight: _Flight, pred: Prediction | None, config: EvalConfig,
+                now: float) -> InstanceResult:
+        """The finished task's result, its trajectory written where the local executor writes it."""
+        try:
+            out = ray.get(ref)
+        except ray.exceptions.RayError as e:  # the node or worker died on every try
+            why = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            return _failed(flight.task, pred, f"Ray task failed after {NODE_RETRIES + 1} tries: {why}",
+                           now - flight.started)
+        result = InstanceResult.model_validate_json(out["result"])
+        result.node = out["node"]
+        if out["trajectory"] is not None and result.agent is not None:
+            path = config.output_dir / "trajectories" / f"{flight.task.instance_id}.jsonl"
+            _write_atomic(path, out["trajectory"])
+            result.agent.trajectory_path = str(path)
+        return result
+
+    def _cancel(self, ray, running: dict) -> None:
+        """Stop what still runs: KeyboardInterrupt in each task (its sandbox closes), then kill the stragglers."""
+        if not running:
+            return
+        refs = list(running)
+        for ref in refs:
+            ray.cancel(ref, force=False)
+        ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        for flight in running.values():
+            if self.pool:
+                self.pool.release(flight.task.instance_id)
+        running.clear()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_bytes(data)
+    tmp.replace(path)
