@@ -5,8 +5,9 @@
         cluster.kill_node(1)                                     # SIGKILL a worker node's every process
 
 For the tests, the benchmark and trying `--executor ray` before a real cluster exists. Each node is one
-`ray start --block` process group with its own ports and temporary directory, so two clusters on one
-machine do not collide, and stopping one never touches another (`ray stop` would stop them all).
+`ray start --block` session (its raylet, workers and their children) with its own ports, and the
+cluster its own temporary directory, so two clusters on one machine do not collide, and stopping one
+never touches another (`ray stop` would stop them all).
 """
 
 from __future__ import annotations
@@ -105,27 +106,40 @@ class LocalRayCluster:
         tail = log.read_text(errors="replace")[-1500:]
         raise UsageError(f"Ray node {index} did not start: {tail}")
 
+    def node_of(self, pid: int) -> int | None:
+        """The index of the node a process belongs to (Ray workers keep their node's session), or None."""
+        try:
+            sid = os.getsid(pid)
+        except ProcessLookupError:
+            return None
+        return next((i for i, p in enumerate(self.procs) if p.pid == sid), None)
+
     def kill_node(self, index: int) -> None:
         """SIGKILL every process of node `index` (raylet, its workers, their children): a node that died."""
-        _kill_group(self.procs[index], signal.SIGKILL)
+        _kill_session(self.procs[index].pid, signal.SIGKILL)
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, SIGKILL after a grace period) and remove the temporary directory."""
         for proc in reversed(self.procs):
-            _kill_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 15
+            _kill_session(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            _kill_group(proc, signal.SIGKILL)
+            _kill_session(proc.pid, signal.SIGKILL)
             proc.wait()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _kill_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+def _kill_session(sid: int, sig: signal.Signals) -> None:
+    """Signal every process of session `sid` (the node's `ray start`, started as a session leader)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) == sid:
+                os.kill(int(entry), sig)
+        except (ProcessLookupError, PermissionError):
+            continue
