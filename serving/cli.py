@@ -15,7 +15,7 @@ from m3_agent.serving.bench import run_bench, table
 from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, plan_request, prepare
 from m3_agent.serving.gpus import auto_profile, detect_gpus, summary
 from m3_agent.serving.loadgen import LoadConfig
-from m3_agent.serving.multinode import ray_tensor_parallel, replicas_behind_router
+from m3_agent.serving.multinode import eval_pool_step, ray_tensor_parallel, replicas_behind_router
 from m3_agent.serving.planner import BYTES_PER_PARAM, M3_PARAMS_B, PlanRequest, describe, gpu_memory_for, plan
 from m3_agent.serving.profiles import PROFILES, Overrides, Profile, build_command, get_profile
 
@@ -129,7 +129,7 @@ def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nod
         steps = (
             ray_tensor_parallel(p, nodes, overrides=o)
             if nodes > 1
-            else replicas_behind_router(p, replicas, overrides=o)
+            else [*replicas_behind_router(p, replicas, overrides=o), eval_pool_step(p, replicas, overrides=o)]
         )
         if note:
             out.print(note, markup=False)

@@ -1,7 +1,8 @@
 """Beyond one node: vLLM tensor parallel across nodes on Ray, or replicas behind a router.
 
 Both are printed (never run) by `m3-agent serve start --dry-run --nodes N` / `--replicas N`:
-each step is a command and the machine it runs on.
+each step is a command and the machine it runs on; `--replicas` also prints the `eval run` that
+uses the replicas as an endpoint pool.
 """
 
 from __future__ import annotations
@@ -78,3 +79,13 @@ def replicas_behind_router(
         )
     )
     return steps
+
+
+def eval_pool_step(profile: Profile, replicas: int, *, hosts: list[str] | None = None,
+                   overrides: Overrides | None = None) -> Step:
+    """The `eval run` that uses the same replicas as an endpoint pool (sticky per instance, no router needed)."""
+    hosts = hosts or [f"<NODE_{i}_IP>" for i in range(1, replicas + 1)]
+    port = build_command(profile, "native", overrides or Overrides()).port
+    urls = " ".join(f"--base-url http://{h}:{port}/v1" for h in hosts)
+    return Step(where="eval driver, instead of the router (each instance keeps its replica's prefix cache)",
+                command=f"m3-agent eval run --tasks TASKS --executor ray --ray-address <HEAD_IP>:{RAY_PORT} {urls}")

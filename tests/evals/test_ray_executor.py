@@ -180,8 +180,8 @@ def test_a_failing_endpoint_leaves_the_pool_and_its_instances_run_elsewhere(clus
         bad.stop()  # gone mid-run: its instances are placed on the other endpoint
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, stderr[-3000:]
-    assert len(bad.requests) < 4  # no instance finished there: every one ran (again) on the good endpoint
-    assert len({_first_user_message(body) for body in good.requests}) == 10
+    # Every instance ran on the good endpoint, those cut off on the other one again from their start.
+    assert bad.requests and len({_first_user_message(body) for body in good.requests}) == 10
     assert json.loads(stdout.strip().splitlines()[-1])["resolved_ids"] == ALL_IDS
     assert sorted(r["instance_id"] for r in _results(out)) == ALL_IDS
 

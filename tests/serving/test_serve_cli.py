@@ -137,6 +137,14 @@ def test_replicas_form_puts_a_router_in_front():
     ]
 
 
+def test_replicas_dry_run_prints_the_eval_run_using_them_as_a_pool():
+    res = _run("start", "-p", "h200-tp8-ep", "--dry-run", "--replicas", "2", "--port", "8000")
+    assert res.exit_code == 0, res.output
+    last = res.output.strip().splitlines()[-1]
+    assert last.startswith("m3-agent eval run --tasks TASKS --executor ray --ray-address <HEAD_IP>:6379 ")
+    assert last.endswith("--base-url http://<NODE_1_IP>:8000/v1 --base-url http://<NODE_2_IP>:8000/v1")
+
+
 def test_multinode_refusals():
     res = _run("start", "-p", "h200-dp8-ep", "--dry-run", "--nodes", "2")
     assert "data parallel: scale it with --replicas" in str(res.exception)
