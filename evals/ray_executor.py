@@ -21,6 +21,7 @@ shared but the cluster:
 from __future__ import annotations
 
 import io
+import socket
 import sys
 import tarfile
 import tempfile
@@ -123,10 +124,10 @@ class RayExecutor:
     def __call__(self, tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig,
                  workers: int, on_event: Event | None):
         ray = self._connect(workers)
-        self._preflight(ray, config)
         queue: deque[Task] = deque(tasks)
         running: dict[Any, _Flight] = {}
         try:
+            self._preflight(ray, config)
             while queue or running:
                 while queue and len(running) < workers:
                     task = queue.popleft()
@@ -136,9 +137,17 @@ class RayExecutor:
                     elif on_event:
                         on_event("start", {"instance_id": task.instance_id})
                 yield from self._collect(ray, running, queue, predictions, config)
-        finally:
-            self._cancel(ray, running)
             self._prune_nodes(ray)
+        finally:
+            self._close(ray, running)
+
+    def _close(self, ray, running: dict) -> None:
+        """Cancel what still runs, prune every node's leftovers, leave a cluster this run started."""
+        try:
+            if running:
+                self._cancel(ray, running)
+                self._prune_nodes(ray)
+        finally:
             if self._started_ray:
                 ray.shutdown()
                 self._started_ray, self._trees, self._remote = False, {}, None
@@ -148,6 +157,8 @@ class RayExecutor:
     def _connect(self, workers: int):
         ray = import_ray()
         if not ray.is_initialized():
+            if self.address:
+                _reachable(self.address)
             self._started_ray = True
             try:
                 if self.address:
@@ -157,9 +168,6 @@ class RayExecutor:
                              include_dashboard=False, log_to_driver=False, logging_level="ERROR")
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise UsageError(f"cannot connect to the Ray cluster at {self.address}: {e}") from None
-        if not ray.cluster_resources().get(DOCKER_RESOURCE):
-            raise UsageError(f"no node of the Ray cluster declares the `{DOCKER_RESOURCE}` resource: start nodes "
-                             f"that have Docker with: ray start ... --resources '{{\"{DOCKER_RESOURCE}\": 4}}'")
         return ray
 
     def _docker_nodes(self, ray) -> list[str]:
@@ -182,6 +190,9 @@ class RayExecutor:
 
     def _preflight(self, ray, config: EvalConfig) -> None:
         """Every Docker node has the sandbox image; leftovers of a killed run are pruned there."""
+        if not ray.cluster_resources().get(DOCKER_RESOURCE):
+            raise UsageError(f"no node of the Ray cluster declares the `{DOCKER_RESOURCE}` resource: start nodes "
+                             f"that have Docker with: ray start ... --resources '{{\"{DOCKER_RESOURCE}\": 4}}'")
         missing = [n[:12] for n, ok in self._on_each_node(ray, _image_here, config.sandbox.image).items() if ok is not True]
         if missing:
             raise SandboxUnavailable(f"sandbox image {config.sandbox.image} missing or Docker down on Ray node(s) "
@@ -279,6 +290,18 @@ class RayExecutor:
             if self.pool:
                 self.pool.release(flight.task.instance_id)
         running.clear()
+
+
+def _reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail at once when nothing listens at HOST:PORT (Ray itself would retry for minutes)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--ray-address {address!r}: give the head's HOST:PORT (as `ray start --head` printed)")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {e}; start it with `ray start --head` "
+                         "or check --ray-address") from None
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

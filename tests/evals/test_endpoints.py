@@ -50,3 +50,19 @@ def test_only_endpoint_errors_count_as_an_endpoint_failure():
     assert is_endpoint_failure("EndpointError: cannot reach the model server at http://a:8000/v1")
     assert not is_endpoint_failure("SandboxUnavailable: no engine")
     assert not is_endpoint_failure(None)
+
+
+def test_a_pool_or_a_cluster_address_needs_the_ray_executor(tmp_path, capsys, monkeypatch):
+    from m3_agent.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for args, message in [
+        (["--base-url", A, "--base-url", B], "several --base-url and --ray-address need --executor ray"),
+        (["--base-url", A, "--ray-address", "head:6379"], "several --base-url and --ray-address need --executor ray"),
+        (["--base-url", A, "--executor", "slurm"], "unknown --executor 'slurm': use local or ray"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["eval", "run", "--tasks", "builtin", *args])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "Traceback" not in err
+        assert message in " ".join(err.split()), err

@@ -188,3 +188,32 @@ def test_a_failing_endpoint_leaves_the_pool_and_its_instances_run_elsewhere(clus
 
 def _first_user_message(body: dict) -> str:
     return next(str(m["content"]) for m in body["messages"] if m["role"] == "user")
+
+
+def test_a_node_without_the_sandbox_image_stops_the_run_before_any_instance(cluster, tmp_path):
+    from m3_agent.errors import SandboxUnavailable
+    from m3_agent.evals.ray_executor import RayExecutor
+    from m3_agent.evals.runner import EvalConfig, run_eval
+    from m3_agent.evals.tasks import builtin_task
+    from m3_agent.sandbox import SandboxConfig
+
+    config = EvalConfig(output_dir=tmp_path, sandbox=SandboxConfig(image="m3-agent-no-such-image:0"))
+    with pytest.raises(SandboxUnavailable, match=r"sandbox image m3-agent-no-such-image:0 missing .* on Ray node"):
+        run_eval([builtin_task("roman")], None, config, executor=RayExecutor(address=cluster.address))
+    assert not (tmp_path / RESULTS_FILE).exists()
+
+
+def test_an_unreachable_cluster_is_one_line_at_once(tmp_path):
+    from m3_agent.errors import UsageError
+    from m3_agent.evals.ray_executor import RayExecutor
+    from m3_agent.evals.ray_local import free_port
+    from m3_agent.evals.runner import EvalConfig, run_eval
+    from m3_agent.evals.tasks import builtin_task
+
+    address = f"127.0.0.2:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(UsageError, match=f"cannot reach the Ray cluster at {address}"):
+        run_eval([builtin_task("roman")], None, EvalConfig(output_dir=tmp_path), executor=RayExecutor(address=address))
+    assert time.monotonic() - start < 10
+    with pytest.raises(UsageError, match="give the head's HOST:PORT"):
+        run_eval([builtin_task("roman")], None, EvalConfig(output_dir=tmp_path), executor=RayExecutor(address="head"))
