@@ -7,8 +7,8 @@ grading) as a Ray task that needs one unit of the custom resource `docker`, whic
 declare on nodes with a Docker engine (`ray start ... --resources '{"docker": 4}'`). Nothing is
 shared but the cluster:
 
-- the driver checks each repository out at its base commit once, packs that tree (a one-commit git
-  repo, no history) and puts it in Ray's object store; a node fetches it once and caches it there;
+- the driver checks each repository out at its base commit, packs that tree (a one-commit git repo,
+  no history) and puts it in Ray's object store while instances need it; a node fetches it once;
 - the worker sends back the result and the trajectory; the driver writes them (results.jsonl,
   fsynced, by `run_eval`), so `report`, resume and the official harness read the same files;
 - a node that dies mid-instance: Ray reruns the task on another node (at most `NODE_RETRIES` times)
@@ -26,7 +26,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,10 @@ def pack_tree(tree: Path) -> bytes:
 def unpack_tree(data: bytes, dest: Path) -> Path:
     """Undo `pack_tree` under `dest`; returns the repository's path."""
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(dest, filter="tar") if hasattr(tarfile, "data_filter") else tar.extractall(dest)
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: no member may land outside `dest`
+            tar.extractall(dest, filter="tar")
+        else:
+            tar.extractall(dest)
     return dest / "repo"
 
 
@@ -83,7 +86,8 @@ def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: b
         result = run_instance(here, pred, config.model_copy(update={"output_dir": out, "repos": None}))
         trajectory = out / "trajectories" / f"{task.instance_id}.jsonl"
         traj = trajectory.read_bytes() if trajectory.is_file() else None
-    return {"result": result.model_dump_json(), "trajectory": traj, "node": import_ray().get_runtime_context().get_node_id()}
+    node = import_ray().get_runtime_context().get_node_id()
+    return {"result": result.model_dump_json(), "trajectory": traj, "node": node}
 
 
 def _prune_here() -> list[str]:
@@ -109,6 +113,7 @@ class _Flight:
     task: Task
     started: float
     endpoint: str | None
+    tree: tuple[str, str]  # the key of its packed tree
 
 
 class RayExecutor:
@@ -118,6 +123,7 @@ class RayExecutor:
         self.address = address
         self.pool = pool
         self._trees: dict[tuple[str, str], Any] = {}  # (source, base commit) -> ObjectRef of the packed tree
+        self._tree_users: Counter[tuple[str, str]] = Counter()  # instances in flight per tree: 0 frees it
         self._remote: Any = None
         self._started_ray = False
 
@@ -150,7 +156,9 @@ class RayExecutor:
         finally:
             if self._started_ray:
                 ray.shutdown()
-                self._started_ray, self._trees, self._remote = False, {}, None
+                self._started_ray, self._remote = False, None
+                self._trees.clear()
+                self._tree_users.clear()
 
     # -- cluster ----------------------------------------------------------------------------------
 
@@ -206,20 +214,29 @@ class RayExecutor:
 
     # -- instances --------------------------------------------------------------------------------
 
-    def _tree(self, ray, task: Task, config: EvalConfig):
-        """The packed tree at the task's base commit, in the object store once per (repository, commit)."""
+    def _tree(self, ray, task: Task, config: EvalConfig) -> tuple[tuple[str, str], Any]:
+        """The packed tree at the task's base commit: put in the object store once while instances need it."""
         key = (repo_source(task, config.repos), task.base_commit)
         if key not in self._trees:
             with tempfile.TemporaryDirectory(prefix="m3-ship-") as tmp:
                 tree = checkout(task, Path(tmp) / "repo", repos=config.repos)
                 self._trees[key] = ray.put(pack_tree(tree))
-        return self._trees[key]
+        return key, self._trees[key]
+
+    def _land(self, flight: _Flight) -> None:
+        """An instance left the cluster: its endpoint session ends, its tree is freed when no one needs it."""
+        if self.pool:
+            self.pool.release(flight.task.instance_id)
+        self._tree_users[flight.tree] -= 1
+        if self._tree_users[flight.tree] <= 0:
+            del self._tree_users[flight.tree]
+            self._trees.pop(flight.tree, None)  # the last reference: Ray frees the object
 
     def _launch(self, ray, task: Task, predictions, config: EvalConfig, running: dict) -> InstanceResult | None:
         """Submit one instance; a result instead when it cannot start (bad repository, no endpoint left)."""
         pred = _pred_of(predictions, task)
         try:
-            tree = self._tree(ray, task, config)
+            key, tree = self._tree(ray, task, config)
         except M3AgentError as e:  # a missing repository or commit: that instance's error, as locally
             return _failed(task, pred, f"{type(e).__name__}: {e}", 0.0)
         endpoint = self.pool.acquire(task.instance_id) if self.pool and config.agent else None
@@ -231,7 +248,8 @@ class RayExecutor:
                 num_cpus=0, resources={DOCKER_RESOURCE: 1}, max_retries=NODE_RETRIES, retry_exceptions=False)
         ref = self._remote.remote(task.model_dump_json(), pred.model_dump_json() if pred else None,
                                   _config_json(config), tree)
-        running[ref] = _Flight(task, time.monotonic(), endpoint)
+        running[ref] = _Flight(task, time.monotonic(), endpoint, key)
+        self._tree_users[key] += 1
         return None
 
     def _collect(self, ray, running: dict, queue: deque, predictions, config: EvalConfig):
@@ -242,8 +260,7 @@ class RayExecutor:
         now = time.monotonic()
         for ref in ready:
             flight = running.pop(ref)
-            if self.pool:
-                self.pool.release(flight.task.instance_id)
+            self._land(flight)
             result = self._result(ray, ref, flight, _pred_of(predictions, flight.task), config, now)
             if self.pool and flight.endpoint and is_endpoint_failure(result.error):
                 self.pool.fail(flight.endpoint, result.error.splitlines()[0][:200])
@@ -254,8 +271,7 @@ class RayExecutor:
             if now - flight.started > config.instance_timeout:
                 ray.cancel(ref, force=True)  # the worker dies; its sandbox goes with it, prune takes the rest
                 del running[ref]
-                if self.pool:
-                    self.pool.release(flight.task.instance_id)
+                self._land(flight)
                 yield _failed(flight.task, _pred_of(predictions, flight.task),
                               f"instance timed out after {config.instance_timeout:g}s", now - flight.started)
 
@@ -264,10 +280,9 @@ class RayExecutor:
         """The finished task's result, its trajectory written where the local executor writes it."""
         try:
             out = ray.get(ref)
-        except ray.exceptions.RayError as e:  # the node or worker died on every try
-            why = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-            return _failed(flight.task, pred, f"Ray task failed after {NODE_RETRIES + 1} tries: {why}",
-                           now - flight.started)
+        except ray.exceptions.RayError as e:  # its node or worker died on every try, or the task body broke
+            why = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            return _failed(flight.task, pred, f"Ray task failed ({type(e).__name__}): {why}", now - flight.started)
         result = InstanceResult.model_validate_json(out["result"])
         result.node = out["node"]
         if out["trajectory"] is not None and result.agent is not None:
@@ -287,8 +302,7 @@ class RayExecutor:
         for ref in refs:
             ray.cancel(ref, force=True)
         for flight in running.values():
-            if self.pool:
-                self.pool.release(flight.task.instance_id)
+            self._land(flight)
         running.clear()
 
 
