@@ -263,6 +263,9 @@ class RayExecutor:
             self._land(flight)
             result = self._result(ray, ref, flight, _pred_of(predictions, flight.task), config, now)
             if self.pool and flight.endpoint and is_endpoint_failure(result.error):
+                if flight.endpoint not in self.pool.failed:
+                    print(f"m3-agent: endpoint {flight.endpoint} failed, out of the pool: "
+                          f"{result.error.splitlines()[0][:200]}", file=sys.stderr)
                 self.pool.fail(flight.endpoint, result.error.splitlines()[0][:200])
                 queue.appendleft(flight.task)  # placed on another endpoint; none left: the next launch says so
                 continue
