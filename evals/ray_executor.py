@@ -84,6 +84,8 @@ def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: b
         here = task.model_copy(update={"repo_source": str(repo), "base_commit": head})
         out = Path(tmp) / "out"
         result = run_instance(here, pred, config.model_copy(update={"output_dir": out, "repos": None}))
+        if (result.error or "").startswith("Interrupted:"):
+            raise KeyboardInterrupt  # ray.cancel: end as a cancelled task, as Ray expects (the sandbox is closed)
         trajectory = out / "trajectories" / f"{task.instance_id}.jsonl"
         traj = trajectory.read_bytes() if trajectory.is_file() else None
     node = import_ray().get_runtime_context().get_node_id()
@@ -301,8 +303,8 @@ class RayExecutor:
         refs = list(running)
         for ref in refs:
             ray.cancel(ref, force=False)
-        ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
-        for ref in refs:
+        _, stragglers = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+        for ref in stragglers:
             ray.cancel(ref, force=True)
         for flight in running.values():
             self._land(flight)
