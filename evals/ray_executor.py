@@ -34,6 +34,7 @@ from typing import Any
 from m3_agent import hostgit
 from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
+from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import Prediction
 from m3_agent.evals.runner import EvalConfig, Event, InstanceResult, _config_json, _failed, _pred_of, run_instance
 from m3_agent.evals.tasks import Task, checkout, repo_source
@@ -72,16 +73,18 @@ def unpack_tree(data: bytes, dest: Path) -> Path:
     return dest / "repo"
 
 
-def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: bytes) -> dict[str, Any]:
-    """Worker body: the instance run on the shipped tree; returns its result, trajectory and node."""
+def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: bytes | None) -> dict[str, Any]:
+    """Worker body: the instance run on the shipped tree (None: its image holds the repository)."""
     task = Task.model_validate_json(task_json)
     pred = Prediction.model_validate_json(pred_json) if pred_json else None
     config = EvalConfig.model_validate_json(config_json)
     with tempfile.TemporaryDirectory(prefix="m3-ray-") as tmp:
-        repo = unpack_tree(tree, Path(tmp) / "src")
-        with hostgit.repository(repo) as r:
-            head = r.head.commit.hexsha  # the shipped tree's own commit stands in for base_commit
-        here = task.model_copy(update={"repo_source": str(repo), "base_commit": head})
+        here = task
+        if tree is not None:
+            repo = unpack_tree(tree, Path(tmp) / "src")
+            with hostgit.repository(repo) as r:
+                head = r.head.commit.hexsha  # the shipped tree's own commit stands in for base_commit
+            here = task.model_copy(update={"repo_source": str(repo), "base_commit": head})
         out = Path(tmp) / "out"
         result = run_instance(here, pred, config.model_copy(update={"output_dir": out, "repos": None}))
         if (result.error or "").startswith("Interrupted:"):
@@ -115,7 +118,7 @@ class _Flight:
     task: Task
     started: float
     endpoint: str | None
-    tree: tuple[str, str]  # the key of its packed tree
+    tree: tuple[str, str] | None  # the key of its packed tree (None: a harness task, nothing shipped)
 
 
 class RayExecutor:
@@ -135,7 +138,7 @@ class RayExecutor:
         queue: deque[Task] = deque(tasks)
         running: dict[Any, _Flight] = {}
         try:
-            self._preflight(ray, config)
+            self._preflight(ray, config, image=not all(uses_harness(t) for t in tasks))
             while queue or running:
                 while queue and len(running) < workers:
                     task = queue.popleft()
@@ -198,12 +201,13 @@ class RayExecutor:
                 out[node] = e
         return out
 
-    def _preflight(self, ray, config: EvalConfig) -> None:
-        """Every Docker node has the sandbox image; leftovers of a killed run are pruned there."""
+    def _preflight(self, ray, config: EvalConfig, *, image: bool) -> None:
+        """Every Docker node has the sandbox image (`image`); leftovers of a killed run are pruned there."""
         if not ray.cluster_resources().get(DOCKER_RESOURCE):
             raise UsageError(f"no node of the Ray cluster declares the `{DOCKER_RESOURCE}` resource: start nodes "
                              f"that have Docker with: ray start ... --resources '{{\"{DOCKER_RESOURCE}\": 4}}'")
-        missing = [n[:12] for n, ok in self._on_each_node(ray, _image_here, config.sandbox.image).items() if ok is not True]
+        found = self._on_each_node(ray, _image_here, config.sandbox.image) if image else {}
+        missing = [n[:12] for n, ok in found.items() if ok is not True]
         if missing:
             raise SandboxUnavailable(f"sandbox image {config.sandbox.image} missing or Docker down on Ray node(s) "
                                      f"{', '.join(missing)}: run `m3-agent sandbox build` there")
@@ -229,6 +233,8 @@ class RayExecutor:
         """An instance left the cluster: its endpoint session ends, its tree is freed when no one needs it."""
         if self.pool:
             self.pool.release(flight.task.instance_id)
+        if flight.tree is None:
+            return
         self._tree_users[flight.tree] -= 1
         if self._tree_users[flight.tree] <= 0:
             del self._tree_users[flight.tree]
@@ -238,7 +244,7 @@ class RayExecutor:
         """Submit one instance; a result instead when it cannot start (bad repository, no endpoint left)."""
         pred = _pred_of(predictions, task)
         try:
-            key, tree = self._tree(ray, task, config)
+            key, tree = (None, None) if uses_harness(task) else self._tree(ray, task, config)
         except M3AgentError as e:  # a missing repository or commit: that instance's error, as locally
             return _failed(task, pred, f"{type(e).__name__}: {e}", 0.0)
         endpoint = self.pool.acquire(task.instance_id) if self.pool and config.agent else None
@@ -251,7 +257,8 @@ class RayExecutor:
         ref = self._remote.remote(task.model_dump_json(), pred.model_dump_json() if pred else None,
                                   _config_json(config), tree)
         running[ref] = _Flight(task, time.monotonic(), endpoint, key)
-        self._tree_users[key] += 1
+        if key is not None:
+            self._tree_users[key] += 1
         return None
 
     def _collect(self, ray, running: dict, queue: deque, predictions, config: EvalConfig):
