@@ -36,7 +36,7 @@ from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
 from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import Prediction
-from m3_agent.evals.runner import EvalConfig, Event, InstanceResult, _config_json, _failed, _pred_of, run_instance
+from m3_agent.evals.runner import Admit, EvalConfig, Event, InstanceResult, _config_json, _failed, _pred_of, run_instance
 from m3_agent.evals.tasks import Task, checkout, repo_source
 
 DOCKER_RESOURCE = "docker"
@@ -133,14 +133,15 @@ class RayExecutor:
         self._started_ray = False
 
     def __call__(self, tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig,
-                 workers: int, on_event: Event | None):
+                 workers: int, on_event: Event | None, admit: Admit | None = None):
         ray = self._connect(workers)
         queue: deque[Task] = deque(tasks)
         running: dict[Any, _Flight] = {}
         try:
             self._preflight(ray, config, image=not all(uses_harness(t) for t in tasks))
             while queue or running:
-                while queue and len(running) < workers:
+                while queue and len(running) < workers and (
+                        not running or admit is None or admit(queue[0], [f.task for f in running.values()])):
                     task = queue.popleft()
                     launched = self._launch(ray, task, predictions, config, running)
                     if isinstance(launched, InstanceResult):
