@@ -211,11 +211,7 @@ def run_command(
     from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
     from m3_agent.settings import load_settings
 
-    urls = base_url or []
-    if executor not in ("local", "ray"):
-        raise UsageError(f"unknown --executor {executor!r}: use local or ray")
-    if executor == "local" and (len(urls) > 1 or ray_address):
-        raise UsageError("several --base-url and --ray-address need --executor ray")
+    urls = _executor_urls(executor, base_url, ray_address)
     flags = {"--base-url": urls[0] if urls else None, "--serve": serve, "--model": model, "--max-turns": max_turns,
              "--thinking": thinking, "--image": image}
     settings, _ = load_settings(".", flags, config_file=config_file)
@@ -257,6 +253,16 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
             "kv_capacity_source": capacity.source if capacity else None,
             "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()}}
     return order_for_reuse(tasks), kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token), meta
+
+
+def _executor_urls(executor: str, base_url: Optional[list[str]], ray_address: Optional[str]) -> list[str]:
+    """The --base-url values, once the executor is known and they suit it."""
+    urls = base_url or []
+    if executor not in ("local", "ray"):
+        raise UsageError(f"unknown --executor {executor!r}: use local or ray")
+    if executor == "local" and (len(urls) > 1 or ray_address):
+        raise UsageError("several --base-url and --ray-address need --executor ray")
+    return urls
 
 
 def _ray_executor(address: Optional[str], endpoints: list[str]) -> Executor:
