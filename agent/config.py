@@ -44,6 +44,8 @@ class ContextConfig(BaseModel):
     max_file_bytes: int = Field(DEFAULT_MAX_FILE_BYTES, gt=0, description="skip larger files when packing")
     history: str | None = Field(None, description="a git repository whose recent commits order the packed files, "
                                 "least changed first (default: the packed repository)")
+    history_commit: str | None = Field(None, description="the commit of `history` the packed tree is: its order "
+                                       "among a batch's (set by eval run)")
     shared_share: float = Field(0.0, ge=0.0, lt=1.0, description="share of a budgeted pack filled with the same "
                                 "files for every issue (batch evals of one repository: the server's prefix "
                                 "cache serves it across instances; the rest is ranked by the issue)")

@@ -304,6 +304,7 @@ class _Run:
             exclude=tuple(self.cfg.context.exclude),
             max_file_bytes=self.cfg.context.max_file_bytes,
             history=self.cfg.context.history,
+            history_commit=self.cfg.context.history_commit,
             shared_share=self.cfg.context.shared_share,
             outline_share=self.cfg.context.outline_share,
             outline_max_tokens=self.cfg.context.outline_max_tokens,

@@ -148,7 +148,8 @@ def export_and_pack(repo: Path, commit: str, iid: str, issue: str | None, budget
         subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
         archive.wait()
         hostgit.commit_all(dest, f"{iid}: base_commit {commit}")
-        return [pack_repository(dest, issue=issue, budget=budget, history=str(repo), shared_share=share)
+        return [pack_repository(dest, issue=issue, budget=budget, history=str(repo), history_commit=commit,
+                                shared_share=share)
                 for share in shares]
 
 

@@ -162,7 +162,8 @@ def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, Agent
     # The checkout has no history: the files are ordered by the source repository's (prefix reuse across tasks).
     # A harness task's tree is the image's /testbed, with whatever history the image keeps.
     source = str(tree) if uses_harness(task) else str(source_repository(task, config.repos))
-    agent = config.agent.model_copy(update={"context": config.agent.context.model_copy(update={"history": source})})
+    context = config.agent.context.model_copy(update={"history": source, "history_commit": task.base_commit})
+    agent = config.agent.model_copy(update={"context": context})
     rr = Agent(agent).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
     stats = AgentStats(
         status=rr.status, turns=rr.turns, **rr.usage.model_dump(), cache_hit_share=rr.cache_hit_share,

@@ -161,6 +161,7 @@ def pack_repository(
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     cache: PackCache | bool = True,
     history: Path | str | None = None,
+    history_commit: str | None = None,
     shared_share: float = 0.0,
     outline_share: float = DEFAULT_OUTLINE_SHARE,
     outline_max_tokens: int = DEFAULT_OUTLINE_MAX_TOKENS,
@@ -168,7 +169,8 @@ def pack_repository(
     """Pack the repository at `repo` into one prompt text.
 
     The text is a header, the packed files (those least changed in the recent commits of `history`,
-    default `repo` itself, first: see `stability`), a tree of every file (packed or not, with skip
+    default `repo` itself, first; or the order stored for `history_commit` by
+    `stability.order_for_commits`), a tree of every file (packed or not, with skip
     reasons), the commit packed, and a footer. With `budget`, `pack.tokens <= budget` per `counter` (default: the
     estimate); when the repository does not fit, files are chosen by relevance to `issue`, after
     `shared_share` of the room is filled with the same files whatever the issue (the least changed
@@ -195,21 +197,22 @@ def pack_repository(
                   max_file_bytes)
     listing = list_files(root)
     timings = {"list_s": time.perf_counter() - t0}
-    history = os.fspath(history) if history is not None else root if listing.git else None
+    order_from = ((os.fspath(history), history_commit) if history is not None
+                  else (root, None) if listing.git else None)
     if cache is True:
         with PackCache() as store:
-            return _pack(listing, store, rules, issue, budget, counter, timings, t0, history, shared_share,
+            return _pack(listing, store, rules, issue, budget, counter, timings, t0, order_from, shared_share,
                          (outline_share, outline_max_tokens))
-    return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0, history, shared_share,
+    return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0, order_from, shared_share,
                  (outline_share, outline_max_tokens))
 
 
 def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | None, budget: int | None,
-          counter: TokenCounter, timings: dict[str, float], t0: float, history: str | None,
+          counter: TokenCounter, timings: dict[str, float], t0: float, order_from: tuple[str, str | None] | None,
           shared_share: float, outline_room: tuple[float, int]) -> Pack:
     """Decide every entry, count, choose (within `budget`, when there is one), render."""
     t = time.perf_counter()
-    order = StableOrder(history, store) if history is not None else None
+    order = StableOrder(order_from[0], store, order_from[1]) if order_from is not None else None
     entries = sorted(listing.entries, key=_tree_order)
     known, stale = _known_facts(store, listing, entries)
     raw: dict[str, bytes] = {}  # bytes of the files read, kept for relevance

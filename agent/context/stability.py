@@ -15,6 +15,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import git
 
@@ -32,9 +33,9 @@ class StableOrder:
     Made at the start of a pack: when the cache has no order for the repository, git reads its
     history in the background while the pack reads the files."""
 
-    def __init__(self, history: str, store: PackCache | None) -> None:
+    def __init__(self, history: str, store: PackCache | None, commit: str | None = None) -> None:
         self.history, self.store = history, store
-        self.known = _cached(history, store)
+        self.known = _cached(history, store, commit)
         self._changes: Counter[str] | None = None
         self._thread: threading.Thread | None = None
         if self.known is None:
@@ -63,36 +64,95 @@ class StableOrder:
         return lambda path: (known.get(path, last), sort_key(path))
 
 
+CLUSTER_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)  # tried for a batch; the one sharing most is kept
+
+
+class _Batch(NamedTuple):
+    """A batch's files: each path's blob at each commit (None: absent) and its largest size."""
+
+    blobs: dict[str, list[str | None]]
+    sizes: dict[str, int]
+    changes: Counter[str]
+
+
 def order_for_commits(history: str, commits: Iterable[str], store: PackCache | None) -> int:
-    """Store the order of `history`'s files for a batch of its commits (an eval run's base commits):
-    files the same at every commit first, files some commits lack (release-note fragments, files
-    added or removed) last, and between them by how many versions they have among them, where (in
-    commit order) they first change, how often recent commits changed them, and path. Every
-    pack of the batch then shares the sections of files no two of its commits differ in, and
-    neighbouring commits more. Returns the number of files ordered (0: none)."""
-    if store is None:
+    """Store file orders for a batch of `history`'s commits (an eval run's base commits); a pack
+    given `history` and one of them as `commit` follows its order.
+
+    In commit order, the commits are cut into runs of neighbours that share most of their bytes (the
+    cut that shares most over the batch, among CLUSTER_THRESHOLDS); each run gets one order: files
+    the same at all its commits first, files some of them lack last, and between them by number of
+    versions, where they first change, recent changes and path. Every pack of a run then shares the
+    sections of the files its commits all have alike. Returns the number of runs (0: none stored)."""
+    if store is None or not commits:
         return 0
-    try:  # oldest first
-        commits = git.Git(history).rev_list("--no-walk=sorted", *set(commits)).split()[::-1] if commits else []
+    try:  # oldest first: in the order of the history (commit dates can tie, or lie)
+        wanted = set(commits)
+        commits = [c for c in git.Git(history).rev_list("--topo-order", "--reverse", *wanted).split() if c in wanted]
+        batch = _read_batch(history, commits)
     except (git.GitCommandError, git.GitCommandNotFound, OSError):
         return 0
-    if not commits:
-        return 0
-    blobs: dict[str, list[str | None]] = {}  # path -> its blob at each commit (None: absent)
+    runs = max((_runs(batch, len(commits), t) for t in CLUSTER_THRESHOLDS), key=lambda r: _shared(batch, r))
+    for start, end in runs:
+        key = _key(history, "run:" + commits[start])
+        store.put_scores(key, _run_order(batch, start, end))
+        for commit in commits[start:end]:
+            store.put_scores(_key(history, commit), key)
+    return len(runs)
+
+
+def _read_batch(history: str, commits: list[str]) -> _Batch:
+    blobs: dict[str, list[str | None]] = {}
+    sizes: dict[str, int] = {}
     for n, commit in enumerate(commits):
-        try:
-            listing = git.Git(history).ls_tree("-r", "-z", "--full-tree", commit)
-        except (git.GitCommandError, git.GitCommandNotFound, OSError):
-            return 0
-        for record in listing.split("\0"):
+        for record in git.Git(history).ls_tree("-r", "-l", "-z", "--full-tree", commit).split("\0"):
             meta, _, path = record.partition("\t")
-            if path:
-                blobs.setdefault(path, [None] * len(commits))[n] = meta.rsplit(" ", 1)[-1]
-    changes = _changes(history)
-    ordered = sorted(blobs, key=lambda p: (None in blobs[p], len(set(blobs[p])), _first_change(blobs[p]),
-                                           changes[p], sort_key(p)))
-    store.put_scores(_key(history), ordered)
-    return len(ordered)
+            parts = meta.split()
+            if path and len(parts) == 4:
+                blobs.setdefault(path, [None] * len(commits))[n] = parts[2]
+                sizes[path] = max(sizes.get(path, 0), int(parts[3]) if parts[3].isdigit() else 0)
+    return _Batch(blobs, sizes, _changes(history))
+
+
+def _runs(batch: _Batch, n: int, threshold: float) -> list[tuple[int, int]]:
+    """Commits [start, end) cut where adding the next would leave under `threshold` of its bytes in
+    files the same at every commit of the run."""
+    runs, start, alike = [], 0, set(batch.blobs)
+    for k in range(1, n):
+        alike_next = {p for p in alike if batch.blobs[p][k] == batch.blobs[p][start] is not None}
+        total = sum(batch.sizes[p] for p, b in batch.blobs.items() if b[k] is not None) or 1
+        if sum(batch.sizes[p] for p in alike_next) < threshold * total:
+            runs.append((start, k))
+            start, alike = k, set(batch.blobs)
+        else:
+            alike = alike_next
+    return runs + [(start, n)]
+
+
+def _run_order(batch: _Batch, start: int, end: int) -> list[str]:
+    """One run's order (see order_for_commits)."""
+    def key(path: str) -> tuple:
+        seen = batch.blobs[path][start:end]
+        return (None in seen, len(set(seen)), _first_change(seen), batch.changes[path], sort_key(path))
+
+    return sorted((p for p, b in batch.blobs.items() if any(x is not None for x in b[start:end])), key=key)
+
+
+def _shared(batch: _Batch, runs: list[tuple[int, int]]) -> float:
+    """The mean share of a commit's bytes that its pack shares with the pack of the commit before."""
+    orders = {k: order for start, end in runs for order in [_run_order(batch, start, end)] for k in range(start, end)}
+    shares = []
+    for k in range(1, max(orders) + 1):
+        total = sum(batch.sizes[p] for p, b in batch.blobs.items() if b[k] is not None) or 1
+        before = [p for p in orders[k - 1] if batch.blobs[p][k - 1] is not None]
+        now = [p for p in orders[k] if batch.blobs[p][k] is not None]
+        prefix = 0
+        for x, y in zip(before, now):
+            if x != y or batch.blobs[x][k - 1] != batch.blobs[y][k]:
+                break
+            prefix += batch.sizes[y]
+        shares.append(prefix / total)
+    return sum(shares) / len(shares) if shares else 0.0
 
 
 def _first_change(blobs: list[str | None]) -> int:
@@ -112,18 +172,24 @@ def _changes(history: str) -> Counter[str]:
     return Counter(p.strip("\n") for p in out.split("\0") if p.strip("\n"))
 
 
-def _cached(history: str, store: PackCache | None) -> dict[str, int] | None:
+def _cached(history: str, store: PackCache | None, commit: str | None = None) -> dict[str, int] | None:
+    """The stored order for `commit` (see order_for_commits), else the repository's."""
     if store is None:
         return None
-    order = store.get_scores(_key(history))
+    order = store.get_scores(_key(history, commit)) if commit else None
+    if isinstance(order, str):  # a commit points at its run's order
+        order = store.get_scores(order)
+    if not isinstance(order, list):
+        order = store.get_scores(_key(history))
     return {p: i for i, p in enumerate(order)} if isinstance(order, list) else None
 
 
-def _key(history: str) -> str:
-    """The cache key of a repository's order: its origin URL, else its real path."""
+def _key(history: str, commit: str | None = None) -> str:
+    """The cache key of a repository's order (its origin URL, else its real path), or of the order
+    stored for one of its commits."""
     try:
         identity = git.Git(history).config("--get", "remote.origin.url").strip()
     except (git.GitCommandError, git.GitCommandNotFound, OSError):
         identity = ""
     identity = identity or os.path.realpath(history)
-    return hashlib.sha256(f"{ORDER_VERSION}\0{identity}".encode("utf-8", "surrogateescape")).hexdigest()
+    return hashlib.sha256(f"{ORDER_VERSION}\0{identity}\0{commit or ''}".encode("utf-8", "surrogateescape")).hexdigest()

@@ -118,9 +118,33 @@ def test_a_batch_of_commits_puts_the_files_they_all_share_first(repo, git, tmp_p
         git(tmp_path, "clone", "-q", str(source), str(checkouts[-1]))
         git(checkouts[-1], "checkout", "-q", commit)
     with PackCache(tmp_path / "cache") as cache:
-        assert order_for_commits(str(source), commits[1:], cache) == len(FILES) + 2
-        packs = [pack_repository(c, cache=cache, history=source).text for c in checkouts]
+        assert order_for_commits(str(source), commits[1:], cache) == 1  # one run: the commits share most bytes
+        packs = [pack_repository(c, cache=cache, history=source, history_commit=commit).text
+                 for c, commit in zip(checkouts, commits[1:])]
     assert _sections(packs[0])[-2:] == ["CHANGES.txt", "pkg/mod03.py"]  # 3 versions each; then by changes, path
     assert _sections(packs[1])[-1] == "changelog/12.bugfix"  # not at every commit: after all the others
     for a, b in zip(packs, packs[1:]):
         assert _shared_prefix(a, b) > a.index("### CHANGES.txt")  # everything the commits share comes first
+
+
+def test_a_batch_is_cut_into_runs_of_neighbours_each_with_its_own_order(repo, git, tmp_path):
+    from m3_agent.agent.context.stability import order_for_commits
+
+    source = repo(FILES)
+    commits = []
+    for era in range(2):  # two eras: every module is rewritten between them, then small fixes within each
+        for i in range(20):
+            _commit(git, source, f"pkg/mod{i:02d}.py", f"def f{i}():\n    return {era} + {i}\n" * 20, f"era {era} {i}")
+        for n in range(3):
+            _commit(git, source, f"pkg/mod{n:02d}.py", f"def f{n}():\n    return {era}, {n}\n" * 20, f"fix {n}")
+            commits.append(git(source, "rev-parse", "HEAD").strip())
+    with PackCache(tmp_path / "cache") as cache:
+        assert order_for_commits(str(source), commits, cache) == 2
+        packs = []
+        for n, commit in enumerate(commits):
+            checkout = tmp_path / f"c{n}"
+            git(tmp_path, "clone", "-q", str(source), str(checkout))
+            git(checkout, "checkout", "-q", commit)
+            packs.append(pack_repository(checkout, cache=cache, history=source, history_commit=commit).text)
+    for a, b in zip(packs[3:], packs[4:]):  # within the second era: all but the fixed modules are shared
+        assert _shared_prefix(a, b) >= 0.8 * len(b)
