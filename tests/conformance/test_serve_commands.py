@@ -31,11 +31,12 @@ def _dry_run(*args: str) -> list[str]:
 
 
 def engine_argv(line: str) -> tuple[str, str, list[str]] | None:
-    """(engine, form, argv) of one printed command (engine "helper" for ray and the router), or None."""
+    """(engine, form, argv) of one printed command (engine "helper" for ray, the router and the
+    `m3-agent eval run` that uses the replicas, which tests/serving checks), or None."""
     words = shlex.split(line)
     while words and "=" in words[0] and not words[0].startswith("-"):
         words = words[1:]  # VAR=value prefixes
-    if words[:1] == ["ray"] or "sglang_router.launch_router" in words:
+    if words[:1] in (["ray"], ["m3-agent"]) or "sglang_router.launch_router" in words:
         return "helper", words[0], words[1:]
     if words[:2] == ["vllm", "serve"]:
         return "vllm", "serve", words[2:]
