@@ -220,7 +220,52 @@ def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, w
     def expected(t: Task) -> int:
         return expected_context(t, repos, window, per_token=ratios.get(t.repo, CHARS_PER_TOKEN))
 
+    def need(t: Task, before: list[Task]) -> int:
+        """What `t` adds to the cache beside `before`: its context less the prefix its pack shares with
+        the pack of one of them (their common blocks are held once)."""
+        try:
+            source = repo_source(t, repos)
+        except UsageError:  # the instance itself reports a missing repository
+            return expected(t)
+        shared = max((_shared_bytes(source, t.base_commit, u.base_commit) for u in before if u.repo == t.repo),
+                     default=0)
+        return max(0, expected(t) - int(shared / ratios.get(t.repo, CHARS_PER_TOKEN)))
+
     def admit(task: Task, running: list[Task]) -> bool:
-        return gate.admits(expected(task), [expected(t) for t in running])
+        needs = [need(t, running[:i]) for i, t in enumerate(running)]
+        return gate.admits(need(task, running), needs)
 
     return admit
+
+
+@functools.lru_cache(maxsize=256)
+def _tree(source: str, commit: str) -> dict[str, tuple[str, int]]:
+    """path -> (object id, size) of the text-looking files at `commit`."""
+    try:
+        return {path: (oid, size) for size, oid, path in _blobs(source, commit)}
+    except (subprocess.SubprocessError, OSError):
+        return {}
+
+
+def _shared_bytes(source: str, a: str, b: str) -> int:
+    """Bytes at the head of `a`'s pack that `b`'s pack has too: the files, in the orders
+    `order_for_commits` stored for the two commits, up to the first that differs (0 without them)."""
+    from m3_agent.agent.context.cache import PackCache
+    from m3_agent.agent.context.stability import stored_order
+
+    with PackCache() as store:
+        order_a, order_b = stored_order(source, a, store), stored_order(source, b, store)
+    if not order_a or not order_b:
+        return 0
+    return _common_head(source, a, b, tuple(order_a), tuple(order_b))
+
+
+@functools.lru_cache(maxsize=4096)
+def _common_head(source: str, a: str, b: str, order_a: tuple[str, ...], order_b: tuple[str, ...]) -> int:
+    tree_a, tree_b = _tree(source, a), _tree(source, b)
+    shared = 0
+    for x, y in zip((p for p in order_a if p in tree_a), (p for p in order_b if p in tree_b)):
+        if x != y or tree_a[x][0] != tree_b[y][0]:
+            break
+        shared += tree_a[x][1]
+    return shared

@@ -172,14 +172,20 @@ def _changes(history: str) -> Counter[str]:
     return Counter(p.strip("\n") for p in out.split("\0") if p.strip("\n"))
 
 
+def stored_order(history: str, commit: str, store: PackCache | None) -> list[str] | None:
+    """The order `order_for_commits` stored for one of `history`'s commits (None: none stored)."""
+    order = store.get_scores(_key(history, commit)) if store is not None else None
+    if isinstance(order, str):  # a commit points at its run's order
+        order = store.get_scores(order)
+    return order if isinstance(order, list) else None
+
+
 def _cached(history: str, store: PackCache | None, commit: str | None = None) -> dict[str, int] | None:
     """The stored order for `commit` (see order_for_commits), else the repository's."""
     if store is None:
         return None
-    order = store.get_scores(_key(history, commit)) if commit else None
-    if isinstance(order, str):  # a commit points at its run's order
-        order = store.get_scores(order)
-    if not isinstance(order, list):
+    order = stored_order(history, commit, store) if commit else None
+    if order is None:
         order = store.get_scores(_key(history))
     return {p: i for i, p in enumerate(order)} if isinstance(order, list) else None
 

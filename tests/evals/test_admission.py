@@ -127,3 +127,30 @@ def test_the_runner_starts_instances_only_when_admitted(tmp_path):
     assert all(r.error for r in results)
     assert peak[0] == 1  # admission lowered concurrency below --workers 4
     assert asked and all(len(busy) == 1 for _, busy in asked)  # only asked while one runs
+
+
+def test_instances_of_one_repository_are_charged_once_for_the_prefix_their_packs_share(tmp_path, monkeypatch):
+    from m3_agent.agent.context.cache import PackCache
+    from m3_agent.agent.context.stability import order_for_commits
+    from m3_agent.evals.admission import KvCapacity, kv_admit
+
+    monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
+    repo = tmp_path / "o__r"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "core.py").write_text("x = 1\n" * 16_000)  # 96,000 bytes both commits share
+    commits = []
+    for n in range(2):
+        (repo / "fix.py").write_text(f"y = {n}\n")
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", f"c{n}"], check=True)
+        commits.append(subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
+    first, second = (_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits))
+    alone = expected_context(first, tmp_path, 1_048_576)
+    capacity = KvCapacity(tokens=alone + alone * 6 // 10, block_size=16, source="test")  # 1.6 contexts
+    admit = kv_admit(capacity, 4, repos=tmp_path, window=1_048_576)
+    assert not admit(second, [first])  # no stored orders: nothing known to be shared, two full contexts
+    with PackCache() as store:
+        assert order_for_commits(str(repo), commits, store) == 1
+    assert kv_admit(capacity, 4, repos=tmp_path, window=1_048_576)(second, [first])  # core.py is held once
