@@ -13,8 +13,8 @@ time between turns).
 
 - fixed pool: N threads take instances in order, each running one session after another.
 - scheduler: `evals.admission` as `eval run` uses it: the capacity read from the stand-in's
-  /metrics, bytes per token measured through its /tokenize, `order_for_reuse`, `expected_context`
-  per instance, `Admission` with `--workers` N.
+  /metrics, bytes per token measured through its /tokenize, `order_for_reuse`, and `kv_admit`
+  (expected contexts, less the prefix shared with a running instance) with `--workers` N.
 
 Reported per arm: simulated wall time, prefill tokens computed and
 reused (the server's counters), the largest number of sessions at once, and the first-request
@@ -53,13 +53,7 @@ from m3_agent import hostgit
 from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.context import PackCache, budget_for_window, pack_repository
 from m3_agent.agent.context.stability import order_for_commits
-from m3_agent.evals.admission import (
-    Admission,
-    bytes_per_token,
-    capacity_from_metrics,
-    expected_context,
-    order_for_reuse,
-)
+from m3_agent.evals.admission import bytes_per_token, capacity_from_metrics, kv_admit, order_for_reuse
 from m3_agent.evals.tasks import Task
 from m3_agent.serving.simclock import VirtualClock
 from m3_agent.serving.standin import StandinServer
@@ -219,17 +213,17 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
     arm, tools, clock = Arm(name), [t.schema() for t in default_tools()], VirtualClock()
     with StandinServer(script(performance=True), clock=clock) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=3600)
-        if scheduled:
+        if scheduled:  # as eval run admits: its own gate over the same figures
             capacity = capacity_from_metrics(srv.base_url)
-            gate = Admission(capacity.tokens if capacity else None, args.workers)
             tasks = order_for_reuse([i.task for i in insts])
             ratio = bytes_per_token(srv.base_url, tasks[0], None)  # as eval run calibrates, once per repository
-            expected = {t.instance_id: expected_context(t, None, WINDOW, per_token=ratio) for t in tasks}
+            admit = kv_admit(capacity, args.workers, repos=None, window=WINDOW, per_token={tasks[0].repo: ratio})
         else:  # a fixed pool: the given order, N at a time whatever they hold
-            gate, tasks, expected = Admission(None, args.workers), [i.task for i in insts], {}
+            tasks = [i.task for i in insts]
+            admit = lambda task, running: len(running) < args.workers  # noqa: E731
         by_id = {i.task.instance_id: i for i in insts}
         pending = [by_id[t.instance_id] for t in tasks]
-        arm.sessions = drive(pending, gate, expected, clock, arm,
+        arm.sessions = drive(pending, admit, args.workers, clock, arm,
                              lambda inst: run_session(client, inst, args.turns, args.tool_s, clock, tools))
         arm.sim_wall_s = clock.now()
         c = counters(srv.root_url)
@@ -239,14 +233,13 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
     return arm
 
 
-def drive(pending: list[Instance], gate: Admission, expected: dict[str, int], clock: VirtualClock, arm: Arm,
-          session) -> list[Session]:
-    """Start sessions while the gate admits them; each is a participant of the clock from start to end."""
+def drive(pending: list[Instance], admit, workers: int, clock: VirtualClock, arm: Arm, session) -> list[Session]:
+    """Start sessions while `admit(task, running tasks)` allows; each is a participant of the clock
+    from start to end."""
     running, done = {}, []
-    with ThreadPoolExecutor(max_workers=gate.workers) as pool:
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         while pending or running:
-            while pending and gate.admits(expected.get(pending[0].task.instance_id, 0),
-                                          [expected.get(i.task.instance_id, 0) for i in running.values()]):
+            while pending and (not running or admit(pending[0].task, [i.task for i in running.values()])):
                 inst = pending.pop(0)
                 clock.join()  # before it is submitted, so no time passes until it has sent its request
                 running[pool.submit(session, inst)] = inst
