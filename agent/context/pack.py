@@ -16,12 +16,12 @@ from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
 from m3_agent.agent.context.relevance import is_test, rank
 from m3_agent.agent.context.stability import StableOrder
 from m3_agent.agent.context.selection import (
-    CODE_SUFFIXES,
     DEFAULT_MAX_FILE_BYTES,
     Entry,
     Listing,
     compile_globs,
     definitions,
+    is_code,
     list_files,
     subword_terms,
 )
@@ -536,9 +536,7 @@ def _shared_part(packable: list[Entry], costs: dict[int, int], room: int) -> lis
     for every issue and, until those files change, every commit."""
     shared: list[Entry] = []
     for e in packable:
-        name = e.path.rsplit("/", 1)[-1]
-        dot = name.rfind(".")
-        if dot <= 0 or name[dot:].lower() not in CODE_SUFFIXES or is_test(e.path):
+        if not is_code(e.path) or is_test(e.path):
             continue
         if costs[id(e)] > room:
             break
@@ -561,9 +559,7 @@ def _ensure_definitions(packable: list[Entry], listing: Listing, store: PackCach
 
 
 def _definitions_of(e: Entry, listing: Listing, data: dict[str, bytes] | None, max_file_bytes: int) -> str:
-    name = e.path.rsplit("/", 1)[-1]
-    dot = name.rfind(".")
-    if dot <= 0 or name[dot:].lower() not in CODE_SUFFIXES:
+    if not is_code(e.path):
         return ""
     raw = _bytes_of(e, listing=listing, data=data, max_file_bytes=max_file_bytes)
     return definitions(e.path, raw) if raw else ""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from m3_agent.agent.context.cache import PackCache
-from m3_agent.agent.context.selection import CODE_SUFFIXES, SUBWORD_RE, Entry
+from m3_agent.agent.context.selection import SUBWORD_RE, Entry, is_code
 
 PATH_SCORE = 100.0  # the weight of a path the issue names; the others are measured against it
 BASENAME_SCORE = 60.0  # a bare file name the issue names, shared by the files with that name
@@ -119,8 +119,7 @@ def _prior(e: Entry) -> float:
     path = e.path
     dirs, _, name = path.rpartition("/")
     score = 0.0
-    dot = name.rfind(".")
-    if dot > 0 and name[dot:].lower() in CODE_SUFFIXES:
+    if is_code(path):
         score += 0.5
     if not dirs:
         if name.lower().startswith(("readme", "contributing", "pyproject", "setup.", "package.json")):

@@ -70,6 +70,13 @@ _DEF_KEYWORDS = {
     (".sh", ".lua"): ("function",),
 }
 CODE_SUFFIXES = frozenset(suffix for suffixes in _DEF_KEYWORDS for suffix in suffixes)
+
+
+def is_code(path: str) -> bool:
+    """Whether a path names source code: its extension is one of CODE_SUFFIXES (not a dotfile's name)."""
+    name = path.rsplit("/", 1)[-1]
+    dot = name.rfind(".")
+    return dot > 0 and name[dot:].lower() in CODE_SUFFIXES
 _DEF_RES = {  # suffix -> its compiled definition regexes
     suffix: tuple(re.compile(kw.encode() + rb"[ \t]+(?:\([^)\n]*\)[ \t]*)?([A-Za-z_][A-Za-z0-9_]*)") for kw in kws)
     for suffixes, kws in _DEF_KEYWORDS.items() for suffix in suffixes
