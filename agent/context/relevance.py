@@ -349,8 +349,9 @@ def _content_corpus(entries: list[Entry]) -> list[int]:
     return [i for i, e in enumerate(entries) if not e.path.endswith(_CATALOGUE_SUFFIXES) and not is_test(e.path)]
 
 
-ContentScores = tuple[list[int], list[tuple[int, float]]]  # (the files near the best, (entry, share of the best))
-CONTENT_VERSION = "content-1"  # part of the cache key: change it when the scoring changes
+ContentScores = tuple[list[int], list[tuple[int, float]]]  # (files near the best, (file, share of the best)),
+# each file by its position among the files the content signal reads
+CONTENT_VERSION = "content-2"  # part of the cache key: change it when the scoring changes
 
 
 def content(issue: _Issue, weight: float) -> Scores:
@@ -366,10 +367,10 @@ def content(issue: _Issue, weight: float) -> Scores:
         found = _bm25_scores(issue, scored)
         if key:
             issue.cache.put_scores(key, found)
-    best, shares = found
-    issue.content_best = best
-    for i, share in shares:
-        yield i, weight * share
+    best, shares = found  # positions in `scored`, which the key fixes: the entries around them may differ
+    issue.content_best = [scored[j] for j in best]
+    for j, share in shares:
+        yield scored[j], weight * share
 
 
 def _content_key(issue: _Issue, scored: list[int]) -> str | None:
@@ -382,8 +383,8 @@ def _content_key(issue: _Issue, scored: list[int]) -> str | None:
 
 
 def _bm25_scores(issue: _Issue, scored: list[int]) -> ContentScores:
-    """BM25 of the issue's query words over the `scored` entries, as shares of the best score; prose
-    keeps a share of its score (`_content_discount`).
+    """BM25 of the issue's query words over the `scored` entries, as shares of the best score, each
+    file by its position in `scored`; prose keeps a share of its score (`_content_discount`).
     Each file goes to bm25s as its query words plus one id standing for the other words (one per
     LENGTH_UNIT of its length), so term frequencies, length ratios and weighting are BM25's while
     only the query's words are counted."""
@@ -411,8 +412,8 @@ def _bm25_scores(issue: _Issue, scored: list[int]) -> ContentScores:
     top = float(np.max(scores))
     if top <= 0:
         return [], []
-    best = [scored[i] for i in np.flatnonzero(scores >= CONTENT_LEAD * top)[:8].tolist()]
-    return best, [(scored[i], float(scores[i]) / top) for i in np.flatnonzero(scores).tolist()]
+    best = np.flatnonzero(scores >= CONTENT_LEAD * top)[:8].tolist()
+    return best, [(j, float(scores[j]) / top) for j in np.flatnonzero(scores).tolist()]
 
 
 class Signal(NamedTuple):

@@ -199,3 +199,24 @@ def test_content_scores_of_an_issue_over_a_tree_are_cached_and_follow_its_blobs(
     assert content_points("b2", again) == cold and again == []  # the same issue and blobs: nothing is read
     files["app/other.py"] = "docstring event napoleon\n"
     assert content_points("b3", changed) != cold and len(changed) == 2  # a new blob: scored again
+
+
+def test_cached_content_scores_follow_their_files_when_unread_ones_come_and_go(tmp_path):
+    from m3_agent.agent.context.cache import PackCache
+
+    files = {"ext/napoleon/docstring.py": _filler("parse", 20) + "def docstring_event():\n    pass\n",
+             "app/other.py": _filler("other", 20) + "# docstring\n"}
+    issue = "Fix the docstring event handler of napoleon"
+
+    def content_points(extra: dict[str, str]) -> dict[str, float]:
+        every = files | extra
+        entries = _entries(every)
+        for e in entries:
+            e.blob = e.path  # a stand-in blob id per file
+        with PackCache(tmp_path) as cache:
+            view = relevance._Issue(entries, issue, lambda e: every[e.path].encode(), cache)
+            return {entries[i].path: p for i, p in relevance.content(view, 1.0)}
+
+    cold = content_points({})
+    # A test the content signal does not read shifts the other entries; the cached scores still fit.
+    assert content_points({"app/tests/test_a.py": "def test_a():\n    pass\n"}) == cold
