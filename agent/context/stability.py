@@ -10,6 +10,7 @@ changed since then breaks the shared prefix only where it sits, and new files go
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -191,11 +192,17 @@ def _cached(history: str, store: PackCache | None, commit: str | None = None) ->
 
 
 def _key(history: str, commit: str | None = None) -> str:
-    """The cache key of a repository's order (its origin URL, else its real path), or of the order
-    stored for one of its commits."""
+    """The cache key of a repository's order, or of the order stored for one of its commits."""
+    identity = _identity(history)
+    return hashlib.sha256(f"{ORDER_VERSION}\0{identity}\0{commit or ''}".encode("utf-8", "surrogateescape")).hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _identity(history: str) -> str:
+    """A repository's origin URL, else its real path (asked of git once per process: a batch makes
+    a key per commit, and admission looks orders up for every pair of running instances)."""
     try:
         identity = git.Git(history).config("--get", "remote.origin.url").strip()
     except (git.GitCommandError, git.GitCommandNotFound, OSError):
         identity = ""
-    identity = identity or os.path.realpath(history)
-    return hashlib.sha256(f"{ORDER_VERSION}\0{identity}\0{commit or ''}".encode("utf-8", "surrogateescape")).hexdigest()
+    return identity or os.path.realpath(history)
