@@ -69,10 +69,12 @@ CLUSTER_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)  # tried for a batch; the one sha
 
 
 class _Batch(NamedTuple):
-    """A batch's files: each path's blob at each commit (None: absent) and its largest size."""
+    """A batch's files: each path's blob at each commit (None: absent) and its largest size, the
+    bytes each commit holds, and how often recent commits changed each path."""
 
     blobs: dict[str, list[str | None]]
     sizes: dict[str, int]
+    totals: list[int]
     changes: Counter[str]
 
 
@@ -112,7 +114,8 @@ def _read_batch(history: str, commits: list[str]) -> _Batch:
             if path and len(parts) == 4:
                 blobs.setdefault(path, [None] * len(commits))[n] = parts[2]
                 sizes[path] = max(sizes.get(path, 0), int(parts[3]) if parts[3].isdigit() else 0)
-    return _Batch(blobs, sizes, _changes(history))
+    totals = [sum(sizes[p] for p, b in blobs.items() if b[n] is not None) or 1 for n in range(len(commits))]
+    return _Batch(blobs, sizes, totals, _changes(history))
 
 
 def _runs(batch: _Batch, n: int, threshold: float) -> list[tuple[int, int]]:
@@ -121,8 +124,7 @@ def _runs(batch: _Batch, n: int, threshold: float) -> list[tuple[int, int]]:
     runs, start, alike = [], 0, set(batch.blobs)
     for k in range(1, n):
         alike_next = {p for p in alike if batch.blobs[p][k] == batch.blobs[p][start] is not None}
-        total = sum(batch.sizes[p] for p, b in batch.blobs.items() if b[k] is not None) or 1
-        if sum(batch.sizes[p] for p in alike_next) < threshold * total:
+        if sum(batch.sizes[p] for p in alike_next) < threshold * batch.totals[k]:
             runs.append((start, k))
             start, alike = k, set(batch.blobs)
         else:
@@ -144,7 +146,6 @@ def _shared(batch: _Batch, runs: list[tuple[int, int]]) -> float:
     orders = {k: order for start, end in runs for order in [_run_order(batch, start, end)] for k in range(start, end)}
     shares = []
     for k in range(1, max(orders) + 1):
-        total = sum(batch.sizes[p] for p, b in batch.blobs.items() if b[k] is not None) or 1
         before = [p for p in orders[k - 1] if batch.blobs[p][k - 1] is not None]
         now = [p for p in orders[k] if batch.blobs[p][k] is not None]
         prefix = 0
@@ -152,7 +153,7 @@ def _shared(batch: _Batch, runs: list[tuple[int, int]]) -> float:
             if x != y or batch.blobs[x][k - 1] != batch.blobs[y][k]:
                 break
             prefix += batch.sizes[y]
-        shares.append(prefix / total)
+        shares.append(prefix / batch.totals[k])
     return sum(shares) / len(shares) if shares else 0.0
 
 
