@@ -250,21 +250,34 @@ def _tree(source: str, commit: str) -> dict[str, tuple[str, int]]:
 def _shared_bytes(source: str, a: str, b: str) -> int:
     """Bytes at the head of `a`'s pack that `b`'s pack has too: the files, in the orders
     `order_for_commits` stored for the two commits, up to the first that differs (0 without them)."""
-    from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import stored_order
-
-    with PackCache() as store:
-        order_a, order_b = stored_order(source, a, store), stored_order(source, b, store)
-    if not order_a or not order_b:
+    if _order(source, a) is None or _order(source, b) is None:
         return 0
-    return _common_head(source, a, b, tuple(order_a), tuple(order_b))
+    return _common_head(source, a, b)
+
+
+_ORDERS: dict[tuple[str, str], tuple[str, ...]] = {}  # (source, commit) -> its stored order, once found
+
+
+def _order(source: str, commit: str) -> tuple[str, ...] | None:
+    """The order stored for a commit, read from the pack cache once it is there (admission asks for
+    every pair of running instances at each decision)."""
+    found = _ORDERS.get((source, commit))
+    if found is None:
+        from m3_agent.agent.context.cache import PackCache
+        from m3_agent.agent.context.stability import stored_order
+
+        with PackCache() as store:
+            order = stored_order(source, commit, store)
+        if order:
+            found = _ORDERS[(source, commit)] = tuple(order)
+    return found
 
 
 @functools.lru_cache(maxsize=4096)
-def _common_head(source: str, a: str, b: str, order_a: tuple[str, ...], order_b: tuple[str, ...]) -> int:
+def _common_head(source: str, a: str, b: str) -> int:
     tree_a, tree_b = _tree(source, a), _tree(source, b)
     shared = 0
-    for x, y in zip((p for p in order_a if p in tree_a), (p for p in order_b if p in tree_b)):
+    for x, y in zip((p for p in _order(source, a) if p in tree_a), (p for p in _order(source, b) if p in tree_b)):
         if x != y or tree_a[x][0] != tree_b[y][0]:
             break
         shared += tree_a[x][1]
