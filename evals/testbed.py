@@ -20,7 +20,6 @@ recipe, so an unchanged recipe is never rebuilt and a changed one is.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import platform
 import subprocess
@@ -36,7 +35,7 @@ from m3_agent.errors import SandboxUnavailable, UsageError, first_validation_err
 from m3_agent.evals.harness import instance_image_name
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox.engine import docker_client, image_exists
-from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, build_image
+from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, build_context, build_image
 
 ENV_PREFIX = "/opt/miniconda3/envs/testbed"
 NAMESPACE = "m3-agent-offline"  # offline images are named as the harness names them, in a namespace of their own
@@ -128,7 +127,7 @@ def build_testbed_image(task: Task, *, namespace: str | None = NAMESPACE, tag: s
             _prepare_context(task, recipe, context)
             dockerfile = DOCKERFILE.replace("{base}", BASE_IMAGE).replace("{path_entry}", recipe.path_entry)
             (context / "Dockerfile").write_text(dockerfile)
-            _docker_build(client, context, name, {IMAGE_LABEL: "testbed", RECIPE_LABEL: digest}, progress)
+            build_context(client, context, name, {IMAGE_LABEL: "testbed", RECIPE_LABEL: digest}, progress)
         return name
     finally:
         client.close()
@@ -200,26 +199,3 @@ def _install_wheels(packages: list[str], site: Path) -> None:
     _pip("install", "--no-deps", "--no-index", "--find-links", str(wheels), "--no-compile", "--target", str(site),
          "--python-version", PYTHON_VERSION, "--implementation", "cp", "--platform", WHEEL_PLATFORM,
          "--only-binary", ":all:", *packages)
-
-
-def _docker_build(client, context: Path, name: str, labels: dict[str, str], progress) -> None:
-    """`docker build` of a directory context, with no network (none is needed: everything is in it)."""
-    import docker.errors
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(context, arcname=".")
-    buf.seek(0)
-    try:
-        for chunk in client.api.build(fileobj=buf, custom_context=True, tag=name, labels=labels, rm=True,
-                                      forcerm=True, decode=True, network_mode="none"):
-            if "error" in chunk:
-                raise SandboxUnavailable(f"docker build of {name} failed: {str(chunk['error']).strip()[:400]}")
-            line = str(chunk.get("stream", "")).strip()
-            if line and progress is not None:
-                progress(f"build: {line}")
-    except docker.errors.APIError as e:
-        raise SandboxUnavailable(f"docker build of {name} failed: {e.explanation or e}") from None
-    if not image_exists(client, name):
-        raise SandboxUnavailable(f"docker build did not produce {name}")
-
