@@ -284,13 +284,13 @@ def test_interrupt_keeps_the_trajectory_and_removes_the_sandbox(git_repo, tmp_pa
 
     def spy(event):
         if event.kind == "tool_call":
-            seen.extend(docker.from_env().containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in tag.items()]}))
+            seen.extend(docker.from_env().containers.list(all=True, ignore_removed=True, filters={"label": [f"{k}={v}" for k, v in tag.items()]}))
 
     with pytest.raises(Interrupted):
         run(git_repo, solve_turns(), tmp_path, callbacks=[spy, interrupt], sandbox=SandboxConfig(labels=tag),
             env_factory=None)
     assert len(seen) == 1  # the run's sandbox existed while it worked ...
-    left = docker.from_env().containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in tag.items()]})
+    left = docker.from_env().containers.list(all=True, ignore_removed=True, filters={"label": [f"{k}={v}" for k, v in tag.items()]})
     assert left == []  # ... and is gone after Ctrl-C
     traj = read_trajectory(tmp_path / "traj.jsonl")
     assert traj[-1]["kind"] == "finish" and traj[-1]["error"] == "interrupted"
@@ -383,7 +383,7 @@ def test_a_pack_error_still_ends_the_run_cleanly(git_repo, tmp_path):
         run(git_repo, solve_turns(), tmp_path, budget=5, env_factory=None)
     client = docker.from_env()
     try:
-        assert client.containers.list(all=True, filters={"label": f"m3-agent.owner-pid={os.getpid()}"}) == []
+        assert client.containers.list(all=True, ignore_removed=True, filters={"label": f"m3-agent.owner-pid={os.getpid()}"}) == []
     finally:
         client.close()
 

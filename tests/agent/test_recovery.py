@@ -202,7 +202,7 @@ def test_calls_that_run_no_command_and_write_nothing_take_no_diff(git_repo, tmp_
 def containers_of(pid: int) -> list:
     client = docker.from_env(timeout=30)
     try:
-        return client.containers.list(all=True, filters={"label": f"m3-agent.owner-pid={pid}"})
+        return client.containers.list(all=True, ignore_removed=True, filters={"label": f"m3-agent.owner-pid={pid}"})
     finally:
         client.close()
 

@@ -25,7 +25,7 @@ def _sandbox_containers(**labels: str) -> list:
     client = docker.from_env(timeout=30)
     try:
         filters = [LABEL, *(f"{k}={v}" for k, v in labels.items())]
-        return client.containers.list(all=True, filters={"label": filters})
+        return client.containers.list(all=True, ignore_removed=True, filters={"label": filters})
     finally:
         client.close()
 

@@ -65,7 +65,7 @@ def first_user_content(srv: StandinServer):
 def containers_of(pid: int) -> list:
     client = docker.from_env()
     try:
-        return client.containers.list(all=True, filters={"label": f"m3-agent.owner-pid={pid}"})
+        return client.containers.list(all=True, ignore_removed=True, filters={"label": f"m3-agent.owner-pid={pid}"})
     finally:
         client.close()
 

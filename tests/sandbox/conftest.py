@@ -15,7 +15,7 @@ def own_containers() -> list:
 
     client = docker.from_env(timeout=30)
     try:
-        return client.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_PID}={os.getpid()}"]})
+        return client.containers.list(all=True, ignore_removed=True, filters={"label": [LABEL, f"{LABEL_PID}={os.getpid()}"]})
     finally:
         client.close()
 

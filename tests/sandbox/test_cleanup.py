@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def containers_of(pid: int) -> list:
     client = docker.from_env(timeout=30)
     try:
-        return client.containers.list(all=True, filters={"label": [LABEL, f"{LABEL_PID}={pid}"]})
+        return client.containers.list(all=True, ignore_removed=True, filters={"label": [LABEL, f"{LABEL_PID}={pid}"]})
     finally:
         client.close()
 
