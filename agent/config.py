@@ -49,6 +49,9 @@ class ContextConfig(BaseModel):
     shared_share: float = Field(0.0, ge=0.0, lt=1.0, description="share of a budgeted pack filled with the same "
                                 "files for every issue (batch evals of one repository: the server's prefix "
                                 "cache serves it across instances; the rest is ranked by the issue)")
+    delta: bool = Field(True, description="in a batch (eval run) whose commits `history_commit` is among: show the "
+                        "files of the run's base commit, then the diff to this one, when the whole repository "
+                        "fits (instances of a run then share nearly all of their first request)")
     outline_share: float = Field(DEFAULT_OUTLINE_SHARE, ge=0, le=0.5,
                                  description="share of the budget for outlines of the files left out; 0 = none")
     outline_max_tokens: int = Field(DEFAULT_OUTLINE_MAX_TOKENS, ge=0, description="most tokens of those outlines")

@@ -306,6 +306,7 @@ class _Run:
             history=self.cfg.context.history,
             history_commit=self.cfg.context.history_commit,
             shared_share=self.cfg.context.shared_share,
+            delta=self.cfg.context.delta,
             outline_share=self.cfg.context.outline_share,
             outline_max_tokens=self.cfg.context.outline_max_tokens,
         )
@@ -317,7 +318,7 @@ class _Run:
             pack = self._pack(budget)
         self.result.pack_tokens, self.result.pack_files = pack.tokens, len(pack.files)
         self.emit("pack", tokens=pack.tokens, files=len(pack.files), skipped=len(pack.skipped),
-                  counter=pack.counter_kind, budget=budget)
+                  counter=pack.counter_kind, budget=budget, delta_base=pack.delta_base)
         # The repository comes first and the issue after it, so the prefix is shared across issues.
         task = (
             "\n\n<issue>\n{issue}\n</issue>\n\nResolve the issue above in /workspace. "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -9,12 +10,13 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from m3_agent.agent.context import delta as delta_pack
 from m3_agent.agent.context import layout, outline
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS, DEFAULT_OUTLINE_SHARE
 from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
 from m3_agent.agent.context.relevance import is_test, rank
-from m3_agent.agent.context.stability import StableOrder
+from m3_agent.agent.context.stability import StableOrder, stored_base
 from m3_agent.agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
     Entry,
@@ -65,7 +67,8 @@ class Pack:
     def __init__(self, *, files: list[PackedFile] | None = None, skipped: list[SkippedFile] | None = None, tokens: int,
                  counter_kind: str, budget: int | None = None, head: str | None = None, total_files: int = 0,
                  timings: dict[str, float] | None = None, parts: tuple = (), listed=None, counted=None,
-                 packed_count: int | None = None, outlined: list[str] | None = None, outline_tokens: int = 0) -> None:
+                 packed_count: int | None = None, outlined: list[str] | None = None, outline_tokens: int = 0,
+                 delta_base: str | None = None) -> None:
         self._files = files
         self._skipped = skipped
         self._listed = listed  # () -> (files, skipped): the lists made on first use
@@ -73,6 +76,7 @@ class Pack:
         self.packed_count = len(files) if files is not None else packed_count  # files with their text in the pack
         self.outlined = outlined or []  # files left out by the budget shown as outlines, most relevant first
         self.outline_tokens = outline_tokens  # tokens of the outline tier (part of `tokens`)
+        self.delta_base = delta_base  # a delta pack: the commit whose files its sections show
         self.tokens = tokens  # tokens of `text` per the counter
         self.counter_kind = counter_kind  # "server" | "tokenizer.json" | "estimate"
         self.budget = budget
@@ -165,6 +169,7 @@ def pack_repository(
     shared_share: float = 0.0,
     outline_share: float = DEFAULT_OUTLINE_SHARE,
     outline_max_tokens: int = DEFAULT_OUTLINE_MAX_TOKENS,
+    delta: bool = False,
 ) -> Pack:
     """Pack the repository at `repo` into one prompt text.
 
@@ -176,11 +181,42 @@ def pack_repository(
     `shared_share` of the room is filled with the same files whatever the issue (the least changed
     source files: a batch of issues of one repository then shares that prefix in the server's cache), and
     up to `outline_share` of the budget (at most `outline_max_tokens`) shows outlines of the most
-    relevant files left out (their definitions, after the tree). The issue itself is never part of
-    the text. `cache` (on by default) keeps facts and token counts by git blob id under the user's
+    relevant files left out (their definitions, after the tree). With `delta`, when `history_commit`
+    is in a batch `order_for_commits` ordered and its run's base is another commit, a whole pack
+    becomes a delta pack (`delta`): the base's file sections, then the diff to `history_commit`. The
+    issue itself is never part of the text. `cache` (on by default) keeps facts and token counts by git blob id under the user's
     cache directory.
     """
     t0 = time.perf_counter()
+    _check(budget, max_file_bytes, shared_share, outline_share, outline_max_tokens)
+    counter = counter or EstimateCounter()
+    root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
+    rules = Rules(root, compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"),
+                  max_file_bytes)
+    listing = list_files(root)
+    timings = {"list_s": time.perf_counter() - t0}
+    order_from = ((os.fspath(history), history_commit) if history is not None
+                  else (root, None) if listing.git else None)
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(PackCache()) if cache is True else cache or None
+        plain = _pack(listing, store, rules, issue, budget, counter, timings, t0, order_from, shared_share,
+                      (outline_share, outline_max_tokens))
+        base = stored_base(os.fspath(history), history_commit, store) if delta and history and history_commit else None
+    if base is None or base == history_commit:
+        return plain
+    again = functools.partial(pack_repository, budget=budget, counter=counter, include=include, exclude=exclude,
+                              max_file_bytes=max_file_bytes, cache=cache, history=history, history_commit=base,
+                              shared_share=shared_share, outline_share=outline_share,
+                              outline_max_tokens=outline_max_tokens)
+    found = delta_pack.base_sections(os.fspath(history), base, again)
+    if found is None:
+        return plain
+    return delta_pack.compose(plain, *found, history=os.fspath(history), base=base, commit=history_commit,
+                              budget=budget, counter=counter) or plain
+
+
+def _check(budget: int | None, max_file_bytes: int, shared_share: float, outline_share: float,
+           outline_max_tokens: int) -> None:
     if budget is not None and budget <= 0:
         raise UsageError(f"the token budget must be positive, got {budget}")
     if max_file_bytes <= 0:
@@ -191,20 +227,6 @@ def pack_repository(
         raise UsageError(f"the outline share must be between 0 and 0.5 of the budget, got {outline_share}")
     if outline_max_tokens < 0:
         raise UsageError(f"outline_max_tokens must be at least 0, got {outline_max_tokens}")
-    counter = counter or EstimateCounter()
-    root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
-    rules = Rules(root, compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"),
-                  max_file_bytes)
-    listing = list_files(root)
-    timings = {"list_s": time.perf_counter() - t0}
-    order_from = ((os.fspath(history), history_commit) if history is not None
-                  else (root, None) if listing.git else None)
-    if cache is True:
-        with PackCache() as store:
-            return _pack(listing, store, rules, issue, budget, counter, timings, t0, order_from, shared_share,
-                         (outline_share, outline_max_tokens))
-    return _pack(listing, cache or None, rules, issue, budget, counter, timings, t0, order_from, shared_share,
-                 (outline_share, outline_max_tokens))
 
 
 def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | None, budget: int | None,

@@ -24,7 +24,7 @@ from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.layout import sort_key
 
 HISTORY_COMMITS = 2000  # recent commits counted: enough to tell often-changed files from the rest
-ORDER_VERSION = "order-1"  # part of the cache key: change it with the rule
+ORDER_VERSION = "order-2"  # part of the cache key: change it with the rule
 STALE_SHARE = 0.1  # recompute a cached order when more than this share of the files is new to it
 
 
@@ -66,6 +66,7 @@ class StableOrder:
 
 
 CLUSTER_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)  # tried for a batch; the one sharing most is kept
+DELTA_RUN_SHARE = 0.1  # a delta run ends before the diff from its first commit passes this share of the bytes
 
 
 class _Batch(NamedTuple):
@@ -78,7 +79,7 @@ class _Batch(NamedTuple):
     changes: Counter[str]
 
 
-def order_for_commits(history: str, commits: Iterable[str], store: PackCache | None) -> int:
+def order_for_commits(history: str, commits: Iterable[str], store: PackCache | None, *, delta: bool = False) -> int:
     """Store file orders for a batch of `history`'s commits (an eval run's base commits); a pack
     given `history` and one of them as `commit` follows its order.
 
@@ -86,7 +87,10 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
     cut that shares most over the batch, among CLUSTER_THRESHOLDS); each run gets one order: files
     the same at all its commits first, files some of them lack last, and between them by number of
     versions, where they first change, recent changes and path. Every pack of a run then shares the
-    sections of the files its commits all have alike. Returns the number of runs (0: none stored)."""
+    sections of the files its commits all have alike. Each commit also gets its run's base, the middle
+    commit, for delta packs (`delta`); with `delta` the runs are cut by the size of the diff from a
+    run's first commit instead (DELTA_RUN_SHARE), since delta packs share all of the base's files
+    whatever changed. Returns the number of runs (0: none stored)."""
     if store is None or not commits:
         return 0
     try:  # oldest first: in the order of the history (commit dates can tie, or lie)
@@ -95,12 +99,16 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
         batch = _read_batch(history, commits)
     except (git.GitCommandError, git.GitCommandNotFound, OSError):
         return 0
-    runs = max((_runs(batch, len(commits), t) for t in CLUSTER_THRESHOLDS), key=lambda r: _shared(batch, r))
+    if delta:
+        runs = _delta_runs(history, commits, batch)
+    else:
+        runs = max((_runs(batch, len(commits), t) for t in CLUSTER_THRESHOLDS), key=lambda r: _shared(batch, r))
     for start, end in runs:
         key = _key(history, "run:" + commits[start])
         store.put_scores(key, _run_order(batch, start, end))
+        base = commits[(start + end - 1) // 2]  # the middle one: the diffs of delta packs are shortest
         for commit in commits[start:end]:
-            store.put_scores(_key(history, commit), key)
+            store.put_scores(_key(history, commit), (key, base))
     return len(runs)
 
 
@@ -130,6 +138,18 @@ def _runs(batch: _Batch, n: int, threshold: float) -> list[tuple[int, int]]:
         else:
             alike = alike_next
     return runs + [(start, n)]
+
+
+def _delta_runs(history: str, commits: list[str], batch: _Batch) -> list[tuple[int, int]]:
+    """Commits [start, end) cut where the diff from the run's first commit would pass DELTA_RUN_SHARE
+    of the commit's bytes (the diffs from the run's middle commit stay about half that)."""
+    runs, start = [], 0
+    for k in range(1, len(commits)):
+        size = len(git.Git(history).diff("--no-color", "--no-ext-diff", "--no-renames", commits[start], commits[k]))
+        if size > DELTA_RUN_SHARE * batch.totals[k]:
+            runs.append((start, k))
+            start = k
+    return runs + [(start, len(commits))]
 
 
 def _run_order(batch: _Batch, start: int, end: int) -> list[str]:
@@ -177,9 +197,16 @@ def _changes(history: str) -> Counter[str]:
 def stored_order(history: str, commit: str, store: PackCache | None) -> list[str] | None:
     """The order `order_for_commits` stored for one of `history`'s commits (None: none stored)."""
     order = store.get_scores(_key(history, commit)) if store is not None else None
-    if isinstance(order, str):  # a commit points at its run's order
-        order = store.get_scores(order)
+    if isinstance(order, tuple):  # a commit points at its run's order
+        order = store.get_scores(order[0])
     return order if isinstance(order, list) else None
+
+
+def stored_base(history: str, commit: str, store: PackCache | None) -> str | None:
+    """The base commit of the run `order_for_commits` put `commit` in (None: none stored): the
+    commit whose files the delta packs of the run show (`delta`)."""
+    found = store.get_scores(_key(history, commit)) if store is not None else None
+    return found[1] if isinstance(found, tuple) and len(found) == 2 and isinstance(found[1], str) else None
 
 
 def _cached(history: str, store: PackCache | None, commit: str | None = None) -> dict[str, int] | None:

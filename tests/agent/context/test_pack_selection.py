@@ -180,7 +180,7 @@ def test_include_and_exclude_globs(repo):
 
 
 def test_every_file_is_either_packed_or_skipped_with_a_reason(repo):
-    root = repo({f"pkg/m{i}.py": f"V = {i}\n" for i in range(30)} | {"b.bin": b"\0" * 10, "yarn.lock": "x\n"})
+    root = repo({f"pkg/m{i}.py": f"V = {i}\n" * 20 for i in range(30)} | {"b.bin": b"\0" * 10, "yarn.lock": "x\n"})
     pack = pack_repository(root, budget=pack_repository(root).tokens - 40)
     tracked = set(subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True, text=True,
                                  check=True).stdout.split())

@@ -1,0 +1,114 @@
+"""Delta packs: a batch's instances show one base commit's files, then the diff to their own commit."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from m3_agent import hostgit
+from m3_agent.agent.context import pack_repository
+from m3_agent.agent.context.cache import PackCache
+from m3_agent.agent.context.delta import sections_end
+from m3_agent.agent.context.stability import order_for_commits, stored_base
+
+FILES = {f"pkg/mod{i:02d}.py": "".join(f"def f{i}_{k}():\n    return {k}\n" for k in range(40)) for i in range(20)}
+
+
+def _commit(git, root, path: str, text: str | None, message: str) -> str:
+    if text is None:
+        (root / path).unlink()
+    else:
+        (root / path).write_text(text)
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", message)
+    return git(root, "rev-parse", "HEAD").strip()
+
+
+def _history(repo, git) -> tuple:
+    """A repository and five commits of a batch: small fixes to a few modules, one added and one removed."""
+    source = repo(FILES)
+    commits = [git(source, "rev-parse", "HEAD").strip()]
+    edits = [("pkg/mod03.py", FILES["pkg/mod03.py"].replace("return 7\n", "return -7\n")),
+             ("pkg/new.py", "def added():\n    return 'new'\n"),
+             ("pkg/mod11.py", FILES["pkg/mod11.py"] + "def f11_extra():\n    return None\n"),
+             ("pkg/mod05.py", None)]
+    for n, (path, text) in enumerate(edits):
+        commits.append(_commit(git, source, path, text, f"fix {n}"))
+    return source, commits
+
+
+def _packs(source, commits, tmp_path, cache, **kw) -> list:
+    """Each commit's tree exported as `eval run` exports it, packed as the agent packs it in a batch."""
+    packs = []
+    for n, commit in enumerate(commits):
+        tree = hostgit.export_tree(source, commit, tmp_path / f"tree{n}")
+        packs.append(pack_repository(tree, cache=cache, history=source, history_commit=commit, delta=True, **kw))
+    return packs
+
+
+def test_every_instance_of_a_run_shows_the_base_files_byte_for_byte_then_its_diff(repo, git, tmp_path):
+    source, commits = _history(repo, git)
+    with PackCache(tmp_path / "cache") as cache:
+        assert order_for_commits(str(source), commits, cache, delta=True) == 1
+        base = stored_base(str(source), commits[0], cache)
+        assert base == commits[2]  # the middle commit of the run: the shortest diffs
+        packs = _packs(source, commits, tmp_path, cache)
+    plain = packs[2]
+    assert plain.delta_base is None and "\n## Changes to the files above" not in plain.text
+    sections = b"".join(plain.parts[: sections_end(plain)])
+    for n, pack in enumerate(packs):
+        if n == 2:
+            continue
+        assert pack.delta_base == base
+        assert pack.data.startswith(sections)  # the whole base, shared with the base instance's own pack
+        tail = pack.text[len(sections.decode()):]
+        assert tail.startswith("## Changes to the files above\n")
+        assert f"commit {base}" in tail and f"commit {commits[n]}" in tail
+        assert len(tail) < 0.2 * len(pack.text)
+        assert pack.tokens < len(pack.text)  # counted: the estimate of the whole text, not of the plain pack
+
+
+def test_the_diff_takes_the_base_files_to_the_instance_commit(repo, git, tmp_path):
+    source, commits = _history(repo, git)
+    with PackCache(tmp_path / "cache") as cache:
+        order_for_commits(str(source), commits, cache, delta=True)
+        packs = _packs(source, commits, tmp_path, cache)
+    for n in (0, 4):  # one older than the base (the diff undoes later fixes), one newer (adds and removes files)
+        diff = re.search(r"\n```diff\n(.*?)```\n", packs[n].text, re.S).group(1)
+        work = hostgit.export_tree(source, commits[2], tmp_path / f"apply{n}")
+        subprocess.run(["git", "-C", str(work), "apply", "-"], input=diff.encode(), check=True)
+        want = hostgit.export_tree(source, commits[n], tmp_path / f"want{n}")
+        got = {p.relative_to(work).as_posix(): p.read_bytes() for p in work.rglob("*") if p.is_file() and ".git" not in p.parts}
+        expected = {p.relative_to(want).as_posix(): p.read_bytes() for p in want.rglob("*") if p.is_file() and ".git" not in p.parts}
+        assert got == expected
+
+
+def test_a_budgeted_pack_a_lone_commit_or_delta_off_stay_plain(repo, git, tmp_path):
+    source, commits = _history(repo, git)
+    with PackCache(tmp_path / "cache") as cache:
+        lone = _packs(source, commits[:1], tmp_path / "lone", cache)[0]  # no batch ordered yet: no base
+        order_for_commits(str(source), commits, cache, delta=True)
+        off = pack_repository(hostgit.export_tree(source, commits[0], tmp_path / "off"), cache=cache,
+                              history=source, history_commit=commits[0], delta=False)
+        whole = _packs(source, commits[:1], tmp_path / "whole", cache)[0]
+        budgeted = _packs(source, commits[:1], tmp_path / "budgeted", cache, budget=whole.tokens // 2)[0]
+    assert whole.delta_base == commits[2]
+    assert lone.delta_base is None and off.delta_base is None
+    assert budgeted.delta_base is None and "budget" in budgeted.skipped_by_reason()
+    assert budgeted.tokens <= whole.tokens // 2
+
+
+def test_a_diff_larger_than_its_share_of_the_base_leaves_the_pack_plain(repo, git, tmp_path):
+    source = repo(FILES)
+    commits = [git(source, "rev-parse", "HEAD").strip()]
+    for n in range(2):  # each commit rewrites every module: the diffs are as large as the files
+        for path, text in FILES.items():
+            (source / path).write_text(text.replace("return", f"return {n} +"))
+        git(source, "commit", "-qam", f"rewrite {n}")
+        commits.append(git(source, "rev-parse", "HEAD").strip())
+    with PackCache(tmp_path / "cache") as cache:
+        order_for_commits(str(source), commits, cache, delta=True)
+        bases = {stored_base(str(source), c, cache) for c in commits}
+        packs = _packs(source, commits, tmp_path, cache)
+    assert all(p.delta_base is None for p in packs)
+    assert bases - {None}  # a base was named, and the size rule alone kept the packs plain
