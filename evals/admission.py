@@ -209,10 +209,11 @@ def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | No
 
 
 def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
-             per_token: dict[str, float] | None = None):
+             per_token: dict[str, float] | None = None, delta: bool = False):
     """The runner's `admit` callable: `Admission` over each task's `expected_context`.
 
-    `per_token` maps a repository to its bytes per token (default: the pack's estimate).
+    `per_token` maps a repository to its bytes per token (default: the pack's estimate); `delta`:
+    the packs are delta packs (context.delta), so instances of one run share their base's files.
     """
     gate = Admission(capacity.tokens if capacity else None, workers)
     ratios = per_token or {}
@@ -227,7 +228,7 @@ def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, w
             source = repo_source(t, repos)
         except UsageError:  # the instance itself reports a missing repository
             return expected(t)
-        shared = max((_shared_bytes(source, t.base_commit, u.base_commit) for u in before if u.repo == t.repo),
+        shared = max((_shared_bytes(source, t.base_commit, u.base_commit, delta) for u in before if u.repo == t.repo),
                      default=0)
         return max(0, expected(t) - int(shared / ratios.get(t.repo, CHARS_PER_TOKEN)))
 
@@ -247,15 +248,34 @@ def _tree(source: str, commit: str) -> dict[str, tuple[str, int]]:
         return {}
 
 
-def _shared_bytes(source: str, a: str, b: str) -> int:
-    """Bytes at the head of `a`'s pack that `b`'s pack has too: the files, in the orders
-    `order_for_commits` stored for the two commits, up to the first that differs (0 without them)."""
+def _shared_bytes(source: str, a: str, b: str, delta: bool = False) -> int:
+    """Bytes at the head of `a`'s pack that `b`'s pack has too: with delta packs of one run, their
+    base's files; else the files, in the orders `order_for_commits` stored for the two commits, up to
+    the first that differs (0 without them)."""
     if _order(source, a) is None or _order(source, b) is None:
         return 0
+    base = _base(source, a) if delta else None
+    if base is not None and base == _base(source, b):
+        return sum(size for _, size in _tree(source, base).values())
     return _common_head(source, a, b)
 
 
 _ORDERS: dict[tuple[str, str], tuple[str, ...]] = {}  # (source, commit) -> its stored order, once found
+_BASES: dict[tuple[str, str], str] = {}  # (source, commit) -> its run's base, once found
+
+
+def _base(source: str, commit: str) -> str | None:
+    """The base commit stored for a commit's run (delta packs), read once."""
+    found = _BASES.get((source, commit))
+    if found is None:
+        from m3_agent.agent.context.cache import PackCache
+        from m3_agent.agent.context.stability import stored_base
+
+        with PackCache() as store:
+            found = stored_base(source, commit, store)
+        if found:
+            _BASES[(source, commit)] = found
+    return found
 
 
 def _order(source: str, commit: str) -> tuple[str, ...] | None:

@@ -252,7 +252,8 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
     meta = {"kv_capacity_tokens": capacity.tokens if capacity else None,
             "kv_capacity_source": capacity.source if capacity else None,
             "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()}}
-    return order_for_reuse(tasks), kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token), meta
+    admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token, delta=agent.context.delta)
+    return order_for_reuse(tasks), admit, meta
 
 
 def _executor_urls(executor: str, base_url: Optional[list[str]], ray_address: Optional[str]) -> list[str]:

@@ -266,7 +266,7 @@ def _order_packs(tasks: list[Task], config: EvalConfig) -> None:
             continue  # the instance reports it
     with PackCache() as store:
         for source, commits in by_source.items():
-            order_for_commits(source, commits, store)
+            order_for_commits(source, commits, store, delta=config.agent.context.delta)
 
 
 def _prune_leftovers() -> None:

@@ -154,3 +154,28 @@ def test_instances_of_one_repository_are_charged_once_for_the_prefix_their_packs
     with PackCache() as store:
         assert order_for_commits(str(repo), commits, store) == 1
     assert kv_admit(capacity, 4, repos=tmp_path, window=1_048_576)(second, [first])  # core.py is held once
+
+
+def test_delta_packs_of_one_run_are_charged_once_for_their_base_even_where_files_changed(tmp_path, monkeypatch):
+    from m3_agent.agent.context.cache import PackCache
+    from m3_agent.agent.context.stability import order_for_commits
+    from m3_agent.evals.admission import KvCapacity, kv_admit
+
+    monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
+    repo = tmp_path / "o__r"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    commits = []
+    for n in range(3):  # one big file, a line of it fixed at each commit: plain packs share nothing of it
+        (repo / "core.py").write_text(f"x = {n}\n" + "x = 1\n" * 16_000)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", f"c{n}"], check=True)
+        commits.append(subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
+    first, second = (_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits[:2]))
+    alone = expected_context(first, tmp_path, 1_048_576)
+    capacity = KvCapacity(tokens=alone + alone * 6 // 10, block_size=16, source="test")  # 1.6 contexts
+    with PackCache() as store:
+        assert order_for_commits(str(repo), commits, store, delta=True) == 1
+    assert not kv_admit(capacity, 4, repos=tmp_path, window=1_048_576)(second, [first])  # plain: core.py differs
+    assert kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, delta=True)(second, [first])  # one base

@@ -188,3 +188,40 @@ def test_run_with_serve_reuses_a_healthy_endpoint(tmp_path, sandbox_image):
     # this stand-in's /metrics does not size its cache: admission falls back to the profile's plan
     assert json.loads((out / "run.json").read_text())["kv_capacity_source"] == "serve plan --profile h200-tp8"
     assert json.loads(r.stdout.strip().splitlines()[-1])["resolved_ids"] == ["m3-agent__roman-1"]
+
+
+@pytest.mark.docker
+def test_run_gives_the_instances_of_a_repository_one_base_of_files_and_each_its_diff(tmp_path, sandbox_image):
+    repo = tmp_path / "src"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    modules = {f"mod{i}.py": "".join(f"def f{i}_{k}():\n    return {k}\n" for k in range(60)) for i in range(8)}
+    commits = []
+    for n in range(3):  # each commit fixes one line of one module
+        modules[f"mod{n}.py"] = modules[f"mod{n}.py"].replace("return 5\n", f"return -{n}\n")
+        for name, text in modules.items():
+            (repo / name).write_text(text)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", f"fix {n}"], check=True)
+        commits.append(subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"instance_id": f"o__r-{n}", "repo": "o/r", "base_commit": c,
+                                         "problem_statement": f"Issue {n}: f{n}_5 returns the wrong value.",
+                                         "repo_source": str(repo), "test_cmd": "true"}) + "\n"
+                             for n, c in enumerate(commits)))
+    script = {"turns": [{"content": "Done.", "tool_calls": [{"name": "submit", "arguments": {}}], "repeat": 100}]}
+    with StandinServer(script) as srv:
+        r = m3("eval", "run", "--tasks", str(tasks), "--base-url", srv.base_url, "--workers", "1",
+               "--output", str(tmp_path / "out"), "-q", cwd=tmp_path)
+        firsts = [next(m["content"] for m in body["messages"] if m["role"] == "user") for body in srv.requests]
+    assert r.returncode in (0, 1), r.stderr
+    packs = {n: next(t for t in firsts if f"Issue {n}:" in t) for n in range(3)}
+    base = packs[1]  # the middle commit of the run
+    sections = base[: base.index("## Tree\n")]
+    assert "## Changes to the files above\n" not in base[len(sections):]
+    for n in (0, 2):
+        assert packs[n].startswith(sections)
+        rest = packs[n][len(sections):]
+        assert rest.startswith(f"## Changes to the files above\n\nThe files above are those of commit {commits[1]}")
+        fixed = {0: ("-    return -1\n", "+    return 5\n"), 2: ("-    return 5\n", "+    return -2\n")}[n]
+        assert all(line in rest for line in fixed)  # the fix between the base and this commit, as a diff
