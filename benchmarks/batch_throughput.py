@@ -136,14 +136,10 @@ def export_and_pack(repo: Path, commit: str, iid: str, issue: str | None, budget
     As `eval run` packs a task: the files are ordered by the source repository's history.
     """
     with tempfile.TemporaryDirectory(prefix="m3-batch-") as tmp:
-        dest = Path(tmp) / "repo"
-        dest.mkdir()
-        archive = subprocess.Popen(["git", "-C", str(repo), "archive", commit], stdout=subprocess.PIPE)
-        subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
-        archive.wait()
-        hostgit.commit_all(dest, f"{iid}: base_commit {commit}")
+        dest = hostgit.export_tree(repo, commit, Path(tmp) / "repo", with_submodules=False,
+                                   message=f"{iid}: base_commit {commit}")
         return [pack_repository(dest, issue=issue, budget=budget, history=str(repo), history_commit=commit,
-                                shared_share=share)
+                                shared_share=share, delta=AgentConfig().context.delta)
                 for share in shares]
 
 
@@ -169,7 +165,7 @@ def instances(repo: Path, commits: list[tuple[str, str]], budget: int,
 def order_files(repo: Path, commits: list[tuple[str, str]]) -> None:
     """What `eval run` does before its instances start: order the repository's files for their base commits."""
     with PackCache() as store:
-        order_for_commits(str(repo), {base for base, _ in commits}, store)
+        order_for_commits(str(repo), {base for base, _ in commits}, store, delta=AgentConfig().context.delta)
 
 
 def tool_output(iid: str, turn: int) -> str:
@@ -217,7 +213,8 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
             capacity = capacity_from_metrics(srv.base_url)
             tasks = order_for_reuse([i.task for i in insts])
             ratio = bytes_per_token(srv.base_url, tasks[0], None)  # as eval run calibrates, once per repository
-            admit = kv_admit(capacity, args.workers, repos=None, window=WINDOW, per_token={tasks[0].repo: ratio})
+            admit = kv_admit(capacity, args.workers, repos=None, window=WINDOW, per_token={tasks[0].repo: ratio},
+                             delta=AgentConfig().context.delta)
         else:  # a fixed pool: the given order, N at a time whatever they hold
             tasks = [i.task for i in insts]
             admit = lambda task, running: len(running) < args.workers  # noqa: E731
@@ -302,7 +299,17 @@ def main() -> None:
     ap.add_argument("--shared-share", type=float, default=0.5,
                     help="context.shared_share of the budgeted packs (the figure at the config's default is reported too)")
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="m3-batch-source-") as tmp:
+        # A bare clone sharing REPO's objects: a mirror without a config file is no repository to GitPython.
+        name = args.repo.resolve().name if args.repo.name not in ("repo", ".git") else args.repo.resolve().parent.name
+        source = Path(tmp) / name
+        subprocess.run(["git", "clone", "-q", "--bare", "--shared", str(args.repo), str(source)], check=True)
+        run(source, args)
 
+
+def run(source: Path, args) -> None:
+    """Pack the instances, run both arms, print the table and the JSON line."""
+    args.repo = source
     t = time.monotonic()
     fitting, newest = pick_commits(args.repo, args)
     order_files(args.repo, fitting + newest)

@@ -202,8 +202,8 @@ def pack_repository(
         plain = _pack(listing, store, rules, issue, budget, counter, timings, t0, order_from, shared_share,
                       (outline_share, outline_max_tokens))
         base = stored_base(os.fspath(history), history_commit, store) if delta and history and history_commit else None
-    if base is None or base == history_commit:
-        return plain
+    if base is None or base == history_commit or "budget" in plain.skipped_by_reason():
+        return plain  # only a whole pack becomes a delta pack: a budgeted one's files depend on the issue
     again = functools.partial(pack_repository, budget=budget, counter=counter, include=include, exclude=exclude,
                               max_file_bytes=max_file_bytes, cache=cache, history=history, history_commit=base,
                               shared_share=shared_share, outline_share=outline_share,
