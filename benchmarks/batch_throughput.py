@@ -24,7 +24,10 @@ A third, untimed pass sends only first requests of the newest commits, whose pac
 `first_request_cached_share_budgeted` at `--shared-share` (context.shared_share: that share of a
 budgeted pack is the same files whatever the issue), and the same at the config's default.
 Before packing, the repository's files are ordered for the instances' base commits, as `eval run`
-does (`stability.order_for_commits`), and each pack reads the repository's history.
+does (`stability.order_for_commits`, with the agent's default `context.delta`: each run of commits
+gets a base, and a task at another commit of the run whose repository fits gets a delta pack, the
+base's files then the diff), and each pack reads the repository's history (a bare clone sharing
+REPO's objects, made for the run).
 
     .venv/bin/python benchmarks/batch_throughput.py REPO [--tasks 40] [--workers 8] [--turns 6]
         [--stride 10] [--budgeted-tasks 10] [--tool-s 20] [--shared-share 0.5]

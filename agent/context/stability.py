@@ -66,7 +66,10 @@ class StableOrder:
 
 
 CLUSTER_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)  # tried for a batch; the one sharing most is kept
-DELTA_RUN_SHARE = 0.1  # a delta run ends before the diff from its first commit passes this share of the bytes
+# A delta run ends before the diff from its first commit passes this share of the bytes. Measured on
+# pytest (benchmarks/batch_throughput.py): longer runs (up to 0.3) start fewer cold, but every session
+# holds its bigger diff in the KV cache for all its turns, and the batch computed 5x the prefill.
+DELTA_RUN_SHARE = 0.1
 
 
 class _Batch(NamedTuple):

@@ -112,3 +112,21 @@ def test_a_diff_larger_than_its_share_of_the_base_leaves_the_pack_plain(repo, gi
         packs = _packs(source, commits, tmp_path, cache)
     assert all(p.delta_base is None for p in packs)
     assert bases - {None}  # a base was named, and the size rule alone kept the packs plain
+
+
+def test_a_batch_is_cut_into_delta_runs_where_the_diff_from_the_run_start_grows_large(repo, git, tmp_path):
+    source = repo(FILES)
+    commits = []
+    for era in range(2):  # every module rewritten between the eras, then small fixes within each
+        for path, text in FILES.items():
+            (source / path).write_text(text.replace("return", f"return {era} +"))
+        git(source, "commit", "-qam", f"era {era}")
+        for n in range(3):
+            path = f"pkg/mod{n:02d}.py"
+            (source / path).write_text((source / path).read_text().replace("return", "return -", 1))
+            git(source, "commit", "-qam", f"fix {era} {n}")
+            commits.append(git(source, "rev-parse", "HEAD").strip())
+    with PackCache(tmp_path / "cache") as cache:
+        assert order_for_commits(str(source), commits, cache, delta=True) == 2
+        bases = [stored_base(str(source), c, cache) for c in commits]
+    assert bases == [commits[1]] * 3 + [commits[4]] * 3  # each era's middle commit
