@@ -129,26 +129,40 @@ def test_the_runner_starts_instances_only_when_admitted(tmp_path):
     assert asked and all(len(busy) == 1 for _, busy in asked)  # only asked while one runs
 
 
+def _history(repo, versions: list[dict[str, str]]) -> list[str]:
+    """A repository at `repo` with one commit per dict of files written; its commit ids."""
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    commits = []
+    for n, files in enumerate(versions):
+        for name, text in files.items():
+            (repo / name).write_text(text)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", f"c{n}"], check=True)
+        commits.append(subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
+    return commits
+
+
+def _two_contexts_do_not_fit(tmp_path, commits):
+    """The first two tasks at `commits` and a KV capacity of 1.6 of their contexts."""
+    from m3_agent.evals.admission import KvCapacity
+
+    first, second = (_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits[:2]))
+    alone = expected_context(first, tmp_path, 1_048_576)
+    return first, second, KvCapacity(tokens=alone + alone * 6 // 10, block_size=16, source="test")
+
+
 def test_instances_of_one_repository_are_charged_once_for_the_prefix_their_packs_share(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
     from m3_agent.agent.context.stability import order_for_commits
-    from m3_agent.evals.admission import KvCapacity, kv_admit
+    from m3_agent.evals.admission import kv_admit
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
     repo = tmp_path / "o__r"
     repo.mkdir()
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    (repo / "core.py").write_text("x = 1\n" * 16_000)  # 96,000 bytes both commits share
-    commits = []
-    for n in range(2):
-        (repo / "fix.py").write_text(f"y = {n}\n")
-        subprocess.run([*git, "add", "-A"], check=True)
-        subprocess.run([*git, "commit", "-qm", f"c{n}"], check=True)
-        commits.append(subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
-    first, second = (_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits))
-    alone = expected_context(first, tmp_path, 1_048_576)
-    capacity = KvCapacity(tokens=alone + alone * 6 // 10, block_size=16, source="test")  # 1.6 contexts
+    # 96,000 bytes of core.py both commits share
+    commits = _history(repo, [{"core.py": "x = 1\n" * 16_000, "fix.py": "y = 0\n"}, {"fix.py": "y = 1\n"}])
+    first, second, capacity = _two_contexts_do_not_fit(tmp_path, commits)
     admit = kv_admit(capacity, 4, repos=tmp_path, window=1_048_576)
     assert not admit(second, [first])  # no stored orders: nothing known to be shared, two full contexts
     with PackCache() as store:
@@ -159,22 +173,14 @@ def test_instances_of_one_repository_are_charged_once_for_the_prefix_their_packs
 def test_delta_packs_of_one_run_are_charged_once_for_their_base_even_where_files_changed(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
     from m3_agent.agent.context.stability import order_for_commits
-    from m3_agent.evals.admission import KvCapacity, kv_admit
+    from m3_agent.evals.admission import kv_admit
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
     repo = tmp_path / "o__r"
     repo.mkdir()
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    commits = []
-    for n in range(3):  # one big file, a line of it fixed at each commit: plain packs share nothing of it
-        (repo / "core.py").write_text(f"x = {n}\n" + "x = 1\n" * 16_000)
-        subprocess.run([*git, "add", "-A"], check=True)
-        subprocess.run([*git, "commit", "-qm", f"c{n}"], check=True)
-        commits.append(subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
-    first, second = (_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits[:2]))
-    alone = expected_context(first, tmp_path, 1_048_576)
-    capacity = KvCapacity(tokens=alone + alone * 6 // 10, block_size=16, source="test")  # 1.6 contexts
+    # one big file, a line of it fixed at each commit: plain packs share nothing of it
+    commits = _history(repo, [{"core.py": f"x = {n}\n" + "x = 1\n" * 16_000} for n in range(3)])
+    first, second, capacity = _two_contexts_do_not_fit(tmp_path, commits)
     with PackCache() as store:
         assert order_for_commits(str(repo), commits, store, delta=True) == 1
     assert not kv_admit(capacity, 4, repos=tmp_path, window=1_048_576)(second, [first])  # plain: core.py differs
