@@ -178,8 +178,9 @@ def pack_repository(
     `stability.order_for_commits`), a tree of every file (packed or not, with skip
     reasons), the commit packed, and a footer. With `budget`, `pack.tokens <= budget` per `counter` (default: the
     estimate); when the repository does not fit, files are chosen by relevance to `issue`, after
-    `shared_share` of the room is filled with the same files whatever the issue (the least changed
-    source files: a batch of issues of one repository then shares that prefix in the server's cache), and
+    `shared_share` of the budget (at most the room the header, tree and footer leave) is filled with
+    the same files whatever the issue (the least changed source files: a batch of issues of one
+    repository then shares that prefix in the server's cache), and
     up to `outline_share` of the budget (at most `outline_max_tokens`) shows outlines of the most
     relevant files left out (their definitions, after the tree). With `delta`, when `history_commit`
     is in a batch `order_for_commits` ordered and its run's base is another commit, a whole pack
@@ -518,8 +519,9 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
          budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
          data: dict[str, bytes] | None, max_file_bytes: int, shared_share: float,
          reserve: int = 0) -> tuple[list[Entry], list[Entry]]:
-    """Choose the files that fit the budget: all when they do, else the most relevant first within
-    the budget less `reserve` (the outline tier's room)."""
+    """Choose the files that fit the budget: all when they do, else `shared_share` of the budget
+    (of the pack, so that share of a batch's first requests is shared) filled by `_shared_part`,
+    then the most relevant first within the budget less `reserve` (the outline tier's room)."""
     estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
     fixed = counter.count(head_text + tree_text + "## Files\n\n")
     for e in packable:
@@ -537,7 +539,7 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
     ranked = [e for _, e in rank(packable, issue, read, store)]
     foot = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=ranked[:25])) + 8
     room = budget - fixed - foot - reserve
-    shared = _shared_part(packable, costs, int(room * shared_share))
+    shared = _shared_part(packable, costs, min(room, int(budget * shared_share)))
     room -= sum(costs[id(e)] for e in shared)
     chosen_ids = {id(e) for e in shared}
     for e in ranked:
