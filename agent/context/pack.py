@@ -179,8 +179,9 @@ def pack_repository(
     reasons), the commit packed, and a footer. With `budget`, `pack.tokens <= budget` per `counter` (default: the
     estimate); when the repository does not fit, files are chosen by relevance to `issue`, after
     `shared_share` of the budget (at most the room the header, tree and footer leave) is filled with
-    the same files whatever the issue (the least changed source files: a batch of issues of one
-    repository then shares that prefix in the server's cache), and
+    the same files whatever the issue (the least changed source files, or with a batch's stored
+    order the files alike at its commits: a batch of issues of one repository then shares that
+    prefix in the server's cache), and
     up to `outline_share` of the budget (at most `outline_max_tokens`) shows outlines of the most
     relevant files left out (their definitions, after the tree). With `delta`, when `history_commit`
     is in a batch `order_for_commits` ordered and its run's base is another commit, a whole pack
@@ -266,7 +267,7 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
     else:
         chosen, left_out, parts, tokens, outlined = _render_within(
             packable, entries, head_text, tree_text, issue, budget, counter, listing, store, new_facts, raw,
-            rules.limit, timings, source_text, (shared_share, *outline_room))
+            rules.limit, timings, source_text, (shared_share, *outline_room), order.alike if order else None)
     _remember(store, listing, _facts_by_blob(entries), new_facts, stale)
     timings["total_s"] = time.perf_counter() - t0
     return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings, outlined)
@@ -276,17 +277,18 @@ def _render_within(packable: list[Entry], entries: list[Entry], head_text: str, 
                    budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
                    raw: dict[str, bytes], max_file_bytes: int,
                    timings: dict[str, float], source_text: str,
-                   shares: tuple[float, float, int],
+                   shares: tuple[float, float, int], alike: list[list[str]] | None = None,
                    ) -> tuple[list[Entry], list[Entry], list, int, list[outline.Outlined]]:
     """The pack of the files that fit `budget`, the most relevant to `issue` first, then the outline
     tier: outlines of the most relevant files left out. `shares`: of the budget, the shared part's
-    and the outline tier's, and the tier's most tokens."""
+    and the outline tier's, and the tier's most tokens; `alike`: the files the shared part may hold
+    (see `_shared_part`)."""
     shared_share, outline_share, outline_max = shares
     tree_text = _tree_for_budget(entries, head_text, tree_text, budget, counter, source_text)
     t = time.perf_counter()
     room = min(int(budget * outline_share), outline_max)
     chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
-                            listing, store, new_facts, raw, max_file_bytes, shared_share, reserve=room)
+                            listing, store, new_facts, raw, max_file_bytes, shared_share, reserve=room, alike=alike)
     timings["fit_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -298,7 +300,9 @@ def _render_within(packable: list[Entry], entries: list[Entry], head_text: str, 
     render = functools.partial(_render, entries=entries, head_text=head_text, tree_text=tree_text, counter=counter,
                                outlined={id(o.entry): o for o in outlined})
     parts, tokens = render(chosen, left_out)
-    place = {id(e): (not e.shared, i) for i, e in enumerate(packable)}  # pack order: the shared part first
+    # pack order, the shared part first in its own order (the same at every commit that shares it)
+    place = {id(e): (True, i) for i, e in enumerate(packable)}
+    place.update((id(e), (False, i)) for i, e in enumerate(e for e in chosen if e.shared))
     chosen, left_out, parts, tokens = _fit_exactly(
         chosen, left_out, parts, tokens, budget, len(entries), counter, render,
         lambda more: _prepare(more, counter, store, listing, max_file_bytes), lambda e: place[id(e)])
@@ -518,10 +522,11 @@ def _section_cost(e: Entry, estimate: EstimateCounter) -> int:
 def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
          budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
          data: dict[str, bytes] | None, max_file_bytes: int, shared_share: float,
-         reserve: int = 0) -> tuple[list[Entry], list[Entry]]:
+         reserve: int = 0, alike: list[list[str]] | None = None) -> tuple[list[Entry], list[Entry]]:
     """Choose the files that fit the budget: all when they do, else `shared_share` of the budget
-    (of the pack, so that share of a batch's first requests is shared) filled by `_shared_part`,
-    then the most relevant first within the budget less `reserve` (the outline tier's room)."""
+    (of the pack, so that share of a batch's first requests is shared) filled by `_shared_part`
+    (from `alike`, when given), then the most relevant first within the budget less `reserve` (the
+    outline tier's room)."""
     estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
     fixed = counter.count(head_text + tree_text + "## Files\n\n")
     for e in packable:
@@ -539,7 +544,7 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
     ranked = [e for _, e in rank(packable, issue, read, store)]
     foot = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=ranked[:25])) + 8
     room = budget - fixed - foot - reserve
-    shared = _shared_part(packable, costs, min(room, int(budget * shared_share)))
+    shared = _shared_part(packable, costs, min(room, int(budget * shared_share)), alike)
     room -= sum(costs[id(e)] for e in shared)
     chosen_ids = {id(e) for e in shared}
     for e in ranked:
@@ -554,16 +559,42 @@ def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text:
     return chosen, left_out
 
 
-def _shared_part(packable: list[Entry], costs: dict[int, int], room: int) -> list[Entry]:
-    """The budget's part that is the same whatever the issue: source files (not tests) in pack order,
-    least changed first, up to the first that does not fit `room`, so it is a prefix of that order
+def _shared_part(packable: list[Entry], costs: dict[int, int], room: int,
+                 alike: list[list[str]] | None = None) -> list[Entry]:
+    """The budget's part that is the same whatever the issue, in its layout order.
+
+    With `alike` (per group of a batch's commits this one is in, the files alike at all of them, in
+    the order `stability.order_for_commits` stored), files of one group that fit `room`, in that
+    order: the same bytes at each of the group's commits. Without, source files (not tests) in pack
+    order, least changed first, up to the first that does not fit, so it is a prefix of that order
     for every issue and, until those files change, every commit."""
+    if alike is not None:
+        return _shared_alike(packable, costs, room, alike)
     shared: list[Entry] = []
     for e in packable:
         if not is_code(e.path) or is_test(e.path):
             continue
         if costs[id(e)] > room:
             break
+        e.shared = True
+        shared.append(e)
+        room -= costs[id(e)]
+    return shared
+
+
+def _shared_alike(packable: list[Entry], costs: dict[int, int], room: int, groups: list[list[str]]) -> list[Entry]:
+    """The files of one of `groups` (lists of files alike at every commit of a group, the longest
+    group first) that are packable and fit `room`, in its order (see `_shared_part`): the first
+    group whose files fill the room, else the one with the most. (Alike files cost the same at every
+    commit of their group, so each commit of it chooses alike.)"""
+    by_path = {e.path: e for e in packable}
+    weight = [sum(costs[id(by_path[p])] for p in g if p in by_path) for g in groups]
+    best = next((n for n, w in enumerate(weight) if w >= room), max(range(len(groups)), key=weight.__getitem__))
+    shared: list[Entry] = []
+    for path in groups[best]:
+        e = by_path.get(path)
+        if e is None or costs[id(e)] > room:
+            continue
         e.shared = True
         shared.append(e)
         room -= costs[id(e)]

@@ -22,10 +22,15 @@ import git
 
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.layout import sort_key
+from m3_agent.agent.context.relevance import is_test
+from m3_agent.agent.context.selection import is_code
 
 HISTORY_COMMITS = 2000  # recent commits counted: enough to tell often-changed files from the rest
 ORDER_VERSION = "order-2"  # part of the cache key: change it with the rule
 STALE_SHARE = 0.1  # recompute a cached order when more than this share of the files is new to it
+# Groups of commits whose budgeted packs may share one part: cut where under this share of a
+# commit's bytes stays alike at all the group's; a pack takes the longest group alike enough for it.
+SHARED_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 class StableOrder:
@@ -37,6 +42,7 @@ class StableOrder:
     def __init__(self, history: str, store: PackCache | None, commit: str | None = None) -> None:
         self.history, self.store = history, store
         self.known = _cached(history, store, commit)
+        self.alike = shared_files(history, commit, store) if commit else None  # for a budget's shared part
         self._changes: Counter[str] | None = None
         self._thread: threading.Thread | None = None
         if self.known is None:
@@ -93,7 +99,9 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
     sections of the files its commits all have alike. Each commit also gets its run's base, the middle
     commit, for delta packs (`delta`); with `delta` the runs are cut by the size of the diff from a
     run's first commit instead (DELTA_RUN_SHARE), since delta packs share all of the base's files
-    whatever changed. Returns the number of runs (0: none stored)."""
+    whatever changed. For budgeted packs, which share only the part `shared_share` fills, the
+    commits are also cut into longer groups (see `_store_shared`). Returns the number of runs (0:
+    none stored)."""
     if store is None or not commits:
         return 0
     try:  # oldest first: in the order of the history (commit dates can tie, or lie)
@@ -112,7 +120,43 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
         base = commits[(start + end - 1) // 2]  # the middle one: the diffs of delta packs are shortest
         for commit in commits[start:end]:
             store.put_scores(_key(history, commit), (key, base))
+    _store_shared(history, commits, batch, store)
     return len(runs)
+
+
+def _store_shared(history: str, commits: list[str], batch: _Batch, store: PackCache) -> None:
+    """Store for each commit, per threshold of SHARED_THRESHOLDS, the files alike at every commit of
+    its group (neighbouring commits, cut where under the threshold of a commit's bytes stays alike):
+    source files (not tests) first, then the others, each least changed first, then by path.
+
+    A budgeted pack's shared part is taken from one of these lists in its order, so it is the same
+    bytes at every commit of the group; the runs' orders, cut for whole packs, would break it at
+    each run's start. Lower thresholds make longer groups with fewer files alike; the pack takes
+    the longest group whose files fill its shared part (`shared_files`)."""
+    groups: dict[str, list[str]] = {commit: [] for commit in commits}
+    for threshold in SHARED_THRESHOLDS:
+        for start, end in _runs(batch, len(commits), threshold):
+            alike = [p for p, b in batch.blobs.items() if b[start] is not None and len(set(b[start:end])) == 1]
+            alike.sort(key=lambda p: (not is_code(p) or is_test(p), batch.changes[p], sort_key(p)))
+            key = _key(history, f"shared-group:{threshold}:{commits[start]}:{commits[end - 1]}")
+            store.put_scores(key, alike)
+            for commit in commits[start:end]:
+                groups[commit].append(key)
+    for commit, keys in groups.items():
+        store.put_scores(_key(history, "shared:" + commit), keys)
+
+
+def shared_files(history: str, commit: str, store: PackCache | None) -> list[list[str]] | None:
+    """The files a budgeted pack of `commit` may share with the other packs of its group, one list
+    per group it is in (longest group first), each in the order the files go (stored by
+    `order_for_commits`; None when it stored none)."""
+    if store is None:
+        return None
+    keys = store.get_scores(_key(history, "shared:" + commit))
+    if not isinstance(keys, list):
+        return None
+    groups = [store.get_scores(key) for key in keys]
+    return [g for g in groups if isinstance(g, list)] or None
 
 
 def _read_batch(history: str, commits: list[str]) -> _Batch:
