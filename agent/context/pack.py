@@ -583,8 +583,8 @@ def _shared_part(packable: list[Entry], costs: dict[int, int], room: int,
 
 
 def _shared_alike(packable: list[Entry], costs: dict[int, int], room: int, groups: list[list[str]]) -> list[Entry]:
-    """The files of one of `groups` (lists of files alike at every commit of a group, the longest
-    group first) that are packable and fit `room`, in its order (see `_shared_part`): the first
+    """The files of one of `groups` (lists of files alike at every commit of a group, the lowest
+    threshold's first: see `stability.shared_files`) that are packable and fit `room`, in its order (see `_shared_part`): the first
     group whose files fill the room, else the one with the most. (Alike files cost the same at every
     commit of their group, so each commit of it chooses alike.)"""
     by_path = {e.path: e for e in packable}

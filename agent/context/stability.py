@@ -134,22 +134,26 @@ def _store_shared(history: str, commits: list[str], batch: _Batch, store: PackCa
     each run's start. Lower thresholds make longer groups with fewer files alike; the pack takes
     the longest group whose files fill its shared part (`shared_files`)."""
     groups: dict[str, list[str]] = {commit: [] for commit in commits}
+    stored: set[tuple[int, int]] = set()  # (thresholds often cut alike: each group's list is stored once)
     for threshold in SHARED_THRESHOLDS:
         for start, end in _runs(batch, len(commits), threshold):
-            alike = [p for p, b in batch.blobs.items() if b[start] is not None and len(set(b[start:end])) == 1]
-            alike.sort(key=lambda p: (not is_code(p) or is_test(p), batch.changes[p], sort_key(p)))
-            key = _key(history, f"shared-group:{threshold}:{commits[start]}:{commits[end - 1]}")
-            store.put_scores(key, alike)
+            key = _key(history, f"shared-group:{commits[start]}:{commits[end - 1]}")
+            if (start, end) not in stored:
+                stored.add((start, end))
+                alike = [p for p, b in batch.blobs.items() if b[start] is not None and len(set(b[start:end])) == 1]
+                alike.sort(key=lambda p: (not is_code(p) or is_test(p), batch.changes[p], sort_key(p)))
+                store.put_scores(key, alike)
             for commit in commits[start:end]:
-                groups[commit].append(key)
+                if key not in groups[commit]:
+                    groups[commit].append(key)
     for commit, keys in groups.items():
         store.put_scores(_key(history, "shared:" + commit), keys)
 
 
 def shared_files(history: str, commit: str, store: PackCache | None) -> list[list[str]] | None:
     """The files a budgeted pack of `commit` may share with the other packs of its group, one list
-    per group it is in (longest group first), each in the order the files go (stored by
-    `order_for_commits`; None when it stored none)."""
+    per group it is in (the lowest threshold's, usually the longest group, first), each in the
+    order the files go (stored by `order_for_commits`; None when it stored none)."""
     if store is None:
         return None
     keys = store.get_scores(_key(history, "shared:" + commit))
