@@ -179,11 +179,10 @@ def pack_repository(
     reasons), the commit packed, and a footer. With `budget`, `pack.tokens <= budget` per `counter` (default: the
     estimate); when the repository does not fit, files are chosen by relevance to `issue`, after
     `shared_share` of the budget (at most the room the header, tree and footer leave) is filled with
-    the same files whatever the issue (the least changed source files, or with a batch's stored
-    order the files alike at its commits: a batch of issues of one repository then shares that
-    prefix in the server's cache), and
-    up to `outline_share` of the budget (at most `outline_max_tokens`) shows outlines of the most
-    relevant files left out (their definitions, after the tree). With `delta`, when `history_commit`
+    the same files whatever the issue (the least changed source files, or the files alike at a
+    batch's commits: the batch's issues then share that prefix in the server's cache), and up to
+    `outline_share` of the budget (at most `outline_max_tokens`) shows outlines of the most relevant
+    files left out (their definitions, after the tree). With `delta`, when `history_commit`
     is in a batch `order_for_commits` ordered and its run's base is another commit, a whole pack
     becomes a delta pack (`delta`): the base's file sections, then the diff to `history_commit`. The
     issue itself is never part of the text. `cache` (on by default) keeps facts and token counts by git blob id under the user's
@@ -582,11 +581,12 @@ def _shared_part(packable: list[Entry], costs: dict[int, int], room: int,
     return shared
 
 
-def _shared_alike(packable: list[Entry], costs: dict[int, int], room: int, groups: list[list[str]]) -> list[Entry]:
+def _shared_alike(packable: list[Entry], costs: dict[int, int], room: int,
+                  groups: list[list[str]]) -> list[Entry]:
     """The files of one of `groups` (lists of files alike at every commit of a group, the lowest
-    threshold's first: see `stability.shared_files`) that are packable and fit `room`, in its order (see `_shared_part`): the first
-    group whose files fill the room, else the one with the most. (Alike files cost the same at every
-    commit of their group, so each commit of it chooses alike.)"""
+    threshold's first: see `stability.shared_files`) that are packable and fit `room`, in its order
+    (see `_shared_part`): the first group whose files fill the room, else the one with the most.
+    (Alike files cost the same at every commit of their group, so each commit of it chooses alike.)"""
     by_path = {e.path: e for e in packable}
     weight = [sum(costs[id(by_path[p])] for p in g if p in by_path) for g in groups]
     best = next((n for n, w in enumerate(weight) if w >= room), max(range(len(groups)), key=weight.__getitem__))
