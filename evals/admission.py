@@ -209,11 +209,13 @@ def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | No
 
 
 def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
-             per_token: dict[str, float] | None = None, delta: bool = False):
+             per_token: dict[str, float] | None = None, delta: bool = False, shared_share: float = 0.0):
     """The runner's `admit` callable: `Admission` over each task's `expected_context`.
 
     `per_token` maps a repository to its bytes per token (default: the pack's estimate); `delta`:
-    the packs are delta packs (context.delta), so instances of one run share their base's files.
+    the packs are delta packs (context.delta), so instances of one run share their base's files;
+    `shared_share` (context.shared_share): the share of a budgeted pack that is the same whatever the
+    issue, the most two budgeted packs are credited with sharing.
     """
     gate = Admission(capacity.tokens if capacity else None, workers)
     ratios = per_token or {}
@@ -228,9 +230,13 @@ def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, w
             source = repo_source(t, repos)
         except UsageError:  # the instance itself reports a missing repository
             return expected(t)
+        ratio, room = ratios.get(t.repo, CHARS_PER_TOKEN), window - OUTPUT_RESERVE
         shared = max((_shared_bytes(source, t.base_commit, u.base_commit, delta) for u in before if u.repo == t.repo),
-                     default=0)
-        return max(0, expected(t) - int(shared / ratios.get(t.repo, CHARS_PER_TOKEN)))
+                     default=0) / ratio
+        size = _tree_bytes(source, t.base_commit) if Path(source).exists() else None
+        if size is None or size / ratio > room:  # a budgeted pack: its files, past the shared part, follow the issue
+            shared = min(shared, shared_share * room)
+        return max(0, expected(t) - int(shared))
 
     def admit(task: Task, running: list[Task]) -> bool:
         needs = [need(t, running[:i]) for i, t in enumerate(running)]

@@ -252,7 +252,8 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
     meta = {"kv_capacity_tokens": capacity.tokens if capacity else None,
             "kv_capacity_source": capacity.source if capacity else None,
             "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()}}
-    admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token, delta=agent.context.delta)
+    admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token, delta=agent.context.delta,
+                     shared_share=agent.context.shared_share)
     return order_for_reuse(tasks), admit, meta
 
 

@@ -185,3 +185,24 @@ def test_delta_packs_of_one_run_are_charged_once_for_their_base_even_where_files
         assert order_for_commits(str(repo), commits, store, delta=True) == 1
     assert not kv_admit(capacity, 4, repos=tmp_path, window=1_048_576)(second, [first])  # plain: core.py differs
     assert kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, delta=True)(second, [first])  # one base
+
+
+def test_a_repository_larger_than_the_window_is_credited_no_more_than_its_shared_part(tmp_path, monkeypatch):
+    from m3_agent.agent.context.cache import PackCache
+    from m3_agent.agent.context.stability import order_for_commits
+    from m3_agent.evals.admission import OUTPUT_RESERVE, KvCapacity, kv_admit
+
+    monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
+    repo = tmp_path / "o__r"
+    repo.mkdir()
+    commits = _history(repo, [{"core.py": f"x = {n}\n" + "x = 1\n" * 16_000} for n in range(3)])
+    window = OUTPUT_RESERVE + 8_000  # the tree (about 96 kB) is far over the 8,000 tokens a pack may hold
+    first, second = (_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits[:2]))
+    alone = expected_context(first, tmp_path, window)
+    capacity = KvCapacity(tokens=2 * alone - 2_000, block_size=16, source="test")  # short of two by 2,000 tokens
+    with PackCache() as store:
+        order_for_commits(str(repo), commits, store, delta=True)
+    # budgeted packs are never delta packs: the base is not credited, only the shared part when there is one
+    assert not kv_admit(capacity, 4, repos=tmp_path, window=window, delta=True)(second, [first])
+    assert kv_admit(capacity, 4, repos=tmp_path, window=window, delta=True, shared_share=0.5)(second, [first])
+    assert not kv_admit(capacity, 4, repos=tmp_path, window=window, delta=True, shared_share=0.2)(second, [first])
