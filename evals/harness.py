@@ -217,7 +217,7 @@ def test_spec(task: Task, image: str):
 def harness_report(task: Task, spec, model_patch: str | None, log: str) -> tuple[dict, dict[str, str]]:
     """The harness's report.json entry for the log, and the status map its parser read."""
     grading, *_ = swebench()
-    with tempfile.TemporaryDirectory(prefix="m3-harness-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="m3-harness-", ignore_cleanup_errors=True) as tmp:
         path = Path(tmp) / "test_output.txt"
         path.write_text(log)
         entry = grading.get_eval_report(spec, {"instance_id": task.instance_id, "model_patch": model_patch,

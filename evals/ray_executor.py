@@ -78,7 +78,7 @@ def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: b
     task = Task.model_validate_json(task_json)
     pred = Prediction.model_validate_json(pred_json) if pred_json else None
     config = EvalConfig.model_validate_json(config_json)
-    with tempfile.TemporaryDirectory(prefix="m3-ray-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="m3-ray-", ignore_cleanup_errors=True) as tmp:
         here = task
         if tree is not None:
             repo = unpack_tree(tree, Path(tmp) / "src")
@@ -225,7 +225,7 @@ class RayExecutor:
         """The packed tree at the task's base commit: put in the object store once while instances need it."""
         key = (repo_source(task, config.repos), task.base_commit)
         if key not in self._trees:
-            with tempfile.TemporaryDirectory(prefix="m3-ship-") as tmp:
+            with tempfile.TemporaryDirectory(prefix="m3-ship-", ignore_cleanup_errors=True) as tmp:
                 tree = checkout(task, Path(tmp) / "repo", repos=config.repos)
                 self._trees[key] = ray.put(pack_tree(tree))
         return key, self._trees[key]

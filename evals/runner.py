@@ -117,7 +117,7 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
     name = config.model_name if config.agent is not None else (prediction.model_name_or_path if prediction else "none")
     patch = prediction.model_patch if prediction else None
     stats: AgentStats | None = None
-    with tempfile.TemporaryDirectory(prefix="m3-eval-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="m3-eval-", ignore_cleanup_errors=True) as tmp:
         try:
             if uses_harness(task):  # the instance image holds the repository: nothing to check out
                 patch, stats, report = evaluate_with_harness(task, patch, config, _agent_patch)

@@ -36,7 +36,7 @@ def sections_end(pack) -> int:
 def base_sections(history: str, base: str, make_pack) -> tuple[list[bytes], set[str]] | None:
     """The header and file sections of `base`'s whole pack, exported as `eval run` exports a task's
     tree, and the paths packed (None: the base cannot be exported, or its pack is budgeted)."""
-    with tempfile.TemporaryDirectory(prefix="m3-agent-base-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="m3-agent-base-", ignore_cleanup_errors=True) as tmp:
         try:
             tree = hostgit.export_tree(Path(history), base, Path(tmp) / "repo", with_submodules=False)
         except (M3AgentError, git.GitCommandError, OSError):
