@@ -255,6 +255,14 @@ class WarmShell:
                     os.close(fd)
         return self.proc.pid if self.proc is not None else None
 
+    @staticmethod
+    def suspect(proc):
+        """The last command may have killed every process of its uid: the shell, or the spawner that
+        started it, is dying (see `doomed`); then the command starts cold instead."""
+        if doomed(proc.pid):
+            return True
+        return isinstance(proc, Remote) and (proc.gen != SPAWNER.gen or doomed(SPAWNER.pid))
+
     def take(self, cmd, cwd, env):
         """The prepared shell, now running `cmd` in `cwd` with `env` added; None when it cannot serve."""
         self.ready()
@@ -265,7 +273,7 @@ class WarmShell:
         try:
             # a NUL anywhere would end a NUL-terminated field early and shift the rest into the command
             if (len(cmd) <= WARM_MAX and "\0" not in cmd + cwd + "".join(env.values())
-                    and all(NAME.match(k) for k in env) and proc.poll() is None):
+                    and all(NAME.match(k) for k in env) and proc.poll() is None and not self.suspect(proc)):
                 pre = "cd -- %s || exit 1\n" % shlex.quote(cwd)
                 pre += "".join("export %s=%s\n" % (k, shlex.quote(v)) for k, v in env.items())
                 os.killpg(proc.pid, signal.SIGCONT)  # the last command may have stopped every process it could
@@ -277,6 +285,23 @@ class WarmShell:
             os.close(fd)
         discard(proc)
         return None
+
+
+def doomed(pid):
+    """True when `pid` is gone, a zombie, or has a SIGKILL pending: it cannot be trusted to run a command.
+
+    A command that kills every process of its uid (`pkill -9 -u`, `kill -9 -1`) signals them in pid
+    order, so the spawner, older than the command's shell, has its SIGKILL pending by the time that
+    shell's exit is seen, while the shell it started for the next command may not have it yet."""
+    if pid is None:
+        return True
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return True
+    pending = int(fields.get("SigPnd", "0").strip() or "0", 16) | int(fields.get("ShdPnd", "0").strip() or "0", 16)
+    return fields.get("State", "").strip()[:1] in ("Z", "X") or bool(pending & (1 << (signal.SIGKILL - 1)))
 
 
 def discard(proc):

@@ -139,6 +139,15 @@ def test_mass_kills_do_not_reach_the_server_or_init(sb, cmd):
     _alive_and_able_to_fork(sb)
 
 
+@pytest.mark.parametrize("cmd", ["pkill -9 -u $(id -u)", "kill -9 -1"])
+def test_the_command_after_a_mass_kill_runs_whole_every_time(sb, cmd):
+    """The next command's shell, started while this one runs, is killed with it: the next starts cold."""
+    for n in range(8):
+        sb.exec(f"sleep 30 & {cmd}", timeout=20)
+        r = sb.exec(f"echo next {n}", timeout=20)
+        assert (r.exit_code, r.stdout) == (0, f"next {n}\n"), r
+
+
 def test_the_spawner_killed_or_stopped_by_a_command_is_replaced(sb):
     """The helper that starts commands' shells runs as their uid: they can kill or stop it, and lose nothing."""
     first = sb.exec("pgrep -x m3-agent-spawn").stdout.split()
