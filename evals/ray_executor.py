@@ -41,6 +41,7 @@ from m3_agent.evals.tasks import Task, checkout, repo_source
 
 DOCKER_RESOURCE = "docker"
 NODE_RETRIES = 2  # reruns of an instance whose node or worker process died
+CANCEL_SETTLE_S = 0.5  # before cancelling, this long for tasks already ending to report
 CANCEL_GRACE_S = 10.0  # after a polite cancel (KeyboardInterrupt in the task), force-kill the worker
 
 
@@ -308,10 +309,12 @@ class RayExecutor:
         """Stop what still runs: KeyboardInterrupt in each task (its sandbox closes), then kill the stragglers."""
         if not running:
             return
-        refs = list(running)
+        # Ray's core worker aborts when a cancel crosses the reply of a task just ending ("Tried to
+        # complete task that was not pending"): let replies in flight land, cancel only the rest.
+        _, refs = ray.wait(list(running), num_returns=len(running), timeout=CANCEL_SETTLE_S)
         for ref in refs:
             ray.cancel(ref, force=False)
-        _, stragglers = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+        _, stragglers = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S) if refs else ([], [])
         for ref in stragglers:
             ray.cancel(ref, force=True)
         for flight in running.values():
