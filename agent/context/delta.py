@@ -75,13 +75,11 @@ def changes_section(base: str, commit: str, diff: str) -> str:
 
 def compose(plain, sections: list[bytes], section_paths: set[str], *, history: str, base: str, commit: str,
             budget: int | None, counter: TokenCounter):
-    """The delta pack of `plain` (a whole pack of `commit`'s tree): the base's `sections`, the diff,
-    then `plain`'s tree, commit and footer. None when it would not be the better pack: the diff is
-    unreadable or too large, or the result does not fit `budget`."""
+    """The delta pack of `plain` (a whole pack of `commit`'s tree; `pack_repository` sends no other):
+    the base's `sections`, the diff, then `plain`'s tree, commit and footer. None when it would not
+    be the better pack: the diff is unreadable or too large, or the result does not fit `budget`."""
     from m3_agent.agent.context.pack import Pack
 
-    if "budget" in plain.skipped_by_reason():
-        return None
     diff = diff_text(history, base, commit, section_paths | {f.path for f in plain.files})
     base_bytes = sum(map(len, sections))
     if diff is None or len(diff.encode("utf-8", "surrogateescape")) > MAX_DIFF_SHARE * base_bytes:

@@ -182,11 +182,11 @@ def pack_repository(
     the same files whatever the issue (the least changed source files, or the files alike at a
     batch's commits: the batch's issues then share that prefix in the server's cache), and up to
     `outline_share` of the budget (at most `outline_max_tokens`) shows outlines of the most relevant
-    files left out (their definitions, after the tree). With `delta`, when `history_commit`
-    is in a batch `order_for_commits` ordered and its run's base is another commit, a whole pack
-    becomes a delta pack (`delta`): the base's file sections, then the diff to `history_commit`. The
-    issue itself is never part of the text. `cache` (on by default) keeps facts and token counts by git blob id under the user's
-    cache directory.
+    files left out (their definitions, after the tree). With `delta`, when `history_commit` is in a
+    batch `order_for_commits` ordered and its run's base is another commit, a whole pack becomes a
+    delta pack (`delta`): the base's file sections, then the diff to `history_commit`. The issue
+    itself is never part of the text. `cache` (on by default) keeps facts and token counts by git
+    blob id under the user's cache directory.
     """
     t0 = time.perf_counter()
     _check(budget, max_file_bytes, shared_share, outline_share, outline_max_tokens)
