@@ -258,44 +258,29 @@ def _shared_bytes(source: str, a: str, b: str, delta: bool = False) -> int:
     """Bytes at the head of `a`'s pack that `b`'s pack has too: with delta packs of one run, their
     base's files; else the files, in the orders `order_for_commits` stored for the two commits, up to
     the first that differs (0 without them)."""
-    if _order(source, a) is None or _order(source, b) is None:
+    run_a, run_b = _run(source, a), _run(source, b)
+    if run_a is None or run_b is None:
         return 0
-    base = _base(source, a) if delta else None
-    if base is not None and base == _base(source, b):
-        return sum(size for _, size in _tree(source, base).values())
+    if delta and run_a[1] == run_b[1]:
+        return _tree_bytes(source, run_a[1]) or 0
     return _common_head(source, a, b)
 
 
-_ORDERS: dict[tuple[str, str], tuple[str, ...]] = {}  # (source, commit) -> its stored order, once found
-_BASES: dict[tuple[str, str], str] = {}  # (source, commit) -> its run's base, once found
+_RUNS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {}  # (source, commit) -> its run's order and base
 
 
-def _base(source: str, commit: str) -> str | None:
-    """The base commit stored for a commit's run (delta packs), read once."""
-    found = _BASES.get((source, commit))
+def _run(source: str, commit: str) -> tuple[tuple[str, ...], str] | None:
+    """The order and base stored for a commit's run, read from the pack cache once it is there
+    (admission asks for every pair of running instances at each decision)."""
+    found = _RUNS.get((source, commit))
     if found is None:
         from m3_agent.agent.context.cache import PackCache
-        from m3_agent.agent.context.stability import stored_base
+        from m3_agent.agent.context.stability import stored_run
 
         with PackCache() as store:
-            found = stored_base(source, commit, store)
-        if found:
-            _BASES[(source, commit)] = found
-    return found
-
-
-def _order(source: str, commit: str) -> tuple[str, ...] | None:
-    """The order stored for a commit, read from the pack cache once it is there (admission asks for
-    every pair of running instances at each decision)."""
-    found = _ORDERS.get((source, commit))
-    if found is None:
-        from m3_agent.agent.context.cache import PackCache
-        from m3_agent.agent.context.stability import stored_order
-
-        with PackCache() as store:
-            order = stored_order(source, commit, store)
-        if order:
-            found = _ORDERS[(source, commit)] = tuple(order)
+            run = stored_run(source, commit, store)
+        if run and run[0]:
+            found = _RUNS[(source, commit)] = (tuple(run[0]), run[1])
     return found
 
 
@@ -303,7 +288,8 @@ def _order(source: str, commit: str) -> tuple[str, ...] | None:
 def _common_head(source: str, a: str, b: str) -> int:
     tree_a, tree_b = _tree(source, a), _tree(source, b)
     shared = 0
-    for x, y in zip((p for p in _order(source, a) if p in tree_a), (p for p in _order(source, b) if p in tree_b)):
+    order_a, order_b = _run(source, a)[0], _run(source, b)[0]
+    for x, y in zip((p for p in order_a if p in tree_a), (p for p in order_b if p in tree_b)):
         if x != y or tree_a[x][0] != tree_b[y][0]:
             break
         shared += tree_a[x][1]

@@ -245,19 +245,27 @@ def _changes(history: str) -> Counter[str]:
     return Counter(p.strip("\n") for p in out.split("\0") if p.strip("\n"))
 
 
+def stored_run(history: str, commit: str, store: PackCache | None) -> tuple[list[str], str] | None:
+    """What `order_for_commits` stored for one of `history`'s commits: its run's order and base
+    (None: none stored)."""
+    found = store.get_scores(_key(history, commit)) if store is not None else None
+    if not (isinstance(found, tuple) and len(found) == 2 and isinstance(found[1], str)):
+        return None
+    order = store.get_scores(found[0])  # a commit points at its run's order
+    return (order, found[1]) if isinstance(order, list) else None
+
+
 def stored_order(history: str, commit: str, store: PackCache | None) -> list[str] | None:
     """The order `order_for_commits` stored for one of `history`'s commits (None: none stored)."""
-    order = store.get_scores(_key(history, commit)) if store is not None else None
-    if isinstance(order, tuple):  # a commit points at its run's order
-        order = store.get_scores(order[0])
-    return order if isinstance(order, list) else None
+    run = stored_run(history, commit, store)
+    return run[0] if run else None
 
 
 def stored_base(history: str, commit: str, store: PackCache | None) -> str | None:
     """The base commit of the run `order_for_commits` put `commit` in (None: none stored): the
     commit whose files the delta packs of the run show (`delta`)."""
-    found = store.get_scores(_key(history, commit)) if store is not None else None
-    return found[1] if isinstance(found, tuple) and len(found) == 2 and isinstance(found[1], str) else None
+    run = stored_run(history, commit, store)
+    return run[1] if run else None
 
 
 def _cached(history: str, store: PackCache | None, commit: str | None = None) -> dict[str, int] | None:
