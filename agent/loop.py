@@ -76,6 +76,8 @@ class RunResult(BaseModel):
     verdict: Verdict | None = None  # which test run decides, and when it ran relative to the last change
     pack_tokens: int = 0
     pack_files: int = 0
+    first_prompt_tokens: int = 0  # the first request's prompt: what the run started with in the KV cache
+    peak_context_tokens: int = 0  # the largest prompt + completion of one request: what it came to hold
     error: str | None = None
     trajectory_path: Path | None = None
 
@@ -382,6 +384,8 @@ class _Run:
         reply = self._complete(mode)
         usage = self.result.usage
         usage.add(reply.usage)
+        self.result.first_prompt_tokens = self.result.first_prompt_tokens or reply.usage.prompt_tokens
+        self.result.peak_context_tokens = max(self.result.peak_context_tokens, reply.usage.total_tokens)
         self.emit("reply", content=reply.content, reasoning=reply.reasoning,
                   tool_calls=[c.model_dump() for c in reply.tool_calls], finish_reason=reply.finish_reason,
                   usage=reply.usage.model_dump(), total_usage=usage.model_dump(),

@@ -14,7 +14,8 @@ time between turns).
 - fixed pool: N threads take instances in order, each running one session after another.
 - scheduler: `evals.admission` as `eval run` uses it: the capacity read from the stand-in's
   /metrics, bytes per token measured through its /tokenize, `order_for_reuse`, and `kv_admit`
-  (expected contexts, less the prefix shared with a running instance) with `--workers` N.
+  (expected contexts, less the prefix shared with a running instance; the growth past the first
+  prompt learned from finished sessions, as `eval run` learns it) with `--workers` N.
 
 Reported per arm: simulated wall time, prefill tokens computed and
 reused (the server's counters), the largest number of sessions at once, and the first-request
@@ -87,6 +88,7 @@ class Session:
     instance_id: str
     first_prompt: int = 0
     first_cached: int = 0
+    peak: int = 0  # largest prompt + completion of one request
     started: float = 0.0
     ended: float = 0.0
 
@@ -182,6 +184,7 @@ def run_session(client: openai.OpenAI, inst: Instance, turns: int, tool_s: float
     messages = list(inst.messages)
     for turn in range(turns):
         r = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=32_768)
+        s.peak = max(s.peak, r.usage.prompt_tokens + r.usage.completion_tokens)
         if turn == 0:
             s.first_prompt = r.usage.prompt_tokens
             s.first_cached = r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0
@@ -248,6 +251,8 @@ def drive(pending: list[Instance], admit, workers: int, clock: VirtualClock, arm
             for f in finished:
                 done.append(f.result())
                 del running[f]
+                if hasattr(admit, "observe"):  # as run_eval tells the gate what each finished instance grew to
+                    admit.observe(done[-1].first_prompt, done[-1].peak)
             # the finished leave only now, after their successors joined: time cannot jump in between
             for _ in finished:
                 clock.leave()

@@ -39,6 +39,7 @@ BINARY = (".png", ".jpg", ".jpeg", ".gif", ".ico", ".bmp", ".webp", ".pdf", ".zi
           ".otf", ".mo", ".mp3", ".mp4", ".wav", ".ogg", ".npy", ".npz", ".pkl", ".db", ".sqlite", ".fits", ".h5")
 GROWTH = 0.15  # a session's context grows past its first prompt by about this share (tool output, replies)
 OUTPUT_RESERVE = 32_768  # tokens the agent leaves for a reply (agent.context.budget_for_window)
+LEARN_AFTER = 3  # finished instances before their growth replaces GROWTH + OUTPUT_RESERVE
 
 
 class KvCapacity(BaseModel):
@@ -163,12 +164,14 @@ def bytes_per_token(base_url: str, task: Task, repos: Path | None, *, api_key: s
     return size / tokens if tokens and size else CHARS_PER_TOKEN
 
 
-def expected_context(task: Task, repos: Path | None, window: int, *, per_token: float = CHARS_PER_TOKEN) -> int:
+def expected_context(task: Task, repos: Path | None, window: int, *, per_token: float = CHARS_PER_TOKEN,
+                     growth: int | None = None) -> int:
     """Tokens one instance is expected to hold at its largest: its pack plus growth, at most the window.
 
     The pack is estimated from the repository's size at `base_commit` at `per_token` bytes per token
     (`bytes_per_token` measures it on the endpoint); a repository that cannot be read locally
-    counts as a full window (the safe side).
+    counts as a full window (the safe side). `growth`: tokens a session adds to its first prompt
+    (tool output, replies), as learned from finished ones; None: GROWTH of the pack plus OUTPUT_RESERVE.
     """
     try:
         source = repo_source(task, repos)
@@ -178,7 +181,7 @@ def expected_context(task: Task, repos: Path | None, window: int, *, per_token: 
     if size is None:
         return window
     pack = min(size / per_token, window - OUTPUT_RESERVE)
-    return min(window, int(pack * (1 + GROWTH)) + OUTPUT_RESERVE)
+    return min(window, int(pack) + (int(pack * GROWTH) + OUTPUT_RESERVE if growth is None else growth))
 
 
 class Admission:
@@ -209,40 +212,67 @@ def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | No
 
 
 def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
-             per_token: dict[str, float] | None = None, delta: bool = False, shared_share: float = 0.0):
-    """The runner's `admit` callable: `Admission` over each task's `expected_context`.
+             per_token: dict[str, float] | None = None, delta: bool = False, shared_share: float = 0.0) -> KvAdmit:
+    """The runner's `admit` callable: `Admission` over each task's `expected_context` (see KvAdmit)."""
+    return KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token, delta=delta,
+                   shared_share=shared_share)
+
+
+class KvAdmit:
+    """May `task` start beside the `running` ones? Their expected contexts, less what their packs
+    share, must fit the KV capacity (`Admission`).
 
     `per_token` maps a repository to its bytes per token (default: the pack's estimate); `delta`:
     the packs are delta packs (context.delta), so instances of one run share their base's files;
     `shared_share` (context.shared_share): the share of a budgeted pack that is the same whatever the
     issue, the most two budgeted packs are credited with sharing.
+
+    A session's growth past its first prompt depends on the agent's limits and the tasks, not on the
+    pack: until LEARN_AFTER instances have finished it is taken as GROWTH of the pack plus
+    OUTPUT_RESERVE, then as the largest growth a finished one showed (`observe`, which `run_eval`
+    calls with each result's first prompt and peak context).
     """
-    gate = Admission(capacity.tokens if capacity else None, workers)
-    ratios = per_token or {}
 
-    def expected(t: Task) -> int:
-        return expected_context(t, repos, window, per_token=ratios.get(t.repo, CHARS_PER_TOKEN))
+    def __init__(self, capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
+                 per_token: dict[str, float] | None = None, delta: bool = False, shared_share: float = 0.0) -> None:
+        self.gate = Admission(capacity.tokens if capacity else None, workers)
+        self.repos, self.window, self.ratios = repos, window, per_token or {}
+        self.delta, self.shared_share = delta, shared_share
+        self.grown: list[int] = []  # tokens each finished session added to its first prompt
 
-    def need(t: Task, before: list[Task]) -> int:
+    def observe(self, first_prompt_tokens: int, peak_context_tokens: int) -> None:
+        """A finished instance's first prompt and largest request (prompt + completion); ignored when
+        it sent none."""
+        if first_prompt_tokens > 0 and peak_context_tokens >= first_prompt_tokens:
+            self.grown.append(peak_context_tokens - first_prompt_tokens)
+
+    @property
+    def growth(self) -> int | None:
+        """The growth admission charges a session (None: the prior, before LEARN_AFTER have finished)."""
+        return max(self.grown) if len(self.grown) >= LEARN_AFTER else None
+
+    def expected(self, t: Task) -> int:
+        return expected_context(t, self.repos, self.window, per_token=self.ratios.get(t.repo, CHARS_PER_TOKEN),
+                                growth=self.growth)
+
+    def need(self, t: Task, before: list[Task]) -> int:
         """What `t` adds to the cache beside `before`: its context less the prefix its pack shares with
         the pack of one of them (their common blocks are held once)."""
         try:
-            source = repo_source(t, repos)
+            source = repo_source(t, self.repos)
         except UsageError:  # the instance itself reports a missing repository
-            return expected(t)
-        ratio, room = ratios.get(t.repo, CHARS_PER_TOKEN), window - OUTPUT_RESERVE
-        shared = max((_shared_bytes(source, t.base_commit, u.base_commit, delta) for u in before if u.repo == t.repo),
-                     default=0) / ratio
+            return self.expected(t)
+        ratio, room = self.ratios.get(t.repo, CHARS_PER_TOKEN), self.window - OUTPUT_RESERVE
+        shared = max((_shared_bytes(source, t.base_commit, u.base_commit, self.delta)
+                      for u in before if u.repo == t.repo), default=0) / ratio
         size = _tree_bytes(source, t.base_commit) if Path(source).exists() else None
         if size is None or size / ratio > room:  # a budgeted pack: its files, past the shared part, follow the issue
-            shared = min(shared, shared_share * room)
-        return max(0, expected(t) - int(shared))
+            shared = min(shared, self.shared_share * room)
+        return max(0, self.expected(t) - int(shared))
 
-    def admit(task: Task, running: list[Task]) -> bool:
-        needs = [need(t, running[:i]) for i, t in enumerate(running)]
-        return gate.admits(need(task, running), needs)
-
-    return admit
+    def __call__(self, task: Task, running: list[Task]) -> bool:
+        needs = [self.need(t, running[:i]) for i, t in enumerate(running)]
+        return self.gate.admits(self.need(task, running), needs)
 
 
 @functools.lru_cache(maxsize=256)

@@ -73,6 +73,8 @@ class AgentStats(BaseModel):
     mode_counts: dict[str, int] = Field(default_factory=dict)
     stalls: int = 0
     sandbox_restarts: int = 0  # fresh sandboxes started after one died mid-run (agent.recovery)
+    first_prompt_tokens: int = 0  # the first request's prompt tokens
+    peak_context_tokens: int = 0  # the largest prompt + completion of one request (admission learns growth from it)
     wall_s: float = 0.0
     model_s: float = 0.0
     cost_usd: float | None = None
@@ -168,7 +170,8 @@ def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, Agent
     stats = AgentStats(
         status=rr.status, turns=rr.turns, **rr.usage.model_dump(), cache_hit_share=rr.cache_hit_share,
         mode_counts=dict(rr.mode_counts), stalls=len(rr.stalls),
-        sandbox_restarts=rr.sandbox_restarts, wall_s=rr.timings.wall_s, model_s=rr.timings.model_s,
+        sandbox_restarts=rr.sandbox_restarts, first_prompt_tokens=rr.first_prompt_tokens,
+        peak_context_tokens=rr.peak_context_tokens, wall_s=rr.timings.wall_s, model_s=rr.timings.model_s,
         cost_usd=rr.cost_usd, error=rr.error, trajectory_path=str(rr.trajectory_path or trajectory),
         final_tests=rr.final_tests, verdict_source=rr.verdict.source if rr.verdict else None,
     )
@@ -244,8 +247,11 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
         for t in tasks:
             if t.instance_id in done and on_event:
                 on_event("skip", {"result": done[t.instance_id]})
+        observe = getattr(admit, "observe", None)  # admission learns how far sessions grow
         for result in (executor or _execute)(pending, predictions, config, workers, on_event, admit):
             save_result(output_dir, result)
+            if observe is not None and result.agent is not None:
+                observe(result.agent.first_prompt_tokens, result.agent.peak_context_tokens)
             done[result.instance_id] = result
             if on_event:
                 on_event("finish", {"result": result})

@@ -102,6 +102,11 @@ def test_scripted_fix_is_submitted_with_a_patch(git_repo, tmp_path):
     assert [(e["kind"], e["turn"], e["t"]) for e in traj] == [(e.kind, e.turn, e.t) for e in events]
     assert traj[0]["environment"] == {"kind": "local", "isolated": False}
     assert [e["usage"] for e in traj if e["kind"] == "reply"] == [e.data["usage"] for e in replies]
+    # what admission learns a session's growth from: its first prompt and its largest request
+    usages = [e.data["usage"] for e in replies]
+    assert result.first_prompt_tokens == usages[0]["prompt_tokens"]
+    assert result.peak_context_tokens == max(u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+    assert result.peak_context_tokens > result.first_prompt_tokens
 
 
 def test_history_is_append_only_and_the_prefix_cache_hits(git_repo, tmp_path):

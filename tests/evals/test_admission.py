@@ -9,12 +9,15 @@ import pytest
 from m3_agent.evals.admission import (
     CHARS_PER_TOKEN,
     GROWTH,
+    LEARN_AFTER,
     OUTPUT_RESERVE,
     Admission,
+    KvCapacity,
     bytes_per_token,
     capacity_from_metrics,
     capacity_from_profile,
     expected_context,
+    kv_admit,
     learn_capacity,
     order_for_reuse,
     parse_capacity,
@@ -97,6 +100,52 @@ def test_expected_context_follows_the_tree_size_and_caps_at_the_window(tmp_path,
     assert expected_context(one_commit, tmp_path, 1_048_576, per_token=6.0) == int(16_000 * (1 + GROWTH)) + OUTPUT_RESERVE
     assert expected_context(one_commit, tmp_path, 50_000) == 50_000
     assert expected_context(_task("r-2", repo="o/missing"), tmp_path, 70_000) == 70_000
+
+
+def test_admission_learns_how_far_sessions_grow_from_the_finished_ones(tmp_path, one_commit):
+    pack = int(96_000 / CHARS_PER_TOKEN)
+    second = one_commit.model_copy(update={"instance_id": "r-2", "repo": "o/other"})  # nothing shared
+    (tmp_path / "o__other").symlink_to(tmp_path / "o__r")
+    # room for two packs with 5,000 tokens of growth each, not for two with the prior's growth
+    admit = kv_admit(KvCapacity(tokens=2 * (pack + 5_000), block_size=16, source="test"), 4, repos=tmp_path,
+                     window=1_048_576)
+    assert admit.growth is None and not admit(second, [one_commit])
+    for grown in range(LEARN_AFTER - 1):
+        admit.observe(pack, pack + 1_000 + grown)
+    admit.observe(0, 0)  # an instance that sent no request teaches nothing
+    admit.observe(pack, pack - 10)  # nor one whose figures make no sense
+    assert admit.growth is None and not admit(second, [one_commit])  # too few finished yet
+    admit.observe(pack, pack + 4_000)
+    assert admit.growth == 4_000  # the largest growth seen
+    assert expected_context(one_commit, tmp_path, 1_048_576, growth=admit.growth) == pack + 4_000
+    assert admit(second, [one_commit])
+    admit.observe(pack, pack + 9_000)  # one that grew more than the room: the gate closes again
+    assert not admit(second, [one_commit])
+
+
+def test_the_runner_tells_the_gate_what_each_finished_instance_grew_to(tmp_path):
+    from m3_agent.evals.grading import InstanceReport
+    from m3_agent.evals.runner import AgentStats, InstanceResult
+
+    tasks = [_task(f"r-{i}") for i in range(3)]
+    seen = []
+
+    class Gate:
+        def __call__(self, task, running):
+            return True
+
+        def observe(self, first, peak):
+            seen.append((first, peak))
+
+    def executor(pending, predictions, config, workers, on_event, admit):
+        for i, t in enumerate(pending):
+            stats = None if i == 1 else AgentStats(status="submitted", first_prompt_tokens=100 * (i + 1),
+                                                   peak_context_tokens=150 * (i + 1))
+            yield InstanceResult(instance_id=t.instance_id, model_name_or_path="m", model_patch=None,
+                                 report=InstanceReport(), agent=stats)
+
+    run_eval(tasks, None, EvalConfig(output_dir=tmp_path / "out"), admit=Gate(), executor=executor)
+    assert seen == [(100, 150), (300, 450)]  # the instance without an agent run is not counted
 
 
 def test_the_endpoint_tokenizes_a_sample_to_give_its_bytes_per_token(tmp_path, one_commit):
