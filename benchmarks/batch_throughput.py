@@ -238,16 +238,19 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
 
 def drive(pending: list[Instance], admit, workers: int, clock: VirtualClock, arm: Arm, session) -> list[Session]:
     """Start sessions while `admit(task, running tasks)` allows; each is a participant of the clock
-    from start to end."""
+    from start to end, and so is the driver while it decides (admission takes no simulated time)."""
     running, done = {}, []
     with ThreadPoolExecutor(max_workers=workers) as pool:
+        clock.join()
         while pending or running:
             while pending and (not running or admit(pending[0].task, [i.task for i in running.values()])):
                 inst = pending.pop(0)
                 clock.join()  # before it is submitted, so no time passes until it has sent its request
                 running[pool.submit(session, inst)] = inst
             arm.max_running = max(arm.max_running, len(running))
+            clock.leave()  # the driver waits: time may pass
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            clock.join()  # the finished are still participants: no time passed since they ended
             for f in finished:
                 done.append(f.result())
                 del running[f]
@@ -256,6 +259,7 @@ def drive(pending: list[Instance], admit, workers: int, clock: VirtualClock, arm
             # the finished leave only now, after their successors joined: time cannot jump in between
             for _ in finished:
                 clock.leave()
+        clock.leave()
     return done
 
 
