@@ -27,6 +27,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
+from m3_agent.agent.context.delta import MAX_DIFF_SHARE
 from m3_agent.errors import M3AgentError, UsageError
 from m3_agent.evals.tasks import Task, repo_source
 
@@ -165,19 +166,21 @@ def bytes_per_token(base_url: str, task: Task, repos: Path | None, *, api_key: s
 
 
 def expected_context(task: Task, repos: Path | None, window: int, *, per_token: float = CHARS_PER_TOKEN,
-                     growth: int | None = None) -> int:
+                     growth: int | None = None, size: int | None = None) -> int:
     """Tokens one instance is expected to hold at its largest: its pack plus growth, at most the window.
 
     The pack is estimated from the repository's size at `base_commit` at `per_token` bytes per token
     (`bytes_per_token` measures it on the endpoint); a repository that cannot be read locally
     counts as a full window (the safe side). `growth`: tokens a session adds to its first prompt
     (tool output, replies), as learned from finished ones; None: GROWTH of the pack plus OUTPUT_RESERVE.
+    `size`: the pack's bytes when known otherwise (a delta pack: its base's files and the diff).
     """
     try:
         source = repo_source(task, repos)
     except UsageError:  # the instance itself reports a missing repository
         return window
-    size = _tree_bytes(source, task.base_commit) if Path(source).exists() else None
+    if size is None:
+        size = _tree_bytes(source, task.base_commit) if Path(source).exists() else None
     if size is None:
         return window
     pack = min(size / per_token, window - OUTPUT_RESERVE)
@@ -251,9 +254,21 @@ class KvAdmit:
         """The growth admission charges a session (None: the prior, before LEARN_AFTER have finished)."""
         return max(self.grown) if len(self.grown) >= LEARN_AFTER else None
 
-    def expected(self, t: Task) -> int:
+    def expected(self, t: Task, size: int | None = None) -> int:
         return expected_context(t, self.repos, self.window, per_token=self.ratios.get(t.repo, CHARS_PER_TOKEN),
-                                growth=self.growth)
+                                growth=self.growth, size=size)
+
+    def _delta(self, source: str, t: Task) -> tuple[int, int] | None:
+        """(base bytes, pack bytes) when `t` gets a delta pack: its run's base's files, then the diff
+        from the base (a diff over MAX_DIFF_SHARE of the base leaves the pack plain, as the pack does)."""
+        run = _run(source, t.base_commit) if self.delta else None
+        if run is None:
+            return None
+        base = _tree_bytes(source, run[1]) or 0
+        if run[1] == t.base_commit:
+            return base, base
+        diff = _diff_bytes(source, run[1], t.base_commit)
+        return (base, base + diff) if diff is not None and diff <= MAX_DIFF_SHARE * base else None
 
     def need(self, t: Task, before: list[Task]) -> int:
         """What `t` adds to the cache beside `before`: its context less the prefix its pack shares with
@@ -263,12 +278,21 @@ class KvAdmit:
         except UsageError:  # the instance itself reports a missing repository
             return self.expected(t)
         ratio, room = self.ratios.get(t.repo, CHARS_PER_TOKEN), self.window - OUTPUT_RESERVE
-        shared = max((_shared_bytes(source, t.base_commit, u.base_commit, self.delta)
-                      for u in before if u.repo == t.repo), default=0) / ratio
         size = _tree_bytes(source, t.base_commit) if Path(source).exists() else None
         if size is None or size / ratio > room:  # a budgeted pack: its files, past the shared part, follow the issue
-            shared = min(shared, self.shared_share * room)
-        return max(0, self.expected(t) - int(shared))
+            # (their shared part is files alike at all the commits of a group: a run's are, at most)
+            shared = max((_shared_bytes(source, t.base_commit, u.base_commit, self.delta)
+                          for u in before if u.repo == t.repo), default=0) / ratio
+            return max(0, self.expected(t) - int(min(shared, self.shared_share * room)))
+        mine = self._delta(source, t)
+        if mine is None:  # a plain pack: the head its files share with a running one's
+            shared = max((_shared_bytes(source, t.base_commit, u.base_commit)
+                          for u in before if u.repo == t.repo and self._delta(source, u) is None), default=0)
+            return max(0, self.expected(t) - int(shared / ratio))
+        base, pack = mine  # a delta pack: the base's files are held once for the whole run
+        same_run = any(u.repo == t.repo and self._delta(source, u) is not None
+                       and _run(source, u.base_commit)[1] == _run(source, t.base_commit)[1] for u in before)
+        return max(0, self.expected(t, size=pack) - (int(base / ratio) if same_run else 0))
 
     def __call__(self, task: Task, running: list[Task]) -> bool:
         needs = [self.need(t, running[:i]) for i, t in enumerate(running)]
@@ -284,16 +308,27 @@ def _tree(source: str, commit: str) -> dict[str, tuple[str, int]]:
         return {}
 
 
-def _shared_bytes(source: str, a: str, b: str, delta: bool = False) -> int:
-    """Bytes at the head of `a`'s pack that `b`'s pack has too: with delta packs of one run, their
-    base's files; else the files, in the orders `order_for_commits` stored for the two commits, up to
-    the first that differs (0 without them)."""
+def _shared_bytes(source: str, a: str, b: str, same_run: bool = False) -> int:
+    """Bytes at the head of `a`'s plain pack that `b`'s has too: the files, in the orders
+    `order_for_commits` stored for the two commits, up to the first that differs (0 without them);
+    with `same_run`, the base's files when the two are of one run."""
     run_a, run_b = _run(source, a), _run(source, b)
     if run_a is None or run_b is None:
         return 0
-    if delta and run_a[1] == run_b[1]:
+    if same_run and run_a[1] == run_b[1]:
         return _tree_bytes(source, run_a[1]) or 0
     return _common_head(source, a, b)
+
+
+@functools.lru_cache(maxsize=4096)
+def _diff_bytes(source: str, base: str, commit: str) -> int | None:
+    """The size of `git diff base commit` (what a delta pack shows after its base's files); None
+    when git cannot tell."""
+    try:
+        return len(subprocess.run(["git", "-C", source, "diff", "--no-color", "--no-ext-diff", "--no-renames", base,
+                                   commit], capture_output=True, timeout=120, check=True).stdout)
+    except (subprocess.SubprocessError, OSError):
+        return None
 
 
 _RUNS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {}  # (source, commit) -> its run's order and base
