@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from m3_agent.agent.context.delta import MAX_DIFF_SHARE
+from m3_agent.agent.context.stability import diff_bytes
 from m3_agent.errors import M3AgentError, UsageError
 from m3_agent.evals.tasks import Task, repo_source
 
@@ -267,7 +268,7 @@ class KvAdmit:
         base = _tree_bytes(source, run[1]) or 0
         if run[1] == t.base_commit:
             return base, base
-        diff = _diff_bytes(source, run[1], t.base_commit)
+        diff = diff_bytes(source, run[1], t.base_commit)
         return (base, base + diff) if diff is not None and diff <= MAX_DIFF_SHARE * base else None
 
     def need(self, t: Task, before: list[Task]) -> int:
@@ -318,17 +319,6 @@ def _shared_bytes(source: str, a: str, b: str, same_run: bool = False) -> int:
     if same_run and run_a[1] == run_b[1]:
         return _tree_bytes(source, run_a[1]) or 0
     return _common_head(source, a, b)
-
-
-@functools.lru_cache(maxsize=4096)
-def _diff_bytes(source: str, base: str, commit: str) -> int | None:
-    """The size of `git diff base commit` (what a delta pack shows after its base's files); None
-    when git cannot tell."""
-    try:
-        return len(subprocess.run(["git", "-C", source, "diff", "--no-color", "--no-ext-diff", "--no-renames", base,
-                                   commit], capture_output=True, timeout=120, check=True).stdout)
-    except (subprocess.SubprocessError, OSError):
-        return None
 
 
 _RUNS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {}  # (source, commit) -> its run's order and base

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import subprocess
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -196,11 +197,24 @@ def _delta_runs(history: str, commits: list[str], batch: _Batch) -> list[tuple[i
     of the commit's bytes (the diffs from the run's middle commit stay about half that)."""
     runs, start = [], 0
     for k in range(1, len(commits)):
-        size = len(git.Git(history).diff("--no-color", "--no-ext-diff", "--no-renames", commits[start], commits[k]))
+        size = diff_bytes(history, commits[start], commits[k])
+        if size is None:
+            raise git.GitCommandError(["git", "diff", commits[start], commits[k]], 1)
         if size > DELTA_RUN_SHARE * batch.totals[k]:
             runs.append((start, k))
             start = k
     return runs + [(start, len(commits))]
+
+
+@functools.lru_cache(maxsize=4096)
+def diff_bytes(history: str, a: str, b: str) -> int | None:
+    """The size in bytes of `git diff a b` (no colour, renames as delete and add): what a delta pack
+    of `b` on base `a` adds, at most; None when git cannot tell."""
+    try:
+        return len(subprocess.run(["git", "-C", history, "diff", "--no-color", "--no-ext-diff", "--no-renames", a, b],
+                                  capture_output=True, timeout=120, check=True).stdout)
+    except (subprocess.SubprocessError, OSError):
+        return None
 
 
 def _run_order(batch: _Batch, start: int, end: int) -> list[str]:

@@ -260,7 +260,8 @@ def test_a_repository_larger_than_the_window_is_credited_no_more_than_its_shared
 def test_a_delta_pack_is_charged_its_base_once_per_run_and_its_own_diff(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
     from m3_agent.agent.context.stability import order_for_commits
-    from m3_agent.evals.admission import _diff_bytes, _tree_bytes
+    from m3_agent.agent.context.stability import diff_bytes
+    from m3_agent.evals.admission import _tree_bytes
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
     repo = tmp_path / "o__r"
@@ -271,7 +272,7 @@ def test_a_delta_pack_is_charged_its_base_once_per_run_and_its_own_diff(tmp_path
         assert order_for_commits(str(repo), commits, store, delta=True) == 1
     first, last = _task("r-0", base_commit=commits[0]), _task("r-2", base_commit=commits[2])
     admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, delta=True)
-    base, diff = _tree_bytes(str(repo), commits[1]), _diff_bytes(str(repo), commits[1], commits[2])
+    base, diff = _tree_bytes(str(repo), commits[1]), diff_bytes(str(repo), commits[1], commits[2])
     assert diff > 2 * 2_000  # the old file's lines and the new one's
     assert admit.need(last, []) == admit.expected(last, size=base + diff)  # the first of its run: all of it
     # beside an instance of its run: the base is held once, the diff is its own
