@@ -259,17 +259,18 @@ class KvAdmit:
         return expected_context(t, self.repos, self.window, per_token=self.ratios.get(t.repo, CHARS_PER_TOKEN),
                                 growth=self.growth, size=size)
 
-    def _delta(self, source: str, t: Task) -> tuple[int, int] | None:
-        """(base bytes, pack bytes) when `t` gets a delta pack: its run's base's files, then the diff
-        from the base (a diff over MAX_DIFF_SHARE of the base leaves the pack plain, as the pack does)."""
+    def _delta(self, source: str, t: Task) -> tuple[str, int, int] | None:
+        """(base commit, base bytes, pack bytes) when `t` gets a delta pack: its run's base's files,
+        then the diff from the base (a diff over MAX_DIFF_SHARE of the base leaves the pack plain, as
+        the pack does)."""
         run = _run(source, t.base_commit) if self.delta else None
         if run is None:
             return None
         base = _tree_bytes(source, run[1]) or 0
         if run[1] == t.base_commit:
-            return base, base
+            return run[1], base, base
         diff = diff_bytes(source, run[1], t.base_commit)
-        return (base, base + diff) if diff is not None and diff <= MAX_DIFF_SHARE * base else None
+        return (run[1], base, base + diff) if diff is not None and diff <= MAX_DIFF_SHARE * base else None
 
     def need(self, t: Task, before: list[Task]) -> int:
         """What `t` adds to the cache beside `before`: its context less the prefix its pack shares with
@@ -290,10 +291,9 @@ class KvAdmit:
             shared = max((_shared_bytes(source, t.base_commit, u.base_commit)
                           for u in before if u.repo == t.repo and self._delta(source, u) is None), default=0)
             return max(0, self.expected(t) - int(shared / ratio))
-        base, pack = mine  # a delta pack: the base's files are held once for the whole run
-        same_run = any(u.repo == t.repo and self._delta(source, u) is not None
-                       and _run(source, u.base_commit)[1] == _run(source, t.base_commit)[1] for u in before)
-        return max(0, self.expected(t, size=pack) - (int(base / ratio) if same_run else 0))
+        base, base_bytes, pack = mine  # a delta pack: the base's files are held once for the whole run
+        bases = {d[0] for u in before if u.repo == t.repo and (d := self._delta(source, u)) is not None}
+        return max(0, self.expected(t, size=pack) - (int(base_bytes / ratio) if base in bases else 0))
 
     def __call__(self, task: Task, running: list[Task]) -> bool:
         needs = [self.need(t, running[:i]) for i, t in enumerate(running)]
