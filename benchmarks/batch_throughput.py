@@ -59,7 +59,8 @@ from m3_agent import hostgit
 from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.context import PackCache, budget_for_window, pack_repository
 from m3_agent.agent.context.stability import order_for_commits
-from m3_agent.evals.admission import bytes_per_token, capacity_from_metrics, kv_admit, order_for_reuse
+from m3_agent.evals.admission import (bytes_per_token, capacity_from_metrics, diff_bytes_per_token, kv_admit,
+                                      order_for_reuse)
 from m3_agent.evals.tasks import Task
 from m3_agent.serving.simclock import VirtualClock
 from m3_agent.serving.standin import StandinServer
@@ -221,8 +222,9 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
             capacity = capacity_from_metrics(srv.base_url)
             tasks = order_for_reuse([i.task for i in insts])
             ratio = bytes_per_token(srv.base_url, tasks[0], None)  # as eval run calibrates, once per repository
+            diff = diff_bytes_per_token(srv.base_url, tasks[0], None)
             admit = kv_admit(capacity, args.workers, repos=None, window=WINDOW, per_token={tasks[0].repo: ratio},
-                             delta=AgentConfig().context.delta)
+                             per_diff_token={tasks[0].repo: diff}, delta=AgentConfig().context.delta)
         else:  # a fixed pool: the given order, N at a time whatever they hold
             tasks = [i.task for i in insts]
             admit = lambda task, running: len(running) < args.workers  # noqa: E731
@@ -255,9 +257,9 @@ def drive(pending: list[Instance], admit, workers: int, clock: VirtualClock, arm
             clock.join()  # the finished are still participants: no time passed since they ended
             for f in finished:
                 done.append(f.result())
-                del running[f]
+                inst = running.pop(f)
                 if hasattr(admit, "observe"):  # as run_eval tells the gate what each finished instance grew to
-                    admit.observe(done[-1].first_prompt, done[-1].peak)
+                    admit.observe(done[-1].first_prompt, done[-1].peak, inst.task)
             # the finished leave only now, after their successors joined: time cannot jump in between
             for _ in finished:
                 clock.leave()

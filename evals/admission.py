@@ -42,6 +42,8 @@ BINARY = (".png", ".jpg", ".jpeg", ".gif", ".ico", ".bmp", ".webp", ".pdf", ".zi
 GROWTH = 0.15  # a session's context grows past its first prompt by about this share (tool output, replies)
 OUTPUT_RESERVE = 32_768  # tokens the agent leaves for a reply (agent.context.budget_for_window)
 LEARN_AFTER = 3  # finished instances before their growth replaces GROWTH + OUTPUT_RESERVE
+DIFF_SAMPLE_COMMITS = 20  # the patches of this many commits calibrate a repository's bytes per diff token
+DIFF_SAMPLE_BYTES = 256 * 1024
 
 
 class KvCapacity(BaseModel):
@@ -166,25 +168,50 @@ def bytes_per_token(base_url: str, task: Task, repos: Path | None, *, api_key: s
     return size / tokens if tokens and size else CHARS_PER_TOKEN
 
 
+def diff_bytes_per_token(base_url: str, task: Task, repos: Path | None, *, api_key: str | None = None) -> float:
+    """The endpoint's bytes per token on this repository's diffs: the patches of the last
+    DIFF_SAMPLE_COMMITS commits up to `base_commit` (at most DIFF_SAMPLE_BYTES) through /tokenize.
+
+    A delta pack's diff tokenizes denser than the files it changes (a `+`, `-` or space opens every
+    line, hunk headers carry numbers): on pytest, 2.6 bytes per token where its files take 3.2.
+    Falls back to `bytes_per_token` when the server has no /tokenize or the history cannot be read.
+    """
+    from m3_agent.agent.context.tokens import ServerCounter
+
+    text = ""
+    try:
+        source = repo_source(task, repos)
+        patch = subprocess.run(["git", "-C", source, "log", "-p", "--no-color", "--no-ext-diff", "--no-renames",
+                                "--format=", f"-n{DIFF_SAMPLE_COMMITS}", task.base_commit],
+                               capture_output=True, timeout=120, check=True).stdout[:DIFF_SAMPLE_BYTES]
+        text = patch[: patch.rfind(b"\n") + 1].decode("utf-8", "replace")
+        tokens = ServerCounter(base_url, api_key=api_key).count_many([text])[0] if text else 0
+    except (M3AgentError, subprocess.SubprocessError, OSError):
+        tokens = 0
+    size = len(text.encode()) if tokens else 0
+    return size / tokens if size else bytes_per_token(base_url, task, repos, api_key=api_key)
+
+
 def expected_context(task: Task, repos: Path | None, window: int, *, per_token: float = CHARS_PER_TOKEN,
-                     growth: int | None = None, size: int | None = None) -> int:
+                     growth: int | None = None, tokens: float | None = None) -> int:
     """Tokens one instance is expected to hold at its largest: its pack plus growth, at most the window.
 
     The pack is estimated from the repository's size at `base_commit` at `per_token` bytes per token
     (`bytes_per_token` measures it on the endpoint); a repository that cannot be read locally
     counts as a full window (the safe side). `growth`: tokens a session adds to its first prompt
     (tool output, replies), as learned from finished ones; None: GROWTH of the pack plus OUTPUT_RESERVE.
-    `size`: the pack's bytes when known otherwise (a delta pack: its base's files and the diff).
+    `tokens`: the pack's tokens when known otherwise (a delta pack: its base's files and the diff).
     """
-    try:
-        source = repo_source(task, repos)
-    except UsageError:  # the instance itself reports a missing repository
-        return window
-    if size is None:
+    if tokens is None:
+        try:
+            source = repo_source(task, repos)
+        except UsageError:  # the instance itself reports a missing repository
+            return window
         size = _tree_bytes(source, task.base_commit) if Path(source).exists() else None
-    if size is None:
-        return window
-    pack = min(size / per_token, window - OUTPUT_RESERVE)
+        if size is None:
+            return window
+        tokens = size / per_token
+    pack = min(tokens, window - OUTPUT_RESERVE)
     return min(window, int(pack) + (int(pack * GROWTH) + OUTPUT_RESERVE if growth is None else growth))
 
 
@@ -216,61 +243,97 @@ def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | No
 
 
 def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
-             per_token: dict[str, float] | None = None, delta: bool = False, shared_share: float = 0.0) -> KvAdmit:
+             per_token: dict[str, float] | None = None, per_diff_token: dict[str, float] | None = None,
+             delta: bool = False, shared_share: float = 0.0) -> KvAdmit:
     """The runner's `admit` callable: `Admission` over each task's `expected_context` (see KvAdmit)."""
-    return KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token, delta=delta,
-                   shared_share=shared_share)
+    return KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token, per_diff_token=per_diff_token,
+                   delta=delta, shared_share=shared_share)
 
 
 class KvAdmit:
     """May `task` start beside the `running` ones? Their expected contexts, less what their packs
     share, must fit the KV capacity (`Admission`).
 
-    `per_token` maps a repository to its bytes per token (default: the pack's estimate); `delta`:
-    the packs are delta packs (context.delta), so instances of one run share their base's files;
-    `shared_share` (context.shared_share): the share of a budgeted pack that is the same whatever the
-    issue, the most two budgeted packs are credited with sharing.
+    `per_token` maps a repository to its bytes per token (default: the pack's estimate) and
+    `per_diff_token` to its bytes per token of diff (default: `per_token`'s); `delta`: the packs are
+    delta packs (context.delta), so instances of one run share their base's files; `shared_share`
+    (context.shared_share): the share of a budgeted pack that is the same whatever the issue, the
+    most two budgeted packs are credited with sharing.
 
-    A session's growth past its first prompt depends on the agent's limits and the tasks, not on the
-    pack: until LEARN_AFTER instances have finished it is taken as GROWTH of the pack plus
-    OUTPUT_RESERVE, then as the largest growth a finished one showed (`observe`, which `run_eval`
-    calls with each result's first prompt and peak context).
+    Two things are learned from the instances that finished (`observe`, which `run_eval` calls with
+    each result's first prompt and peak context), once LEARN_AFTER have:
+    - a session's growth past its first prompt, which depends on the agent's limits and the tasks,
+      not on the pack: until then GROWTH of the pack plus OUTPUT_RESERVE, then the largest growth
+      a finished one showed;
+    - per repository, how far the estimate of a first prompt fell short of the prompt sent (the
+      system prompt, tool schemas, the pack's headers and tree, the issue; a sample's ratio): every
+      pack estimate of the repository is then scaled by the largest shortfall seen, never below 1.
     """
 
     def __init__(self, capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
-                 per_token: dict[str, float] | None = None, delta: bool = False, shared_share: float = 0.0) -> None:
+                 per_token: dict[str, float] | None = None, per_diff_token: dict[str, float] | None = None,
+                 delta: bool = False, shared_share: float = 0.0) -> None:
         self.gate = Admission(capacity.tokens if capacity else None, workers)
         self.repos, self.window, self.ratios = repos, window, per_token or {}
+        self.diff_ratios = per_diff_token or {}
         self.delta, self.shared_share = delta, shared_share
         self.grown: list[int] = []  # tokens each finished session added to its first prompt
+        self.short: dict[str, list[float]] = {}  # repository -> each finished first prompt over its estimate
 
-    def observe(self, first_prompt_tokens: int, peak_context_tokens: int) -> None:
+    def observe(self, first_prompt_tokens: int, peak_context_tokens: int, task: Task | None = None) -> None:
         """A finished instance's first prompt and largest request (prompt + completion); ignored when
-        it sent none."""
-        if first_prompt_tokens > 0 and peak_context_tokens >= first_prompt_tokens:
-            self.grown.append(peak_context_tokens - first_prompt_tokens)
+        it sent none. With its `task`, the first prompt also measures the estimate of its pack."""
+        if first_prompt_tokens <= 0 or peak_context_tokens < first_prompt_tokens:
+            return
+        self.grown.append(peak_context_tokens - first_prompt_tokens)
+        estimate = self._first_prompt(task) if task is not None else None
+        if estimate:
+            self.short.setdefault(task.repo, []).append(first_prompt_tokens / estimate)
 
     @property
     def growth(self) -> int | None:
         """The growth admission charges a session (None: the prior, before LEARN_AFTER have finished)."""
         return max(self.grown) if len(self.grown) >= LEARN_AFTER else None
 
-    def expected(self, t: Task, size: int | None = None) -> int:
-        return expected_context(t, self.repos, self.window, per_token=self.ratios.get(t.repo, CHARS_PER_TOKEN),
-                                growth=self.growth, size=size)
+    def scale(self, repo: str) -> float:
+        """What the repository's pack estimates are multiplied by (1 before LEARN_AFTER of it finished)."""
+        seen = self.short.get(repo, [])
+        return max(1.0, *seen) if len(seen) >= LEARN_AFTER else 1.0
 
-    def _delta(self, source: str, t: Task) -> tuple[str, int, int] | None:
-        """(base commit, base bytes, pack bytes) when `t` gets a delta pack: its run's base's files,
-        then the diff from the base (a diff over MAX_DIFF_SHARE of the base leaves the pack plain, as
-        the pack does)."""
+    def _ratio(self, repo: str) -> float:
+        return self.ratios.get(repo, CHARS_PER_TOKEN)
+
+    def _first_prompt(self, t: Task) -> float | None:
+        """The unscaled estimate of `t`'s pack (its first prompt); None for a budgeted or unreadable one."""
+        try:
+            source = repo_source(t, self.repos)
+        except UsageError:
+            return None
+        size = _tree_bytes(source, t.base_commit) if Path(source).exists() else None
+        if size is None or size / self._ratio(t.repo) > self.window - OUTPUT_RESERVE:
+            return None
+        mine = self._delta(source, t, 1.0)
+        return mine[2] if mine is not None else size / self._ratio(t.repo)
+
+    def expected(self, t: Task) -> int:
+        return expected_context(t, self.repos, self.window, per_token=self._ratio(t.repo) / self.scale(t.repo),
+                                growth=self.growth)
+
+    def _delta(self, source: str, t: Task, scale: float | None = None) -> tuple[str, float, float] | None:
+        """(base commit, base tokens, pack tokens) when `t` gets a delta pack: its run's base's files,
+        then the diff from the base, each at its own bytes per token (a diff over MAX_DIFF_SHARE of
+        the base leaves the pack plain, as the pack does); scaled by `scale` (default: learned)."""
         run = _run(source, t.base_commit) if self.delta else None
         if run is None:
             return None
-        base = _tree_bytes(source, run[1]) or 0
+        scale = self.scale(t.repo) if scale is None else scale
+        base = (_tree_bytes(source, run[1]) or 0) / self._ratio(t.repo) * scale
         if run[1] == t.base_commit:
             return run[1], base, base
         diff = diff_bytes(source, run[1], t.base_commit)
-        return (run[1], base, base + diff) if diff is not None and diff <= MAX_DIFF_SHARE * base else None
+        if diff is None or diff > MAX_DIFF_SHARE * base * self._ratio(t.repo) / scale:
+            return None
+        return run[1], base, base + diff / self.diff_ratios.get(t.repo, self._ratio(t.repo)) * scale
 
     def need(self, t: Task, before: list[Task]) -> int:
         """What `t` adds to the cache beside `before`: its context less the prefix its pack shares with
@@ -279,7 +342,7 @@ class KvAdmit:
             source = repo_source(t, self.repos)
         except UsageError:  # the instance itself reports a missing repository
             return self.expected(t)
-        ratio, room = self.ratios.get(t.repo, CHARS_PER_TOKEN), self.window - OUTPUT_RESERVE
+        ratio, room = self._ratio(t.repo) / self.scale(t.repo), self.window - OUTPUT_RESERVE
         size = _tree_bytes(source, t.base_commit) if Path(source).exists() else None
         if size is None or size / ratio > room:  # a budgeted pack: its files, past the shared part, follow the issue
             # (their shared part is files alike at all the commits of a group: a run's are, at most)
@@ -291,9 +354,10 @@ class KvAdmit:
             shared = max((_shared_bytes(source, t.base_commit, u.base_commit)
                           for u in before if u.repo == t.repo and self._delta(source, u) is None), default=0)
             return max(0, self.expected(t) - int(shared / ratio))
-        base, base_bytes, pack = mine  # a delta pack: the base's files are held once for the whole run
+        base, base_tokens, pack = mine  # a delta pack: the base's files are held once for the whole run
         bases = {d[0] for u in before if u.repo == t.repo and (d := self._delta(source, u)) is not None}
-        return max(0, self.expected(t, size=pack) - (int(base_bytes / ratio) if base in bases else 0))
+        return max(0, expected_context(t, self.repos, self.window, growth=self.growth, tokens=pack)
+                   - (int(base_tokens) if base in bases else 0))
 
     def __call__(self, task: Task, running: list[Task]) -> bool:
         needs = [self.need(t, running[:i]) for i, t in enumerate(running)]

@@ -236,7 +236,7 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
                   agent, quiet: bool) -> tuple[list[Task], Any, dict]:
     """The tasks in reuse order, the admission gate for the endpoint's KV capacity, and what run.json records."""
     from m3_agent.agent.context.tokens import server_card
-    from m3_agent.evals.admission import bytes_per_token, kv_admit, learn_capacity, order_for_reuse
+    from m3_agent.evals.admission import bytes_per_token, diff_bytes_per_token, kv_admit, learn_capacity, order_for_reuse
 
     capacity = learn_capacity(endpoint, profile)
     try:
@@ -249,11 +249,14 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
     key = agent.model.api_key.get_secret_value()
     first = {t.repo: t for t in reversed(tasks)}  # one task per repository: its tree calibrates the ratio
     per_token = {repo: bytes_per_token(endpoint, t, repos, api_key=key) for repo, t in first.items()} if capacity else {}
+    per_diff = ({repo: diff_bytes_per_token(endpoint, t, repos, api_key=key) for repo, t in first.items()}
+                if capacity and agent.context.delta else {})
     meta = {"kv_capacity_tokens": capacity.tokens if capacity else None,
             "kv_capacity_source": capacity.source if capacity else None,
-            "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()}}
-    admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token, delta=agent.context.delta,
-                     shared_share=agent.context.shared_share)
+            "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()},
+            "bytes_per_diff_token": {k: round(v, 3) for k, v in per_diff.items()}}
+    admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token, per_diff_token=per_diff,
+                     delta=agent.context.delta, shared_share=agent.context.shared_share)
     return order_for_reuse(tasks), admit, meta
 
 

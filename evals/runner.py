@@ -247,11 +247,18 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
         for t in tasks:
             if t.instance_id in done and on_event:
                 on_event("skip", {"result": done[t.instance_id]})
-        observe = getattr(admit, "observe", None)  # admission learns how far sessions grow
+        observe = getattr(admit, "observe", None)  # admission learns how far sessions grow, and its estimates' error
+        by_id = {t.instance_id: t for t in tasks}
+
+        def teach(result: InstanceResult) -> None:
+            if observe is not None and result.agent is not None and result.instance_id in by_id:
+                observe(result.agent.first_prompt_tokens, result.agent.peak_context_tokens, by_id[result.instance_id])
+
+        for result in done.values():  # a resumed run learns from the instances it already has
+            teach(result)
         for result in (executor or _execute)(pending, predictions, config, workers, on_event, admit):
             save_result(output_dir, result)
-            if observe is not None and result.agent is not None:
-                observe(result.agent.first_prompt_tokens, result.agent.peak_context_tokens)
+            teach(result)
             done[result.instance_id] = result
             if on_event:
                 on_event("finish", {"result": result})

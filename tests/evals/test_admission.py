@@ -134,18 +134,22 @@ def test_the_runner_tells_the_gate_what_each_finished_instance_grew_to(tmp_path)
         def __call__(self, task, running):
             return True
 
-        def observe(self, first, peak):
-            seen.append((first, peak))
+        def observe(self, first, peak, task):
+            seen.append((first, peak, task.instance_id))
 
     def executor(pending, predictions, config, workers, on_event, admit):
-        for i, t in enumerate(pending):
+        for t in pending:
+            i = int(t.instance_id[-1])
             stats = None if i == 1 else AgentStats(status="submitted", first_prompt_tokens=100 * (i + 1),
                                                    peak_context_tokens=150 * (i + 1))
             yield InstanceResult(instance_id=t.instance_id, model_name_or_path="m", model_patch=None,
                                  report=InstanceReport(), agent=stats)
 
+    run_eval(tasks[:2], None, EvalConfig(output_dir=tmp_path / "out"), admit=Gate(), executor=executor)
+    assert seen == [(100, 150, "r-0")]  # the instance without an agent run is not counted
+    seen.clear()  # resumed: the gate learns from the instance already done before the next starts
     run_eval(tasks, None, EvalConfig(output_dir=tmp_path / "out"), admit=Gate(), executor=executor)
-    assert seen == [(100, 150), (300, 450)]  # the instance without an agent run is not counted
+    assert seen == [(100, 150, "r-0"), (300, 450, "r-2")]
 
 
 def test_the_endpoint_tokenizes_a_sample_to_give_its_bytes_per_token(tmp_path, one_commit):
@@ -153,6 +157,23 @@ def test_the_endpoint_tokenizes_a_sample_to_give_its_bytes_per_token(tmp_path, o
         ratio = bytes_per_token(srv.base_url, one_commit, tmp_path)
     assert ratio == pytest.approx(96_000 / len(toy_pieces("x = 1\n" * 16_000)))  # the stand-in's toy tokens
     assert bytes_per_token("http://127.0.0.1:9/v1", one_commit, tmp_path) == CHARS_PER_TOKEN  # no server: the estimate
+
+
+def test_the_endpoint_tokenizes_the_repositorys_own_patches_to_give_its_bytes_per_diff_token(tmp_path):
+    from m3_agent.evals.admission import diff_bytes_per_token
+
+    repo = tmp_path / "o__r"
+    repo.mkdir()
+    commits = _history(repo, [{"a.py": "value = compute(1)\n" * 2_000}, {"a.py": "value = compute(2)\n" * 2_000}])
+    task = _task("r-1", base_commit=commits[1])
+    patch = subprocess.run(["git", "-C", str(repo), "log", "-p", "--no-color", "--no-renames", "--format=", commits[1]],
+                           capture_output=True, text=True, check=True).stdout
+    with StandinServer([]) as srv:
+        files, diffs = bytes_per_token(srv.base_url, task, tmp_path), diff_bytes_per_token(srv.base_url, task, tmp_path)
+    assert diffs == pytest.approx(len(patch.encode()) / len(toy_pieces(patch)))  # both commits' patches, as sent
+    assert diffs < files  # each line's mark is a token more
+    # no server: the files' figure, which falls back to the documented estimate
+    assert diff_bytes_per_token("http://127.0.0.1:9/v1", task, tmp_path) == CHARS_PER_TOKEN
 
 
 def test_the_runner_starts_instances_only_when_admitted(tmp_path):
@@ -271,10 +292,49 @@ def test_a_delta_pack_is_charged_its_base_once_per_run_and_its_own_diff(tmp_path
     with PackCache() as store:
         assert order_for_commits(str(repo), commits, store, delta=True) == 1
     first, last = _task("r-0", base_commit=commits[0]), _task("r-2", base_commit=commits[2])
-    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, delta=True)
+    # its diff at the repository's bytes per diff token, which a diff's line marks make denser
+    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, delta=True, per_diff_token={"o/r": 2.5})
     base, diff = _tree_bytes(str(repo), commits[1]), diff_bytes(str(repo), commits[1], commits[2])
     assert diff > 2 * 2_000  # the old file's lines and the new one's
-    assert admit.need(last, []) == admit.expected(last, size=base + diff)  # the first of its run: all of it
+
+    def context(tokens: float) -> int:
+        return expected_context(last, tmp_path, 1_048_576, tokens=tokens)
+
+    assert admit.need(last, []) == context(base / CHARS_PER_TOKEN + diff / 2.5)  # the first of its run: all of it
     # beside an instance of its run: the base is held once, the diff is its own
-    assert admit.need(last, [first]) == admit.expected(last, size=base + diff) - int(base / CHARS_PER_TOKEN)
+    assert admit.need(last, [first]) == context(base / CHARS_PER_TOKEN + diff / 2.5) - int(base / CHARS_PER_TOKEN)
     assert admit.need(last, [first]) > admit.expected(last) - int(_tree_bytes(str(repo), commits[2]) / CHARS_PER_TOKEN)
+    plain_ratio = kv_admit(None, 4, repos=tmp_path, window=1_048_576, delta=True).need(last, [first])
+    assert plain_ratio == context(base / CHARS_PER_TOKEN + diff / CHARS_PER_TOKEN) - int(base / CHARS_PER_TOKEN)
+
+
+def test_admission_learns_how_far_its_estimate_of_a_repository_falls_short(tmp_path, monkeypatch):
+    from m3_agent.agent.context.cache import PackCache
+    from m3_agent.agent.context.stability import order_for_commits
+    from m3_agent.evals.admission import _tree_bytes
+
+    monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
+    repo = tmp_path / "o__r"
+    repo.mkdir()
+    commits = _history(repo, [{"core.py": "x = 1\n" * 16_000, "extra.py": f"z = {n}\n" * 400} for n in range(3)])
+    with PackCache() as store:
+        order_for_commits(str(repo), commits, store, delta=True)
+    tasks = [_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits)]
+    base = _tree_bytes(str(repo), commits[1]) / CHARS_PER_TOKEN
+    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, delta=True)
+    before = admit.need(tasks[1], [])  # the run's base: its files, and the prior's growth
+    first = {t.instance_id: admit._first_prompt(t) for t in tasks}
+    assert first["r-1"] == pytest.approx(base)
+    for n, short in enumerate((1.02, 1.08, 1.05)):  # each finished one's first prompt over its estimate
+        assert admit.scale("o/r") == 1.0  # not before LEARN_AFTER of the repository finished
+        t = tasks[n]
+        admit.observe(int(first[t.instance_id] * short), int(first[t.instance_id] * short) + 500, t)
+    assert admit.scale("o/r") == pytest.approx(1.08, rel=1e-3) and admit.scale("o/other") == 1.0
+    assert admit.need(tasks[1], []) == pytest.approx(int(base * 1.08) + 500, abs=2)  # scaled; learned growth
+    assert admit.need(tasks[1], []) > before - int(base * 0.15) - 32_768  # the scale, not the growth, raised it
+    admit.observe(int(first["r-0"] * 0.7), int(first["r-0"] * 0.7) + 10, tasks[0])  # an estimate that erred high
+    assert admit.scale("o/r") == pytest.approx(1.08, rel=1e-3)  # lowers nothing
+    unsure = kv_admit(None, 4, repos=tmp_path, window=1_048_576, delta=True)
+    for t in tasks:
+        unsure.observe(int(first[t.instance_id] * 0.9), int(first[t.instance_id] * 0.9) + 10, t)
+    assert unsure.scale("o/r") == 1.0  # never below 1: the estimate stays on the safe side
