@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -278,19 +279,27 @@ def test_a_repository_larger_than_the_window_is_credited_no_more_than_its_shared
     assert not kv_admit(capacity, 4, repos=tmp_path, window=window, delta=True, shared_share=0.2)(second, [first])
 
 
-def test_a_delta_pack_is_charged_its_base_once_per_run_and_its_own_diff(tmp_path, monkeypatch):
+@pytest.fixture
+def one_run(tmp_path, monkeypatch) -> tuple[Path, list[str]]:
+    """Three commits that make one delta run, their orders stored: core.py stays, extra.py (2 kB) is
+    rewritten at each; the middle commit is the base."""
     from m3_agent.agent.context.cache import PackCache
     from m3_agent.agent.context.stability import order_for_commits
-    from m3_agent.agent.context.stability import diff_bytes
-    from m3_agent.evals.admission import _tree_bytes
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
     repo = tmp_path / "o__r"
     repo.mkdir()
-    # core.py stays; extra.py (2 kB) is rewritten at each commit: one run, its middle commit the base
     commits = _history(repo, [{"core.py": "x = 1\n" * 16_000, "extra.py": f"z = {n}\n" * 400} for n in range(3)])
     with PackCache() as store:
         assert order_for_commits(str(repo), commits, store, delta=True) == 1
+    return repo, commits
+
+
+def test_a_delta_pack_is_charged_its_base_once_per_run_and_its_own_diff(tmp_path, one_run):
+    from m3_agent.agent.context.stability import diff_bytes
+    from m3_agent.evals.admission import _tree_bytes
+
+    repo, commits = one_run
     first, last = _task("r-0", base_commit=commits[0]), _task("r-2", base_commit=commits[2])
     # its diff at the repository's bytes per diff token, which a diff's line marks make denser
     admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, delta=True, per_diff_token={"o/r": 2.5})
@@ -308,17 +317,10 @@ def test_a_delta_pack_is_charged_its_base_once_per_run_and_its_own_diff(tmp_path
     assert plain_ratio == context(base / CHARS_PER_TOKEN + diff / CHARS_PER_TOKEN) - int(base / CHARS_PER_TOKEN)
 
 
-def test_admission_learns_how_far_its_estimate_of_a_repository_falls_short(tmp_path, monkeypatch):
-    from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import order_for_commits
+def test_admission_learns_how_far_its_estimate_of_a_repository_falls_short(tmp_path, one_run):
     from m3_agent.evals.admission import _tree_bytes
 
-    monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
-    repo = tmp_path / "o__r"
-    repo.mkdir()
-    commits = _history(repo, [{"core.py": "x = 1\n" * 16_000, "extra.py": f"z = {n}\n" * 400} for n in range(3)])
-    with PackCache() as store:
-        order_for_commits(str(repo), commits, store, delta=True)
+    repo, commits = one_run
     tasks = [_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits)]
     base = _tree_bytes(str(repo), commits[1]) / CHARS_PER_TOKEN
     admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, delta=True)
