@@ -18,6 +18,7 @@ exceeds the cache.
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
 import urllib.error
 import urllib.request
@@ -41,7 +42,8 @@ BINARY = (".png", ".jpg", ".jpeg", ".gif", ".ico", ".bmp", ".webp", ".pdf", ".zi
           ".otf", ".mo", ".mp3", ".mp4", ".wav", ".ogg", ".npy", ".npz", ".pkl", ".db", ".sqlite", ".fits", ".h5")
 GROWTH = 0.15  # a session's context grows past its first prompt by about this share (tool output, replies)
 OUTPUT_RESERVE = 32_768  # tokens the agent leaves for a reply (agent.context.budget_for_window)
-LEARN_AFTER = 3  # finished instances before their growth replaces GROWTH + OUTPUT_RESERVE
+LEARN_AFTER = 3  # finished instances (or running ones, MIN_REQUESTS in) before their growth replaces the prior
+MIN_REQUESTS = 3  # requests a running session has made before its growth is projected to its turn limit
 DIFF_SAMPLE_COMMITS = 20  # the patches of this many commits calibrate a repository's bytes per diff token
 DIFF_SAMPLE_BYTES = 256 * 1024
 
@@ -244,10 +246,44 @@ def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | No
 
 def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
              per_token: dict[str, float] | None = None, per_diff_token: dict[str, float] | None = None,
-             delta: bool = False, shared_share: float = 0.0) -> KvAdmit:
+             delta: bool = False, shared_share: float = 0.0, max_turns: int | None = None) -> KvAdmit:
     """The runner's `admit` callable: `Admission` over each task's `expected_context` (see KvAdmit)."""
     return KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token, per_diff_token=per_diff_token,
-                   delta=delta, shared_share=shared_share)
+                   delta=delta, shared_share=shared_share, max_turns=max_turns)
+
+
+class Progress:
+    """What the trajectories of running instances say so far (agent.trajectory: one JSON object per
+    event, flushed as it happens): per instance, its first prompt, its largest request (prompt +
+    completion) and how many requests it made. Each file is read from where the last look stopped."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.seen: dict[str, list[int]] = {}  # instance -> [offset, first prompt, peak, requests]
+
+    def of(self, instance_id: str) -> tuple[int, int, int]:
+        """(first prompt, peak, requests) of the instance's latest run; zeros before its first reply."""
+        state = self.seen.setdefault(instance_id, [0, 0, 0, 0])
+        try:
+            with open(self.folder / f"{instance_id}.jsonl", "rb") as fh:
+                fh.seek(state[0])
+                chunk = fh.read()
+        except OSError:
+            return 0, 0, 0
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next look
+        state[0] += len(whole)
+        for line in whole.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("kind") == "run_start":  # a retried instance appends a new run
+                state[1:] = [0, 0, 0]
+            elif event.get("kind") == "reply" and isinstance(event.get("usage"), dict):
+                prompt, total = event["usage"].get("prompt_tokens") or 0, event["usage"].get("total_tokens") or 0
+                state[1] = state[1] or prompt
+                state[2], state[3] = max(state[2], total), state[3] + 1
+        return state[1], state[2], state[3]
 
 
 class KvAdmit:
@@ -264,7 +300,9 @@ class KvAdmit:
     each result's first prompt and peak context), once LEARN_AFTER have:
     - a session's growth past its first prompt, which depends on the agent's limits and the tasks,
       not on the pack: until then GROWTH of the pack plus OUTPUT_RESERVE, then the largest growth
-      a finished one showed;
+      a finished one showed. Before that, once LEARN_AFTER running instances have made
+      MIN_REQUESTS requests each (their trajectories, `watch`), the largest of their growths so far
+      projected to the turn limit: growth x `max_turns` / requests made;
     - per repository, how far the estimate of a first prompt fell short of the prompt sent (the
       system prompt, tool schemas, the pack's headers and tree, the issue; a sample's ratio): every
       pack estimate of the repository is then scaled by the largest shortfall seen, never below 1.
@@ -272,13 +310,29 @@ class KvAdmit:
 
     def __init__(self, capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
                  per_token: dict[str, float] | None = None, per_diff_token: dict[str, float] | None = None,
-                 delta: bool = False, shared_share: float = 0.0) -> None:
+                 delta: bool = False, shared_share: float = 0.0, max_turns: int | None = None) -> None:
         self.gate = Admission(capacity.tokens if capacity else None, workers)
         self.repos, self.window, self.ratios = repos, window, per_token or {}
         self.diff_ratios = per_diff_token or {}
-        self.delta, self.shared_share = delta, shared_share
+        self.delta, self.shared_share, self.max_turns = delta, shared_share, max_turns
         self.grown: list[int] = []  # tokens each finished session added to its first prompt
         self.short: dict[str, list[float]] = {}  # repository -> each finished first prompt over its estimate
+        self.progress: Progress | None = None
+        self.projected: dict[str, int] = {}  # running instance -> its growth so far, projected to max_turns
+
+    def watch(self, trajectories: Path) -> None:
+        """Read running instances' progress from their trajectories in this folder (needs `max_turns`)."""
+        self.progress = Progress(trajectories)
+
+    def _look(self, running: list[Task]) -> None:
+        """Project the growth of each running instance that made MIN_REQUESTS requests; forget the rest."""
+        if self.progress is None or not self.max_turns:
+            return
+        self.projected = {}
+        for t in running:
+            first, peak, requests = self.progress.of(t.instance_id)
+            if requests >= MIN_REQUESTS and peak >= first > 0:
+                self.projected[t.instance_id] = (peak - first) * max(self.max_turns, requests) // requests
 
     def observe(self, first_prompt_tokens: int, peak_context_tokens: int, task: Task | None = None) -> None:
         """A finished instance's first prompt and largest request (prompt + completion); ignored when
@@ -292,8 +346,11 @@ class KvAdmit:
 
     @property
     def growth(self) -> int | None:
-        """The growth admission charges a session (None: the prior, before LEARN_AFTER have finished)."""
-        return max(self.grown) if len(self.grown) >= LEARN_AFTER else None
+        """The growth admission charges a session: learned from the finished, else projected from the
+        running; None (the prior) before LEARN_AFTER of either."""
+        if len(self.grown) >= LEARN_AFTER:
+            return max(self.grown)
+        return max(self.projected.values()) if len(self.projected) >= LEARN_AFTER else None
 
     def scale(self, repo: str) -> float:
         """What the repository's pack estimates are multiplied by (1 before LEARN_AFTER of it finished)."""
@@ -360,6 +417,7 @@ class KvAdmit:
                    - (int(base_tokens) if base in bases else 0))
 
     def __call__(self, task: Task, running: list[Task]) -> bool:
+        self._look(running)
         needs = [self.need(t, running[:i]) for i, t in enumerate(running)]
         return self.gate.admits(self.need(task, running), needs)
 

@@ -256,7 +256,8 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
             "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()},
             "bytes_per_diff_token": {k: round(v, 3) for k, v in per_diff.items()}}
     admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token, per_diff_token=per_diff,
-                     delta=agent.context.delta, shared_share=agent.context.shared_share)
+                     delta=agent.context.delta, shared_share=agent.context.shared_share,
+                     max_turns=agent.limits.max_turns)
     return order_for_reuse(tasks), admit, meta
 
 

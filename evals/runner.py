@@ -156,10 +156,15 @@ def _with_environment(task: Task, config: EvalConfig) -> EvalConfig:
     return config.model_copy(update={"sandbox": sandbox, "agent": agent})
 
 
+def trajectory_folder(config: EvalConfig) -> Path:
+    """Where the agent's trajectories of a run go, one `<instance_id>.jsonl` each."""
+    return config.output_dir / "trajectories"
+
+
 def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, AgentStats]:
     from m3_agent.agent.loop import Agent  # only `eval run` needs the loop and its dependencies
 
-    trajectory = config.output_dir / "trajectories" / f"{task.instance_id}.jsonl"
+    trajectory = trajectory_folder(config) / f"{task.instance_id}.jsonl"
     trajectory.parent.mkdir(parents=True, exist_ok=True)
     # The checkout has no history: the files are ordered by the source repository's (prefix reuse across tasks).
     # A harness task's tree is the image's /testbed, with whatever history the image keeps.
@@ -256,6 +261,8 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
 
         for result in done.values():  # a resumed run learns from the instances it already has
             teach(result)
+        if hasattr(admit, "watch"):  # and from the running ones' trajectories, as they go
+            admit.watch(trajectory_folder(config))
         for result in (executor or _execute)(pending, predictions, config, workers, on_event, admit):
             save_result(output_dir, result)
             teach(result)

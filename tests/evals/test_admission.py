@@ -124,6 +124,50 @@ def test_admission_learns_how_far_sessions_grow_from_the_finished_ones(tmp_path,
     assert not admit(second, [one_commit])
 
 
+def test_before_any_finished_the_gate_projects_the_running_sessions_growth_from_their_trajectories(
+        tmp_path, one_commit):
+    import json
+
+    from m3_agent.evals.admission import MIN_REQUESTS
+
+    pack = int(96_000 / CHARS_PER_TOKEN)
+    others = [one_commit.model_copy(update={"instance_id": f"r-{n}", "repo": f"o/r{n}"}) for n in range(2, 6)]
+    for t in others:  # nothing shared between them
+        (tmp_path / t.repo.replace("/", "__")).symlink_to(tmp_path / "o__r")
+    running, candidate = [one_commit, *others[:2]], others[2]
+    # room for four packs with 6,000 tokens of growth each, not for four with the prior's
+    admit = kv_admit(KvCapacity(tokens=4 * (pack + 6_000), block_size=16, source="test"), 8, repos=tmp_path,
+                     window=1_048_576, max_turns=40)
+    folder = tmp_path / "trajectories"
+    folder.mkdir()
+    admit.watch(folder)
+
+    def replies(t: Task, n: int, per_request: int, torn: bool = False) -> None:
+        with open(folder / f"{t.instance_id}.jsonl", "w") as fh:
+            fh.write(json.dumps({"kind": "run_start", "turn": 0, "config": {}}) + "\n")
+            for k in range(n):
+                usage = {"prompt_tokens": pack + k * per_request, "completion_tokens": 50,
+                         "total_tokens": pack + k * per_request + 50}
+                fh.write(json.dumps({"kind": "reply", "turn": k + 1, "usage": usage}) + "\n")
+            if torn:  # a line still being written is not read
+                fh.write('{"kind": "reply", "usage": {"prompt_tokens": 9')
+
+    for t in running:
+        replies(t, MIN_REQUESTS - 1, 100)
+    assert not admit(candidate, running) and admit.growth is None  # too few requests yet: the prior
+    for t in running:
+        replies(t, MIN_REQUESTS + 1, 100, torn=True)  # 4 requests, 350 tokens grown: 3,500 at 40 turns
+    assert admit(candidate, running) and admit.growth == 350 * 40 // 4
+    replies(running[0], 8, 1_000)  # one that grows faster: 7,050 at 8 requests, 35,250 projected
+    assert not admit(candidate, running) and admit.growth == 7_050 * 40 // 8
+    replies(others[3], MIN_REQUESTS + 1, 100)
+    # a session that is no longer running is no longer projected
+    assert admit(candidate, [*running[1:], others[3]]) and admit.growth == 350 * 40 // 4
+    for t in others[:LEARN_AFTER]:  # once enough have finished, what they grew to is what counts
+        admit.observe(pack, pack + 2_000, t)
+    assert admit(candidate, running) and admit.growth == 2_000
+
+
 def test_the_runner_tells_the_gate_what_each_finished_instance_grew_to(tmp_path):
     from m3_agent.evals.grading import InstanceReport
     from m3_agent.evals.runner import AgentStats, InstanceResult
@@ -138,6 +182,9 @@ def test_the_runner_tells_the_gate_what_each_finished_instance_grew_to(tmp_path)
         def observe(self, first, peak, task):
             seen.append((first, peak, task.instance_id))
 
+        def watch(self, folder):  # where the agent writes the trajectories of the instances as they run
+            seen.append(folder)
+
     def executor(pending, predictions, config, workers, on_event, admit):
         for t in pending:
             i = int(t.instance_id[-1])
@@ -147,10 +194,10 @@ def test_the_runner_tells_the_gate_what_each_finished_instance_grew_to(tmp_path)
                                  report=InstanceReport(), agent=stats)
 
     run_eval(tasks[:2], None, EvalConfig(output_dir=tmp_path / "out"), admit=Gate(), executor=executor)
-    assert seen == [(100, 150, "r-0")]  # the instance without an agent run is not counted
+    assert seen == [tmp_path / "out" / "trajectories", (100, 150, "r-0")]  # no agent run: not counted
     seen.clear()  # resumed: the gate learns from the instance already done before the next starts
     run_eval(tasks, None, EvalConfig(output_dir=tmp_path / "out"), admit=Gate(), executor=executor)
-    assert seen == [(100, 150, "r-0"), (300, 450, "r-2")]
+    assert seen == [(100, 150, "r-0"), tmp_path / "out" / "trajectories", (300, 450, "r-2")]
 
 
 def test_the_endpoint_tokenizes_a_sample_to_give_its_bytes_per_token(tmp_path, one_commit):
