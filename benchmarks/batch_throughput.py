@@ -13,11 +13,14 @@ time between turns). 30 turns by default: a published analysis of 2,920 SWE-agen
 trajectories on SWE-Bench Pro puts the median at 29 to 78 steps, depending on the model; how much admission wins
 grows with the turns, since every turn of an evicted session is a full prefill again.
 
-- fixed pool: N threads take instances in order, each running one session after another.
+- fixed pool: N sessions at a time, in the given order.
 - scheduler: `evals.admission` as `eval run` uses it: the capacity read from the stand-in's
-  /metrics, bytes per token measured through its /tokenize, `order_for_reuse`, and `kv_admit`
-  (expected contexts, less the prefix shared with a running instance; the growth past the first
-  prompt learned from finished sessions, as `eval run` learns it) with `--workers` N.
+  /metrics, bytes per token of files and of diffs measured through its /tokenize,
+  `order_for_reuse`, and `kv_admit` (expected contexts, less the prefix shared with a running
+  instance; the growth past the first prompt projected from the running sessions' trajectories,
+  which they write as the agent does, then learned from finished ones) with `--workers` N.
+
+In both arms the driver looks again every simulated second, as `eval run`'s executor does.
 
 Reported per arm: simulated wall time, prefill tokens computed and
 reused (the server's counters), the largest number of sessions at once, and the first-request
@@ -48,7 +51,7 @@ import sys
 import tempfile
 import urllib.request
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +74,7 @@ MODEL = "MiniMaxAI/MiniMax-M3"
 # what the loop appends after the pack (agent/loop.py, _first_messages)
 TASK_TEXT = ("\n\n<issue>\n{issue}\n</issue>\n\nResolve the issue above in /workspace. "
              "Use the tools; run the tests; call `submit` when the fix is done.")
+POLL_S = 1.0  # simulated seconds between the driver's looks (evals.runner._execute waits 1 s)
 REASONING = " ".join(["The failing test points at the fixture teardown order, so read it and run the suite."] * 12)
 
 
@@ -181,13 +185,24 @@ def tool_output(iid: str, turn: int) -> str:
         f"testing/test_case_{turn}_{i}.py::test_{i} PASSED\n" for i in range(80))
 
 
-def run_session(client: openai.OpenAI, inst: Instance, turns: int, tool_s: float, clock, tools: list) -> Session:
-    """Play one agent session's requests, with `tool_s` of tool time after each; keep the first request's usage."""
+def run_session(client: openai.OpenAI, inst: Instance, turns: int, tool_s: float, clock, tools: list,
+                trajectories: Path | None = None) -> Session:
+    """Play one agent session's requests, with `tool_s` of tool time after each; keep the first request's usage.
+
+    With `trajectories`, each reply's usage is appended to `<instance_id>.jsonl` there as the agent's
+    trajectory writer appends it (agent.trajectory), for the gate to read while the session runs.
+    """
     s = Session(inst.task.instance_id, started=clock.now())
     messages = list(inst.messages)
+    trace = open(trajectories / f"{s.instance_id}.jsonl", "w", encoding="utf-8") if trajectories else None
+    if trace:
+        trace.write(json.dumps({"kind": "run_start", "turn": 0}) + "\n")
     for turn in range(turns):
         r = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=32_768)
         s.peak = max(s.peak, r.usage.prompt_tokens + r.usage.completion_tokens)
+        if trace:
+            trace.write(json.dumps({"kind": "reply", "turn": turn + 1, "usage": r.usage.model_dump()}) + "\n")
+            trace.flush()
         if turn == 0:
             s.first_prompt = r.usage.prompt_tokens
             s.first_cached = r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0
@@ -198,6 +213,8 @@ def run_session(client: openai.OpenAI, inst: Instance, turns: int, tool_s: float
         messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_output(s.instance_id, turn)})
         clock.sleep(tool_s)
     s.ended = clock.now()
+    if trace:
+        trace.close()
     return s
 
 
@@ -216,7 +233,8 @@ def counters(root_url: str) -> dict[str, float]:
 def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
     """One arm on a fresh stand-in with the 8x B200 performance model and a virtual clock."""
     arm, tools, clock = Arm(name), [t.schema() for t in default_tools()], VirtualClock()
-    with StandinServer(script(performance=True), clock=clock) as srv:
+    with StandinServer(script(performance=True), clock=clock) as srv, \
+            tempfile.TemporaryDirectory(prefix="m3-batch-trajectories-") as trajectories:
         client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=3600)
         if scheduled:  # as eval run admits: its own gate over the same figures
             capacity = capacity_from_metrics(srv.base_url)
@@ -224,14 +242,17 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
             ratio = bytes_per_token(srv.base_url, tasks[0], None)  # as eval run calibrates, once per repository
             diff = diff_bytes_per_token(srv.base_url, tasks[0], None)
             admit = kv_admit(capacity, args.workers, repos=None, window=WINDOW, per_token={tasks[0].repo: ratio},
-                             per_diff_token={tasks[0].repo: diff}, delta=AgentConfig().context.delta)
+                             per_diff_token={tasks[0].repo: diff}, delta=AgentConfig().context.delta,
+                             max_turns=AgentConfig().limits.max_turns)
+            admit.watch(Path(trajectories))  # as run_eval points the gate at its trajectories
         else:  # a fixed pool: the given order, N at a time whatever they hold
             tasks = [i.task for i in insts]
             admit = lambda task, running: len(running) < args.workers  # noqa: E731
         by_id = {i.task.instance_id: i for i in insts}
         pending = [by_id[t.instance_id] for t in tasks]
+        traced = Path(trajectories) if scheduled else None
         arm.sessions = drive(pending, admit, args.workers, clock, arm,
-                             lambda inst: run_session(client, inst, args.turns, args.tool_s, clock, tools))
+                             lambda inst: run_session(client, inst, args.turns, args.tool_s, clock, tools, traced))
         arm.sim_wall_s = clock.now()
         c = counters(srv.root_url)
     arm.prefill_reused = int(c["vllm:prefix_cache_hits_total"])
@@ -241,28 +262,36 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
 
 
 def drive(pending: list[Instance], admit, workers: int, clock: VirtualClock, arm: Arm, session) -> list[Session]:
-    """Start sessions while `admit(task, running tasks)` allows; each is a participant of the clock
-    from start to end, and so is the driver while it decides (admission takes no simulated time)."""
-    running, done = {}, []
+    """Start sessions while `admit(task, running tasks)` allows, looking again every POLL_S simulated
+    seconds as `eval run`'s executor looks every second. Each session is a participant of the clock
+    from its start to its end, and so is the driver, asleep between looks: admission takes no
+    simulated time."""
+    running, done, ended = {}, [], []  # ended: (instance, its session), told before its thread leaves the clock
+
+    def participant(inst: Instance) -> None:
+        try:
+            ended.append((inst, session(inst)))
+        finally:
+            clock.leave()
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
         clock.join()
         while pending or running:
-            while pending and (not running or admit(pending[0].task, [i.task for i in running.values()])):
+            while pending and (not running or admit(pending[0].task, [i.task for i, _ in running.values()])):
                 inst = pending.pop(0)
                 clock.join()  # before it is submitted, so no time passes until it has sent its request
-                running[pool.submit(session, inst)] = inst
+                running[inst.task.instance_id] = (inst, pool.submit(participant, inst))
             arm.max_running = max(arm.max_running, len(running))
-            clock.leave()  # the driver waits: time may pass
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            clock.join()  # the finished are still participants: no time passed since they ended
-            for f in finished:
-                done.append(f.result())
-                inst = running.pop(f)
+            clock.sleep(POLL_S)
+            while ended:
+                inst, result = ended.pop(0)
+                done.append(result)
+                running.pop(inst.task.instance_id)[1].result()  # a session that raised raises here
                 if hasattr(admit, "observe"):  # as run_eval tells the gate what each finished instance grew to
-                    admit.observe(done[-1].first_prompt, done[-1].peak, inst.task)
-            # the finished leave only now, after their successors joined: time cannot jump in between
-            for _ in finished:
-                clock.leave()
+                    admit.observe(result.first_prompt, result.peak, inst.task)
+            for _, future in running.values():
+                if future.done():
+                    future.result()  # a session that raised before it ended raises here
         clock.leave()
     return done
 
