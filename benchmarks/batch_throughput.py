@@ -201,7 +201,8 @@ def run_session(client: openai.OpenAI, inst: Instance, turns: int, tool_s: float
         r = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=32_768)
         s.peak = max(s.peak, r.usage.prompt_tokens + r.usage.completion_tokens)
         if trace:
-            trace.write(json.dumps({"kind": "reply", "turn": turn + 1, "usage": r.usage.model_dump()}) + "\n")
+            usage = {"prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens}
+            trace.write(json.dumps({"kind": "reply", "turn": turn + 1, "usage": usage}) + "\n")  # agent.model.Usage
             trace.flush()
         if turn == 0:
             s.first_prompt = r.usage.prompt_tokens

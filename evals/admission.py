@@ -279,10 +279,10 @@ class Progress:
                 continue
             if event.get("kind") == "run_start":  # a retried instance appends a new run
                 state[1:] = [0, 0, 0]
-            elif event.get("kind") == "reply" and isinstance(event.get("usage"), dict):
-                prompt, total = event["usage"].get("prompt_tokens") or 0, event["usage"].get("total_tokens") or 0
+            elif event.get("kind") == "reply" and isinstance(event.get("usage"), dict):  # agent.model.Usage
+                prompt, completion = event["usage"].get("prompt_tokens") or 0, event["usage"].get("completion_tokens") or 0
                 state[1] = state[1] or prompt
-                state[2], state[3] = max(state[2], total), state[3] + 1
+                state[2], state[3] = max(state[2], prompt + completion), state[3] + 1
         return state[1], state[2], state[3]
 
 

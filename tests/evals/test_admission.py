@@ -126,8 +126,9 @@ def test_admission_learns_how_far_sessions_grow_from_the_finished_ones(tmp_path,
 
 def test_before_any_finished_the_gate_projects_the_running_sessions_growth_from_their_trajectories(
         tmp_path, one_commit):
-    import json
-
+    from m3_agent.agent.events import AgentEvent
+    from m3_agent.agent.model import Usage
+    from m3_agent.agent.trajectory import TrajectoryWriter
     from m3_agent.evals.admission import MIN_REQUESTS
 
     pack = int(96_000 / CHARS_PER_TOKEN)
@@ -143,13 +144,17 @@ def test_before_any_finished_the_gate_projects_the_running_sessions_growth_from_
     admit.watch(folder)
 
     def replies(t: Task, n: int, per_request: int, torn: bool = False) -> None:
-        with open(folder / f"{t.instance_id}.jsonl", "w") as fh:
-            fh.write(json.dumps({"kind": "run_start", "turn": 0, "config": {}}) + "\n")
-            for k in range(n):
-                usage = {"prompt_tokens": pack + k * per_request, "completion_tokens": 50,
-                         "total_tokens": pack + k * per_request + 50}
-                fh.write(json.dumps({"kind": "reply", "turn": k + 1, "usage": usage}) + "\n")
-            if torn:  # a line still being written is not read
+        """A trajectory as the agent's writer leaves it: a run's start, then `n` replies with their usage."""
+        path = folder / f"{t.instance_id}.jsonl"
+        path.unlink(missing_ok=True)
+        writer = TrajectoryWriter(path)
+        writer(AgentEvent(kind="run_start", data={"config": {}}))
+        for k in range(n):
+            usage = Usage(requests=1, prompt_tokens=pack + k * per_request, completion_tokens=50)
+            writer(AgentEvent(kind="reply", turn=k + 1, data={"usage": usage.model_dump()}))
+        writer.close()
+        if torn:  # a line still being written is not read
+            with open(path, "a") as fh:
                 fh.write('{"kind": "reply", "usage": {"prompt_tokens": 9')
 
     for t in running:
