@@ -194,13 +194,12 @@ def _runs(batch: _Batch, n: int, threshold: float) -> list[tuple[int, int]]:
 
 def _delta_runs(history: str, commits: list[str], batch: _Batch) -> list[tuple[int, int]]:
     """Commits [start, end) cut where the diff from the run's first commit would pass DELTA_RUN_SHARE
-    of the commit's bytes (the diffs from the run's middle commit stay about half that)."""
+    of the commit's bytes (the diffs from the run's middle commit stay about half that), or where
+    git cannot tell its size (the pack would find no diff either)."""
     runs, start = [], 0
     for k in range(1, len(commits)):
         size = diff_bytes(history, commits[start], commits[k])
-        if size is None:
-            raise git.GitCommandError(["git", "diff", commits[start], commits[k]], 1)
-        if size > DELTA_RUN_SHARE * batch.totals[k]:
+        if size is None or size > DELTA_RUN_SHARE * batch.totals[k]:
             runs.append((start, k))
             start = k
     return runs + [(start, len(commits))]

@@ -130,3 +130,20 @@ def test_a_batch_is_cut_into_delta_runs_where_the_diff_from_the_run_start_grows_
         assert order_for_commits(str(source), commits, cache, delta=True) == 2
         bases = [stored_base(str(source), c, cache) for c in commits]
     assert bases == [commits[1]] * 3 + [commits[4]] * 3  # each era's middle commit
+
+
+def test_a_diff_git_cannot_size_cuts_the_run_instead_of_failing_the_batch(repo, git, tmp_path, monkeypatch):
+    from m3_agent.agent.context import stability
+
+    source, commits = _history(repo, git)
+    real = stability.diff_bytes
+
+    def failing(history, a, b):  # git cannot diff across the third commit
+        return None if commits[2] in (a, b) else real(history, a, b)
+
+    monkeypatch.setattr(stability, "diff_bytes", failing)
+    with PackCache(tmp_path / "cache") as cache:
+        assert order_for_commits(str(source), commits, cache, delta=True) == 3
+        bases = [stored_base(str(source), c, cache) for c in commits]
+    # the third commit runs alone (no diff to or from it); the others keep their runs' middles
+    assert bases == [commits[0]] * 2 + [commits[2]] + [commits[3]] * 2
