@@ -36,7 +36,8 @@ from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
 from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import Prediction
-from m3_agent.evals.runner import Admit, EvalConfig, Event, InstanceResult, _config_json, _failed, _pred_of, run_instance
+from m3_agent.evals.runner import (Admit, EvalConfig, Event, InstanceResult, _config_json, _failed, _pred_of, run_instance,
+                                   trajectory_folder)
 from m3_agent.evals.tasks import Task, checkout, repo_source
 
 DOCKER_RESOURCE = "docker"
@@ -86,11 +87,11 @@ def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: b
             with hostgit.repository(repo) as r:
                 head = r.head.commit.hexsha  # the shipped tree's own commit stands in for base_commit
             here = task.model_copy(update={"repo_source": str(repo), "base_commit": head})
-        out = Path(tmp) / "out"
-        result = run_instance(here, pred, config.model_copy(update={"output_dir": out, "repos": None}))
+        local = config.model_copy(update={"output_dir": Path(tmp) / "out", "repos": None})
+        result = run_instance(here, pred, local)
         if (result.error or "").startswith("Interrupted:"):
             raise KeyboardInterrupt  # ray.cancel: end as a cancelled task, as Ray expects (the sandbox is closed)
-        trajectory = out / "trajectories" / f"{task.instance_id}.jsonl"
+        trajectory = trajectory_folder(local) / f"{task.instance_id}.jsonl"
         traj = trajectory.read_bytes() if trajectory.is_file() else None
     node = import_ray().get_runtime_context().get_node_id()
     return {"result": result.model_dump_json(), "trajectory": traj, "node": node}
@@ -300,7 +301,7 @@ class RayExecutor:
         result = InstanceResult.model_validate_json(out["result"])
         result.node = out["node"]
         if out["trajectory"] is not None and result.agent is not None:
-            path = config.output_dir / "trajectories" / f"{flight.task.instance_id}.jsonl"
+            path = trajectory_folder(config) / f"{flight.task.instance_id}.jsonl"
             _write_atomic(path, out["trajectory"])
             result.agent.trajectory_path = str(path)
         return result
