@@ -384,11 +384,12 @@ class KvAdmit:
         if run is None:
             return None
         scale = self.scale(t.repo) if scale is None else scale
-        base = (_tree_bytes(source, run[1]) or 0) / self._ratio(t.repo) * scale
+        base_bytes = _tree_bytes(source, run[1]) or 0
+        base = base_bytes / self._ratio(t.repo) * scale
         if run[1] == t.base_commit:
             return run[1], base, base
         diff = diff_bytes(source, run[1], t.base_commit)
-        if diff is None or diff > MAX_DIFF_SHARE * base * self._ratio(t.repo) / scale:
+        if diff is None or diff > MAX_DIFF_SHARE * base_bytes:
             return None
         return run[1], base, base + diff / self.diff_ratios.get(t.repo, self._ratio(t.repo)) * scale
 
