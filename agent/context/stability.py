@@ -27,7 +27,7 @@ from m3_agent.agent.context.relevance import is_test
 from m3_agent.agent.context.selection import is_code
 
 HISTORY_COMMITS = 2000  # recent commits counted: enough to tell often-changed files from the rest
-ORDER_VERSION = "order-2"  # part of the cache key: change it with the rule
+ORDER_VERSION = "order-3"  # part of the cache key: change it with the rule
 STALE_SHARE = 0.1  # recompute a cached order when more than this share of the files is new to it
 # Groups of commits whose budgeted packs may share one part: cut where under this share of a
 # commit's bytes stays alike at all the group's; a pack takes the longest group alike enough for it.
@@ -100,9 +100,10 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
     sections of the files its commits all have alike. Each commit also gets its run's base, the middle
     commit, for delta packs (`delta`); with `delta` the runs are cut by the size of the diff from a
     run's first commit instead (DELTA_RUN_SHARE), since delta packs share all of the base's files
-    whatever changed. For budgeted packs, which share only the part `shared_share` fills, the
-    commits are also cut into longer groups (see `_store_shared`). Returns the number of runs (0:
-    none stored)."""
+    whatever changed, and all runs take one order made for their bases (`_chain_order`), so that
+    neighbouring runs' bases share a head. For budgeted packs, which share only the part
+    `shared_share` fills, the commits are also cut into longer groups (see `_store_shared`).
+    Returns the number of runs (0: none stored)."""
     if store is None or not commits:
         return 0
     try:  # oldest first: in the order of the history (commit dates can tie, or lie)
@@ -115,10 +116,12 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
         runs = _delta_runs(history, commits, batch)
     else:
         runs = max((_runs(batch, len(commits), t) for t in CLUSTER_THRESHOLDS), key=lambda r: _shared(batch, r))
-    for start, end in runs:
+    bases = [(start + end - 1) // 2 for start, end in runs]  # the middle one: the diffs of delta packs are shortest
+    chain = _chain_order(batch, bases) if delta else None
+    for (start, end), middle in zip(runs, bases):
         key = _key(history, "run:" + commits[start])
-        store.put_scores(key, _run_order(batch, start, end))
-        base = commits[(start + end - 1) // 2]  # the middle one: the diffs of delta packs are shortest
+        store.put_scores(key, chain if chain is not None else _run_order(batch, start, end))
+        base = commits[middle]
         for commit in commits[start:end]:
             store.put_scores(_key(history, commit), (key, base))
     _store_shared(history, commits, batch, store)
@@ -223,6 +226,19 @@ def _run_order(batch: _Batch, start: int, end: int) -> list[str]:
         return (None in seen, len(set(seen)), _first_change(seen), batch.changes[path], sort_key(path))
 
     return sorted((p for p, b in batch.blobs.items() if any(x is not None for x in b[start:end])), key=key)
+
+
+def _chain_order(batch: _Batch, bases: list[int]) -> list[str]:
+    """One order for every run of delta packs (see order_for_commits): files the same at all the
+    bases first, then the files whose first change from one base to the next comes latest, then
+    by number of versions, recent changes and path. Two neighbouring runs' bases then share the
+    head up to the first file that changes between them (within a run, the base's files are the
+    same in every pack whatever their order)."""
+    def key(path: str) -> tuple:
+        seen = [batch.blobs[path][k] for k in bases]
+        return (-_first_change(seen), len(set(seen)), batch.changes[path], sort_key(path))
+
+    return sorted((p for p, b in batch.blobs.items() if any(x is not None for x in b)), key=key)
 
 
 def _shared(batch: _Batch, runs: list[tuple[int, int]]) -> float:

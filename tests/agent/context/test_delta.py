@@ -147,3 +147,39 @@ def test_a_diff_git_cannot_size_cuts_the_run_instead_of_failing_the_batch(repo, 
         bases = [stored_base(str(source), c, cache) for c in commits]
     # the third commit runs alone (no diff to or from it); the others keep their runs' middles
     assert bases == [commits[0]] * 2 + [commits[2]] + [commits[3]] * 2
+
+
+def test_neighbouring_runs_bases_share_the_files_alike_between_them_as_a_head(repo, git, tmp_path):
+    source = repo(FILES)
+    commits = []
+    # three eras: modules 0-4 are rewritten entering the second, modules 5-9 entering the third;
+    # small fixes within every era go to module 19; modules 10-18 never change
+    for era, rewritten in enumerate([[], range(0, 5), range(5, 10)]):
+        for i in rewritten:
+            path = f"pkg/mod{i:02d}.py"
+            (source / path).write_text((source / path).read_text().replace("return", f"return {era} +"))
+        if rewritten:
+            git(source, "commit", "-qam", f"era {era}")
+        for n in range(3):
+            path, k = "pkg/mod19.py", 3 * era + n
+            (source / path).write_text((source / path).read_text().replace(f"return {k}\n", f"return -{k}\n"))
+            git(source, "commit", "-qam", f"fix {era} {n}")
+            commits.append(git(source, "rev-parse", "HEAD").strip())
+    with PackCache(tmp_path / "cache") as cache:
+        assert order_for_commits(str(source), commits, cache, delta=True) == 3
+        bases = [stored_base(str(source), c, cache) for c in commits[1::3]]
+        packs = _packs(source, bases, tmp_path, cache)
+    assert bases == commits[1::3]
+
+    def head(a, b) -> set[str]:  # the files whose whole sections two packs start with alike
+        n = next((k for k, (x, y) in enumerate(zip(a.parts, b.parts)) if x != y), 0)
+        return set(re.findall(r"^### (\S+)$", b"".join(a.parts[2: 2 + 3 * ((n - 2) // 3)]).decode(), re.M))
+
+    def modules(numbers) -> set[str]:
+        return {f"pkg/mod{i:02d}.py" for i in numbers}
+
+    # the first two bases have modules 5-18 alike; files first changed later go first, so the
+    # modules rewritten entering the third era come ahead of those rewritten entering the second
+    first, second = head(packs[0], packs[1]), head(packs[1], packs[2])
+    assert first == modules(range(5, 19))
+    assert second == modules(range(10, 19))
