@@ -414,8 +414,10 @@ class KvAdmit:
             return max(0, self.expected(t) - int(shared / ratio))
         base, base_tokens, pack = mine  # a delta pack: the base's files are held once for the whole run
         bases = {d[0] for u in before if u.repo == t.repo and (d := self._delta(source, u)) is not None}
-        return max(0, expected_context(t, self.repos, self.window, growth=self.growth, tokens=pack)
-                   - (int(base_tokens) if base in bases else 0))
+        # and another run's base shares the head of files the two bases have alike (stability._chain_order)
+        shared = base_tokens if base in bases else max(
+            (_common_head(source, base, b) for b in bases), default=0) / ratio
+        return max(0, expected_context(t, self.repos, self.window, growth=self.growth, tokens=pack) - int(shared))
 
     def __call__(self, task: Task, running: list[Task]) -> bool:
         self._look(running)
