@@ -22,10 +22,15 @@ grows with the turns, since every turn of an evicted session is a full prefill a
 
 In both arms the driver looks again every simulated second, as `eval run`'s executor does.
 
+A third arm is the floor: the fixed pool again, on a stand-in whose cache holds every session at
+once (nothing is ever evicted or waits for room). Admission only lowers concurrency below the cap,
+so a scheduler that starts instances in this order can at best match it: `speedup_ceiling` (fixed
+pool over floor) is the most `speedup_vs_fixed_pool` can show in the configuration.
+
 Reported per arm: simulated wall time, prefill tokens computed and
 reused (the server's counters), the largest number of sessions at once, and the first-request
 cached share of instances after the first (cached / prompt tokens of each session's first request).
-A third, untimed pass sends only first requests of the newest commits, whose packs are budgeted
+A last, untimed pass sends only first requests of the newest commits, whose packs are budgeted
 (the repository outgrew the window), to a stand-in without a performance model:
 `first_request_cached_share_budgeted` at `--shared-share` (context.shared_share: that share of a
 budgeted pack is the same files whatever the issue), and the same at the config's default.
@@ -219,10 +224,13 @@ def run_session(client: openai.OpenAI, inst: Instance, turns: int, tool_s: float
     return s
 
 
-def script(performance: bool) -> dict:
+def script(performance: bool, kv_tokens: int | None = None) -> dict:
+    """The stand-in's script: every turn a tool call; with `performance`, the 8x B200 model (its KV
+    capacity replaced by `kv_tokens` when given)."""
     turn = {"reasoning": REASONING, "tool_calls": [{"name": "bash", "arguments": {"command": "python -m pytest -q"}}],
             "repeat": 1_000_000}
-    return {"turns": [turn], **({"performance": {}} if performance else {})}
+    model = {"kv_capacity_tokens": kv_tokens} if kv_tokens else {}
+    return {"turns": [turn], **({"performance": model} if performance else {})}
 
 
 def counters(root_url: str) -> dict[str, float]:
@@ -231,10 +239,11 @@ def counters(root_url: str) -> dict[str, float]:
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def run_arm(name: str, insts: list[Instance], args, scheduled: bool) -> Arm:
-    """One arm on a fresh stand-in with the 8x B200 performance model and a virtual clock."""
+def run_arm(name: str, insts: list[Instance], args, scheduled: bool, kv_tokens: int | None = None) -> Arm:
+    """One arm on a fresh stand-in with the 8x B200 performance model (`kv_tokens`: another KV
+    capacity) and a virtual clock."""
     arm, tools, clock = Arm(name), [t.schema() for t in default_tools()], VirtualClock()
-    with StandinServer(script(performance=True), clock=clock) as srv, \
+    with StandinServer(script(performance=True, kv_tokens=kv_tokens), clock=clock) as srv, \
             tempfile.TemporaryDirectory(prefix="m3-batch-trajectories-") as trajectories:
         client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=3600)
         if scheduled:  # as eval run admits: its own gate over the same figures
@@ -366,9 +375,12 @@ def run(source: Path, args) -> None:
                           for packs in instances(args.repo, newest, budget_for_window(WINDOW), shares))
     print(f"packed {len(insts)} + {len(budgeted)} budgeted instances in {time.monotonic() - t:.0f} s; pack tokens "
           f"{min(i.pack_tokens for i in insts):,}..{max(i.pack_tokens for i in insts):,}", file=sys.stderr)
+    never = 2 * WINDOW * len(insts)  # room for every session's blocks at once
     arms = [run_arm(f"fixed pool of {args.workers}", insts, args, scheduled=False),
-            run_arm(f"KV-aware scheduler (cap {args.workers})", insts, args, scheduled=True)]
-    fixed, ours = arms
+            run_arm(f"KV-aware scheduler (cap {args.workers})", insts, args, scheduled=True),
+            run_arm(f"fixed pool of {args.workers}, cache never evicts (floor)", insts, args, scheduled=False,
+                    kv_tokens=never)]
+    fixed, ours, floor = arms
     for line in table(arms):
         print(line)
     prompts = [s.first_prompt for s in ours.sessions]
@@ -378,6 +390,8 @@ def run(source: Path, args) -> None:
         "first_prompt_tokens_min": min(prompts), "first_prompt_tokens_max": max(prompts),
         "fixed_pool": _arm_json(fixed), "scheduler": _arm_json(ours),
         "speedup_vs_fixed_pool": round(fixed.sim_wall_s / ours.sim_wall_s, 3),
+        "never_evicting": _arm_json(floor),
+        "speedup_ceiling": round(fixed.sim_wall_s / floor.sim_wall_s, 3),
         "first_request_cached_share": first_share(ours.sessions),
         "first_request_cached_share_budgeted": budgeted_share(budgeted) if len(budgeted) > 1 else None,
         "shared_share": args.shared_share,

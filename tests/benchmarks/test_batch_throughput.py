@@ -27,11 +27,16 @@ def test_both_arms_run_the_same_instances_and_the_last_line_is_json(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["tasks"] == 4 and out["workers"] == 2
-    for arm in ("fixed_pool", "scheduler"):
+    arms = ("fixed_pool", "scheduler", "never_evicting")
+    for arm in arms:
         assert out[arm]["sim_wall_s"] > 0 and 1 <= out[arm]["max_running"] <= 2
         assert out[arm]["prefill_computed_tokens"] > 0 and out[arm]["prefill_reused_tokens"] > 0
-    # the same requests in both arms: the server counted the same prompt tokens
-    total = {arm: out[arm]["prefill_computed_tokens"] + out[arm]["prefill_reused_tokens"] for arm in ("fixed_pool", "scheduler")}
-    assert total["fixed_pool"] == total["scheduler"]
+    # the same requests in every arm: the server counted the same prompt tokens
+    total = {arm: out[arm]["prefill_computed_tokens"] + out[arm]["prefill_reused_tokens"] for arm in arms}
+    assert total["fixed_pool"] == total["scheduler"] == total["never_evicting"]
     assert out["speedup_vs_fixed_pool"] > 0 and out["first_request_cached_share_budgeted"] is None
+    # the floor: nothing evicted, so it computes no more than either arm and is no slower than the pool
+    assert out["never_evicting"]["prefill_computed_tokens"] <= min(out[a]["prefill_computed_tokens"] for a in arms[:2])
+    assert out["speedup_ceiling"] >= 1.0
+    assert out["speedup_ceiling"] == round(out["fixed_pool"]["sim_wall_s"] / out["never_evicting"]["sim_wall_s"], 3)
     assert "| fixed pool of 2 |" in r.stdout
