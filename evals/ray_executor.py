@@ -11,6 +11,9 @@ shared but the cluster:
   no history) and puts it in Ray's object store while instances need it; a node fetches it once;
 - the worker sends back the result and the trajectory; the driver writes them (results.jsonl,
   fsynced, by `run_eval`), so `report`, resume and the official harness read the same files;
+- while an instance runs, its worker relays the usage of each reply its trajectory records (about
+  once a second, through a small actor) so that KV-aware admission (`KvAdmit.watch`) sees the
+  running sessions grow, as it does under the local executor;
 - a node that dies mid-instance: Ray reruns the task on another node (at most `NODE_RETRIES` times)
   and the driver still records one result; Ctrl-C or a timeout cancels the remote task, and every
   node prunes the sandbox containers whose owner process is gone;
@@ -21,10 +24,13 @@ shared but the cluster:
 from __future__ import annotations
 
 import io
+import json
+import shutil
 import socket
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -44,6 +50,7 @@ DOCKER_RESOURCE = "docker"
 NODE_RETRIES = 2  # reruns of an instance whose node or worker process died
 CANCEL_SETTLE_S = 0.5  # before cancelling, this long for tasks already ending to report
 CANCEL_GRACE_S = 10.0  # after a polite cancel (KeyboardInterrupt in the task), force-kill the worker
+RELAY_S = 1.0  # how often a worker relays its trajectory's new replies to the driver
 
 
 def import_ray():
@@ -75,8 +82,56 @@ def unpack_tree(data: bytes, dest: Path) -> Path:
     return dest / "repo"
 
 
-def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: bytes | None) -> dict[str, Any]:
-    """Worker body: the instance run on the shipped tree (None: its image holds the repository)."""
+class Relay:
+    """An actor between workers and the driver: the lines of running instances' trajectories that
+    admission reads (`run_start`, and each reply's usage), held until the driver takes them."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, list[str]] = {}
+
+    def add(self, instance_id: str, lines: list[str]) -> None:
+        self.lines.setdefault(instance_id, []).extend(lines)
+
+    def take(self) -> dict[str, list[str]]:
+        taken, self.lines = self.lines, {}
+        return taken
+
+
+def _relayed(line: bytes) -> str | None:
+    """The part of a trajectory line admission reads (agent.trajectory), or None for other events."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("kind") not in ("run_start", "reply"):
+        return None
+    return json.dumps({"kind": event["kind"], "usage": event.get("usage")})
+
+
+def _relay(path: Path, instance_id: str, relay, stop: threading.Event) -> None:
+    """Send the trajectory's new whole lines that admission reads to `relay`, every RELAY_S, until `stop`."""
+    offset = 0
+    while not stop.wait(RELAY_S):
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+        except OSError:  # not written yet
+            continue
+        whole = chunk[: chunk.rfind(b"\n") + 1]
+        offset += len(whole)
+        lines = [r for line in whole.splitlines() if (r := _relayed(line)) is not None]
+        if lines:
+            try:
+                relay.add.remote(instance_id, lines)
+            except Exception:  # the driver is gone: the instance itself goes on
+                return
+
+
+def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: bytes | None,
+                relay: Any = None) -> dict[str, Any]:
+    """Worker body: the instance run on the shipped tree (None: its image holds the repository);
+    with `relay` (a `Relay` actor), its trajectory's replies are relayed as it goes."""
     task = Task.model_validate_json(task_json)
     pred = Prediction.model_validate_json(pred_json) if pred_json else None
     config = EvalConfig.model_validate_json(config_json)
@@ -88,7 +143,14 @@ def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: b
                 head = r.head.commit.hexsha  # the shipped tree's own commit stands in for base_commit
             here = task.model_copy(update={"repo_source": str(repo), "base_commit": head})
         local = config.model_copy(update={"output_dir": Path(tmp) / "out", "repos": None})
-        result = run_instance(here, pred, local)
+        stop = threading.Event()
+        if relay is not None:
+            threading.Thread(target=_relay, args=(trajectory_folder(local) / f"{task.instance_id}.jsonl",
+                                                  task.instance_id, relay, stop), daemon=True).start()
+        try:
+            result = run_instance(here, pred, local)
+        finally:
+            stop.set()
         if (result.error or "").startswith("Interrupted:"):
             raise KeyboardInterrupt  # ray.cancel: end as a cancelled task, as Ray expects (the sandbox is closed)
         trajectory = trajectory_folder(local) / f"{task.instance_id}.jsonl"
@@ -133,6 +195,8 @@ class RayExecutor:
         self._tree_users: Counter[tuple[str, str]] = Counter()  # instances in flight per tree: 0 frees it
         self._remote: Any = None
         self._started_ray = False
+        self._relay: Any = None  # the Relay actor while a run's admission watches progress
+        self._relayed: Path | None = None  # where the driver writes what it relays, for the gate to read
 
     def __call__(self, tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig,
                  workers: int, on_event: Event | None, admit: Admit | None = None):
@@ -141,7 +205,15 @@ class RayExecutor:
         running: dict[Any, _Flight] = {}
         try:
             self._preflight(ray, config, image=not all(uses_harness(t) for t in tasks))
+            if hasattr(admit, "watch"):  # the workers' trajectories are not here: relay their progress
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+                self._relay = ray.remote(num_cpus=0)(Relay).options(scheduling_strategy=here).remote()
+                self._relayed = Path(tempfile.mkdtemp(prefix="m3-ray-progress-"))
+                admit.watch(self._relayed)
             while queue or running:
+                self._write_relayed(ray)
                 while queue and len(running) < workers and (
                         not running or admit is None or admit(queue[0], [f.task for f in running.values()])):
                     task = queue.popleft()
@@ -155,6 +227,21 @@ class RayExecutor:
         finally:
             self._close(ray, running)
 
+    def _write_relayed(self, ray) -> None:
+        """Append what the workers relayed since the last look to `<relayed>/<instance>.jsonl`."""
+        if self._relay is None:
+            return
+        try:
+            taken = ray.get(self._relay.take.remote(), timeout=10)
+        except Exception as e:  # the actor died: admission goes on learning from finished instances
+            print(f"m3-agent: progress relay lost ({type(e).__name__}); admission learns from finished "
+                  "instances only", file=sys.stderr)
+            self._relay = None
+            return
+        for instance_id, lines in taken.items():
+            with open(self._relayed / f"{instance_id}.jsonl", "a", encoding="utf-8") as fh:
+                fh.write("".join(line + "\n" for line in lines))
+
     def _close(self, ray, running: dict) -> None:
         """Cancel what still runs, prune every node's leftovers, leave a cluster this run started."""
         try:
@@ -162,6 +249,15 @@ class RayExecutor:
                 self._cancel(ray, running)
                 self._prune_nodes(ray)
         finally:
+            if self._relay is not None:
+                try:
+                    ray.kill(self._relay)
+                except Exception:  # already gone with its node
+                    pass
+                self._relay = None
+            if self._relayed is not None:
+                shutil.rmtree(self._relayed, ignore_errors=True)
+                self._relayed = None
             if self._started_ray:
                 ray.shutdown()
                 self._started_ray, self._remote = False, None
@@ -258,7 +354,7 @@ class RayExecutor:
             self._remote = ray.remote(run_shipped).options(
                 num_cpus=0, resources={DOCKER_RESOURCE: 1}, max_retries=NODE_RETRIES, retry_exceptions=False)
         ref = self._remote.remote(task.model_dump_json(), pred.model_dump_json() if pred else None,
-                                  _config_json(config), tree)
+                                  _config_json(config), tree, self._relay)
         running[ref] = _Flight(task, time.monotonic(), endpoint, key)
         if key is not None:
             self._tree_users[key] += 1

@@ -219,3 +219,43 @@ def test_an_unreachable_cluster_is_one_line_at_once(tmp_path):
     assert time.monotonic() - start < 10
     with pytest.raises(UsageError, match="give the head's HOST:PORT"):
         run_eval([builtin_task("roman")], None, EvalConfig(output_dir=tmp_path), executor=RayExecutor(address="head"))
+
+
+def test_admission_sees_a_running_instance_grow_through_the_workers_relay(cluster, tmp_path, test_label):
+    from m3_agent.evals.admission import Progress
+    from m3_agent.evals.ray_executor import RayExecutor
+    from m3_agent.evals.runner import EvalConfig, run_eval
+    from m3_agent.evals.tasks import builtin_task
+    from m3_agent.sandbox.config import SandboxConfig
+
+    script = builtin_standin_script(["roman", "slugify"])
+    for conversation in script["conversations"]:
+        for turn in conversation["turns"]:
+            turn["delay_s"] = 1.5  # each reply takes a while: the instance runs for several looks
+
+    class Gate:  # one instance at a time, so the executor asks each time it looks while one runs
+        progress = None
+
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, tuple[int, int, int]]] = []
+
+        def watch(self, folder):
+            self.progress = Progress(folder)
+
+        def __call__(self, task, running):
+            self.seen += [(t.instance_id, self.progress.of(t.instance_id)) for t in running]
+            return False
+
+    gate = Gate()
+    with StandinServer(script) as srv:
+        config = EvalConfig(output_dir=tmp_path / "out", sandbox=SandboxConfig(labels=test_label),
+                            agent={"model": {"base_url": srv.base_url, "api_key": "unused"}})
+        results = run_eval([builtin_task("roman"), builtin_task("slugify")], None, config, workers=2, admit=gate,
+                           executor=RayExecutor(address=cluster.address))
+    assert [r.report.resolved for r in results] == [True, True]
+    first = results[0].instance_id
+    # while the first ran, the gate read its replies (prompt and completion tokens) as the worker relayed them
+    grew = [p for iid, p in gate.seen if iid == first and p[2] >= 1]
+    assert grew and all(peak >= prompt > 0 for prompt, peak, _ in grew)
+    assert min(p[2] for p in grew) < results[0].agent.requests  # some of them before its last reply
+    assert not gate.progress.folder.exists()  # the relay's folder goes with the run
