@@ -229,16 +229,43 @@ def _run_order(batch: _Batch, start: int, end: int) -> list[str]:
 
 
 def _chain_order(batch: _Batch, bases: list[int]) -> list[str]:
-    """One order for every run of delta packs (see order_for_commits): files the same at all the
-    bases first, then the files whose first change from one base to the next comes latest, then
-    by number of versions, recent changes and path. Two neighbouring runs' bases then share the
-    head up to the first file that changes between them (within a run, the base's files are the
-    same in every pack whatever their order)."""
+    """One order for every run of delta packs (see order_for_commits). Two neighbouring runs' bases
+    share the head up to the first file that changes between them (within a run, the base's files
+    are the same in every pack whatever their order), so the order is built by closing one such
+    change at a time: files the same at every base first; then, again and again, the change whose
+    closing frees the most bytes (files that differ at no change still open) and those files; in
+    each step by number of changes, recent changes and path. Files no base has go last."""
     def key(path: str) -> tuple:
-        seen = [batch.blobs[path][k] for k in bases]
-        return (-_first_change(seen), len(set(seen)), batch.changes[path], sort_key(path))
+        return (len(changed[path]), batch.changes[path], sort_key(path))
 
-    return sorted((p for p, b in batch.blobs.items() if any(x is not None for x in b)), key=key)
+    changed: dict[str, set[int]] = {}  # path -> each k where bases k and k + 1 differ in it
+    for path, blobs in batch.blobs.items():
+        seen = [blobs[k] for k in bases]
+        changed[path] = {k for k in range(len(bases) - 1) if seen[k] != seen[k + 1]}
+    at: dict[int, list[str]] = {}
+    for path, ks in changed.items():
+        for k in ks:
+            at.setdefault(k, []).append(path)
+    left = {path: set(ks) for path, ks in changed.items()}
+    frees: Counter[int] = Counter()  # an open change -> the bytes its closing frees
+    for path, ks in left.items():
+        if len(ks) == 1:
+            frees[next(iter(ks))] += batch.sizes[path]
+    at_bases = {p for p, b in batch.blobs.items() if any(b[k] is not None for k in bases)}
+    order = sorted((p for p in at_bases if not left[p]), key=key)
+    still = set(range(len(bases) - 1))
+    while still:
+        k = max(still, key=lambda k: (frees[k], -k))  # ties: the earlier change
+        still.discard(k)
+        freed = []
+        for path in at.get(k, []):
+            left[path].discard(k)
+            if not left[path]:
+                freed.append(path)
+            elif len(left[path]) == 1:
+                frees[next(iter(left[path]))] += batch.sizes[path]
+        order += sorted((p for p in freed if p in at_bases), key=key)
+    return order + sorted((p for p in batch.blobs if p not in at_bases), key=key)
 
 
 def _shared(batch: _Batch, runs: list[tuple[int, int]]) -> float:
