@@ -132,6 +132,16 @@ def _blobs(source: str, commit: str) -> list[tuple[int, str, str]]:
     return blobs
 
 
+def _repo_bytes(task: Task, repos: Path | None) -> tuple[str, int | None] | None:
+    """(the task's repository, the bytes of its text-looking files at `base_commit`, None when that
+    cannot be read locally); None when the task names no repository (the instance reports it)."""
+    try:
+        source = repo_source(task, repos)
+    except UsageError:
+        return None
+    return source, _tree_bytes(source, task.base_commit) if Path(source).exists() else None
+
+
 @functools.lru_cache(maxsize=4096)
 def _tree_bytes(source: str, commit: str) -> int | None:
     """Total size of the text-looking files at `commit`; None if git cannot tell."""
@@ -205,14 +215,10 @@ def expected_context(task: Task, repos: Path | None, window: int, *, per_token: 
     `tokens`: the pack's tokens when known otherwise (a delta pack: its base's files and the diff).
     """
     if tokens is None:
-        try:
-            source = repo_source(task, repos)
-        except UsageError:  # the instance itself reports a missing repository
+        found = _repo_bytes(task, repos)
+        if found is None or found[1] is None:
             return window
-        size = _tree_bytes(source, task.base_commit) if Path(source).exists() else None
-        if size is None:
-            return window
-        tokens = size / per_token
+        tokens = found[1] / per_token
     pack = min(tokens, window - OUTPUT_RESERVE)
     return min(window, int(pack) + (int(pack * GROWTH) + OUTPUT_RESERVE if growth is None else growth))
 
@@ -362,13 +368,10 @@ class KvAdmit:
 
     def _first_prompt(self, t: Task) -> float | None:
         """The unscaled estimate of `t`'s pack (its first prompt); None for a budgeted or unreadable one."""
-        try:
-            source = repo_source(t, self.repos)
-        except UsageError:
+        found = _repo_bytes(t, self.repos)
+        if found is None or found[1] is None or found[1] / self._ratio(t.repo) > self.window - OUTPUT_RESERVE:
             return None
-        size = _tree_bytes(source, t.base_commit) if Path(source).exists() else None
-        if size is None or size / self._ratio(t.repo) > self.window - OUTPUT_RESERVE:
-            return None
+        source, size = found
         mine = self._delta(source, t, 1.0)
         return mine[2] if mine is not None else size / self._ratio(t.repo)
 
@@ -396,12 +399,11 @@ class KvAdmit:
     def need(self, t: Task, before: list[Task]) -> int:
         """What `t` adds to the cache beside `before`: its context less the prefix its pack shares with
         the pack of one of them (their common blocks are held once)."""
-        try:
-            source = repo_source(t, self.repos)
-        except UsageError:  # the instance itself reports a missing repository
+        found = _repo_bytes(t, self.repos)
+        if found is None:  # the instance itself reports a missing repository
             return self.expected(t)
+        source, size = found
         ratio, room = self._ratio(t.repo) / self.scale(t.repo), self.window - OUTPUT_RESERVE
-        size = _tree_bytes(source, t.base_commit) if Path(source).exists() else None
         if size is None or size / ratio > room:  # a budgeted pack: its files, past the shared part, follow the issue
             # (their shared part is files alike at all the commits of a group: a run's are, at most)
             shared = max((_shared_bytes(source, t.base_commit, u.base_commit, self.delta)
