@@ -258,6 +258,22 @@ def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, w
                    delta=delta, shared_share=shared_share, max_turns=max_turns)
 
 
+PROGRESS_EVENTS = ("run_start", "reply")  # the trajectory events `Progress` reads
+
+
+def new_lines(path: Path, offset: int) -> tuple[list[bytes], int] | None:
+    """The whole lines written to `path` past `offset`, and the offset after them (a line still being
+    written waits for the next read); None when the file cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except OSError:
+        return None
+    whole = chunk[: chunk.rfind(b"\n") + 1]
+    return whole.splitlines(), offset + len(whole)
+
+
 class Progress:
     """What the trajectories of running instances say so far (agent.trajectory: one JSON object per
     event, flushed as it happens): per instance, its first prompt, its largest request (prompt +
@@ -270,15 +286,11 @@ class Progress:
     def of(self, instance_id: str) -> tuple[int, int, int]:
         """(first prompt, peak, requests) of the instance's latest run; zeros before its first reply."""
         state = self.seen.setdefault(instance_id, [0, 0, 0, 0])
-        try:
-            with open(self.folder / f"{instance_id}.jsonl", "rb") as fh:
-                fh.seek(state[0])
-                chunk = fh.read()
-        except OSError:
+        got = new_lines(self.folder / f"{instance_id}.jsonl", state[0])
+        if got is None:
             return 0, 0, 0
-        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next look
-        state[0] += len(whole)
-        for line in whole.splitlines():
+        lines, state[0] = got
+        for line in lines:
             try:
                 event = json.loads(line)
             except ValueError:

@@ -39,6 +39,7 @@ from typing import Any
 
 from m3_agent import hostgit
 from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
+from m3_agent.evals.admission import PROGRESS_EVENTS, new_lines
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
 from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import Prediction
@@ -103,7 +104,7 @@ def _relayed(line: bytes) -> str | None:
         event = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(event, dict) or event.get("kind") not in ("run_start", "reply"):
+    if not isinstance(event, dict) or event.get("kind") not in PROGRESS_EVENTS:
         return None
     return json.dumps({"kind": event["kind"], "usage": event.get("usage")})
 
@@ -112,15 +113,11 @@ def _relay(path: Path, instance_id: str, relay, stop: threading.Event) -> None:
     """Send the trajectory's new whole lines that admission reads to `relay`, every RELAY_S, until `stop`."""
     offset = 0
     while not stop.wait(RELAY_S):
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-        except OSError:  # not written yet
+        got = new_lines(path, offset)
+        if got is None:  # not written yet
             continue
-        whole = chunk[: chunk.rfind(b"\n") + 1]
-        offset += len(whole)
-        lines = [r for line in whole.splitlines() if (r := _relayed(line)) is not None]
+        read, offset = got
+        lines = [r for line in read if (r := _relayed(line)) is not None]
         if lines:
             try:
                 relay.add.remote(instance_id, lines)
