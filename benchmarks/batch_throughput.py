@@ -67,6 +67,9 @@ from m3_agent import hostgit
 from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.context import PackCache, budget_for_window, pack_repository
 from m3_agent.agent.context.stability import order_for_commits
+from m3_agent.agent.events import AgentEvent
+from m3_agent.agent.model import Usage
+from m3_agent.agent.trajectory import TrajectoryWriter
 from m3_agent.evals.admission import (bytes_per_token, capacity_from_metrics, diff_bytes_per_token, kv_admit,
                                       order_for_reuse)
 from m3_agent.evals.tasks import Task
@@ -194,21 +197,20 @@ def run_session(client: openai.OpenAI, inst: Instance, turns: int, tool_s: float
                 trajectories: Path | None = None) -> Session:
     """Play one agent session's requests, with `tool_s` of tool time after each; keep the first request's usage.
 
-    With `trajectories`, each reply's usage is appended to `<instance_id>.jsonl` there as the agent's
-    trajectory writer appends it (agent.trajectory), for the gate to read while the session runs.
+    With `trajectories`, the run's start and each reply's usage go to `<instance_id>.jsonl` there
+    through the agent's own trajectory writer, for the gate to read while the session runs.
     """
     s = Session(inst.task.instance_id, started=clock.now())
     messages = list(inst.messages)
-    trace = open(trajectories / f"{s.instance_id}.jsonl", "w", encoding="utf-8") if trajectories else None
+    trace = TrajectoryWriter(trajectories / f"{s.instance_id}.jsonl") if trajectories else None
     if trace:
-        trace.write(json.dumps({"kind": "run_start", "turn": 0}) + "\n")
+        trace(AgentEvent(kind="run_start"))
     for turn in range(turns):
         r = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=32_768)
         s.peak = max(s.peak, r.usage.prompt_tokens + r.usage.completion_tokens)
         if trace:
-            usage = {"prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens}
-            trace.write(json.dumps({"kind": "reply", "turn": turn + 1, "usage": usage}) + "\n")  # agent.model.Usage
-            trace.flush()
+            usage = Usage(requests=1, prompt_tokens=r.usage.prompt_tokens, completion_tokens=r.usage.completion_tokens)
+            trace(AgentEvent(kind="reply", turn=turn + 1, data={"usage": usage.model_dump()}))
         if turn == 0:
             s.first_prompt = r.usage.prompt_tokens
             s.first_cached = r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0
