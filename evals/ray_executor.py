@@ -140,17 +140,16 @@ def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: b
                 head = r.head.commit.hexsha  # the shipped tree's own commit stands in for base_commit
             here = task.model_copy(update={"repo_source": str(repo), "base_commit": head})
         local = config.model_copy(update={"output_dir": Path(tmp) / "out", "repos": None})
+        trajectory = trajectory_folder(local) / f"{task.instance_id}.jsonl"
         stop = threading.Event()
         if relay is not None:
-            threading.Thread(target=_relay, args=(trajectory_folder(local) / f"{task.instance_id}.jsonl",
-                                                  task.instance_id, relay, stop), daemon=True).start()
+            threading.Thread(target=_relay, args=(trajectory, task.instance_id, relay, stop), daemon=True).start()
         try:
             result = run_instance(here, pred, local)
         finally:
             stop.set()
         if (result.error or "").startswith("Interrupted:"):
             raise KeyboardInterrupt  # ray.cancel: end as a cancelled task, as Ray expects (the sandbox is closed)
-        trajectory = trajectory_folder(local) / f"{task.instance_id}.jsonl"
         traj = trajectory.read_bytes() if trajectory.is_file() else None
     node = import_ray().get_runtime_context().get_node_id()
     return {"result": result.model_dump_json(), "trajectory": traj, "node": node}
