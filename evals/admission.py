@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
@@ -304,6 +305,17 @@ class Progress:
         return state[1], state[2], state[3]
 
 
+class DeltaSize(NamedTuple):
+    """A delta pack's root and run's base, and its tokens: the root's files, those and the diff to
+    the base (what the run's packs share), the whole pack."""
+
+    root: str
+    base: str
+    root_tokens: float
+    run_tokens: float
+    tokens: float
+
+
 class KvAdmit:
     """May `task` start beside the `running` ones? Their expected contexts, less what their packs
     share, must fit the KV capacity (`Admission`).
@@ -385,28 +397,33 @@ class KvAdmit:
             return None
         source, size = found
         mine = self._delta(source, t, 1.0)
-        return mine[2] if mine is not None else size / self._ratio(t.repo)
+        return mine.tokens if mine is not None else size / self._ratio(t.repo)
 
     def expected(self, t: Task) -> int:
         return expected_context(t, self.repos, self.window, per_token=self._ratio(t.repo) / self.scale(t.repo),
                                 growth=self.growth)
 
-    def _delta(self, source: str, t: Task, scale: float | None = None) -> tuple[str, float, float] | None:
-        """(base commit, base tokens, pack tokens) when `t` gets a delta pack: its run's base's files,
-        then the diff from the base, each at its own bytes per token (a diff over MAX_DIFF_SHARE of
-        the base leaves the pack plain, as the pack does); scaled by `scale` (default: learned)."""
+    def _delta(self, source: str, t: Task, scale: float | None = None) -> DeltaSize | None:
+        """The sizes of `t`'s delta pack when it gets one, as the pack builds it: its root's files,
+        then the diffs from the root to its run's base and on to its commit, each at its own bytes
+        per token; when one of them passes MAX_DIFF_SHARE of the root, the base's files and one diff;
+        a diff over that share leaves the pack plain (None). Scaled by `scale` (default: learned)."""
         run = _run(source, t.base_commit) if self.delta else None
         if run is None:
             return None
         scale = self.scale(t.repo) if scale is None else scale
-        base_bytes = _tree_bytes(source, run[1]) or 0
-        base = base_bytes / self._ratio(t.repo) * scale
-        if run[1] == t.base_commit:
-            return run[1], base, base
-        diff = diff_bytes(source, run[1], t.base_commit)
-        if diff is None or diff > MAX_DIFF_SHARE * base_bytes:
-            return None
-        return run[1], base, base + diff / self.diff_ratios.get(t.repo, self._ratio(t.repo)) * scale
+        per_diff = self.diff_ratios.get(t.repo, self._ratio(t.repo)) / scale
+        _, base, root = run
+        for root in dict.fromkeys([root, base]):  # the root first; the base itself when that fails
+            root_bytes = _tree_bytes(source, root) or 0
+            files = root_bytes / self._ratio(t.repo) * scale
+            steps = list(dict.fromkeys([root, base, t.base_commit]))
+            diffs = [diff_bytes(source, a, b) for a, b in zip(steps, steps[1:])]
+            if None in diffs or max(diffs, default=0) > MAX_DIFF_SHARE * root_bytes:
+                continue
+            run_diff = diffs[0] if base != root else 0  # the diff from the root to the base
+            return DeltaSize(root, base, files, files + run_diff / per_diff, files + sum(diffs) / per_diff)
+        return None
 
     def need(self, t: Task, before: list[Task]) -> int:
         """What `t` adds to the cache beside `before`: its context less the prefix its pack shares with
@@ -426,12 +443,18 @@ class KvAdmit:
             shared = max((_shared_bytes(source, t.base_commit, u.base_commit)
                           for u in before if u.repo == t.repo and self._delta(source, u) is None), default=0)
             return max(0, self.expected(t) - int(shared / ratio))
-        base, base_tokens, pack = mine  # a delta pack: the base's files are held once for the whole run
-        bases = {d[0] for u in before if u.repo == t.repo and (d := self._delta(source, u)) is not None}
-        # and another run's base shares the head of files the two bases have alike (stability._chain_order)
-        shared = base_tokens if base in bases else max(
-            (_common_head(source, base, b) for b in bases), default=0) / ratio
-        return max(0, expected_context(t, self.repos, self.window, growth=self.growth, tokens=pack) - int(shared))
+        # a delta pack: what its run shows before its own diff is held once for the whole run, its
+        # root's files once for every run under the root, and another root shares the head of files
+        # the two roots have alike (stability._chain_order)
+        others = [d for u in before if u.repo == t.repo and (d := self._delta(source, u)) is not None]
+        if any((d.root, d.base) == (mine.root, mine.base) for d in others):
+            shared = mine.run_tokens
+        elif any(d.root == mine.root for d in others):
+            shared = mine.root_tokens
+        else:
+            shared = max((_common_head(source, mine.root, d.root) for d in others), default=0) / ratio
+        return max(0, expected_context(t, self.repos, self.window, growth=self.growth, tokens=mine.tokens)
+                   - int(shared))
 
     def __call__(self, task: Task, running: list[Task]) -> bool:
         self._look(running)
@@ -455,17 +478,17 @@ def _shared_bytes(source: str, a: str, b: str, same_run: bool = False) -> int:
     run_a, run_b = _run(source, a), _run(source, b)
     if run_a is None or run_b is None:
         return 0
-    if same_run and run_a[1] == run_b[1]:
-        return _tree_bytes(source, run_a[1]) or 0
+    if same_run and run_a[2] == run_b[2]:  # (budgeted packs are never delta packs: the bytes are a bound)
+        return _tree_bytes(source, run_a[2]) or 0
     return _common_head(source, a, b)
 
 
-_RUNS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {}  # (source, commit) -> its run's order and base
+_RUNS: dict[tuple[str, str], tuple[tuple[str, ...], str, str]] = {}  # (source, commit) -> order, base, root
 
 
-def _run(source: str, commit: str) -> tuple[tuple[str, ...], str] | None:
-    """The order and base stored for a commit's run, read from the pack cache once it is there
-    (admission asks for every pair of running instances at each decision)."""
+def _run(source: str, commit: str) -> tuple[tuple[str, ...], str, str] | None:
+    """The order, base and root stored for a commit's run, read from the pack cache once it is
+    there (admission asks for every pair of running instances at each decision)."""
     found = _RUNS.get((source, commit))
     if found is None:
         from m3_agent.agent.context.cache import PackCache
@@ -474,7 +497,7 @@ def _run(source: str, commit: str) -> tuple[tuple[str, ...], str] | None:
         with PackCache() as store:
             run = stored_run(source, commit, store)
         if run and run[0]:
-            found = _RUNS[(source, commit)] = (tuple(run[0]), run[1])
+            found = _RUNS[(source, commit)] = (tuple(run.order), run.base, run.root)
     return found
 
 

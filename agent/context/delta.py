@@ -9,6 +9,12 @@ sections (the base commit's files, as the base instance's own pack shows them, b
 after them, `git diff base commit` over the packed files, then its own tree and commit. The diff of
 commits a few dozen apart is a few thousand tokens, so nearly the whole first request is shared.
 
+A task that starts a run would find only the head its base shares with the base before it, so
+neighbouring runs are grouped under a root (the middle base of the group): each instance shows the
+root's files, the diff from the root to its run's base (the same bytes in every pack of the run),
+then the diff from the base to its own commit. A task that starts a run then finds the root's files
+cached. When a diff is too large, the run's base's files and one diff stand.
+
 Only whole packs become delta packs: when the budget leaves files out, the chosen files depend on
 the issue and the plain pack stands.
 """
@@ -25,7 +31,7 @@ from m3_agent.agent.context import layout
 from m3_agent.agent.context.tokens import TokenCounter
 from m3_agent.errors import M3AgentError
 
-MAX_DIFF_SHARE = 0.25  # a diff larger than this share of the base's sections: the plain pack is shorter to read
+MAX_DIFF_SHARE = 0.25  # a diff larger than this share of the files shown: the plain pack is shorter to read
 
 
 def sections_end(pack) -> int:
@@ -61,34 +67,51 @@ def diff_text(history: str, base: str, commit: str, paths: set[str]) -> str | No
         return None
 
 
-def changes_section(base: str, commit: str, diff: str) -> str:
-    """The section between the base's files and the instance's tree."""
-    fence = layout.fence_for(diff.encode("utf-8", "surrogateescape"))
-    if not diff:
-        return (f"## Changes to the files above\n\nThe files above are those of commit {base}; your checkout "
-                f"holds the tree of commit {commit}, and the two do not differ in them.\n\n")
-    return (f"## Changes to the files above\n\nThe files above are those of commit {base}; your checkout holds "
-            f"the tree of commit {commit}. This diff (`git diff {base} {commit}` over the packed files) takes "
-            "them there: where a section above and this diff disagree, the diff is right, and files it adds "
-            f"appear only here.\n\n{fence}diff\n{diff}{'' if diff.endswith(chr(10)) else chr(10)}{fence}\n\n")
+def changes_section(steps: list[tuple[str, str, str]], commit: str) -> str:
+    """The section between the root's files and the instance's tree: each step's diff (from commit,
+    to commit, diff), in order. Nothing before a step names a later one, so two packs whose steps
+    begin alike share the section's text as far as they do."""
+    head = (f"## Changes to the files above\n\nThe files above are those of commit {steps[0][0]}. "
+            "The diffs below (one or two), applied one after the other, take them to the tree your checkout "
+            "holds (`git diff` over the packed files): where a section above and a diff disagree, the diff is "
+            "right, and files a diff adds appear only there.\n\n")
+    parts = [head]
+    for a, b, diff in steps:
+        if not diff:
+            parts.append(f"`git diff {a} {b}` changes none of them.\n\n")
+            continue
+        fence = layout.fence_for(diff.encode("utf-8", "surrogateescape"))
+        newline = "" if diff.endswith("\n") else "\n"
+        parts.append(f"`git diff {a} {b}`:\n\n{fence}diff\n{diff}{newline}{fence}\n\n")
+    parts.append(f"Your checkout holds the tree of commit {commit}.\n\n")
+    return "".join(parts)
 
 
-def compose(plain, sections: list[bytes], section_paths: set[str], *, history: str, base: str, commit: str,
+def compose(plain, sections: list[bytes], steps: list[tuple[str, set[str]]], *, history: str, commit: str,
             budget: int | None, counter: TokenCounter):
     """The delta pack of `plain` (a whole pack of `commit`'s tree; `pack_repository` sends no other):
-    the base's `sections`, the diff, then `plain`'s tree, commit and footer. None when it would not
-    be the better pack: the diff is unreadable or too large, or the result does not fit `budget`."""
+    the root's `sections`, the diff from each of `steps` (commit, its packed paths; the root first,
+    `commit` last) to the next, each over the paths packed at it or any before it (so a diff between
+    two commits reads the same in every pack that shows it), then `plain`'s tree, commit and footer.
+    None when it would not be the better pack: a diff is unreadable or over MAX_DIFF_SHARE of the
+    sections, or the result does not fit `budget`."""
     from m3_agent.agent.context.pack import Pack
 
-    diff = diff_text(history, base, commit, section_paths | {f.path for f in plain.files})
+    diffs, paths = [], set(steps[0][1])
+    for (a, _), (b, more) in zip(steps, steps[1:]):
+        paths |= more
+        diff = diff_text(history, a, b, paths)
+        if diff is None:
+            return None
+        diffs.append((a, b, diff))
     base_bytes = sum(map(len, sections))
-    if diff is None or len(diff.encode("utf-8", "surrogateescape")) > MAX_DIFF_SHARE * base_bytes:
+    if max((len(d.encode("utf-8", "surrogateescape")) for _, _, d in diffs), default=0) > MAX_DIFF_SHARE * base_bytes:
         return None
-    parts = (*sections, changes_section(base, commit, diff).encode("utf-8", "surrogateescape"),
+    parts = (*sections, changes_section(diffs, commit).encode("utf-8", "surrogateescape"),
              *plain.parts[sections_end(plain):])
     tokens = counter.count(b"".join(parts).decode("utf-8", "replace"))
     if budget is not None and tokens > budget:
         return None
     return Pack(files=plain.files, skipped=plain.skipped, tokens=tokens, counter_kind=plain.counter_kind,
                 budget=budget, head=plain.head, total_files=plain.total_files, timings=plain.timings,
-                parts=parts, outlined=plain.outlined, outline_tokens=plain.outline_tokens, delta_base=base)
+                parts=parts, outlined=plain.outlined, outline_tokens=plain.outline_tokens, delta_base=steps[0][0])

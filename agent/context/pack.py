@@ -16,7 +16,7 @@ from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS, DEFAULT_OUTLINE_SHARE
 from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
 from m3_agent.agent.context.relevance import is_test, rank
-from m3_agent.agent.context.stability import StableOrder, stored_base
+from m3_agent.agent.context.stability import StableOrder, stored_run
 from m3_agent.agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
     Entry,
@@ -183,8 +183,9 @@ def pack_repository(
     batch's commits: the batch's issues then share that prefix in the server's cache), and up to
     `outline_share` of the budget (at most `outline_max_tokens`) shows outlines of the most relevant
     files left out (their definitions, after the tree). With `delta`, when `history_commit` is in a
-    batch `order_for_commits` ordered and its run's base is another commit, a whole pack becomes a
-    delta pack (`delta`): the base's file sections, then the diff to `history_commit`. The issue
+    batch `order_for_commits` ordered and its run's root is another commit, a whole pack becomes a
+    delta pack (`delta`): the root's file sections, then the diffs to the run's base and on to
+    `history_commit` (or, when those are too large, the base's sections and one diff). The issue
     itself is never part of the text. `cache` (on by default) keeps facts and token counts by git
     blob id under the user's cache directory.
     """
@@ -202,18 +203,32 @@ def pack_repository(
         store = stack.enter_context(PackCache()) if cache is True else cache or None
         plain = _pack(listing, store, rules, issue, budget, counter, timings, t0, order_from, shared_share,
                       (outline_share, outline_max_tokens))
-        base = stored_base(os.fspath(history), history_commit, store) if delta and history and history_commit else None
-    if base is None or base == history_commit or "budget" in plain.skipped_by_reason():
+        run = stored_run(os.fspath(history), history_commit, store) if delta and history and history_commit else None
+    if run is None or run.root == history_commit or "budget" in plain.skipped_by_reason():
         return plain  # only a whole pack becomes a delta pack: a budgeted one's files depend on the issue
-    again = functools.partial(pack_repository, budget=budget, counter=counter, include=include, exclude=exclude,
-                              max_file_bytes=max_file_bytes, cache=cache, history=history, history_commit=base,
-                              shared_share=shared_share, outline_share=outline_share,
-                              outline_max_tokens=outline_max_tokens)
-    found = delta_pack.base_sections(os.fspath(history), base, again)
-    if found is None:
-        return plain
-    return delta_pack.compose(plain, *found, history=os.fspath(history), base=base, commit=history_commit,
-                              budget=budget, counter=counter) or plain
+    steps = list(dict.fromkeys([run.root, run.base, history_commit]))  # the root's files, then diffs via the base
+    shown: dict[str, tuple[list[bytes], set[str]] | None] = {}  # commit -> its pack's sections and paths
+
+    def sections(commit: str) -> tuple[list[bytes], set[str]] | None:
+        if commit not in shown:
+            again = functools.partial(pack_repository, budget=budget, counter=counter, include=include,
+                                      exclude=exclude, max_file_bytes=max_file_bytes, cache=cache, history=history,
+                                      history_commit=commit, shared_share=shared_share,
+                                      outline_share=outline_share, outline_max_tokens=outline_max_tokens)
+            shown[commit] = delta_pack.base_sections(os.fspath(history), commit, again)
+        return shown[commit]
+
+    # when the diffs from the root are too large, the base's own files and one diff (when it is not this commit)
+    for chain in [steps] + ([steps[1:]] if len(steps) == 3 else []):
+        found = [sections(c) for c in chain[:-1]]
+        if any(f is None for f in found):
+            continue
+        pack = delta_pack.compose(plain, found[0][0], [(c, f[1]) for c, f in zip(chain, found)]
+                                  + [(history_commit, {f.path for f in plain.files})],
+                                  history=os.fspath(history), commit=history_commit, budget=budget, counter=counter)
+        if pack is not None:
+            return pack
+    return plain
 
 
 def _check(budget: int | None, max_file_bytes: int, shared_share: float, outline_share: float,

@@ -27,7 +27,7 @@ from m3_agent.agent.context.relevance import is_test
 from m3_agent.agent.context.selection import is_code
 
 HISTORY_COMMITS = 2000  # recent commits counted: enough to tell often-changed files from the rest
-ORDER_VERSION = "order-3"  # part of the cache key: change it with the rule
+ORDER_VERSION = "order-4"  # part of the cache key: change it with the rule
 STALE_SHARE = 0.1  # recompute a cached order when more than this share of the files is new to it
 # Groups of commits whose budgeted packs may share one part: cut where under this share of a
 # commit's bytes stays alike at all the group's; a pack takes the longest group alike enough for it.
@@ -77,16 +77,23 @@ CLUSTER_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)  # tried for a batch; the one sha
 # pytest (benchmarks/batch_throughput.py): longer runs (up to 0.3) start fewer cold, but every session
 # holds its bigger diff in the KV cache for all its turns, and the batch computed 5x the prefill.
 DELTA_RUN_SHARE = 0.1
+# Neighbouring runs are grouped under one root (the group's middle base) while the diff from the root
+# to each of their bases stays under this share of the bytes: a run's packs then show the root's files
+# and the diff to their base, so a task that starts a run still finds the root cached. Neighbouring
+# runs' bases lie over DELTA_RUN_SHARE apart by construction; on pytest, 10% to 20%.
+ROOT_DIFF_SHARE = 0.2
 
 
 class _Batch(NamedTuple):
     """A batch's files: each path's blob at each commit (None: absent) and its largest size, the
-    bytes each commit holds, and how often recent commits changed each path."""
+    bytes each commit holds at those sizes (an upper bound: files grow), how often recent commits
+    changed each path, and the bytes each commit holds."""
 
     blobs: dict[str, list[str | None]]
     sizes: dict[str, int]
     totals: list[int]
     changes: Counter[str]
+    exact: list[int]
 
 
 def order_for_commits(history: str, commits: Iterable[str], store: PackCache | None, *, delta: bool = False) -> int:
@@ -101,7 +108,9 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
     commit, for delta packs (`delta`); with `delta` the runs are cut by the size of the diff from a
     run's first commit instead (DELTA_RUN_SHARE), since delta packs share all of the base's files
     whatever changed, and all runs take one order made for their bases (`_chain_order`), so that
-    neighbouring runs' bases share a head. For budgeted packs, which share only the part
+    neighbouring runs' bases share a head. With `delta` the runs are also grouped under roots
+    (`_roots`): a delta pack shows its root's files, then the diffs to its run's base and on to its
+    commit, and the one order is made for the roots. For budgeted packs, which share only the part
     `shared_share` fills, the commits are also cut into longer groups (see `_store_shared`).
     Returns the number of runs (0: none stored)."""
     if store is None or not commits:
@@ -117,13 +126,13 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
     else:
         runs = max((_runs(batch, len(commits), t) for t in CLUSTER_THRESHOLDS), key=lambda r: _shared(batch, r))
     bases = [(start + end - 1) // 2 for start, end in runs]  # the middle one: the diffs of delta packs are shortest
-    chain = _chain_order(batch, bases) if delta else None
-    for (start, end), middle in zip(runs, bases):
+    roots = _roots(history, commits, batch, bases) if delta else bases
+    chain = _chain_order(batch, sorted(set(roots))) if delta else None
+    for (start, end), middle, root in zip(runs, bases, roots):
         key = _key(history, "run:" + commits[start])
         store.put_scores(key, chain if chain is not None else _run_order(batch, start, end))
-        base = commits[middle]
         for commit in commits[start:end]:
-            store.put_scores(_key(history, commit), (key, base))
+            store.put_scores(_key(history, commit), (key, commits[middle], commits[root]))
     _store_shared(history, commits, batch, store)
     return len(runs)
 
@@ -170,15 +179,18 @@ def shared_files(history: str, commit: str, store: PackCache | None) -> list[lis
 def _read_batch(history: str, commits: list[str]) -> _Batch:
     blobs: dict[str, list[str | None]] = {}
     sizes: dict[str, int] = {}
+    exact = [0] * len(commits)
     for n, commit in enumerate(commits):
         for record in git.Git(history).ls_tree("-r", "-l", "-z", "--full-tree", commit).split("\0"):
             meta, _, path = record.partition("\t")
             parts = meta.split()
             if path and len(parts) == 4:
+                size = int(parts[3]) if parts[3].isdigit() else 0
                 blobs.setdefault(path, [None] * len(commits))[n] = parts[2]
-                sizes[path] = max(sizes.get(path, 0), int(parts[3]) if parts[3].isdigit() else 0)
+                sizes[path] = max(sizes.get(path, 0), size)
+                exact[n] += size
     totals = [sum(sizes[p] for p, b in blobs.items() if b[n] is not None) or 1 for n in range(len(commits))]
-    return _Batch(blobs, sizes, totals, _changes(history))
+    return _Batch(blobs, sizes, totals, _changes(history), [max(1, b) for b in exact])
 
 
 def _runs(batch: _Batch, n: int, threshold: float) -> list[tuple[int, int]]:
@@ -206,6 +218,23 @@ def _delta_runs(history: str, commits: list[str], batch: _Batch) -> list[tuple[i
             runs.append((start, k))
             start = k
     return runs + [(start, len(commits))]
+
+
+def _roots(history: str, commits: list[str], batch: _Batch, bases: list[int]) -> list[int]:
+    """Each run's root: neighbouring runs are grouped while the diff from the group's middle base to
+    every base of the group stays under ROOT_DIFF_SHARE of the bytes (git cannot tell its size: the
+    group ends), and that middle base is the root of all of them."""
+    def near(root: int, base: int) -> bool:
+        size = diff_bytes(history, commits[root], commits[base])
+        return size is not None and size <= ROOT_DIFF_SHARE * batch.exact[base]
+
+    groups, start = [], 0
+    for k in range(1, len(bases)):  # may the group [start, k] take base k too?
+        if not all(near(bases[(start + k) // 2], bases[j]) for j in range(start, k + 1)):
+            groups.append((start, k))
+            start = k
+    groups.append((start, len(bases)))
+    return [bases[(a + b - 1) // 2] for a, b in groups for _ in range(a, b)]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -301,27 +330,34 @@ def _changes(history: str) -> Counter[str]:
     return Counter(p.strip("\n") for p in out.split("\0") if p.strip("\n"))
 
 
-def stored_run(history: str, commit: str, store: PackCache | None) -> tuple[list[str], str] | None:
-    """What `order_for_commits` stored for one of `history`'s commits: its run's order and base
-    (None: none stored)."""
+class Run(NamedTuple):
+    """What `order_for_commits` stored for one commit: the order its pack's files go in, its run's
+    base, and the base's root (the base itself when no other run shares its root)."""
+
+    order: list[str]
+    base: str
+    root: str
+
+
+def stored_run(history: str, commit: str, store: PackCache | None) -> Run | None:
+    """What `order_for_commits` stored for one of `history`'s commits (None: none stored)."""
     found = store.get_scores(_key(history, commit)) if store is not None else None
-    if not (isinstance(found, tuple) and len(found) == 2 and isinstance(found[1], str)):
+    if not (isinstance(found, tuple) and len(found) == 3 and all(isinstance(c, str) for c in found[1:])):
         return None
     order = store.get_scores(found[0])  # a commit points at its run's order
-    return (order, found[1]) if isinstance(order, list) else None
+    return Run(order, found[1], found[2]) if isinstance(order, list) else None
 
 
 def stored_order(history: str, commit: str, store: PackCache | None) -> list[str] | None:
     """The order `order_for_commits` stored for one of `history`'s commits (None: none stored)."""
     run = stored_run(history, commit, store)
-    return run[0] if run else None
+    return run.order if run else None
 
 
 def stored_base(history: str, commit: str, store: PackCache | None) -> str | None:
-    """The base commit of the run `order_for_commits` put `commit` in (None: none stored): the
-    commit whose files the delta packs of the run show (`delta`)."""
+    """The base commit of the run `order_for_commits` put `commit` in (None: none stored)."""
     run = stored_run(history, commit, store)
-    return run[1] if run else None
+    return run.base if run else None
 
 
 def _cached(history: str, store: PackCache | None, commit: str | None = None) -> dict[str, int] | None:

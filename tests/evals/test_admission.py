@@ -351,6 +351,37 @@ def test_a_delta_pack_of_another_run_is_credited_the_head_its_base_shares_with_a
     assert admit.need(later, [earlier]) == admit.need(later, []) - int(len(core) / CHARS_PER_TOKEN)
 
 
+def test_delta_packs_under_one_root_are_credited_its_files_and_within_a_run_the_diff_to_its_base(tmp_path,
+                                                                                                    monkeypatch):
+    from m3_agent.agent.context.cache import PackCache
+    from m3_agent.agent.context.stability import diff_bytes, order_for_commits, stored_run
+    from m3_agent.evals.admission import _tree_bytes
+
+    from m3_agent.agent.context import stability
+
+    monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(stability, "ROOT_DIFF_SHARE", 0.2)
+    repo = tmp_path / "o__r"
+    repo.mkdir()
+    # three runs: era.py (6 kB) rewritten between them, small.py fixed at every commit; the diff
+    # from the middle run's base to either other base (12 kB) stays under the root's share of 102 kB
+    commits = _history(repo, [{"core.py": "x = 1\n" * 16_000, "era.py": f"y = {n // 3}\n" * 1_000,
+                               "small.py": f"s = {n}\n"} for n in range(9)])
+    with PackCache() as store:
+        assert order_for_commits(str(repo), commits, store, delta=True) == 3
+        runs = [stored_run(str(repo), c, store) for c in commits]
+    root, base = commits[4], commits[1]
+    assert {r.root for r in runs} == {root} and runs[0].base == base
+    tasks = [_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits)]
+    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, delta=True)
+    files = _tree_bytes(str(repo), root) / CHARS_PER_TOKEN
+    to_base, to_own = diff_bytes(str(repo), root, base), diff_bytes(str(repo), base, commits[0])
+    alone = admit.need(tasks[0], [])
+    assert alone == expected_context(tasks[0], tmp_path, 1_048_576, tokens=files + (to_base + to_own) / CHARS_PER_TOKEN)
+    assert admit.need(tasks[0], [tasks[2]]) == alone - int(files + to_base / CHARS_PER_TOKEN)  # its run's
+    assert admit.need(tasks[0], [tasks[8]]) == alone - int(files)  # another run of its root: the root's files
+
+
 @pytest.fixture
 def one_run(tmp_path, monkeypatch) -> tuple[Path, list[str]]:
     """Three commits that make one delta run, their orders stored: core.py stays, extra.py (2 kB) is

@@ -149,7 +149,10 @@ def test_a_diff_git_cannot_size_cuts_the_run_instead_of_failing_the_batch(repo, 
     assert bases == [commits[0]] * 2 + [commits[2]] + [commits[3]] * 2
 
 
-def test_neighbouring_runs_bases_share_the_files_alike_between_them_as_a_head(repo, git, tmp_path):
+def test_neighbouring_roots_share_the_files_alike_between_them_as_a_head(repo, git, tmp_path, monkeypatch):
+    from m3_agent.agent.context import stability
+
+    monkeypatch.setattr(stability, "ROOT_DIFF_SHARE", 0.0)  # every run its own root
     source = repo(FILES)
     commits = []
     # three eras: modules 0-6 are rewritten entering the second, modules 7-9 entering the third;
@@ -184,3 +187,80 @@ def test_neighbouring_runs_bases_share_the_files_alike_between_them_as_a_head(re
     first, second = head(packs[0], packs[1]), head(packs[1], packs[2])
     assert first == modules(range(10, 19))
     assert second == modules(range(0, 7)) | modules(range(10, 19))
+
+
+def _three_runs(repo, git) -> tuple:
+    """A batch of nine commits in three runs: one module rewritten between runs, small fixes to
+    module 19 within each. The diff between neighbouring runs' bases passes the run's share of the
+    bytes (made small here), the diff between the first and last bases stays under the root's."""
+    source = repo(FILES)
+    commits = []
+    for era in range(3):
+        if era:
+            path = f"pkg/mod{era - 1:02d}.py"
+            (source / path).write_text(FILES[path].replace("return", "return 100 +"))
+            git(source, "commit", "-qam", f"era {era}")
+        for n in range(3):
+            k = 3 * era + n
+            (source / "pkg/mod19.py").write_text((source / "pkg/mod19.py").read_text()
+                                                 .replace(f"return {k}\n", f"return -{k}\n"))
+            git(source, "commit", "-qam", f"fix {era} {n}")
+            commits.append(git(source, "rev-parse", "HEAD").strip())
+    return source, commits
+
+
+def _tree_after(work, diffs: list[str]) -> dict[str, bytes]:
+    for diff in diffs:
+        subprocess.run(["git", "-C", str(work), "apply", "-"], input=diff.encode(), check=True)
+    return _files(work)
+
+
+def _files(tree) -> dict[str, bytes]:
+    return {p.relative_to(tree).as_posix(): p.read_bytes() for p in tree.rglob("*") if p.is_file() and ".git" not in p.parts}
+
+
+def test_runs_under_one_root_show_its_files_then_the_diff_to_their_base_alike(repo, git, tmp_path, monkeypatch):
+    from m3_agent.agent.context import stability
+
+    monkeypatch.setattr(stability, "DELTA_RUN_SHARE", 0.05)  # a module's rewrite starts a run; fixes do not
+    monkeypatch.setattr(stability, "ROOT_DIFF_SHARE", 0.2)  # and the root is one rewrite from either base
+    source, commits = _three_runs(repo, git)
+    with PackCache(tmp_path / "cache") as cache:
+        assert order_for_commits(str(source), commits, cache, delta=True) == 3
+        runs = [stability.stored_run(str(source), c, cache) for c in commits]
+        packs = _packs(source, commits, tmp_path, cache)
+    bases = commits[1::3]
+    assert [r.base for r in runs] == [b for b in bases for _ in range(3)]
+    root = bases[1]  # the middle run's base is every run's root
+    assert {r.root for r in runs} == {root}
+    sections = b"".join(packs[4].parts[: sections_end(packs[4])])
+    assert packs[4].delta_base is None  # the root's own pack is plain
+    for era in (0, 2):
+        own = packs[3 * era + 1]  # the run's base: the root's files and the diff to the base, nothing more
+        head = own.text[: own.text.index("Your checkout holds")]
+        assert head.count("```diff\n") == 1 and f"`git diff {root} {bases[era]}`" in head
+        for n in range(3 * era, 3 * era + 3):
+            assert packs[n].delta_base == root and packs[n].data.startswith(sections)
+            assert packs[n].text.startswith(head)  # the whole run shares the diff to its base as well
+            diffs = re.findall(r"\n```diff\n(.*?)```\n", packs[n].text, re.S)
+            assert len(diffs) == (1 if n == 3 * era + 1 else 2)
+            got = _tree_after(hostgit.export_tree(source, root, tmp_path / f"apply{n}"), diffs)
+            want = hostgit.export_tree(source, commits[n], tmp_path / f"want{n}")
+            assert got == _files(want)
+    # the other runs of the root: its files, then each its own diff
+    assert packs[0].text[len(sections):].split("```diff\n")[1] != packs[6].text[len(sections):].split("```diff\n")[1]
+
+
+def test_diffs_from_the_root_too_large_fall_back_to_the_runs_own_base(repo, git, tmp_path, monkeypatch):
+    from m3_agent.agent.context import delta, stability
+
+    monkeypatch.setattr(stability, "DELTA_RUN_SHARE", 0.05)
+    monkeypatch.setattr(stability, "ROOT_DIFF_SHARE", 0.2)
+    source, commits = _three_runs(repo, git)
+    with PackCache(tmp_path / "cache") as cache:
+        order_for_commits(str(source), commits, cache, delta=True)
+        monkeypatch.setattr(delta, "MAX_DIFF_SHARE", 0.03)  # a fix's diff fits, a module's rewrite does not
+        packs = _packs(source, commits[:3], tmp_path, cache)
+    assert [p.delta_base for p in packs] == [commits[1], None, commits[1]]
+    for n in (0, 2):
+        assert packs[n].text.count("```diff\n") == 1 and packs[n].data.startswith(b"".join(packs[1].parts[:sections_end(packs[1])]))
