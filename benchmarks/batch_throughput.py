@@ -245,7 +245,7 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool, kv_tokens: 
     """One arm on a fresh stand-in with the 8x B200 performance model (`kv_tokens`: another KV
     capacity) and a virtual clock."""
     arm, tools, clock = Arm(name), [t.schema() for t in default_tools()], VirtualClock()
-    with StandinServer(script(performance=True, kv_tokens=kv_tokens), clock=clock) as srv, \
+    with StandinServer(script(performance=True, kv_tokens=kv_tokens), clock=clock, keep_requests=False) as srv, \
             tempfile.TemporaryDirectory(prefix="m3-batch-trajectories-") as trajectories:
         client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=3600)
         if scheduled:  # as eval run admits: its own gate over the same figures

@@ -476,9 +476,11 @@ class StandinState:
     All public methods take the one lock, so handler threads can call them concurrently.
     """
 
-    def __init__(self, script: Script, clock: ScaledClock | VirtualClock | None = None) -> None:
+    def __init__(self, script: Script, clock: ScaledClock | VirtualClock | None = None,
+                 keep_requests: bool = True) -> None:
         self.script = script
         self.lock = threading.Lock()
+        self.keep_requests = keep_requests
         self.requests: list[dict[str, Any]] = []
         self.thinking_modes: list[str] = []
         self.turns_served = 0
@@ -630,7 +632,9 @@ class StandinState:
 
     # turns ----------------------------------------------------------------------------------------
     def record(self, body: dict[str, Any]) -> None:
-        """Keep a chat-completions body in the request log."""
+        """Keep a chat-completions body in the request log (unless told to keep none)."""
+        if not self.keep_requests:
+            return
         with self.lock:
             self.requests.append(body)
 
@@ -1136,11 +1140,13 @@ class StandinServer:
     """
 
     def __init__(self, script: Script | dict | list | str | Path, *, host: str = "127.0.0.1", port: int = 0,
-                 clock: ScaledClock | VirtualClock | None = None) -> None:
+                 clock: ScaledClock | VirtualClock | None = None, keep_requests: bool = True) -> None:
         self.script = load_script(script)
         self.host = host
         self.port = port
-        self._state = StandinState(self.script, clock)
+        # keep_requests=False: `requests` stays empty. A batch benchmark sends a thousand prompts of
+        # a few MB each, which the log would hold for the whole run.
+        self._state = StandinState(self.script, clock, keep_requests)
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 

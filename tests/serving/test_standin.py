@@ -164,6 +164,13 @@ def test_requests_are_recorded_verbatim_in_order():
     assert reqs[0]["temperature"] == 1.0 and reqs[0]["top_p"] == 0.95 and reqs[0]["top_k"] == 40
 
 
+def test_a_server_told_to_keep_no_requests_serves_them_and_keeps_none():
+    with StandinServer([{"content": "a"}, {"content": "b"}], keep_requests=False) as srv:
+        got = [ask(srv, [{"role": "user", "content": text}]) for text in ("first", "second")]
+        assert srv.requests == []
+    assert [c.choices[0].message.content for c in got] == ["a", "b"]
+
+
 def test_delay_s_holds_the_reply():
     with StandinServer([{"content": "slow", "delay_s": 0.3}]) as srv:
         t0 = time.monotonic()
