@@ -189,13 +189,13 @@ def test_neighbouring_roots_share_the_files_alike_between_them_as_a_head(repo, g
     assert second == modules(range(0, 7)) | modules(range(10, 19))
 
 
-def _three_runs(repo, git) -> tuple:
-    """A batch of nine commits in three runs: one module rewritten between runs, small fixes to
-    module 19 within each. The diff between neighbouring runs' bases passes the run's share of the
-    bytes (made small here), the diff between the first and last bases stays under the root's."""
+def _three_runs(repo, git, eras: int = 3) -> tuple:
+    """A batch of three commits per era, each era a run: one module rewritten between eras, small
+    fixes to module 19 within each. The diff between neighbouring runs' bases passes the run's
+    share of the bytes (made small here)."""
     source = repo(FILES)
     commits = []
-    for era in range(3):
+    for era in range(eras):
         if era:
             path = f"pkg/mod{era - 1:02d}.py"
             (source / path).write_text(FILES[path].replace("return", "return 100 +"))
@@ -264,3 +264,17 @@ def test_diffs_from_the_root_too_large_fall_back_to_the_runs_own_base(repo, git,
     assert [p.delta_base for p in packs] == [commits[1], None, commits[1]]
     for n in (0, 2):
         assert packs[n].text.count("```diff\n") == 1 and packs[n].data.startswith(b"".join(packs[1].parts[:sections_end(packs[1])]))
+
+
+def test_a_root_holds_the_runs_whose_bases_lie_within_its_share_of_it(repo, git, tmp_path, monkeypatch):
+    from m3_agent.agent.context import stability
+
+    monkeypatch.setattr(stability, "DELTA_RUN_SHARE", 0.05)
+    monkeypatch.setattr(stability, "ROOT_DIFF_SHARE", 0.15)  # one module's rewrite apart, not two
+    source, commits = _three_runs(repo, git, eras=4)
+    with PackCache(tmp_path / "cache") as cache:
+        assert order_for_commits(str(source), commits, cache, delta=True) == 4
+        runs = [stability.stored_run(str(source), c, cache) for c in commits]
+    bases = commits[1::3]
+    # the first three runs' bases lie one rewrite from the second's; the fourth two from it
+    assert [r.root for r in runs] == [bases[1]] * 9 + [bases[3]] * 3
