@@ -115,3 +115,28 @@ def compose(plain, sections: list[bytes], steps: list[tuple[str, set[str]]], *, 
     return Pack(files=plain.files, skipped=plain.skipped, tokens=tokens, counter_kind=plain.counter_kind,
                 budget=budget, head=plain.head, total_files=plain.total_files, timings=plain.timings,
                 parts=parts, outlined=plain.outlined, outline_tokens=plain.outline_tokens, delta_base=steps[0][0])
+
+
+def from_run(plain, run, *, history: str, commit: str, pack_at, budget: int | None, counter: TokenCounter):
+    """The delta pack of `plain` (a whole pack of `commit`'s tree) in its `run` (stability.Run): the
+    root's sections and the diffs to the run's base and on to `commit`; when that is not the better
+    pack, the base's sections and one diff; else `plain`. `pack_at(c)` packs a tree as the task at
+    commit `c` packs its own."""
+    steps = list(dict.fromkeys([run.root, run.base, commit]))
+    shown: dict[str, tuple[list[bytes], set[str]] | None] = {}  # commit -> its pack's sections and paths
+
+    def sections(c: str) -> tuple[list[bytes], set[str]] | None:
+        if c not in shown:
+            shown[c] = base_sections(history, c, pack_at(c))
+        return shown[c]
+
+    for chain in [steps] + ([steps[1:]] if len(steps) == 3 else []):
+        found = [sections(c) for c in chain[:-1]]
+        if any(f is None for f in found):
+            continue
+        pack = compose(plain, found[0][0], [(c, f[1]) for c, f in zip(chain, found)]
+                       + [(commit, {f.path for f in plain.files})],
+                       history=history, commit=commit, budget=budget, counter=counter)
+        if pack is not None:
+            return pack
+    return plain

@@ -206,29 +206,11 @@ def pack_repository(
         run = stored_run(os.fspath(history), history_commit, store) if delta and history and history_commit else None
     if run is None or run.root == history_commit or "budget" in plain.skipped_by_reason():
         return plain  # only a whole pack becomes a delta pack: a budgeted one's files depend on the issue
-    steps = list(dict.fromkeys([run.root, run.base, history_commit]))  # the root's files, then diffs via the base
-    shown: dict[str, tuple[list[bytes], set[str]] | None] = {}  # commit -> its pack's sections and paths
-
-    def sections(commit: str) -> tuple[list[bytes], set[str]] | None:
-        if commit not in shown:
-            again = functools.partial(pack_repository, budget=budget, counter=counter, include=include,
-                                      exclude=exclude, max_file_bytes=max_file_bytes, cache=cache, history=history,
-                                      history_commit=commit, shared_share=shared_share,
-                                      outline_share=outline_share, outline_max_tokens=outline_max_tokens)
-            shown[commit] = delta_pack.base_sections(os.fspath(history), commit, again)
-        return shown[commit]
-
-    # when the diffs from the root are too large, the base's own files and one diff (when it is not this commit)
-    for chain in [steps] + ([steps[1:]] if len(steps) == 3 else []):
-        found = [sections(c) for c in chain[:-1]]
-        if any(f is None for f in found):
-            continue
-        pack = delta_pack.compose(plain, found[0][0], [(c, f[1]) for c, f in zip(chain, found)]
-                                  + [(history_commit, {f.path for f in plain.files})],
-                                  history=os.fspath(history), commit=history_commit, budget=budget, counter=counter)
-        if pack is not None:
-            return pack
-    return plain
+    again = functools.partial(pack_repository, budget=budget, counter=counter, include=include, exclude=exclude,
+                              max_file_bytes=max_file_bytes, cache=cache, history=history, shared_share=shared_share,
+                              outline_share=outline_share, outline_max_tokens=outline_max_tokens)
+    return delta_pack.from_run(plain, run, history=os.fspath(history), commit=history_commit, budget=budget,
+                               counter=counter, pack_at=lambda c: functools.partial(again, history_commit=c))
 
 
 def _check(budget: int | None, max_file_bytes: int, shared_share: float, outline_share: float,
