@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from m3_agent.agent.context.delta import MAX_DIFF_SHARE
-from m3_agent.agent.context.stability import diff_bytes
+from m3_agent.agent.context.stability import Run, diff_bytes, stored_run
 from m3_agent.errors import M3AgentError, UsageError
 from m3_agent.evals.tasks import Task, repo_source
 
@@ -413,8 +413,8 @@ class KvAdmit:
             return None
         scale = self.scale(t.repo) if scale is None else scale
         per_diff = self.diff_ratios.get(t.repo, self._ratio(t.repo)) / scale
-        _, base, root = run
-        for root in dict.fromkeys([root, base]):  # the root first; the base itself when that fails
+        base = run.base
+        for root in dict.fromkeys([run.root, base]):  # the root first; the base itself when that fails
             root_bytes = _tree_bytes(source, root) or 0
             files = root_bytes / self._ratio(t.repo) * scale
             steps = list(dict.fromkeys([root, base, t.base_commit]))
@@ -478,26 +478,25 @@ def _shared_bytes(source: str, a: str, b: str, same_run: bool = False) -> int:
     run_a, run_b = _run(source, a), _run(source, b)
     if run_a is None or run_b is None:
         return 0
-    if same_run and run_a[2] == run_b[2]:  # (budgeted packs are never delta packs: the bytes are a bound)
-        return _tree_bytes(source, run_a[2]) or 0
+    if same_run and run_a.root == run_b.root:  # (budgeted packs are never delta packs: the bytes are a bound)
+        return _tree_bytes(source, run_a.root) or 0
     return _common_head(source, a, b)
 
 
-_RUNS: dict[tuple[str, str], tuple[tuple[str, ...], str, str]] = {}  # (source, commit) -> order, base, root
+_RUNS: dict[tuple[str, str], Run] = {}  # (source, commit) -> what order_for_commits stored for it
 
 
-def _run(source: str, commit: str) -> tuple[tuple[str, ...], str, str] | None:
+def _run(source: str, commit: str) -> Run | None:
     """The order, base and root stored for a commit's run, read from the pack cache once it is
     there (admission asks for every pair of running instances at each decision)."""
     found = _RUNS.get((source, commit))
     if found is None:
         from m3_agent.agent.context.cache import PackCache
-        from m3_agent.agent.context.stability import stored_run
 
         with PackCache() as store:
             run = stored_run(source, commit, store)
-        if run and run[0]:
-            found = _RUNS[(source, commit)] = (tuple(run.order), run.base, run.root)
+        if run and run.order:
+            found = _RUNS[(source, commit)] = run
     return found
 
 
@@ -505,7 +504,7 @@ def _run(source: str, commit: str) -> tuple[tuple[str, ...], str, str] | None:
 def _common_head(source: str, a: str, b: str) -> int:
     tree_a, tree_b = _tree(source, a), _tree(source, b)
     shared = 0
-    order_a, order_b = _run(source, a)[0], _run(source, b)[0]
+    order_a, order_b = _run(source, a).order, _run(source, b).order
     for x, y in zip((p for p in order_a if p in tree_a), (p for p in order_b if p in tree_b)):
         if x != y or tree_a[x][0] != tree_b[y][0]:
             break
