@@ -84,8 +84,8 @@ def header() -> str:
         f"File contents come first, each under a `### path` heading, verbatim between backtick fences (each "
         "fence is longer than any backtick run that opens a line of its file), the files least often changed "
         "first. In a batch of commits, a section `## Changes to the files above` may follow them: the files are "
-        "then those of another commit, and the diffs there, applied in turn, take them to the tree you have. Then the tree lists "
-        "every file, and the snapshot says which commit it is. A file marked "
+        "then those of another commit, and the diffs there, applied in turn, take them to the tree you have. "
+        "Then the tree lists every file, and the snapshot says which commit it is. A file marked "
         "(skipped: ...) in the tree, or without a section, was not packed: read it with the file_read tool "
         "if you need it.\n\n"
     )
