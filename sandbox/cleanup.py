@@ -9,11 +9,13 @@ container (started with auto-remove) goes away by itself; `prune` removes whatev
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime as dt
 import os
 import signal
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Protocol
 
 from m3_agent.sandbox.engine import docker_client, remove_container
@@ -23,6 +25,7 @@ LABEL_PID = "m3-agent.owner-pid"
 LABEL_START = "m3-agent.owner-start"
 LABEL_HOST = "m3-agent.owner-host"
 LABEL_CREATED = "m3-agent.created"
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Closable(Protocol):
@@ -78,17 +81,49 @@ def owner_alive(labels: dict[str, str]) -> bool:
 
 def track(sb: Closable) -> None:
     """Register a live sandbox so exit and signals close it."""
-    global _at_exit, _on_signals
     with _lock:
         _live.add(sb)
+        _install()
+
+
+def _install() -> None:
+    """Close live sandboxes at exit and on SIGINT / SIGTERM (once; signals only from the main thread)."""
+    global _at_exit, _on_signals
+    with _lock:
         if not _at_exit:
             _at_exit = True
             atexit.register(close_all)
         # signal handlers can only be set from the main thread: the first sandbox made there sets them
         if not _on_signals and threading.current_thread() is threading.main_thread():
             _on_signals = True
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in SIGNALS:
                 _chain(sig)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back until the block ends, then deliver them: for a step no signal may
+    cut in two. A container the engine made but whose id never reached us (Ctrl-C, or Ray's cancel,
+    landing while the create request is answered) is tracked by nobody and left behind.
+
+    Only the main thread receives signals: elsewhere nothing needs holding and nothing is held.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _install()
+    if any(signal.getsignal(sig) is None for sig in SIGNALS):  # a handler set outside Python: cannot be put back
+        yield
+        return
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)  # to the handler just restored: it closes what is tracked by now
 
 
 def untrack(sb: Closable) -> None:

@@ -165,19 +165,9 @@ class Sandbox:
         cfg = self.config
         shared = SharedSocket() if cfg.transport == "auto" and _engine_is_local(client) else None
         try:
-            self.id = client.api.create_container(
-                cfg.image,
-                command=SERVER_COMMAND,
-                user="0:0",  # the server's uid; it runs every command as cfg.user (see server.drop_privileges)
-                working_dir=self._workspace(),
-                environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {}), **SERVER_ENV,
-                             **self._image_setup_env(), "M3_AGENT_USER": f"{self._uid()}:{self._gid()}"},
-                labels={**cfg.labels, **cleanup.owner_labels()},
-                stdin_open=True,
-                detach=False,
-                host_config=client.api.create_host_config(**self._host_config(shared)),
-            )["Id"]
-            cleanup.track(self)
+            with cleanup.signals_held():  # the id and the tracking come with the container, or nothing does
+                self.id = self._create(client, shared)
+                cleanup.track(self)
             sock = client.api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             client.api.start(self.id)
             self._channel = Channel.establish(getattr(sock, "_sock", sock), shared, cfg.start_timeout)
@@ -188,6 +178,22 @@ class Sandbox:
         finally:
             if shared is not None:
                 shared.close()
+
+    def _create(self, client: docker.DockerClient, shared: SharedSocket | None) -> str:
+        """Create (not start) the container; its id."""
+        cfg = self.config
+        return client.api.create_container(
+            cfg.image,
+            command=SERVER_COMMAND,
+            user="0:0",  # the server's uid; it runs every command as cfg.user (see server.drop_privileges)
+            working_dir=self._workspace(),
+            environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {}), **SERVER_ENV,
+                         **self._image_setup_env(), "M3_AGENT_USER": f"{self._uid()}:{self._gid()}"},
+            labels={**cfg.labels, **cleanup.owner_labels()},
+            stdin_open=True,
+            detach=False,
+            host_config=client.api.create_host_config(**self._host_config(shared)),
+        )["Id"]
 
     def _image_setup_env(self) -> dict[str, str]:
         """The root setup step of mount='image' (see IMAGE_SETUP); nothing for the other mounts."""

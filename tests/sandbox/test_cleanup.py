@@ -90,6 +90,28 @@ def test_previous_signal_handler_still_runs(no_leftovers):
     assert not containers_of(proc.pid)
 
 
+def test_ctrl_c_while_the_engine_creates_the_container_leaves_none(no_leftovers, monkeypatch):
+    from docker.api.container import ContainerApiMixin
+
+    real = ContainerApiMixin.create_container
+
+    def create_then_interrupt(self, *args, **kwargs):
+        made = real(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C (Ray's cancel too) lands before the id reaches the sandbox
+        return made
+
+    monkeypatch.setattr(ContainerApiMixin, "create_container", create_then_interrupt)
+    label = {"m3-agent.test-create": uuid.uuid4().hex}
+    with pytest.raises(KeyboardInterrupt):
+        Sandbox(SandboxConfig(image=no_leftovers, labels=label)).start()
+    client = docker.from_env(timeout=30)
+    try:
+        left = client.api.containers(all=True, filters={"label": [f"{k}={v}" for k, v in label.items()]})
+    finally:
+        client.close()
+    assert left == [], "a container the engine made as Ctrl-C landed was left behind"
+
+
 def test_prune_cleans_up_after_sigkill(no_leftovers):
     proc = child(no_leftovers, "time.sleep(60)")
     os.kill(proc.pid, signal.SIGKILL)
