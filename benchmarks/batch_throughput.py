@@ -9,7 +9,8 @@ or for its tool time), so hours run in the seconds the machine needs and its loa
 budget for a 1M window, the message of the commit after it as the issue, and the agent's system
 prompt and tool schemas. A session then plays `--turns` requests as the agent loop sends them (each
 turn appends the model's tool call and a tool result, with `--tool-s` simulated seconds of tool
-time between turns). 30 turns by default: a published analysis of 2,920 SWE-agent
+time between turns). 30 turns by default (`--turns-spread S`: each session plays 30 x (1 - S) to 30 x (1 + S),
+drawn from its instance id): a published analysis of 2,920 SWE-agent
 trajectories on SWE-Bench Pro puts the median at 29 to 78 steps, depending on the model; how much admission wins
 grows with the turns, since every turn of an evicted session is a full prefill again.
 
@@ -41,7 +42,7 @@ base's files then the diff), and each pack reads the repository's history (a bar
 REPO's objects, made for the run).
 
     .venv/bin/python benchmarks/batch_throughput.py REPO [--tasks 40] [--workers 8] [--turns 30]
-        [--stride 10] [--budgeted-tasks 10] [--tool-s 20] [--shared-share 0.5]
+        [--turns-spread 0] [--stride 10] [--budgeted-tasks 10] [--tool-s 20] [--shared-share 0.5]
 
 REPO is a git repository with history (a clone or a bare mirror). The last line of output is one
 JSON object.
@@ -50,6 +51,7 @@ JSON object.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -188,6 +190,13 @@ def order_files(repo: Path, commits: list[tuple[str, str]]) -> None:
         order_for_commits(str(repo), {base for base, _ in commits}, store, delta=AgentConfig().context.delta)
 
 
+def turns_of(instance_id: str, turns: int, spread: float) -> int:
+    """How many requests this instance's session plays: `turns`, or with `spread` a number drawn from
+    the instance id, evenly between turns x (1 - spread) and turns x (1 + spread) (the same in every arm)."""
+    u = int.from_bytes(hashlib.sha256(instance_id.encode()).digest()[:8], "big") / 2**64  # in [0, 1)
+    return max(1, round(turns * (1 - spread + 2 * spread * u)))
+
+
 def tool_output(iid: str, turn: int) -> str:
     return f"$ python -m pytest -q  # {iid}, turn {turn}\n" + "".join(
         f"testing/test_case_{turn}_{i}.py::test_{i} PASSED\n" for i in range(80))
@@ -264,7 +273,8 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool, kv_tokens: 
         pending = [by_id[t.instance_id] for t in tasks]
         traced = Path(trajectories) if scheduled else None
         arm.sessions = drive(pending, admit, args.workers, clock, arm,
-                             lambda inst: run_session(client, inst, args.turns, args.tool_s, clock, tools, traced))
+                             lambda inst: run_session(client, inst, turns_of(inst.task.instance_id, args.turns, args.turns_spread),
+                                                     args.tool_s, clock, tools, traced))
         arm.sim_wall_s = clock.now()
         c = counters(srv.root_url)
     arm.prefill_reused = int(c["vllm:prefix_cache_hits_total"])
@@ -349,7 +359,9 @@ def main() -> None:
     ap.add_argument("repo", type=Path, help="a git repository with history (clone or bare mirror)")
     ap.add_argument("--tasks", type=int, default=40)
     ap.add_argument("--workers", type=int, default=8, help="the fixed pool's size and the scheduler's cap")
-    ap.add_argument("--turns", type=int, default=30, help="requests per session")
+    ap.add_argument("--turns", type=int, default=30, help="requests per session (their mean with --turns-spread)")
+    ap.add_argument("--turns-spread", type=float, default=0.0,
+                    help="sessions play turns x (1 - S) to turns x (1 + S) requests, drawn per instance (0: all alike)")
     ap.add_argument("--stride", type=int, default=10, help="first-parent commits between two instances (SWE-bench's pytest tasks lie about 17 apart; docs/evals.md gives 10, 17, 30 and 50)")
     ap.add_argument("--budgeted-tasks", type=int, default=10)
     ap.add_argument("--tool-s", type=float, default=20.0, help="simulated seconds of tool time between turns")
@@ -388,7 +400,7 @@ def run(source: Path, args) -> None:
     prompts = [s.first_prompt for s in ours.sessions]
     result = {
         "repo": insts[0].task.repo, "tasks": len(insts), "workers": args.workers, "turns": args.turns,
-        "stride": args.stride, "tool_s": args.tool_s,
+        "turns_spread": args.turns_spread, "stride": args.stride, "tool_s": args.tool_s,
         "first_prompt_tokens_min": min(prompts), "first_prompt_tokens_max": max(prompts),
         "fixed_pool": _arm_json(fixed), "scheduler": _arm_json(ours),
         "speedup_vs_fixed_pool": round(fixed.sim_wall_s / ours.sim_wall_s, 3),

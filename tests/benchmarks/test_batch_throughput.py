@@ -23,7 +23,7 @@ def test_both_arms_run_the_same_instances_and_the_last_line_is_json(tmp_path):
         subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True, env=ENV)
         subprocess.run(["git", "-C", str(repo), "commit", "-qm", f"change {i}: grow every module"], check=True, env=ENV)
     r = subprocess.run([sys.executable, str(BENCH), str(repo), "--tasks", "4", "--stride", "1", "--turns", "2",
-                        "--workers", "2", "--budgeted-tasks", "0"], capture_output=True, text=True, timeout=600)
+                        "--turns-spread", "0.5", "--workers", "2", "--budgeted-tasks", "0"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["tasks"] == 4 and out["workers"] == 2
@@ -31,7 +31,7 @@ def test_both_arms_run_the_same_instances_and_the_last_line_is_json(tmp_path):
     for arm in arms:
         assert out[arm]["sim_wall_s"] > 0 and 1 <= out[arm]["max_running"] <= 2
         assert out[arm]["prefill_computed_tokens"] > 0 and out[arm]["prefill_reused_tokens"] > 0
-    # the same requests in every arm: the server counted the same prompt tokens
+    # the same requests in every arm (each session as many turns in each): the same prompt tokens counted
     total = {arm: out[arm]["prefill_computed_tokens"] + out[arm]["prefill_reused_tokens"] for arm in arms}
     assert total["fixed_pool"] == total["scheduler"] == total["never_evicting"]
     assert out["speedup_vs_fixed_pool"] > 0 and out["first_request_cached_share_budgeted"] is None
@@ -40,3 +40,16 @@ def test_both_arms_run_the_same_instances_and_the_last_line_is_json(tmp_path):
     assert out["speedup_ceiling"] >= 1.0
     assert out["speedup_ceiling"] == round(out["fixed_pool"]["sim_wall_s"] / out["never_evicting"]["sim_wall_s"], 3)
     assert "| fixed pool of 2 |" in r.stdout
+
+
+def test_sessions_play_a_spread_of_turns_the_same_in_every_arm():
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        from batch_throughput import turns_of
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    drawn = [turns_of(f"pytest-dev+pytest-{i:04d}", 30, 1 / 3) for i in range(600)]
+    assert min(drawn) == 20 and max(drawn) == 40  # 30 less and more a third
+    assert 29 <= sum(drawn) / len(drawn) <= 31 and len(set(drawn)) == 21
+    assert drawn == [turns_of(f"pytest-dev+pytest-{i:04d}", 30, 1 / 3) for i in range(600)]  # one instance, one length
+    assert {turns_of(f"x{i}", 30, 0.0) for i in range(50)} == {30}
