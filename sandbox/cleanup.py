@@ -40,14 +40,20 @@ _at_exit = False
 _on_signals = False
 
 
-def process_start(pid: int) -> str:
-    """The start time of `pid` in clock ticks since boot ("" where /proc is not available)."""
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name, from the state on ([] where unreadable)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
+        return []
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_start(pid: int) -> str:
+    """The start time of `pid` in clock ticks since boot ("" where /proc is not available)."""
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else ""
 
 
 def owner_labels() -> dict[str, str]:
@@ -75,6 +81,9 @@ def owner_alive(labels: dict[str, str]) -> bool:
         return False
     except PermissionError:
         pass
+    fields = _stat(pid)
+    if fields[:1] == ["Z"]:  # killed, not yet reaped (an orphan waits for init): gone all the same
+        return False
     start = labels.get(LABEL_START, "")
     return not start or process_start(pid) in ("", start)  # a different start time: the pid was reused
 

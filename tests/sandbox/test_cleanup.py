@@ -112,6 +112,25 @@ def test_ctrl_c_while_the_engine_creates_the_container_leaves_none(no_leftovers,
     assert left == [], "a container the engine made as Ctrl-C landed was left behind"
 
 
+def test_a_killed_owner_not_yet_reaped_counts_as_gone():
+    import socket
+
+    from m3_agent.sandbox.cleanup import LABEL_HOST, LABEL_START, owner_alive, process_start
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    labels = {LABEL_HOST: socket.gethostname(), LABEL_PID: str(proc.pid), LABEL_START: process_start(proc.pid)}
+    assert owner_alive(labels)
+    os.kill(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":  # a zombie till reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    try:
+        assert not owner_alive(labels)  # as prune sees a SIGKILLed run's workers before init reaps them
+    finally:
+        proc.wait()
+
+
 def test_prune_cleans_up_after_sigkill(no_leftovers):
     proc = child(no_leftovers, "time.sleep(60)")
     os.kill(proc.pid, signal.SIGKILL)
