@@ -40,20 +40,20 @@ _at_exit = False
 _on_signals = False
 
 
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name, from the state on ([] where unreadable)."""
+def _stat(pid: int) -> tuple[str, str]:
+    """The state and start time (clock ticks since boot) of `pid`, from /proc ("", "" where not available)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
-        return []
-    return stat.rsplit(")", 1)[1].split()
+        return "", ""
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0], fields[19]
 
 
 def process_start(pid: int) -> str:
     """The start time of `pid` in clock ticks since boot ("" where /proc is not available)."""
-    fields = _stat(pid)
-    return fields[19] if len(fields) > 19 else ""
+    return _stat(pid)[1]
 
 
 def owner_labels() -> dict[str, str]:
@@ -81,11 +81,11 @@ def owner_alive(labels: dict[str, str]) -> bool:
         return False
     except PermissionError:
         pass
-    fields = _stat(pid)
-    if fields[:1] == ["Z"]:  # killed, not yet reaped (an orphan waits for init): gone all the same
+    state, started = _stat(pid)
+    if state == "Z":  # killed, not yet reaped (an orphan waits for init): gone all the same
         return False
     start = labels.get(LABEL_START, "")
-    return not start or process_start(pid) in ("", start)  # a different start time: the pid was reused
+    return not start or started in ("", start)  # a different start time: the pid was reused
 
 
 def track(sb: Closable) -> None:
