@@ -354,12 +354,6 @@ def stored_order(history: str, commit: str, store: PackCache | None) -> list[str
     return run.order if run else None
 
 
-def stored_base(history: str, commit: str, store: PackCache | None) -> str | None:
-    """The base commit of the run `order_for_commits` put `commit` in (None: none stored)."""
-    run = stored_run(history, commit, store)
-    return run.base if run else None
-
-
 def _cached(history: str, store: PackCache | None, commit: str | None = None) -> dict[str, int] | None:
     """The stored order for `commit` (see order_for_commits), else the repository's."""
     if store is None:

@@ -333,7 +333,7 @@ def test_a_repository_larger_than_the_window_is_credited_no_more_than_its_shared
 
 def test_a_delta_pack_of_another_run_is_credited_the_head_its_base_shares_with_a_running_base(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import order_for_commits, stored_base
+    from m3_agent.agent.context.stability import order_for_commits, stored_run
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
     repo = tmp_path / "o__r"
@@ -344,7 +344,7 @@ def test_a_delta_pack_of_another_run_is_credited_the_head_its_base_shares_with_a
                               for n in range(6)])
     with PackCache() as store:
         assert order_for_commits(str(repo), commits, store, delta=True) == 2
-        assert [stored_base(str(repo), c, store) for c in commits] == [commits[1]] * 3 + [commits[4]] * 3
+        assert [stored_run(str(repo), c, store).base for c in commits] == [commits[1]] * 3 + [commits[4]] * 3
     earlier, later = _task("r-0", base_commit=commits[0]), _task("r-5", base_commit=commits[5])
     admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, delta=True)
     # the two bases' packs start with core.py alike (other.py differs): that much is held once

@@ -9,7 +9,7 @@ from m3_agent import hostgit
 from m3_agent.agent.context import pack_repository
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.delta import sections_end
-from m3_agent.agent.context.stability import order_for_commits, stored_base
+from m3_agent.agent.context.stability import order_for_commits, stored_run
 
 FILES = {f"pkg/mod{i:02d}.py": "".join(f"def f{i}_{k}():\n    return {k}\n" for k in range(40)) for i in range(20)}
 
@@ -50,7 +50,7 @@ def test_every_instance_of_a_run_shows_the_base_files_byte_for_byte_then_its_dif
     source, commits = _history(repo, git)
     with PackCache(tmp_path / "cache") as cache:
         assert order_for_commits(str(source), commits, cache, delta=True) == 1
-        base = stored_base(str(source), commits[0], cache)
+        base = stored_run(str(source), commits[0], cache).base
         assert base == commits[2]  # the middle commit of the run: the shortest diffs
         packs = _packs(source, commits, tmp_path, cache)
     plain = packs[2]
@@ -108,7 +108,7 @@ def test_a_diff_larger_than_its_share_of_the_base_leaves_the_pack_plain(repo, gi
         commits.append(git(source, "rev-parse", "HEAD").strip())
     with PackCache(tmp_path / "cache") as cache:
         order_for_commits(str(source), commits, cache, delta=True)
-        bases = {stored_base(str(source), c, cache) for c in commits}
+        bases = {stored_run(str(source), c, cache).base for c in commits}
         packs = _packs(source, commits, tmp_path, cache)
     assert all(p.delta_base is None for p in packs)
     assert bases - {None}  # a base was named, and the size rule alone kept the packs plain
@@ -128,7 +128,7 @@ def test_a_batch_is_cut_into_delta_runs_where_the_diff_from_the_run_start_grows_
             commits.append(git(source, "rev-parse", "HEAD").strip())
     with PackCache(tmp_path / "cache") as cache:
         assert order_for_commits(str(source), commits, cache, delta=True) == 2
-        bases = [stored_base(str(source), c, cache) for c in commits]
+        bases = [stored_run(str(source), c, cache).base for c in commits]
     assert bases == [commits[1]] * 3 + [commits[4]] * 3  # each era's middle commit
 
 
@@ -144,7 +144,7 @@ def test_a_diff_git_cannot_size_cuts_the_run_instead_of_failing_the_batch(repo, 
     monkeypatch.setattr(stability, "diff_bytes", failing)
     with PackCache(tmp_path / "cache") as cache:
         assert order_for_commits(str(source), commits, cache, delta=True) == 3
-        bases = [stored_base(str(source), c, cache) for c in commits]
+        bases = [stored_run(str(source), c, cache).base for c in commits]
     # the third commit runs alone (no diff to or from it); the others keep their runs' middles
     assert bases == [commits[0]] * 2 + [commits[2]] + [commits[3]] * 2
 
@@ -170,7 +170,7 @@ def test_neighbouring_roots_share_the_files_alike_between_them_as_a_head(repo, g
             commits.append(git(source, "rev-parse", "HEAD").strip())
     with PackCache(tmp_path / "cache") as cache:
         assert order_for_commits(str(source), commits, cache, delta=True) == 3
-        bases = [stored_base(str(source), c, cache) for c in commits[1::3]]
+        bases = [stored_run(str(source), c, cache).base for c in commits[1::3]]
         packs = _packs(source, bases, tmp_path, cache)
     assert bases == commits[1::3]
 
