@@ -303,8 +303,10 @@ def drive(pending: list[Instance], admit, workers: int, clock: VirtualClock, arm
                 inst = pending.pop(0)
                 clock.join()  # before it is submitted, so no time passes until it has sent its request
                 running[inst.task.instance_id] = (inst, pool.submit(participant, inst))
+                clock.settle()  # its first request reaches the server before the next session's does
             arm.max_running = max(arm.max_running, len(running))
             clock.sleep(POLL_S)
+            clock.settle()  # a session that ends at this instant is told before the driver looks
             while ended:
                 inst, result = ended.pop(0)
                 done.append(result)

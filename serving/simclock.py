@@ -94,6 +94,20 @@ class VirtualClock:
         """Let `seconds` of simulated time pass for this participant."""
         self.sleep_until(self.now() + seconds)
 
+    def settle(self) -> None:
+        """Wait (as a participant) until every other participant waits, without letting time pass.
+
+        What the others do at this instant (a request sent, a session ended) is then done before
+        this one goes on, whichever thread the machine ran first.
+        """
+        with self._cv:
+            entry = (self._now, next(self._seq))  # the earliest wake-up: first out once all wait
+            heapq.heappush(self._sleepers, entry)
+            self._active -= 1
+            self._advance()
+            while entry in self._sleepers:
+                self._cv.wait()
+
     def park(self) -> None:
         """This participant waits for another one (which calls `unpark`); it stops being busy."""
         with self._cv:

@@ -65,3 +65,30 @@ def test_a_parked_participant_lets_time_pass_until_unparked():
     clock.sleep(1.0)
     assert clock.now() == 6.0
     clock.leave()
+
+
+def test_settle_returns_once_the_others_wait_again_at_the_same_instant():
+    clock = VirtualClock()
+    clock.join()
+    clock.join()
+    seen: list[str] = []
+
+    def other() -> None:
+        clock.sleep(5.0)
+        time.sleep(0.3)  # real work at t=5, slower than the settling thread's wake-up
+        seen.append("other at 5")
+        clock.sleep(5.0)
+        seen.append("other at 10")
+        clock.leave()
+
+    threading.Thread(target=other).start()
+    clock.sleep(5.0)
+    clock.settle()
+    assert seen == ["other at 5"] and clock.now() == 5.0  # its work at this instant done, no time passed
+    clock.settle()  # alone with a sleeper: still no time passes
+    assert clock.now() == 5.0
+    clock.leave()
+    deadline = time.monotonic() + 5
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == ["other at 5", "other at 10"] and clock.now() == 10.0
