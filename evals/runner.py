@@ -16,6 +16,7 @@ import fcntl
 import json
 import multiprocessing
 import multiprocessing.connection
+import re
 import signal
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from m3_agent.agent.config import AgentConfig
-from m3_agent.errors import Interrupted, M3AgentError, SandboxUnavailable, UsageError
+from m3_agent.errors import Interrupted, M3AgentError, SandboxUnavailable, UsageError, sigterm_as_interrupt
 from m3_agent.evals.grading import InstanceReport, grade
 from m3_agent.evals.harness import evaluate_with_harness, uses_harness
 from m3_agent.evals.predictions import Prediction, append_prediction
@@ -119,7 +120,7 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
     name = config.model_name if config.agent is not None else (prediction.model_name_or_path if prediction else "none")
     patch = prediction.model_patch if prediction else None
     stats: AgentStats | None = None
-    with tempfile.TemporaryDirectory(prefix="m3-eval-", ignore_cleanup_errors=True) as tmp:
+    with tempfile.TemporaryDirectory(prefix=_scratch_prefix(task), ignore_cleanup_errors=True) as tmp:
         try:
             if uses_harness(task):  # the instance image holds the repository: nothing to check out
                 patch, stats, report = evaluate_with_harness(task, patch, config, _agent_patch)
@@ -383,14 +384,30 @@ def _failed(task: Task, pred: Prediction | None, why: str, elapsed: float) -> In
         error=why, wall_s=round(elapsed, 3), finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
+def _scratch_prefix(task: Task) -> str:
+    """The name of an instance's scratch folder (its checkout) up to the random part: which instance left one is plain."""
+    return "m3-eval-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", task.instance_id)[:60] + "-"
+
+
 def _child(conn, task_json: str, pred_json: str | None, config_json: str) -> None:
-    """Worker process body: one instance, its result sent back as JSON."""
+    """Worker process body: one instance, its result sent back as JSON.
+
+    The parent stops a worker with SIGTERM (the instance timed out, or the run was interrupted): it
+    unwinds as Ctrl-C does, so its sandbox and its checkout are removed, and it sends nothing.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     task = Task.model_validate_json(task_json)
     pred = Prediction.model_validate_json(pred_json) if pred_json else None
-    result = run_instance(task, pred, EvalConfig.model_validate_json(config_json))
-    conn.send_bytes(result.model_dump_json().encode())
-    conn.close()
+    with sigterm_as_interrupt():
+        try:
+            result = run_instance(task, pred, EvalConfig.model_validate_json(config_json))
+        except KeyboardInterrupt:
+            return
+    try:
+        conn.send_bytes(result.model_dump_json().encode())
+        conn.close()
+    except OSError:  # the parent stopped waiting for it (a SIGTERM the run turned into a result)
+        pass
 
 
 def run_instance(task: Task, pred: Prediction | None, config: EvalConfig) -> InstanceResult:

@@ -7,7 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -90,22 +94,39 @@ def test_a_rerun_skips_finished_instances_and_can_retry_errors(tmp_path, test_la
     assert [r.outcome for r in results] == ["resolved", "resolved"]
 
 
-def _hanging_task(git_repo) -> Task:
+def _hanging_task(git_repo, instance_id: str = "slow-1") -> Task:
     repo = git_repo({"tests/test_slow.py": "import time\n\ndef test_hang():\n    time.sleep(300)\n"}, name="slow")
     base = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return Task(instance_id="slow-1", repo=str(repo), base_commit=base, FAIL_TO_PASS=["tests/test_slow.py::test_hang"])
+    return Task(instance_id=instance_id, repo=str(repo), base_commit=base, FAIL_TO_PASS=["tests/test_slow.py::test_hang"])
 
 
 @pytest.mark.docker
-def test_an_instance_timeout_stops_the_worker_and_its_container(tmp_path, git_repo, test_label, sandbox_containers):
-    task = _hanging_task(git_repo)
+def test_an_instance_timeout_stops_the_worker_its_container_and_its_checkout(tmp_path, git_repo, test_label,
+                                                                            sandbox_containers):
+    task = _hanging_task(git_repo, f"slow-{uuid.uuid4().hex[:12]}")
+    scratch = Path(tempfile.gettempdir())
     config = EvalConfig(output_dir=tmp_path, sandbox=SandboxConfig(labels=test_label), test_timeout=120,
                         instance_timeout=4)
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:  # the worker's checkout, while it runs
+        while not done.wait(0.1):
+            seen.update(p.name for p in scratch.glob(f"m3-eval-{task.instance_id}-*"))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     start = time.monotonic()
-    [result] = run_eval([task], {task.instance_id: Prediction(instance_id=task.instance_id, model_patch="")}, config)
+    try:
+        [result] = run_eval([task], {task.instance_id: Prediction(instance_id=task.instance_id, model_patch="")}, config)
+    finally:
+        done.set()
+        watcher.join()
     assert result.outcome == "error" and result.error == "instance timed out after 4s"
     assert time.monotonic() - start < 30
     assert sandbox_containers(**test_label) == []
+    assert len(seen) == 1  # it had one, named after the instance ...
+    assert list(scratch.glob(f"m3-eval-{task.instance_id}-*")) == []  # ... which the stopped worker removed
 
 
 DRIVER = """
