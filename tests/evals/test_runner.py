@@ -147,7 +147,8 @@ run_eval(tasks, preds, EvalConfig(output_dir=Path(args["out"]), sandbox=SandboxC
 @pytest.mark.docker
 def test_a_sigkilled_run_loses_nothing_finished_and_the_next_start_cleans_up(tmp_path, git_repo, test_label,
                                                                             sandbox_containers):
-    tasks = [builtin_task("roman"), builtin_task("chunks"), _hanging_task(git_repo)]
+    slow = _hanging_task(git_repo, f"slow-{uuid.uuid4().hex[:12]}")
+    tasks = [builtin_task("roman"), builtin_task("chunks"), slow]
     out = tmp_path / "out"
     args = json.dumps({"tasks": [t.model_dump() for t in tasks], "out": str(out), "labels": test_label})
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, args], start_new_session=True)
@@ -164,12 +165,14 @@ def test_a_sigkilled_run_loses_nothing_finished_and_the_next_start_cleans_up(tmp
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    [scratch] = Path(tempfile.gettempdir()).glob(f"m3-eval-{slow.instance_id}-*")  # the killed worker's checkout
 
     config = EvalConfig(output_dir=out, sandbox=SandboxConfig(labels=test_label), test_timeout=2)
     started: list[str] = []
     results = run_eval(tasks, {t.instance_id: Prediction(instance_id=t.instance_id, model_patch=t.patch) for t in tasks},
                        config, on_event=lambda kind, info: kind == "start" and started.append(info["instance_id"]))
-    assert started == ["slow-1"]
+    assert started == [slow.instance_id]
+    assert not scratch.exists()  # pruned at the start, as its container was
     assert (out / RESULTS_FILE).read_text().startswith(finished)  # nothing finished was lost or rewritten
     assert [r.outcome for r in results] == ["resolved", "resolved", "empty_patch"]
     assert results[2].report.tests_timed_out
@@ -192,3 +195,20 @@ def test_a_task_environment_is_built_and_graded_in(tmp_path, git_repo, test_labe
     plain = evaluate_instance(task.model_copy(update={"environment": None}),
                               Prediction(instance_id="env-2", model_patch=patch), config)
     assert plain.report.tests_status.FAIL_TO_PASS.failure == task.FAIL_TO_PASS  # the marker exists only in that image
+
+
+def test_prune_scratch_removes_only_folders_whose_owner_is_gone(monkeypatch, tmp_path):
+    from m3_agent.evals.runner import OWNER_FILE, _claim, prune_scratch
+    from m3_agent.sandbox.cleanup import LABEL_PID, owner_labels
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine, theirs, unowned = (tmp_path / f"m3-eval-{n}-x" for n in ("mine", "theirs", "unowned"))
+    for folder in (mine, theirs, unowned):
+        (folder / "repo").mkdir(parents=True)
+    _claim(mine)
+    (theirs / OWNER_FILE).write_text(json.dumps({**owner_labels(), LABEL_PID: str(dead.pid)}))
+    (tmp_path / "other-folder").mkdir()
+    assert prune_scratch() == ["m3-eval-theirs-x"]
+    assert mine.exists() and unowned.exists() and not theirs.exists() and (tmp_path / "other-folder").exists()
