@@ -97,3 +97,26 @@ def test_bm25_ranks_the_file_that_shares_the_issue_words_first(tmp_path: Path) -
     ranked, _ = ranker.rank(tmp_path, ["other.py", "mathematica.py", "third.py"], {}, "Fix Slot parsing")
     assert [p for p, _ in ranked] == ["mathematica.py", "other.py", "third.py"]  # ties: path order
     assert dict(ranked)["mathematica.py"] == len((tmp_path / "mathematica.py").read_text())
+
+
+def _record(repo: str, repo_chars: int, ours_found: bool, bm25_found: bool) -> dict:
+    def side(found: bool, chars: int) -> dict:
+        return {"1m": {"found": ["a.py"] if found else [], "outlined": [], "chars": chars, "seconds": 1.0, "gold_ranks": {}}}
+    return {"repo": repo, "gold": ["a.py"], "reachable": True, "repo_chars": repo_chars,
+            "ours": side(ours_found, 1000), "bm25": side(bm25_found, 1000)}
+
+
+def test_a_budget_counts_only_instances_whose_repository_is_twice_the_pack() -> None:
+    big = [_record("big", 2000, True, i < 6) for i in range(10)]  # 2x the pack: measured; ours 100%, BM25 60%
+    small = [_record("small", 1999, True, True) for _ in range(4)]  # under 2x: a near fit, reported apart
+    s = pack_recall.summarize(big + small, {"1m": 1_000_000})
+    assert s["instances_1m"] == 10 and s["ours_all_1m"] == 1.0 and s["bm25_all_1m"] == 0.6
+    assert s["near_fit_1m"] == {"instances": 4, "ours_all": 1.0, "bm25_all": 1.0}
+    assert s["per_repo"]["small"]["instances_1m"] == 0 and "near_fit_1m" not in s["per_repo"]["big"]
+    assert s["min_margin_points"] == 40.0 and s["target_met"] is True
+    # a measured repository where ours leads by less than 5 points fails the target
+    close = [_record("close", 10_000, True, i < 19) for i in range(20)]  # ours 100%, BM25 95%: exactly 5
+    assert pack_recall.summarize(big + close, {"1m": 1})["target_met"] is True
+    closer = [_record("close", 10_000, i < 20, i < 20) for i in range(21)] + [_record("close", 10_000, True, False)]
+    s = pack_recall.summarize(big + closer, {"1m": 1})
+    assert s["min_margin_points"] == 4.5 and s["target_met"] is False
