@@ -156,8 +156,8 @@ def run_shipped(task_json: str, pred_json: str | None, config_json: str, tree: b
 
 
 def _prune_here() -> list[str]:
-    from m3_agent.evals.runner import prune_scratch
     from m3_agent.sandbox import prune
+    from m3_agent.sandbox.cleanup import prune_scratch
 
     prune_scratch()
     return prune()

@@ -17,7 +17,6 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import re
-import shutil
 import signal
 import sys
 import tempfile
@@ -39,11 +38,11 @@ from m3_agent.evals.predictions import Prediction, append_prediction
 from m3_agent.evals.records import append_record, read_jsonl_tolerant
 from m3_agent.evals.tasks import Task, checkout, source_repository
 from m3_agent.sandbox import SandboxConfig
+from m3_agent.sandbox.cleanup import claim
 
 RESULTS_FILE = "results.jsonl"
 PREDICTIONS_FILE = "predictions.jsonl"
 KILL_GRACE_S = 10.0
-OWNER_FILE = ".m3-owner.json"  # in an instance's scratch folder: the labels of the process that made it
 
 
 class EvalConfig(BaseModel):
@@ -123,7 +122,7 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
     patch = prediction.model_patch if prediction else None
     stats: AgentStats | None = None
     with tempfile.TemporaryDirectory(prefix=_scratch_prefix(task), ignore_cleanup_errors=True) as tmp:
-        _claim(Path(tmp))
+        claim(Path(tmp))
         try:
             if uses_harness(task):  # the instance image holds the repository: nothing to check out
                 patch, stats, report = evaluate_with_harness(task, patch, config, _agent_patch)
@@ -296,36 +295,13 @@ def _order_packs(tasks: list[Task], config: EvalConfig) -> None:
 def _prune_leftovers() -> None:
     """Remove sandbox containers and instance checkouts whose owner process is gone (a killed earlier run)."""
     from m3_agent.sandbox import prune
+    from m3_agent.sandbox.cleanup import prune_scratch
 
     prune_scratch()
     try:
         prune()
     except Exception as e:  # no engine: the instances will report it one by one
         print(f"m3-agent: could not prune leftover sandboxes: {e}", file=sys.stderr)
-
-
-def _claim(folder: Path) -> None:
-    """Name this process as the owner of an instance's scratch folder, for `prune_scratch`."""
-    from m3_agent.sandbox.cleanup import owner_labels
-
-    (folder / OWNER_FILE).write_text(json.dumps(owner_labels()))
-
-
-def prune_scratch() -> list[str]:
-    """Remove the instance scratch folders (checkouts) of this host whose owner process is gone: a
-    worker SIGKILLed before it could unwind. Folders without an owner file are left alone."""
-    from m3_agent.sandbox.cleanup import owner_alive
-
-    removed = []
-    for folder in Path(tempfile.gettempdir()).glob("m3-eval-*"):
-        try:
-            labels = json.loads((folder / OWNER_FILE).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(labels, dict) and not owner_alive(labels):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder.name)
-    return removed
 
 
 def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig, workers: int,

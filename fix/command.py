@@ -41,6 +41,7 @@ from m3_agent.agent.loop import Agent, RunResult
 from m3_agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError
 from m3_agent.fix.progress import LiveProgress, describe_verdict, short
 from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
+from m3_agent.sandbox.cleanup import claim, prune_scratch
 from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
 from m3_agent.settings import Settings, display_rows, load_settings
 from m3_agent.tools import Tool
@@ -283,8 +284,10 @@ def _run_on_copy(job: _Job, content: str | list[dict]) -> tuple[RunResult, str |
     """
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     trajectory = job.out_dir / f"issue-{job.issue.key}-{stamp}.jsonl"
+    prune_scratch()  # the copies of fixes killed before they could remove them
     work = Path(tempfile.mkdtemp(prefix="m3-agent-fix-"))
     try:
+        claim(work)
         copy = gitwork.export_tree(job.root, job.tree, work / (job.root.name or "repo"))
         sub_paths = _submodule_notices(job, copy)
         agent = Agent(job.config, tools=job.tools, callbacks=job.callbacks)

@@ -11,11 +11,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as dt
+import json
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 from m3_agent.sandbox.engine import docker_client, remove_container
@@ -25,6 +29,8 @@ LABEL_PID = "m3-agent.owner-pid"
 LABEL_START = "m3-agent.owner-start"
 LABEL_HOST = "m3-agent.owner-host"
 LABEL_CREATED = "m3-agent.created"
+OWNER_FILE = ".m3-owner.json"  # in a scratch folder: the owner labels of the process that made it
+SCRATCH = ("m3-eval-*", "m3-agent-fix-*")  # the temp folders of an eval instance's checkout and of a fix's copy
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -184,4 +190,25 @@ def prune(*, all: bool = False, labels: dict[str, str] | None = None) -> list[st
             removed.append(c["Id"][:12])
     finally:
         client.close()
+    return removed
+
+
+def claim(folder: Path) -> None:
+    """Name this process as the owner of a scratch folder, for `prune_scratch` once it is gone."""
+    (folder / OWNER_FILE).write_text(json.dumps(owner_labels()))
+
+
+def prune_scratch() -> list[str]:
+    """Remove the scratch folders (SCRATCH, in the temp folder) of this host whose owner process is
+    gone: one killed before it could unwind. Folders without an owner file are left alone."""
+    removed = []
+    for pattern in SCRATCH:
+        for folder in Path(tempfile.gettempdir()).glob(pattern):
+            try:
+                labels = json.loads((folder / OWNER_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(labels, dict) and not owner_alive(labels):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder.name)
     return removed

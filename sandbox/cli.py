@@ -7,7 +7,7 @@ import time
 import typer
 from rich.console import Console
 
-from m3_agent.sandbox.cleanup import prune
+from m3_agent.sandbox.cleanup import prune, prune_scratch
 from m3_agent.sandbox.image import DEFAULT_IMAGE, build_image, prune_images
 
 app = typer.Typer(no_args_is_help=True)
@@ -41,12 +41,17 @@ def prune_command(
     all_: bool = typer.Option(False, "--all", help="Remove every sandbox container, not only orphans."),
     images: bool = typer.Option(False, "--images", help="Also remove the images of older sandbox recipes."),
 ) -> None:
-    """Remove sandbox containers left by processes that no longer run (all of them with --all), and
-    with --images the images older recipes left."""
+    """Remove sandbox containers left by processes that no longer run (all of them with --all), the
+    checkouts and copies those processes left in the temp folder, and with --images the images older
+    recipes left."""
     removed = prune(all=all_)
     for cid in removed:
         typer.echo(cid)
     console.print(f"removed {len(removed)} sandbox container(s)")
+    folders = prune_scratch()
+    for name in folders:
+        typer.echo(name)
+    console.print(f"removed {len(folders)} scratch folder(s) of killed runs")
     if images:
         tags = prune_images()
         for tag in tags:

@@ -196,19 +196,3 @@ def test_a_task_environment_is_built_and_graded_in(tmp_path, git_repo, test_labe
                               Prediction(instance_id="env-2", model_patch=patch), config)
     assert plain.report.tests_status.FAIL_TO_PASS.failure == task.FAIL_TO_PASS  # the marker exists only in that image
 
-
-def test_prune_scratch_removes_only_folders_whose_owner_is_gone(monkeypatch, tmp_path):
-    from m3_agent.evals.runner import OWNER_FILE, _claim, prune_scratch
-    from m3_agent.sandbox.cleanup import LABEL_PID, owner_labels
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    mine, theirs, unowned = (tmp_path / f"m3-eval-{n}-x" for n in ("mine", "theirs", "unowned"))
-    for folder in (mine, theirs, unowned):
-        (folder / "repo").mkdir(parents=True)
-    _claim(mine)
-    (theirs / OWNER_FILE).write_text(json.dumps({**owner_labels(), LABEL_PID: str(dead.pid)}))
-    (tmp_path / "other-folder").mkdir()
-    assert prune_scratch() == ["m3-eval-theirs-x"]
-    assert mine.exists() and unowned.exists() and not theirs.exists() and (tmp_path / "other-folder").exists()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -14,7 +16,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from m3_agent.sandbox import Sandbox, SandboxConfig, prune
+from m3_agent.sandbox import Sandbox, SandboxConfig, cleanup, prune
 from m3_agent.sandbox.cleanup import LABEL, LABEL_PID, owner_labels
 
 pytestmark = pytest.mark.docker
@@ -184,3 +186,22 @@ def test_after_sigkill_the_container_removes_itself(no_leftovers):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not wait_gone(proc.pid, seconds=20)  # no prune: its server saw the socket close and exited
+
+
+def test_prune_scratch_removes_only_folders_whose_owner_is_gone(monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine, theirs, unowned, fix = (tmp_path / name for name in
+                                  ("m3-eval-mine-x", "m3-eval-theirs-x", "m3-eval-unowned-x", "m3-agent-fix-y"))
+    for folder in (mine, theirs, unowned, fix):
+        (folder / "repo").mkdir(parents=True)
+    cleanup.claim(mine)
+    for folder in (theirs, fix):
+        (folder / cleanup.OWNER_FILE).write_text(json.dumps({**cleanup.owner_labels(), cleanup.LABEL_PID: str(dead.pid)}))
+    (tmp_path / "other-folder").mkdir()
+    (tmp_path / "other-folder" / cleanup.OWNER_FILE).write_text(
+        json.dumps({**cleanup.owner_labels(), cleanup.LABEL_PID: str(dead.pid)}))
+    assert sorted(cleanup.prune_scratch()) == ["m3-agent-fix-y", "m3-eval-theirs-x"]
+    assert mine.exists() and unowned.exists() and (tmp_path / "other-folder").exists()
+    assert not theirs.exists() and not fix.exists()
