@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import bm25s
 import pytest
 
@@ -122,6 +125,12 @@ CASES = {  # signal -> (issue, the file it finds)
 
 def test_every_signal_has_a_case_here():
     assert set(CASES) | {"content"} == {s.name for s in relevance.SIGNALS}
+
+
+def test_the_docs_give_every_signal_its_weight_in_order():
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "pack_recall.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| (\d+) \|", doc, re.M)
+    assert [(name, float(weight)) for name, weight in rows] == [(s.name, s.weight) for s in relevance.SIGNALS]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
