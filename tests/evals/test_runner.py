@@ -21,6 +21,7 @@ from m3_agent.evals.predictions import Prediction, load_predictions
 from m3_agent.evals.runner import RESULTS_FILE, EvalConfig, InstanceResult, _exclusive, load_results, run_eval, save_result
 from m3_agent.evals.tasks import Task, builtin_task
 from m3_agent.sandbox import SandboxConfig
+from m3_agent.sandbox.cleanup import OWNER_FILE, owner_alive
 
 
 def _result(instance_id: str, **kw) -> InstanceResult:
@@ -136,6 +137,7 @@ from m3_agent.evals.predictions import Prediction
 from m3_agent.evals.runner import EvalConfig, run_eval
 from m3_agent.evals.tasks import Task
 from m3_agent.sandbox import SandboxConfig
+from m3_agent.sandbox.cleanup import OWNER_FILE, owner_alive
 args = json.loads(sys.argv[1])
 tasks = [Task.model_validate(t) for t in args["tasks"]]
 preds = {t.instance_id: Prediction(instance_id=t.instance_id, model_patch=t.patch) for t in tasks}
@@ -166,6 +168,13 @@ def test_a_sigkilled_run_loses_nothing_finished_and_the_next_start_cleans_up(tmp
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     [scratch] = Path(tempfile.gettempdir()).glob(f"m3-eval-{slow.instance_id}-*")  # the killed worker's checkout
+    # The driver is reaped; its worker may still be exiting a moment after the SIGKILL. The next start
+    # comes after the killed run is gone, as a user's would.
+    owner = json.loads((scratch / OWNER_FILE).read_text())
+    deadline = time.monotonic() + 30
+    while owner_alive(owner) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not owner_alive(owner), "the SIGKILLed worker did not die within 30 s"
 
     config = EvalConfig(output_dir=out, sandbox=SandboxConfig(labels=test_label), test_timeout=2)
     started: list[str] = []
