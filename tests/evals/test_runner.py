@@ -137,7 +137,6 @@ from m3_agent.evals.predictions import Prediction
 from m3_agent.evals.runner import EvalConfig, run_eval
 from m3_agent.evals.tasks import Task
 from m3_agent.sandbox import SandboxConfig
-from m3_agent.sandbox.cleanup import OWNER_FILE, owner_alive
 args = json.loads(sys.argv[1])
 tasks = [Task.model_validate(t) for t in args["tasks"]]
 preds = {t.instance_id: Prediction(instance_id=t.instance_id, model_patch=t.patch) for t in tasks}
