@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,12 @@ def descendants(pid: int) -> set[int]:
         found.update(kids)
         frontier = kids
     return found
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    """Poll `condition` until it holds; fail the test naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)

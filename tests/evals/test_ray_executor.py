@@ -21,6 +21,7 @@ from m3_agent.evals.runner import RESULTS_FILE, load_results
 from m3_agent.evals.tasks import builtin_names, builtin_standin_script
 from m3_agent.sandbox.cleanup import LABEL_PID
 from m3_agent.serving.standin import StandinServer
+from tests.conftest import wait_for
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(420)]
@@ -136,7 +137,8 @@ def test_a_sigkilled_driver_resumes_and_ctrl_c_cancels_remote_work(cluster, tmp_
         proc = subprocess.Popen(_driver(out, [srv.base_url], address=cluster.address), env=_env(test_label),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            _wait_for(lambda: len(load_results(out)) >= 3 and _owner_pids(test_label), 150)
+            wait_for(lambda: len(load_results(out)) >= 3 and _owner_pids(test_label), 150,
+                     "three results and a running instance")
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -146,11 +148,12 @@ def test_a_sigkilled_driver_resumes_and_ctrl_c_cancels_remote_work(cluster, tmp_
     with StandinServer(builtin_standin_script()) as srv:
         proc = subprocess.Popen(_driver(out, [srv.base_url], address=cluster.address), env=_env(test_label),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        _wait_for(lambda: len(load_results(out)) > len(done_before) and _owner_pids(test_label), 150)
+        wait_for(lambda: len(load_results(out)) > len(done_before) and _owner_pids(test_label), 150,
+                 "a new result and a running instance")
         proc.send_signal(signal.SIGINT)  # Ctrl-C: remote tasks cancelled, their sandboxes removed
         _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-3000:]
-    _wait_for(lambda: not _owner_pids(test_label), 60)
+    wait_for(lambda: not _owner_pids(test_label), 60, "the run's workers to be gone")
     done_twice = set(load_results(out))
 
     with StandinServer(builtin_standin_script()) as srv:
@@ -161,22 +164,13 @@ def test_a_sigkilled_driver_resumes_and_ctrl_c_cancels_remote_work(cluster, tmp_
     assert done_before < done_twice < set(ALL_IDS)
 
 
-def _wait_for(condition, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    pytest.fail(f"not reached within {timeout:g}s")
-
-
 def test_a_failing_endpoint_leaves_the_pool_and_its_instances_run_elsewhere(cluster, tmp_path, test_label):
     out = tmp_path / "out"
     with StandinServer(builtin_standin_script()) as good, StandinServer(builtin_standin_script()) as bad:
         proc = subprocess.Popen(_driver(out, [bad.base_url, good.base_url], address=cluster.address),
                                 env=_env(test_label, M3_AGENT_MODEL__RETRY_ATTEMPTS="2", M3_AGENT_MODEL__RETRY_MAX_S="5"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _wait_for(lambda: bad.requests, 120)
+        wait_for(lambda: bad.requests, 120, "a request to the failing endpoint")
         bad.stop()  # gone mid-run: its instances are placed on the other endpoint
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, stderr[-3000:]

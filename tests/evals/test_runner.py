@@ -22,6 +22,7 @@ from m3_agent.evals.runner import RESULTS_FILE, EvalConfig, InstanceResult, _exc
 from m3_agent.evals.tasks import Task, builtin_task
 from m3_agent.sandbox import SandboxConfig
 from m3_agent.sandbox.cleanup import OWNER_FILE, owner_alive
+from tests.conftest import wait_for
 
 
 def _result(instance_id: str, **kw) -> InstanceResult:
@@ -170,10 +171,7 @@ def test_a_sigkilled_run_loses_nothing_finished_and_the_next_start_cleans_up(tmp
     # The driver is reaped; its worker may still be exiting a moment after the SIGKILL. The next start
     # comes after the killed run is gone, as a user's would.
     owner = json.loads((scratch / OWNER_FILE).read_text())
-    deadline = time.monotonic() + 30
-    while owner_alive(owner) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not owner_alive(owner), "the SIGKILLed worker did not die within 30 s"
+    wait_for(lambda: not owner_alive(owner), 30, "the SIGKILLed worker to die")
 
     config = EvalConfig(output_dir=out, sandbox=SandboxConfig(labels=test_label), test_timeout=2)
     started: list[str] = []

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import docker
@@ -20,7 +19,7 @@ import pytest
 
 from m3_agent.sandbox.cleanup import LABEL_PID
 from m3_agent.serving.standin import StandinServer
-from tests.conftest import descendants
+from tests.conftest import descendants, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -53,14 +52,6 @@ def containers_of(pids: set[int]) -> list[str]:
                 if int((c.get("Labels") or {}).get(LABEL_PID, "0")) in pids]
     finally:
         client.close()
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["sigint", "sigterm", "sigkill"])
