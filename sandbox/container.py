@@ -24,6 +24,7 @@ from m3_agent.sandbox import cleanup, server
 from m3_agent.sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, SharedSocket
 from m3_agent.sandbox.config import ExecResult, SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
+from m3_agent.sandbox.image import ENV_PREFIX
 
 WORKSPACE = "/workspace"
 HOME = "/home/sandbox"
@@ -56,9 +57,12 @@ DIFF_LIMIT = 256 * 1024 * 1024
 READ_LIMIT = 64 * 1024 * 1024  # read_file refuses larger files: a model-made 1 GB file must not land in our memory
 PATCH_FILE = "/tmp/.m3-agent-restore.patch"
 
+TESTBED_BIN = "/opt/miniconda3/envs/testbed/bin"  # a SWE-bench instance image's environment
+
 # Everything a command sees in its environment: nothing is inherited from the host.
 BASE_ENV = {
-    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    # The repository's environment first (sandbox.envimage), then a SWE-bench image's testbed env.
+    "PATH": f"{ENV_PREFIX}/bin:{TESTBED_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": HOME,
     "LANG": "C.UTF-8",
     "LC_ALL": "C.UTF-8",

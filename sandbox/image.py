@@ -31,8 +31,9 @@ from m3_agent.sandbox.engine import docker_client, image_exists
 Progress = Callable[[str], None]
 
 SUITE = "bookworm"
-PACKAGES = ("python3", "python3-pytest", "git", "patch", "procps")
+PACKAGES = ("python3", "python3-pytest", "python3-pip", "git", "patch", "procps")
 SANDBOX_UID = 1000
+ENV_PREFIX = "/opt/m3-agent/env"  # a repository's environment (sandbox.envimage), first on every command's PATH
 IMAGE_LABEL = "m3-agent.image"
 RECIPE_LABEL = "m3-agent.recipe"
 
@@ -59,6 +60,7 @@ RUN set -e; \\
       echo 'sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:m3-agent sandbox:/home/sandbox:/bin/bash' >> /etc/passwd; \\
       echo 'sandbox:x:{SANDBOX_UID}:' >> /etc/group; }}; \\
     mkdir -p /workspace /home/sandbox; \\
+    command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python; \\
     chown {SANDBOX_UID}:{SANDBOX_UID} /workspace /home/sandbox; \\
     printf '{GITCONFIG}' > /etc/gitconfig
 ENV HOME=/home/sandbox LANG=C.UTF-8 LC_ALL=C.UTF-8 PAGER=cat GIT_PAGER=cat
@@ -68,12 +70,13 @@ USER {SANDBOX_UID}:{SANDBOX_UID}
 
 # What a finished image must be able to do (the contract other parts rely on).
 VERIFY_CMD = (
-    "set -e; python3 -c 'import ctypes, pytest, sys; assert sys.version_info >= (3, 9)'; "
+    "set -e; python3 -c 'import ctypes, pytest, sys; assert sys.version_info >= (3, 9)'; python -V; "
     "git --version; patch --version; timeout --version; bash --version; tar --version; ps --version; id -u"
 )
 
 
-def _digest(*parts: str) -> str:
+def digest(*parts: str) -> str:
+    """sha256 of the parts, each ended by a NUL byte (no two part lists collide)."""
     h = hashlib.sha256()
     for p in parts:
         h.update(p.encode())
@@ -81,8 +84,8 @@ def _digest(*parts: str) -> str:
     return h.hexdigest()
 
 
-BASE_RECIPE_HASH = _digest(SUITE, *PACKAGES, PULL_RECIPE)
-RECIPE_HASH = _digest(BASE_RECIPE_HASH, SANDBOX_LAYER, VERIFY_CMD)
+BASE_RECIPE_HASH = digest(SUITE, *PACKAGES, PULL_RECIPE)
+RECIPE_HASH = digest(BASE_RECIPE_HASH, SANDBOX_LAYER, VERIFY_CMD)
 BASE_IMAGE = f"m3-agent-base:{SUITE}-{BASE_RECIPE_HASH[:12]}"
 DEFAULT_IMAGE = f"m3-agent-sandbox:{RECIPE_HASH[:12]}"
 
@@ -103,7 +106,7 @@ def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, progress: 
     try:
         if image_exists(client, tag):
             return tag
-        with _build_lock(progress):
+        with build_lock(progress):
             if image_exists(client, tag):  # another process built it while we waited
                 return tag
             _build_sandbox(client, tag, base, progress)
@@ -113,7 +116,7 @@ def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, progress: 
 
 
 @contextlib.contextmanager
-def _build_lock(progress: Progress | None) -> Iterator[None]:
+def build_lock(progress: Progress | None) -> Iterator[None]:
     """One image build at a time on this host: parallel test runs would otherwise all debootstrap.
 
     The lock file is in the shared temp dir (not a home) so root and users wait for each other; it is
@@ -301,7 +304,7 @@ def prune_images() -> list[str]:
 
 def env_recipe_hash(base_id: str, packages: Iterable[str], setup: Iterable[str]) -> str:
     """The cache key of an environment image: its base image id and its recipe."""
-    return _digest(base_id, json.dumps(sorted(set(packages))), json.dumps(list(setup)))[:16]
+    return digest(base_id, json.dumps(sorted(set(packages))), json.dumps(list(setup)))[:16]
 
 
 def build_env_image(
@@ -339,7 +342,7 @@ def build_env_image(
             )
         lines += [f"RUN {json.dumps(['sh', '-c', cmd])}" for cmd in setup]
         lines.append(f"USER {SANDBOX_UID}:{SANDBOX_UID}")
-        with _build_lock(progress):
+        with build_lock(progress):
             if not image_exists(client, tag):
                 _say(progress, f"building {tag} on {base}")
                 _build(client, "\n".join(lines) + "\n", tag, {IMAGE_LABEL: "env", RECIPE_LABEL: digest}, progress,

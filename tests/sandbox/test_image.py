@@ -148,13 +148,13 @@ def test_an_image_without_python_fails_to_start_with_the_reason(no_leftovers, cl
 def test_image_builds_wait_for_each_other():
     import threading
 
-    from m3_agent.sandbox.image import _build_lock
+    from m3_agent.sandbox.image import build_lock
 
     order: list[str] = []
     held = threading.Event()
 
     def first() -> None:
-        with _build_lock(None):
+        with build_lock(None):
             held.set()
             time.sleep(0.3)
             order.append("first done")
@@ -163,7 +163,7 @@ def test_image_builds_wait_for_each_other():
     t.start()
     held.wait(5)
     messages: list[str] = []
-    with _build_lock(messages.append):
+    with build_lock(messages.append):
         order.append("second in")
     t.join()
     assert order == ["first done", "second in"]
