@@ -8,6 +8,7 @@ Exit codes (documented in README.md):
   4  Docker engine or sandbox image unavailable
   5  git or GitHub problem (dirty tree, detached HEAD, issue not found, rate limit, bad token)
   6  fix: a patch no test ran on, and no test command known (status `unverified`)
+  7  the project's environment could not be built (the message names the step and the package)
   130 interrupted (Ctrl-C / SIGTERM); trajectory and results are kept
 """
 
@@ -53,6 +54,17 @@ class SandboxDied(SandboxUnavailable):
 
     Recoverable: `Sandbox.recreate(patch)` starts a fresh one with the workspace restored.
     """
+
+
+class EnvironmentBuildError(SandboxUnavailable):
+    """The repository's environment image could not be built: a package that does not exist, a setup
+    command that fails. Nothing half-built is left behind."""
+
+    exit_code = 7
+
+    def __init__(self, message: str, *, step: str) -> None:
+        super().__init__(f"environment build failed at step '{step}': {message}")
+        self.step = step
 
 
 class GitError(M3AgentError):

@@ -19,6 +19,13 @@ class SandboxConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     image: str = DEFAULT_IMAGE
+    project_env: Literal["auto", "off"] = Field(
+        "auto", description="auto: on the default image, a repository that declares dependencies (pyproject.toml, "
+        "setup.py, requirements*.txt, lock files) gets an environment image with them and the project installed "
+        "(built once per dependency state; `m3-agent env`); off: the image as it is")
+    setup: str | None = Field(None, description="shell command run once, as root, when the environment image is "
+                              "built, in a copy of the repository at /workspace (install into the environment: "
+                              "changes to /workspace itself are not kept)")
     mount: Literal["copy", "bind", "image"] = Field(
         "copy", description="copy: the repo is copied into an in-memory /workspace; bind: the host directory "
         "itself is mounted read-write (for very large repos; commands then change the host files; set user= to "

@@ -1,0 +1,357 @@
+"""A repository's environment as an image layer on top of the sandbox image, built once per dependency state.
+
+    env = ensure_environment(Path("repo"))      # None: the repository declares no dependencies
+    SandboxConfig(image=env.tag)                # its python, pip and pytest come first on PATH
+
+How it is built (`build_environment`), so that a build that fails leaves nothing behind:
+  1. a container from the base image, as root, tells its Python version, machine and glibc;
+  2. on the host, `sandbox.pyenv` plans what to install and `sandbox.wheels` downloads every wheel for
+     that Python: only this step uses the network, and it is the host's;
+  3. the wheels and the repository are copied into the container, which makes a venv at `ENV_PREFIX`
+     and installs from the wheels with no index: the dependencies, then the project in editable mode
+     from `/workspace` (the agent's copy lands in the same place, so its edits are live), then the
+     user's setup command;
+  4. the wheels and the copy are removed and the container is committed as `m3-agent-env:<key>`. Any
+     failure removes the container and commits nothing.
+
+The key is a hash of the base image's id, the dependency files' bytes and the setup command: an
+unchanged repository finds its image at once, a changed lock file builds a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from m3_agent.errors import EnvironmentBuildError, SandboxUnavailable
+from m3_agent.sandbox import cleanup
+from m3_agent.sandbox.config import SandboxConfig
+from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
+from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID, build_lock,
+                                    digest, build_image)
+from m3_agent.sandbox.pyenv import ALWAYS, Plan, Target, key_files, plan_environment, pip_error, wants_environment
+from m3_agent.sandbox.wheels import download
+
+Progress = Callable[[str], None]
+
+ENV_REPOSITORY = "m3-agent-env"
+KIND = "project-env"
+BUILDER = "1"  # bump when the build steps change what an image holds
+STAGE = "/tmp/m3-env"  # the wheels and requirement files inside the build container
+WORKSPACE = "/workspace"
+FILES_LABEL = "m3-agent.env.files"
+PACKAGES_LABEL = "m3-agent.env.packages"
+SOURCE_LABEL = "m3-agent.env.source"
+PROBE = ("import platform, sys; print(platform.python_version(), platform.machine(), "
+         "platform.libc_ver()[1] or '2.17')")
+
+
+@dataclass
+class EnvImage:
+    """An environment image: its tag, and whether this call built it or found it."""
+
+    tag: str
+    key: str
+    built: bool
+    seconds: float
+
+
+@dataclass
+class BuildRequest:
+    """What one environment is built from: the repository copy, the base, the user's setup command."""
+
+    repo: Path
+    base: str = DEFAULT_IMAGE
+    setup: str | None = None
+    version: str | None = None  # the project's version, for builds that read it from git history
+    source: str = ""  # what the environment is for (a repository's name), shown by `env show`
+    derive: bool = True  # install what the repository's files declare (False: only the setup command)
+
+
+def environment_key(base_id: str, files: dict[str, str], setup: str | None) -> str:
+    """The cache key of an environment: the base image's id, the dependency files' hashes, the setup command."""
+    return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), setup or "")[:16]
+
+
+def ensure_environment(request: BuildRequest, *, progress: Progress | None = None) -> EnvImage | None:
+    """The environment image for `request.repo`, built when its key has none; None when there is nothing to
+    build (no dependency file declares anything and no setup command is given)."""
+    t0 = time.monotonic()
+    if not needs_environment(request):
+        return None
+    client = docker_client()
+    try:
+        key, _ = request_key(client, request, progress)
+        tag = f"{ENV_REPOSITORY}:{key}"
+        if image_exists(client, tag):
+            return EnvImage(tag, key, False, time.monotonic() - t0)
+        with build_lock(progress):
+            if not image_exists(client, tag):  # another process may have built it while we waited
+                build_environment(client, request, tag, key, progress)
+        return EnvImage(tag, key, True, time.monotonic() - t0)
+    finally:
+        client.close()
+
+
+def needs_environment(request: BuildRequest) -> bool:
+    """A setup command is given, or the repository's files declare something to install."""
+    return bool(request.setup) or (request.derive and wants_environment(request.repo))
+
+
+def request_key(client: docker.DockerClient, request: BuildRequest,
+                progress: Progress | None = None) -> tuple[str, dict[str, str]]:
+    """The request's cache key and the files (path -> sha256) that went into it."""
+    files = key_files(request.repo) if request.derive else {}
+    return environment_key(_base_id(client, request.base, progress), files, request.setup), files
+
+
+def environment_for(repo: Path, config: SandboxConfig, *, version: str | None = None, source: str = "",
+                    progress: Progress | None = None) -> tuple[SandboxConfig, EnvImage | None]:
+    """`config` with the image a run on `repo` should use: its environment image where there is one.
+
+    The default image gets the derived environment (`project_env="auto"`); an image of the user's own is
+    used as it is. A setup command is run on top of either.
+    """
+    request = request_for(repo, config, version=version, source=source)
+    env = ensure_environment(request, progress=progress)
+    return (config.model_copy(update={"image": env.tag}) if env else config), env
+
+
+def request_for(repo: Path, config: SandboxConfig, *, version: str | None = None, source: str = "") -> BuildRequest:
+    """What `config` asks of an environment for `repo`: derived on the default image, the setup command on any."""
+    derive = config.project_env == "auto" and config.image == DEFAULT_IMAGE
+    return BuildRequest(repo=repo, base=config.image, setup=config.setup, version=version, source=source,
+                        derive=derive)
+
+
+def _base_id(client: docker.DockerClient, base: str, progress: Progress | None) -> str:
+    if not image_exists(client, base):
+        if base != DEFAULT_IMAGE:
+            raise SandboxUnavailable(f"base image {base!r} not found: build or pull it first")
+        build_image(base, progress=progress)
+    return client.images.get(base).id
+
+
+def build_environment(client: docker.DockerClient, request: BuildRequest, tag: str, key: str,
+                      progress: Progress | None) -> None:
+    """Build `tag` from `request` (the steps in the module's docstring); nothing is left when it fails."""
+    say = progress or (lambda _: None)
+    with _BuildContainer(client, request.base, say) as box, tempfile.TemporaryDirectory(prefix="m3-agent-env-") as tmp:
+        target = box.target()
+        say(f"planning the environment for Python {target.python} ({target.machine})")
+        plan = plan_environment(request.repo, target, version=request.version) if request.derive else None
+        stage = Path(tmp)
+        _download(plan, stage, target, request.version, say)
+        say("copying the wheels and the repository into the build container")
+        box.put(stage, STAGE)
+        box.put(request.repo, WORKSPACE)
+        for step, command, env in install_steps(plan, request):
+            say(step)
+            box.run(step, command, env)
+        packages = box.run("list the installed packages", f"{ENV_PREFIX}/bin/python -m pip freeze --all",
+                           {}).splitlines()
+        box.run("remove the build files", f"rm -rf {STAGE} && find {WORKSPACE} -mindepth 1 -delete", {})
+        labels = {IMAGE_LABEL: KIND, RECIPE_LABEL: key, FILES_LABEL: json.dumps(plan.key_files if plan else {}),
+                  PACKAGES_LABEL: json.dumps(packages), SOURCE_LABEL: request.source or request.repo.name}
+        say(f"committing {tag}")
+        box.commit(tag, labels)
+
+
+def _download(plan: Plan | None, stage: Path, target: Target, version: str | None, say: Progress) -> None:
+    """The wheels into `stage/wheels`, the requirement and constraint files beside them."""
+    wheels = stage / "wheels"
+    requirements = plan.requirements if plan else list(ALWAYS)
+    (stage / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
+    (stage / "constraints.txt").write_text("".join(f"{c}\n" for c in (plan.constraints if plan else [])))
+    say(f"downloading wheels for Python {target.short} on the host")
+    download(["pip", *(plan.build_requires if plan and plan.editable else [])], into=wheels, target=target,
+             version=version, progress=say)
+    files = [plan.root / f for f in plan.requirement_files] if plan else []
+    download(requirements, into=wheels, target=target, requirement_files=files,
+             constraints=stage / "constraints.txt", version=version, progress=say)
+
+
+def install_steps(plan: Plan | None, request: BuildRequest) -> list[tuple[str, str, dict[str, str]]]:
+    """(name, shell command, extra environment) of each step run as root in the build container."""
+    pip = f"{ENV_PREFIX}/bin/python -m pip install --no-index --find-links {STAGE}/wheels --no-warn-script-location"
+    steps = [("create the environment",
+              f"python3 -m venv --without-pip {ENV_PREFIX} && "
+              f"{ENV_PREFIX}/bin/python $(ls {STAGE}/wheels/pip-*.whl | head -1)/pip install --no-index "
+              f"--find-links {STAGE}/wheels -q pip", {})]
+    files = " ".join(f"-r {shlex.quote(f)}" for f in (plan.requirement_files if plan else []))
+    if plan and plan.editable:
+        steps.append(("install the build backend", f"{pip} {' '.join(map(shlex.quote, plan.build_requires))}", {}))
+    steps.append(("install the dependencies", f"{pip} -r {STAGE}/requirements.txt {files} -c {STAGE}/constraints.txt",
+                  {}))
+    if plan and plan.editable:
+        pretend = request.version or "0.0.0"
+        steps.append(("install the project (editable)",
+                      f"{pip} --no-deps --no-build-isolation -e {WORKSPACE} || {_PATH_FALLBACK}",
+                      {"SETUPTOOLS_SCM_PRETEND_VERSION": pretend, "PBR_VERSION": pretend}))
+    if request.setup:
+        steps.append(("run the setup command", request.setup, {}))
+    return steps
+
+
+# A project pip cannot install in editable mode (it compiles, and the image has no compiler): its source
+# directory goes on the path instead, and the tests see the agent's edits all the same.
+_PATH_FALLBACK = (f"{{ echo 'editable install failed: putting the source on the path instead' >&2; "
+                  f"d={WORKSPACE}; [ -d {WORKSPACE}/src ] && d={WORKSPACE}/src; "
+                  f"echo $d > $({ENV_PREFIX}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
+                  f"/m3-agent-project.pth; }}")
+
+
+class _BuildContainer:
+    """The container an environment is built in: root, the engine's default network, owner labels, so a
+    killed build is pruned like a sandbox; removed on exit whatever happened."""
+
+    def __init__(self, client: docker.DockerClient, base: str, progress: Progress) -> None:
+        self.client = client
+        self.base = base
+        self.progress = progress
+        self.id: str | None = None
+
+    def __enter__(self) -> _BuildContainer:
+        try:
+            with cleanup.signals_held():
+                self.id = self.client.api.create_container(
+                    self.base, command=["sleep", "infinity"], user="0:0", working_dir=WORKSPACE,
+                    labels={**cleanup.owner_labels(), IMAGE_LABEL: "env-build"},
+                    host_config=self.client.api.create_host_config(init=True),
+                )["Id"]
+                cleanup.track(self)
+            self.client.api.start(self.id)
+        except docker.errors.APIError as e:
+            self.kill()
+            raise SandboxUnavailable(f"cannot start the environment's build container: {e.explanation or e}") from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        """Remove the container (idempotent; also what exit and signal handlers call)."""
+        if self.id is not None:
+            cid, self.id = self.id, None
+            cleanup.untrack(self)
+            remove_container(self.client, cid)
+
+    def target(self) -> Target:
+        out = self.run("read the image's Python", f"python3 -c {shlex.quote(PROBE)}", {}).split()
+        if len(out) != 3:
+            raise EnvironmentBuildError(f"python3 in {self.base} printed {out!r}", step="read the image's Python")
+        return Target(*out)
+
+    def put(self, source: Path, dest: str) -> None:
+        """Copy the directory `source` to `dest` (created) in the container."""
+        self.run(f"make {dest}", f"mkdir -p {shlex.quote(dest)}", {})
+        with tempfile.TemporaryFile() as buf:
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                for child in sorted(source.iterdir()):
+                    if child.name != ".git":
+                        tar.add(child, arcname=child.name)
+            buf.seek(0)
+            try:
+                self.client.api.put_archive(self.id, dest, buf)
+            except docker.errors.APIError as e:
+                raise EnvironmentBuildError(f"copy into the container failed: {e.explanation or e}",
+                                            step=f"copy to {dest}") from None
+
+    def run(self, step: str, command: str, env: dict[str, str]) -> str:
+        """Run `command` as root with the environment first on PATH; its output, or EnvironmentBuildError."""
+        path = f"{ENV_PREFIX}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        exec_id = self.client.api.exec_create(self.id, ["sh", "-c", command], user="0:0", workdir=WORKSPACE,
+                                              environment={"PATH": path, "HOME": "/root", "PIP_NO_INPUT": "1",
+                                                           "PIP_DISABLE_PIP_VERSION_CHECK": "1", **env})["Id"]
+        out, pending = [], ""
+        for chunk in self.client.api.exec_start(exec_id, stream=True):
+            pending += chunk.decode(errors="replace")
+            *done, pending = pending.split("\n")
+            out += done
+            for line in done:
+                if line.strip():
+                    self.progress(f"  {step}: {line.strip()[:150]}")  # indented: a detail of the step
+        text = "\n".join([*out, pending])
+        code = self.client.api.exec_inspect(exec_id)["ExitCode"]
+        if code != 0:
+            raise EnvironmentBuildError(f"{pip_error(text)} (exit {code})", step=step)
+        return text
+
+    def commit(self, tag: str, labels: dict[str, str]) -> None:
+        repository, _, name = tag.rpartition(":")
+        conf = {"User": f"{SANDBOX_UID}:{SANDBOX_UID}", "WorkingDir": WORKSPACE, "Cmd": ["bash"], "Labels": labels,
+                "Env": [f"VIRTUAL_ENV={ENV_PREFIX}",
+                        f"PATH={ENV_PREFIX}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                        "HOME=/home/sandbox", "LANG=C.UTF-8", "LC_ALL=C.UTF-8"]}
+        try:
+            self.client.api.commit(self.id, repository=repository, tag=name, conf=conf)
+        except docker.errors.APIError as e:
+            raise EnvironmentBuildError(f"docker commit failed: {e.explanation or e}", step="commit") from None
+
+
+# --- what is built -------------------------------------------------------------------------------------
+
+@dataclass
+class EnvInfo:
+    """One environment image as `env show` and `env prune` see it."""
+
+    tag: str
+    source: str
+    files: dict[str, str]
+    packages: list[str]
+    created: str
+    size_mb: float
+    base_current: bool
+
+
+def list_environments() -> list[EnvInfo]:
+    """Every environment image on this engine, newest first."""
+    client = docker_client()
+    try:
+        base_id = client.images.get(DEFAULT_IMAGE).id if image_exists(client, DEFAULT_IMAGE) else ""
+        found = []
+        for image in client.images.list(filters={"label": f"{IMAGE_LABEL}={KIND}"}):
+            labels = image.labels or {}
+            found.append(EnvInfo(
+                tag=(image.tags or [image.short_id])[0], source=labels.get(SOURCE_LABEL, "?"),
+                files=json.loads(labels.get(FILES_LABEL, "{}")), packages=json.loads(labels.get(PACKAGES_LABEL, "[]")),
+                created=image.attrs.get("Created", "")[:19], size_mb=image.attrs.get("Size", 0) / 1e6,
+                base_current=bool(base_id) and image.attrs.get("Parent", "") == base_id))
+        return sorted(found, key=lambda e: e.created, reverse=True)
+    except docker.errors.DockerException as e:
+        raise SandboxUnavailable(f"cannot list images: {e}") from None
+    finally:
+        client.close()
+
+
+def prune_environments(*, keep: int = 1, all: bool = False, source: str | None = None) -> list[str]:
+    """Remove environment images: those built on an older sandbox image, and beyond the `keep` newest of
+    each source (every one with `all`); only `source`'s when given. An image a container uses stays.
+    Returns the tags removed."""
+    removed: list[str] = []
+    kept: dict[str, int] = {}
+    client = docker_client()
+    try:
+        for env in list_environments():
+            if source is not None and env.source != source:
+                continue
+            kept[env.source] = kept.get(env.source, 0) + 1
+            if not all and env.base_current and kept[env.source] <= keep:
+                continue
+            try:
+                client.images.remove(env.tag)  # no force: an image in use stays
+            except docker.errors.APIError:
+                continue
+            removed.append(env.tag)
+    finally:
+        client.close()
+    return removed

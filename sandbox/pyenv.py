@@ -1,0 +1,337 @@
+"""What a repository's Python environment holds, worked out on the host: no Docker here.
+
+    plan = plan_environment(Path("repo"))          # None: nothing to install (a dependency-free repo)
+    plan.key_files, plan.requirements, plan.constraints, plan.editable
+
+The rules, in the order they apply:
+  - the files that key the environment are the dependency files at the repository's root
+    (`KEY_FILES`, `requirements*.txt`, `requirements/*.txt`) and the lock files beside them;
+  - an installable project (a `setup.py`, or a `pyproject.toml` with `[project]` or `[build-system]`)
+    brings its own dependencies and those of its test extras (`TEST_NAMES`), read from its metadata
+    as pip prepares it (`project_requirements`), so setup.py, setup.cfg, flit, hatch and poetry
+    projects are read the same way; it is then installed in editable mode;
+  - PEP 735 dependency groups with a test name come from `pyproject.toml`;
+  - requirements files are passed to pip as they are (their `-r`, `-c` and `-e` lines too);
+  - a lock file (`uv.lock`, `poetry.lock`, `pylock.toml`) pins versions as constraints: pip still
+    resolves (`wheels.download`), the lock only says which versions it may take;
+  - pytest is always installed, so `pytest` and `python -m pytest` are the environment's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.markers import Marker
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from m3_agent.errors import EnvironmentBuildError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+KEY_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "uv.lock", "poetry.lock", "pylock.toml")
+TEST_NAMES = ("test", "tests", "testing")  # extras and dependency groups that hold what the tests need
+DEV_NAME = "dev"  # taken only where none of TEST_NAMES is declared: it often holds linters and docs too
+ALWAYS = ("pytest",)
+METADATA_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """The interpreter the environment is for: the base image's python3, as the image reports it."""
+
+    python: str  # "3.11.2"
+    machine: str  # "x86_64"
+    glibc: str  # "2.36"
+
+    @property
+    def short(self) -> str:
+        return ".".join(self.python.split(".")[:2])
+
+    def marker_environment(self) -> dict[str, str]:
+        """PEP 508 marker values of the target, so markers are judged for it and not for this host."""
+        return {
+            "python_version": self.short, "python_full_version": self.python, "os_name": "posix",
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": self.machine,
+            "implementation_name": "cpython", "platform_python_implementation": "CPython",
+        }
+
+
+@dataclass
+class Plan:
+    """What an environment holds: the files that key it and what pip is asked to install."""
+
+    root: Path
+    key_files: dict[str, str]  # relative path -> sha256 of its bytes
+    requirements: list[str] = field(default_factory=list)  # PEP 508 lines, markers already judged
+    requirement_files: list[str] = field(default_factory=list)  # relative paths, passed with -r
+    constraints: list[str] = field(default_factory=list)  # name==version pins from a lock file
+    build_requires: list[str] = field(default_factory=list)  # the project's build backend, for the editable install
+    editable: bool = False  # the project itself, installed in editable mode
+    lock: str | None = None
+    notes: list[str] = field(default_factory=list)  # what was guessed or skipped, for `env show`
+
+
+def key_files(root: Path) -> dict[str, str]:
+    """The dependency files of `root` (relative path -> sha256), sorted: what keys the environment."""
+    found = [root / name for name in KEY_FILES] + sorted(root.glob("requirements*.txt"))
+    found += sorted((root / "requirements").glob("*.txt")) if (root / "requirements").is_dir() else []
+    found += sorted(root.glob("pylock.*.toml"))
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in found if p.is_file() and not _is_docs(p.name)}
+
+
+def _is_docs(name: str) -> bool:
+    return "doc" in name.lower()
+
+
+def installable(root: Path) -> bool:
+    """pip can build the project itself: a setup.py, or a pyproject.toml that names a build or a project."""
+    if (root / "setup.py").is_file():
+        return True
+    data = _pyproject(root)
+    return "project" in data or "build-system" in data
+
+
+def _pyproject(root: Path) -> dict:
+    path = root / "pyproject.toml"
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise EnvironmentBuildError(f"pyproject.toml cannot be read ({e}): fix it, or set [sandbox] setup",
+                                    step="read pyproject.toml") from None
+
+
+def wants_environment(root: Path) -> bool:
+    """`root` declares something to install: a project pip can build, a requirements file, or a test
+    dependency group. Read from the files alone: the cheap check every `fix` makes first."""
+    if installable(root) or any(p.endswith(".txt") for p in key_files(root)):
+        return True
+    return bool(test_names(list(_pyproject(root).get("dependency-groups", {}))))
+
+
+def plan_environment(root: Path, target: Target, *, version: str | None = None) -> Plan | None:
+    """What `root` needs installed for `target`; None when it declares nothing (use the sandbox image as it is).
+
+    `version`: the project's version for builds that take it from git (setuptools_scm, pbr), which a
+    copy without history cannot tell.
+    """
+    keys = key_files(root)
+    if not keys:
+        return None
+    plan = Plan(root=root, key_files=keys)
+    env = target.marker_environment()
+    metadata = _pip_metadata(root, version) if installable(root) else {}
+    me = canonicalize_name(metadata.get("name", ""))
+    groups = group_requirements(_pyproject(root), env)
+    # A group that names the project itself (`xarray[complete]`) asks for the project's extras, not a release.
+    group_extras = [e for line in groups if me and _name(line) == me for e in sorted(Requirement(line).extras)]
+    if metadata:
+        plan.editable = True
+        plan.build_requires = build_requires(root)
+        plan.requirements += project_requirements(metadata, env, notes=plan.notes, extras=group_extras)
+    plan.requirements += [line for line in groups if not me or _name(line) != me]
+    plan.requirement_files = [p for p in keys if p.endswith(".txt")]
+    plan.lock, plan.constraints = lock_pins(root, env)
+    if not (plan.editable or plan.requirements or plan.requirement_files):
+        return None  # only a lock or a setup.cfg without a build: nothing pip would install
+    plan.requirements += [r for r in ALWAYS if r not in {_name(x) for x in plan.requirements}]
+    return plan
+
+
+def build_requires(root: Path) -> list[str]:
+    """The project's `[build-system] requires` (setuptools and wheel for a setup.py without one)."""
+    system = _pyproject(root).get("build-system", {})
+    return [str(r) for r in system.get("requires", ["setuptools>=40.8.0", "wheel"])]
+
+
+def project_requirements(metadata: dict, env: dict[str, str], *, notes: list[str], extras: list[str] = ()) -> list[str]:
+    """The project's dependencies and its test extras' (and `extras`), from the metadata pip prepared
+    (`_pip_metadata`: no build, no install)."""
+    requires = metadata.get("requires_dist", [])
+    wanted = test_names(metadata.get("provides_extra", []))
+    extras = self_extras(canonicalize_name(metadata.get("name", "")), requires,
+                         wanted + [e for e in extras if e not in wanted], env)
+    if extras:
+        notes.append(f"extras installed: {', '.join(extras)}")
+    me = canonicalize_name(metadata.get("name", ""))
+    return [line for line in judged(requires, env, extras) if _name(line) != me]
+
+
+def test_names(names: list[str]) -> list[str]:
+    """The names among extras or groups that hold the tests' needs: the test ones, else `dev`."""
+    tests = [n for n in names if canonicalize_name(n) in TEST_NAMES]
+    return tests or [n for n in names if canonicalize_name(n) == DEV_NAME]
+
+
+def self_extras(me: str, requires: list[str], extras: list[str], env: dict[str, str]) -> list[str]:
+    """`extras` plus those they pull in by naming the project itself (`xarray[complete]` in `dev`)."""
+    wanted = list(extras)
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(req.name) != me or req.marker is None:
+            continue
+        if any(req.marker.evaluate({**env, "extra": e}) for e in wanted):
+            wanted += [e for e in sorted(req.extras) if e not in wanted]
+    return wanted if wanted == extras else self_extras(me, requires, wanted, env)
+
+
+def _pip_metadata(root: Path, version: str | None) -> dict:
+    """The project's core metadata as pip's install report gives it (`pip install --dry-run --report`),
+    prepared in a copy: setuptools writes its egg-info into the tree it reads."""
+    with tempfile.TemporaryDirectory(prefix="m3-agent-meta-") as tmp:
+        report = Path(tmp) / "report.json"
+        copy = Path(tmp) / "project"
+        shutil.copytree(root, copy, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "-q",
+               "--disable-pip-version-check", "--report", str(report), str(copy)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=scm_environment(version),
+                                  timeout=METADATA_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise EnvironmentBuildError("reading the project's metadata took over 10 minutes",
+                                        step="read the project's dependencies") from None
+        if proc.returncode != 0 or not report.is_file():
+            raise EnvironmentBuildError(f"pip could not read the project's dependencies ({pip_error(proc.stderr)}): "
+                                        "set [sandbox] setup, or project_env = \"off\"",
+                                        step="read the project's dependencies")
+        install = json.loads(report.read_text()).get("install", [])
+    return install[0].get("metadata", {}) if install else {}
+
+
+def group_requirements(pyproject: dict, env: dict[str, str]) -> list[str]:
+    """PEP 735 dependency groups with a test name, their `include-group`s followed."""
+    groups = pyproject.get("dependency-groups", {})
+    wanted = test_names(list(groups))
+    lines: list[str] = []
+    seen: set[str] = set()
+
+    def add(name: str) -> None:
+        if name in seen or name not in groups:
+            return
+        seen.add(name)
+        for item in groups[name]:
+            if isinstance(item, dict) and "include-group" in item:
+                add(item["include-group"])
+            elif isinstance(item, str):
+                lines.append(item)
+
+    for name in wanted:
+        add(name)
+    return judged(lines, env, [])
+
+
+def judged(lines: list[str], env: dict[str, str], extras: list[str]) -> list[str]:
+    """The requirements whose markers hold for the target (with no extra, or one of `extras`), markers dropped."""
+    kept: list[str] = []
+    for line in lines:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None:
+            if not any(req.marker.evaluate({**env, "extra": e}) for e in ["", *extras]):
+                continue
+            req.marker = None
+        if str(req) not in kept:
+            kept.append(str(req))
+    return kept
+
+
+def lock_pins(root: Path, env: dict[str, str]) -> tuple[str | None, list[str]]:
+    """`name==version` for every package a lock file pins once (a package locked at two versions,
+    one per platform or Python, is left to pip); the lock's name with them."""
+    for name in ("pylock.toml", "uv.lock", "poetry.lock"):
+        path = root / name
+        if path.is_file():
+            try:
+                data = tomllib.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+                raise EnvironmentBuildError(f"{name} cannot be read ({e})", step=f"read {name}") from None
+            return name, _pins(data.get("packages") or data.get("package") or [], env)
+    return None, []
+
+
+def _pins(packages: list[dict], env: dict[str, str]) -> list[str]:
+    versions: dict[str, set[str]] = {}
+    for pkg in packages:
+        name, version = pkg.get("name"), pkg.get("version")
+        marker = pkg.get("marker")
+        if not name or not version or (pkg.get("source") or {}).get("editable") or (pkg.get("source") or {}).get(
+                "virtual"):
+            continue  # the project itself, or a package without a version (a path, a VCS checkout)
+        if marker and not _holds(marker, env):
+            continue
+        versions.setdefault(canonicalize_name(name), set()).add(version)
+    return [f"{name}=={next(iter(v))}" for name, v in sorted(versions.items()) if len(v) == 1]
+
+
+def _holds(marker: str, env: dict[str, str]) -> bool:
+    try:
+        return Marker(marker).evaluate({**env, "extra": ""})
+    except Exception:  # a marker packaging cannot read: keep the pin, pip judges the package itself
+        return True
+
+
+def _name(line: str) -> str:
+    try:
+        return canonicalize_name(Requirement(line).name)
+    except InvalidRequirement:
+        return ""
+
+
+def scm_version(root: Path, commit: str | None = None) -> str | None:
+    """The project's version from its last tag at `commit`, for builds that ask git (None when there is none)."""
+    try:
+        proc = subprocess.run(["git", "-C", str(root), "describe", "--tags", "--abbrev=0", commit or "HEAD"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    tag = proc.stdout.strip().lstrip("vV")
+    try:
+        return str(Version(tag)) if proc.returncode == 0 and tag else None
+    except InvalidVersion:
+        return None
+
+
+def scm_environment(version: str | None) -> dict[str, str]:
+    """This process's environment plus what setuptools_scm, hatch-vcs and pbr read instead of git history."""
+    pretend = version or "0.0.0"
+    return {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": pretend, "PBR_VERSION": pretend}
+
+
+_PIP_NO_DIST = re.compile(r"(?:No matching distribution found for|satisfies the requirement) ([^\s;(]+)")
+
+
+def pip_error(stderr: str) -> str:
+    """pip's failure in one line: the package it could not find, or its last error line."""
+    found = _PIP_NO_DIST.search(stderr or "")
+    if found:
+        return f"no release of {found.group(1)} on the package index fits (pip: No matching distribution)"
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("ERROR:") or ln.startswith("error:")]
+    return ((errors or lines or ["pip failed without a message"])[-1])[:300]
+
+
+def missing_package(stderr: str) -> str | None:
+    """The requirement pip found no distribution for, if that is why it failed."""
+    found = _PIP_NO_DIST.search(stderr or "")
+    return found.group(1) if found else None

@@ -1,0 +1,98 @@
+"""Wheels for an image's Python, fetched on the host: the image build itself needs no network.
+
+    download(["numpy", "pandas>=2"], into=Path("wheels"), target=Target("3.11.2", "x86_64", "2.36"))
+
+pip resolves (never this module): `pip download --only-binary :all:` with the target's Python
+version, ABI and manylinux tags, so a host of another Python or distribution fetches what the image
+can install. A requirement published only as an sdist is built into a wheel here (`pip wheel`), once,
+and the download is asked again with that wheel beside the others; a pure-Python sdist so becomes a
+`py3-none-any` wheel any image takes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from m3_agent.errors import EnvironmentBuildError
+from m3_agent.sandbox.pyenv import Target, missing_package, pip_error, scm_environment
+
+Progress = Callable[[str], None]
+PIP_TIMEOUT_S = 1800.0
+MAX_SDIST_BUILDS = 8  # sdist-only requirements built here before the download gives up
+
+
+def platforms(target: Target) -> list[str]:
+    """The wheel platform tags an image with `target`'s glibc and machine installs, newest first."""
+    major, minor = (int(x) for x in target.glibc.split(".")[:2])
+    tags = [f"manylinux_{major}_{m}_{target.machine}" for m in range(minor, 4, -1)]
+    aliases = {"manylinux2014": 17, "manylinux2010": 12, "manylinux1": 5}
+    tags += [f"{alias}_{target.machine}" for alias, m in aliases.items() if major == 2 and m <= minor]
+    return [*tags, f"linux_{target.machine}"]
+
+
+def target_flags(target: Target) -> list[str]:
+    """pip's flags that make it choose for `target` instead of this interpreter."""
+    abi = "cp" + target.short.replace(".", "")
+    flags = ["--only-binary", ":all:", "--python-version", target.short, "--implementation", "cp", "--abi", abi,
+             "--abi", "abi3", "--abi", "none"]
+    for tag in platforms(target):
+        flags += ["--platform", tag]
+    return flags
+
+
+def download(requirements: Sequence[str], *, into: Path, target: Target, requirement_files: Sequence[Path] = (),
+             constraints: Path | None = None, no_deps: bool = False, version: str | None = None,
+             progress: Progress | None = None) -> None:
+    """Every wheel `requirements` need on `target` (with their dependencies unless `no_deps`), into `into`.
+
+    Raises EnvironmentBuildError naming the requirement pip could not find.
+    """
+    into.mkdir(parents=True, exist_ok=True)
+    args = ["download", "-d", str(into), "--find-links", str(into), *target_flags(target), *requirements]
+    for path in requirement_files:
+        args += ["-r", str(path)]
+    if constraints is not None:
+        args += ["-c", str(constraints)]
+    if no_deps:
+        args.append("--no-deps")
+    built: set[str] = set()
+    while True:
+        proc = _pip(args, version, progress)
+        if proc.returncode == 0:
+            return
+        missing = missing_package(proc.stderr)
+        if missing is None or missing in built or len(built) >= MAX_SDIST_BUILDS:
+            raise EnvironmentBuildError(pip_error(proc.stderr), step=f"download wheels for Python {target.short}")
+        built.add(missing)
+        _build_sdist(missing, into, version, progress)
+
+
+def _build_sdist(requirement: str, into: Path, version: str | None, progress: Progress | None) -> None:
+    """`requirement` has no wheel for the target: build one from its sdist on this host."""
+    if progress:
+        progress(f"no wheel of {requirement} fits: building one from its sdist")
+    proc = _pip(["wheel", "--no-deps", "-w", str(into), requirement], version, progress)
+    if proc.returncode != 0:
+        step = "download wheels" if missing_package(proc.stderr) else f"build a wheel of {requirement}"
+        raise EnvironmentBuildError(pip_error(proc.stderr), step=step)
+
+
+def _pip(args: list[str], version: str | None, progress: Progress | None) -> subprocess.CompletedProcess:
+    """Run pip with this interpreter; its progress lines go to `progress`."""
+    cmd = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check", "--progress-bar", "off"]
+    out: list[str] = []
+    try:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                              env=scm_environment(version)) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.append(line)
+                if progress and line.strip().startswith(("Collecting", "Saved", "Building", "Downloading")):
+                    progress(f"  pip: {line.strip()[:150]}")  # indented: a detail of the step
+            proc.wait(timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise EnvironmentBuildError("pip took over 30 minutes", step=f"pip {args[0]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, "", "".join(out))

@@ -1,0 +1,149 @@
+"""A repository's environment image, on the real engine, from real packages of the package index."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import docker
+import pytest
+
+from m3_agent.errors import EnvironmentBuildError
+from m3_agent.sandbox import Sandbox, SandboxConfig
+from m3_agent.sandbox.envimage import (ENV_REPOSITORY, BuildRequest, ensure_environment, environment_for,
+                                       list_environments, prune_environments)
+from m3_agent.sandbox.image import ENV_PREFIX
+
+pytestmark = pytest.mark.docker
+
+PROJECT = {
+    "pyproject.toml": """\
+[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "boxes"
+version = "0.3"
+dependencies = ["attrs>=23", "iniconfig>=2"]
+
+[project.optional-dependencies]
+test = ["six"]
+docs = ["no-such-package-m3-agent-docs"]
+""",
+    "src/boxes/__init__.py": "import attrs\n\n\n@attrs.define\nclass Box:\n    n: int\n",
+    "tests/test_boxes.py": "import six\nfrom boxes import Box\n\n\ndef test_box():\n    assert Box(2).n == 2\n",
+}
+
+
+def env_builds() -> list:
+    client = docker.from_env()
+    try:
+        return client.containers.list(all=True, filters={"label": "m3-agent.image=env-build"})
+    finally:
+        client.close()
+
+
+def tags_of(key_prefix: str = "") -> list[str]:
+    return [e.tag for e in list_environments() if e.tag.startswith(f"{ENV_REPOSITORY}:{key_prefix}")]
+
+
+@pytest.fixture(scope="module")
+def project_env(tmp_path_factory, sandbox_image):
+    from tests.conftest import make_git_repo
+
+    repo = make_git_repo(tmp_path_factory.mktemp("boxes") / "boxes", PROJECT)
+    messages: list[str] = []
+    env = ensure_environment(BuildRequest(repo=repo, source="boxes"), progress=messages.append)
+    return repo, env, messages
+
+
+def test_a_project_gets_its_dependencies_its_tests_extra_and_itself_editable(project_env):
+    repo, env, messages = project_env
+    assert env is not None and env.built and env.tag.startswith(ENV_REPOSITORY)
+    steps = [m for m in messages if not m.startswith("  ")]
+    assert "install the dependencies" in steps and "install the project (editable)" in steps
+    assert not list(repo.rglob("*.egg-info"))  # the host's copy is as it was
+    with Sandbox(SandboxConfig(image=env.tag), repo=repo) as sb:
+        where = sb.exec("command -v python pip pytest python3").stdout.split()
+        assert where == [f"{ENV_PREFIX}/bin/{name}" for name in ("python", "pip", "pytest", "python3")]
+        assert sb.exec("python -c 'import attrs, iniconfig, six, boxes; print(boxes.__file__)'").stdout.strip() == \
+            "/workspace/src/boxes/__init__.py"
+        assert sb.exec("pip show boxes").exit_code == 0
+        assert "1 passed" in sb.exec("pytest -q tests").stdout
+        # Editable: the agent's edits are what the tests import.
+        sb.write_file("src/boxes/__init__.py", "raise ImportError('edited')\n")
+        assert "edited" in sb.exec("pytest -q tests").stdout
+        assert sb.exec("git status --porcelain").stdout.strip() == "M src/boxes/__init__.py"  # nothing else
+
+
+def test_the_image_says_which_files_keyed_it_and_what_it_holds(project_env):
+    _, env, _ = project_env
+    info = next(e for e in list_environments() if e.tag == env.tag)
+    assert list(info.files) == ["pyproject.toml"] and info.source == "boxes" and info.base_current
+    names = {line.split("==")[0].lower() for line in info.packages}
+    assert {"attrs", "iniconfig", "six", "pytest", "pip"} <= names
+    assert "no-such-package-m3-agent-docs" not in names  # the docs extra is not a test extra
+
+
+def test_an_unchanged_repository_reuses_its_environment_at_once(project_env):
+    repo, env, _ = project_env
+    t0 = time.perf_counter()
+    again, _ = environment_for(repo, SandboxConfig())
+    elapsed = time.perf_counter() - t0
+    assert again.image == env.tag and elapsed < 0.5
+
+
+def test_a_changed_dependency_file_builds_a_new_environment_and_prune_keeps_the_newest(project_env, tmp_path):
+    from tests.conftest import make_git_repo
+
+    files = dict(PROJECT)
+    files["pyproject.toml"] = PROJECT["pyproject.toml"].replace('"iniconfig>=2"', '"iniconfig>=2", "tomli-w"')
+    repo = make_git_repo(tmp_path / "boxes", files)
+    env = ensure_environment(BuildRequest(repo=repo, source="boxes"))
+    assert env is not None and env.built and env.tag != project_env[1].tag
+    with Sandbox(SandboxConfig(image=env.tag), repo=repo) as sb:
+        assert sb.exec("python -c 'import tomli_w'").exit_code == 0
+    # `env prune` keeps the newest of a repository's environments and removes the older ones.
+    assert prune_environments(keep=1, source="boxes") == [project_env[1].tag]
+    assert env.tag in tags_of()
+    assert prune_environments(keep=0, source="boxes") == [env.tag]
+
+
+def test_a_dependency_that_does_not_exist_fails_naming_it_and_leaves_nothing(git_repo, sandbox_image):
+    files = dict(PROJECT)
+    files["pyproject.toml"] = PROJECT["pyproject.toml"].replace('"iniconfig>=2"', '"no-such-package-m3-agent"')
+    repo = git_repo(files)
+    before = tags_of()
+    with pytest.raises(EnvironmentBuildError) as e:
+        ensure_environment(BuildRequest(repo=repo))
+    assert e.value.exit_code == 7 and "no-such-package-m3-agent" in str(e.value)
+    assert "download wheels" in str(e.value) and "\n" not in str(e.value)
+    assert tags_of() == before and env_builds() == []
+
+
+def test_a_failing_setup_command_names_the_step_and_leaves_nothing(git_repo, sandbox_image):
+    repo = git_repo({"app.py": "x = 1\n"})
+    before = tags_of()
+    with pytest.raises(EnvironmentBuildError, match="run the setup command"):
+        ensure_environment(BuildRequest(repo=repo, setup="echo preparing; exit 3"))
+    assert tags_of() == before and env_builds() == []
+
+
+def test_a_setup_command_alone_builds_on_a_repository_without_dependency_files(git_repo, sandbox_image):
+    repo = git_repo({"app.py": "x = 1\n"})
+    assert environment_for(repo, SandboxConfig()) == (SandboxConfig(), None)  # nothing declared, nothing built
+    config, env = environment_for(repo, SandboxConfig(setup="python -m pip --version > /opt/m3-agent/setup-ran"))
+    assert env is not None and config.image == env.tag
+    with Sandbox(config, repo=repo) as sb:
+        assert "pip" in sb.exec("cat /opt/m3-agent/setup-ran").stdout
+        assert sb.exec("command -v python").stdout.strip() == f"{ENV_PREFIX}/bin/python"
+    labels = docker.from_env().images.get(env.tag).labels
+    assert json.loads(labels["m3-agent.env.files"]) == {}
+
+
+def test_an_image_of_the_users_own_is_used_as_it_is(git_repo, sandbox_image):
+    repo = git_repo(PROJECT)
+    config = SandboxConfig(image=sandbox_image + "-theirs")
+    assert environment_for(repo, config) == (config, None)
+    assert environment_for(repo, SandboxConfig(project_env="off")) == (SandboxConfig(project_env="off"), None)

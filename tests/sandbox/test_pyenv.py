@@ -1,0 +1,165 @@
+"""What a repository's environment holds, worked out on the host: files, markers, groups, locks, wheel tags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from m3_agent.errors import EnvironmentBuildError
+from m3_agent.sandbox.pyenv import (Target, group_requirements, judged, key_files, lock_pins, pip_error,
+                                    plan_environment, wants_environment)
+from m3_agent.sandbox.wheels import platforms, target_flags
+
+TARGET = Target("3.11.2", "x86_64", "2.36")
+ENV = TARGET.marker_environment()
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_the_dependency_files_key_the_environment_and_docs_requirements_do_not(tmp_path):
+    write(tmp_path, {"pyproject.toml": "[project]\nname='a'\n", "requirements.txt": "attrs\n",
+                     "requirements-test.txt": "pytest\n", "requirements/ci.txt": "six\n",
+                     "requirements-docs.txt": "sphinx\n", "uv.lock": "version = 1\n", "src/a.py": ""})
+    assert sorted(key_files(tmp_path)) == ["pyproject.toml", "requirements-test.txt", "requirements.txt",
+                                           "requirements/ci.txt", "uv.lock"]
+    before = key_files(tmp_path)
+    (tmp_path / "src/a.py").write_text("x = 1\n")  # the code is not a dependency file
+    assert key_files(tmp_path) == before
+    (tmp_path / "uv.lock").write_text("version = 2\n")
+    assert key_files(tmp_path)["uv.lock"] != before["uv.lock"]
+
+
+@pytest.mark.parametrize(("files", "wanted"), [
+    ({"pyproject.toml": "[tool.ruff]\nline-length = 100\n"}, False),  # configuration only
+    ({"setup.cfg": "[flake8]\nmax-line-length = 100\n"}, False),
+    ({"pyproject.toml": "[build-system]\nrequires = ['setuptools']\n"}, True),
+    ({"setup.py": "from setuptools import setup\nsetup()\n"}, True),
+    ({"requirements.txt": "attrs\n"}, True),
+    ({"pyproject.toml": "[dependency-groups]\ntest = ['pytest']\n"}, True),
+    ({}, False),
+])
+def test_only_a_repository_that_declares_something_wants_an_environment(tmp_path, files, wanted):
+    assert wants_environment(write(tmp_path, files)) is wanted
+
+
+def test_markers_are_judged_for_the_image_python_not_this_host():
+    lines = ["tomli; python_version < '3.11'", "exceptiongroup; python_version < '3.11'",
+             "pywin32; sys_platform == 'win32'", "uvloop; sys_platform == 'linux'", "pytest>=7; extra == 'test'",
+             "sphinx; extra == 'docs'", "attrs>=23"]
+    assert judged(lines, ENV, []) == ["uvloop", "attrs>=23"]
+    assert judged(lines, ENV, ["test"]) == ["uvloop", "pytest>=7", "attrs>=23"]
+    old = Target("3.10.12", "x86_64", "2.35").marker_environment()
+    assert "tomli" in judged(lines, old, [])
+
+
+def test_test_groups_are_taken_with_their_includes_and_dev_only_without_them():
+    groups = {"dependency-groups": {"lint": ["ruff"], "test": ["pytest", {"include-group": "cov"}],
+                                    "cov": ["coverage[toml]>=7"], "dev": ["mypy"]}}
+    assert group_requirements(groups, ENV) == ["pytest", "coverage[toml]>=7"]
+    assert group_requirements({"dependency-groups": {"dev": ["mypy", "pytest"], "lint": ["ruff"]}}, ENV) == [
+        "mypy", "pytest"]
+
+
+UV_LOCK = """
+version = 1
+[[package]]
+name = "demo"
+version = "0.1.0"
+source = { editable = "." }
+[[package]]
+name = "Attrs"
+version = "23.2.0"
+source = { registry = "https://example.invalid/simple" }
+[[package]]
+name = "numpy"
+version = "1.26.4"
+source = { registry = "https://example.invalid/simple" }
+[[package]]
+name = "numpy"
+version = "2.1.0"
+source = { registry = "https://example.invalid/simple" }
+"""
+
+POETRY_LOCK = """
+[[package]]
+name = "six"
+version = "1.16.0"
+[[package]]
+name = "colorama"
+version = "0.4.6"
+markers = "sys_platform == 'win32'"
+"""
+
+PYLOCK = """
+lock-version = "1.0"
+[[packages]]
+name = "iniconfig"
+version = "2.0.0"
+[[packages]]
+name = "pywin32"
+version = "306"
+marker = "sys_platform == 'win32'"
+"""
+
+
+@pytest.mark.parametrize(("name", "text", "pins"), [
+    ("uv.lock", UV_LOCK, ["attrs==23.2.0"]),  # the project itself and a package locked twice are left to pip
+    ("poetry.lock", POETRY_LOCK, ["colorama==0.4.6", "six==1.16.0"]),  # poetry's markers are its own: kept
+    ("pylock.toml", PYLOCK, ["iniconfig==2.0.0"]),
+])
+def test_a_lock_file_pins_versions_as_constraints(tmp_path, name, text, pins):
+    write(tmp_path, {name: text})
+    assert lock_pins(tmp_path, ENV) == (name, pins)
+
+
+def test_an_unreadable_lock_or_pyproject_is_one_error_naming_the_file(tmp_path):
+    write(tmp_path, {"uv.lock": "[[package]\n"})
+    with pytest.raises(EnvironmentBuildError, match=r"read uv.lock.*uv.lock cannot be read") as e:
+        lock_pins(tmp_path, ENV)
+    assert e.value.exit_code == 7
+    write(tmp_path, {"pyproject.toml": "[project\n"})
+    with pytest.raises(EnvironmentBuildError, match="pyproject.toml cannot be read"):
+        wants_environment(tmp_path)
+
+
+def test_wheels_are_chosen_for_the_image_glibc_and_python():
+    tags = platforms(TARGET)
+    assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_17_x86_64" in tags and "manylinux_2_5_x86_64" in tags
+    assert "manylinux2014_x86_64" in tags and "manylinux1_x86_64" in tags and tags[-1] == "linux_x86_64"
+    assert not any("2_37" in t for t in tags)
+    flags = target_flags(TARGET)
+    assert flags[flags.index("--python-version") + 1] == "3.11" and "cp311" in flags and ":all:" in flags
+
+
+def test_pip_failures_are_told_in_one_line_naming_the_package():
+    stderr = ("ERROR: Could not find a version that satisfies the requirement no-such-pkg-m3 (from versions: none)\n"
+              "ERROR: No matching distribution found for no-such-pkg-m3\n")
+    assert "no-such-pkg-m3" in pip_error(stderr) and "\n" not in pip_error(stderr)
+    assert pip_error("noise\nERROR: something else broke\n") == "ERROR: something else broke"
+
+
+def test_a_setup_py_project_is_read_through_pip_with_its_test_extra_and_its_tree_left_clean(tmp_path):
+    """setup.py dependencies are dynamic: pip prepares the metadata (its build backend from the index)."""
+    write(tmp_path, {
+        "setup.py": ("from setuptools import setup\nsetup(name='legacy', version='1.0', packages=['legacy'],\n"
+                     "      install_requires=['attrs>=22', 'tomli; python_version < \"3.11\"'],\n"
+                     "      extras_require={'test': ['pytest-timeout'], 'docs': ['sphinx']})\n"),
+        "legacy/__init__.py": "",
+        "pyproject.toml": "[dependency-groups]\ndev = ['legacy[test]', 'hypothesis']\n",
+    })
+    plan = plan_environment(tmp_path, TARGET)
+    assert plan is not None and plan.editable
+    assert plan.requirements == ["attrs>=22", "pytest-timeout", "hypothesis", "pytest"]  # no `legacy` release
+    assert plan.build_requires == ["setuptools>=40.8.0", "wheel"]
+    assert not list(tmp_path.glob("*.egg-info"))  # pip prepared the metadata in a copy
+
+
+def test_a_repository_with_only_configuration_plans_nothing(tmp_path):
+    write(tmp_path, {"pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-q'\n", "setup.cfg": "[flake8]\n"})
+    assert plan_environment(tmp_path, TARGET) is None
