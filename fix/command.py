@@ -42,6 +42,8 @@ from m3_agent.errors import EndpointError, GitError, Interrupted, M3AgentError, 
 from m3_agent.fix.progress import LiveProgress, describe_verdict, short
 from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
 from m3_agent.sandbox.cleanup import claim, prune_scratch
+from m3_agent.sandbox.envimage import environment_for
+from m3_agent.sandbox.pyenv import scm_version
 from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
 from m3_agent.settings import Settings, display_rows, load_settings
 from m3_agent.tools import Tool
@@ -76,6 +78,7 @@ class FixResult(BaseModel):
     included_uncommitted: bool = False
     images_sent: int = 0
     notices: list[str] = Field(default_factory=list)
+    environment: str | None = Field(None, description="the environment image the sandbox ran (m3-agent env show)")
     run: RunResult
 
 
@@ -188,6 +191,7 @@ class _Job:
     notice: Notice
     callbacks: list[Callback]
     tools: list[Tool] | None
+    environment: str | None = None
 
 
 def fix_issue(
@@ -229,7 +233,7 @@ def fix_issue(
     result = FixResult(
         status="not_resolved", resolved=False, exit_code=1, issue=job.issue, base_commit=job.base_commit,
         included_uncommitted=job.settings.fix.include_uncommitted, images_sent=images_sent, notices=notices,
-        run=run, patch=patch,
+        run=run, patch=patch, environment=job.environment,
     )
     if patch.strip():
         _deliver(job, result, apply=apply)
@@ -290,7 +294,7 @@ def _run_on_copy(job: _Job, content: str | list[dict]) -> tuple[RunResult, str |
         claim(work)
         copy = gitwork.export_tree(job.root, job.tree, work / (job.root.name or "repo"))
         sub_paths = _submodule_notices(job, copy)
-        agent = Agent(job.config, tools=job.tools, callbacks=job.callbacks)
+        agent = Agent(_with_environment(job, copy), tools=job.tools, callbacks=job.callbacks)
         try:
             run = _run_once(job, agent, copy, content, trajectory)
         except EndpointError as e:
@@ -302,6 +306,24 @@ def _run_on_copy(job: _Job, content: str | list[dict]) -> tuple[RunResult, str |
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return run, content, sub_paths
+
+
+def _with_environment(job: _Job, copy: Path) -> AgentConfig:
+    """The run's config with the repository's environment image (built on first use; see sandbox.envimage)."""
+
+    def progress(message: str) -> None:
+        for cb in job.callbacks:
+            cb(AgentEvent(kind="env_build", turn=0, data={"message": message}))
+
+    sandbox, env = environment_for(copy, job.config.sandbox, version=scm_version(job.root, job.base_commit),
+                                   source=job.root.name, progress=progress)
+    if env is None:
+        return job.config
+    job.environment = env.tag
+    if env.built:
+        job.notice(f"built the repository's environment {env.tag} in {env.seconds:.0f} s; later runs reuse it "
+                   "(m3-agent env show)")
+    return job.config.model_copy(update={"sandbox": sandbox})
 
 
 def _submodule_notices(job: _Job, copy: Path) -> list[str]:

@@ -83,6 +83,7 @@ class LiveProgress:
         self.stalls = 0
         self.restarts = 0
         self.restart_note = ""
+        self.env_line_at = 0.0
         self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
         self.t0 = time.monotonic()
         self.live = Live(self.render(), console=console, refresh_per_second=4, transient=True) \
@@ -132,6 +133,14 @@ class LiveProgress:
         if "failing" in (data.get("data") or {}):
             self.tests = describe_tests(data["data"])
             self._line(f"  tests: {self.tests}")
+
+    def _on_env_build(self, turn: int, data: dict[str, Any]) -> None:
+        message = str(data.get("message", ""))
+        self.tool = f"environment: {short(message, 80)}"
+        # every step, and a detail line (indented) now and then: a log, not a flood
+        if not message.startswith("  ") or time.monotonic() - self.env_line_at > 5:
+            self.env_line_at = time.monotonic()
+            self._line(f"environment: {short(message, 150)}")
 
     def _on_stall(self, turn: int, data: dict[str, Any]) -> None:
         self.stalls += 1
