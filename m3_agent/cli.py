@@ -66,9 +66,15 @@ def _sandbox(app: typer.Typer) -> None:
     app.add_typer(cli.app, name="sandbox", help="Build the sandbox image, prune leftover containers.")
 
 
+def _env(app: typer.Typer) -> None:
+    from m3_agent import env_cli
+
+    app.add_typer(env_cli.app, name="env", help="A repository's environment image: build, show, prune.")
+
+
 # Sub-command -> what registers it. Only the one being run is imported: start-up stays fast.
 COMMANDS = {"fix": _fix, "pack": _pack, "standin": _standin, "show": _show, "eval": _eval, "serve": _serve,
-            "sandbox": _sandbox, "config": _config}
+            "sandbox": _sandbox, "config": _config, "env": _env}
 
 
 def _root() -> None:

@@ -1,0 +1,137 @@
+"""`m3-agent env build|show|prune`: a repository's environment image, ahead of a run, over the library.
+
+    m3-agent env build --repo .      # what `fix` would build on first use (CI warms it this way)
+    m3-agent env show --repo .       # its tag, the files that keyed it, the packages it holds
+    m3-agent env prune               # images of older sandbox images, and all but the newest per repository
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from m3_agent.errors import UsageError
+from m3_agent.hostgit import export_tree, repository
+from m3_agent.sandbox.engine import docker_client, image_exists
+from m3_agent.sandbox.envimage import (ENV_REPOSITORY, BuildRequest, ensure_environment, list_environments,
+                                       needs_environment, prune_environments, request_for, request_key)
+from m3_agent.sandbox.pyenv import scm_version
+
+app = typer.Typer(no_args_is_help=True)
+console = Console(stderr=True, highlight=False)
+
+REPO = typer.Option(Path("."), "--repo", "-C", help="The repository (its HEAD commit, as `fix` sees it).")
+CONFIG = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject.")
+
+
+@contextlib.contextmanager
+def _head_copy(repo: Path, config: Optional[Path]) -> Iterator[BuildRequest]:
+    """The request `fix` would make for `repo`: its HEAD tree exported, its [sandbox] settings."""
+    from m3_agent.settings import load_settings
+
+    with repository(repo) as git_repo:
+        if git_repo.working_tree_dir is None or not git_repo.head.is_valid():
+            raise UsageError(f"{repo} has no work tree or no commit yet: commit first")
+        root, head = Path(git_repo.working_tree_dir), git_repo.head.commit.hexsha
+    settings, _ = load_settings(root, config_file=config)
+    with tempfile.TemporaryDirectory(prefix="m3-agent-env-repo-") as tmp:
+        copy = export_tree(root, head, Path(tmp) / (root.name or "repo"))
+        yield request_for(copy, settings.sandbox, version=scm_version(root, head), source=root.name)
+
+
+@app.command("build")
+def build(repo: Path = REPO, config: Optional[Path] = CONFIG) -> None:
+    """Build the repository's environment image (nothing when it exists); prints its tag."""
+    last = [0.0]
+    with _head_copy(repo, config) as request, console.status("environment") as status:
+
+        def progress(message: str) -> None:
+            if not message.startswith("  "):
+                console.print(f"[bold]>[/] {message}", markup=True)
+            elif console.is_terminal:
+                status.update(message.strip()[:120])
+            elif time.monotonic() - last[0] > 5:  # a log, not a terminal: a detail line now and then
+                last[0] = time.monotonic()
+                console.print(message[:160], markup=False)
+
+        env = ensure_environment(request, progress=progress)
+    if env is None:
+        console.print("nothing to build: the repository declares no dependencies and no setup command is set")
+        return
+    console.print(f"{'built' if env.built else 'already built'}: {env.tag} ({env.seconds:.1f} s)")
+    typer.echo(env.tag)
+
+
+@app.command("show")
+def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
+         all_: bool = typer.Option(False, "--all", help="Every environment image on this engine."),
+         json_out: bool = typer.Option(False, "--json", help="One JSON object.")) -> None:
+    """The repository's environment: its tag, whether it is built, the files that key it, its packages."""
+    if all_:
+        envs = [asdict(e) for e in list_environments()]
+        if json_out:
+            typer.echo(json.dumps(envs, indent=2))
+            return
+        table = Table(title="m3-agent environment images", title_justify="left")
+        for col in ("tag", "repository", "created", "size", "packages", "on current sandbox image"):
+            table.add_column(col)
+        for e in envs:
+            table.add_row(e["tag"], e["source"], e["created"], f"{e['size_mb']:.0f} MB", str(len(e["packages"])),
+                          "yes" if e["base_current"] else "no")
+        Console(highlight=False).print(table)
+        return
+    with _head_copy(repo, config) as request:
+        info = _describe(request)
+    if json_out:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    out = Console(highlight=False)
+    if info["tag"] is None:
+        out.print("no environment: the repository declares no dependencies; the sandbox image is used as it is")
+        return
+    out.print(f"environment: {info['tag']}  ({'built' if info['built'] else 'not built yet: m3-agent env build'})")
+    out.print(f"base image:  {info['base']}")
+    for path, sha in info["files"].items():
+        out.print(f"keyed by:    {path}  (sha256 {sha[:12]})")
+    if info["setup"]:
+        out.print(f"setup:       {info['setup']}")
+    for line in info["packages"]:
+        out.print(f"  {line}", markup=False)
+
+
+def _describe(request: BuildRequest) -> dict:
+    """What `env show` prints for one repository."""
+    info = {"tag": None, "built": False, "base": request.base, "files": {}, "setup": request.setup, "packages": []}
+    if not needs_environment(request):
+        return info
+    client = docker_client()
+    try:
+        key, info["files"] = request_key(client, request)
+        info["tag"] = f"{ENV_REPOSITORY}:{key}"
+        info["built"] = image_exists(client, info["tag"])
+    finally:
+        client.close()
+    found = next((e for e in list_environments() if e.tag == info["tag"]), None) if info["built"] else None
+    info["packages"] = found.packages if found else []
+    return info
+
+
+@app.command("prune")
+def prune(all_: bool = typer.Option(False, "--all", help="Remove every environment image."),
+          keep: int = typer.Option(1, min=0, help="Newest images kept per repository."),
+          source: Optional[str] = typer.Option(None, "--source", help="Only this repository's (its folder name).")) -> None:
+    """Remove environment images built on an older sandbox image, and all but the newest per repository."""
+    removed = prune_environments(keep=keep, all=all_, source=source)
+    for tag in removed:
+        typer.echo(tag)
+    console.print(f"removed {len(removed)} environment image(s)")
