@@ -12,12 +12,16 @@ The steps, each in a fresh sandbox per instance:
      inside the container;
   5. each test gets a status; the rules below (SWE-bench v5) turn them into a verdict.
 
-The rules, all in `status_of`, `test_passes`, `trusted_statuses` and `verdict`:
+The rules, all in `status_of`, `test_passes`, `trusted_statuses`, `could_not_start` and `verdict`:
   - a test passes when its status is PASSED or XFAIL; a test missing from the results fails
     (an id cut inside its parameters matches the ids it begins, if they agree);
   - a SKIPPED test counts as passing for PASS_TO_PASS and as failing for FAIL_TO_PASS;
   - results that claim success while the test command exited non-zero are rejected (no test passes);
-  - resolved = a non-empty patch applied, every FAIL_TO_PASS test passes and every PASS_TO_PASS test passes.
+  - a test command that could not start is an environment error, not an unresolved patch: it left no
+    test results and exited 126 or 127 (not executable, not found), said "command not found", or
+    exited 4 (pytest's usage error: a bad option, a conftest.py that fails to import); unless its
+    output names a file the model patch changed (a patch that breaks conftest.py's imports fails);
+  - resolved = a non-empty patch applied, no error, every FAIL_TO_PASS test passes and every PASS_TO_PASS test passes.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class InstanceReport(BaseModel):
     test_statuses: dict[str, str] = Field(default_factory=dict)
     test_output: str = ""
     error: str | None = None  # the instance could not be graded (infrastructure or task fault)
+    environment_error: str | None = None  # the test command could not start: its exit code and telling line
     timings: dict[str, float] = Field(default_factory=dict)
 
     def swebench_json(self, instance_id: str) -> dict:
@@ -113,6 +118,60 @@ def trusted_statuses(statuses: dict[str, str], exit_code: int | None, timed_out:
     if exit_code not in (0, None) and claims_success:
         return {}, True
     return statuses, False
+
+
+_NOT_STARTED_EXITS = (4, 126, 127)  # pytest's usage error (conftest.py import too); not executable; not found
+_COMMAND_NOT_FOUND = re.compile(r": (?:command )?not found$", re.M)  # bash's and dash's wording
+_TELLING_LINES = (
+    re.compile(r"^(?:E\s+)?((?:\w+\.)*\w+(?:Error|Exception): .+)$", re.M),  # the exception that stopped it
+    re.compile(r"^(?!\+ )(.*(?:not found|Permission denied|error:).*)$", re.M),  # the shell's or argparse's complaint
+)
+
+
+def could_not_start(exit_code: int | None, output: str, *, has_results: bool, model_patch: str = "") -> str | None:
+    """Why the test command could not start ("exit 4: ModuleNotFoundError: ..."), or None when it ran.
+
+    It could not start when it left no test results and exited 126 or 127, printed "command not
+    found", or exited 4 (pytest's usage error, which a conftest.py that fails to import also gives);
+    unless the output names a file `model_patch` changes, as a patch's syntax error in a module that
+    conftest.py imports does: that is the patch failing, graded as unresolved.
+    """
+    if has_results:
+        return None
+    started = exit_code not in _NOT_STARTED_EXITS and not _COMMAND_NOT_FOUND.search(output)
+    if started or any(_names(output, path) for path, _ in patch_files(model_patch)):
+        return None
+    return f"exit {exit_code}: {_telling_line(output)}"
+
+
+def _names(output: str, path: str) -> bool:
+    """Whether `output` names the repository file `path`, as a path or as the quoted module it holds."""
+    if re.search(rf"(?<![\w.]){re.escape(path)}(?![\w.])", output):
+        return True
+    if not path.endswith(".py"):
+        return False
+    # Python quotes module names ("No module named 'pkg.gone'"); a suffix drops a src/ or lib/ folder.
+    parts = path[:-3].removesuffix("/__init__").split("/")
+    modules = "|".join(re.escape(".".join(parts[i:])) for i in range(len(parts)))
+    return re.search(rf"['\"](?:{modules})['\"]", output) is not None
+
+
+def _telling_line(output: str) -> str:
+    """The line that says why: the exception, else the shell's complaint, else the last line."""
+    for pattern in _TELLING_LINES:
+        if m := pattern.search(output):
+            return m.group(1).strip()[:300]
+    lines = [line for line in output.splitlines() if line.strip() and not line.startswith("+ ")]
+    return lines[-1].strip()[:300] if lines else "no output"
+
+
+def note_environment_error(report: InstanceReport, exit_code: int | None, output: str, *, has_results: bool,
+                           model_patch: str) -> None:
+    """Mark `report` an environment error when its test command could not start (`could_not_start`)."""
+    why = could_not_start(exit_code, output, has_results=has_results, model_patch=model_patch)
+    if why is not None:
+        report.environment_error = why
+        report.error = f"environment error: the test command could not start ({why})"
 
 
 # --- the verdict -------------------------------------------------------------------------------------
@@ -310,6 +369,8 @@ def _grade_in(sb: Sandbox, task: Task, model_patch: str, report: InstanceReport,
     statuses, report.results_rejected = trusted_statuses(raw, report.test_exit_code, report.tests_timed_out)
     report.test_statuses = raw
     report.tests_status = tests_status(task, statuses)
+    note_environment_error(report, report.test_exit_code, report.test_output, has_results=bool(raw),
+                           model_patch=model_patch)
 
 
 def _since(start: float) -> float:

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
-from m3_agent.evals.grading import EVAL_DIR, InstanceReport, Outcome, TestsStatus, _StepFailed, apply_model_patch, patch_files
+from m3_agent.evals.grading import (EVAL_DIR, InstanceReport, Outcome, TestsStatus, _StepFailed, apply_model_patch,
+                                    note_environment_error, patch_files)
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox import Sandbox, SandboxConfig
 
@@ -226,10 +227,27 @@ def harness_report(task: Task, spec, model_patch: str | None, log: str) -> tuple
     return entry[task.instance_id], statuses
 
 
+def read_log(report: InstanceReport, task: Task, spec, model_patch: str | None, log: str) -> None:
+    """Fill `report` from the eval script's log: the harness's verdict and statuses, and whether the
+    test command could not start (`evals.grading.could_not_start`, on the output between the markers)."""
+    grading, *_ = swebench()
+    entry, statuses = harness_report(task, spec, model_patch, log)
+    report.patch_successfully_applied = report.patch_successfully_applied and entry["patch_successfully_applied"]
+    report.tests_status = TestsStatus(**{k: Outcome(**v) for k, v in entry.get("tests_status", {}).items()})
+    report.test_statuses = statuses
+    start, end = grading.START_TEST_OUTPUT, grading.END_TEST_OUTPUT
+    output = log.split(start, 1)[1].split(end, 1)[0] if start in log and end in log else ""
+    # The script's own exit code is its last reset's; the test command's is recorded after the end marker.
+    note_environment_error(report, grading.parse_test_exit_code(log), output, has_results=bool(statuses),
+                           model_patch=model_patch or "")
+    report.resolved = bool(entry["resolved"]) and report.patch_exists and report.error is None
+
+
 def grade_with_harness(task: Task, model_patch: str | None, *, image: str, sandbox: SandboxConfig,
                        test_timeout: float = 1800.0, tree: Path | None = None) -> InstanceReport:
     """Grade one prediction in the instance image: apply the patch, run the harness's eval script,
-    and let its parser and report function decide. An unappliable patch is an error, as in evals.grading."""
+    and let its parser and report function decide. An unappliable patch is an error, as in evals.grading,
+    and so is a test command that could not start (an environment error)."""
     report = InstanceReport(patch_is_None=model_patch is None, patch_exists=bool(model_patch and model_patch.strip()))
     clock = time.monotonic()
     try:
@@ -239,11 +257,7 @@ def grade_with_harness(task: Task, model_patch: str | None, *, image: str, sandb
             report.timings["sandbox_s"] = round(time.monotonic() - clock, 3)
             log = _run_eval_script(sb, spec, model_patch or "", report, test_timeout)
         if log is not None:
-            entry, statuses = harness_report(task, spec, model_patch, log)
-            report.patch_successfully_applied = report.patch_successfully_applied and entry["patch_successfully_applied"]
-            report.resolved = bool(entry["resolved"]) and report.patch_exists
-            report.tests_status = TestsStatus(**{k: Outcome(**v) for k, v in entry.get("tests_status", {}).items()})
-            report.test_statuses = statuses
+            read_log(report, task, spec, model_patch, log)
     except _StepFailed as e:
         report.error = str(e)
     except M3AgentError as e:

@@ -79,6 +79,7 @@ class Summary(BaseModel):
     schema_version: int = SCHEMA_VERSION
     # m3-agent additions
     patch_apply_failed_ids: list[str] = Field(default_factory=list)
+    environment_error_ids: list[str] = Field(default_factory=list)  # errors: the test command could not start
     resolve_rate: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -140,8 +141,10 @@ def build_report(results: list[InstanceResult], *, tasks: list[Task] | None = No
         resolved_ids=ids["resolved"],
         unresolved_ids=[i for i in completed if i not in set(ids["resolved"])],
         error_ids=ids["error"],
-        patch_apply_failed_ids=[r.instance_id for r in finished
-                                if r.report.patch_exists and not r.report.patch_successfully_applied and not r.error],
+        # The harness marks a run with no results "not applied" too: one that could not start is an environment error.
+        patch_apply_failed_ids=[r.instance_id for r in finished if r.report.patch_exists and not r.error
+                                and not r.report.patch_successfully_applied and not r.report.environment_error],
+        environment_error_ids=[r.instance_id for r in finished if r.report.environment_error and not r.error],
         resolve_rate=round(len(ids["resolved"]) / len(all_ids), 4) if all_ids else 0.0,
         prompt_tokens=prompt,
         completion_tokens=sum(a.completion_tokens for a in runs),
@@ -213,6 +216,7 @@ def _headline(s: Summary) -> list[tuple[str, str]]:
         ("resolved", f"{s.resolved_instances}/{s.total_instances} ({s.resolve_rate:.1%})"),
         ("unresolved / errors / empty patches", f"{s.unresolved_instances} / {s.error_instances} / {s.empty_patch_instances}"),
         ("patches that did not apply", str(len(s.patch_apply_failed_ids))),
+        ("environment errors (tests could not start)", str(len(s.environment_error_ids))),
         ("incomplete", str(len(s.incomplete_ids))),
         ("tokens in / out / cached", f"{s.prompt_tokens:,} / {s.completion_tokens:,} / {s.cached_tokens:,}"),
         ("cache-hit share", f"{s.cache_hit_share:.1%}"),

@@ -9,9 +9,11 @@ import textwrap
 import pytest
 
 from m3_agent.evals import grading
-from m3_agent.evals.grading import ERROR, FAILED, PASSED, SKIPPED, XFAIL, grade, parse_junit, patch_files, run_tests, trusted_statuses
+from m3_agent.evals.grading import (ERROR, FAILED, PASSED, SKIPPED, XFAIL, could_not_start, grade, parse_junit,
+                                    patch_files, run_tests, trusted_statuses)
 from m3_agent.evals.predictions import load_predictions
-from m3_agent.evals.runner import EvalConfig, run_eval
+from m3_agent.evals.report import build_report
+from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
 from m3_agent.evals.tasks import Task, builtin_task, checkout
 from m3_agent.sandbox import Sandbox, SandboxConfig
 
@@ -117,6 +119,93 @@ def test_results_claiming_success_with_a_nonzero_exit_are_rejected():
     assert trusted_statuses(good, 0, True) == ({}, True)  # a timed-out run proves nothing
     mixed = {"t::a": PASSED, "t::b": FAILED}
     assert trusted_statuses(mixed, 1, False) == (mixed, False)
+
+
+def _edit(*paths: str) -> str:
+    """A model patch changing `paths` (only its headers matter to `could_not_start`)."""
+    return "".join(f"diff --git a/{p} b/{p}\n--- a/{p}\n+++ b/{p}\n@@ -1 +1 @@\n-x\n+y\n" for p in paths)
+
+
+# pytest's own words (8.x/9.x) when a conftest.py cannot be imported: exit 4, no JUnit report.
+CONFTEST_NO_NUMPY = """\
+ImportError while loading conftest '/testbed/xarray/tests/conftest.py'.
+xarray/__init__.py:1: in <module>
+    from xarray import testing, tutorial
+xarray/testing.py:6: in <module>
+    import numpy as np
+E   ModuleNotFoundError: No module named 'numpy'
+"""
+CONFTEST_PATCH_SYNTAX_ERROR = """\
+ImportError while loading conftest '/testbed/xarray/tests/conftest.py'.
+xarray/__init__.py:3: in <module>
+    from xarray.core.dataset import Dataset
+E     File "/testbed/xarray/core/dataset.py", line 212
+E       def _get_virtual_variable(variables, key: Hashable, dim_sizes: Mapping = None
+E                                                                                  ^
+E   SyntaxError: '(' was never closed
+"""
+COLLECTION_SYNTAX_ERROR = """\
+collected 0 items / 1 error
+
+==================================== ERRORS ====================================
+_______________________ ERROR collecting tests/test_roman.py ____________________
+tests/test_roman.py:3: in <module>
+    from roman import to_roman
+E     File "/workspace/roman/__init__.py", line 9
+E       if not 0 < n < 4000
+E                          ^
+E   SyntaxError: expected ':'
+=========================== short test summary info ============================
+ERROR tests/test_roman.py
+!!!!!!!!!!!!!!!!!!!! Interrupted: 1 error during collection !!!!!!!!!!!!!!!!!!!!
+=============================== 1 error in 0.21s ===============================
+"""
+FAILING_TESTS = """\
+tests/test_roman.py .F                                                     [100%]
+=================================== FAILURES ===================================
+E       AssertionError: assert 'IIII' == 'IV'
+=========================== short test summary info ============================
+PASSED tests/test_roman.py::test_simple
+FAILED tests/test_roman.py::test_subtractive - AssertionError: assert 'IIII' == 'IV'
+========================= 1 failed, 1 passed in 0.05s ==========================
+"""
+
+
+def test_a_conftest_that_cannot_import_an_installed_dependency_means_the_tests_could_not_start():
+    why = could_not_start(4, CONFTEST_NO_NUMPY, has_results=False, model_patch=_edit("xarray/core/dataset.py"))
+    assert why == "exit 4: ModuleNotFoundError: No module named 'numpy'"
+    assert could_not_start(4, CONFTEST_NO_NUMPY, has_results=False) == why  # an empty patch: the same
+    usage = "ERROR: usage: python -m pytest [options] [file_or_dir] [file_or_dir] [...]\n" \
+            "python -m pytest: error: unrecognized arguments: --bogus\n  inifile: None\n"
+    assert could_not_start(4, usage, has_results=False) == "exit 4: python -m pytest: error: unrecognized arguments: --bogus"
+
+
+def test_a_shell_that_cannot_find_or_run_the_test_command_means_the_tests_could_not_start():
+    assert could_not_start(127, "bash: line 1: pytest: command not found\n", has_results=False) == \
+        "exit 127: bash: line 1: pytest: command not found"
+    assert could_not_start(126, "bash: line 1: ./runtests.py: Permission denied\n", has_results=False) == \
+        "exit 126: bash: line 1: ./runtests.py: Permission denied"
+    # Piped into tee, the exit code is tee's: the shell's words still tell.
+    assert could_not_start(0, "sh: 1: pytest: not found\n", has_results=False) == "exit 0: sh: 1: pytest: not found"
+
+
+def test_a_patch_that_breaks_what_conftest_imports_is_not_an_environment_error():
+    assert could_not_start(4, CONFTEST_PATCH_SYNTAX_ERROR, has_results=False,
+                           model_patch=_edit("xarray/core/dataset.py")) is None
+    # A module the patch removed is named as a module, not as a path.
+    gone = CONFTEST_NO_NUMPY.replace("'numpy'", "'xarray.core.gone'")
+    assert could_not_start(4, gone, has_results=False, model_patch=_edit("xarray/core/gone.py")) is None
+    assert could_not_start(4, gone, has_results=False, model_patch=_edit("xarray/core/other.py")) is not None
+
+
+def test_collection_errors_and_failing_tests_are_ordinary_failures_not_environment_errors():
+    patch = _edit("roman/__init__.py")
+    assert could_not_start(2, COLLECTION_SYNTAX_ERROR, has_results=False, model_patch=patch) is None
+    assert could_not_start(1, COLLECTION_SYNTAX_ERROR, has_results=True, model_patch=patch) is None  # JUnit: an ERROR case
+    assert could_not_start(1, FAILING_TESTS, has_results=True, model_patch=patch) is None
+    assert could_not_start(5, "no tests ran in 0.01s\n", has_results=False) is None  # ran, found nothing
+    assert could_not_start(124, "", has_results=False) is None  # timed out: it had started
+    assert could_not_start(4, CONFTEST_NO_NUMPY, has_results=True) is None  # any result means it ran
 
 
 def test_patch_files_lists_changed_and_created_files():
@@ -263,6 +352,32 @@ def test_env_setup_runs_before_a_custom_test_command(tmp_path, git_repo, test_la
     report = _grade(task, patch, tmp_path, test_label)
     assert report.test_statuses == {"tests/test_env.py::test_setup_ran": PASSED}
     assert report.resolved
+
+
+@pytest.mark.docker
+def test_a_test_command_that_cannot_start_is_an_environment_error_not_an_unresolved_patch(tmp_path, git_repo, test_label):
+    repo = git_repo({"pkg/__init__.py": "VALUE = 1\n",
+                     "tests/conftest.py": "import pkg\nimport m3_agent_absent_dependency\n",
+                     "tests/test_pkg.py": "import pkg\n\n\ndef test_value():\n    assert pkg.VALUE == 2\n"})
+    base = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    task = Task(instance_id="env-err-1", repo=str(repo), base_commit=base, FAIL_TO_PASS=["tests/test_pkg.py::test_value"])
+    fix = "diff --git a/pkg/__init__.py b/pkg/__init__.py\n--- a/pkg/__init__.py\n+++ b/pkg/__init__.py\n" \
+          "@@ -1 +1 @@\n-VALUE = 1\n+VALUE = 2\n"
+    report = _grade(task, fix, tmp_path / "fix", test_label)
+    assert report.patch_successfully_applied and report.test_exit_code == 4 and report.test_statuses == {}
+    assert report.environment_error == "exit 4: ModuleNotFoundError: No module named 'm3_agent_absent_dependency'"
+    assert report.error.startswith("environment error: the test command could not start") and not report.resolved
+    summary = build_report([InstanceResult(instance_id=task.instance_id, model_name_or_path="m", model_patch=fix,
+                                           report=report)]).summary
+    assert summary.environment_error_ids == summary.error_ids == [task.instance_id]
+    assert summary.unresolved_ids == []
+
+    # The patch's own syntax error, in the module conftest.py imports first: the patch failed, not the environment.
+    broken = fix.replace("+VALUE = 2", "+VALUE = (2")
+    report = _grade(task, broken, tmp_path / "broken", test_label)
+    assert report.test_exit_code == 4 and "SyntaxError" in report.test_output
+    assert report.environment_error is None and report.error is None
+    assert report.tests_status.FAIL_TO_PASS.failure == task.FAIL_TO_PASS and not report.resolved
 
 
 @pytest.mark.docker

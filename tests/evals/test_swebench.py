@@ -16,9 +16,10 @@ import pytest
 
 from m3_agent.errors import SandboxUnavailable, UsageError
 from m3_agent.evals import harness
-from m3_agent.evals.grading import grade
+from m3_agent.evals.grading import InstanceReport, grade
 from m3_agent.evals.predictions import load_predictions
-from m3_agent.evals.runner import EvalConfig, run_eval
+from m3_agent.evals.report import build_report
+from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
 from m3_agent.evals.tasks import Task, load_tasks, patch_standin_script
 from m3_agent.evals.testbed import NAMESPACE, build_testbed_image, recipe_of
 from m3_agent.sandbox import Sandbox, SandboxConfig
@@ -93,6 +94,43 @@ def test_the_harness_report_decides_on_a_log(tmp_path):
     # Claimed passes with a failing exit code: the harness throws the log out.
     entry, _ = harness.harness_report(task, spec, task.patch, log.replace("Code: 0", "Code: 1"))
     assert entry["resolved"] is False and entry["patch_successfully_applied"] is False
+
+
+def _eval_log(output: str, exit_code: int) -> str:
+    """An eval script's log (set -x) around the test command's output, its exit code after the end marker."""
+    return ("+ git apply -v -\nChecking patch tests/test_domain_std.py...\n+ : '>>>>> Start Test Output'\n"
+            "+ python -X dev -m pytest -rA --durations 25 tests/test_domain_std.py\n" + output
+            + f"+ SWEBENCH_TEST_EXIT_CODE={exit_code}\n+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: {exit_code}\n")
+
+
+def test_a_harness_log_whose_test_command_could_not_start_is_an_environment_error():
+    task = load_tasks(TASKS, instance_ids=["sphinx-doc__sphinx-10781"])[0]
+    spec = harness.test_spec(task, "img")
+    no_docutils = ("ImportError while loading conftest '/testbed/tests/conftest.py'.\n"
+                   "tests/conftest.py:7: in <module>\n    import docutils\n"
+                   "E   ModuleNotFoundError: No module named 'docutils'\n")
+    report = InstanceReport(patch_exists=True, patch_successfully_applied=True)
+    harness.read_log(report, task, spec, task.patch, _eval_log(no_docutils, 4))
+    assert report.environment_error == "exit 4: ModuleNotFoundError: No module named 'docutils'"
+    assert report.error and not report.resolved
+    result = InstanceResult(instance_id=task.instance_id, model_name_or_path="m", model_patch=task.patch, report=report)
+    summary = build_report([result]).summary
+    assert summary.environment_error_ids == summary.error_ids == [task.instance_id]
+    assert summary.unresolved_ids == summary.patch_apply_failed_ids == []  # the harness says "not applied": no results
+
+    # The patch's syntax error (sphinx/domains/std.py) stops conftest.py: an unresolved patch.
+    syntax = no_docutils.replace("import docutils", "from sphinx.domains.std import StandardDomain").replace(
+        "E   ModuleNotFoundError: No module named 'docutils'",
+        'E     File "/testbed/sphinx/domains/std.py", line 760\nE   SyntaxError: invalid syntax')
+    report = InstanceReport(patch_exists=True, patch_successfully_applied=True)
+    harness.read_log(report, task, spec, task.patch, _eval_log(syntax, 4))
+    assert report.environment_error is None and report.error is None and not report.resolved
+    # Tests that ran and failed: an unresolved patch too.
+    failed = "".join(f"FAILED {t} - AssertionError\n" for t in task.FAIL_TO_PASS)
+    report = InstanceReport(patch_exists=True, patch_successfully_applied=True)
+    harness.read_log(report, task, spec, task.patch, _eval_log(failed, 1))
+    assert report.environment_error is None and report.error is None and not report.resolved
+    assert report.tests_status.FAIL_TO_PASS.failure == task.FAIL_TO_PASS
 
 
 def test_a_dataset_folder_in_the_hubs_layout_loads_by_split(tmp_path, monkeypatch):
@@ -194,6 +232,17 @@ def test_junit_grading_gives_the_harness_verdicts_on_the_pytest_task(offline, gr
         assert ours.error is None, ours.test_output[-2000:]
         assert ours.resolved == theirs.resolved == (kind == "gold")
         assert ours.tests_status == theirs.tests_status, kind
+
+
+@pytest.mark.docker
+def test_a_test_command_missing_from_the_instance_image_is_an_environment_error(offline):
+    task, image = offline["sphinx-doc__sphinx-10781"]
+    missing = task.model_copy(update={"test_cmd": "m3-agent-absent-runner -rA"})
+    report = harness.grade_with_harness(missing, task.patch, image=image, sandbox=SandboxConfig())
+    # The exit code is the test command's (recorded after the end marker), not the eval script's.
+    assert report.environment_error.startswith("exit 127: "), report.test_output[-2000:]
+    assert report.environment_error.endswith(": m3-agent-absent-runner: command not found")
+    assert report.error and not report.resolved
 
 
 @pytest.mark.docker
