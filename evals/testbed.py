@@ -12,16 +12,19 @@ What such an image holds, as the official ones do:
   - `/opt/miniconda3/bin/activate`: a small shim, not conda, so the official eval script's
     `source /opt/miniconda3/bin/activate && conda activate testbed` works unchanged.
 
-The image is built FROM the offline sandbox base (debootstrap, see sandbox/image.py) and tagged
-with the name the official harness gives the instance's image; a label carries the hash of its
-recipe, so an unchanged recipe is never rebuilt and a changed one is.
+The image is built by the same machinery as a repository's environment (`sandbox.envimage`'s
+BuildContainer, `sandbox.wheels.download`): a container from the offline sandbox base (debootstrap,
+see sandbox/image.py) installs the wheels with pip, so the environment has its console scripts and
+`pytest -rA` after `conda activate testbed` is the environment's pytest; nothing is committed unless
+every step passed. It is tagged with the name the official harness gives the instance's image; a
+label carries the hash of its recipe, so an unchanged recipe is never rebuilt and a changed one is.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import platform
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -35,12 +38,13 @@ from m3_agent.errors import SandboxUnavailable, UsageError, first_validation_err
 from m3_agent.evals.harness import instance_image_name
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox.engine import docker_client, image_exists
-from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, build_context, build_image
+from m3_agent.sandbox.envimage import BUILDER, STAGE, SYSTEM_PATH, BuildContainer, create_venv, pip_install
+from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, build_image
+from m3_agent.sandbox.pyenv import scm_environment
+from m3_agent.sandbox.wheels import download
 
 ENV_PREFIX = "/opt/miniconda3/envs/testbed"
 NAMESPACE = "m3-agent-offline"  # offline images are named as the harness names them, in a namespace of their own
-PYTHON_VERSION = "3.11"  # the offline base's python3 (Debian bookworm); wheels are chosen for it
-WHEEL_PLATFORM = f"manylinux2014_{platform.machine()}"  # the engine runs images of this machine's architecture
 
 ACTIVATE_SHIM = """\
 # m3-agent offline testbed: a shim for conda's activate script (there is no conda in this image).
@@ -56,21 +60,6 @@ conda() {
   return 1
 }
 """
-
-DOCKERFILE = f"""\
-FROM {{base}}
-USER root
-COPY testbed /testbed
-COPY site /tmp/m3-site
-COPY activate /opt/miniconda3/bin/activate
-RUN set -e; python3 -m venv --without-pip {ENV_PREFIX}; \\
-    sp=$({ENV_PREFIX}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \\
-    cp -a /tmp/m3-site/. "$sp/"; rm -rf /tmp/m3-site; echo {{path_entry}} > "$sp/testbed.pth"; \\
-    ln -sf python3 {ENV_PREFIX}/bin/python; \\
-    PATH={ENV_PREFIX}/bin:$PATH python -c 'import sys; print(sys.prefix)'
-WORKDIR /testbed
-"""
-
 
 class TestbedRecipe(BaseModel):
     """How to make an instance's /testbed and environment offline (task extension `testbed`)."""
@@ -100,9 +89,8 @@ def recipe_of(task: Task) -> TestbedRecipe:
 
 
 def recipe_hash(task: Task, recipe: TestbedRecipe) -> str:
-    """The cache key of the image: what goes into it and the Dockerfile that puts it there."""
-    text = json.dumps([recipe.model_dump(), task.base_commit, DOCKERFILE, ACTIVATE_SHIM, PYTHON_VERSION],
-                      sort_keys=True)
+    """The cache key of the image: what goes into it and the steps that put it there."""
+    text = json.dumps([recipe.model_dump(), task.base_commit, ACTIVATE_SHIM, BUILDER, ENV_PREFIX], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -123,24 +111,37 @@ def build_testbed_image(task: Task, *, namespace: str | None = NAMESPACE, tag: s
                                          "use it as it is, or remove it to build the offline one")
         build_image()  # the sandbox image, and with it the offline base
         with tempfile.TemporaryDirectory(prefix="m3-testbed-") as tmp:
-            context = Path(tmp)
-            _prepare_context(task, recipe, context)
-            dockerfile = DOCKERFILE.replace("{base}", BASE_IMAGE).replace("{path_entry}", recipe.path_entry)
-            (context / "Dockerfile").write_text(dockerfile)
-            build_context(client, context, name, {IMAGE_LABEL: "testbed", RECIPE_LABEL: digest}, progress)
+            tree = Path(tmp) / "testbed"
+            commit = make_testbed_tree(task.instance_id, recipe, tree)
+            if commit != task.base_commit:
+                raise UsageError(f"{task.instance_id}: the sdist of {recipe.sdist} commits as {commit}, not the "
+                                 f"task's base_commit {task.base_commit}: the recipe or the release changed")
+            with BuildContainer(client, BASE_IMAGE, progress or (lambda _: None)) as box:
+                _install(box, recipe, tree, Path(tmp) / "stage")
+                box.commit(name, {IMAGE_LABEL: "testbed", RECIPE_LABEL: digest}, User="0:0", WorkingDir="/testbed",
+                           Env=[f"PATH={SYSTEM_PATH}", "LANG=C.UTF-8"])
         return name
     finally:
         client.close()
 
 
-def _prepare_context(task: Task, recipe: TestbedRecipe, context: Path) -> None:
-    """testbed/ (the sdist committed at the task's base commit), site/ (the wheels), activate."""
-    commit = make_testbed_tree(task.instance_id, recipe, context / "testbed")
-    if commit != task.base_commit:
-        raise UsageError(f"{task.instance_id}: the sdist of {recipe.sdist} commits as {commit}, not the task's "
-                         f"base_commit {task.base_commit}: the recipe or the release changed")
-    _install_wheels(recipe.packages, context / "site")
-    (context / "activate").write_text(ACTIVATE_SHIM)
+def _install(box: BuildContainer, recipe: TestbedRecipe, tree: Path, stage: Path) -> None:
+    """/testbed, the `testbed` venv with the pinned wheels (console scripts too), the activate shim."""
+    download(["pip", *recipe.packages], into=stage / "wheels", target=box.target(), no_deps=True)
+    (stage / "bin").mkdir()
+    (stage / "bin" / "activate").write_text(ACTIVATE_SHIM)
+    box.put(stage, STAGE)
+    box.put(tree, "/testbed", with_git=True)  # its commit is the task's base_commit
+    purelib = f"$({ENV_PREFIX}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
+    packages = " ".join(shlex.quote(p) for p in recipe.packages)
+    for step, command in [
+        ("create the testbed environment", create_venv(ENV_PREFIX)),
+        ("install the pinned packages", f"{pip_install(ENV_PREFIX)} --no-deps {packages}" if packages else "true"),
+        ("put the repository on the path", f"echo {shlex.quote(recipe.path_entry)} > {purelib}/testbed.pth"),
+        ("install the activate shim", f"mkdir -p /opt/miniconda3/bin && cp {STAGE}/bin/activate /opt/miniconda3/bin/"),
+        ("remove the build files", f"rm -rf {STAGE}"),
+    ]:
+        box.run(step, command, {})
 
 
 def make_testbed_tree(instance_id: str, recipe: TestbedRecipe, dest: Path) -> str:
@@ -155,9 +156,9 @@ def make_testbed_tree(instance_id: str, recipe: TestbedRecipe, dest: Path) -> st
     return hostgit.commit_all(dest, f"{instance_id}: {recipe.sdist} ({recipe.upstream})")
 
 
-def _pip(*args: str) -> None:
+def _pip(*args: str, version: str | None = None) -> None:
     proc = subprocess.run([sys.executable, "-m", "pip", *args, "-q", "--disable-pip-version-check"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=scm_environment(version))
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
         raise SandboxUnavailable(f"pip {args[0]} failed for the offline testbed: {tail[0][:300]}")
@@ -168,7 +169,11 @@ def _download_sdist(requirement: str) -> Path:
     where = cache_dir() / "testbed" / "sdists" / requirement.replace("=", "_")
     found = sorted(where.glob("*.tar.gz")) if where.is_dir() else []
     if not found:
-        _pip("download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", "-d", str(where), requirement)
+        # The sdist's own build backend comes from the index (setuptools_scm: xarray, pytest, astropy), with
+        # the pinned version as the one git would tell; only the package itself must be an sdist.
+        name, _, version = requirement.partition("==")
+        _pip("download", "--no-deps", "--no-binary", name.strip(), "-d", str(where), requirement,
+             version=version.strip() or None)
         found = sorted(where.glob("*.tar.gz"))
     if not found:
         raise SandboxUnavailable(f"pip download of {requirement} gave no .tar.gz sdist")
@@ -185,17 +190,3 @@ def _unpack_sdist(archive: Path, dest: Path) -> None:
                 continue
             member.name = str(Path(*parts))
             tar.extract(member, dest, filter="data")
-
-
-def _install_wheels(packages: list[str], site: Path) -> None:
-    """The pinned wheels for the image's Python, unpacked into `site` on the host (no network in the build)."""
-    site.mkdir()
-    if not packages:
-        return
-    wheels = cache_dir() / "testbed" / "wheels"
-    _pip("download", "--no-deps", "--only-binary", ":all:", "--python-version", PYTHON_VERSION,
-         "--implementation", "cp", "--platform", WHEEL_PLATFORM, "--platform", "any",
-         "-d", str(wheels), *packages)
-    _pip("install", "--no-deps", "--no-index", "--find-links", str(wheels), "--no-compile", "--target", str(site),
-         "--python-version", PYTHON_VERSION, "--implementation", "cp", "--platform", WHEEL_PLATFORM,
-         "--only-binary", ":all:", *packages)

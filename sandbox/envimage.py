@@ -46,6 +46,7 @@ Progress = Callable[[str], None]
 ENV_REPOSITORY = "m3-agent-env"
 KIND = "project-env"
 BUILDER = "1"  # bump when the build steps change what an image holds
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STAGE = "/tmp/m3-env"  # the wheels and requirement files inside the build container
 WORKSPACE = "/workspace"
 FILES_LABEL = "m3-agent.env.files"
@@ -145,7 +146,7 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
                       progress: Progress | None) -> None:
     """Build `tag` from `request` (the steps in the module's docstring); nothing is left when it fails."""
     say = progress or (lambda _: None)
-    with _BuildContainer(client, request.base, say) as box, tempfile.TemporaryDirectory(prefix="m3-agent-env-") as tmp:
+    with BuildContainer(client, request.base, say) as box, tempfile.TemporaryDirectory(prefix="m3-agent-env-") as tmp:
         target = box.target()
         say(f"planning the environment for Python {target.python} ({target.machine})")
         plan = plan_environment(request.repo, target, version=request.version) if request.derive else None
@@ -163,7 +164,9 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
         labels = {IMAGE_LABEL: KIND, RECIPE_LABEL: key, FILES_LABEL: json.dumps(plan.key_files if plan else {}),
                   PACKAGES_LABEL: json.dumps(packages), SOURCE_LABEL: request.source or request.repo.name}
         say(f"committing {tag}")
-        box.commit(tag, labels)
+        box.commit(tag, labels, User=f"{SANDBOX_UID}:{SANDBOX_UID}", WorkingDir=WORKSPACE,
+                   Env=[f"VIRTUAL_ENV={ENV_PREFIX}", f"PATH={ENV_PREFIX}/bin:{SYSTEM_PATH}", "HOME=/home/sandbox",
+                        "LANG=C.UTF-8", "LC_ALL=C.UTF-8"])
 
 
 def _download(plan: Plan | None, stage: Path, target: Target, version: str | None, say: Progress) -> None:
@@ -180,13 +183,21 @@ def _download(plan: Plan | None, stage: Path, target: Target, version: str | Non
              constraints=stage / "constraints.txt", version=version, progress=say)
 
 
+def create_venv(prefix: str) -> str:
+    """The command that makes a venv at `prefix` with pip, from the staged wheels (no index, no network)."""
+    return (f"python3 -m venv --without-pip {prefix} && {prefix}/bin/python $(ls {STAGE}/wheels/pip-*.whl | head -1)"
+            f"/pip install --no-index --find-links {STAGE}/wheels -q pip")
+
+
+def pip_install(prefix: str) -> str:
+    """`pip install` into the venv at `prefix` from the staged wheels only."""
+    return f"{prefix}/bin/python -m pip install --no-index --find-links {STAGE}/wheels --no-warn-script-location"
+
+
 def install_steps(plan: Plan | None, request: BuildRequest) -> list[tuple[str, str, dict[str, str]]]:
     """(name, shell command, extra environment) of each step run as root in the build container."""
-    pip = f"{ENV_PREFIX}/bin/python -m pip install --no-index --find-links {STAGE}/wheels --no-warn-script-location"
-    steps = [("create the environment",
-              f"python3 -m venv --without-pip {ENV_PREFIX} && "
-              f"{ENV_PREFIX}/bin/python $(ls {STAGE}/wheels/pip-*.whl | head -1)/pip install --no-index "
-              f"--find-links {STAGE}/wheels -q pip", {})]
+    pip = pip_install(ENV_PREFIX)
+    steps = [("create the environment", create_venv(ENV_PREFIX), {})]
     files = " ".join(f"-r {shlex.quote(f)}" for f in (plan.requirement_files if plan else []))
     if plan and plan.editable:
         steps.append(("install the build backend", f"{pip} {' '.join(map(shlex.quote, plan.build_requires))}", {}))
@@ -210,9 +221,10 @@ _PATH_FALLBACK = (f"{{ echo 'editable install failed: putting the source on the 
                   f"/m3-agent-project.pth; }}")
 
 
-class _BuildContainer:
-    """The container an environment is built in: root, the engine's default network, owner labels, so a
-    killed build is pruned like a sandbox; removed on exit whatever happened."""
+class BuildContainer:
+    """The container an image is built in (a repository's environment, an offline SWE-bench testbed): root,
+    the engine's default network, owner labels, so a killed build is pruned like a sandbox; removed on
+    exit whatever happened, and committed as an image only when every step passed."""
 
     def __init__(self, client: docker.DockerClient, base: str, progress: Progress) -> None:
         self.client = client
@@ -220,7 +232,7 @@ class _BuildContainer:
         self.progress = progress
         self.id: str | None = None
 
-    def __enter__(self) -> _BuildContainer:
+    def __enter__(self) -> BuildContainer:
         try:
             with cleanup.signals_held():
                 self.id = self.client.api.create_container(
@@ -251,13 +263,13 @@ class _BuildContainer:
             raise EnvironmentBuildError(f"python3 in {self.base} printed {out!r}", step="read the image's Python")
         return Target(*out)
 
-    def put(self, source: Path, dest: str) -> None:
-        """Copy the directory `source` to `dest` (created) in the container."""
+    def put(self, source: Path, dest: str, *, with_git: bool = False) -> None:
+        """Copy the directory `source` to `dest` (created) in the container; its .git too with `with_git`."""
         self.run(f"make {dest}", f"mkdir -p {shlex.quote(dest)}", {})
         with tempfile.TemporaryFile() as buf:
             with tarfile.open(fileobj=buf, mode="w") as tar:
                 for child in sorted(source.iterdir()):
-                    if child.name != ".git":
+                    if with_git or child.name != ".git":
                         tar.add(child, arcname=child.name)
             buf.seek(0)
             try:
@@ -268,7 +280,7 @@ class _BuildContainer:
 
     def run(self, step: str, command: str, env: dict[str, str]) -> str:
         """Run `command` as root with the environment first on PATH; its output, or EnvironmentBuildError."""
-        path = f"{ENV_PREFIX}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        path = f"{ENV_PREFIX}/bin:{SYSTEM_PATH}"
         exec_id = self.client.api.exec_create(self.id, ["sh", "-c", command], user="0:0", workdir=WORKSPACE,
                                               environment={"PATH": path, "HOME": "/root", "PIP_NO_INPUT": "1",
                                                            "PIP_DISABLE_PIP_VERSION_CHECK": "1", **env})["Id"]
@@ -286,12 +298,10 @@ class _BuildContainer:
             raise EnvironmentBuildError(f"{pip_error(text)} (exit {code})", step=step)
         return text
 
-    def commit(self, tag: str, labels: dict[str, str]) -> None:
+    def commit(self, tag: str, labels: dict[str, str], **conf: object) -> None:
+        """Commit the container as `tag`; `conf` sets the image's User, WorkingDir, Env (its Cmd is bash)."""
         repository, _, name = tag.rpartition(":")
-        conf = {"User": f"{SANDBOX_UID}:{SANDBOX_UID}", "WorkingDir": WORKSPACE, "Cmd": ["bash"], "Labels": labels,
-                "Env": [f"VIRTUAL_ENV={ENV_PREFIX}",
-                        f"PATH={ENV_PREFIX}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                        "HOME=/home/sandbox", "LANG=C.UTF-8", "LC_ALL=C.UTF-8"]}
+        conf = {"Cmd": ["bash"], "Labels": labels, **conf}
         try:
             self.client.api.commit(self.id, repository=repository, tag=name, conf=conf)
         except docker.errors.APIError as e:

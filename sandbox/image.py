@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -236,16 +235,6 @@ def _build(client: docker.DockerClient, dockerfile: str, tag: str, labels: dict[
     """`docker build` of a context-free Dockerfile, streaming its log lines to `progress`."""
     _stream_build(client, tag, progress, fileobj=io.BytesIO(dockerfile.encode()), labels=labels,
                   network_mode=network)
-
-
-def build_context(client: docker.DockerClient, context: Path, tag: str, labels: dict[str, str],
-                  progress: Progress | None) -> None:
-    """`docker build` of a directory holding its Dockerfile, with no network (everything is in it)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(context, arcname=".")
-    buf.seek(0)
-    _stream_build(client, tag, progress, fileobj=buf, custom_context=True, labels=labels, network_mode="none")
 
 
 def _stream_build(client: docker.DockerClient, tag: str, progress: Progress | None, **build: object) -> None:

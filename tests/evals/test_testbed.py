@@ -1,0 +1,47 @@
+"""The offline SWE-bench image builder on a project it was not made with: a setuptools_scm sdist
+(pluggy, built as xarray, pytest and astropy are), real wheels, and the harness's `pytest -rA`."""
+
+from __future__ import annotations
+
+import docker
+import pytest
+
+from m3_agent.evals.tasks import Task
+from m3_agent.evals.testbed import NAMESPACE, TestbedRecipe, build_testbed_image, make_testbed_tree
+
+pytestmark = pytest.mark.docker
+
+RECIPE = TestbedRecipe(
+    sdist="pluggy==1.5.0", upstream="1.5.0 (setuptools_scm: the version comes from git, or from this pin)",
+    packages=["pytest==8.3.3", "iniconfig==2.0.0", "packaging==24.1"], path_entry="/testbed/src",
+)
+# What the official eval script does before it runs the test command.
+ACTIVATE = "source /opt/miniconda3/bin/activate && conda activate testbed && cd /testbed"
+
+
+@pytest.fixture(scope="module")
+def pluggy_image(tmp_path_factory, sandbox_image):
+    commit = make_testbed_tree("pytest-dev__pluggy-1", RECIPE, tmp_path_factory.mktemp("pluggy") / "t")
+    task = Task(instance_id="pytest-dev__pluggy-1", repo="pytest-dev/pluggy", base_commit=commit,
+                testbed=RECIPE.model_dump())
+    return build_testbed_image(task, namespace=NAMESPACE)
+
+
+def run(image: str, script: str) -> str:
+    client = docker.from_env()
+    try:
+        out = client.containers.run(image, ["bash", "-c", script], remove=True, network_mode="none", stderr=True)
+    finally:
+        client.close()
+    return out.decode()
+
+
+def test_a_setuptools_scm_sdist_downloads_and_keeps_its_version(pluggy_image):
+    out = run(pluggy_image, f"{ACTIVATE} && grep '^Version:' PKG-INFO && python -c 'import pluggy; print(pluggy.__file__)'")
+    assert "Version: 1.5.0" in out and "/testbed/src/pluggy/__init__.py" in out
+
+
+def test_pytest_ra_runs_the_environments_pytest_with_its_console_script(pluggy_image):
+    out = run(pluggy_image, f"{ACTIVATE} && command -v pytest && pytest -rA testing/test_details.py 2>&1; true")
+    assert out.splitlines()[0] == "/opt/miniconda3/envs/testbed/bin/pytest"
+    assert "No module named" not in out and " passed" in out and "PASSED testing/test_details.py::" in out
