@@ -128,7 +128,7 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
                 patch, stats, report = evaluate_with_harness(task, patch, config, _agent_patch)
                 return _result(task, name, patch, report, stats, None, start)
             tree = checkout(task, Path(tmp) / "repo", repos=config.repos)
-            config = _with_environment(task, config)
+            config = _with_environment(task, config, tree)
             if config.agent is not None:
                 patch, stats = _agent_patch(task, tree, config)
             report = grade(task, patch, repo=tree, sandbox=config.sandbox, test_timeout=config.test_timeout)
@@ -145,13 +145,23 @@ def _result(task: Task, name: str, patch: str | None, report: InstanceReport, st
                           finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-def _with_environment(task: Task, config: EvalConfig) -> EvalConfig:
-    """The config with the task's own image (built once per recipe) when the task names an environment."""
-    if task.environment is None:
-        return config
-    from m3_agent.sandbox import build_env_image
+def _with_environment(task: Task, config: EvalConfig, tree: Path) -> EvalConfig:
+    """The config with the task's own image: built from its `environment` recipe when it names one, else
+    the environment its repository's files declare at the task's commit (`sandbox.envimage`), built once
+    per dependency state; the grader and the agent both run in it."""
+    if task.environment is not None:
+        from m3_agent.sandbox import build_env_image
 
-    image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image)
+        image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image)
+    else:
+        from m3_agent.sandbox.envimage import environment_for
+        from m3_agent.sandbox.pyenv import scm_version
+
+        version = scm_version(source_repository(task, config.repos), task.base_commit)
+        sandbox, env = environment_for(tree, config.sandbox, version=version, source=task.repo.replace("/", "__"))
+        if env is None:
+            return config
+        image = sandbox.image
     sandbox = config.sandbox.model_copy(update={"image": image})
     agent = None
     if config.agent is not None:
