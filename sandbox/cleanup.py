@@ -179,7 +179,8 @@ def prune(*, all: bool = False, labels: dict[str, str] | None = None) -> list[st
     """
     client = docker_client()
     removed = []
-    wanted = [LABEL] + [f"{k}={v}" for k, v in (labels or {}).items()]
+    # `=1`: an image committed from a build container carries these labels emptied (sandbox.envimage)
+    wanted = [f"{LABEL}=1"] + [f"{k}={v}" for k, v in (labels or {}).items()]
     try:
         # One list call: containers.list() inspects each one after listing it, and one removed in
         # between (another run ending) failed the whole prune with a 404.

@@ -301,7 +301,9 @@ class BuildContainer:
     def commit(self, tag: str, labels: dict[str, str], **conf: object) -> None:
         """Commit the container as `tag`; `conf` sets the image's User, WorkingDir, Env (its Cmd is bash)."""
         repository, _, name = tag.rpartition(":")
-        conf = {"Cmd": ["bash"], "Labels": labels, **conf}
+        # The engine merges the container's labels into the image: empty the owner's, or every container
+        # made from the image would look like one of this process's sandboxes to `prune`.
+        conf = {"Cmd": ["bash"], "Labels": {**{k: "" for k in cleanup.owner_labels()}, **labels}, **conf}
         try:
             self.client.api.commit(self.id, repository=repository, tag=name, conf=conf)
         except docker.errors.APIError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import docker
 import pytest
@@ -16,8 +17,11 @@ from m3_agent.sandbox.image import ENV_PREFIX
 
 pytestmark = pytest.mark.docker
 
+SESSION = uuid.uuid4().hex[:12]
+SOURCE = f"boxes-{SESSION}"  # this session's own environments: prune and its counts see no others
 PROJECT = {
-    "pyproject.toml": """\
+    "pyproject.toml": f"""\
+# {SESSION}: this session's own environment key, so the first build is a cold one
 [build-system]
 requires = ["setuptools>=64"]
 build-backend = "setuptools.build_meta"
@@ -54,7 +58,7 @@ def project_env(tmp_path_factory, sandbox_image):
 
     repo = make_git_repo(tmp_path_factory.mktemp("boxes") / "boxes", PROJECT)
     messages: list[str] = []
-    env = ensure_environment(BuildRequest(repo=repo, source="boxes"), progress=messages.append)
+    env = ensure_environment(BuildRequest(repo=repo, source=SOURCE), progress=messages.append)
     return repo, env, messages
 
 
@@ -80,10 +84,30 @@ def test_a_project_gets_its_dependencies_its_tests_extra_and_itself_editable(pro
 def test_the_image_says_which_files_keyed_it_and_what_it_holds(project_env):
     _, env, _ = project_env
     info = next(e for e in list_environments() if e.tag == env.tag)
-    assert list(info.files) == ["pyproject.toml"] and info.source == "boxes" and info.base_current
+    assert list(info.files) == ["pyproject.toml"] and info.source == SOURCE and info.base_current
     names = {line.split("==")[0].lower() for line in info.packages}
     assert {"attrs", "iniconfig", "six", "pytest", "pip"} <= names
     assert "no-such-package-m3-agent-docs" not in names  # the docs extra is not a test extra
+
+
+def test_a_container_made_from_an_environment_image_is_not_taken_for_a_sandbox(project_env):
+    """The engine merges the build container's labels into the image: the owner's are emptied, so `prune`
+    never removes a container someone else runs from it."""
+    from m3_agent.sandbox.cleanup import prune
+
+    _, env, _ = project_env
+    client = docker.from_env()
+    try:
+        c = client.containers.run(env.tag, ["sleep", "60"], detach=True, network_mode="none")
+        try:
+            assert c.labels["m3-agent.sandbox"] == "" and c.labels["m3-agent.owner-pid"] == ""
+            assert c.id[:12] not in prune()
+            c.reload()
+            assert c.status == "running"
+        finally:
+            c.remove(force=True)
+    finally:
+        client.close()
 
 
 def test_an_unchanged_repository_reuses_its_environment_at_once(project_env):
@@ -100,14 +124,14 @@ def test_a_changed_dependency_file_builds_a_new_environment_and_prune_keeps_the_
     files = dict(PROJECT)
     files["pyproject.toml"] = PROJECT["pyproject.toml"].replace('"iniconfig>=2"', '"iniconfig>=2", "tomli-w"')
     repo = make_git_repo(tmp_path / "boxes", files)
-    env = ensure_environment(BuildRequest(repo=repo, source="boxes"))
+    env = ensure_environment(BuildRequest(repo=repo, source=SOURCE))
     assert env is not None and env.built and env.tag != project_env[1].tag
     with Sandbox(SandboxConfig(image=env.tag), repo=repo) as sb:
         assert sb.exec("python -c 'import tomli_w'").exit_code == 0
     # `env prune` keeps the newest of a repository's environments and removes the older ones.
-    assert prune_environments(keep=1, source="boxes") == [project_env[1].tag]
+    assert prune_environments(keep=1, source=SOURCE) == [project_env[1].tag]
     assert env.tag in tags_of()
-    assert prune_environments(keep=0, source="boxes") == [env.tag]
+    assert prune_environments(keep=0, source=SOURCE) == [env.tag]
 
 
 def test_a_dependency_that_does_not_exist_fails_naming_it_and_leaves_nothing(git_repo, sandbox_image):
@@ -147,3 +171,4 @@ def test_an_image_of_the_users_own_is_used_as_it_is(git_repo, sandbox_image):
     config = SandboxConfig(image=sandbox_image + "-theirs")
     assert environment_for(repo, config) == (config, None)
     assert environment_for(repo, SandboxConfig(project_env="off")) == (SandboxConfig(project_env="off"), None)
+
