@@ -157,13 +157,15 @@ def test_a_failing_setup_command_names_the_step_and_leaves_nothing(git_repo, san
 def test_a_setup_command_alone_builds_on_a_repository_without_dependency_files(git_repo, sandbox_image):
     repo = git_repo({"app.py": "x = 1\n"})
     assert environment_for(repo, SandboxConfig()) == (SandboxConfig(), None)  # nothing declared, nothing built
-    config, env = environment_for(repo, SandboxConfig(setup="python -m pip --version > /opt/m3-agent/setup-ran"))
-    assert env is not None and config.image == env.tag
+    setup = f"python -m pip --version > /opt/m3-agent/setup-ran  # {SESSION}"
+    config, env = environment_for(repo, SandboxConfig(setup=setup), source=SOURCE)
+    assert env is not None and env.built and config.image == env.tag
     with Sandbox(config, repo=repo) as sb:
         assert "pip" in sb.exec("cat /opt/m3-agent/setup-ran").stdout
         assert sb.exec("command -v python").stdout.strip() == f"{ENV_PREFIX}/bin/python"
     labels = docker.from_env().images.get(env.tag).labels
     assert json.loads(labels["m3-agent.env.files"]) == {}
+    assert prune_environments(keep=0, source=SOURCE) == [env.tag]
 
 
 def test_an_image_of_the_users_own_is_used_as_it_is(git_repo, sandbox_image):
