@@ -1,4 +1,4 @@
-"""The live progress of `m3-agent fix`: a subscriber of the run's event stream.
+"""What `m3-agent fix` shows: the live progress (a subscriber of the run's event stream) and the summary.
 
 On a terminal it is a live rich panel (turn, thinking mode, current tool call, last tests, tokens
 with the cached share, sandbox restarts, elapsed time); elsewhere (CI logs) one plain line per tool
@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from m3_agent.agent.events import AgentEvent
 from m3_agent.agent.verdict import Verdict
+
+if TYPE_CHECKING:
+    from m3_agent.fix.flow import FixResult
 
 
 def short(text: Any, n: int = 90) -> str:
@@ -172,3 +175,27 @@ class LiveProgress:
         for name, value in rows:
             grid.add_row(name, Text(value))  # Text: tool arguments may hold [brackets] rich would parse
         return grid
+
+
+def summary(result: FixResult) -> Group:
+    """The end of `m3-agent fix`: verdict, tokens, tests, branch and patch, error, trajectory."""
+    run = result.run
+    style = {"resolved": "bold green", "not_resolved": "bold yellow", "unverified": "bold magenta"}[result.status]
+    verdict = Text(result.status.replace("_", " "), style=style)
+    lines = [Text.assemble(verdict, f"  ({run.status}, {run.turns} turns, {run.timings.wall_s:.1f} s)")]
+    u = run.usage
+    lines.append(Text(f"tokens: {u.prompt_tokens:,} in ({run.cache_hit_share:.0%} cached) · "
+                      f"{u.completion_tokens:,} out · thinking {run.mode_counts}"))
+    lines.append(Text(f"tests: {describe_verdict(run.verdict)}"))
+    if result.branch:
+        lines.append(Text(f"branch: {result.branch} ({result.commit[:12] if result.commit else ''})"))
+        lines.append(Text(f"patch:  {result.patch_path}"))
+        lines.append(Text("applied to the working tree" if result.applied else
+                          f"apply:  git apply {result.patch_path}   or   git merge {result.branch}"))
+    else:
+        lines.append(Text("no change was made: no branch, no patch"))
+    if run.error:
+        lines.append(Text(f"error: {run.error}", style="red"))
+    if run.trajectory_path:
+        lines.append(Text(f"trajectory: {run.trajectory_path}  (m3-agent show FILE)"))
+    return Group(*lines)

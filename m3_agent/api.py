@@ -45,7 +45,7 @@ from m3_agent.errors import (
     SandboxUnavailable,
     UsageError,
 )
-from m3_agent.fix.command import FixResult, fix_issue
+from m3_agent.fix.flow import FixResult, fix_issue
 from m3_agent.fix.github import GitHubClient, Issue
 from m3_agent.agent.events import AgentEvent
 from m3_agent.agent.loop import Agent, RunResult

@@ -16,16 +16,15 @@ if TYPE_CHECKING:
 
 
 def _fix(app: typer.Typer) -> None:
-    from m3_agent.fix import command as fix
+    from m3_agent.fix import cli as fix
 
     app.command("fix", help="Fix an issue in a repository; hands back a branch and a patch.")(fix.fix_command)
 
 
 def _config(app: typer.Typer) -> None:
-    from m3_agent.fix import command as fix
+    from m3_agent import config_cli
 
-    if hasattr(fix, "config_app"):
-        app.add_typer(fix.config_app, name="config", help="Show the effective configuration.")
+    app.add_typer(config_cli.config_app, name="config", help="Show the effective configuration.")
 
 
 def _pack(app: typer.Typer) -> None:

@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("m3_agent.agent",),  # the loop: model <-> tools <-> sandbox, and the repository context
     ("m3_agent.serving",),  # launching and benchmarking M3 servers, the stand-in
     ("m3_agent.settings",),  # the layered config: the parts' own config models, from files, env and flags
-    ("m3_agent.fix", "m3_agent.evals", "m3_agent.pack_cli", "m3_agent.env_cli"),  # the ways to run the agent, `pack` and `env` (read settings)
+    # the ways to run the agent, and the commands `pack`, `env` and `config` (they read settings)
+    ("m3_agent.fix", "m3_agent.evals", "m3_agent.pack_cli", "m3_agent.env_cli", "m3_agent.config_cli"),
     ("m3_agent.cli", "m3_agent.api", "m3_agent"),  # the command and the library API over all of it
 ]
 RANK = {part: rank for rank, layer in enumerate(LAYERS) for part in layer}

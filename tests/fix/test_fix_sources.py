@@ -16,7 +16,7 @@ from tests.fix.test_github import FakeGitHub
 from m3_agent.settings import load_settings
 from m3_agent.errors import GitError, UsageError
 from m3_agent.agent.verdict import suite_passed
-from m3_agent.fix.command import commit_message, resolve_issue
+from m3_agent.fix.flow import commit_message, resolve_issue
 from m3_agent.serving.endpoint import resolve_endpoint
 from m3_agent.fix.github import Issue
 from m3_agent.agent.loop import RunResult

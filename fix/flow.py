@@ -1,10 +1,8 @@
-"""`m3-agent fix`: fix an issue in a repository; hands back a branch, a commit and a `.patch` file.
+"""The flow of `m3-agent fix`: fix an issue in a repository; hands back a branch, a commit and a `.patch`.
 
-    m3-agent fix 123 --base-url http://gpu-node:8000/v1        # issue #123 of the `origin` remote
-    m3-agent fix https://github.com/acme/widgets/issues/123     # an issue URL (github.com or Enterprise)
-    m3-agent fix --issue bug.md --repo ../widgets               # a file, or plain text
+    result = fix_issue("123", repo=".", settings=settings)      # the library entry point; fix/cli.py is the command
 
-The flow (`fix_issue`, also the library entry point):
+The flow (`fix_issue`):
 1. open the repository and choose the base commit (HEAD on a branch, or `--base REV`);
 2. read the issue (GitHub REST API, a file, or text) and its images;
 3. export the base tree (HEAD, or the working tree with `--include-uncommitted`) into a temporary
@@ -18,7 +16,6 @@ The flow (`fix_issue`, also the library entry point):
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shutil
 import tempfile
@@ -26,26 +23,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Literal
 
-import typer
 from pydantic import BaseModel, Field
-from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
 
 from m3_agent.fix import gitwork
 from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.events import AgentEvent, Subscriber
 from m3_agent.agent.loop import Agent, RunResult
-from m3_agent.errors import EndpointError, GitError, Interrupted, M3AgentError, UsageError
-from m3_agent.fix.progress import LiveProgress, describe_verdict, short
+from m3_agent.errors import EndpointError, GitError, Interrupted, UsageError
 from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
 from m3_agent.sandbox.cleanup import claim, prune_scratch
 from m3_agent.sandbox.envimage import environment_for
 from m3_agent.sandbox.pyenv import scm_version
 from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
-from m3_agent.settings import Settings, display_rows, load_settings
+from m3_agent.settings import Settings, load_settings
 from m3_agent.tools import Tool
 
 Callback = Subscriber
@@ -369,135 +361,3 @@ def _deliver(job: _Job, result: FixResult, *, apply: bool) -> None:
         include = job.settings.fix.include_uncommitted
         gitwork.apply_to_worktree(job.root, patch, expected_tree=job.tree if include else None)
         result.applied = True
-
-
-# ----- the command --------------------------------------------------------------------------------
-
-
-def _summary(result: FixResult) -> Group:
-    run = result.run
-    style = {"resolved": "bold green", "not_resolved": "bold yellow", "unverified": "bold magenta"}[result.status]
-    verdict = Text(result.status.replace("_", " "), style=style)
-    lines = [Text.assemble(verdict, f"  ({run.status}, {run.turns} turns, {run.timings.wall_s:.1f} s)")]
-    u = run.usage
-    lines.append(Text(f"tokens: {u.prompt_tokens:,} in ({run.cache_hit_share:.0%} cached) · "
-                      f"{u.completion_tokens:,} out · thinking {run.mode_counts}"))
-    lines.append(Text(f"tests: {describe_verdict(run.verdict)}"))
-    if result.branch:
-        lines.append(Text(f"branch: {result.branch} ({result.commit[:12] if result.commit else ''})"))
-        lines.append(Text(f"patch:  {result.patch_path}"))
-        lines.append(Text("applied to the working tree" if result.applied else
-                          f"apply:  git apply {result.patch_path}   or   git merge {result.branch}"))
-    else:
-        lines.append(Text("no change was made: no branch, no patch"))
-    if run.error:
-        lines.append(Text(f"error: {run.error}", style="red"))
-    if run.trajectory_path:
-        lines.append(Text(f"trajectory: {run.trajectory_path}  (m3-agent show FILE)"))
-    return Group(*lines)
-
-
-def fix_command(
-    issue_arg: Optional[str] = typer.Argument(
-        None, metavar="ISSUE", help="Issue number (origin's GitHub repo), owner/repo#N, issue URL, file, or text."
-    ),
-    issue: Optional[str] = typer.Option(None, "--issue", "-i", help="The issue, as ISSUE (instead of the argument)."),
-    repo: Path = typer.Option(Path("."), "--repo", "-C", help="The repository to fix."),
-    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the M3 server (…/v1)."),
-    serve: Optional[str] = typer.Option(None, help="Launch or reuse an M3 endpoint from this serving profile."),
-    model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
-    max_turns: Optional[int] = typer.Option(None, help="Turn limit."),
-    test_cmd: Optional[str] = typer.Option(
-        None, help="Shell command whose exit status decides the verdict when the agent ran no tests on its patch."
-    ),
-    time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help="Wall-clock limit, seconds."),
-    thinking: Optional[str] = typer.Option(None, help="controller | enabled | disabled | adaptive."),
-    images: Optional[str] = typer.Option(None, help="Send issue images: auto | on | off."),
-    include_uncommitted: Optional[bool] = typer.Option(
-        None, "--include-uncommitted/--no-include-uncommitted",
-        help="Include the working tree's uncommitted changes (tracked and untracked) in the run.",
-    ),
-    apply: bool = typer.Option(False, "--apply", help="Also apply the patch to the working tree (must be clean)."),
-    base: Optional[str] = typer.Option(None, help="Start from this commit instead of HEAD (e.g. on a detached HEAD)."),
-    sandbox_image: Optional[str] = typer.Option(None, help="Docker image the tools run in."),
-    github_api_url: Optional[str] = typer.Option(None, help="GitHub REST API base (Enterprise: https://HOST/api/v3)."),
-    output_dir: Optional[Path] = typer.Option(None, help="Where patches and trajectories go (default .m3-agent/)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress, no diff: only the summary."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (FixResult) on stdout, nothing else."),
-) -> None:
-    """Fix an issue; exit 0 when resolved (tests ran on the final patch and pass), 1 when not, 6 when no
-    test ran on the final patch and no test command is known (see docs/usage.md)."""
-    err = Console(stderr=True, highlight=False)
-    try:
-        if issue_arg and issue:
-            raise UsageError("give the issue once: as the argument or with --issue")
-        flags = {
-            "--base-url": base_url, "--serve": serve, "--model": model, "--max-turns": max_turns, "--test-cmd": test_cmd,
-            "--time-limit": time_limit_s, "--thinking": thinking, "--images": images,
-            "--include-uncommitted": include_uncommitted, "--sandbox-image": sandbox_image,
-            "--github-api-url": github_api_url, "--output-dir": output_dir,
-        }
-        result = _fix_from_flags(err, issue_arg or issue, repo, flags, config=config, apply=apply, base=base,
-                                 quiet=quiet, json_out=json_out)
-    except M3AgentError as e:
-        if json_out:
-            typer.echo(json.dumps({"resolved": False, "exit_code": e.exit_code, "error": str(e)}))
-        raise
-    if json_out:
-        typer.echo(result.model_dump_json(exclude={"run": {"patch"}}))
-    else:
-        if not quiet and result.patch.strip():
-            typer.echo(result.patch, nl=not result.patch.endswith("\n"))
-        err.print(_summary(result), soft_wrap=True)
-    raise typer.Exit(result.exit_code)
-
-
-def _fix_from_flags(err: Console, spec: str | None, repo: Path, flags: dict[str, Any], *, config: Path | None,
-                    apply: bool, base: str | None, quiet: bool, json_out: bool) -> FixResult:
-    """The command's work once its flags are parsed: settings, notices, progress display, `fix_issue`."""
-    if not spec:
-        raise UsageError("which issue? pass a number, an issue URL, a file or text (m3-agent fix --help)")
-    root = gitwork.open_repo(repo).root
-    settings, _ = load_settings(root, flags, config_file=config)
-
-    def on_notice(text: str) -> None:
-        if not json_out:
-            err.print(f"m3-agent: {text}", markup=False, soft_wrap=True)
-
-    if quiet or json_out:
-        return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, on_notice=on_notice)
-    with LiveProgress(err, max_turns=settings.limits.max_turns, label=short(spec, 50)) as progress:
-        return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, callbacks=[progress],
-                         on_notice=on_notice)
-
-
-# ----- `m3-agent config` --------------------------------------------------------------------------
-
-config_app = typer.Typer(no_args_is_help=True, help="Show the effective configuration.")
-
-
-@config_app.command("show")
-def config_show(
-    repo: Path = typer.Option(Path("."), "--repo", "-C", help="Repository whose config files apply."),
-    config: Optional[Path] = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject."),
-    json_out: bool = typer.Option(False, "--json", help="A JSON list of {name, value, source}."),
-) -> None:
-    """Print every setting's effective value and where it came from (secrets masked)."""
-    if not repo.is_dir():
-        raise UsageError(f"not a directory: {repo}")
-    try:
-        root = gitwork.open_repo(repo).root
-    except M3AgentError:
-        root = repo  # config files work outside git repositories too
-    settings, sources = load_settings(root, config_file=config)
-    rows = display_rows(settings, sources)
-    if json_out:
-        typer.echo(json.dumps([{"name": n, "value": v, "source": s} for n, v, s in rows], indent=2))
-        return
-    table = Table(title=f"m3-agent configuration ({root})", title_justify="left")
-    for col in ("setting", "value", "source"):
-        table.add_column(col)
-    for name, value, source in rows:
-        table.add_row(Text(name), Text(value), Text(source), style="dim" if source == "default" else None)
-    Console(highlight=False).print(table)

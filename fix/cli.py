@@ -1,0 +1,96 @@
+"""`m3-agent fix`: the command over the library flow (`fix.flow.fix_issue`) and its display (`fix.progress`).
+
+    m3-agent fix 123 --base-url http://gpu-node:8000/v1        # issue #123 of the `origin` remote
+    m3-agent fix https://github.com/acme/widgets/issues/123     # an issue URL (github.com or Enterprise)
+    m3-agent fix --issue bug.md --repo ../widgets               # a file, or plain text
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from m3_agent.errors import M3AgentError, UsageError
+from m3_agent.fix import gitwork
+from m3_agent.fix.flow import FixResult, fix_issue
+from m3_agent.fix.progress import LiveProgress, short, summary
+from m3_agent.settings import load_settings
+
+
+def fix_command(
+    issue_arg: Optional[str] = typer.Argument(
+        None, metavar="ISSUE", help="Issue number (origin's GitHub repo), owner/repo#N, issue URL, file, or text."
+    ),
+    issue: Optional[str] = typer.Option(None, "--issue", "-i", help="The issue, as ISSUE (instead of the argument)."),
+    repo: Path = typer.Option(Path("."), "--repo", "-C", help="The repository to fix."),
+    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the M3 server (…/v1)."),
+    serve: Optional[str] = typer.Option(None, help="Launch or reuse an M3 endpoint from this serving profile."),
+    model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
+    max_turns: Optional[int] = typer.Option(None, help="Turn limit."),
+    test_cmd: Optional[str] = typer.Option(
+        None, help="Shell command whose exit status decides the verdict when the agent ran no tests on its patch."
+    ),
+    time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help="Wall-clock limit, seconds."),
+    thinking: Optional[str] = typer.Option(None, help="controller | enabled | disabled | adaptive."),
+    images: Optional[str] = typer.Option(None, help="Send issue images: auto | on | off."),
+    include_uncommitted: Optional[bool] = typer.Option(
+        None, "--include-uncommitted/--no-include-uncommitted",
+        help="Include the working tree's uncommitted changes (tracked and untracked) in the run.",
+    ),
+    apply: bool = typer.Option(False, "--apply", help="Also apply the patch to the working tree (must be clean)."),
+    base: Optional[str] = typer.Option(None, help="Start from this commit instead of HEAD (e.g. on a detached HEAD)."),
+    sandbox_image: Optional[str] = typer.Option(None, help="Docker image the tools run in."),
+    github_api_url: Optional[str] = typer.Option(None, help="GitHub REST API base (Enterprise: https://HOST/api/v3)."),
+    output_dir: Optional[Path] = typer.Option(None, help="Where patches and trajectories go (default .m3-agent/)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress, no diff: only the summary."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (FixResult) on stdout, nothing else."),
+) -> None:
+    """Fix an issue; exit 0 when resolved (tests ran on the final patch and pass), 1 when not, 6 when no
+    test ran on the final patch and no test command is known (see docs/usage.md)."""
+    err = Console(stderr=True, highlight=False)
+    try:
+        if issue_arg and issue:
+            raise UsageError("give the issue once: as the argument or with --issue")
+        flags = {
+            "--base-url": base_url, "--serve": serve, "--model": model, "--max-turns": max_turns, "--test-cmd": test_cmd,
+            "--time-limit": time_limit_s, "--thinking": thinking, "--images": images,
+            "--include-uncommitted": include_uncommitted, "--sandbox-image": sandbox_image,
+            "--github-api-url": github_api_url, "--output-dir": output_dir,
+        }
+        result = _fix_from_flags(err, issue_arg or issue, repo, flags, config=config, apply=apply, base=base,
+                                 quiet=quiet, json_out=json_out)
+    except M3AgentError as e:
+        if json_out:
+            typer.echo(json.dumps({"resolved": False, "exit_code": e.exit_code, "error": str(e)}))
+        raise
+    if json_out:
+        typer.echo(result.model_dump_json(exclude={"run": {"patch"}}))
+    else:
+        if not quiet and result.patch.strip():
+            typer.echo(result.patch, nl=not result.patch.endswith("\n"))
+        err.print(summary(result), soft_wrap=True)
+    raise typer.Exit(result.exit_code)
+
+
+def _fix_from_flags(err: Console, spec: str | None, repo: Path, flags: dict[str, Any], *, config: Path | None,
+                    apply: bool, base: str | None, quiet: bool, json_out: bool) -> FixResult:
+    """The command's work once its flags are parsed: settings, notices, progress display, `fix_issue`."""
+    if not spec:
+        raise UsageError("which issue? pass a number, an issue URL, a file or text (m3-agent fix --help)")
+    root = gitwork.open_repo(repo).root
+    settings, _ = load_settings(root, flags, config_file=config)
+
+    def on_notice(text: str) -> None:
+        if not json_out:
+            err.print(f"m3-agent: {text}", markup=False, soft_wrap=True)
+
+    if quiet or json_out:
+        return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, on_notice=on_notice)
+    with LiveProgress(err, max_turns=settings.limits.max_turns, label=short(spec, 50)) as progress:
+        return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, callbacks=[progress],
+                         on_notice=on_notice)
