@@ -191,6 +191,11 @@ def commit_all(path: Path, message: str) -> str:
     and date); returns the commit id."""
     with git_errors():
         git.Repo.init(path).close()
+    # The copy holds the bytes git stores: no re-encoding by a `working-tree-encoding` attribute, which
+    # fails outright where iconv lacks the encoding (sphinx's `iso-8859`). info/attributes wins over
+    # the tree's .gitattributes, and travels with the copy into the sandbox.
+    (path / ".git" / "info").mkdir(exist_ok=True)
+    (path / ".git" / "info" / "attributes").write_text("* -working-tree-encoding\n")
     with repository(path) as repo:
         # -f: every file is part of the copy, even if a .gitignore pattern matches it.
         repo.git(c=_COPY_OPTIONS).add("-A", "-f")
