@@ -455,10 +455,11 @@ class _Run:
             self.messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
             self.emit("tool_result", id=call.id, name=call.name, ok=result.ok, error_kind=result.error_kind,
                       output=output, data=result.data, changed_files=result.changed_files,
-                      duration_s=round(took, 4))
+                      tests=result.tests.model_dump() if result.tests else None, duration_s=round(took, 4))
             self.stall.record(_step_of(self.turn, call.name, call.arguments, result, output))
-            if "failing" in result.data:  # a test run: remember the workspace it saw (diffed by _call)
-                self.tests.saw(call.name, call.arguments, result.data, self.turn, self.recovery.last_diff)
+            if result.tests is not None:  # a test run: remember the workspace it saw (diffed by _call)
+                self.tests.saw(call.name, call.arguments, result.tests.model_dump(), self.turn,
+                               self.recovery.last_diff)
             results.append(result)
             if result.submitted:
                 break
@@ -473,7 +474,7 @@ class _Run:
         try:
             result = execute_call(name, arguments, self.agent.tools, watched, truncated=truncated)
             # A test run's workspace decides the verdict; any other is kept only for a restart.
-            if watched.touched and (self.recovery.limit or "failing" in result.data):
+            if watched.touched and (self.recovery.limit or result.tests is not None):
                 self.recovery.saw(self.env.diff())
             return result
         except SandboxDied as died:
@@ -510,8 +511,8 @@ class _Run:
         state.format_errors_in_row = state.format_errors_in_row + 1 if all_malformed else 0
         state.last_tools = [c.name for c in reply.tool_calls]
         state.last_tool_errors = sum(not r.ok for r in results)
-        tests = [r.data for r in results if "failing" in r.data]
-        state.last_tests_failed = bool(tests[-1].get("failed") or tests[-1].get("errors")) if tests else None
+        tests = [r.tests for r in results if r.tests is not None]
+        state.last_tests_failed = bool(tests[-1].failed or tests[-1].errors) if tests else None
         state.last_edit_ok = any(r.ok and r.changed_files for r in results)
         submitted = next((r for r in results if r.submitted), None)
         if submitted is not None:
@@ -592,7 +593,7 @@ def _step_of(turn: int, name: str, arguments: str | None, result: ToolResult, ou
     return Step(
         turn=turn, tool=name, args=_parsed(arguments), output=output, error=not result.ok,
         exit_code=result.data.get("exit_code"), running=result.running, changed_files=list(result.changed_files),
-        failing_tests=[f.get("id", "") for f in result.data["failing"]] if "failing" in result.data else None,
+        failing_tests=[f.id for f in result.tests.failing] if result.tests is not None else None,
     )
 
 

@@ -41,8 +41,8 @@ class ProgressFeed:
             self.emit("turn", turn=event.turn, thinking=data.get("thinking_mode"))
         elif event.kind == "tool_call":
             self.emit("tool", turn=event.turn, name=data.get("name"))
-        elif event.kind == "tool_result" and "failing" in data.get("data", {}):
-            tests = data["data"]
+        elif event.kind == "tool_result" and data.get("tests"):  # the call ran tests
+            tests = data["tests"]
             self.emit("tests", turn=event.turn, passed=tests.get("passed"), failed=tests.get("failed"))
         elif event.kind == "stall":
             self.emit("stall", turn=event.turn, rule=data.get("rule"))

@@ -133,8 +133,8 @@ class LiveProgress:
         self._line(f"turn {turn}/{self.max_turns} [{self.mode}] {self.tool}")
 
     def _on_tool_result(self, turn: int, data: dict[str, Any]) -> None:
-        if "failing" in (data.get("data") or {}):
-            self.tests = describe_tests(data["data"])
+        if data.get("tests"):  # the call ran tests
+            self.tests = describe_tests(data["tests"])
             self._line(f"  tests: {self.tests}")
 
     def _on_env_build(self, turn: int, data: dict[str, Any]) -> None:

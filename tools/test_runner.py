@@ -106,6 +106,7 @@ class TestRunner(Tool):
             ok=ok,
             error_kind=None if ok else ("timeout" if summary.timed_out else "execution"),
             data=summary.model_dump(),
+            tests=summary,
             running=still_running(result),
         )
 

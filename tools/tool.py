@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from m3_agent.tools.junit import TestSummary
+
 if TYPE_CHECKING:
     from m3_agent.sandbox import Environment
 
@@ -19,6 +21,7 @@ class ToolResult(BaseModel):
     ok: bool
     error_kind: ErrorKind | None = None
     data: dict[str, Any] = Field(default_factory=dict)
+    tests: TestSummary | None = Field(None, description="set when the call ran tests: what they did")
     changed_files: list[str] = Field(default_factory=list)
     submitted: bool = False
     running: bool = False

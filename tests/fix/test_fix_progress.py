@@ -32,7 +32,7 @@ def events() -> list[AgentEvent]:
         AgentEvent(kind="request", turn=2, data={"thinking_mode": "disabled"}),
         reply(2, 1000, 800, 60),
         AgentEvent(kind="tool_call", turn=2, data={"name": "test_runner", "arguments": '{"test_file": "tests"}'}),
-        AgentEvent(kind="tool_result", turn=2, data={"name": "test_runner", "ok": False, "data": {
+        AgentEvent(kind="tool_result", turn=2, data={"name": "test_runner", "ok": False, "tests": {
             "passed": 3, "failed": 1, "errors": 0, "failing": [{"id": "t::x"}]}}),
         AgentEvent(kind="stall", turn=2, data={"rule": "same_failures"}),
     ]
