@@ -29,6 +29,10 @@ DEPS=(
 )
 
 stamp_want=$( { cat "$0"; echo "$VLLM_VERSION $SGLANG_VERSION $TORCH_VERSION"; } | sha256sum | cut -d' ' -f1)
+mkdir -p "$CACHE"
+# One build at a time: a second test run starting meanwhile waits, then finds the venv built.
+exec 9>"$CACHE/.oracle-venv.lock"
+flock 9
 if [ "$(cat "$VENV/.m3-oracle-stamp" 2>/dev/null)" = "$stamp_want" ]; then
   echo "$VENV/bin/python"
   exit 0
