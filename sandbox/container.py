@@ -24,7 +24,7 @@ from m3_agent.sandbox import cleanup, server
 from m3_agent.sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, SharedSocket
 from m3_agent.sandbox.config import ExecResult, SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
-from m3_agent.sandbox.image import ENV_PREFIX
+from m3_agent.sandbox.image import ENV_PREFIX, GENERATED
 
 WORKSPACE = "/workspace"
 HOME = "/home/sandbox"
@@ -85,6 +85,11 @@ fi
 if [ -n "$M3_KEEP_BASE" ]; then git update-ref refs/m3-agent/base HEAD; fi
 mkdir -p "$HOME/.config/git"
 printf '%s\n' '__pycache__/' '*.py[co]' '.pytest_cache/' > "$HOME/.config/git/ignore"
+# An environment image's generated files (sandbox.envimage): back in the workspace, never in its diff.
+if [ -d "$M3_GENERATED" ]; then
+  cp -Rn "$M3_GENERATED/." .
+  mkdir -p .git/info && (cd "$M3_GENERATED" && find . -type f | sed 's|^\.||') >> .git/info/exclude
+fi
 git rev-parse HEAD
 """
 
@@ -153,7 +158,8 @@ class Sandbox:
             self._create_and_attach(client)
             if tar is not None:
                 self._copy_in(tar)
-            init = self.exec(GIT_INIT, timeout=cfg.start_timeout, env={"M3_KEEP_BASE": "1"} if tar else None)
+            init = self.exec(GIT_INIT, timeout=cfg.start_timeout,
+                             env={"M3_GENERATED": GENERATED, **({"M3_KEEP_BASE": "1"} if tar else {})})
             if init.exit_code != 0:
                 raise SandboxUnavailable(f"cannot prepare /workspace as a git repository: {init.stderr.strip()[-300:]}")
             self.base_commit = init.stdout.strip().splitlines()[-1]

@@ -36,7 +36,7 @@ from m3_agent.errors import EnvironmentBuildError, SandboxUnavailable
 from m3_agent.sandbox import cleanup
 from m3_agent.sandbox.config import SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
-from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID, build_lock,
+from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID, build_lock,
                                     digest, build_image)
 from m3_agent.sandbox.pyenv import ALWAYS, Plan, Target, key_files, plan_environment, pip_error, wants_environment
 from m3_agent.sandbox.wheels import download
@@ -45,7 +45,7 @@ Progress = Callable[[str], None]
 
 ENV_REPOSITORY = "m3-agent-env"
 KIND = "project-env"
-BUILDER = "1"  # bump when the build steps change what an image holds
+BUILDER = "2"  # bump when the build steps change what an image holds
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STAGE = "/tmp/m3-env"  # the wheels and requirement files inside the build container
 WORKSPACE = "/workspace"
@@ -177,7 +177,7 @@ def _download(plan: Plan | None, stage: Path, target: Target, version: str | Non
     (stage / "constraints.txt").write_text("".join(f"{c}\n" for c in (plan.constraints if plan else [])))
     say(f"downloading wheels for Python {target.short} on the host")
     download(["pip", *(plan.build_requires if plan and plan.editable else [])], into=wheels, target=target,
-             version=version, progress=say)
+             version=version, progress=say)  # the build backend, for pip's isolated build of the project
     files = [plan.root / f for f in plan.requirement_files] if plan else []
     download(requirements, into=wheels, target=target, requirement_files=files,
              constraints=stage / "constraints.txt", version=version, progress=say)
@@ -199,18 +199,28 @@ def install_steps(plan: Plan | None, request: BuildRequest) -> list[tuple[str, s
     pip = pip_install(ENV_PREFIX)
     steps = [("create the environment", create_venv(ENV_PREFIX), {})]
     files = " ".join(f"-r {shlex.quote(f)}" for f in (plan.requirement_files if plan else []))
-    if plan and plan.editable:
-        steps.append(("install the build backend", f"{pip} {' '.join(map(shlex.quote, plan.build_requires))}", {}))
     steps.append(("install the dependencies", f"{pip} -r {STAGE}/requirements.txt {files} -c {STAGE}/constraints.txt",
                   {}))
     if plan and plan.editable:
         pretend = request.version or "0.0.0"
-        steps.append(("install the project (editable)",
-                      f"{pip} --no-deps --no-build-isolation -e {WORKSPACE} || {_PATH_FALLBACK}",
-                      {"SETUPTOOLS_SCM_PRETEND_VERSION": pretend, "PBR_VERSION": pretend}))
+        # Its build backend in pip's isolated build env (from the staged wheels): never in the environment,
+        # where a lock's pins could break it or it could move the project's own pins.
+        steps += [("note the repository's files", f"{_FILES} > {STAGE}/before", {}),
+                  ("install the project (editable)", f"{pip} --no-deps -e {WORKSPACE} || {_PATH_FALLBACK}",
+                   {"SETUPTOOLS_SCM_PRETEND_VERSION": pretend, "PBR_VERSION": pretend}),
+                  ("keep the files its build generated", _KEEP_GENERATED, {})]
     if request.setup:
         steps.append(("run the setup command", request.setup, {}))
     return steps
+
+
+# The repository's files, minus what a build leaves that the runs never need (metadata, build trees).
+_FILES = (f"cd {WORKSPACE} && find . \\( -name '*.egg-info' -o -name build -o -name __pycache__ -o -name .git \\) "
+          "-prune -o -type f -print | sort")
+# Files the editable build wrote into the repository (setuptools_scm's _version.py): kept in the image,
+# copied back into each sandbox's workspace at start (sandbox.container.GIT_INIT), where its git ignores them.
+_KEEP_GENERATED = (f"{_FILES} > {STAGE}/after && comm -13 {STAGE}/before {STAGE}/after | while read -r f; do "
+                   f"mkdir -p \"{GENERATED}/$(dirname \"$f\")\" && cp -p \"$f\" \"{GENERATED}/$f\"; done")
 
 
 # A project pip cannot install in editable mode (it compiles, and the image has no compiler): its source

@@ -33,6 +33,7 @@ SUITE = "bookworm"
 PACKAGES = ("python3", "python3-pytest", "python3-pip", "git", "patch", "procps")
 SANDBOX_UID = 1000
 ENV_PREFIX = "/opt/m3-agent/env"  # a repository's environment (sandbox.envimage), first on every command's PATH
+GENERATED = "/opt/m3-agent/generated"  # files its build wrote into the repository (a setuptools_scm _version.py)
 IMAGE_LABEL = "m3-agent.image"
 RECIPE_LABEL = "m3-agent.recipe"
 

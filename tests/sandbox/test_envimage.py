@@ -23,12 +23,15 @@ PROJECT = {
     "pyproject.toml": f"""\
 # {SESSION}: this session's own environment key, so the first build is a cold one
 [build-system]
-requires = ["setuptools>=64"]
+requires = ["setuptools>=64", "setuptools-scm>=8"]
 build-backend = "setuptools.build_meta"
+
+[tool.setuptools_scm]
+version_file = "src/boxes/_version.py"
 
 [project]
 name = "boxes"
-version = "0.3"
+dynamic = ["version"]
 dependencies = ["attrs>=23", "iniconfig>=2"]
 
 [project.optional-dependencies]
@@ -58,7 +61,7 @@ def project_env(tmp_path_factory, sandbox_image):
 
     repo = make_git_repo(tmp_path_factory.mktemp("boxes") / "boxes", PROJECT)
     messages: list[str] = []
-    env = ensure_environment(BuildRequest(repo=repo, source=SOURCE), progress=messages.append)
+    env = ensure_environment(BuildRequest(repo=repo, source=SOURCE, version="1.2.3"), progress=messages.append)
     return repo, env, messages
 
 
@@ -73,7 +76,9 @@ def test_a_project_gets_its_dependencies_its_tests_extra_and_itself_editable(pro
         assert where == [f"{ENV_PREFIX}/bin/{name}" for name in ("python", "pip", "pytest", "python3")]
         assert sb.exec("python -c 'import attrs, iniconfig, six, boxes; print(boxes.__file__)'").stdout.strip() == \
             "/workspace/src/boxes/__init__.py"
-        assert sb.exec("pip show boxes").exit_code == 0
+        assert "Version: 1.2.3" in sb.exec("pip show boxes").stdout  # the version git would tell, with no history
+        # setuptools_scm wrote _version.py at build time: it is back in the workspace, and out of its diff.
+        assert sb.exec("python -c 'from boxes._version import version; print(version)'").stdout.strip() == "1.2.3"
         assert "1 passed" in sb.exec("pytest -q tests").stdout
         # Editable: the agent's edits are what the tests import.
         sb.write_file("src/boxes/__init__.py", "raise ImportError('edited')\n")
