@@ -32,6 +32,7 @@ from pathlib import Path
 
 from packaging.markers import Marker
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -142,6 +143,7 @@ def plan_environment(root: Path, target: Target, *, version: str | None = None) 
     # A group that names the project itself (`xarray[complete]`) asks for the project's extras, not a release.
     group_extras = [e for line in groups if me and _name(line) == me for e in sorted(Requirement(line).extras)]
     if metadata:
+        fits_python(metadata, target)
         plan.editable = True
         plan.build_requires = build_requires(root)
         plan.requirements += project_requirements(metadata, env, notes=plan.notes, extras=group_extras)
@@ -173,6 +175,20 @@ def project_requirements(metadata: dict, env: dict[str, str], *, notes: list[str
     return [line for line in judged(requires, env, extras) if _name(line) != me]
 
 
+def fits_python(metadata: dict, target: Target) -> None:
+    """Raise when the project's `Requires-Python` excludes the image's Python: nothing would install."""
+    wanted = metadata.get("requires_python") or ""
+    try:
+        fits = not wanted or SpecifierSet(wanted).contains(target.python, prereleases=True)
+    except InvalidSpecifier:
+        return  # a range packaging cannot read: pip judges it at the download
+    if not fits:
+        raise EnvironmentBuildError(
+            f"{metadata.get('name', 'the project')} requires Python {wanted} and the sandbox image has "
+            f"{target.python}: use an image with a Python that fits (--sandbox-image; docs/environments.md)",
+            step="check the project's Python")
+
+
 def test_names(names: list[str]) -> list[str]:
     """The names among extras or groups that hold the tests' needs: the test ones, else `dev`."""
     tests = [n for n in names if canonicalize_name(n) in TEST_NAMES]
@@ -201,8 +217,9 @@ def _pip_metadata(root: Path, version: str | None) -> dict:
         report = Path(tmp) / "report.json"
         copy = Path(tmp) / "project"
         shutil.copytree(root, copy, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        # --ignore-requires-python: this host's Python is not the image's; fits_python judges the image's.
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "-q",
-               "--disable-pip-version-check", "--report", str(report), str(copy)]
+               "--ignore-requires-python", "--disable-pip-version-check", "--report", str(report), str(copy)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=scm_environment(version),
                                   timeout=METADATA_TIMEOUT_S)

@@ -163,3 +163,14 @@ def test_a_setup_py_project_is_read_through_pip_with_its_test_extra_and_its_tree
 def test_a_repository_with_only_configuration_plans_nothing(tmp_path):
     write(tmp_path, {"pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-q'\n", "setup.cfg": "[flake8]\n"})
     assert plan_environment(tmp_path, TARGET) is None
+
+
+def test_a_project_whose_python_range_excludes_the_images_says_so_before_any_download(tmp_path):
+    write(tmp_path, {"pyproject.toml": "[build-system]\nrequires = ['setuptools>=64']\n"
+                                       "build-backend = 'setuptools.build_meta'\n\n[project]\nname = 'newer'\n"
+                                       "version = '1.0'\nrequires-python = '>=3.12'\n"})
+    with pytest.raises(EnvironmentBuildError, match=r"check the project's Python.*newer requires Python >=3.12 and "
+                                                    r"the sandbox image has 3.11.2") as e:
+        plan_environment(tmp_path, TARGET)
+    assert e.value.exit_code == 7
+    assert plan_environment(tmp_path, Target("3.12.1", "x86_64", "2.36")) is not None  # this host's Python aside
