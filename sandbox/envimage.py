@@ -36,9 +36,9 @@ from m3_agent.errors import EnvironmentBuildError, SandboxUnavailable
 from m3_agent.sandbox import cleanup
 from m3_agent.sandbox.config import SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
-from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID, build_lock,
-                                    digest, build_image)
-from m3_agent.sandbox.pyenv import ALWAYS, Plan, Target, key_files, plan_environment, pip_error, wants_environment
+from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID,
+                                    SUITE, SUITE_PYTHON, Recipe, build_image, build_lock, digest)
+from m3_agent.sandbox.pyenv import ALWAYS, Plan, PythonMismatch, Target, key_files, plan_environment, pip_error, wants_environment
 from m3_agent.sandbox.wheels import download
 
 Progress = Callable[[str], None]
@@ -144,9 +144,27 @@ def _base_id(client: docker.DockerClient, base: str, progress: Progress | None) 
 
 def build_environment(client: docker.DockerClient, request: BuildRequest, tag: str, key: str,
                       progress: Progress | None) -> None:
-    """Build `tag` from `request` (the steps in the module's docstring); nothing is left when it fails."""
+    """Build `tag` from `request` (the steps in the module's docstring); nothing is left when it fails.
+
+    A project whose Python range excludes the default image's is built on the sandbox image of the first
+    Debian release whose Python fits (`SUITE_PYTHON`: trixie's 3.13 for a `>=3.12` project).
+    """
     say = progress or (lambda _: None)
-    with BuildContainer(client, request.base, say) as box, tempfile.TemporaryDirectory(prefix="m3-agent-env-") as tmp:
+    try:
+        _build_on(client, request.base, request, tag, key, say)
+    except PythonMismatch as e:
+        suite = next((s for s, py in SUITE_PYTHON.items() if s != SUITE and e.accepts(py)), None)
+        if request.base != DEFAULT_IMAGE or suite is None:
+            raise
+        say(f"{e.project} requires Python {e.requires}: building on Debian {suite} (Python {SUITE_PYTHON[suite]})")
+        base = build_image(Recipe(suite).image, suite=suite, progress=progress)
+        _build_on(client, base, request, tag, key, say)
+
+
+def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag: str, key: str,
+              say: Progress) -> None:
+    """The steps of `build_environment` in a container from `base`."""
+    with BuildContainer(client, base, say) as box, tempfile.TemporaryDirectory(prefix="m3-agent-env-") as tmp:
         target = box.target()
         say(f"planning the environment for Python {target.python} ({target.machine})")
         plan = plan_environment(request.repo, target, version=request.version) if request.derive else None
@@ -339,7 +357,8 @@ def list_environments() -> list[EnvInfo]:
     """Every environment image on this engine, newest first."""
     client = docker_client()
     try:
-        base_id = client.images.get(DEFAULT_IMAGE).id if image_exists(client, DEFAULT_IMAGE) else ""
+        # The current sandbox image of each release (a project may have moved to a newer one's Python).
+        current = {client.images.get(t).id for t in (Recipe(s).image for s in SUITE_PYTHON) if image_exists(client, t)}
         found = []
         for image in client.images.list(filters={"label": f"{IMAGE_LABEL}={KIND}"}):
             labels = image.labels or {}
@@ -347,7 +366,7 @@ def list_environments() -> list[EnvInfo]:
                 tag=(image.tags or [image.short_id])[0], source=labels.get(SOURCE_LABEL, "?"),
                 files=json.loads(labels.get(FILES_LABEL, "{}")), packages=json.loads(labels.get(PACKAGES_LABEL, "[]")),
                 created=image.attrs.get("Created", "")[:19], size_mb=image.attrs.get("Size", 0) / 1e6,
-                base_current=bool(base_id) and image.attrs.get("Parent", "") == base_id))
+                base_current=image.attrs.get("Parent", "") in current))
         return sorted(found, key=lambda e: e.created, reverse=True)
     except docker.errors.DockerException as e:
         raise SandboxUnavailable(f"cannot list images: {e}") from None

@@ -18,7 +18,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -29,7 +31,8 @@ from m3_agent.sandbox.engine import docker_client, image_exists
 
 Progress = Callable[[str], None]
 
-SUITE = "bookworm"
+SUITE = "bookworm"  # the default image's Debian release
+SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}  # the releases an image can be built on, and their python3
 PACKAGES = ("python3", "python3-pytest", "python3-pip", "git", "patch", "procps")
 SANDBOX_UID = 1000
 ENV_PREFIX = "/opt/m3-agent/env"  # a repository's environment (sandbox.envimage), first on every command's PATH
@@ -37,10 +40,9 @@ GENERATED = "/opt/m3-agent/generated"  # files its build wrote into the reposito
 IMAGE_LABEL = "m3-agent.image"
 RECIPE_LABEL = "m3-agent.recipe"
 
-PULL_BASE = f"debian:{SUITE}-slim"
-PULL_RECIPE = f"""FROM {PULL_BASE}
+PULL_RECIPE_OF = """FROM {pull_base}
 RUN apt-get update \\
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {' '.join(PACKAGES)} \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {packages} \\
  && rm -rf /var/lib/apt/lists/*
 """
 
@@ -84,10 +86,42 @@ def digest(*parts: str) -> str:
     return h.hexdigest()
 
 
-BASE_RECIPE_HASH = digest(SUITE, *PACKAGES, PULL_RECIPE)
-RECIPE_HASH = digest(BASE_RECIPE_HASH, SANDBOX_LAYER, VERIFY_CMD)
-BASE_IMAGE = f"m3-agent-base:{SUITE}-{BASE_RECIPE_HASH[:12]}"
-DEFAULT_IMAGE = f"m3-agent-sandbox:{RECIPE_HASH[:12]}"
+@dataclass(frozen=True)
+class Recipe:
+    """The sandbox image of one Debian release: its base (pulled + apt, or debootstrap) and the sandbox layer."""
+
+    suite: str
+
+    @property
+    def pull_base(self) -> str:
+        return f"debian:{self.suite}-slim"
+
+    @property
+    def pull_recipe(self) -> str:
+        return PULL_RECIPE_OF.format(pull_base=self.pull_base, packages=" ".join(PACKAGES))
+
+    @property
+    def base_hash(self) -> str:
+        return digest(self.suite, *PACKAGES, self.pull_recipe)
+
+    @property
+    def sandbox_hash(self) -> str:
+        return digest(self.base_hash, SANDBOX_LAYER, VERIFY_CMD)
+
+    @property
+    def base_image(self) -> str:
+        return f"m3-agent-base:{self.suite}-{self.base_hash[:12]}"
+
+    @property
+    def image(self) -> str:
+        """The sandbox image's tag: the recipe hash, after the release's name for all but the default."""
+        return f"m3-agent-sandbox:{'' if self.suite == SUITE else self.suite + '-'}{self.sandbox_hash[:12]}"
+
+
+DEFAULT_RECIPE = Recipe(SUITE)
+PULL_BASE, PULL_RECIPE = DEFAULT_RECIPE.pull_base, DEFAULT_RECIPE.pull_recipe
+BASE_RECIPE_HASH, RECIPE_HASH = DEFAULT_RECIPE.base_hash, DEFAULT_RECIPE.sandbox_hash
+BASE_IMAGE, DEFAULT_IMAGE = DEFAULT_RECIPE.base_image, DEFAULT_RECIPE.image
 
 
 def _say(progress: Progress | None, message: str) -> None:
@@ -95,11 +129,12 @@ def _say(progress: Progress | None, message: str) -> None:
         progress(message)
 
 
-def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, progress: Progress | None = None) -> str:
+def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, suite: str = SUITE,
+                progress: Progress | None = None) -> str:
     """Build the sandbox image under `tag` and return the tag; returns at once when it already exists.
 
     `base`: an image (present or pullable) that already has bash, python3 (>= 3.9, with ctypes), pytest, git, patch,
-    tar and procps; by default `debian:bookworm-slim` plus apt when a registry answers, else debootstrap +
+    tar and procps; by default `debian:<suite>-slim` plus apt when a registry answers, else debootstrap +
     docker import (offline). Every new image is run once, offline, to check those tools are there.
     """
     client = docker_client()
@@ -109,10 +144,13 @@ def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, progress: 
         with build_lock(progress):
             if image_exists(client, tag):  # another process built it while we waited
                 return tag
-            _build_sandbox(client, tag, base, progress)
+            _build_sandbox(client, tag, base, Recipe(suite), progress)
         return tag
     finally:
         client.close()
+
+
+_lock_depth = threading.local()  # build_lock is re-entrant in a thread: an environment build may build an image
 
 
 @contextlib.contextmanager
@@ -122,6 +160,14 @@ def build_lock(progress: Progress | None) -> Iterator[None]:
     The lock file is in the shared temp dir (not a home) so root and users wait for each other; it is
     opened read-only, which flock allows, so a file another user created serves as well.
     """
+    depth = getattr(_lock_depth, "n", 0)
+    if depth:  # this thread holds it already: a second flock on a new descriptor would wait for itself
+        _lock_depth.n = depth + 1
+        try:
+            yield
+        finally:
+            _lock_depth.n = depth
+        return
     fd = os.open(Path(tempfile.gettempdir()) / "m3-agent-image-build.lock", os.O_RDONLY | os.O_CREAT, 0o644)
     try:
         try:
@@ -129,39 +175,43 @@ def build_lock(progress: Progress | None) -> Iterator[None]:
         except BlockingIOError:
             _say(progress, "another process is building the image; waiting for it")
             fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock_depth.n = 1
         yield
     finally:
+        _lock_depth.n = 0
         os.close(fd)  # closing releases the lock
 
 
-def _build_sandbox(client: docker.DockerClient, tag: str, base: str | None, progress: Progress | None) -> None:
+def _build_sandbox(client: docker.DockerClient, tag: str, base: str | None, recipe: Recipe,
+                   progress: Progress | None) -> None:
     if base is None:
-        base = _default_base(client, progress)
+        base = _default_base(client, recipe, progress)
     elif not image_exists(client, base):
         _say(progress, f"pulling {base}")
         if not _try_pull(client, base):
             raise SandboxUnavailable(f"base image {base!r} is neither present nor pullable: pull it or drop --base")
     _say(progress, f"building {tag} on {base}")
-    _build(client, SANDBOX_LAYER.replace("{base}", base), tag, {IMAGE_LABEL: "sandbox", RECIPE_LABEL: RECIPE_HASH},
-           progress)
+    _build(client, SANDBOX_LAYER.replace("{base}", base), tag,
+           {IMAGE_LABEL: "sandbox", RECIPE_LABEL: recipe.sandbox_hash}, progress)
     _verify(client, tag, progress)
 
 
-def _default_base(client: docker.DockerClient, progress: Progress | None) -> str:
-    """The bookworm base with the packages: cached, else pulled + apt, else debootstrap."""
-    if image_exists(client, BASE_IMAGE):
-        return BASE_IMAGE
-    _say(progress, f"trying the registry: {PULL_BASE}")
-    if _try_pull(client, PULL_BASE):
+def _default_base(client: docker.DockerClient, recipe: Recipe, progress: Progress | None) -> str:
+    """The release's base with the packages: cached, else pulled + apt, else debootstrap."""
+    if image_exists(client, recipe.base_image):
+        return recipe.base_image
+    _say(progress, f"trying the registry: {recipe.pull_base}")
+    if _try_pull(client, recipe.pull_base):
         try:
-            _build(client, PULL_RECIPE, BASE_IMAGE, {IMAGE_LABEL: "base", RECIPE_LABEL: BASE_RECIPE_HASH}, progress)
-            return BASE_IMAGE
+            _build(client, recipe.pull_recipe, recipe.base_image,
+                   {IMAGE_LABEL: "base", RECIPE_LABEL: recipe.base_hash}, progress)
+            return recipe.base_image
         except SandboxUnavailable as e:
             _say(progress, f"apt inside the build failed ({e}); falling back to the offline path")
     else:
         _say(progress, "no registry answered; using the offline path (debootstrap + docker import)")
-    _debootstrap_base(client, progress)
-    return BASE_IMAGE
+    _debootstrap_base(client, progress, recipe)
+    return recipe.base_image
 
 
 def _try_pull(client: docker.DockerClient, ref: str) -> bool:
@@ -177,7 +227,7 @@ def _cache_dir() -> Path:
     return Path(root) / "m3-agent" / "debootstrap"
 
 
-def _debootstrap_base(client: docker.DockerClient, progress: Progress | None) -> None:
+def _debootstrap_base(client: docker.DockerClient, progress: Progress | None, recipe: Recipe = DEFAULT_RECIPE) -> None:
     exe = shutil.which("debootstrap")
     if exe is None:
         raise SandboxUnavailable(
@@ -191,11 +241,11 @@ def _debootstrap_base(client: docker.DockerClient, progress: Progress | None) ->
     mirror = os.environ.get("M3_AGENT_DEBIAN_MIRROR")  # optional local mirror; debootstrap's default otherwise
     with tempfile.TemporaryDirectory(prefix="m3-agent-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        cmd = [exe, "--variant=minbase", f"--include={','.join(PACKAGES)}", f"--cache-dir={cache}", SUITE,
+        cmd = [exe, "--variant=minbase", f"--include={','.join(PACKAGES)}", f"--cache-dir={cache}", recipe.suite,
                str(rootfs)]
         if mirror:
             cmd.append(mirror)
-        _say(progress, "debootstrap: " + " ".join(cmd[1:3]) + f" {SUITE}")
+        _say(progress, "debootstrap: " + " ".join(cmd[1:3]) + f" {recipe.suite}")
         _stream(cmd, progress, "debootstrap")
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for child in (rootfs / junk).glob("*"):
@@ -204,17 +254,17 @@ def _debootstrap_base(client: docker.DockerClient, progress: Progress | None) ->
         tarball = Path(tmp) / "rootfs.tar"
         _say(progress, "packing the root filesystem")
         _stream(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball), "."], progress, "tar")
-        _say(progress, f"docker import -> {BASE_IMAGE}")
-        repo, _, tag = BASE_IMAGE.rpartition(":")
+        _say(progress, f"docker import -> {recipe.base_image}")
+        repo, _, tag = recipe.base_image.rpartition(":")
         try:
             client.api.import_image_from_file(
                 str(tarball), repository=repo, tag=tag,
-                changes=[f"LABEL {IMAGE_LABEL}=base {RECIPE_LABEL}={BASE_RECIPE_HASH}", "CMD [\"bash\"]"],
+                changes=[f"LABEL {IMAGE_LABEL}=base {RECIPE_LABEL}={recipe.base_hash}", "CMD [\"bash\"]"],
             )
         except docker.errors.APIError as e:
             raise SandboxUnavailable(f"docker import of the offline base failed: {e.explanation or e}") from None
-    if not image_exists(client, BASE_IMAGE):
-        raise SandboxUnavailable(f"docker import did not produce {BASE_IMAGE}: see `docker images`")
+    if not image_exists(client, recipe.base_image):
+        raise SandboxUnavailable(f"docker import did not produce {recipe.base_image}: see `docker images`")
 
 
 def _stream(cmd: list[str], progress: Progress | None, what: str) -> None:
@@ -270,14 +320,15 @@ def prune_images() -> list[str]:
     sandbox image and its base from before the recipe changed, and per-task images built on them
     (they carry their base's labels). An image a container still uses, or one holding images built
     on it, is kept. Returns the tags removed."""
-    current = {"sandbox": RECIPE_HASH, "base": BASE_RECIPE_HASH}
+    recipes = [Recipe(suite) for suite in SUITE_PYTHON]
+    current = {"sandbox": {r.sandbox_hash for r in recipes}, "base": {r.base_hash for r in recipes}}
     removed: list[str] = []
     client = docker_client()
     try:
         for image in client.images.list(filters={"label": IMAGE_LABEL}):
             labels = image.labels or {}
             kind = labels.get(IMAGE_LABEL)
-            if kind not in current or labels.get(RECIPE_LABEL) == current[kind]:
+            if kind not in current or labels.get(RECIPE_LABEL) in current[kind]:
                 continue
             for tag in image.tags:
                 try:

@@ -175,18 +175,28 @@ def project_requirements(metadata: dict, env: dict[str, str], *, notes: list[str
     return [line for line in judged(requires, env, extras) if _name(line) != me]
 
 
+class PythonMismatch(EnvironmentBuildError):
+    """The project's `Requires-Python` excludes the image's Python (another image may fit: `accepts`)."""
+
+    def __init__(self, project: str, requires: str, python: str) -> None:
+        super().__init__(f"{project} requires Python {requires} and the sandbox image has {python}: use an image "
+                         "with a Python that fits (--sandbox-image; docs/environments.md)",
+                         step="check the project's Python")
+        self.project, self.requires = project, requires
+
+    def accepts(self, python: str) -> bool:
+        return SpecifierSet(self.requires).contains(python, prereleases=True)
+
+
 def fits_python(metadata: dict, target: Target) -> None:
-    """Raise when the project's `Requires-Python` excludes the image's Python: nothing would install."""
+    """Raise PythonMismatch when the project's `Requires-Python` excludes the image's: nothing would install."""
     wanted = metadata.get("requires_python") or ""
     try:
         fits = not wanted or SpecifierSet(wanted).contains(target.python, prereleases=True)
     except InvalidSpecifier:
         return  # a range packaging cannot read: pip judges it at the download
     if not fits:
-        raise EnvironmentBuildError(
-            f"{metadata.get('name', 'the project')} requires Python {wanted} and the sandbox image has "
-            f"{target.python}: use an image with a Python that fits (--sandbox-image; docs/environments.md)",
-            step="check the project's Python")
+        raise PythonMismatch(metadata.get("name", "the project"), wanted, target.python)
 
 
 def test_names(names: list[str]) -> list[str]:

@@ -179,3 +179,25 @@ def test_an_image_of_the_users_own_is_used_as_it_is(git_repo, sandbox_image):
     assert environment_for(repo, config) == (config, None)
     assert environment_for(repo, SandboxConfig(project_env="off")) == (SandboxConfig(project_env="off"), None)
 
+
+
+def test_a_project_that_needs_a_newer_python_is_built_on_a_newer_debian(git_repo, sandbox_image):
+    """sphinx asks for >=3.12 and the default image has 3.11: the build moves to trixie's 3.13 by itself."""
+    repo = git_repo({
+        "pyproject.toml": (f"# {SESSION}\n[build-system]\nrequires = ['setuptools>=64']\n"
+                           "build-backend = 'setuptools.build_meta'\n\n[project]\nname = 'newer'\nversion = '1.0'\n"
+                           "requires-python = '>=3.12'\ndependencies = ['iniconfig']\n"),
+        "newer.py": "import sys\n\nVERSION = sys.version_info[:2]\n",
+        "tests/test_newer.py": "from newer import VERSION\n\n\ndef test_newer():\n    assert VERSION >= (3, 12)\n",
+    })
+    messages: list[str] = []
+    config, env = environment_for(repo, SandboxConfig(), source=SOURCE, progress=messages.append)
+    assert env is not None and env.built
+    assert any("requires Python >=3.12: building on Debian trixie" in m for m in messages)
+    with Sandbox(config, repo=repo) as sb:
+        assert sb.exec("python -V").stdout.startswith("Python 3.13")
+        assert "1 passed" in sb.exec("python -m pytest -q tests").stdout
+    again, _ = environment_for(repo, SandboxConfig())  # keyed on the default image: found at once next time
+    assert again.image == env.tag
+    assert next(e for e in list_environments() if e.tag == env.tag).base_current  # `env prune` keeps it
+    assert prune_environments(keep=0, source=SOURCE) == [env.tag]
