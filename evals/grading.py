@@ -267,7 +267,7 @@ def test_command(task: Task) -> str:
             f"-o junit_family=xunit1 --junitxml={JUNIT_PATH} {files}").rstrip()
 
 
-class _StepFailed(Exception):
+class StepFailed(Exception):
     """A grading step failed in a way that makes the instance an error."""
 
 
@@ -275,7 +275,7 @@ def _run(sb: Sandbox, cmd: str, what: str, timeout: float = STEP_TIMEOUT_S) -> s
     r = sb.exec(cmd, timeout=timeout)
     if r.exit_code != 0 or r.timed_out:
         tail = (r.stdout + r.stderr).strip()[-800:]
-        raise _StepFailed(f"{what} failed (exit {r.exit_code}{', timed out' if r.timed_out else ''}): {tail}")
+        raise StepFailed(f"{what} failed (exit {r.exit_code}{', timed out' if r.timed_out else ''}): {tail}")
     return r.stdout + r.stderr
 
 
@@ -340,7 +340,7 @@ def grade(task: Task, model_patch: str | None, *, repo: Path, sandbox: SandboxCo
         with Sandbox(sandbox, repo=repo) as sb:
             report.timings["sandbox_s"] = _since(clock)
             _grade_in(sb, task, model_patch or "", report, test_timeout)
-    except _StepFailed as e:
+    except StepFailed as e:
         report.error = str(e)
     except M3AgentError as e:
         report.error = f"{type(e).__name__}: {e}"

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
-from m3_agent.evals.grading import (EVAL_DIR, InstanceReport, Outcome, TestsStatus, _StepFailed, apply_model_patch,
+from m3_agent.evals.grading import (EVAL_DIR, InstanceReport, Outcome, TestsStatus, StepFailed, apply_model_patch,
                                     note_environment_error, patch_files)
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox import Sandbox, SandboxConfig
@@ -258,7 +258,7 @@ def grade_with_harness(task: Task, model_patch: str | None, *, image: str, sandb
             log = _run_eval_script(sb, spec, model_patch or "", report, test_timeout)
         if log is not None:
             read_log(report, task, spec, model_patch, log)
-    except _StepFailed as e:
+    except StepFailed as e:
         report.error = str(e)
     except M3AgentError as e:
         report.error = f"{type(e).__name__}: {e}"

@@ -43,8 +43,8 @@ from m3_agent.evals.admission import PROGRESS_EVENTS, new_lines
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
 from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import Prediction
-from m3_agent.evals.runner import (Admit, EvalConfig, Event, InstanceResult, _config_json, _failed, _pred_of, run_instance,
-                                   trajectory_folder)
+from m3_agent.evals.runner import (Admit, EvalConfig, Event, InstanceResult, failed_result, prediction_of, run_instance,
+                                   trajectory_folder, worker_config_json)
 from m3_agent.evals.tasks import Task, checkout, repo_source
 
 DOCKER_RESOURCE = "docker"
@@ -339,11 +339,11 @@ class RayExecutor:
 
     def _launch(self, ray, task: Task, predictions, config: EvalConfig, running: dict) -> InstanceResult | None:
         """Submit one instance; a result instead when it cannot start (bad repository, no endpoint left)."""
-        pred = _pred_of(predictions, task)
+        pred = prediction_of(predictions, task)
         try:
             key, tree = (None, None) if uses_harness(task) else self._tree(ray, task, config)
         except M3AgentError as e:  # a missing repository or commit: that instance's error, as locally
-            return _failed(task, pred, f"{type(e).__name__}: {e}", 0.0)
+            return failed_result(task, pred, f"{type(e).__name__}: {e}", 0.0)
         endpoint = self.pool.acquire(task.instance_id) if self.pool and config.agent else None
         if endpoint:
             model = config.agent.model.model_copy(update={"base_url": endpoint})
@@ -352,7 +352,7 @@ class RayExecutor:
             self._remote = ray.remote(run_shipped).options(
                 num_cpus=0, resources={DOCKER_RESOURCE: 1}, max_retries=NODE_RETRIES, retry_exceptions=False)
         ref = self._remote.remote(task.model_dump_json(), pred.model_dump_json() if pred else None,
-                                  _config_json(config), tree, self._relay)
+                                  worker_config_json(config), tree, self._relay)
         running[ref] = _Flight(task, time.monotonic(), endpoint, key)
         if key is not None:
             self._tree_users[key] += 1
@@ -367,7 +367,7 @@ class RayExecutor:
         for ref in ready:
             flight = running.pop(ref)
             self._land(flight)
-            result = self._result(ray, ref, flight, _pred_of(predictions, flight.task), config, now)
+            result = self._result(ray, ref, flight, prediction_of(predictions, flight.task), config, now)
             if self.pool and flight.endpoint and is_endpoint_failure(result.error):
                 if flight.endpoint not in self.pool.failed:
                     print(f"m3-agent: endpoint {flight.endpoint} failed, out of the pool: "
@@ -381,7 +381,7 @@ class RayExecutor:
                 ray.cancel(ref, force=True)  # the worker dies; its sandbox goes with it, prune takes the rest
                 del running[ref]
                 self._land(flight)
-                yield _failed(flight.task, _pred_of(predictions, flight.task),
+                yield failed_result(flight.task, prediction_of(predictions, flight.task),
                               f"instance timed out after {config.instance_timeout:g}s", now - flight.started)
 
     def _result(self, ray, ref, flight: _Flight, pred: Prediction | None, config: EvalConfig,
@@ -391,7 +391,7 @@ class RayExecutor:
             out = ray.get(ref)
         except ray.exceptions.RayError as e:  # its node or worker died on every try, or the task body broke
             why = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            return _failed(flight.task, pred, f"Ray task failed ({type(e).__name__}): {why}", now - flight.started)
+            return failed_result(flight.task, pred, f"Ray task failed ({type(e).__name__}): {why}", now - flight.started)
         result = InstanceResult.model_validate_json(out["result"])
         result.node = out["node"]
         if out["trajectory"] is not None and result.agent is not None:

@@ -328,11 +328,11 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
             while queue and len(running) < workers and (
                     not running or admit is None or admit(queue[-1], [r[2] for r in running.values()])):
                 task = queue.pop()
-                pred = _pred_of(predictions, task)
+                pred = prediction_of(predictions, task)
                 parent, child = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_child, args=(child, task.model_dump_json(),
                                                         pred.model_dump_json() if pred else None,
-                                                        _config_json(config)), daemon=True)
+                                                        worker_config_json(config)), daemon=True)
                 proc.start()
                 child.close()
                 running[proc.sentinel] = (proc, parent, task, time.monotonic())
@@ -344,10 +344,10 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
             for sentinel in list(running):
                 proc, conn, task, started = running[sentinel]
                 if sentinel in ready or conn in ready:
-                    result = _receive(conn, proc, task, _pred_of(predictions, task), now - started)
+                    result = _receive(conn, proc, task, prediction_of(predictions, task), now - started)
                 elif now - started > config.instance_timeout:
                     _stop(proc)
-                    result = _failed(task, _pred_of(predictions, task),
+                    result = failed_result(task, prediction_of(predictions, task),
                                      f"instance timed out after {config.instance_timeout:g}s", now - started)
                 else:
                     continue
@@ -363,12 +363,13 @@ def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
             _prune_leftovers()
 
 
-def _config_json(config: EvalConfig) -> str:
+def worker_config_json(config: EvalConfig) -> str:
     """The config for a worker process: secrets (the API key) in clear, as the worker must send them."""
     return config.model_dump_json(context={"secrets": True})
 
 
-def _pred_of(predictions: dict[str, Prediction] | None, task: Task) -> Prediction | None:
+def prediction_of(predictions: dict[str, Prediction] | None, task: Task) -> Prediction | None:
+    """The task's prediction, when grading predictions; None for an agent run."""
     return predictions.get(task.instance_id) if predictions is not None else None
 
 
@@ -377,7 +378,7 @@ def _receive(conn, proc, task: Task, pred: Prediction | None, elapsed: float) ->
         return InstanceResult.model_validate_json(conn.recv_bytes())
     except (EOFError, OSError):
         proc.join(timeout=KILL_GRACE_S)
-        return _failed(task, pred, f"worker process died (exit code {proc.exitcode})", elapsed)
+        return failed_result(task, pred, f"worker process died (exit code {proc.exitcode})", elapsed)
 
 
 def _stop(proc) -> None:
@@ -390,7 +391,8 @@ def _stop(proc) -> None:
         proc.join(timeout=KILL_GRACE_S)
 
 
-def _failed(task: Task, pred: Prediction | None, why: str, elapsed: float) -> InstanceResult:
+def failed_result(task: Task, pred: Prediction | None, why: str, elapsed: float) -> InstanceResult:
+    """The result of an instance that failed outside grading (a dead worker, a timeout): an error, no report."""
     patch = pred.model_patch if pred else None
     return InstanceResult(
         instance_id=task.instance_id, model_name_or_path=pred.model_name_or_path if pred else "none",
@@ -429,6 +431,6 @@ def run_instance(task: Task, pred: Prediction | None, config: EvalConfig) -> Ins
     try:
         return evaluate_instance(task, pred, config)
     except (M3AgentError, Interrupted) as e:
-        return _failed(task, pred, f"{type(e).__name__}: {e}", 0.0)
+        return failed_result(task, pred, f"{type(e).__name__}: {e}", 0.0)
     except Exception:  # a bug must not take the run down: record it with its traceback
-        return _failed(task, pred, "internal error: " + traceback.format_exc(limit=5)[-1500:], 0.0)
+        return failed_result(task, pred, "internal error: " + traceback.format_exc(limit=5)[-1500:], 0.0)

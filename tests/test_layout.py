@@ -140,6 +140,17 @@ def long_functions(source: str, where: str) -> list[str]:
     return found
 
 
+def test_no_module_imports_another_modules_private_name():
+    """A name another module needs is public in one module: `from m3_agent.x import _name` is a leak."""
+    leaks = []
+    for module, file in product_modules().items():
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("m3_agent"):
+                leaks += [f"{file.relative_to(ROOT)}:{node.lineno} imports {node.module}.{a.name}"
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert leaks == [], "\n".join(leaks)
+
+
 def test_no_product_function_is_longer_than_sixty_lines():
     """Short functions keep the flow readable (the stall rules and relevance signals are the model)."""
     too_long = [hit for name, file in product_modules().items()

@@ -54,12 +54,12 @@ def test_the_agent_config_is_typed_and_reaches_workers_with_its_key(tmp_path):
     from pydantic import ValidationError
 
     from m3_agent.agent.config import AgentConfig
-    from m3_agent.evals.runner import _config_json
+    from m3_agent.evals.runner import worker_config_json
 
     config = EvalConfig(output_dir=tmp_path, agent={"model": {"base_url": "http://127.0.0.1:9/v1", "api_key": "sk-k3y"},
                                                     "limits": {"max_turns": 5}})
     assert isinstance(config.agent, AgentConfig) and config.agent.limits.max_turns == 5
-    worker = EvalConfig.model_validate_json(_config_json(config))  # what the worker process rebuilds
+    worker = EvalConfig.model_validate_json(worker_config_json(config))  # what the worker process rebuilds
     assert worker.agent == config.agent and worker.agent.model.api_key.get_secret_value() == "sk-k3y"
     assert "sk-k3y" not in config.model_dump_json()  # any other dump (logs, files) masks it
     with pytest.raises(ValidationError, match=r"agent\.limits\.max_turns"):
