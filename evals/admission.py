@@ -2,7 +2,7 @@
 
     capacity = capacity_from_metrics(base_url)          # vllm:cache_config_info on /metrics, or None
     tasks = order_for_reuse(tasks)                      # a repository's instances back to back
-    gate = Admission(capacity.tokens, workers=8)
+    gate = CapacityGate(capacity.tokens, workers=8)
     gate.admits(expected_context(task, repos), [expected tokens of each running instance])
 
 Why: a whole-repository prompt is hundreds of thousands of tokens. When the sessions running at
@@ -224,7 +224,7 @@ def expected_context(task: Task, repos: Path | None, window: int, *, per_token: 
     return min(window, int(pack) + (int(pack * GROWTH) + OUTPUT_RESERVE if growth is None else growth))
 
 
-class Admission:
+class CapacityGate:
     """Admits one more instance while the running ones' expected contexts and its own fit the KV cache.
 
     `capacity_tokens` None (the server did not say) leaves only the `workers` cap.
@@ -254,7 +254,7 @@ def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | No
 def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
              per_token: dict[str, float] | None = None, per_diff_token: dict[str, float] | None = None,
              delta: bool = False, shared_share: float = 0.0, max_turns: int | None = None) -> KvAdmit:
-    """The runner's `admit` callable: `Admission` over each task's `expected_context` (see KvAdmit)."""
+    """The runner's `admit` callable: `CapacityGate` over each task's `expected_context` (see KvAdmit)."""
     return KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token, per_diff_token=per_diff_token,
                    delta=delta, shared_share=shared_share, max_turns=max_turns)
 
@@ -318,7 +318,7 @@ class DeltaSize(NamedTuple):
 
 class KvAdmit:
     """May `task` start beside the `running` ones? Their expected contexts, less what their packs
-    share, must fit the KV capacity (`Admission`).
+    share, must fit the KV capacity (`CapacityGate`).
 
     `per_token` maps a repository to its bytes per token (default: the pack's estimate) and
     `per_diff_token` to its bytes per token of diff (default: `per_token`'s); `delta`: the packs are
@@ -341,7 +341,7 @@ class KvAdmit:
     def __init__(self, capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
                  per_token: dict[str, float] | None = None, per_diff_token: dict[str, float] | None = None,
                  delta: bool = False, shared_share: float = 0.0, max_turns: int | None = None) -> None:
-        self.gate = Admission(capacity.tokens if capacity else None, workers)
+        self.gate = CapacityGate(capacity.tokens if capacity else None, workers)
         self.repos, self.window, self.ratios = repos, window, per_token or {}
         self.diff_ratios = per_diff_token or {}
         self.delta, self.shared_share, self.max_turns = delta, shared_share, max_turns

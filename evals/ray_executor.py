@@ -43,7 +43,7 @@ from m3_agent.evals.admission import PROGRESS_EVENTS, new_lines
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
 from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import Prediction
-from m3_agent.evals.runner import (Admit, EvalConfig, Event, InstanceResult, failed_result, prediction_of, run_instance,
+from m3_agent.evals.runner import (Admission, EvalConfig, Event, InstanceResult, failed_result, prediction_of, run_instance,
                                    trajectory_folder, worker_config_json)
 from m3_agent.evals.tasks import Task, checkout, repo_source
 
@@ -197,13 +197,13 @@ class RayExecutor:
         self._relayed: Path | None = None  # where the driver writes what it relays, for the gate to read
 
     def __call__(self, tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig,
-                 workers: int, on_event: Event | None, admit: Admit | None = None):
+                 workers: int, on_event: Event | None, admit: Admission | None = None):
         ray = self._connect(workers)
         queue: deque[Task] = deque(tasks)
         running: dict[Any, _Flight] = {}
         try:
             self._preflight(ray, config, image=not all(uses_harness(t) for t in tasks))
-            if hasattr(admit, "watch"):  # the workers' trajectories are not here: relay their progress
+            if admit is not None:  # the workers' trajectories are not here: relay their progress
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
                 here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -237,15 +237,32 @@ def _exclusive(output_dir: Path):
 # --- the local executor ------------------------------------------------------------------------------
 
 Event = Callable[[str, dict[str, Any]], None]  # ("start" | "finish" | "skip", info)
-Admit = Callable[[Task, list[Task]], bool]  # may this task start beside the running ones? (evals.admission)
+
+
+class Admission(Protocol):
+    """What an executor asks before it starts a task, and what admission learns (evals.admission.KvAdmit)."""
+
+    def __call__(self, task: Task, running: list[Task]) -> bool:
+        """May `task` start beside the `running` ones?"""
+        ...
+
+    def observe(self, first_prompt_tokens: int, peak_context_tokens: int, task: Task | None = None) -> None:
+        """A finished instance: how far its session grew from its first request."""
+        ...
+
+    def watch(self, trajectories: Path) -> None:
+        """The folder the running instances' trajectories are written to, to read their growth as it comes."""
+        ...
+
+
 # (pending tasks, predictions, config, workers, on_event, admit) -> results as they finish; `_execute` is the local one
-Executor = Callable[[list[Task], dict[str, Prediction] | None, EvalConfig, int, Event | None, Admit | None],
+Executor = Callable[[list[Task], dict[str, Prediction] | None, EvalConfig, int, Event | None, Admission | None],
                     Iterator[InstanceResult]]
 
 
 def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig, *,
              workers: int = 1, retry_errors: bool = False, on_event: Event | None = None,
-             admit: Admit | None = None, executor: Executor | None = None) -> list[InstanceResult]:
+             admit: Admission | None = None, executor: Executor | None = None) -> list[InstanceResult]:
     """Evaluate every task with `workers` processes (or `executor`); skips instances already in results.jsonl.
 
     Tasks start in the given order; `admit` may hold the next one back (never below one running).
@@ -265,16 +282,16 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
         for t in tasks:
             if t.instance_id in done and on_event:
                 on_event("skip", {"result": done[t.instance_id]})
-        observe = getattr(admit, "observe", None)  # admission learns how far sessions grow, and its estimates' error
         by_id = {t.instance_id: t for t in tasks}
 
-        def teach(result: InstanceResult) -> None:
-            if observe is not None and result.agent is not None and result.instance_id in by_id:
-                observe(result.agent.first_prompt_tokens, result.agent.peak_context_tokens, by_id[result.instance_id])
+        def teach(result: InstanceResult) -> None:  # admission learns how far sessions grow, and its estimates' error
+            if admit is not None and result.agent is not None and result.instance_id in by_id:
+                admit.observe(result.agent.first_prompt_tokens, result.agent.peak_context_tokens,
+                              by_id[result.instance_id])
 
         for result in done.values():  # a resumed run learns from the instances it already has
             teach(result)
-        if hasattr(admit, "watch"):  # and from the running ones' trajectories, as they go
+        if admit is not None:  # and from the running ones' trajectories, as they go
             admit.watch(trajectory_folder(config))
         for result in (executor or _execute)(pending, predictions, config, workers, on_event, admit):
             save_result(output_dir, result)
@@ -315,7 +332,7 @@ def _prune_leftovers() -> None:
 
 
 def _execute(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig, workers: int,
-             on_event: Event | None, admit: Admit | None = None):
+             on_event: Event | None, admit: Admission | None = None):
     """Yield results as instances finish, each in its own process, at most `workers` at a time."""
     ctx = multiprocessing.get_context("forkserver")
     # Children fork from a warm interpreter; the harness (seconds to import) is preloaded when used.

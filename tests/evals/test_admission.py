@@ -12,7 +12,7 @@ from m3_agent.evals.admission import (
     GROWTH,
     LEARN_AFTER,
     OUTPUT_RESERVE,
-    Admission,
+    CapacityGate,
     KvCapacity,
     bytes_per_token,
     capacity_from_metrics,
@@ -75,12 +75,12 @@ def test_instances_of_a_repository_run_back_to_back_oldest_first():
 
 
 def test_the_gate_caps_at_workers_fits_the_cache_and_always_runs_one():
-    gate = Admission(1_000_000, workers=3)
+    gate = CapacityGate(1_000_000, workers=3)
     assert gate.admits(2_000_000, [])  # alone it may exceed the cache: one instance always runs
     assert gate.admits(400_000, [500_000])
     assert not gate.admits(600_000, [500_000])
     assert not gate.admits(1, [1, 1, 1])  # --workers still caps
-    assert Admission(None, workers=2).admits(10**9, [10**9]) and not Admission(None, workers=2).admits(1, [1, 1])
+    assert CapacityGate(None, workers=2).admits(10**9, [10**9]) and not CapacityGate(None, workers=2).admits(1, [1, 1])
 
 
 @pytest.fixture
@@ -241,11 +241,19 @@ def test_the_runner_starts_instances_only_when_admitted(tmp_path):
         elif kind == "finish":
             running.discard(info["result"].instance_id)
 
-    def admit(task, busy):
-        asked.append((task.instance_id, [t.instance_id for t in busy]))
-        return False  # never another beside a running one
+    class Never:  # an Admission that learns nothing: never another beside a running one
+        def __call__(self, task, busy):
+            asked.append((task.instance_id, [t.instance_id for t in busy]))
+            return False
 
-    results = run_eval(tasks, None, EvalConfig(output_dir=tmp_path / "out"), workers=4, on_event=on_event, admit=admit)
+        def observe(self, first, peak, task=None):
+            pass
+
+        def watch(self, folder):
+            pass
+
+    results = run_eval(tasks, None, EvalConfig(output_dir=tmp_path / "out"), workers=4, on_event=on_event,
+                       admit=Never())
     assert [r.instance_id for r in results] == [t.instance_id for t in tasks]
     assert all(r.error for r in results)
     assert peak[0] == 1  # admission lowered concurrency below --workers 4
