@@ -1,8 +1,13 @@
-"""GitHub issues over the REST API (github.com and GitHub Enterprise), and their images.
+"""GitHub over the REST API (github.com and GitHub Enterprise): issues and their images, pull requests, comments.
 
 `GitHubClient(api_url, token).get_issue(owner, repo, number)` returns an `Issue` with title, body and
-every comment. Failures become `GitError` (exit 5) with a message that says what to do: a missing
-issue (404), a rejected token (401), an exhausted rate limit (403/429 with rate-limit headers).
+every comment; `create_pull` opens a pull request and `create_comment` comments on an issue (what
+`fix --pr` / `--comment` do, `fix.publish`). Failures are one-line errors that say what to do: a
+missing issue (404) or a rejected token (401) is a `GitError` (exit 5); a token without the
+permission a request needs is `GitHubTokenScope` (11); a pull request that exists for the branch is
+`PullRequestExists` (12). A rate limit is waited out when GitHub says when (Retry-After,
+x-ratelimit-reset) and the wait fits `max_wait_s`, with a growing pause between tries; past that it
+is `GitHubRateLimited` (13).
 """
 
 from __future__ import annotations
@@ -19,13 +24,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from m3_agent.errors import GitError
+from m3_agent.errors import GitError, GitHubRateLimited, GitHubTokenScope, PullRequestExists
 
 PUBLIC_API = "https://api.github.com"
 PUBLIC_HOST = "github.com"
 API_VERSION = "2022-11-28"
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
 MAX_IMAGES = 8
+# How long one request may wait out GitHub's rate limit in all, and how many tries it gets.
+MAX_RATE_LIMIT_WAIT_S = 120.0
+MAX_TRIES = 4
+# GitHub's advice for a secondary limit that names no time: wait a minute, then longer each time.
+SECONDARY_LIMIT_WAIT_S = 60.0
 # Markdown images ![alt](url "title") and HTML <img src="url">, the two ways GitHub bodies embed images.
 _MD_IMAGE = re.compile(r"!\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _HTML_IMAGE = re.compile(r"<img\b[^>]*?\bsrc\s*=\s*[\"']([^\"']+)[\"']", re.IGNORECASE)
@@ -115,6 +125,31 @@ class RepoRef:
         return f"{self.owner}/{self.name}"
 
 
+class NewPullRequest(BaseModel):
+    """What `create_pull` sends: `head` is the branch (`owner:branch` from a fork), `base` the branch it merges into."""
+
+    title: str
+    body: str
+    head: str
+    base: str
+    draft: bool = True
+
+
+class PullRequest(BaseModel):
+    """A pull request as GitHub answered it."""
+
+    number: int
+    url: str = Field(description="the pull request's web page (html_url)")
+    draft: bool = False
+
+
+class PostedComment(BaseModel):
+    """A comment as GitHub answered it."""
+
+    id: int
+    url: str = Field(description="the comment's web page (html_url)")
+
+
 def parse_remote(url: str) -> RepoRef:
     """The repository a git remote URL points at (https, ssh, scp-like `git@host:owner/name.git`)."""
     url = url.strip()
@@ -159,59 +194,129 @@ def _describe_reset(headers: Any) -> str:
     return f"; retry after {retry} s" if retry else ""
 
 
-class GitHubClient:
-    """A small client for the GitHub REST API: issues, their comments, and image downloads."""
+def rate_limit_wait(status: int, headers: Any, message: str, attempt: int) -> float | None:
+    """Seconds to wait before trying a rate-limited request again; None when the answer is no rate limit.
 
-    def __init__(self, api_url: str = PUBLIC_API, token: str | None = None, *, timeout: float = 20.0) -> None:
+    GitHub says when in `Retry-After` (seconds) or, for an exhausted primary limit, `x-ratelimit-reset`
+    (epoch seconds); a secondary limit that says neither gets a minute. Each try waits at least
+    twice as long as the one before (`attempt` counts from 0).
+    """
+    if status not in (403, 429):
+        return None
+    retry = (headers.get("retry-after") or "").strip()
+    reset = (headers.get("x-ratelimit-reset") or "").strip()
+    if retry.isdigit():
+        advised = float(retry)
+    elif headers.get("x-ratelimit-remaining") == "0":
+        advised = max(0.0, int(reset) - time.time()) + 1 if reset.isdigit() else SECONDARY_LIMIT_WAIT_S
+    elif "rate limit" in message.lower():
+        advised = SECONDARY_LIMIT_WAIT_S
+    else:
+        return None
+    return max(advised, float(2**attempt))
+
+
+def _detail(body: bytes) -> str:
+    """GitHub's error message with its validation errors (422: "Validation Failed; A pull request already ...")."""
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError:
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    errors = [e.get("message") or e.get("code", "") for e in data.get("errors") or [] if isinstance(e, dict)]
+    return "; ".join(str(part) for part in [data.get("message", ""), *errors] if part)
+
+
+def _scopes(headers: Any) -> str:
+    """A classic token's scopes and the ones a request accepts, from GitHub's headers, when it sends them."""
+    have, need = headers.get("x-oauth-scopes"), headers.get("x-accepted-oauth-scopes")
+    if have is None or not need:
+        return ""
+    return f"; the token's scopes: {have or 'none'}, the request accepts: {need}"
+
+
+class GitHubClient:
+    """A small client for the GitHub REST API: issues and their comments, pull requests, image downloads."""
+
+    def __init__(self, api_url: str = PUBLIC_API, token: str | None = None, *, timeout: float = 20.0,
+                 max_wait_s: float = MAX_RATE_LIMIT_WAIT_S) -> None:
         self.api_url = api_url.rstrip("/")
         self.token = token or None
         self.timeout = timeout
+        self.max_wait_s = max_wait_s
         api = urllib.parse.urlparse(self.api_url)
         # The token goes only to the API host and its web host, never to third-party image hosts.
         self._token_hosts = {api.netloc, api.netloc.removeprefix("api.")}
 
-    def _request(self, url: str, *, accept: str, send_token: bool, limit: int = -1) -> tuple[bytes, Any]:
-        req = urllib.request.Request(url, headers={"Accept": accept, "User-Agent": "m3-agent"})
+    def _request(self, url: str, *, accept: str, send_token: bool, limit: int = -1,
+                 payload: dict[str, Any] | None = None) -> tuple[bytes, Any]:
+        """GET `url`, or POST `payload` as JSON; an API request waits out a rate limit GitHub times."""
+        waited = 0.0
+        for attempt in range(MAX_TRIES):
+            try:
+                return self._send(url, accept=accept, send_token=send_token, limit=limit, payload=payload)
+            except urllib.error.HTTPError as e:
+                body = e.read()
+                detail = _detail(body)
+                wait = rate_limit_wait(e.code, e.headers, detail, attempt) if url.startswith(self.api_url) else None
+                if wait is None:
+                    raise self._http_error(e.code, e.headers, detail, url) from None
+                if waited + wait > self.max_wait_s or attempt + 1 == MAX_TRIES:
+                    raise self._rate_limited(e.headers, waited) from None
+                time.sleep(wait)
+                waited += wait
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _send(self, url: str, *, accept: str, send_token: bool, limit: int,
+              payload: dict[str, Any] | None) -> tuple[bytes, Any]:
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(url, data=data, headers={"Accept": accept, "User-Agent": "m3-agent"})
         req.add_header("X-GitHub-Api-Version", API_VERSION)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
         if self.token and send_token:
             # Unredirected: a redirect to object storage must not carry the token along.
             req.add_unredirected_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return resp.read(limit), resp.headers
-        except urllib.error.HTTPError as e:
-            raise self._http_error(e, url) from None
+        except urllib.error.HTTPError:
+            raise  # GitHub answered: `_request` reads the answer (an HTTPError is also a URLError)
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise GitError(f"cannot reach GitHub at {self.api_url}: {reason} (check --github-api-url)") from None
 
-    def _http_error(self, e: urllib.error.HTTPError, url: str) -> GitHubError:
-        try:
-            message = json.loads(e.read() or b"{}").get("message", "")
-        except (ValueError, AttributeError):
-            message = ""
+    def _rate_limited(self, headers: Any, waited: float) -> GitHubRateLimited:
+        hint = "" if self.token else "; set GITHUB_TOKEN for a higher limit"
+        after = f" after waiting {waited:.0f} s" if waited else ""
+        return GitHubRateLimited(f"GitHub API rate limit exceeded{after}{_describe_reset(headers)}{hint}")
+
+    def _http_error(self, status: int, headers: Any, message: str, url: str) -> GitError:
         detail = f" ({message})" if message else ""
-        if e.code == 401:
-            text = f"GitHub rejected the token{detail}: check GITHUB_TOKEN / GH_TOKEN"
-        elif e.code in (403, 429) and (e.headers.get("x-ratelimit-remaining") == "0" or e.headers.get("retry-after")):
-            hint = "" if self.token else "; set GITHUB_TOKEN for a higher limit"
-            text = f"GitHub API rate limit exceeded{_describe_reset(e.headers)}{hint}"
-        elif e.code == 403:
+        if status == 401:
+            return GitHubError(f"GitHub rejected the token{detail}: check GITHUB_TOKEN / GH_TOKEN", status=status)
+        if status == 403 and self.token:
+            why = f"{detail}{_scopes(headers)}"
+            return GitHubTokenScope(f"GitHub refused the token for {url}{why}: it lacks a permission "
+                                    "(docs/usage.md: pull requests and comments)", detail=why)
+        if status == 403:
             text = f"GitHub refused access to {url}{detail}: the token may lack access to this repository"
-        elif e.code == 404:
+        elif status == 404:
             text = f"not found on GitHub: {url}{self._private_hint()}"
-        elif e.code == 410:
+        elif status == 410:
             text = f"gone from GitHub: {url}{detail} (deleted, or issues are disabled)"
         else:
-            text = f"GitHub API error {e.code} for {url}{detail}"
-        return GitHubError(text, status=e.code)
+            text = f"GitHub API error {status} for {url}{detail}"
+        return GitHubError(text, status=status)
 
     def _private_hint(self) -> str:
         return "" if self.token else " (if the repository is private, set GITHUB_TOKEN)"
 
-    def _get_json(self, path: str) -> tuple[Any, Any]:
+    def _json(self, path: str, payload: dict[str, Any] | None = None) -> tuple[Any, Any]:
+        """The JSON GitHub answers to a GET of `path` (an API path or a full URL), or to a POST of `payload`."""
         url = path if path.startswith(("http://", "https://")) else self.api_url + path
-        body, headers = self._request(url, accept="application/vnd.github+json", send_token=True)
+        body, headers = self._request(url, accept="application/vnd.github+json", send_token=True, payload=payload)
         try:
             return json.loads(body), headers
         except ValueError:
@@ -220,7 +325,7 @@ class GitHubClient:
     def get_issue(self, owner: str, repo: str, number: int) -> Issue:
         """Issue `number` of `owner/repo` with title, body and all its comments."""
         try:
-            data, _ = self._get_json(f"/repos/{owner}/{repo}/issues/{number}")
+            data, _ = self._json(f"/repos/{owner}/{repo}/issues/{number}")
         except GitHubError as e:
             if e.status == 404:
                 raise GitHubError(f"issue #{number} not found in {owner}/{repo}{self._private_hint()}", status=404) from None
@@ -229,7 +334,7 @@ class GitHubClient:
         if data.get("comments", 1):
             next_url: str | None = f"/repos/{owner}/{repo}/issues/{number}/comments?per_page=100"
             while next_url:
-                page, headers = self._get_json(next_url)
+                page, headers = self._json(next_url)
                 comments += [
                     IssueComment(author=(c.get("user") or {}).get("login", ""), body=c.get("body") or "",
                                  created_at=c.get("created_at"))
@@ -241,6 +346,45 @@ class GitHubClient:
             title=data.get("title") or "", body=data.get("body") or "", url=data.get("html_url"),
             comments=comments,
         )
+
+    def default_branch(self, slug: str) -> str:
+        """The default branch of repository `slug` (`owner/name`)."""
+        data, _ = self._json(f"/repos/{slug}")
+        return data.get("default_branch") or "main"
+
+    def create_pull(self, slug: str, new: NewPullRequest) -> PullRequest:
+        """Open a pull request in `slug`; PullRequestExists when an open one has the same head."""
+        try:
+            data, _ = self._json(f"/repos/{slug}/pulls", new.model_dump())
+        except GitHubTokenScope as e:
+            raise GitHubTokenScope(f"the GitHub token may not open pull requests in {slug}{e.detail}: a workflow's "
+                                   "GITHUB_TOKEN needs `pull-requests: write`, a classic token the repo scope",
+                                   detail=e.detail) from None
+        except GitHubError as e:
+            if e.status != 422 or "already exists" not in str(e):
+                raise
+            url = self.find_pull(slug, new.head)
+            where = f": {url}" if url else ""
+            raise PullRequestExists(f"a pull request already exists for {new.head} in {slug}{where}",
+                                    url=url) from None
+        return PullRequest(number=data["number"], url=data.get("html_url", ""), draft=bool(data.get("draft")))
+
+    def find_pull(self, slug: str, head: str) -> str | None:
+        """The web address of the open pull request whose head is `head` (`branch` or `owner:branch`), if any."""
+        owner_head = head if ":" in head else f"{slug.split('/')[0]}:{head}"
+        query = urllib.parse.urlencode({"head": owner_head, "state": "open"})
+        data, _ = self._json(f"/repos/{slug}/pulls?{query}")
+        return data[0].get("html_url") if isinstance(data, list) and data else None
+
+    def create_comment(self, slug: str, number: int, body: str) -> PostedComment:
+        """Comment on issue (or pull request) `number` of `slug`."""
+        try:
+            data, _ = self._json(f"/repos/{slug}/issues/{number}/comments", {"body": body})
+        except GitHubTokenScope as e:
+            raise GitHubTokenScope(f"the GitHub token may not comment on issues in {slug}{e.detail}: a workflow's "
+                                   "GITHUB_TOKEN needs `issues: write`, a classic token the repo scope",
+                                   detail=e.detail) from None
+        return PostedComment(id=data["id"], url=data.get("html_url", ""))
 
     def download_image(self, url: str) -> str:
         """The image at `url` as a `data:` URL; GitError when it cannot be fetched or is not an image."""

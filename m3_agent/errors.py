@@ -6,9 +6,14 @@ Exit codes (documented in README.md):
   2  usage error: bad input (missing repo, non-git directory, bad task file, bad flag)
   3  model endpoint unavailable or answering with errors
   4  Docker engine or sandbox image unavailable
-  5  git or GitHub problem (dirty tree, detached HEAD, issue not found, rate limit, bad token)
+  5  git or GitHub problem (dirty tree, detached HEAD, issue not found, bad token)
   6  fix: a patch no test ran on, and no test command known (status `unverified`)
   7  the project's environment could not be built (the message names the step and the package)
+  9  fix --push: the remote rejected the push (the local branch and .patch are kept)
+  10 fix --pr / --comment: no GitHub token (GITHUB_TOKEN / GH_TOKEN)
+  11 the GitHub token lacks the permission (scope) a request needs
+  12 fix --pr: a pull request already exists for the branch
+  13 GitHub's rate limit, still exhausted after the waits GitHub asked for
   130 interrupted (Ctrl-C / SIGTERM); trajectory and results are kept
 """
 
@@ -71,6 +76,47 @@ class GitError(M3AgentError):
     """A git or GitHub problem the user has to resolve."""
 
     exit_code = 5
+
+
+class PushRejected(GitError):
+    """`fix --push`: the remote refused the branch (a hook, a protected name, no write access, a race)."""
+
+    exit_code = 9
+
+
+class GitHubTokenMissing(GitError):
+    """A GitHub write (a pull request, a comment) was asked for, and no token is set."""
+
+    exit_code = 10
+
+
+class GitHubTokenScope(GitError):
+    """GitHub refused a request the token is not allowed to make (403): it lacks a scope or permission.
+
+    `detail` is what GitHub said, with the token's scopes when GitHub names them.
+    """
+
+    exit_code = 11
+
+    def __init__(self, message: str, *, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+class PullRequestExists(GitError):
+    """`fix --pr`: an open pull request already exists for the branch; `url` is that pull request's, if known."""
+
+    exit_code = 12
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class GitHubRateLimited(GitError):
+    """GitHub's rate limit, still exhausted after the waits it asked for (Retry-After, x-ratelimit-reset)."""
+
+    exit_code = 13
 
 
 class Interrupted(M3AgentError):

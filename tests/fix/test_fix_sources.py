@@ -243,7 +243,7 @@ def test_cli_unreachable_endpoint_exit_3_quickly(git_repo, fix_cli):
     assert time.monotonic() - started < 10
 
 
-def test_cli_github_errors_exit_5(git_repo, fix_cli):
+def test_cli_github_errors_exit_5_and_a_rate_limit_13(git_repo, fix_cli):
     with FakeGitHub() as gh:
         repo = git_repo(CALC)
         subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", f"{gh.web}/acme/widgets.git"], check=True)
@@ -253,7 +253,7 @@ def test_cli_github_errors_exit_5(git_repo, fix_cli):
         assert_one_line_error(fix_cli("1", *args, env={"GITHUB_TOKEN": "expired"}), 5,
                               "GitHub rejected the token (Bad credentials)")
         gh.rate_limited = True
-        assert_one_line_error(fix_cli("1", *args), 5, "GitHub API rate limit exceeded; it resets at")
+        assert_one_line_error(fix_cli("1", *args), 13, "GitHub API rate limit exceeded; it resets at")
 
 
 def test_cli_json_mode_reports_errors_as_json(git_repo, fix_cli):
