@@ -7,6 +7,8 @@
 - `commit_patch` turns the agent's patch into one commit on top of HEAD and a new branch, through
   a temporary index: no checkout, no change to HEAD, the index or the working tree.
 - `apply_to_worktree` applies a patch to the working tree, only when it is clean.
+- `push_branch` pushes that one branch to a remote as a new branch (`fix --push`): never forced,
+  never another ref; `remote_branches` lists the names already taken there.
 
 All git goes through GitPython (`m3_agent.hostgit`); failures are one-line GitErrors (exit 5).
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import git
 
-from m3_agent.errors import GitError, UsageError
+from m3_agent.errors import GitError, PushRejected, UsageError
 from m3_agent.hostgit import (
     FALLBACK_IDENTITY, export_submodules, export_tree, git_errors, repository, submodules, temp_index,
 )
@@ -29,8 +31,12 @@ from m3_agent.hostgit import (
 __all__ = [
     "FALLBACK_IDENTITY", "RepoState", "apply_to_worktree", "commit_patch", "create_branch", "dirty_paths",
     "drop_paths", "exclude_from_status", "export_submodules", "export_tree", "free_branch_name", "open_repo",
-    "origin_url", "resolve_base", "snapshot_tree", "submodules", "tree_of",
+    "origin_url", "push_branch", "remote_branches", "remote_url", "resolve_base", "snapshot_tree", "submodules",
+    "tree_of",
 ]
+
+# A push or ls-remote without credentials must fail at once, not wait for a password on a CI runner.
+NO_PROMPT = {"GIT_TERMINAL_PROMPT": "0"}
 
 
 @dataclass(frozen=True)
@@ -163,14 +169,14 @@ def commit_patch(root: Path, *, base_tree: str, parent: str, patch: str, message
         patch_file.unlink(missing_ok=True)
 
 
-def free_branch_name(root: Path, name: str) -> str:
-    """`name` if no branch has it, else the first free `name-2`, `name-3`, ..."""
+def free_branch_name(root: Path, name: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
+    """`name` if no branch has it (nor any name in `taken`: a remote's), else the first free `name-2`, `name-3`, ..."""
     with repository(root) as repo:
         try:
             repo.git.check_ref_format("--branch", name)
         except git.GitCommandError:
             raise UsageError(f"'{name}' is not a valid branch name (check branch_prefix)") from None
-        taken = {head.name for head in repo.heads}
+        taken = {head.name for head in repo.heads} | set(taken)
     candidate, n = name, 1
     while candidate in taken:
         n += 1
@@ -178,9 +184,9 @@ def free_branch_name(root: Path, name: str) -> str:
     return candidate
 
 
-def create_branch(root: Path, name: str, commit: str) -> str:
-    """Create a branch at `commit` without checking it out, named `free_branch_name(name)`; return its name."""
-    candidate = free_branch_name(root, name)
+def create_branch(root: Path, name: str, commit: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
+    """Create a branch at `commit` without checking it out, named `free_branch_name(name, taken)`; return its name."""
+    candidate = free_branch_name(root, name, taken)
     with repository(root) as repo:
         repo.git.branch(candidate, commit)  # git writes the ref: any ref storage, reflog and locking
     return candidate
@@ -230,3 +236,49 @@ def exclude_from_status(root: Path, path: Path) -> None:
     sep = "" if not existing or existing.endswith("\n") else "\n"
     with exclude.open("a", encoding="utf-8") as f:
         f.write(f"{sep}# m3-agent output\n/{rel.as_posix()}/\n")
+
+
+def remote_url(root: Path, remote: str) -> str:
+    """The URL `git push` uses for `remote` (its pushurl if set); GitError when there is no such remote."""
+    with repository(root) as repo:
+        try:
+            return repo.git.remote("get-url", "--push", remote).strip()
+        except git.GitCommandError:
+            raise GitError(f"repository {root} has no remote '{remote}': add it (git remote add {remote} URL) "
+                           "or name another with --remote") from None
+
+
+def remote_branches(root: Path, remote: str) -> set[str]:
+    """The branch names on `remote` where `git push` would go; PushRejected when it cannot be read."""
+    url = remote_url(root, remote)
+    with repository(root) as repo:
+        try:
+            listing = repo.git.ls_remote("--heads", url, env=NO_PROMPT)
+        except git.GitCommandError as e:
+            raise PushRejected(f"cannot list the branches of remote '{remote}': {_push_failure(e)}") from None
+    return {line.split("refs/heads/", 1)[1] for line in listing.splitlines() if "\trefs/heads/" in line}
+
+
+def push_branch(root: Path, remote: str, branch: str) -> None:
+    """Push local `branch` to the branch of the same name on `remote`, with the user's git credentials.
+
+    One explicit refspec with no `+` and no --force: git creates the branch there, or fast-forwards it,
+    and refuses anything else. No tags (even with push.followTags) and no submodules go along.
+    PushRejected, with what the remote said, when the push fails.
+    """
+    with repository(root) as repo:
+        try:
+            repo.git.push("--no-follow-tags", "--recurse-submodules=no", remote,
+                          f"refs/heads/{branch}:refs/heads/{branch}", env=NO_PROMPT)
+        except git.GitCommandError as e:
+            raise PushRejected(f"the push of {branch} to '{remote}' failed: {_push_failure(e)}") from None
+
+
+def _push_failure(error: git.GitCommandError) -> str:
+    """What git and the remote said about a failed push, on one line: its `remote:`, `!` and fatal lines."""
+    text = str(error.stderr or "").strip()
+    text = text.removeprefix("stderr: '").removesuffix("'")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith(("remote:", "!", "fatal:"))
+            and line.rstrip() not in ("remote:",) and "failed to push some refs" not in line]
+    return "; ".join(said or lines[-1:]) or f"git exited {error.status}"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from m3_agent.fix import gitwork
-from m3_agent.errors import GitError, UsageError
+from m3_agent.errors import GitError, PushRejected, UsageError
 
 PATCH = """\
 diff --git a/calc.py b/calc.py
@@ -321,3 +321,92 @@ def test_the_output_dir_of_a_linked_worktree_is_excluded_in_the_shared_exclude_f
     gitwork.exclude_from_status(wt, wt / ".m3-agent")
     assert sh(wt, "status", "--porcelain") == ""
     assert "/.m3-agent/" in (repo / ".git" / "info" / "exclude").read_text()
+
+
+# ----- pushing: a local bare repository as the remote, real git pushes ------------------------------
+
+ZERO = "0" * 40
+
+
+def bare_origin(path: Path, *, refuse: str | None = None) -> Path:
+    """A bare repository whose pre-receive hook logs every ref update it is asked for (`pushes`), and
+    declines them all with `refuse` as the remote's message when given."""
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(path)], check=True)
+    hook = path / "hooks" / "pre-receive"
+    refusal = f'echo "{refuse}" >&2\nexit 1\n' if refuse else "exit 0\n"
+    hook.write_text(f'#!/bin/sh\ncat >> "$GIT_DIR/pushes.log"\n{refusal}')
+    hook.chmod(0o755)
+    return path
+
+
+def pushes(origin: Path) -> list[tuple[str, str, str]]:
+    """(old, new, ref) of every ref update pushed to `origin`, accepted or not, in order."""
+    log = origin / "pushes.log"
+    return [tuple(line.split()) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def with_origin(repo: Path, origin: Path) -> Path:
+    """`repo` with `origin` as its remote, holding its main branch (pushed before the hook logs anything)."""
+    sh(repo, "remote", "add", "origin", str(origin))
+    sh(repo, "push", "-q", "origin", "main")
+    (origin / "pushes.log").unlink(missing_ok=True)
+    return repo
+
+
+def fix_commit(repo: Path) -> str:
+    head = sh(repo, "rev-parse", "HEAD").strip()
+    return gitwork.commit_patch(repo, base_tree=gitwork.tree_of(repo, head), parent=head, patch=PATCH,
+                                message="Fix #7\n")
+
+
+def test_push_creates_the_one_branch_and_nothing_else(repo, tmp_path):
+    origin = bare_origin(tmp_path / "origin.git")
+    with_origin(repo, origin)
+    sh(repo, "config", "push.followTags", "true")
+    sh(repo, "tag", "-a", "v1", "-m", "a tag push.followTags would send along")
+    commit = fix_commit(repo)
+    branch = gitwork.create_branch(repo, "m3-agent/issue-7", commit)
+    before = user_state(repo)
+    gitwork.push_branch(repo, "origin", branch)
+    assert pushes(origin) == [(ZERO, commit, "refs/heads/m3-agent/issue-7")]
+    assert sh(origin, "for-each-ref", "--format=%(refname)").split() == ["refs/heads/m3-agent/issue-7", "refs/heads/main"]
+    assert gitwork.remote_branches(repo, "origin") == {"main", "m3-agent/issue-7"}
+    assert user_state(repo) == before
+
+
+def test_a_name_taken_on_the_remote_is_skipped_locally_too(repo, tmp_path):
+    origin = bare_origin(tmp_path / "origin.git")
+    with_origin(repo, origin)
+    head = sh(repo, "rev-parse", "HEAD").strip()
+    sh(repo, "push", "-q", "origin", f"{head}:refs/heads/m3-agent/issue-7")  # made elsewhere, not here
+    taken = gitwork.remote_branches(repo, "origin")
+    assert gitwork.create_branch(repo, "m3-agent/issue-7", fix_commit(repo), taken) == "m3-agent/issue-7-2"
+
+
+def test_a_declined_push_is_its_own_error_with_what_the_remote_said(repo, tmp_path):
+    origin = bare_origin(tmp_path / "origin.git")
+    with_origin(repo, origin)
+    (origin / "hooks" / "pre-receive").write_text('#!/bin/sh\necho "branch names are protected here" >&2\nexit 1\n')
+    branch = gitwork.create_branch(repo, "m3-agent/issue-7", fix_commit(repo))
+    with pytest.raises(PushRejected, match=r"the push of m3-agent/issue-7 to 'origin' failed: remote: branch names "
+                                           r"are protected here; ! \[remote rejected\].*pre-receive hook declined") as e:
+        gitwork.push_branch(repo, "origin", branch)
+    assert e.value.exit_code == 9
+    assert sh(repo, "branch", "--list", branch).strip() == branch  # the local branch stays
+
+
+def test_an_unknown_or_unreachable_remote_is_named(repo, tmp_path):
+    with pytest.raises(GitError, match="has no remote 'upstream'"):
+        gitwork.remote_branches(repo, "upstream")
+    sh(repo, "remote", "add", "origin", str(tmp_path / "gone.git"))
+    with pytest.raises(PushRejected, match="cannot list the branches of remote 'origin': fatal: .*gone.git"):
+        gitwork.remote_branches(repo, "origin")
+
+
+def test_the_push_url_is_where_branches_are_listed_and_pushed(repo, tmp_path):
+    origin = bare_origin(tmp_path / "origin.git")
+    sh(repo, "remote", "add", "origin", "https://github.invalid/acme/widgets.git")  # never contacted
+    sh(repo, "remote", "set-url", "--push", "origin", str(origin))
+    assert gitwork.remote_branches(repo, "origin") == set()
+    gitwork.push_branch(repo, "origin", "main")
+    assert gitwork.remote_branches(repo, "origin") == {"main"}
