@@ -3,6 +3,7 @@
     m3-agent fix 123 --base-url http://gpu-node:8000/v1        # issue #123 of the `origin` remote
     m3-agent fix https://github.com/acme/widgets/issues/123     # an issue URL (github.com or Enterprise)
     m3-agent fix --issue bug.md --repo ../widgets               # a file, or plain text
+    m3-agent fix 123 --pr --comment                             # push, open a draft pull request, comment
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ def fix_command(
     sandbox_image: Optional[str] = typer.Option(None, help="Docker image the tools run in."),
     github_api_url: Optional[str] = typer.Option(None, help="GitHub REST API base (Enterprise: https://HOST/api/v3)."),
     output_dir: Optional[Path] = typer.Option(None, help="Where patches and trajectories go (default .m3-agent/)."),
+    push: Optional[bool] = typer.Option(None, "--push/--no-push", help="Push the fix branch to the remote (never forced)."),
+    remote: Optional[str] = typer.Option(None, help="The remote to push to (default origin)."),
+    pr: Optional[bool] = typer.Option(None, "--pr/--no-pr", help="Push, then open a pull request (a draft unless --ready)."),
+    ready: Optional[bool] = typer.Option(None, "--ready/--draft", help="Open the pull request ready for review."),
+    pr_anyway: Optional[bool] = typer.Option(
+        None, "--pr-anyway/--no-pr-anyway", help="Open the pull request for unverified or failing runs too."),
+    comment: Optional[bool] = typer.Option(
+        None, "--comment/--no-comment", help="Comment on the issue: the pull request or the branch, or why not."),
+    trajectory_url: Optional[str] = typer.Option(
+        None, help="Where the trajectory can be read, linked from the comment ({file}: its file name)."),
     config: Optional[Path] = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress, no diff: only the summary."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (FixResult) on stdout, nothing else."),
@@ -53,28 +64,34 @@ def fix_command(
     """Fix an issue; exit 0 when resolved (tests ran on the final patch and pass), 1 when not, 6 when no
     test ran on the final patch and no test command is known (see docs/usage.md)."""
     err = Console(stderr=True, highlight=False)
+    flags = {
+        "--base-url": base_url, "--serve": serve, "--model": model, "--max-turns": max_turns, "--test-cmd": test_cmd,
+        "--time-limit": time_limit_s, "--thinking": thinking, "--images": images,
+        "--include-uncommitted": include_uncommitted, "--sandbox-image": sandbox_image,
+        "--github-api-url": github_api_url, "--output-dir": output_dir, "--push": push, "--remote": remote,
+        "--pr": pr, "--ready": ready, "--pr-anyway": pr_anyway, "--comment": comment, "--trajectory-url": trajectory_url,
+    }
     try:
         if issue_arg and issue:
             raise UsageError("give the issue once: as the argument or with --issue")
-        flags = {
-            "--base-url": base_url, "--serve": serve, "--model": model, "--max-turns": max_turns, "--test-cmd": test_cmd,
-            "--time-limit": time_limit_s, "--thinking": thinking, "--images": images,
-            "--include-uncommitted": include_uncommitted, "--sandbox-image": sandbox_image,
-            "--github-api-url": github_api_url, "--output-dir": output_dir,
-        }
         result = _fix_from_flags(err, issue_arg or issue, repo, flags, config=config, apply=apply, base=base,
                                  quiet=quiet, json_out=json_out)
     except M3AgentError as e:
         if json_out:
             typer.echo(json.dumps({"resolved": False, "exit_code": e.exit_code, "error": str(e)}))
         raise
+    _show(err, result, quiet=quiet, json_out=json_out)
+    raise typer.Exit(result.exit_code)
+
+
+def _show(err: Console, result: FixResult, *, quiet: bool, json_out: bool) -> None:
+    """The result: one JSON object on stdout, or the diff (unless quiet) and the summary."""
     if json_out:
         typer.echo(result.model_dump_json(exclude={"run": {"patch"}}))
-    else:
-        if not quiet and result.patch.strip():
-            typer.echo(result.patch, nl=not result.patch.endswith("\n"))
-        err.print(summary(result), soft_wrap=True)
-    raise typer.Exit(result.exit_code)
+        return
+    if not quiet and result.patch.strip():
+        typer.echo(result.patch, nl=not result.patch.endswith("\n"))
+    err.print(summary(result), soft_wrap=True)
 
 
 def _fix_from_flags(err: Console, spec: str | None, repo: Path, flags: dict[str, Any], *, config: Path | None,

@@ -10,7 +10,9 @@ The flow (`fix_issue`):
 4. run the agent loop on that copy;
 5. turn the patch into one commit on a new branch `m3-agent/issue-<key>` and a `.patch` file,
    without touching the working tree, the index or the current branch; `--apply` then applies the
-   patch to the working tree, only when it is clean.
+   patch to the working tree, only when it is clean;
+6. with `--push`, `--pr` or `--comment`, publish it (`fix.publish`): the branch on the remote, a pull
+   request, a comment on the issue.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from m3_agent.fix import gitwork
 from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.events import AgentEvent, Subscriber
 from m3_agent.agent.loop import Agent, RunResult
-from m3_agent.errors import EndpointError, GitError, Interrupted, UsageError
+from m3_agent.errors import EndpointError, GitError, Interrupted, PushRejected, UsageError
 from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
+from m3_agent.fix.publish import Publisher, kept
 from m3_agent.sandbox.cleanup import claim, prune_scratch
 from m3_agent.sandbox.envimage import environment_for
 from m3_agent.sandbox.pyenv import scm_version
@@ -71,6 +74,11 @@ class FixResult(BaseModel):
     images_sent: int = 0
     notices: list[str] = Field(default_factory=list)
     environment: str | None = Field(None, description="the environment image the sandbox ran (m3-agent env show)")
+    remote: str | None = Field(None, description="the remote the branch was pushed to (--push, --pr); None: not pushed")
+    pr_url: str | None = Field(None, description="the pull request opened for the fix (--pr)")
+    pr_number: int | None = None
+    comment_id: int | None = Field(None, description="the comment posted on the issue (--comment)")
+    comment_url: str | None = None
     run: RunResult
 
 
@@ -89,7 +97,15 @@ def _title_and_body(text: str) -> tuple[str, str]:
 
 def _github_client(settings: Settings, api_url: str) -> GitHubClient:
     token = settings.fix.github_token.get_secret_value() if settings.fix.github_token else None
-    return GitHubClient(settings.fix.github_api_url or api_url, token)
+    return GitHubClient(settings.fix.github_api_url or api_url, token, max_wait_s=settings.fix.github_max_wait_s)
+
+
+def _client_for(issue: Issue, settings: Settings) -> GitHubClient | None:
+    """The GitHub client for an `Issue` handed in as an object: from its URL's host, or the configured API."""
+    parsed = parse_issue_url(issue.url) if issue.source == "github" and issue.url else None
+    if parsed is None and not settings.fix.github_api_url:
+        return None
+    return _github_client(settings, api_url_for(parsed[0]) if parsed else PUBLIC_API)
 
 
 def resolve_issue(spec: str, root: Path, settings: Settings) -> tuple[Issue, GitHubClient | None]:
@@ -184,6 +200,7 @@ class _Job:
     callbacks: list[Callback]
     tools: list[Tool] | None
     environment: str | None = None
+    publisher: Publisher | None = None
 
 
 def fix_issue(
@@ -200,10 +217,14 @@ def fix_issue(
     """Fix `issue` in `repo` and return what was made; the user's checkout is left as it was.
 
     `issue` is a spec (number, `owner/repo#n`, URL, file, text) or an `Issue`. `settings` defaults
-    to the layered configuration of `repo`. Progress goes to `callbacks`: the loop's AgentEvents,
-    preceded by a `fix_start` event (issue, title, trajectory_path, base_commit, max_turns). Notices
-    (skipped images, excluded changes) go to `on_notice`. `tools` replaces the default tool set.
-    Raises the project errors: UsageError, EndpointError, SandboxUnavailable, GitError, Interrupted.
+    to the layered configuration of `repo`; its `[fix]` section also says what to publish
+    (`push`, `remote`, `pr`, `ready`, `pr_anyway`, `comment`, `trajectory_url`; `fix.publish`),
+    and the result carries the pull request's URL and the comment's id. Progress goes to
+    `callbacks`: the loop's AgentEvents, preceded by a `fix_start` event (issue, title,
+    trajectory_path, base_commit, max_turns). Notices (skipped images, excluded changes) go to
+    `on_notice`. `tools` replaces the default tool set. Raises the project errors: UsageError,
+    EndpointError, SandboxUnavailable, GitError (and its kinds PushRejected, GitHubTokenMissing,
+    GitHubTokenScope, PullRequestExists, GitHubRateLimited), Interrupted.
     """
     notices: list[str] = []
 
@@ -227,10 +248,12 @@ def fix_issue(
         included_uncommitted=job.settings.fix.include_uncommitted, images_sent=images_sent, notices=notices,
         run=run, patch=patch, environment=job.environment,
     )
-    if patch.strip():
-        _deliver(job, result, apply=apply)
     result.status = fix_status(run, patch)
     result.resolved, result.exit_code = result.status == "resolved", EXIT_CODES[result.status]
+    if patch.strip():
+        _deliver(job, result, apply=apply)
+    if job.publisher:
+        job.publisher.publish(result)
     return result
 
 
@@ -252,7 +275,12 @@ def _prepare(issue: str | Issue, repo: Path | str, settings: Settings | None, *,
     if include and base_commit != state.head:
         raise UsageError("--include-uncommitted works on top of HEAD: drop --base, or commit your changes")
 
-    the_issue, client = (issue, None) if isinstance(issue, Issue) else resolve_issue(issue, root, settings)
+    if isinstance(issue, Issue):
+        the_issue, client = issue, _client_for(issue, settings)
+    else:
+        the_issue, client = resolve_issue(issue, root, settings)
+    # Before the run: a missing token or remote must not cost a whole run to find out.
+    publisher = Publisher.prepare(root, settings.fix, the_issue, client, into=state.branch)
     base_url = resolve_endpoint(settings.model.base_url, settings.serve, notice)
     check_endpoint(base_url)
     config = settings.agent_config(base_url=base_url)
@@ -270,7 +298,7 @@ def _prepare(issue: str | Issue, repo: Path | str, settings: Settings | None, *,
             notice(f"{len(dirty)} uncommitted change(s) not included: the fix starts from the last commit "
                    "(use --include-uncommitted to include them)")
     return _Job(root=root, settings=settings, config=config, issue=the_issue, client=client, base_commit=base_commit,
-                tree=tree, out_dir=out_dir, notice=notice, callbacks=[], tools=None)
+                tree=tree, out_dir=out_dir, notice=notice, callbacks=[], tools=None, publisher=publisher)
 
 
 def _run_on_copy(job: _Job, content: str | list[dict]) -> tuple[RunResult, str | list[dict], list[str]]:
@@ -345,9 +373,19 @@ def _run_once(job: _Job, agent: Agent, copy: Path, content: str | list[dict], pa
 
 
 def _deliver(job: _Job, result: FixResult, *, apply: bool) -> None:
-    """The patch as a `.patch` file, one commit on a new branch, and with `apply` on the working tree."""
+    """The patch as a `.patch` file, one commit on a new branch, and with `apply` on the working tree.
+
+    When the branch is to be pushed, its name is also free on the remote; a remote that cannot be
+    read still gets the local branch and patch made first.
+    """
     patch = result.patch
-    branch = gitwork.free_branch_name(job.root, job.settings.fix.branch_prefix + job.issue.key)
+    taken: frozenset[str] = frozenset()
+    unreadable = None
+    try:
+        taken = job.publisher.names_taken() if job.publisher else frozenset()
+    except PushRejected as e:
+        unreadable = e
+    branch = gitwork.free_branch_name(job.root, job.settings.fix.branch_prefix + job.issue.key, taken)
     # The .patch file first: should the commit fail, the agent's work is still on disk.
     result.patch_path = job.out_dir / (branch.rsplit("/", 1)[-1] + ".patch")
     result.patch_path.write_text(patch if patch.endswith("\n") else patch + "\n", encoding="utf-8")
@@ -356,8 +394,10 @@ def _deliver(job: _Job, result: FixResult, *, apply: bool) -> None:
                                              message=commit_message(job.issue, result.run))
     except GitError as e:
         raise GitError(f"{e}; the patch is kept at {result.patch_path}") from None
-    result.branch = gitwork.create_branch(job.root, branch, result.commit)
+    result.branch = gitwork.create_branch(job.root, branch, result.commit, taken)
     if apply:
         include = job.settings.fix.include_uncommitted
         gitwork.apply_to_worktree(job.root, patch, expected_tree=job.tree if include else None)
         result.applied = True
+    if unreadable:
+        raise unreadable.extended(kept(result))

@@ -178,7 +178,7 @@ class LiveProgress:
 
 
 def summary(result: FixResult) -> Group:
-    """The end of `m3-agent fix`: verdict, tokens, tests, branch and patch, error, trajectory."""
+    """The end of `m3-agent fix`: verdict, tokens, tests, branch and patch, what was published, error, trajectory."""
     run = result.run
     style = {"resolved": "bold green", "not_resolved": "bold yellow", "unverified": "bold magenta"}[result.status]
     verdict = Text(result.status.replace("_", " "), style=style)
@@ -194,6 +194,12 @@ def summary(result: FixResult) -> Group:
                           f"apply:  git apply {result.patch_path}   or   git merge {result.branch}"))
     else:
         lines.append(Text("no change was made: no branch, no patch"))
+    if result.remote:
+        lines.append(Text(f"pushed: {result.branch} to {result.remote}"))
+    if result.pr_url:
+        lines.append(Text(f"pull request: {result.pr_url}"))
+    if result.comment_url:
+        lines.append(Text(f"comment: {result.comment_url}"))
     if run.error:
         lines.append(Text(f"error: {run.error}", style="red"))
     if run.trajectory_path:

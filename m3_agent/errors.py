@@ -35,6 +35,11 @@ class M3AgentError(Exception):
         if exit_code is not None:
             self.exit_code = exit_code
 
+    def extended(self, more: str) -> M3AgentError:
+        """This error with `more` added to its message; class, exit code and fields stay. Returns it."""
+        self.args = (f"{self.args[0] if self.args else ''}{more}", *self.args[1:])
+        return self
+
 
 class UsageError(M3AgentError):
     """Bad input from the user: a path, a file, a flag."""

@@ -56,6 +56,13 @@ FLAGS = {
     "--include-uncommitted": "fix.include_uncommitted",
     "--github-api-url": "fix.github_api_url",
     "--output-dir": "fix.output_dir",
+    "--push": "fix.push",
+    "--remote": "fix.remote",
+    "--pr": "fix.pr",
+    "--ready": "fix.ready",
+    "--pr-anyway": "fix.pr_anyway",
+    "--comment": "fix.comment",
+    "--trajectory-url": "fix.trajectory_url",
 }
 
 
@@ -74,6 +81,16 @@ class FixConfig(BaseModel):
     include_uncommitted: bool = Field(False, description="copy uncommitted changes of the working tree into the run")
     output_dir: Path = Field(Path(".m3-agent"), description="patches and trajectories; relative to the repository")
     branch_prefix: str = Field("m3-agent/issue-", min_length=1, description="result branch name prefix")
+    push: bool = Field(False, description="push the fix branch to `remote` (never forced; a name taken there gets -2, ...)")
+    remote: str = Field("origin", min_length=1, description="the remote the fix branch is pushed to")
+    pr: bool = Field(False, description="open a pull request for the fix (pushes first); runs not resolved comment instead")
+    ready: bool = Field(False, description="open the pull request ready for review instead of as a draft")
+    pr_anyway: bool = Field(False, description="open the pull request for unverified and failing runs too")
+    comment: bool = Field(False, description="comment on the issue with what happened: the pull request, or why not")
+    trajectory_url: str | None = Field(
+        None, description="where the trajectory can be read, linked from the comment and pull request; {file} = its name"
+    )
+    github_max_wait_s: float = Field(120.0, ge=0, description="longest wait for GitHub's rate limit, per request")
 
 
 class Settings(AgentConfig):
