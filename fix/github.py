@@ -224,7 +224,8 @@ def _detail(body: bytes) -> str:
         return ""
     if not isinstance(data, dict):
         return ""
-    errors = [e.get("message") or e.get("code", "") for e in data.get("errors") or [] if isinstance(e, dict)]
+    errors = [e.get("message") or " ".join(str(e[k]) for k in ("field", "code") if e.get(k))
+              for e in data.get("errors") or [] if isinstance(e, dict)]
     return "; ".join(str(part) for part in [data.get("message", ""), *errors] if part)
 
 
@@ -252,21 +253,19 @@ class GitHubClient:
     def _request(self, url: str, *, accept: str, send_token: bool, limit: int = -1,
                  payload: dict[str, Any] | None = None) -> tuple[bytes, Any]:
         """GET `url`, or POST `payload` as JSON; an API request waits out a rate limit GitHub times."""
-        waited = 0.0
-        for attempt in range(MAX_TRIES):
+        attempt, waited = 0, 0.0
+        while True:
             try:
                 return self._send(url, accept=accept, send_token=send_token, limit=limit, payload=payload)
             except urllib.error.HTTPError as e:
-                body = e.read()
-                detail = _detail(body)
+                detail = _detail(e.read())
                 wait = rate_limit_wait(e.code, e.headers, detail, attempt) if url.startswith(self.api_url) else None
                 if wait is None:
                     raise self._http_error(e.code, e.headers, detail, url) from None
-                if waited + wait > self.max_wait_s or attempt + 1 == MAX_TRIES:
+                if waited + wait > self.max_wait_s or attempt + 1 >= MAX_TRIES:
                     raise self._rate_limited(e.headers, waited) from None
                 time.sleep(wait)
-                waited += wait
-        raise AssertionError("unreachable: the last try returns or raises")
+                attempt, waited = attempt + 1, waited + wait
 
     def _send(self, url: str, *, accept: str, send_token: bool, limit: int,
               payload: dict[str, Any] | None) -> tuple[bytes, Any]:
@@ -361,6 +360,7 @@ class GitHubClient:
                                    "GITHUB_TOKEN needs `pull-requests: write`, a classic token the repo scope",
                                    detail=e.detail) from None
         except GitHubError as e:
+            # GitHub tells this 422 from its other validation failures only by its message.
             if e.status != 422 or "already exists" not in str(e):
                 raise
             url = self.find_pull(slug, new.head)

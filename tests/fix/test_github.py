@@ -425,3 +425,12 @@ def test_rate_limit_waits_follow_github_and_grow_between_tries():
     assert rate_limit_wait(403, {}, "You have exceeded a secondary rate limit", 0) == 60.0
     assert rate_limit_wait(403, {}, "Resource not accessible by integration", 0) is None
     assert rate_limit_wait(422, {"retry-after": "5"}, "", 0) is None
+
+
+def test_a_pull_request_for_a_branch_the_remote_lacks_is_githubs_validation_error(tmp_path):
+    origin = tmp_path / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
+    with FakeGitHub(origin=origin) as gh:
+        with pytest.raises(GitError, match=r"GitHub API error 422 for .*/pulls \(Validation Failed; head invalid\)") as e:
+            GitHubClient(gh.api, "good-token").create_pull("acme/widgets", NEW_PULL)
+    assert e.value.exit_code == 5 and gh.pulls == []
