@@ -155,10 +155,9 @@ def _with_environment(task: Task, config: EvalConfig, tree: Path) -> EvalConfig:
         image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image)
     else:
         from m3_agent.sandbox.envimage import environment_for
-        from m3_agent.sandbox.pyenv import scm_version
 
-        version = scm_version(source_repository(task, config.repos), task.base_commit)
-        sandbox, env = environment_for(tree, config.sandbox, version=version, source=task.repo.replace("/", "__"))
+        history = (source_repository(task, config.repos), task.base_commit)
+        sandbox, env = environment_for(tree, config.sandbox, history=history, source=task.repo.replace("/", "__"))
         if env is None:
             return config
         image = sandbox.image

@@ -38,7 +38,6 @@ from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, is
 from m3_agent.fix.publish import Publisher, kept
 from m3_agent.sandbox.cleanup import claim, prune_scratch
 from m3_agent.sandbox.envimage import environment_for
-from m3_agent.sandbox.pyenv import scm_version
 from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
 from m3_agent.settings import Settings, load_settings
 from m3_agent.tools import Tool
@@ -335,8 +334,8 @@ def _with_environment(job: _Job, copy: Path) -> AgentConfig:
         for cb in job.callbacks:
             cb(AgentEvent(kind="env_build", turn=0, data={"message": message}))
 
-    sandbox, env = environment_for(copy, job.config.sandbox, version=scm_version(job.root, job.base_commit),
-                                   source=job.root.name, progress=progress)
+    sandbox, env = environment_for(copy, job.config.sandbox, history=(job.root, job.base_commit), source=job.root.name,
+                                   progress=progress)
     if env is None:
         return job.config
     job.environment = env.tag

@@ -25,7 +25,6 @@ from m3_agent.hostgit import export_tree, repository
 from m3_agent.sandbox.engine import docker_client, image_exists
 from m3_agent.sandbox.envimage import (ENV_REPOSITORY, BuildRequest, ensure_environment, list_environments,
                                        needs_environment, prune_environments, request_for, request_key)
-from m3_agent.sandbox.pyenv import scm_version
 
 app = typer.Typer(no_args_is_help=True)
 console = Console(stderr=True, highlight=False)
@@ -46,7 +45,7 @@ def _head_copy(repo: Path, config: Optional[Path]) -> Iterator[BuildRequest]:
     settings, _ = load_settings(root, config_file=config)
     with tempfile.TemporaryDirectory(prefix="m3-agent-env-repo-") as tmp:
         copy = export_tree(root, head, Path(tmp) / (root.name or "repo"))
-        yield request_for(copy, settings.sandbox, version=scm_version(root, head), source=root.name)
+        yield request_for(copy, settings.sandbox, history=(root, head), source=root.name)
 
 
 @app.command("build")

@@ -20,6 +20,7 @@ unchanged repository finds its image at once, a changed lock file builds a new o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import tarfile
@@ -38,7 +39,8 @@ from m3_agent.sandbox.config import SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID,
                                     SUITE, SUITE_PYTHON, Recipe, build_image, build_lock, digest)
-from m3_agent.sandbox.pyenv import ALWAYS, Plan, PythonMismatch, Target, key_files, plan_environment, pip_error, wants_environment
+from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, key_files, pip_error,
+                                    plan_environment, scm_version, wants_environment)
 from m3_agent.sandbox.wheels import download
 
 Progress = Callable[[str], None]
@@ -76,6 +78,14 @@ class BuildRequest:
     version: str | None = None  # the project's version, for builds that read it from git history
     source: str = ""  # what the environment is for (a repository's name), shown by `env show`
     derive: bool = True  # install what the repository's files declare (False: only the setup command)
+    history: tuple[Path, str] | None = None  # (repository, commit) `version` is read from when unset
+
+    def with_history(self) -> BuildRequest:
+        """The request with `version` read from `history` (only a build needs it: git describe is slow)."""
+        if self.history is None or self.version is not None:
+            return self
+        root, commit = self.history
+        return dataclasses.replace(self, version=scm_version(root, commit))
 
 
 def environment_key(base_id: str, files: dict[str, str], setup: str | None) -> str:
@@ -115,22 +125,24 @@ def request_key(client: docker.DockerClient, request: BuildRequest,
     return environment_key(_base_id(client, request.base, progress), files, request.setup), files
 
 
-def environment_for(repo: Path, config: SandboxConfig, *, version: str | None = None, source: str = "",
+def environment_for(repo: Path, config: SandboxConfig, *, history: tuple[Path, str] | None = None, source: str = "",
                     progress: Progress | None = None) -> tuple[SandboxConfig, EnvImage | None]:
     """`config` with the image a run on `repo` should use: its environment image where there is one.
 
     The default image gets the derived environment (`project_env="auto"`); an image of the user's own is
-    used as it is. A setup command is run on top of either.
+    used as it is. A setup command is run on top of either. `history` is the (repository, commit) `repo`
+    was copied from: a build takes the project's version from it.
     """
-    request = request_for(repo, config, version=version, source=source)
+    request = request_for(repo, config, history=history, source=source)
     env = ensure_environment(request, progress=progress)
     return (config.model_copy(update={"image": env.tag}) if env else config), env
 
 
-def request_for(repo: Path, config: SandboxConfig, *, version: str | None = None, source: str = "") -> BuildRequest:
+def request_for(repo: Path, config: SandboxConfig, *, history: tuple[Path, str] | None = None,
+                source: str = "") -> BuildRequest:
     """What `config` asks of an environment for `repo`: derived on the default image, the setup command on any."""
     derive = config.project_env == "auto" and config.image == DEFAULT_IMAGE
-    return BuildRequest(repo=repo, base=config.image, setup=config.setup, version=version, source=source,
+    return BuildRequest(repo=repo, base=config.image, setup=config.setup, history=history, source=source,
                         derive=derive)
 
 
@@ -150,6 +162,7 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
     Debian release whose Python fits (`SUITE_PYTHON`: trixie's 3.13 for a `>=3.12` project).
     """
     say = progress or (lambda _: None)
+    request = request.with_history()
     try:
         _build_on(client, request.base, request, tag, key, say)
     except PythonMismatch as e:
