@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from m3_agent.agent.config import AgentConfig
 from m3_agent.errors import UsageError
+from m3_agent.redact import mask
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -300,13 +301,6 @@ def load_settings(
     settings = _validated(layered)
     sources = {path: layered[path][1] if path in layered else "default" for path in PATHS}
     return settings, sources
-
-
-def mask(value: str) -> str:
-    """A secret as it may be shown: its last four characters at most."""
-    if not value:
-        return ""
-    return "****" + value[-4:] if len(value) >= 12 else "****"
 
 
 def value_at(settings: BaseModel, path: str) -> Any:

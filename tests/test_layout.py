@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The parts, lowest first. A module may import its own part and the parts of lower layers; never a
 # part of its own layer or a higher one, so there can be no cycle between parts.
 LAYERS: list[tuple[str, ...]] = [
-    ("m3_agent.errors",),  # exceptions and exit codes
+    ("m3_agent.errors", "m3_agent.redact"),  # exceptions and exit codes; how a secret may be shown
     ("m3_agent.hostgit",),  # host-side git (GitPython), for fix and evals
     ("m3_agent.sandbox",),  # Docker: images, containers, exec
     ("m3_agent.tools",),  # each tool runs against a sandbox

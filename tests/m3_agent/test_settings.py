@@ -9,7 +9,8 @@ import pytest
 
 from m3_agent.agent.config import AgentConfig
 from m3_agent.errors import UsageError
-from m3_agent.settings import FLAGS, PATHS, Settings, display_rows, env_name, load_settings, mask
+from m3_agent.redact import mask
+from m3_agent.settings import FLAGS, PATHS, Settings, display_rows, env_name, load_settings
 from tests.fix.test_fix_sources import cli_main  # noqa: F401, F811 - the in-process CLI fixture
 
 
