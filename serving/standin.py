@@ -80,6 +80,7 @@ real time. docs/standin.md gives the formulas. `/metrics` exports vLLM's cache g
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 import signal
@@ -93,7 +94,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -104,6 +105,8 @@ from m3_agent.serving.planner import GB, PlanRequest, plan
 from m3_agent.serving.simclock import ScaledClock, VirtualClock
 
 STANDIN_HEADER = "X-M3-Standin"
+# vLLM 0.33's AuthenticationMiddleware guards these path prefixes only: /health, /metrics, /tokenize stay open.
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 STANDIN_HEADER_VALUE = "test double; scripted replies, not a model"
 OWNED_BY = "m3-agent-standin (test double, not a model)"
 EXHAUSTED_TEXT = "The stand-in script is exhausted: this is a scripted test double and has no more turns."
@@ -477,8 +480,9 @@ class StandinState:
     """
 
     def __init__(self, script: Script, clock: ScaledClock | VirtualClock | None = None,
-                 keep_requests: bool = True) -> None:
+                 keep_requests: bool = True, api_key: str | None = None) -> None:
         self.script = script
+        self.api_key_hash = hashlib.sha256(api_key.encode()).digest() if api_key else None
         self.lock = threading.Lock()
         self.keep_requests = keep_requests
         self.requests: list[dict[str, Any]] = []
@@ -839,6 +843,14 @@ class _Handler(BaseHTTPRequestHandler):
             raise StandinError(400, "The request body must be a JSON object")
         return body
 
+    def _authorized(self, path: str) -> bool:
+        """vLLM's AuthenticationMiddleware: with a key, paths under its guarded prefixes need `Bearer KEY`."""
+        want = self.state.api_key_hash
+        if want is None or not path.startswith(GUARDED_PREFIXES):
+            return True
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(hashlib.sha256(given.encode()).digest(), want)
+
     def _loading_guard(self) -> None:
         if self.state.is_loading():
             raise _server_error(503, "The model is still loading; retry later")
@@ -848,6 +860,9 @@ class _Handler(BaseHTTPRequestHandler):
         # read the whole body first so an early error leaves the kept-alive connection clean
         length = int(self.headers.get("Content-Length") or 0)
         self._raw = self.rfile.read(length) if length else b""
+        if not self._authorized(path):
+            self._json(401, {"error": "Unauthorized"})  # vLLM's body, before any route is looked up
+            return
         try:
             handler = routes.get(path)
             if handler is None:
@@ -1137,16 +1152,18 @@ class StandinServer:
     free port. The server runs in a background thread until `stop()` (or the end of the `with`).
     `clock` times the performance model: default real time times its `time_scale`; a
     `serving.simclock.VirtualClock` for in-process simulations that real work must not slow.
+    `api_key`: answer 401 without it on the paths vLLM guards (`vllm serve --api-key`).
     """
 
     def __init__(self, script: Script | dict | list | str | Path, *, host: str = "127.0.0.1", port: int = 0,
-                 clock: ScaledClock | VirtualClock | None = None, keep_requests: bool = True) -> None:
+                 clock: ScaledClock | VirtualClock | None = None, keep_requests: bool = True,
+                 api_key: str | None = None) -> None:
         self.script = load_script(script)
         self.host = host
         self.port = port
         # keep_requests=False: `requests` stays empty. A batch benchmark sends a thousand prompts of
         # a few MB each, which the log would hold for the whole run.
-        self._state = StandinState(self.script, clock, keep_requests)
+        self._state = StandinState(self.script, clock, keep_requests, api_key)
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -1216,12 +1233,14 @@ def standin_command(
     script: Path = typer.Option(..., "--script", help="JSON stand-in script (see docs/standin.md)."),
     port: int = typer.Option(8000, "--port", help="Port to listen on (0: any free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; keep it on loopback."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VLLM_API_KEY",
+                                          help="Require this key on /v1 routes, as vLLM does (also VLLM_API_KEY)."),
 ) -> None:
     """Run the M3 stand-in in the foreground until Ctrl-C.
 
     A scripted TEST DOUBLE speaking vLLM's wire format, not a model: every reply comes from the script.
     """
-    server = StandinServer(script, host=host, port=port).start()
+    server = StandinServer(script, host=host, port=port, api_key=api_key).start()
     stopped = threading.Event()
 
     def _on_term(signum: int, frame: object) -> None:

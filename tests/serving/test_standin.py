@@ -242,6 +242,29 @@ def test_stream_through_the_sdk_accumulates_the_same_reply():
     assert usage.completion_tokens == sum(len(toy_pieces(part)) for part in ("plan", "edit", arguments))
 
 
+# an API key, as vLLM's --api-key / VLLM_API_KEY ---------------------------------------------------
+
+
+def test_a_key_guards_the_v1_routes_as_vllm_does_and_leaves_the_others_open():
+    key = "m3-test-key-0123456789"
+    with StandinServer([{"content": "keyed"}], api_key=key) as srv:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": key}):
+            req = urllib.request.Request(srv.base_url + "/models", headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            assert e.value.code == 401 and json.loads(e.value.read()) == {"error": "Unauthorized"}
+        with pytest.raises(openai.AuthenticationError):
+            ask(srv)
+        assert srv.requests == [] and srv.turns_served == 0  # refused before any route
+        sdk = openai.OpenAI(base_url=srv.base_url, api_key=key, max_retries=0, timeout=10)
+        reply = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content == "keyed"
+        # vLLM 0.33 guards /v1, /v2, /inference and /cohere only
+        assert get(srv.root_url + "/health").status_code == 200
+        assert get(srv.root_url + "/metrics").status_code == 200
+        assert post(srv.root_url + "/tokenize", json={"prompt": "x"}).status_code == 200
+
+
 # faults -----------------------------------------------------------------------------------------
 
 
