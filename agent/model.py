@@ -22,7 +22,8 @@ from tenacity import (
 )
 
 from m3_agent.agent.thinking import ThinkingMode
-from m3_agent.errors import EndpointError, M3AgentError, UsageError
+from m3_agent.errors import EndpointAuthError, EndpointError, M3AgentError, UsageError
+from m3_agent.redact import mask
 
 # vLLM 0.33 and SGLang drop a stray leading </mm:think> but vLLM keeps the newlines after it, and keeps
 # the closer itself when whitespace precedes it or when the server runs without a reasoning parser
@@ -62,6 +63,24 @@ class ModelConfig(BaseModel):
         return key.get_secret_value() if (info.context or {}).get("secrets") else str(key)
 
 
+NO_KEY = "EMPTY"  # the placeholder the SDK sends when no key is set; a server without a key ignores it
+
+
+def shown_key(value: str | None, source: str | None = None) -> str:
+    """The key a request carried, as a message may show it: masked, and where it came from."""
+    what = "no key" if not value or value == NO_KEY else f"the key {mask(value)}"
+    return f"{what} (from {source})" if source else what
+
+
+def refused_key(url: str, key: str | None, source: str | None) -> EndpointAuthError:
+    """The one-line error for a 401 from `url`: which key went, from where, and what to do."""
+    return EndpointAuthError(
+        f"the model server at {url} refused the request (HTTP 401): sent {shown_key(key, source)}; "
+        "give the endpoint's key with --api-key or M3_AGENT_MODEL__API_KEY "
+        "(an endpoint `m3-agent serve start` launched: its key is in the serve state)"
+    )
+
+
 class ServedModel(BaseModel):
     """One model a server lists in `GET /v1/models`: its id and, from vLLM, its context window."""
 
@@ -98,6 +117,8 @@ def list_models(base_url: str, *, api_key: str | None = None, timeout: float = 3
         with opener.open(urllib.request.Request(f"{root}/v1/models", headers=headers), timeout=timeout) as resp:
             return served_models(json.loads(resp.read()))
     except urllib.error.HTTPError as e:
+        if e.code == 401:
+            raise refused_key(f"{root}/v1/models", api_key, None) from None
         raise EndpointError(f"{root}/v1/models answered HTTP {e.code}") from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise EndpointError(f"{root}/v1/models failed: {getattr(e, 'reason', e)}") from None
@@ -267,8 +288,9 @@ class ModelClient:
             if is_context_overflow(e.status_code, msg):
                 raise _overflow_from(msg) from None
             raise EndpointError(f"{what} rejected by the server (400): {msg}") from None
-        except openai.AuthenticationError as e:
-            raise EndpointError(f"{what}: authentication failed (401): {_error_message(e)}. Check the API key.") from None
+        except openai.AuthenticationError:
+            raise refused_key(self.config.base_url or "", self.config.api_key.get_secret_value(),
+                              "model.api_key") from None
         except openai.NotFoundError as e:
             raise EndpointError(
                 f"{what}: not found (404): {_error_message(e)}. Check --base-url (it usually ends in /v1) "

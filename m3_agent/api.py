@@ -38,6 +38,7 @@ from pathlib import Path
 
 from m3_agent.agent.config import AgentConfig, ContextConfig, LimitsConfig, ModelConfig, StallConfig, ThinkingConfig
 from m3_agent.errors import (
+    EndpointAuthError,
     EndpointError,
     GitError,
     GitHubRateLimited,
@@ -70,6 +71,7 @@ __all__ = [
     "AgentEvent",
     "ContextConfig",
     "DEFAULT_IMAGE",
+    "EndpointAuthError",
     "EndpointError",
     "Environment",
     "EnvironmentFactory",

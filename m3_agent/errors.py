@@ -9,6 +9,7 @@ Exit codes (documented in README.md):
   5  git or GitHub problem (dirty tree, detached HEAD, issue not found, bad token)
   6  fix: a patch no test ran on, and no test command known (status `unverified`)
   7  the project's environment could not be built (the message names the step and the package)
+  8  the model endpoint refused the API key (HTTP 401; the message names the key, masked, and its source)
   9  fix --push: the remote rejected the push (the local branch and .patch are kept)
   10 fix --pr / --comment: no GitHub token (GITHUB_TOKEN / GH_TOKEN)
   11 the GitHub token lacks the permission (scope) a request needs
@@ -51,6 +52,15 @@ class EndpointError(M3AgentError):
     """The model server cannot be reached or keeps failing."""
 
     exit_code = 3
+
+
+class EndpointAuthError(EndpointError):
+    """The model server answered 401: the key sent (or its absence) is not one it accepts.
+
+    Its own exit code: retrying cannot help, and the fix is a setting, not the server.
+    """
+
+    exit_code = 8
 
 
 class SandboxUnavailable(M3AgentError):

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from m3_agent.errors import EndpointError, UsageError
+from m3_agent.errors import EndpointAuthError, EndpointError, UsageError
 from m3_agent.agent.model import (
     ContextOverflowError,
     ModelClient,
@@ -114,14 +114,27 @@ def _client_at(url: str, **kw) -> ModelClient:
 
 
 def test_list_models_failures_are_endpoint_errors(models_server):
-    with pytest.raises(EndpointError, match="answered HTTP 401"):
+    with pytest.raises(EndpointAuthError, match=r"refused the request \(HTTP 401\): sent no key") as e:
         list_models(models_server({"error": "no key"}, status=401))
+    assert e.value.exit_code == 8
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
     with pytest.raises(EndpointError, match=f"127.0.0.1:{port}/v1/models failed"):
         list_models(f"http://127.0.0.1:{port}/v1", timeout=2)
+
+
+def test_a_refused_key_is_its_own_error_naming_the_key_masked():
+    key, wrong = "m3-right-key-0123456789", "m3-wrong-key-9876543210"
+    with StandinServer({"turns": [{"content": "hi"}]}, api_key=key) as srv:
+        with pytest.raises(EndpointAuthError) as e:
+            _client(srv, api_key=wrong).complete(_user())
+        assert _client(srv, api_key=key).complete(_user()).content == "hi"
+    message = str(e.value)
+    assert e.value.exit_code == 8 and "\n" not in message
+    assert "sent the key ****3210 (from model.api_key)" in message and wrong not in message
+    assert srv.base_url in message and "M3_AGENT_MODEL__API_KEY" in message
 
 
 def test_client_without_an_endpoint_is_a_usage_error():
