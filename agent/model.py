@@ -39,13 +39,16 @@ _OVERFLOW_NUMBERS = re.compile(
 )
 
 
+NO_KEY = "EMPTY"  # the placeholder the SDK sends when no key is set; a server without a key ignores it
+
+
 class ModelConfig(BaseModel):
     """How to reach and sample the model: the `[model]` section of the configuration."""
 
     model_config = ConfigDict(extra="forbid")
 
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
-    api_key: SecretStr = Field(SecretStr("EMPTY"), description="API key sent to the endpoint")
+    api_key: SecretStr = Field(SecretStr(NO_KEY), description="API key sent to the endpoint")
     name: str | None = Field(None, description="served model name; None = the first one /v1/models lists")
     temperature: float = 1.0  # model card defaults (seed 002)
     top_p: float = 0.95
@@ -63,13 +66,11 @@ class ModelConfig(BaseModel):
         return key.get_secret_value() if (info.context or {}).get("secrets") else str(key)
 
 
-NO_KEY = "EMPTY"  # the placeholder the SDK sends when no key is set; a server without a key ignores it
-
-
 def shown_key(value: str | None, source: str | None = None) -> str:
     """The key a request carried, as a message may show it: masked, and where it came from."""
-    what = "no key" if not value or value == NO_KEY else f"the key {mask(value)}"
-    return f"{what} (from {source})" if source else what
+    if not value or value == NO_KEY:
+        return "no key"
+    return f"the key {mask(value)} (from {source})" if source else f"the key {mask(value)}"
 
 
 def refused_key(url: str, key: str | None, source: str | None) -> EndpointAuthError:

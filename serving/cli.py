@@ -11,6 +11,7 @@ from rich.console import Console
 
 from m3_agent.errors import UsageError
 from m3_agent.serving import launcher
+from m3_agent.serving.access import KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access
 from m3_agent.serving.bench import run_bench, table
 from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, plan_request, prepare
 from m3_agent.serving.gpus import auto_profile, detect_gpus, summary
@@ -57,7 +58,10 @@ def start_command(
     model: Optional[str] = typer.Option(None, "--model", help="Checkpoint (repo id or local path)."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name"),
     port: Optional[int] = typer.Option(None, "--port"),
-    host: Optional[str] = typer.Option(None, "--host", help="Address the engine binds."),
+    host: Optional[str] = typer.Option(None, "--host", help="Address the engine binds (default 127.0.0.1: this "
+                                       "machine only; any other needs an API key)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help=f"Key the server requires (default when --host "
+                                          f"lets others in: ${KEY_ENV}, else a new one, kept in the serve state)."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context window (see `serve plan`)."),
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="e.g. fp8 (~1.5-2x the KV pool)."),
     gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
@@ -72,11 +76,13 @@ def start_command(
     """Launch M3 and wait until it lists its model; `--dry-run` prints the command instead."""
     _check_choice(engine, ("vllm", "sglang"), "--engine")
     _check_choice(runner, ("native", "docker"), "--runner")
+    key = choose_key(host or LOOPBACK, api_key, shared=nodes > 1 or replicas > 1)
     o = Overrides(
         model=model,
         served_model_name=served_model_name,
         port=port,
         host=host,
+        api_key=key,
         max_model_len=max_model_len,
         kv_cache_dtype=kv_cache_dtype,
         gpu_memory_utilization=gpu_memory_utilization,
@@ -93,11 +99,18 @@ def start_command(
     cmd = prepare(profile, engine=engine, runner=runner, overrides=o, check_gpus=not skip_gpu_check, force=force,
                   progress=_progress, gpus=gpus)
     _progress("command", cmd.shell())
-    state = launcher.start(cmd, name=name, timeout_s=timeout, progress=_progress, host="127.0.0.1")
-    out.print(
-        f"ready: {state.base_url} (model {state.served_model_name}); logs: m3-agent serve logs --name {name}",
-        markup=False,
-    )
+    _progress("access", describe_access(cmd.host, cmd.api_key))
+    _ready(launcher.start(cmd, name=name, timeout_s=timeout, progress=_progress))
+
+
+def _ready(state: launcher.ServeState) -> None:
+    """Where the started endpoint answers, and where its key is kept (never the key itself)."""
+    name = state.name
+    out.print(f"ready: {state.base_url} (model {state.served_model_name}); logs: m3-agent serve logs --name {name}",
+              markup=False)
+    if state.api_key is not None:
+        out.print(f"key: {state.api_key.shown}, kept in {launcher.state_path(name)} (mode 0600); `fix` and "
+                  f"`eval run` on this machine send it by themselves", markup=False)
 
 
 def _pick_profile(profile: str | None) -> tuple[str, list | None]:
@@ -122,6 +135,19 @@ def _entry_point_note(p: Profile) -> str | None:
             f"the same server starts here as `{now}`, with the seed's flags unchanged")
 
 
+def _access_notes(host: str, key: ApiKey | None) -> list[str]:
+    """The dry run's comment on who can reach the server, and how to fill in a masked key."""
+    if key is None:
+        return [f"# {describe_access(host, None)}; --host ADDR exposes it, with an API key"]
+    notes = [f"# {describe_access(host, key)}; shown masked"]
+    if key.source == "generated":
+        notes.append(f"# a dry run keeps no key: set ${KEY_ENV} (or --api-key) to the key you will run with, "
+                     "and print the commands again")
+    else:
+        notes.append(f"# put the key itself where {key.shown.split()[0]} stands, e.g. \"${KEY_ENV}\"")
+    return notes
+
+
 def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nodes: int, replicas: int) -> None:
     p = get_profile(profile, engine)  # type: ignore[arg-type]
     note = _entry_point_note(p) if runner == "native" or nodes > 1 or replicas > 1 else None
@@ -131,8 +157,8 @@ def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nod
             if nodes > 1
             else [*replicas_behind_router(p, replicas, overrides=o), eval_pool_step(p, replicas, overrides=o)]
         )
-        if note:
-            out.print(note, markup=False)
+        for line in ([note] if note else []) + _access_notes(o.host or LOOPBACK, o.api_key):
+            out.print(line, markup=False)
         for step in steps:
             out.print(f"# {step.where}", markup=False)
             out.print(step.command, markup=False)
@@ -143,6 +169,8 @@ def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nod
         out.print(note, markup=False)
     if cmd.added:
         out.print(f"# added to the seed's flags (required for M3): {' '.join(cmd.added)}", markup=False)
+    for line in _access_notes(cmd.host, cmd.api_key):
+        out.print(line, markup=False)
     out.print(cmd.shell(), markup=False)
 
 
@@ -151,7 +179,7 @@ def status_command(name: str = NameOpt, as_json: bool = typer.Option(False, "--j
     """Show the recorded endpoint: running or not, health, the model it lists. Exit 3 when not ready."""
     st = launcher.status(name)
     if as_json:
-        out.print(json.dumps(st.model_dump(), indent=2), markup=False)
+        out.print(st.model_dump_json(indent=2), markup=False)  # the key masked (ApiKey, ServeState.argv)
     elif st.state is None:
         out.print(st.detail, markup=False)
     else:
@@ -160,6 +188,7 @@ def status_command(name: str = NameOpt, as_json: bool = typer.Option(False, "--j
         where = f"container {s.container}" if s.container else f"pid {s.pid}"
         out.print(f"{name}: {s.profile} ({s.engine}, {s.runner}, {where}), up {uptime:.0f}s", markup=False)
         out.print(f"  base URL: {s.base_url}", markup=False)
+        out.print(f"  access: {describe_access(s.host, s.api_key)}", markup=False)
         out.print(
             f"  phase: {st.phase}"
             + (f"; models: {', '.join(st.models)}" if st.models else "")
@@ -184,12 +213,12 @@ def logs_command(
     if state is None:
         raise UsageError(f"no endpoint {name!r} recorded; start one with `m3-agent serve start`")
     for line in launcher.tail(state.log_path, lines):
-        out.print(line, markup=False)
+        out.print(state.redacted(line), markup=False)
     if follow:
         launcher.follow(
             state.log_path,
             until=lambda: not launcher.is_running(state),
-            emit=lambda line: out.print(line, markup=False),
+            emit=lambda line: out.print(state.redacted(line), markup=False),
         )
 
 
@@ -288,6 +317,8 @@ def _machine(profile: str | None, engine: str | None, max_model_len: int | None,
 @app.command("bench")
 def bench_command(
     base_url: Optional[str] = typer.Option(None, "--base-url", help="Endpoint (default: the recorded one)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar=KEY_ENV,
+                                          help="Key for --base-url (the recorded endpoint's own is used for it)."),
     name: str = NameOpt,
     model: Optional[str] = typer.Option(None, "--model", help="Served model name (default: the endpoint's)."),
     input_len: int = typer.Option(8192, "--input-len"),
@@ -306,14 +337,16 @@ def bench_command(
         if state is None:
             raise UsageError("no endpoint recorded: pass --base-url, or start one with `m3-agent serve start`")
         base_url, model = state.base_url, model or state.served_model_name
+        api_key = state.key_value or api_key
     if model is None:
-        _, models, _ = launcher.probe(base_url)
+        _, models, _ = launcher.probe(base_url, api_key=api_key)
         if not models:
             raise UsageError(f"{base_url} lists no model: pass --model")
         model = models[0]
     try:
         cfg = LoadConfig(
             base_url=base_url,
+            api_key=api_key or "EMPTY",
             model=model,
             input_len=input_len,
             output_len=output_len,

@@ -8,16 +8,42 @@ with `--serve PROFILE` the base URL (ending in /v1) of a server that lists its m
 from __future__ import annotations
 
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
+from m3_agent.agent.model import NO_KEY
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher
+from m3_agent.serving.access import LOOPBACK, ApiKey, choose_key
 from m3_agent.serving.gpus import GPU, detect_gpus, summary
 from m3_agent.serving.planner import AMD_NATIVE_CONTEXT, NATIVE_CONTEXT, Plan, PlanRequest, plan
 from m3_agent.serving.profiles import Command, Engine, Overrides, Profile, Runner, build_command, flag_value, get_profile
 
 DEFAULT_TIMEOUT_S = 1800.0
+
+
+def key_value(key: ApiKey | None) -> str | None:
+    """The key in clear, for a request header; None when there is none (or only the SDK's placeholder)."""
+    value = key.value.get_secret_value() if key else None
+    return value if value and value != NO_KEY else None
+
+
+def _same_server(a: str, b: str) -> bool:
+    def norm(url: str) -> tuple:
+        u = urllib.parse.urlsplit(url.rstrip("/"))
+        host = "127.0.0.1" if u.hostname == "localhost" else u.hostname
+        return u.scheme, host, u.port, u.path
+    return norm(a) == norm(b)
+
+
+def recorded_key(base_url: str) -> ApiKey | None:
+    """The key of the running endpoint `m3-agent serve start` recorded at `base_url`, if it has one."""
+    for state in launcher.recorded():
+        if state.api_key is not None and _same_server(state.base_url, base_url) and launcher.is_running(state):
+            path = launcher.state_path(state.name)
+            return state.api_key.model_copy(update={"source": f"the serve state of endpoint {state.name!r} ({path})"})
+    return None
 
 
 def plan_request(profile: Profile, cmd: Command, gpu_count: int, gpu_memory_gb: float) -> PlanRequest:
@@ -76,6 +102,8 @@ def prepare(
     say = progress or (lambda phase, msg: None)
     profile = get_profile(profile_name, engine)
     o = overrides or Overrides()
+    if o.api_key is None:  # a host other machines reach gets a key (None on loopback)
+        o = o.model_copy(update={"api_key": choose_key(o.host or LOOPBACK)})
     cmd = build_command(profile, runner, o)
     if not check_gpus:
         return cmd
@@ -113,7 +141,7 @@ def ensure_endpoint(
     likely cause) and UsageError for a bad profile or a machine that cannot hold it.
     """
     say = progress or (lambda phase, msg: None)
-    if base_url and launcher.probe(base_url)[0] == "ready":
+    if base_url and launcher.probe(base_url, api_key=key_value(recorded_key(base_url)))[0] == "ready":
         say("reuse", f"healthy endpoint at {base_url}")
         return base_url
     state = launcher.load_state(name)
@@ -123,7 +151,7 @@ def ensure_endpoint(
                 f"endpoint {name!r} runs profile {state.profile}, not {profile}: "
                 f"`m3-agent serve stop --name {name}` it, or use --serve {state.profile}"
             )
-        if launcher.probe(state.base_url, state.served_model_name)[0] != "ready":
+        if launcher.probe(state.base_url, state.served_model_name, api_key=state.key_value)[0] != "ready":
             say("wait", f"endpoint {name!r} is still starting; waiting for it")
             launcher.wait_ready(state, timeout_s=timeout_s, progress=progress)
         else:

@@ -21,10 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, FieldSerializationInfo, field_serializer
 
 from m3_agent.agent.model import list_models
 from m3_agent.errors import EndpointError, UsageError
+from m3_agent.redact import redact
+from m3_agent.serving.access import ApiKey, client_host
 from m3_agent.serving.profiles import Command
 
 Phase = Literal["launching", "loading", "healthy", "ready", "failed", "exited", "stopped"]
@@ -50,6 +52,22 @@ class ServeState(BaseModel):
     base_url: str
     served_model_name: str
     started_at: float
+    host: str | None = Field(None, description="the address the server listens on; None: an older record")
+    api_key: ApiKey | None = Field(None, description="the key it requires (clients read it from here)")
+
+    @property
+    def key_value(self) -> str | None:
+        """The key in clear, for the requests that must carry it; None: loopback only."""
+        return self.api_key.value.get_secret_value() if self.api_key else None
+
+    def redacted(self, text: str) -> str:
+        """`text` with this endpoint's key masked (SGLang writes its --api-key into its own log)."""
+        return redact(text, [self.key_value])
+
+    @field_serializer("argv", when_used="json")
+    def _argv(self, argv: list[str], info: FieldSerializationInfo) -> list[str]:
+        # SGLang's key is an argument: in clear only in the state file itself
+        return argv if (info.context or {}).get("secrets") else [self.redacted(a) for a in argv]
 
 
 class EndpointStatus(BaseModel):
@@ -71,7 +89,8 @@ def state_dir() -> Path:
     return Path(base) / "m3-agent" / "serve"
 
 
-def _state_path(name: str) -> Path:
+def state_path(name: str) -> Path:
+    """The state file of endpoint `name` (it holds the endpoint's key: mode 0600)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.startswith("."):
         raise UsageError(f"bad endpoint name {name!r}: use letters, digits, '.', '_' or '-'")
     return state_dir() / f"{name}.json"
@@ -79,7 +98,7 @@ def _state_path(name: str) -> Path:
 
 def load_state(name: str = DEFAULT_NAME) -> ServeState | None:
     """The recorded launch called `name`, None when there is none."""
-    path = _state_path(name)
+    path = state_path(name)
     if not path.exists():
         return None
     try:
@@ -88,11 +107,30 @@ def load_state(name: str = DEFAULT_NAME) -> ServeState | None:
         raise UsageError(f"state file {path} is damaged ({e}); delete it and start again") from None
 
 
+def recorded() -> list[ServeState]:
+    """Every launch recorded in the state folder (damaged files skipped), by name."""
+    found = []
+    for path in sorted(state_dir().glob("*.json")) if state_dir().is_dir() else []:
+        try:
+            found.append(ServeState.model_validate_json(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def private_file(path: Path) -> int:
+    """Open `path` for writing, emptied, readable by this user only (0600, also when it existed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
 def _save_state(state: ServeState) -> None:
-    path = _state_path(state.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = state_path(state.name)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(state.model_dump_json(indent=2))
+    with os.fdopen(private_file(tmp), "w") as f:  # it holds the endpoint's key
+        f.write(state.model_dump_json(indent=2, context={"secrets": True}))
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
@@ -179,14 +217,17 @@ def http_get(url: str, timeout_s: float = 3.0) -> tuple[int, bytes]:
 
 
 def probe(
-    base_url: str, served_model_name: str | None = None, timeout_s: float = 3.0
+    base_url: str, served_model_name: str | None = None, timeout_s: float = 3.0, *, api_key: str | None = None
 ) -> tuple[Phase, list[str], int | None]:
-    """One look at a server: loading (refused or 503), healthy, or ready (the model is listed)."""
+    """One look at a server: loading (refused or 503), healthy, or ready (the model is listed).
+
+    /health answers without a key on vLLM and SGLang; /v1/models needs `api_key` when the server has one.
+    """
     root = base_url.removesuffix("/").removesuffix("/v1")
     if http_get(f"{root}/health", timeout_s)[0] != 200:
         return "loading", [], None
     try:
-        served = list_models(root, timeout=timeout_s)
+        served = list_models(root, api_key=api_key, timeout=timeout_s)
     except EndpointError:
         served = []
     models = [m.id for m in served]
@@ -278,7 +319,7 @@ def likely_cause(lines: list[str], returncode: int | None = None) -> str:
 
 
 def _failure(state: ServeState, what: str, returncode: int | None = None) -> EndpointError:
-    lines = tail(state.log_path)
+    lines = [state.redacted(line) for line in tail(state.log_path)]
     shown = "\n".join(f"  | {line}" for line in lines) or "  | (the log is empty)"
     return EndpointError(
         f"{what}\nlast log lines ({state.log_path}):\n{shown}\nlikely cause: {likely_cause(lines, returncode)}"
@@ -289,7 +330,7 @@ def _launch_native(cmd: Command, log_path: Path) -> tuple[int, str | None]:
     exe = cmd.argv[0]
     if shutil.which(exe) is None:
         raise EndpointError(f"{exe} is not on PATH: install {cmd.engine} here, or use --runner docker")
-    env = {**os.environ, **cmd.env}
+    env = {**os.environ, **cmd.launch_env()}
     with open(log_path, "ab") as log:
         log.write(f"$ {cmd.shell()}\n".encode())
         log.flush()
@@ -313,7 +354,8 @@ def _launch_docker(cmd: Command, log_path: Path) -> int:
     if _docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() == "false":
         _docker("rm", name)  # a stopped leftover of an earlier launch would block the name
     argv = [os.path.expanduser(a) if a.startswith("~/") else a for a in cmd.argv]  # the seed's -v ~/.cache/...
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    # the docker client's environment carries the key to `-e VLLM_API_KEY`: argv never holds it
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, **cmd.launch_env()})
     with open(log_path, "ab") as log:
         log.write(f"$ {cmd.shell()}\n{r.stdout}{r.stderr}".encode())
     if r.returncode != 0:
@@ -331,8 +373,8 @@ def _launch_docker(cmd: Command, log_path: Path) -> int:
     return follower.pid
 
 
-def launch(cmd: Command, *, name: str = DEFAULT_NAME, host: str = "127.0.0.1") -> ServeState:
-    """Start `cmd` detached and record it; does not wait for it to be healthy (see `wait_ready`)."""
+def launch(cmd: Command, *, name: str = DEFAULT_NAME) -> ServeState:
+    """Start `cmd` detached and record it (its key too, mode 0600); does not wait (see `wait_ready`)."""
     existing = load_state(name)
     if existing and is_running(existing):
         raise UsageError(
@@ -340,9 +382,9 @@ def launch(cmd: Command, *, name: str = DEFAULT_NAME, host: str = "127.0.0.1") -
             f"`m3-agent serve stop` it first, or pass --name"
         )
     directory = state_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = directory / f"{name}.log"
-    log_path.write_bytes(b"")
+    os.close(private_file(log_path))  # SGLang logs its server args, the key among them
     state = ServeState(
         name=name,
         profile=cmd.profile,
@@ -352,9 +394,11 @@ def launch(cmd: Command, *, name: str = DEFAULT_NAME, host: str = "127.0.0.1") -
         env=cmd.env,
         container=cmd.container,
         log_path=str(log_path),
-        base_url=f"http://{host}:{cmd.port}/v1",
+        base_url=f"http://{client_host(cmd.host)}:{cmd.port}/v1",
         served_model_name=cmd.served_model_name,
         started_at=time.time(),
+        host=cmd.host,
+        api_key=cmd.api_key,
     )
     if cmd.runner == "native":
         state.pid, state.pid_started = _launch_native(cmd, log_path)
@@ -382,7 +426,7 @@ def wait_ready(
                 + (f" (exit code {code})" if code is not None else ""),
                 code,
             )
-        phase, models, max_len = probe(state.base_url, state.served_model_name)
+        phase, models, max_len = probe(state.base_url, state.served_model_name, api_key=state.key_value)
         if phase == "ready" and shown == "loading":
             say("healthy", "/health answers 200")  # both came up between two polls
         if phase != shown:
@@ -395,7 +439,7 @@ def wait_ready(
             say("model listed" if phase == "ready" else phase, detail)
         if phase == "ready":
             return state
-        lines = tail(state.log_path, 1)
+        lines = [state.redacted(line) for line in tail(state.log_path, 1)]
         if phase == "loading" and lines and lines[-1] != last_line:
             last_line = lines[-1]
             say("log", last_line[:160])
@@ -421,10 +465,9 @@ def start(
     name: str = DEFAULT_NAME,
     timeout_s: float = 1800,
     progress: Progress | None = None,
-    host: str = "127.0.0.1",
 ) -> ServeState:
     """Launch `cmd` and wait for it; on a crash the leftovers are stopped, on a timeout it keeps running."""
-    state = launch(cmd, name=name, host=host)
+    state = launch(cmd, name=name)
     try:
         return wait_ready(state, timeout_s=timeout_s, progress=progress)
     except EndpointError:
@@ -443,9 +486,9 @@ def status(name: str = DEFAULT_NAME) -> EndpointStatus:
             state=state,
             running=False,
             phase="exited",
-            detail=f"the server is not running; last log line: {' '.join(tail(state.log_path, 1))}",
+            detail=f"the server is not running; last log line: {state.redacted(' '.join(tail(state.log_path, 1)))}",
         )
-    phase, models, max_len = probe(state.base_url, state.served_model_name)
+    phase, models, max_len = probe(state.base_url, state.served_model_name, api_key=state.key_value)
     return EndpointStatus(state=state, running=True, phase=phase, models=models, max_model_len=max_len)
 
 
@@ -483,7 +526,7 @@ def stop(name: str = DEFAULT_NAME, *, grace_s: float = 20) -> ServeState | None:
         _end_group(state.pid, grace_s)
     if state.log_follower_pid:
         _end_group(state.log_follower_pid, 2)
-    _state_path(name).unlink(missing_ok=True)
+    state_path(name).unlink(missing_ok=True)
     return state
 
 

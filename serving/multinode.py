@@ -2,7 +2,8 @@
 
 Both are printed (never run) by `m3-agent serve start --dry-run --nodes N` / `--replicas N`:
 each step is a command and the machine it runs on; `--replicas` also prints the `eval run` that
-uses the replicas as an endpoint pool.
+uses the replicas as an endpoint pool. Servers that answer other machines require an API key:
+every plan carries one (`access.choose_key(shared=True)`), shown masked.
 """
 
 from __future__ import annotations
@@ -10,10 +11,19 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from m3_agent.errors import UsageError
+from m3_agent.redact import mask
+from m3_agent.serving.access import ALL_INTERFACES, KEY_ENV, LOOPBACK, choose_key, is_loopback
 from m3_agent.serving.profiles import Overrides, Profile, build_command, flag_value, set_flag
 
 RAY_PORT = 6379
 ROUTER_PORT = 30000  # not 8000: the router may share a node with a replica
+
+
+def keyed(overrides: Overrides | None, host: str | None = None) -> Overrides:
+    """`overrides` for a server of a plan: on `host` (default: theirs, else loopback), with a key."""
+    o = overrides or Overrides()
+    host = host or o.host or LOOPBACK
+    return o.model_copy(update={"host": host, "api_key": o.api_key or choose_key(host, shared=True)})
 
 
 class Step(BaseModel):
@@ -39,7 +49,7 @@ def ray_tensor_parallel(
     if nodes < 2:
         raise UsageError("--nodes needs at least 2 nodes")
     per_node = gpus_per_node or profile.gpus
-    o = (overrides or Overrides()).model_copy(update={"tensor_parallel_size": per_node * nodes})
+    o = keyed(overrides).model_copy(update={"tensor_parallel_size": per_node * nodes})
     cmd = build_command(profile, "native", o)
     argv = list(cmd.argv)
     set_flag(argv, "--distributed-executor-backend", "ray")
@@ -64,18 +74,19 @@ def replicas_behind_router(
     hosts = hosts or [f"<NODE_{i}_IP>" for i in range(1, replicas + 1)]
     if len(hosts) != replicas:
         raise UsageError(f"--hosts names {len(hosts)} hosts for {replicas} replicas")
-    o = overrides or Overrides()
+    given = (overrides or Overrides()).host
+    # replicas must answer the router from another machine: never loopback
+    o = keyed(overrides, given if given and not is_loopback(given) else ALL_INTERFACES)
     cmd = build_command(profile, "native", o)
-    argv = list(cmd.argv)
-    set_flag(argv, "--host", "0.0.0.0")  # replicas must answer the router from another machine
-    cmd = cmd.model_copy(update={"argv": argv})
     steps = [Step(where=f"node {h}", command=cmd.shell()) for h in hosts]
     workers = " ".join(f"http://{h}:{cmd.port}" for h in hosts)
+    # sglang-router's --api-key is sent to the workers and required of its own clients (checked with 0.3.2)
     steps.append(
         Step(
             where="router host (pip install sglang-router)",
             command=f"python -m sglang_router.launch_router --worker-urls {workers} "
-            f"--policy cache_aware --host 0.0.0.0 --port {ROUTER_PORT}",
+            f"--policy cache_aware --host {ALL_INTERFACES} --port {ROUTER_PORT} "
+            f"--api-key {mask(o.api_key.value.get_secret_value())}",
         )
     )
     return steps
@@ -85,7 +96,9 @@ def eval_pool_step(profile: Profile, replicas: int, *, hosts: list[str] | None =
                    overrides: Overrides | None = None) -> Step:
     """The `eval run` that uses the same replicas as an endpoint pool (sticky per instance, no router needed)."""
     hosts = hosts or [f"<NODE_{i}_IP>" for i in range(1, replicas + 1)]
-    port = build_command(profile, "native", overrides or Overrides()).port
+    o = keyed(overrides, ALL_INTERFACES)
+    port = build_command(profile, "native", o).port
     urls = " ".join(f"--base-url http://{h}:{port}/v1" for h in hosts)
     return Step(where="eval driver, instead of the router (each instance keeps its replica's prefix cache)",
-                command=f"m3-agent eval run --tasks TASKS --executor ray --ray-address <HEAD_IP>:{RAY_PORT} {urls}")
+                command=f"{KEY_ENV}={mask(o.api_key.value.get_secret_value())} m3-agent eval run --tasks TASKS "
+                        f"--executor ray --ray-address <HEAD_IP>:{RAY_PORT} {urls}")

@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from m3_agent.errors import UsageError
+from m3_agent.redact import redact
+from m3_agent.serving.access import ALL_INTERFACES, LOOPBACK, ApiKey, is_loopback
 
 Engine = Literal["vllm", "sglang"]
 Runner = Literal["native", "docker"]
@@ -47,6 +49,8 @@ _YARN_1M = (
 # Flags that only make sense with the vision encoder loaded (seed 002: exclusive with --language-model-only).
 _ENCODER_FLAGS = {"--mm-encoder-tp-mode", "--mm-encoder-attn-backend", "--mm-processor-cache-type"}
 _ENGINE_PORT = {"vllm": 8000, "sglang": 30000}
+# vLLM reads its key from this variable (argv would show it in `ps`); SGLang takes only --api-key.
+_KEY_ENV = {"vllm": "VLLM_API_KEY", "sglang": None}
 
 
 class Profile(BaseModel):
@@ -89,11 +93,22 @@ class Command(BaseModel):
     port: int
     served_model_name: str
     container: str | None = None
+    host: str = Field(LOOPBACK, description="the address the server listens on (docker: publishes on)")
+    api_key: ApiKey | None = Field(None, description="the key the server requires; None: loopback only")
+    key_env: str | None = Field(None, description="the variable the engine reads the key from (else argv)")
+
+    def launch_env(self) -> dict[str, str]:
+        """What the launched process's environment adds: the profile's, and the key's variable."""
+        env = dict(self.env)
+        if self.api_key is not None and self.key_env:
+            env[self.key_env] = self.api_key.value.get_secret_value()
+        return env
 
     def shell(self) -> str:
-        """The command as one line a user can paste into a shell (environment first)."""
-        env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()] if self.runner == "native" else []
-        return " ".join(env + [_quote(a) for a in self.argv])
+        """The command as one line a user can paste into a shell (environment first), the key masked."""
+        env = self.launch_env()  # docker: only the key's variable, which `-e NAME` passes on
+        line = " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [_quote(a) for a in self.argv])
+        return redact(line, [self.api_key.value.get_secret_value() if self.api_key else None])
 
 
 class Overrides(BaseModel):
@@ -102,7 +117,8 @@ class Overrides(BaseModel):
     model: str | None = None
     served_model_name: str | None = None
     port: int | None = None
-    host: str | None = None
+    host: str | None = Field(None, description="the address to listen on; None: 127.0.0.1 (loopback only)")
+    api_key: ApiKey | None = Field(None, description="the key to require (access.choose_key); needed off loopback")
     max_model_len: int | None = None
     kv_cache_dtype: str | None = None
     gpu_memory_utilization: float | None = None
@@ -300,15 +316,16 @@ def required_flags(engine: Engine) -> list[tuple[str, str | None]]:
 
 
 def _apply(profile: Profile, o: Overrides) -> tuple[list[str], list[str]]:
-    """The profile's flags with overrides applied, and the required flags appended (also returned)."""
+    """The profile's flags with overrides applied, and the required flags appended (also returned).
+
+    `extra_args` are not here: they go last, after the bind address and the key (`build_command`).
+    """
     args = list(profile.args)
     n = _names(profile.engine)
     if o.served_model_name:
         set_flag(args, "--served-model-name", o.served_model_name)
     if o.port is not None:
         set_flag(args, "--port", str(o.port))
-    if o.host:
-        set_flag(args, "--host", o.host)
     if o.tensor_parallel_size:
         # SGLang accepts both spellings; keep whichever the seed used.
         tp_flag = "--tp" if profile.engine == "sglang" and _flag_index(args, "--tp") is not None else n["tp"]
@@ -330,7 +347,6 @@ def _apply(profile: Profile, o: Overrides) -> tuple[list[str], list[str]]:
     for flag, value in required_flags(profile.engine):
         if set_flag(args, flag, value):
             added += [flag] if value is None else [flag, value]
-    args += o.extra_args
     return args, added
 
 
@@ -339,59 +355,62 @@ def container_name(profile: str, engine: Engine, port: int) -> str:
     return f"m3-agent-{profile}-{engine}-{port}"
 
 
+def _access(profile: Profile, runner: Runner, o: Overrides, args: list[str]) -> str:
+    """Bind the server where `o` says (loopback by default) and give it the key; the host it listens on.
+
+    In a container the engine listens on every interface of the container's own network; the host
+    side is then limited by where `docker run -p` publishes the port.
+    """
+    host = o.host or LOOPBACK
+    given = [f for f in ("--host", "--api-key") if _flag_index(o.extra_args, f) is not None]
+    if given:
+        raise UsageError(f"pass {given[0]} as an option of its own, not through --extra-arg: "
+                         "m3-agent decides the bind address and the key together")
+    if not is_loopback(host) and o.api_key is None:
+        raise UsageError(f"--host {host} lets other machines reach the server: it needs an API key "
+                         "(access.choose_key: --api-key, M3_AGENT_MODEL__API_KEY, or a new one)")
+    set_flag(args, "--host", host if runner == "native" else ALL_INTERFACES)
+    if o.api_key is not None and _KEY_ENV[profile.engine] is None:
+        set_flag(args, "--api-key", o.api_key.value.get_secret_value())
+    return host
+
+
+def _docker_argv(profile: Profile, o: Overrides, args: list[str], port: int, host: str) -> list[str]:
+    """`docker run` for the profile's image: published on `host` only, the key passed by name."""
+    options = list(profile.docker_options)
+    pi = options.index("-p")  # the container listens on the engine's port: publish it there, on `host` only
+    options[pi + 1] = f"{host}:{port}:{port}"
+    env_opts = [x for k, v in profile.env.items() for x in ("-e", f"{k}={v}")]
+    if os.environ.get("HF_TOKEN"):
+        env_opts += ["-e", "HF_TOKEN"]  # passes the caller's token through without printing it
+    key_env = _KEY_ENV[profile.engine]
+    if o.api_key is not None and key_env:
+        env_opts += ["-e", key_env]  # the value comes from the docker client's environment, not argv
+    # The vLLM image's entrypoint is `vllm serve`; seed 000's docker run gives it the model as `--model`.
+    model_flag = profile.model_flag or ("--model" if profile.engine == "vllm" else "--model-path")
+    name = container_name(profile.name, profile.engine, port)
+    return ["docker", "run", "-d", "--name", name, *options, *env_opts, profile.docker_image,
+            *profile.docker_command, model_flag, o.model or profile.model, *args]
+
+
 def build_command(profile: Profile, runner: Runner = "native", overrides: Overrides | None = None) -> Command:
-    """Render `profile` for `runner`: the seed's flags (overridden in place) plus the required ones."""
+    """Render `profile` for `runner`: the seed's flags (overridden in place) plus the required ones.
+
+    The server listens on 127.0.0.1 unless `overrides.host` says otherwise; a host other machines
+    can reach needs `overrides.api_key`, which the engine gets through its own variable or flag.
+    """
     o = overrides or Overrides()
     args, added = _apply(profile, o)
+    host = _access(profile, runner, o, args)
+    args += o.extra_args
     model = o.model or profile.model
     served = flag_value(args, "--served-model-name") or model
     port = int(flag_value(args, "--port") or _ENGINE_PORT[profile.engine])
-    env = dict(profile.env)
+    common = dict(profile=profile.name, engine=profile.engine, runner=runner, added=added, port=port,
+                  served_model_name=served, host=host, api_key=o.api_key,
+                  key_env=_KEY_ENV[profile.engine] if o.api_key else None)
     if runner == "native":
         model_part = [model] if profile.model_flag is None else [profile.model_flag, model]
-        argv = [*profile.launcher, *model_part, *args]
-        return Command(
-            profile=profile.name,
-            engine=profile.engine,
-            runner=runner,
-            argv=argv,
-            env=env,
-            added=added,
-            port=port,
-            served_model_name=served,
-        )
-    name = container_name(profile.name, profile.engine, port)
-    options = list(profile.docker_options)
-    # The container listens on the engine's port; publish that port on the same host port.
-    pi = options.index("-p")
-    options[pi + 1] = f"{port}:{port}"
-    env_opts = [x for k, v in env.items() for x in ("-e", f"{k}={v}")]
-    if os.environ.get("HF_TOKEN"):
-        env_opts += ["-e", "HF_TOKEN"]  # passes the caller's token through without printing it
-    # The vLLM image's entrypoint is `vllm serve`; seed 000's docker run gives it the model as `--model`.
-    model_flag = profile.model_flag or ("--model" if profile.engine == "vllm" else "--model-path")
-    argv = [
-        "docker",
-        "run",
-        "-d",
-        "--name",
-        name,
-        *options,
-        *env_opts,
-        profile.docker_image,
-        *profile.docker_command,
-        model_flag,
-        model,
-        *args,
-    ]
-    return Command(
-        profile=profile.name,
-        engine=profile.engine,
-        runner=runner,
-        argv=argv,
-        env={},
-        added=added,
-        port=port,
-        served_model_name=served,
-        container=name,
-    )
+        return Command(argv=[*profile.launcher, *model_part, *args], env=dict(profile.env), **common)
+    return Command(argv=_docker_argv(profile, o, args, port, host), env={},
+                   container=container_name(profile.name, profile.engine, port), **common)

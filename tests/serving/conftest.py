@@ -1,5 +1,6 @@
-"""A fake engine on PATH: an executable named `vllm` that serves the project's stand-in after a delay,
-or crashes with a log line, plus fake `nvidia-smi` / `rocm-smi`. State files go to a tmp dir."""
+"""A fake engine on PATH: an executable named `vllm` that serves the project's stand-in after a delay
+(requiring the key it was given, as vLLM does), or crashes with a log line, plus fake `nvidia-smi` /
+`rocm-smi`. State files go to a tmp dir."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ FAKE_ENGINE = textwrap.dedent('''\
                                    + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if mode == "ignore-term" else "")
                                    + "time.sleep(600)"])
         open(child, "w").write(str(worker.pid))
+    if os.environ.get("FAKE_ENGINE_LOG_KEY"):  # as SGLang does: its server_args line holds --api-key
+        print(f"INFO server_args=ServerArgs(api_key={{os.environ.get('VLLM_API_KEY')!r}})", flush=True)
     time.sleep(float(os.environ.get("FAKE_ENGINE_REFUSE_S", "0.3")))  # connection refused meanwhile
     if mode == "crash":
         print("Loading safetensors checkpoint shards:  40% Completed | 2/5", flush=True)
@@ -44,7 +47,10 @@ FAKE_ENGINE = textwrap.dedent('''\
               "turns": [{{"content": "word " * 40, "repeat": 100000}}]}}
     if mode == "never-ready":
         script["loading_s"] = 3600
-    server = StandinServer(script, host=flag("--host", "127.0.0.1"), port=int(flag("--port", "8000"))).start()
+    # vLLM's key: --api-key first, else VLLM_API_KEY (vllm/entrypoints/serve/middleware/register.py)
+    key = flag("--api-key") or os.environ.get("VLLM_API_KEY")
+    server = StandinServer(script, host=flag("--host", "127.0.0.1"), port=int(flag("--port", "8000")),
+                           api_key=key).start()
     print("Loading safetensors checkpoint shards: 100% Completed", flush=True)
     print("INFO:     Application startup complete.", flush=True)
     while True:

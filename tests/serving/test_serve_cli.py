@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -32,7 +33,9 @@ def test_dry_run_prints_the_exact_command_and_what_was_added():
         "# added to the seed's flags (required for M3): --block-size 128 --tool-call-parser minimax_m3 "
         "--reasoning-parser minimax_m3 --enable-auto-tool-choice --enable-prompt-tokens-details"
     )
-    assert shlex.split(lines[3]) == build_command(get_profile("h200x2-fp8"), "native").argv
+    assert lines[3].startswith("# loopback only (127.0.0.1): no other machine can reach it, so no key; "
+                               "--host ADDR exposes it")
+    assert shlex.split(lines[4]) == build_command(get_profile("h200x2-fp8"), "native").argv
 
 
 SGLANG_LAUNCHERS = (["python", "-m", "sglang.launch_server"], ["python3", "-m", "sglang.launch_server"])
@@ -96,7 +99,7 @@ def test_dry_run_docker_and_overrides():
     assert res.exit_code == 0, res.output
     argv = shlex.split(res.output.splitlines()[-1])
     assert argv[:3] == ["docker", "run", "-d"] and "lmsysorg/sglang:dev-cu13-minimax-m3" in argv
-    assert flag_value(argv, "--port") == "30001" and argv[argv.index("-p") + 1] == "30001:30001"
+    assert flag_value(argv, "--port") == "30001" and argv[argv.index("-p") + 1] == "127.0.0.1:30001:30001"
     assert flag_value(argv, "--context-length") == "262144"
 
 
@@ -141,7 +144,8 @@ def test_replicas_dry_run_prints_the_eval_run_using_them_as_a_pool():
     res = _run("start", "-p", "h200-tp8-ep", "--dry-run", "--replicas", "2", "--port", "8000")
     assert res.exit_code == 0, res.output
     last = res.output.strip().splitlines()[-1]
-    assert last.startswith("m3-agent eval run --tasks TASKS --executor ray --ray-address <HEAD_IP>:6379 ")
+    assert re.match(r"M3_AGENT_MODEL__API_KEY=\*\*\*\*\S{4} m3-agent eval run --tasks TASKS --executor ray "
+                    r"--ray-address <HEAD_IP>:6379 ", last)
     assert last.endswith("--base-url http://<NODE_1_IP>:8000/v1 --base-url http://<NODE_2_IP>:8000/v1")
 
 
@@ -221,3 +225,57 @@ def test_plan_detect_reads_this_machines_gpus(fake_nvidia_smi):
     data = json.loads(res.output)
     assert data["request"]["gpus"] == 8 and data["request"]["gpu_memory_gb"] == 140.4
     assert data["fits"] and data["max_model_len"] == 1_048_576
+
+
+KEY = "m3-team-key-0123456789WXYZ"
+
+
+def _engine_line(output: str) -> list[str]:
+    [argv] = [shlex.split(line) for line in output.splitlines() if line and not line.startswith("#")]
+    return argv
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"{p.name}-{p.engine}")
+@pytest.mark.parametrize("form", ["native", "docker"])
+def test_every_dry_run_listens_on_loopback_or_shows_the_key_masked(profile, form):
+    args = ["start", "-p", profile.name, "--engine", profile.engine, "--runner", form, "--dry-run"]
+    private = runner.invoke(app, args, env={"M3_AGENT_MODEL__API_KEY": KEY})
+    assert private.exit_code == 0, private.output
+    argv = _engine_line(private.output)
+    if form == "native":
+        assert flag_value(argv, "--host") == "127.0.0.1"
+    else:  # the engine listens in the container's own network; the host publishes on loopback only
+        assert argv[argv.index("-p") + 1].startswith("127.0.0.1:") and flag_value(argv, "--host") == "0.0.0.0"
+    assert "--api-key" not in argv and not any("API_KEY" in a for a in argv)  # loopback: no key at all
+
+    exposed = runner.invoke(app, [*args, "--host", "0.0.0.0"], env={"M3_AGENT_MODEL__API_KEY": KEY})
+    assert exposed.exit_code == 0, exposed.output
+    assert KEY not in exposed.output and "requests need the key ****WXYZ (env M3_AGENT_MODEL__API_KEY)" in exposed.output
+    argv = _engine_line(exposed.output)
+    if profile.engine == "vllm":
+        assert "VLLM_API_KEY=****WXYZ" in argv[: argv.index("vllm") if form == "native" else 1]
+        assert "--api-key" not in argv
+    else:
+        assert flag_value(argv, "--api-key") == "****WXYZ"
+
+
+def test_a_reachable_host_gets_a_new_key_when_none_is_given_and_the_dry_run_says_it_keeps_none():
+    res = runner.invoke(app, ["start", "-p", "h200-tp8", "--dry-run", "--host", "10.1.2.3"], env={"M3_AGENT_MODEL__API_KEY": ""})
+    assert res.exit_code == 0, res.output
+    assert "(generated)" in res.output and "a dry run keeps no key" in res.output
+    assert re.fullmatch(r"VLLM_API_KEY=\*\*\*\*\S{4}", _engine_line(res.output)[0])
+    flag = runner.invoke(app, ["start", "-p", "h200-tp8", "--dry-run", "--host", "10.1.2.3", "--api-key", KEY])
+    assert KEY not in flag.output and "****WXYZ (flag --api-key)" in flag.output
+
+
+@pytest.mark.parametrize("plan", [("--replicas", "2"), ("--nodes", "2")])
+def test_multi_node_plans_carry_a_key_on_every_server_shown_masked(plan):
+    res = runner.invoke(app, ["start", "-p", "h200-tp8", "--dry-run", *plan], env={"M3_AGENT_MODEL__API_KEY": KEY})
+    assert res.exit_code == 0, res.output
+    assert KEY not in res.output
+    servers = [line for line in res.output.splitlines() if "vllm serve " in line]
+    assert servers and all(line.startswith("VLLM_API_KEY=****WXYZ vllm serve ") for line in servers)
+    if plan[0] == "--replicas":
+        router = next(shlex.split(line) for line in res.output.splitlines() if "sglang_router" in line)
+        assert flag_value(router, "--api-key") == "****WXYZ"
+        assert res.output.strip().splitlines()[-1].startswith("M3_AGENT_MODEL__API_KEY=****WXYZ m3-agent eval run")

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,14 +30,16 @@ def _cmd(port: int, profile: str = "h200-tp8"):
     )
 
 
-def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """`m3-agent serve ARGS` in a second process (its own interpreter, same state dir)."""
+def _serve(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`m3-agent serve ARGS` in a second process (its own interpreter, same state dir), no key in its env
+    unless `env` gives one."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("M3_AGENT_MODEL__API_KEY", "VLLM_API_KEY")}
     return subprocess.run(
         [sys.executable, "-m", "m3_agent.serving", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=os.environ.copy(),
+        env={**clean, **(env or {})},
     )
 
 
@@ -69,6 +74,7 @@ def test_start_goes_through_loading_to_model_listed_and_stop_from_another_proces
     shown = _serve("status")
     assert shown.returncode == 0, shown.stderr
     assert "phase: ready; models: minimax-m3" in shown.stdout
+    assert "access: loopback only (127.0.0.1): no other machine can reach it, so no key" in shown.stdout
     logs = _serve("logs", "-n", "3")
     assert "Application startup complete" in logs.stdout
 
@@ -78,6 +84,68 @@ def test_start_goes_through_loading_to_model_listed_and_stop_from_another_proces
     assert _dead(state.pid) and _dead(worker)  # the whole group, the worker included
     assert launcher.load_state() is None
     assert _serve("status").returncode == 3
+
+
+def _unauthorized(base_url: str, key: str | None = None) -> bool:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        urllib.request.urlopen(urllib.request.Request(base_url + "/models", headers=headers), timeout=10)
+    except urllib.error.HTTPError as e:
+        return e.code == 401
+    return False
+
+
+def test_a_reachable_start_requires_a_new_key_kept_0600_and_never_shown(fake_bin, cleanup_endpoints):
+    port = free_port()
+    r = _serve("start", "--profile", "h200-tp8", "--port", str(port), "--host", "0.0.0.0", "--skip-gpu-check",
+               "--timeout", "30")
+    assert r.returncode == 0, r.stderr
+    state = launcher.load_state()
+    key = state.key_value
+    assert key and state.api_key.source == "generated" and state.host == "0.0.0.0"
+    assert key not in r.stdout + r.stderr and f"key: {state.api_key.shown}, kept in " in r.stdout
+    assert "access: keyed: listens on 0.0.0.0; requests need the key ****" in r.stderr
+    path = launcher.state_path("default")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and key in path.read_text()
+    assert stat.S_IMODE(Path(state.log_path).stat().st_mode) == 0o600
+    log = Path(state.log_path).read_text()
+    assert key not in log and "VLLM_API_KEY=****" in log  # the key went through vLLM's variable, not argv
+    assert _unauthorized(state.base_url) and _unauthorized(state.base_url, "wrong")
+    assert not _unauthorized(state.base_url, key)
+
+    shown = _serve("status")  # probes /v1/models with the recorded key: ready
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "access: keyed: listens on 0.0.0.0; requests need the key ****" in shown.stdout and key not in shown.stdout
+    as_json = _serve("status", "--json")
+    assert as_json.returncode == 0 and key not in as_json.stdout
+    assert json.loads(as_json.stdout)["state"]["api_key"] == {"value": state.api_key.shown.split()[0],
+                                                               "source": "generated"}
+
+
+def test_a_key_in_the_environment_is_the_one_a_reachable_server_requires(fake_bin, cleanup_endpoints):
+    key = "m3-team-key-0123456789WXYZ"
+    r = _serve("start", "--profile", "h200-tp8", "--port", str(free_port()), "--host", "0.0.0.0",
+               "--skip-gpu-check", "--timeout", "30", env={"M3_AGENT_MODEL__API_KEY": key})
+    assert r.returncode == 0, r.stderr
+    assert "key: ****WXYZ (env M3_AGENT_MODEL__API_KEY)" in r.stdout and key not in r.stdout + r.stderr
+    assert launcher.load_state().key_value == key and not _unauthorized(launcher.load_state().base_url, key)
+
+
+def test_logs_and_failures_mask_a_key_the_engine_wrote_into_its_own_log(fake_bin, cleanup_endpoints, monkeypatch):
+    key = "m3-team-key-0123456789WXYZ"
+    monkeypatch.setenv("FAKE_ENGINE_LOG_KEY", "1")
+    r = _serve("start", "--profile", "h200-tp8", "--port", str(free_port()), "--host", "0.0.0.0",
+               "--skip-gpu-check", "--timeout", "30", env={"M3_AGENT_MODEL__API_KEY": key})
+    assert r.returncode == 0, r.stderr
+    assert key in Path(launcher.load_state().log_path).read_text()  # the engine's own line: the file is 0600
+    logs = _serve("logs", "-n", "50")
+    assert "server_args=ServerArgs(api_key='****WXYZ')" in logs.stdout and key not in logs.stdout
+    launcher.stop(grace_s=5)
+    monkeypatch.setenv("FAKE_ENGINE_MODE", "crash")
+    r = _serve("start", "--profile", "h200-tp8", "--port", str(free_port()), "--host", "0.0.0.0",
+               "--skip-gpu-check", "--timeout", "30", env={"M3_AGENT_MODEL__API_KEY": key})
+    assert r.returncode == 3 and "| INFO server_args=ServerArgs(api_key='****WXYZ')" in r.stderr
+    assert key not in r.stdout + r.stderr
 
 
 def test_crash_ends_with_last_log_lines_and_likely_cause(fake_bin, cleanup_endpoints, monkeypatch):

@@ -131,6 +131,14 @@ def _split(text: str) -> tuple[dict[str, str], list[str]]:
     return env, tokens
 
 
+def _without(argv: list[str], flag: str) -> tuple[list[str], str | None]:
+    """`argv` without `flag` and its value, and that value (None when absent)."""
+    if flag not in argv:
+        return list(argv), None
+    i = argv.index(flag)
+    return argv[:i] + argv[i + 2 :], argv[i + 1]
+
+
 def _expected_added(seed_argv: list[str], engine: str) -> list[str]:
     added = []
     for flag, value in required_flags(engine):
@@ -146,8 +154,10 @@ def test_native_command_is_the_seed_command_flag_by_flag(key):
     seed_argv = _current_entry_point([fixes.get(t, t) for t in seed_argv])
     cmd = build_command(get_profile(*key), "native", Overrides(model=MODEL_IN_SEED.get(key)))
     assert cmd.env == env
-    assert cmd.argv[: len(seed_argv)] == seed_argv
-    assert cmd.argv[len(seed_argv) :] == cmd.added == _expected_added(seed_argv, key[1])
+    argv, host = _without(cmd.argv, "--host")
+    assert host == "127.0.0.1" and cmd.api_key is None  # loopback only, whatever the seed bound
+    assert argv[: len(seed_argv)] == _without(seed_argv, "--host")[0]
+    assert argv[len(seed_argv) :] == cmd.added == _expected_added(seed_argv, key[1])
 
 
 @pytest.mark.parametrize("key", sorted(SEED_DOCKER))
@@ -158,8 +168,12 @@ def test_docker_command_is_the_seed_command_flag_by_flag(key):
     i = argv.index("--name")
     assert argv[i + 1] == cmd.container
     del argv[i : i + 2]  # the container name is how stop finds it again
-    assert argv[: len(seed_argv)] == seed_argv
-    assert argv[len(seed_argv) :] == cmd.added == _expected_added(seed_argv, key[1])
+    # published on the host's loopback only; inside its own network the engine listens everywhere
+    seed_argv[seed_argv.index("-p") + 1] = "127.0.0.1:8000:8000"
+    argv, host = _without(argv, "--host")
+    assert host == "0.0.0.0"
+    assert argv[: len(seed_argv) - 2 * ("--host" in seed_argv)] == _without(seed_argv, "--host")[0]
+    assert argv[len(seed_argv) - 2 * ("--host" in seed_argv) :] == cmd.added == _expected_added(seed_argv, key[1])
 
 
 def test_every_profile_has_a_golden_seed_command():
@@ -216,7 +230,7 @@ def test_text_only_adds_language_model_only_and_drops_encoder_parallel():
 def test_docker_publishes_the_engine_port_and_passes_env():
     cmd = build_command(get_profile("amd-tp8-1m"), "docker", Overrides(port=8123))
     argv = cmd.argv
-    assert argv[argv.index("-p") + 1] == "8123:8123"
+    assert argv[argv.index("-p") + 1] == "127.0.0.1:8123:8123"
     assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in argv and "VLLM_USE_BREAKABLE_CUDAGRAPH=0" in argv
     assert argv[argv.index("--device") + 1] == "/dev/kfd"
     assert "vllm/vllm-openai-rocm:minimax-m3" in argv

@@ -1,0 +1,102 @@
+"""Who can reach a launched M3 endpoint: loopback by default, a key whenever other machines can.
+
+`serve start` (and `--serve` on `fix` / `eval run`) binds 127.0.0.1 unless told `--host`. A host
+other machines can reach, and the multi-node plans (whose servers answer other machines), need an
+API key: `--api-key`, else M3_AGENT_MODEL__API_KEY (the variable the clients send their key
+from, so one variable serves both ends), else a new random one. The engine takes it its own way
+(`profiles.build_command`): vLLM through VLLM_API_KEY, SGLang through --api-key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+from collections.abc import Mapping
+
+from pydantic import BaseModel, FieldSerializationInfo, SecretStr, field_serializer
+
+from m3_agent.agent.model import NO_KEY
+from m3_agent.errors import UsageError
+from m3_agent.redact import mask
+
+LOOPBACK = "127.0.0.1"
+ALL_INTERFACES = "0.0.0.0"
+KEY_ENV = "M3_AGENT_MODEL__API_KEY"  # settings.env_name("model.api_key"): the clients' variable
+
+
+def is_loopback(host: str) -> bool:
+    """True when only this machine can reach `host`: 127.0.0.0/8, ::1 or `localhost`."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # a host name (or "" / a wildcard someone spelled oddly): assume others reach it
+
+
+def new_key() -> str:
+    """A fresh API key: 256 random bits, URL-safe, with a prefix that says what it is for."""
+    return "m3-" + secrets.token_urlsafe(32)
+
+
+def _secret_in_json(value: SecretStr | None, info: FieldSerializationInfo) -> str | None:
+    """A key in JSON: in clear only when the caller asks (`context={"secrets": True}`), else masked."""
+    if value is None:
+        return None
+    return value.get_secret_value() if (info.context or {}).get("secrets") else mask(value.get_secret_value())
+
+
+class ApiKey(BaseModel):
+    """A key a launched endpoint requires, and where it came from (for status lines and errors)."""
+
+    value: SecretStr
+    source: str
+
+    @field_serializer("value", when_used="json")
+    def _value(self, value: SecretStr, info: FieldSerializationInfo) -> str | None:
+        return _secret_in_json(value, info)
+
+    @property
+    def shown(self) -> str:
+        """The key masked, with its source: `****WXYZ (generated)`."""
+        return f"{mask(self.value.get_secret_value())} ({self.source})"
+
+
+def choose_key(
+    host: str, api_key: str | None = None, *, shared: bool = False, environ: Mapping[str, str] | None = None
+) -> ApiKey | None:
+    """The key a launch on `host` requires: None on loopback unless one is given; else given, from
+    M3_AGENT_MODEL__API_KEY, or new. `shared`: a multi-node plan, reachable whatever the host."""
+    if api_key is not None:
+        if not api_key.strip() or api_key == NO_KEY:
+            raise UsageError(f"--api-key {api_key!r} is not a key: give a secret of your own, or omit it")
+        return ApiKey(value=SecretStr(api_key), source="flag --api-key")
+    if is_loopback(host) and not shared:
+        return None
+    env = os.environ if environ is None else environ
+    from_env = env.get(KEY_ENV, "")
+    if from_env.strip() and from_env != NO_KEY:
+        return ApiKey(value=SecretStr(from_env), source=f"env {KEY_ENV}")
+    return ApiKey(value=SecretStr(new_key()), source="generated")
+
+
+def describe_access(host: str | None, key: ApiKey | None) -> str:
+    """One line on who can reach an endpoint: loopback only, or keyed (and with which key, masked)."""
+    if host is None:
+        return "unknown (recorded by an older m3-agent)"
+    if key is not None:
+        where = "loopback only" if is_loopback(host) else f"listens on {host}"
+        return f"keyed: {where}; requests need the key {key.shown}"
+    if is_loopback(host):
+        return f"loopback only ({host}): no other machine can reach it, so no key"
+    return f"OPEN: listens on {host} without a key; anyone who reaches the port can use it"
+
+
+def client_host(bind_host: str) -> str:
+    """The address a client on this machine dials for a server bound to `bind_host`."""
+    name = bind_host.strip().strip("[]")
+    if name in ("", ALL_INTERFACES, "::"):
+        return LOOPBACK  # a wildcard bind answers on loopback too
+    return f"[{name}]" if ":" in name else name
