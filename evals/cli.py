@@ -181,6 +181,7 @@ def run_command(
     image_namespace: str = typer.Option("swebench", help="Namespace of SWE-bench instance images ('' for none)."),
     image_tag: str = typer.Option("latest", help="Tag of SWE-bench instance images."),
     base_url: Optional[list[str]] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint of the M3 server (…/v1); repeat for a pool (--executor ray)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Key for the endpoint (better: M3_AGENT_MODEL__API_KEY; one `serve start` launched sends its own)."),
     serve: Optional[str] = typer.Option(None, "--serve", help="Launch or reuse an M3 endpoint from this serving profile."),
     model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
     model_name: str = typer.Option("m3-agent", help="model_name_or_path written into the predictions."),
@@ -208,17 +209,10 @@ def run_command(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (HOST:PORT); default: a one-machine Ray."),
 ) -> None:
     """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
-    from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
-    from m3_agent.settings import load_settings
-
     urls = _executor_urls(executor, base_url, ray_address)
-    flags = {"--base-url": urls[0] if urls else None, "--serve": serve, "--model": model, "--max-turns": max_turns,
-             "--thinking": thinking, "--image": image}
-    settings, _ = load_settings(".", flags, config_file=config_file)
-    endpoint = resolve_endpoint(settings.model.base_url, settings.serve,
-                                notice=None if quiet else lambda msg: typer.echo(msg, err=True))
-    check_endpoint(endpoint)  # exit 3 now, not one retried error per instance
-    agent = settings.agent_config(base_url=endpoint)
+    flags = {"--base-url": urls[0] if urls else None, "--api-key": api_key, "--serve": serve, "--model": model,
+             "--max-turns": max_turns, "--thinking": thinking, "--image": image}
+    endpoint, agent, settings = _endpoint_and_agent(flags, config_file, quiet)
     task_list = load_tasks(tasks, instance_ids=_ids(instance_ids), split=split)
     config = EvalConfig(output_dir=output or _default_output("run", tasks), repos=repos, sandbox=agent.sandbox,
                         test_timeout=test_timeout, instance_timeout=instance_timeout, model_name=model_name,
@@ -229,7 +223,21 @@ def run_command(
     execute(run_order, None, config, workers=workers, retry_errors=retry_errors, quiet=quiet, json_out=json_out,
             cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour), admit=admit,
             meta_extra=meta, all_tasks=task_list,  # the report keeps the tasks' own order
-            executor=_ray_executor(ray_address, [endpoint, *urls[1:]]) if executor == "ray" else None)
+            executor=_ray_executor(ray_address, [endpoint, *urls[1:]], agent) if executor == "ray" else None)
+
+
+def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quiet: bool) -> tuple[str, Any, Any]:
+    """The settings, the endpoint they name (checked: exit 3 or 8 now, not one error per instance) and the
+    agent config with its URL and key."""
+    from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
+    from m3_agent.settings import load_settings
+
+    settings, _ = load_settings(".", flags, config_file=config_file)
+    resolved = resolve_endpoint(settings.model.base_url, settings.serve, key=settings.model_key(),
+                                notice=None if quiet else lambda msg: typer.echo(msg, err=True))
+    check_endpoint(resolved.base_url, key=resolved.key)
+    agent = settings.agent_config(base_url=resolved.base_url, api_key=resolved.key_secret)
+    return resolved.base_url, agent, settings
 
 
 def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers: int, repos: Optional[Path],
@@ -239,14 +247,14 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
     from m3_agent.evals.admission import bytes_per_token, diff_bytes_per_token, kv_admit, learn_capacity, order_for_reuse
 
     capacity = learn_capacity(endpoint, profile)
+    key = agent.model.api_key.get_secret_value()
     try:
-        window = server_card(endpoint, agent.model.name).max_model_len or 1_048_576
+        window = server_card(endpoint, agent.model.name, api_key=key).max_model_len or 1_048_576
     except M3AgentError:
         window = 1_048_576
     if not quiet:
         said = f"{capacity.tokens:,} tokens of KV cache ({capacity.source})" if capacity else "no KV capacity known"
         Console(stderr=True).print(f"m3-agent: {escape(said)}; a repository's instances run back to back")
-    key = agent.model.api_key.get_secret_value()
     first = {t.repo: t for t in reversed(tasks)}  # one task per repository: its tree calibrates the ratio
     per_token = {repo: bytes_per_token(endpoint, t, repos, api_key=key) for repo, t in first.items()} if capacity else {}
     per_diff = ({repo: diff_bytes_per_token(endpoint, t, repos, api_key=key) for repo, t in first.items()}
@@ -271,14 +279,16 @@ def _executor_urls(executor: str, base_url: Optional[list[str]], ray_address: Op
     return urls
 
 
-def _ray_executor(address: Optional[str], endpoints: list[str]) -> Executor:
-    """The Ray executor over a pool of the endpoints (the first one was checked already)."""
+def _ray_executor(address: Optional[str], endpoints: list[str], agent) -> Executor:
+    """The Ray executor over a pool of the endpoints (the first one was checked already); one key for all."""
     from m3_agent.evals.endpoints import EndpointPool
     from m3_agent.evals.ray_executor import RayExecutor
+    from m3_agent.serving.access import ApiKey
     from m3_agent.serving.endpoint import check_endpoint
 
+    key = ApiKey(value=agent.model.api_key, source="the key of the first --base-url")
     for url in endpoints[1:]:
-        check_endpoint(url)  # exit 3 now, as for the first
+        check_endpoint(url, key=key)  # exit 3 or 8 now, as for the first
     return RayExecutor(address=address, pool=EndpointPool(endpoints))
 
 

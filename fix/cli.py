@@ -29,6 +29,8 @@ def fix_command(
     issue: Optional[str] = typer.Option(None, "--issue", "-i", help="The issue, as ISSUE (instead of the argument)."),
     repo: Path = typer.Option(Path("."), "--repo", "-C", help="The repository to fix."),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the M3 server (…/v1)."),
+    api_key: Optional[str] = typer.Option(None, help="Key for that endpoint (better: M3_AGENT_MODEL__API_KEY; one "
+                                          "`serve start` launched sends its own)."),
     serve: Optional[str] = typer.Option(None, help="Launch or reuse an M3 endpoint from this serving profile."),
     model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
     max_turns: Optional[int] = typer.Option(None, help="Turn limit."),
@@ -65,8 +67,8 @@ def fix_command(
     test ran on the final patch and no test command is known (see docs/usage.md)."""
     err = Console(stderr=True, highlight=False)
     flags = {
-        "--base-url": base_url, "--serve": serve, "--model": model, "--max-turns": max_turns, "--test-cmd": test_cmd,
-        "--time-limit": time_limit_s, "--thinking": thinking, "--images": images,
+        "--base-url": base_url, "--api-key": api_key, "--serve": serve, "--model": model, "--max-turns": max_turns,
+        "--test-cmd": test_cmd, "--time-limit": time_limit_s, "--thinking": thinking, "--images": images,
         "--include-uncommitted": include_uncommitted, "--sandbox-image": sandbox_image,
         "--github-api-url": github_api_url, "--output-dir": output_dir, "--push": push, "--remote": remote,
         "--pr": pr, "--ready": ready, "--pr-anyway": pr_anyway, "--comment": comment, "--trajectory-url": trajectory_url,

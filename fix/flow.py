@@ -280,9 +280,9 @@ def _prepare(issue: str | Issue, repo: Path | str, settings: Settings | None, *,
         the_issue, client = resolve_issue(issue, root, settings)
     # Before the run: a missing token or remote must not cost a whole run to find out.
     publisher = Publisher.prepare(root, settings.fix, the_issue, client, into=state.branch)
-    base_url = resolve_endpoint(settings.model.base_url, settings.serve, notice)
-    check_endpoint(base_url)
-    config = settings.agent_config(base_url=base_url)
+    endpoint = resolve_endpoint(settings.model.base_url, settings.serve, notice, key=settings.model_key())
+    check_endpoint(endpoint.base_url, key=endpoint.key)  # a refused key: exit 8 before any work
+    config = settings.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret)
 
     out_dir = settings.fix.output_dir if settings.fix.output_dir.is_absolute() else root / settings.fix.output_dir
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -119,8 +119,9 @@ __all__ = [
 
 
 def config_from_settings(settings: Settings) -> AgentConfig:
-    """The AgentConfig for `settings` (`model.base_url`, or the endpoint `serve` brings up)."""
-    return settings.agent_config(base_url=resolve_endpoint(settings.model.base_url, settings.serve))
+    """The AgentConfig for `settings` (`model.base_url`, or the endpoint `serve` brings up, with its key)."""
+    endpoint = resolve_endpoint(settings.model.base_url, settings.serve, key=settings.model_key())
+    return settings.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret)
 
 
 def build_agent(

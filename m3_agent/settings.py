@@ -24,11 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 from m3_agent.agent.config import AgentConfig
 from m3_agent.errors import UsageError
 from m3_agent.redact import mask
+from m3_agent.serving.access import ApiKey
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,6 +46,7 @@ GITHUB_TOKEN_ENVS = ("GITHUB_TOKEN", "GH_TOKEN")
 # The commands' flags and the setting each one sets (flags kept their names when settings nested).
 FLAGS = {
     "--base-url": "model.base_url",
+    "--api-key": "model.api_key",
     "--model": "model.name",
     "--serve": "serve",
     "--max-turns": "limits.max_turns",
@@ -101,12 +103,23 @@ class Settings(AgentConfig):
         None, description="serving profile: reuse a healthy endpoint for it (model.base_url, if set) or launch one"
     )
     fix: FixConfig = Field(default_factory=FixConfig)
+    _sources: dict[str, str] = PrivateAttr(default_factory=dict)  # set by load_settings
 
-    def agent_config(self, *, base_url: str | None = None) -> AgentConfig:
-        """The `AgentConfig` part, with `base_url` (the resolved endpoint) in place of `model.base_url`."""
+    def source_of(self, path: str) -> str:
+        """Where the value at `path` came from: `flag --api-key`, `env NAME`, a file, `default`."""
+        return self._sources.get(path, f"setting {path}")
+
+    def model_key(self) -> ApiKey:
+        """The configured API key with where it came from (a 401 names both, the key masked)."""
+        return ApiKey(value=self.model.api_key, source=self.source_of("model.api_key"))
+
+    def agent_config(self, *, base_url: str | None = None, api_key: SecretStr | None = None) -> AgentConfig:
+        """The `AgentConfig` part, with the resolved endpoint (`base_url`) and its key in place of the settings'."""
         values = self.model_dump(include=set(AgentConfig.model_fields))  # a copy: settings stay as loaded
         if base_url is not None:
             values["model"]["base_url"] = base_url
+        if api_key is not None:
+            values["model"]["api_key"] = api_key
         return AgentConfig.model_validate(values)
 
 
@@ -300,6 +313,7 @@ def load_settings(
     layered.update(read_flags(flags))
     settings = _validated(layered)
     sources = {path: layered[path][1] if path in layered else "default" for path in PATHS}
+    settings._sources = dict(sources)
     return settings, sources
 
 

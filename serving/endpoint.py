@@ -2,7 +2,9 @@
 
 `resolve_endpoint` is what `m3-agent fix` and `m3-agent eval run` call: the `--base-url` given, or
 with `--serve PROFILE` the base URL (ending in /v1) of a server that lists its model
-(`ensure_endpoint`); `check_endpoint` then fails fast when nothing listens there.
+(`ensure_endpoint`), with the key to send there: the serve state's when `m3-agent serve start`
+launched that server, else the configured one. `check_endpoint` then fails fast when nothing
+listens there or the key is refused.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
-from m3_agent.agent.model import NO_KEY
+from pydantic import BaseModel, SecretStr
+
+from m3_agent.agent.model import NO_KEY, refused_key
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher
 from m3_agent.serving.access import LOOPBACK, ApiKey, choose_key
@@ -21,6 +25,18 @@ from m3_agent.serving.planner import AMD_NATIVE_CONTEXT, NATIVE_CONTEXT, Plan, P
 from m3_agent.serving.profiles import Command, Engine, Overrides, Profile, Runner, build_command, flag_value, get_profile
 
 DEFAULT_TIMEOUT_S = 1800.0
+
+
+class Endpoint(BaseModel):
+    """Where the model is, and the key requests to it carry (None: no key)."""
+
+    base_url: str
+    key: ApiKey | None = None
+
+    @property
+    def key_secret(self) -> SecretStr | None:
+        """The key as a config field takes it (`Settings.agent_config(api_key=...)`)."""
+        return self.key.value if self.key else None
 
 
 def key_value(key: ApiKey | None) -> str | None:
@@ -162,33 +178,43 @@ def ensure_endpoint(
 
 
 def resolve_endpoint(base_url: str | None, serve: str | None = None,
-                     notice: Callable[[str], None] | None = None) -> str:
-    """The base URL to talk to; with `serve`, the profile's endpoint (`base_url` reused if healthy, else launched).
+                     notice: Callable[[str], None] | None = None, *, key: ApiKey | None = None) -> Endpoint:
+    """The endpoint to talk to; with `serve`, the profile's (`base_url` reused if healthy, else launched).
 
-    UsageError when neither is set; `notice` hears what serving does.
+    Its key: the serve state's when `m3-agent serve start` launched the server there, else `key`
+    (the configured one). UsageError when neither URL is set; `notice` hears what serving does.
     """
     if serve:
         def progress(phase: str, message: str) -> None:
             if notice:
                 notice(f"serve: {message}")
 
-        return ensure_endpoint(serve, base_url=base_url, progress=progress).rstrip("/")
-    if base_url:
-        return base_url.rstrip("/")
-    raise UsageError(
-        "no model endpoint: pass --base-url URL (e.g. http://gpu-node:8000/v1) or --serve PROFILE, "
-        "or set base_url in the [model] table of m3-agent.toml / M3_AGENT_MODEL__BASE_URL"
-    )
+        if base_url and launcher.probe(base_url, api_key=key_value(recorded_key(base_url) or key))[0] == "ready":
+            progress("reuse", f"healthy endpoint at {base_url}")
+        else:
+            base_url = ensure_endpoint(serve, progress=progress)
+    if not base_url:
+        raise UsageError(
+            "no model endpoint: pass --base-url URL (e.g. http://gpu-node:8000/v1) or --serve PROFILE, "
+            "or set base_url in the [model] table of m3-agent.toml / M3_AGENT_MODEL__BASE_URL"
+        )
+    url = base_url.rstrip("/")
+    return Endpoint(base_url=url, key=recorded_key(url) or key)
 
 
-def check_endpoint(base_url: str, *, timeout: float = 5.0) -> None:
-    """Fail fast (EndpointError) when nothing listens at `base_url`; a server still loading (503) passes."""
-    req = urllib.request.Request(base_url + "/models", headers={"User-Agent": "m3-agent"})
+def check_endpoint(base_url: str, *, timeout: float = 5.0, key: ApiKey | None = None) -> None:
+    """Fail fast when nothing listens at `base_url` (EndpointError) or it refuses `key`
+    (EndpointAuthError, exit 8); a server still loading (503) passes."""
+    value = key_value(key)
+    headers = {"User-Agent": "m3-agent", **({"Authorization": f"Bearer {value}"} if value else {})}
+    req = urllib.request.Request(base_url + "/models", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout):
             return
-    except urllib.error.HTTPError:
-        return  # it answers: auth, loading and path problems get the loop's full message and retries
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            raise refused_key(base_url, value, key.source if key else None) from None
+        return  # it answers: loading and path problems get the loop's full message and retries
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise EndpointError(

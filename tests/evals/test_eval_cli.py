@@ -176,6 +176,18 @@ def test_progress_prints_ids_and_errors_with_brackets_verbatim():
     assert "1/1" in text and "resolved 0" in text
 
 
+def test_run_with_a_refused_key_exits_8_before_any_instance(tmp_path):
+    with StandinServer({"turns": []}, api_key="m3-right-key-0123456789") as srv:
+        r = m3("eval", "run", "--tasks", "builtin", "--base-url", srv.base_url, "--api-key", "m3-wrong-key-0123WXYZ",
+               "--output", str(tmp_path / "out"), cwd=tmp_path)
+    assert r.returncode == 8, r.stderr
+    flat = " ".join(r.stderr.split())
+    assert flat.startswith(f"m3-agent: error: the model server at {srv.base_url} refused the request (HTTP 401)")
+    assert "sent the key ****WXYZ (from flag --api-key)" in flat and "Traceback" not in r.stderr
+    assert "m3-wrong-key-0123WXYZ" not in r.stdout + r.stderr
+    assert not (tmp_path / "out").exists()  # no instance started
+
+
 @pytest.mark.docker
 def test_run_with_serve_reuses_a_healthy_endpoint(tmp_path, sandbox_image):
     out = tmp_path / "run"

@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,9 +22,11 @@ from pathlib import Path
 import docker
 import pytest
 
+from m3_agent.serving import launcher
 from m3_agent.serving.standin import StandinServer
 from tests.fix.test_fix_sources import cli_main, fix_cli  # noqa: F401, F811 - the in-process CLI fixtures
 from tests.fix.test_github import PNG, FakeGitHub
+from tests.serving.fake_engine import install_fake_engine
 
 pytestmark = pytest.mark.docker
 
@@ -377,3 +380,48 @@ def test_the_configured_test_cmd_verifies_a_patch_the_agent_did_not_test(repo, f
     assert code == 0, err
     verdict = json.loads(out)["run"]["verdict"]
     assert verdict["source"] == "test_cmd" and verdict["passed"] is True and verdict["tests"]["exit_code"] == 0
+
+
+# ----- a launched endpoint's key: sent without being told ---------------------------------------------
+
+
+def _unauthorized(base_url: str) -> bool:
+    try:
+        urllib.request.urlopen(base_url + "/models", timeout=10)
+    except urllib.error.HTTPError as e:
+        return e.code == 401
+    return False
+
+
+@pytest.fixture
+def keyed_endpoint(fix_cli, tmp_path, monkeypatch):
+    """`m3-agent serve start --host 0.0.0.0` on the fake engine (so it requires a new key), serving FIXING twice."""
+    bin_dir = tmp_path / "bin"
+    install_fake_engine(bin_dir)
+    turns = tmp_path / "turns.json"
+    turns.write_text(json.dumps(FIXING * 2))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("M3_AGENT_STATE_DIR", str(tmp_path / "state"))  # after fix_cli dropped M3_AGENT_*
+    monkeypatch.setenv("FAKE_ENGINE_TURNS", str(turns))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = subprocess.run([sys.executable, "-m", "m3_agent.cli", "serve", "start", "--profile", "h200-tp8",
+                              "--port", str(port), "--host", "0.0.0.0", "--skip-gpu-check", "--timeout", "60"],
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    try:
+        yield launcher.load_state()
+    finally:
+        launcher.stop(grace_s=2)
+
+
+def test_fix_serve_sends_the_key_of_the_endpoint_serve_started_without_being_told(repo, keyed_endpoint, fix_cli):
+    assert keyed_endpoint.api_key.source == "generated" and _unauthorized(keyed_endpoint.base_url)
+    code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--serve", "h200-tp8")
+    assert code == 0, err
+    assert f"serve: healthy endpoint 'default' at {keyed_endpoint.base_url}" in " ".join(err.split())
+    assert EXPECTED_DIFF_LINE in out
+    # the URL `serve start` printed, with no key given: the same key, from the same state
+    code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", keyed_endpoint.base_url)
+    assert code == 0, err

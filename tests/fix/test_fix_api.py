@@ -55,5 +55,5 @@ def test_serve_reuses_a_healthy_endpoint_and_says_so(tmp_path):
     notices = []
     with StandinServer({"turns": []}) as srv:
         settings, _ = load_settings(tmp_path, {"--serve": "h200-tp8", "--base-url": srv.base_url + "/"}, environ={})
-        assert resolve_endpoint(settings.model.base_url, settings.serve, notices.append) == srv.base_url
+        assert resolve_endpoint(settings.model.base_url, settings.serve, notices.append).base_url == srv.base_url
     assert notices and notices[0].startswith("serve: ") and srv.base_url in notices[0]

@@ -20,6 +20,7 @@ from m3_agent.fix.flow import commit_message, resolve_issue
 from m3_agent.serving.endpoint import resolve_endpoint
 from m3_agent.fix.github import Issue
 from m3_agent.agent.loop import RunResult
+from m3_agent.serving.standin import StandinServer
 
 CALC = {"calc.py": "def add(a, b):\n    return a - b\n", "tests/test_calc.py": "from calc import add\n"}
 
@@ -262,3 +263,27 @@ def test_cli_json_mode_reports_errors_as_json(git_repo, fix_cli):
     assert code == 5
     result = json.loads(out)
     assert result["exit_code"] == 5 and result["resolved"] is False and "origin" in result["error"]
+
+
+def test_a_refused_key_exits_8_before_any_work_naming_the_key_masked_and_its_source(git_repo, fix_cli):
+    repo = git_repo(CALC)
+    args = ("--repo", str(repo), "--issue", "add() subtracts")
+    with StandinServer({"turns": [{"content": "never served"}]}, api_key="m3-right-key-0123456789") as srv:
+        by_flag = fix_cli(*args, "--base-url", srv.base_url, "--api-key", "m3-wrong-key-0123WXYZ")
+        by_env = fix_cli(*args, "--base-url", srv.base_url, env={"M3_AGENT_MODEL__API_KEY": "m3-wrong-key-0123ABCD"})
+        by_file = fix_cli(*args, "--base-url", srv.base_url, "--config", str(_config(repo, "m3-wrong-key-0123EFGH")))
+        without = fix_cli(*args, "--base-url", srv.base_url)
+        assert srv.requests == []  # refused at the first request, before the sandbox or the agent
+    refused = f"the model server at {srv.base_url} refused the request (HTTP 401): sent "
+    assert_one_line_error(by_flag, 8, refused + "the key ****WXYZ (from flag --api-key)")
+    assert_one_line_error(by_env, 8, refused + "the key ****ABCD (from env M3_AGENT_MODEL__API_KEY)")
+    assert_one_line_error(by_file, 8, refused + "the key ****EFGH (from ")
+    assert_one_line_error(without, 8, refused + "no key;")
+    for _, out, err in (by_flag, by_env, by_file):
+        assert "m3-wrong-key" not in out + err
+
+
+def _config(repo: Path, key: str) -> Path:
+    path = repo.parent / f"{repo.name}-team.toml"
+    path.write_text(f'[model]\napi_key = "{key}"\n')
+    return path

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from m3_agent.agent.config import AgentConfig
 from m3_agent.errors import UsageError
@@ -168,6 +169,17 @@ def test_secrets_are_masked_in_display_rows(tmp_path):
     assert rows["model.api_key"] == ("****", "override model.api_key")
     assert token not in repr(settings)
     assert mask("") == "" and mask("abc") == "****"
+
+
+def test_the_api_key_flag_and_where_the_key_came_from(tmp_path):
+    settings, _ = load_settings(tmp_path, {"--api-key": "m3-flag-key-0123456789"}, environ={})
+    assert settings.source_of("model.api_key") == "flag --api-key"
+    assert settings.model_key().shown == "****6789 (flag --api-key)"
+    settings, _ = load_settings(tmp_path, environ={"M3_AGENT_MODEL__API_KEY": "m3-env-key-0123456789"})
+    assert settings.source_of("model.api_key") == "env M3_AGENT_MODEL__API_KEY"
+    assert settings.agent_config(api_key=SecretStr("resolved")).model.api_key.get_secret_value() == "resolved"
+    assert settings.model.api_key.get_secret_value() == "m3-env-key-0123456789"  # the settings stay as loaded
+    assert Settings().source_of("model.api_key") == "setting model.api_key"  # built without load_settings
 
 
 def test_the_agent_config_is_the_settings_sections_with_the_resolved_endpoint(tmp_path):

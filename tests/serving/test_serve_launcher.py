@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.errors import EndpointError, UsageError
+from m3_agent.errors import EndpointAuthError, EndpointError, UsageError
 from m3_agent.serving import launcher
-from m3_agent.serving.endpoint import ensure_endpoint
+from m3_agent.serving.access import ApiKey
+from m3_agent.serving.endpoint import check_endpoint, ensure_endpoint, resolve_endpoint
 from m3_agent.serving.profiles import Overrides, build_command, get_profile
 from m3_agent.serving.standin import StandinServer
 
@@ -129,6 +130,27 @@ def test_a_key_in_the_environment_is_the_one_a_reachable_server_requires(fake_bi
     assert r.returncode == 0, r.stderr
     assert "key: ****WXYZ (env M3_AGENT_MODEL__API_KEY)" in r.stdout and key not in r.stdout + r.stderr
     assert launcher.load_state().key_value == key and not _unauthorized(launcher.load_state().base_url, key)
+
+
+def test_clients_take_the_key_of_an_endpoint_serve_started_and_theirs_elsewhere(fake_bin, cleanup_endpoints):
+    mine = ApiKey.model_validate({"value": "m3-my-own-key-0123456789", "source": "env M3_AGENT_MODEL__API_KEY"})
+    r = _serve("start", "--profile", "h200-tp8", "--port", str(free_port()), "--host", "0.0.0.0",
+               "--skip-gpu-check", "--timeout", "30")
+    assert r.returncode == 0, r.stderr
+    state = launcher.load_state()
+    for url in (state.base_url, state.base_url + "/", state.base_url.replace("127.0.0.1", "localhost")):
+        endpoint = resolve_endpoint(url, key=mine)
+        assert endpoint.key.value.get_secret_value() == state.key_value
+        assert endpoint.key.source == f"the serve state of endpoint 'default' ({launcher.state_path('default')})"
+        check_endpoint(endpoint.base_url, key=endpoint.key)  # accepted
+    with pytest.raises(EndpointAuthError, match=r"sent the key \*\*\*\*6789 \(from env M3_AGENT_MODEL__API_KEY\)"):
+        check_endpoint(state.base_url, key=mine)
+    served = resolve_endpoint(None, "h200-tp8", key=mine)  # --serve: the recorded endpoint, with its key
+    assert served.base_url == state.base_url and served.key_secret.get_secret_value() == state.key_value
+    other = resolve_endpoint(f"http://127.0.0.1:{free_port()}/v1", key=mine)
+    assert other.key == mine
+    launcher.stop(grace_s=5)
+    assert resolve_endpoint(state.base_url, key=mine).key == mine  # not running any more: not its key
 
 
 def test_logs_and_failures_mask_a_key_the_engine_wrote_into_its_own_log(fake_bin, cleanup_endpoints, monkeypatch):
