@@ -49,6 +49,8 @@ class ModelConfig(BaseModel):
 
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     api_key: SecretStr = Field(SecretStr(NO_KEY), description="API key sent to the endpoint")
+    warn_plain_http: bool = Field(True, description="warn once per run when the repository goes to another "
+                                  "machine over http:// (unencrypted)")
     name: str | None = Field(None, description="served model name; None = the first one /v1/models lists")
     temperature: float = 1.0  # model card defaults (seed 002)
     top_p: float = 0.95

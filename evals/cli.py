@@ -229,6 +229,7 @@ def run_command(
 def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quiet: bool) -> tuple[str, Any, Any]:
     """The settings, the endpoint they name (checked: exit 3 or 8 now, not one error per instance) and the
     agent config with its URL and key."""
+    from m3_agent.serving.access import plain_http_warning
     from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
     from m3_agent.settings import load_settings
 
@@ -236,6 +237,8 @@ def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quie
     resolved = resolve_endpoint(settings.model.base_url, settings.serve, key=settings.model_key(),
                                 notice=None if quiet else lambda msg: typer.echo(msg, err=True))
     check_endpoint(resolved.base_url, key=resolved.key)
+    if settings.model.warn_plain_http and (warning := plain_http_warning(resolved.base_url)):
+        typer.echo(f"m3-agent: warning: {warning}", err=True)  # once for the run, not per instance
     agent = settings.agent_config(base_url=resolved.base_url, api_key=resolved.key_secret)
     return resolved.base_url, agent, settings
 

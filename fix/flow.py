@@ -38,6 +38,7 @@ from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, is
 from m3_agent.fix.publish import Publisher, kept
 from m3_agent.sandbox.cleanup import claim, prune_scratch
 from m3_agent.sandbox.envimage import environment_for
+from m3_agent.serving.access import plain_http_warning
 from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
 from m3_agent.settings import Settings, load_settings
 from m3_agent.tools import Tool
@@ -282,6 +283,8 @@ def _prepare(issue: str | Issue, repo: Path | str, settings: Settings | None, *,
     publisher = Publisher.prepare(root, settings.fix, the_issue, client, into=state.branch)
     endpoint = resolve_endpoint(settings.model.base_url, settings.serve, notice, key=settings.model_key())
     check_endpoint(endpoint.base_url, key=endpoint.key)  # a refused key: exit 8 before any work
+    if settings.model.warn_plain_http and (warning := plain_http_warning(endpoint.base_url)):
+        notice(f"warning: {warning}")
     config = settings.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret)
 
     out_dir = settings.fix.output_dir if settings.fix.output_dir.is_absolute() else root / settings.fix.output_dir

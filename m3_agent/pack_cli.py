@@ -144,6 +144,11 @@ def pack_command(
     if outline_share is None:
         outline_share = settings.context.outline_share if settings else DEFAULT_OUTLINE_SHARE
     tok = choose_counter(counter.value, base_url, model, tokenizer, api_key, _warn, repo)
+    if tok.kind == "server" and (settings is None or settings.model.warn_plain_http):
+        from m3_agent.serving.access import plain_http_warning
+
+        if warning := plain_http_warning(base_url or ""):
+            _warn(warning)  # every file goes to /tokenize there
     if budget is None and base_url:
         try:
             budget = budget_for_server(base_url, model=getattr(tok, "model", model), output_reserve=output_reserve,

@@ -1,4 +1,5 @@
-"""Who can reach a launched M3 endpoint: loopback by default, a key whenever other machines can.
+"""Who can reach a launched M3 endpoint: loopback by default, a key whenever other machines can;
+and what crosses the network when a client sends the repository to an endpoint elsewhere.
 
 `serve start` (and `--serve` on `fix` / `eval run`) binds 127.0.0.1 unless told `--host`. A host
 other machines can reach, and the multi-node plans (whose servers answer other machines), need an
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+import urllib.parse
 from collections.abc import Mapping
 
 from pydantic import BaseModel, FieldSerializationInfo, SecretStr, field_serializer
@@ -100,3 +102,13 @@ def client_host(bind_host: str) -> str:
     if name in ("", ALL_INTERFACES, "::"):
         return LOOPBACK  # a wildcard bind answers on loopback too
     return f"[{name}]" if ":" in name else name
+
+
+def plain_http_warning(base_url: str) -> str | None:
+    """The warning for a repository about to go to another machine unencrypted; None when it does not."""
+    u = urllib.parse.urlsplit(base_url)
+    if u.scheme != "http" or is_loopback(u.hostname or ""):
+        return None
+    return (f"the repository goes to {u.hostname} over plain http:// ({base_url}): unencrypted, anyone on the "
+            "network path can read it and the API key; use https:// or a tunnel, or silence this with "
+            "warn_plain_http = false in [model] (M3_AGENT_MODEL__WARN_PLAIN_HTTP=false)")

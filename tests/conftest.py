@@ -96,3 +96,23 @@ def wait_for(condition, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.2)
+
+
+def lan_address() -> str:
+    """A non-loopback IPv4 address of this machine (a server bound to 0.0.0.0 answers there); skips
+    the test on a machine that has none."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+            address = s.getsockname()[0]
+        except OSError:
+            address = "0.0.0.0"
+    if not address.startswith(("127.", "0.")):
+        return address
+    found = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    v4 = [a for a in found if "." in a and not a.startswith("127.")]
+    if not v4:
+        pytest.skip("this machine has no non-loopback IPv4 address to reach a server over the network")
+    return v4[0]

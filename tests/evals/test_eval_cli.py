@@ -11,6 +11,7 @@ import pytest
 
 from m3_agent.serving.standin import B200X8_KV_TOKENS, StandinServer
 from m3_agent.evals.tasks import builtin_standin_script, builtin_task
+from tests.conftest import lan_address
 
 
 def m3(*args: str, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -200,6 +201,18 @@ def test_run_with_serve_reuses_a_healthy_endpoint(tmp_path, sandbox_image):
     # this stand-in's /metrics does not size its cache: admission falls back to the profile's plan
     assert json.loads((out / "run.json").read_text())["kv_capacity_source"] == "serve plan --profile h200-tp8"
     assert json.loads(r.stdout.strip().splitlines()[-1])["resolved_ids"] == ["m3-agent__roman-1"]
+
+
+@pytest.mark.docker
+def test_a_plain_http_endpoint_on_another_address_warns_once_per_run(tmp_path, sandbox_image):
+    with StandinServer(builtin_standin_script(["roman", "slugify"]), host="0.0.0.0") as srv:
+        url = f"http://{lan_address()}:{srv.port}/v1"
+        r = m3("eval", "run", "--tasks", "builtin", "-i", "m3-agent__roman-1,m3-agent__slugify-1", "--base-url", url,
+               "--output", str(tmp_path / "run"), "--workers", "2", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout.strip().splitlines()[-1])["resolved_ids"]) == 2  # two runs of the agent
+    flat = " ".join(r.stderr.split())
+    assert flat.count("m3-agent: warning: the repository goes to") == 1 and f"over plain http:// ({url})" in flat
 
 
 @pytest.mark.docker

@@ -24,6 +24,7 @@ import pytest
 
 from m3_agent.serving import launcher
 from m3_agent.serving.standin import StandinServer
+from tests.conftest import lan_address
 from tests.fix.test_fix_sources import cli_main, fix_cli  # noqa: F401, F811 - the in-process CLI fixtures
 from tests.fix.test_github import PNG, FakeGitHub
 from tests.serving.fake_engine import install_fake_engine
@@ -425,3 +426,17 @@ def test_fix_serve_sends_the_key_of_the_endpoint_serve_started_without_being_tol
     # the URL `serve start` printed, with no key given: the same key, from the same state
     code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", keyed_endpoint.base_url)
     assert code == 0, err
+
+
+def test_a_plain_http_endpoint_on_another_address_warns_once_and_a_setting_silences_it(repo, fix_cli):
+    with StandinServer({"turns": FIXING * 2}, host="0.0.0.0") as srv:
+        url = f"http://{lan_address()}:{srv.port}/v1"
+        code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", url)
+        assert code == 0, err
+        quiet = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", url,
+                        env={"M3_AGENT_MODEL__WARN_PLAIN_HTTP": "false"})
+        assert quiet[0] == 0, quiet[2]
+    flat = " ".join(err.split())
+    assert flat.count("warning: the repository goes to") == 1
+    assert f"goes to {lan_address()} over plain http:// ({url})" in flat and "warn_plain_http = false" in flat
+    assert "plain http://" not in quiet[2]

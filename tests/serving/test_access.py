@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from m3_agent.errors import UsageError
-from m3_agent.serving.access import ApiKey, choose_key, client_host, describe_access, is_loopback
+from m3_agent.serving.access import ApiKey, choose_key, client_host, describe_access, is_loopback, plain_http_warning
 from m3_agent.serving.profiles import Overrides, build_command, flag_value, get_profile
 
 KEY = "m3-team-key-0123456789WXYZ"
@@ -90,3 +90,12 @@ def test_sglang_gets_the_key_as_its_flag_and_the_shell_form_masks_it(runner):
     assert flag_value(cmd.argv, "--api-key") == KEY and cmd.key_env is None
     line = cmd.shell()
     assert KEY not in line and flag_value(shlex.split(line), "--api-key") == "****WXYZ"
+
+
+def test_plain_http_to_another_machine_is_the_one_case_that_warns():
+    warning = plain_http_warning("http://gpu-node:8000/v1")
+    assert warning.startswith("the repository goes to gpu-node over plain http:// (http://gpu-node:8000/v1)")
+    assert "warn_plain_http = false" in warning and "M3_AGENT_MODEL__WARN_PLAIN_HTTP=false" in warning
+    assert plain_http_warning("http://10.1.2.3:8000/v1") is not None
+    for quiet in ("https://gpu-node/v1", "http://127.0.0.1:8000/v1", "http://localhost:8000/v1", "http://[::1]:8000/v1"):
+        assert plain_http_warning(quiet) is None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from m3_agent.agent.context import ServerCounter, pack_repository
 from m3_agent.serving.standin import StandinServer
+from tests.conftest import lan_address
 
 FILES = {"src/app.py": "def main():\n    return 'hi'\n", "logo.png": b"\x89PNG\0\0\0", "yarn.lock": "lock\n",
          "README.md": "# app\n"}
@@ -64,6 +65,20 @@ def test_pack_counts_through_the_server_and_takes_its_budget(repo, tmp_path):
         default_budget = 40_000 - 1000 - 6000  # max_model_len less output and 15% growth reserves
         assert f"of {default_budget:,} budget" in proc.stderr
         assert f"{ServerCounter(srv.base_url).count(out.read_text()):,}" in proc.stderr
+
+
+def test_pack_through_a_plain_http_server_elsewhere_warns_unless_the_setting_silences_it(repo, tmp_path):
+    root = repo(FILES)
+    with StandinServer({"max_model_len": 40_000, "turns": []}, host="0.0.0.0") as srv:
+        url = f"http://{lan_address()}:{srv.port}/v1"
+        loud = run_pack("--repo", str(root), "--base-url", url, "-o", str(tmp_path / "a.md"))
+        (root / "m3-agent.toml").write_text("[model]\nwarn_plain_http = false\n")
+        silenced = run_pack("--repo", str(root), "--base-url", url, "-o", str(tmp_path / "b.md"))
+        local = run_pack("--repo", str(root), "--base-url", srv.base_url.replace("0.0.0.0", "127.0.0.1"),
+                         "-o", str(tmp_path / "c.md"))
+    assert loud.returncode == silenced.returncode == local.returncode == 0, loud.stderr
+    assert loud.stderr.count("m3-agent: warning: the repository goes to") == 1 and re.search(r"counter +server", loud.stderr)
+    assert "plain http://" not in silenced.stderr + local.stderr
 
 
 def test_pack_falls_back_to_the_estimate_when_the_server_is_down(repo):
