@@ -116,3 +116,14 @@ def lan_address() -> str:
     if not v4:
         pytest.skip("this machine has no non-loopback IPv4 address to reach a server over the network")
     return v4[0]
+
+
+def secrets_found(secrets: list[str], *texts: str, under: list[Path] = ()) -> list[str]:
+    """Where any of `secrets` occurs in full: 'text N' for the texts, the path for files under `under`."""
+    found = [f"text {i}" for i, text in enumerate(texts) if any(s in text for s in secrets)]
+    for root in under:
+        for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            if any(s.encode() in data for s in secrets):
+                found.append(str(path))
+    return found

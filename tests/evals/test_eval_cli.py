@@ -11,7 +11,7 @@ import pytest
 
 from m3_agent.serving.standin import B200X8_KV_TOKENS, StandinServer
 from m3_agent.evals.tasks import builtin_standin_script, builtin_task
-from tests.conftest import lan_address
+from tests.conftest import lan_address, secrets_found
 
 
 def m3(*args: str, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -201,6 +201,21 @@ def test_run_with_serve_reuses_a_healthy_endpoint(tmp_path, sandbox_image):
     # this stand-in's /metrics does not size its cache: admission falls back to the profile's plan
     assert json.loads((out / "run.json").read_text())["kv_capacity_source"] == "serve plan --profile h200-tp8"
     assert json.loads(r.stdout.strip().splitlines()[-1])["resolved_ids"] == ["m3-agent__roman-1"]
+
+
+@pytest.mark.docker
+def test_a_keyed_run_leaves_the_key_in_no_report_trajectory_or_prediction(tmp_path, sandbox_image):
+    key = "m3-team-key-0123456789WXYZ"
+    out = tmp_path / "run"
+    with StandinServer(builtin_standin_script(["roman"]), api_key=key) as srv:
+        r = m3("eval", "run", "--tasks", "builtin", "-i", "m3-agent__roman-1", "--base-url", srv.base_url,
+               "--api-key", key, "--output", str(out), "--json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert srv.requests  # the key was sent and accepted
+    assert json.loads(r.stdout.strip().splitlines()[-1])["resolved_ids"] == ["m3-agent__roman-1"]
+    assert {"results.jsonl", "predictions.jsonl", "run.json"} <= {p.name for p in out.iterdir()}
+    assert list(out.rglob("*.jsonl")) and list(out.rglob("*.html"))
+    assert secrets_found([key], r.stdout, r.stderr, under=[out]) == []
 
 
 @pytest.mark.docker

@@ -24,7 +24,7 @@ import pytest
 
 from m3_agent.serving import launcher
 from m3_agent.serving.standin import StandinServer
-from tests.conftest import lan_address
+from tests.conftest import lan_address, secrets_found
 from tests.fix.test_fix_sources import cli_main, fix_cli  # noqa: F401, F811 - the in-process CLI fixtures
 from tests.fix.test_github import PNG, FakeGitHub
 from tests.serving.fake_engine import install_fake_engine
@@ -383,7 +383,10 @@ def test_the_configured_test_cmd_verifies_a_patch_the_agent_did_not_test(repo, f
     assert verdict["source"] == "test_cmd" and verdict["passed"] is True and verdict["tests"]["exit_code"] == 0
 
 
-# ----- a launched endpoint's key: sent without being told ---------------------------------------------
+# ----- a launched endpoint's key: sent without being told, never written down ----------------------
+
+KEY = "m3-team-key-0123456789WXYZ"
+TOKEN = "ghp_0123456789abcdefghijklmnopqrstuvTOKN"
 
 
 def _unauthorized(base_url: str) -> bool:
@@ -426,6 +429,7 @@ def test_fix_serve_sends_the_key_of_the_endpoint_serve_started_without_being_tol
     # the URL `serve start` printed, with no key given: the same key, from the same state
     code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", keyed_endpoint.base_url)
     assert code == 0, err
+    assert secrets_found([keyed_endpoint.key_value], out, err, under=[repo / ".m3-agent"]) == []
 
 
 def test_a_plain_http_endpoint_on_another_address_warns_once_and_a_setting_silences_it(repo, fix_cli):
@@ -440,3 +444,21 @@ def test_a_plain_http_endpoint_on_another_address_warns_once_and_a_setting_silen
     assert flat.count("warning: the repository goes to") == 1
     assert f"goes to {lan_address()} over plain http:// ({url})" in flat and "warn_plain_http = false" in flat
     assert "plain http://" not in quiet[2]
+
+
+def test_trajectories_patches_results_and_config_show_never_hold_the_key_or_the_token(repo, fix_cli, cli_main):
+    env = {"GITHUB_TOKEN": TOKEN, "M3_AGENT_MODEL__API_KEY": KEY}
+    with FakeGitHub(token=TOKEN) as gh, StandinServer({"turns": FIXING}, api_key=KEY) as srv:
+        gh.add_issue("acme", "widgets", 9, "add() subtracts", "2 + 3 should be 5.")
+        git(repo, "remote", "add", "origin", f"{gh.web}/acme/widgets.git")
+        run = fix_cli("9", "--repo", str(repo), "--base-url", srv.base_url, "--json", env=env)
+        assert run[0] == 0, run[2]
+        assert gh.requests[0][1]["authorization"] == f"Bearer {TOKEN}"  # the run used both
+    assert json.loads(run[1])["resolved"] is True
+    shown = cli_main("config", "show", "--repo", str(repo), env=env)
+    as_json = cli_main("config", "show", "--repo", str(repo), "--json", env=env)
+    rows = {row["name"]: row for row in json.loads(as_json[1])}
+    assert rows["model.api_key"]["value"] == "****WXYZ" and rows["fix.github_token"]["value"] == "****TOKN"
+    written = [repo / ".m3-agent"]
+    assert list(written[0].glob("issue-9-*.jsonl")) and list(written[0].glob("*.patch"))
+    assert secrets_found([KEY, TOKEN], *run[1:], *shown[1:], *as_json[1:], under=written) == []
