@@ -27,6 +27,15 @@ ALL_INTERFACES = "0.0.0.0"
 KEY_ENV = "M3_AGENT_MODEL__API_KEY"  # settings.env_name("model.api_key"): the clients' variable
 
 
+# What each engine's own key check leaves open (tests/conformance/test_endpoint_auth.py proves both).
+ENGINE_CAVEATS = {
+    "vllm": "vLLM 0.33 checks the key only under /v1, /v2, /inference and /cohere: /invocations, which runs the "
+            "model, stays open (vllm issue #58144), as do /tokenize and /metrics; keep the port on a network only "
+            "your team reaches, or put a proxy that checks the key in front",
+    "sglang": "SGLang 0.5.23 checks the key on every path but /health, /ready and /metrics",
+}
+
+
 def is_loopback(host: str) -> bool:
     """True when only this machine can reach `host`: 127.0.0.0/8, ::1 or `localhost`."""
     name = host.strip().strip("[]").lower()

@@ -11,12 +11,12 @@ from rich.console import Console
 
 from m3_agent.errors import UsageError
 from m3_agent.serving import launcher
-from m3_agent.serving.access import KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access
+from m3_agent.serving.access import ENGINE_CAVEATS, KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access
 from m3_agent.serving.bench import run_bench, table
 from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, plan_request, prepare
 from m3_agent.serving.gpus import auto_profile, detect_gpus, summary
 from m3_agent.serving.loadgen import LoadConfig
-from m3_agent.serving.multinode import eval_pool_step, ray_tensor_parallel, replicas_behind_router
+from m3_agent.serving.multinode import eval_pool_step, ray_tensor_parallel, replica_host, replicas_behind_router
 from m3_agent.serving.planner import BYTES_PER_PARAM, M3_PARAMS_B, PlanRequest, describe, gpu_memory_for, plan
 from m3_agent.serving.profiles import PROFILES, Overrides, Profile, build_command, get_profile
 
@@ -100,6 +100,8 @@ def start_command(
                   progress=_progress, gpus=gpus)
     _progress("command", cmd.shell())
     _progress("access", describe_access(cmd.host, cmd.api_key))
+    if cmd.api_key is not None:
+        _progress("warning", ENGINE_CAVEATS[cmd.engine])
     _ready(launcher.start(cmd, name=name, timeout_s=timeout, progress=_progress))
 
 
@@ -135,11 +137,11 @@ def _entry_point_note(p: Profile) -> str | None:
             f"the same server starts here as `{now}`, with the seed's flags unchanged")
 
 
-def _access_notes(host: str, key: ApiKey | None) -> list[str]:
-    """The dry run's comment on who can reach the server, and how to fill in a masked key."""
+def _access_notes(host: str, key: ApiKey | None, engine: str) -> list[str]:
+    """The dry run's comment on who can reach the server, what the key leaves open, how to fill it in."""
     if key is None:
         return [f"# {describe_access(host, None)}; --host ADDR exposes it, with an API key"]
-    notes = [f"# {describe_access(host, key)}; shown masked"]
+    notes = [f"# {describe_access(host, key)}; shown masked", f"# {ENGINE_CAVEATS[engine]}"]
     if key.source == "generated":
         notes.append(f"# a dry run keeps no key: set ${KEY_ENV} (or --api-key) to the key you will run with, "
                      "and print the commands again")
@@ -157,7 +159,8 @@ def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nod
             if nodes > 1
             else [*replicas_behind_router(p, replicas, overrides=o), eval_pool_step(p, replicas, overrides=o)]
         )
-        for line in ([note] if note else []) + _access_notes(o.host or LOOPBACK, o.api_key):
+        host = replica_host(o) if replicas > 1 else o.host or LOOPBACK
+        for line in ([note] if note else []) + _access_notes(host, o.api_key, p.engine):
             out.print(line, markup=False)
         for step in steps:
             out.print(f"# {step.where}", markup=False)
@@ -169,7 +172,7 @@ def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nod
         out.print(note, markup=False)
     if cmd.added:
         out.print(f"# added to the seed's flags (required for M3): {' '.join(cmd.added)}", markup=False)
-    for line in _access_notes(cmd.host, cmd.api_key):
+    for line in _access_notes(cmd.host, cmd.api_key, cmd.engine):
         out.print(line, markup=False)
     out.print(cmd.shell(), markup=False)
 

@@ -26,6 +26,12 @@ def keyed(overrides: Overrides | None, host: str | None = None) -> Overrides:
     return o.model_copy(update={"host": host, "api_key": o.api_key or choose_key(host, shared=True)})
 
 
+def replica_host(overrides: Overrides | None) -> str:
+    """Where a replica listens: the host asked for, unless loopback, since replicas answer the router."""
+    given = (overrides or Overrides()).host
+    return given if given and not is_loopback(given) else ALL_INTERFACES
+
+
 class Step(BaseModel):
     """One command of a multi-node launch and where to run it."""
 
@@ -74,9 +80,7 @@ def replicas_behind_router(
     hosts = hosts or [f"<NODE_{i}_IP>" for i in range(1, replicas + 1)]
     if len(hosts) != replicas:
         raise UsageError(f"--hosts names {len(hosts)} hosts for {replicas} replicas")
-    given = (overrides or Overrides()).host
-    # replicas must answer the router from another machine: never loopback
-    o = keyed(overrides, given if given and not is_loopback(given) else ALL_INTERFACES)
+    o = keyed(overrides, replica_host(overrides))
     cmd = build_command(profile, "native", o)
     steps = [Step(where=f"node {h}", command=cmd.shell()) for h in hosts]
     workers = " ".join(f"http://{h}:{cmd.port}" for h in hosts)

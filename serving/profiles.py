@@ -369,6 +369,11 @@ def _access(profile: Profile, runner: Runner, o: Overrides, args: list[str]) -> 
     if not is_loopback(host) and o.api_key is None:
         raise UsageError(f"--host {host} lets other machines reach the server: it needs an API key "
                          "(access.choose_key: --api-key, M3_AGENT_MODEL__API_KEY, or a new one)")
+    workers = flag_value(args + o.extra_args, "--tokenizer-worker-num")
+    if profile.engine == "sglang" and o.api_key is not None and workers not in (None, "1"):
+        # SGLang 0.5.23's http_server adds its API-key middleware in single-tokenizer mode only
+        raise UsageError(f"SGLang checks --api-key only with one tokenizer worker, not --tokenizer-worker-num "
+                         f"{workers}: drop it, or keep the server on loopback")
     set_flag(args, "--host", host if runner == "native" else ALL_INTERFACES)
     if o.api_key is not None and _KEY_ENV[profile.engine] is None:
         set_flag(args, "--api-key", o.api_key.value.get_secret_value())

@@ -84,6 +84,14 @@ def test_vllm_in_docker_publishes_on_the_host_asked_and_takes_the_key_by_name():
     assert cmd.shell().startswith("VLLM_API_KEY=****WXYZ docker run ") and KEY not in cmd.shell()
 
 
+def test_sglang_with_several_tokenizer_workers_is_refused_a_key_it_would_not_check():
+    with pytest.raises(UsageError, match="only with one tokenizer worker, not --tokenizer-worker-num 4"):
+        build_command(get_profile("b200", "sglang"), "native",
+                      _keyed().model_copy(update={"extra_args": ["--tokenizer-worker-num", "4"]}))
+    one = _keyed().model_copy(update={"extra_args": ["--tokenizer-worker-num", "1"]})
+    assert flag_value(build_command(get_profile("b200", "sglang"), "native", one).argv, "--api-key") == KEY
+
+
 @pytest.mark.parametrize("runner", ["native", "docker"])
 def test_sglang_gets_the_key_as_its_flag_and_the_shell_form_masks_it(runner):
     cmd = build_command(get_profile("b200", "sglang"), runner, _keyed())

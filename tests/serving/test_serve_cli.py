@@ -263,6 +263,7 @@ def test_a_reachable_host_gets_a_new_key_when_none_is_given_and_the_dry_run_says
     res = runner.invoke(app, ["start", "-p", "h200-tp8", "--dry-run", "--host", "10.1.2.3"], env={"M3_AGENT_MODEL__API_KEY": ""})
     assert res.exit_code == 0, res.output
     assert "(generated)" in res.output and "a dry run keeps no key" in res.output
+    assert "/invocations, which runs the model, stays open (vllm issue #58144)" in res.output
     assert re.fullmatch(r"VLLM_API_KEY=\*\*\*\*\S{4}", _engine_line(res.output)[0])
     flag = runner.invoke(app, ["start", "-p", "h200-tp8", "--dry-run", "--host", "10.1.2.3", "--api-key", KEY])
     assert KEY not in flag.output and "****WXYZ (flag --api-key)" in flag.output
