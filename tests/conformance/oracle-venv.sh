@@ -19,13 +19,15 @@ VENV="$CACHE/oracle-venv-vllm$VLLM_VERSION-sglang$SGLANG_VERSION"
 PY=${M3_ORACLE_BASE_PYTHON:-python3}
 
 # What the parser, protocol and CLI modules import (found by importing them and adding what failed).
-# transformers is pinned inside both engines' ranges.
+# transformers is pinned inside both engines' ranges. The last line: what vLLM's API server app needs to be
+# built on CPU (its API-key middleware is tested through it), and the router the --replicas plan prints.
 DEPS=(
   packaging regex cachetools psutil sentencepiece numpy requests tqdm blake3 py-cpuinfo
   "transformers==5.19.0" huggingface_hub tokenizers safetensors protobuf "fastapi<0.137" aiohttp
   openai pydantic orjson prometheus_client pillow msgspec cloudpickle uvloop partial-json-parser
   ijson "mistral_common>=1.11.6" oss-harmony pybase64 pyzmq pyyaml jsonschema einops cbor2
   setproctitle "xgrammar==0.2.8" "llguidance>=1.7,<1.8" watchfiles ipython uvicorn
+  "prometheus-fastapi-instrumentator>=8.0.0" "model-hosting-container-standards>=0.1.14,<1.0.0" "sglang-router==0.3.2"
 )
 
 stamp_want=$( { cat "$0"; echo "$VLLM_VERSION $SGLANG_VERSION $TORCH_VERSION"; } | sha256sum | cut -d' ' -f1)
@@ -57,7 +59,8 @@ assert md.version("vllm") == sys.argv[1], md.version("vllm")
 assert md.version("torch").split("+")[0] == sys.argv[2], md.version("torch")
 import vllm.parser.minimax_m3, vllm.reasoning.minimax_m3_reasoning_parser  # noqa: E401
 import vllm.entrypoints.openai.chat_completion.protocol, vllm.entrypoints.cli.serve  # noqa: E401
-import sglang.srt.server_args  # noqa: F401
+import sglang.srt.server_args, sglang_router.router_args  # noqa: E401
+import vllm.entrypoints.launchers.app  # noqa: F401
 EOF
 echo "$stamp_want" > "$VENV/.m3-oracle-stamp"
 log "built in $(( $(date +%s) - start ))s"

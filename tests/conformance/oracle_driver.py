@@ -94,8 +94,8 @@ def vllm_args(q: dict[str, Any]) -> dict[str, Any]:
         if ns is not None:
             _, error = _parse_quietly(lambda ns=ns: (cmd.validate(ns), ns)[1])
         picked = {k: getattr(ns, k, None) for k in ("model", "model_tag", "tool_call_parser", "reasoning_parser",
-                                                     "block_size", "tensor_parallel_size")} if ns else {}  # fmt: skip
-        results.append({"error": error, "values": {k: v for k, v in picked.items() if isinstance(v, (str, int, type(None)))}})
+                                                     "block_size", "tensor_parallel_size", "host", "api_key")} if ns else {}  # fmt: skip
+        results.append({"error": error, "values": {k: v for k, v in picked.items() if isinstance(v, (str, int, list, type(None)))}})
     return {
         "results": results,
         "tool_parsers": sorted(ToolParserManager.list_registered()),
@@ -114,7 +114,76 @@ def sglang_args(q: dict[str, Any]) -> dict[str, Any]:
         ns, error = _parse_quietly(lambda argv=argv: parser.parse_args(argv))
         values = {}
         if ns is not None:
-            values = {k: getattr(ns, k, None) for k in ("model_path", "tool_call_parser", "reasoning_parser", "page_size")}
+            values = {k: getattr(ns, k, None) for k in ("model_path", "tool_call_parser", "reasoning_parser", "page_size",
+                                                         "host", "api_key")}
+        results.append({"error": error, "values": values})
+    return {"results": results}
+
+
+def _answers(app: Any, requests: list[list[Any]]) -> list[list[Any]]:
+    """[status, start of the body] of each [method, path, key, body?] request, sent through a test client of
+    `app` (no server, no socket)."""
+    from fastapi.testclient import TestClient
+
+    client = TestClient(app, raise_server_exceptions=False)
+    out = []
+    for method, path, key, *body in requests:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        r = client.request(method, path, headers=headers, json=(body[0] if body else {}) if method == "POST" else None)
+        out.append([r.status_code, r.text[:300]])
+    return out
+
+
+def vllm_auth(q: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's own API server app, built on CPU from `argv` (parsed by `vllm serve`'s parser) with `env` as
+    the process environment (VLLM_API_KEY), and each request's status. No engine runs: a request its
+    API-key middleware lets through reaches a handler that has none (400 or 500), never 401."""
+    import os
+
+    os.environ.update(q.get("env") or {})
+    top, _ = _vllm_serve_parser()
+    ns = top.parse_args(["serve", *q["argv"]])
+    from vllm.entrypoints.launchers.app import build_app
+
+    app = build_app(ns, supported_tasks=("generate",))
+    return {"answers": _answers(app, q["requests"]), "host": ns.host, "api_key_flag": ns.api_key}
+
+
+def sglang_auth(q: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's own API-key middleware, added as its http_server adds it with the args `argv` parses to, on an
+    app with the routes clients use; each request's status. SGLang's app itself cannot be built here:
+    sglang.srt.entrypoints.http_server imports torchvision (via sglang.srt.configs), left out with the GPU
+    stack. Also: whether that middleware is added in single-tokenizer mode only (read from the source)."""
+    import importlib.util
+    import pathlib
+
+    from fastapi import FastAPI
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.utils.auth import add_api_key_middleware
+
+    parser = argparse.ArgumentParser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(q["argv"])
+    app = FastAPI()
+    for method, path, *_ in q["requests"]:
+        app.add_api_route(path, lambda: {"ok": True}, methods=[method])
+    if ns.api_key or ns.admin_api_key:  # http_server.py's condition (admin-only routes aside)
+        add_api_key_middleware(app, api_key=ns.api_key, admin_api_key=ns.admin_api_key)
+    source = pathlib.Path(importlib.util.find_spec("sglang.srt.entrypoints.http_server").origin).read_text()
+    branch = source[source.index("if get_serving().tokenizer_worker_num == 1:"):]
+    single_only = source.count("add_api_key_middleware(") == 1 and "add_api_key_middleware(" in branch.split("\n    else:")[0]
+    return {"statuses": [status for status, _ in _answers(app, q["requests"])], "host": ns.host, "api_key": ns.api_key,
+            "middleware_in_single_tokenizer_mode_only": single_only}
+
+
+def router_args(q: dict[str, Any]) -> dict[str, Any]:
+    """Parse each argv (after `python -m sglang_router.launch_router`) with the router's own parser."""
+    from sglang_router.launch_router import parse_router_args
+
+    results = []
+    for argv in q["argvs"]:
+        ra, error = _parse_quietly(lambda argv=argv: parse_router_args(argv))
+        values = {k: getattr(ra, k, None) for k in ("worker_urls", "policy", "host", "port", "api_key")} if ra else {}
         results.append({"error": error, "values": values})
     return {"results": results}
 
@@ -235,7 +304,8 @@ def source_facts(q: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-TASKS = {f.__name__: f for f in (vllm_args, sglang_args, parse_output, validate_requests, tokenize_models, source_facts)}
+TASKS = {f.__name__: f for f in (vllm_args, sglang_args, parse_output, validate_requests, tokenize_models, source_facts,
+                                  vllm_auth, sglang_auth, router_args)}
 
 if __name__ == "__main__":
     question = json.load(sys.stdin)

@@ -9,13 +9,13 @@ import shlex
 import pytest
 
 from m3_agent.cli import main
-from m3_agent.serving.profiles import PROFILES
+from m3_agent.serving.profiles import PROFILES, flag_value
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SGLANG_MODULE = "sglang.launch_server"
 
 
-def _dry_run(*args: str) -> list[str]:
+def dry_run(*args: str) -> list[str]:
     """The command lines `m3-agent serve start --dry-run ARGS` prints (run in-process: 60-odd runs)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     code = 0
@@ -64,7 +64,7 @@ def _all_commands() -> list[tuple[str, str, str, list[str]]]:
             variants.append(("--nodes", "2"))
         for flag, value in variants:
             what = f"{p.name}/{p.engine} {flag} {value}"
-            for line in _dry_run("--profile", p.name, "--engine", p.engine, flag, value):
+            for line in dry_run("--profile", p.name, "--engine", p.engine, flag, value):
                 parsed = engine_argv(line)
                 if parsed is None:
                     unknown.append(line)
@@ -117,3 +117,68 @@ def test_the_checks_can_fail(oracle):
     assert answer["results"][1]["values"]["tool_call_parser"] not in answer["tool_parsers"]
     wrong = oracle.ask("sglang_args", argvs=[["--model-path", "MiniMaxAI/MiniMax-M3", "--tool-call-parser", "minimax_m3"]])
     assert "minimax_m3" in wrong["results"][0]["error"]  # vLLM's spelling is not SGLang's
+
+
+KEY = "m3-conformance-key-0123456789WXYZ"
+
+
+def _env_words(line: str) -> dict[str, str]:
+    """The VAR=value words a printed command starts with."""
+    env = {}
+    for word in shlex.split(line):
+        if "=" not in word or word.startswith("-"):
+            break
+        env.update([word.split("=", 1)])
+    return env
+
+
+def _access_forms() -> list[tuple[str, str, str, list[str], dict[str, str], bool]]:
+    """(what, engine, form, argv, env, exposed) of every profile and runner, as printed by default and with
+    --host 0.0.0.0 --api-key KEY."""
+    rows = []
+    for p in PROFILES:
+        for runner in ("native", "docker"):
+            for exposed in (False, True):
+                extra = ["--host", "0.0.0.0", "--api-key", KEY] if exposed else []
+                [line] = dry_run("--profile", p.name, "--engine", p.engine, "--runner", runner, *extra)
+                engine, form, argv = engine_argv(line)
+                if runner == "docker":  # where the host side publishes the container's port
+                    words = shlex.split(line)
+                    assert words[words.index("-p") + 1].startswith("0.0.0.0:" if exposed else "127.0.0.1:"), line
+                rows.append((f"{p.name}/{p.engine} {runner}{' exposed' if exposed else ''}", engine, form, argv,
+                             _env_words(line), exposed))
+    return rows
+
+
+def test_the_engines_parse_the_bind_address_and_the_key_serve_start_prints(oracle):
+    """Loopback by default on every profile; asked for another host, the key reaches each engine its way
+    (vLLM: VLLM_API_KEY, not its --api-key; SGLang: --api-key), masked in what is printed."""
+    rows = _access_forms()
+    vllm = [r for r in rows if r[1] == "vllm"]
+    sglang = [r for r in rows if r[1] == "sglang"]
+    v_answer = oracle.ask("vllm_args", argvs=[r[3] for r in vllm], forms=[r[2] for r in vllm])
+    s_answer = oracle.ask("sglang_args", argvs=[r[3] for r in sglang])
+    for (what, engine, _, argv, env, exposed), result in [*zip(vllm, v_answer["results"]),
+                                                          *zip(sglang, s_answer["results"])]:
+        assert result["error"] is None, f"{what}: {result['error']}"
+        inside_docker = " docker" in what
+        assert result["values"]["host"] == ("0.0.0.0" if exposed or inside_docker else "127.0.0.1"), what
+        if engine == "vllm":
+            assert result["values"]["api_key"] is None, what  # never in argv, where `ps` shows it
+            assert env.get("VLLM_API_KEY") == ("****WXYZ" if exposed else None), what
+        else:
+            assert result["values"]["api_key"] == ("****WXYZ" if exposed else None), what
+        assert KEY not in " ".join(argv) + " ".join(env.values()), what
+
+
+def test_the_router_parses_the_replicas_plan_with_its_key(oracle):
+    lines = dry_run("--profile", "h200-tp8", "--replicas", "2", "--api-key", KEY)
+    router = next(shlex.split(line) for line in lines if "sglang_router.launch_router" in line)
+    servers = [engine_argv(line)[2] for line in lines if line.startswith("VLLM_API_KEY=****WXYZ vllm serve ")]
+    assert len(servers) == 2 and all(flag_value(argv, "--host") == "0.0.0.0" for argv in servers)
+    answer = oracle.ask("router_args", argvs=[router[router.index("sglang_router.launch_router") + 1:]])
+    [result] = answer["results"]
+    assert result["error"] is None, result["error"]
+    assert result["values"]["api_key"] == "****WXYZ" and result["values"]["host"] == "0.0.0.0"
+    assert result["values"]["worker_urls"] == ["http://<NODE_1_IP>:8000", "http://<NODE_2_IP>:8000"]
+    assert result["values"]["policy"] == "cache_aware"
