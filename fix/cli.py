@@ -34,16 +34,14 @@ def fix_command(
     serve: Optional[str] = typer.Option(None, help="Launch or reuse an M3 endpoint from this serving profile."),
     model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
     max_turns: Optional[int] = typer.Option(None, help="Turn limit."),
-    test_cmd: Optional[str] = typer.Option(
-        None, help="Shell command whose exit status decides the verdict when the agent ran no tests on its patch."
-    ),
+    test_cmd: Optional[str] = typer.Option(None, help="Shell command whose exit status decides the verdict when "
+                                           "the agent ran no tests on its patch."),
     time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help="Wall-clock limit, seconds."),
     thinking: Optional[str] = typer.Option(None, help="controller | enabled | disabled | adaptive."),
     images: Optional[str] = typer.Option(None, help="Send issue images: auto | on | off."),
-    include_uncommitted: Optional[bool] = typer.Option(
-        None, "--include-uncommitted/--no-include-uncommitted",
-        help="Include the working tree's uncommitted changes (tracked and untracked) in the run.",
-    ),
+    include_uncommitted: Optional[bool] = typer.Option(None, "--include-uncommitted/--no-include-uncommitted",
+                                                       help="Include the working tree's uncommitted changes "
+                                                       "(tracked and untracked) in the run."),
     apply: bool = typer.Option(False, "--apply", help="Also apply the patch to the working tree (must be clean)."),
     base: Optional[str] = typer.Option(None, help="Start from this commit instead of HEAD (e.g. on a detached HEAD)."),
     sandbox_image: Optional[str] = typer.Option(None, help="Docker image the tools run in."),
