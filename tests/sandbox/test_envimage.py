@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 
@@ -14,6 +18,7 @@ from m3_agent.sandbox import Sandbox, SandboxConfig
 from m3_agent.sandbox.envimage import (ENV_REPOSITORY, BuildRequest, ensure_environment, environment_for,
                                        list_environments, prune_environments)
 from m3_agent.sandbox.image import ENV_PREFIX
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -201,3 +206,23 @@ def test_a_project_that_needs_a_newer_python_is_built_on_a_newer_debian(git_repo
     assert again.image == env.tag
     assert next(e for e in list_environments() if e.tag == env.tag).base_current  # `env prune` keeps it
     assert prune_environments(keep=0, source=SOURCE) == [env.tag]
+
+
+def test_ctrl_c_during_a_build_leaves_no_container_and_no_image(git_repo, sandbox_image):
+    """`m3-agent env build` interrupted while its setup command runs: exit 130, and nothing of it is left."""
+    repo = git_repo({"app.py": "x = 1\n", "m3-agent.toml": f"[sandbox]\nsetup = \"sleep 300  # {SESSION}\"\n"})
+    before = tags_of()
+    proc = subprocess.Popen([sys.executable, "-m", "m3_agent.cli", "env", "build", "--repo", str(repo)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: any(c.labels.get("m3-agent.owner-pid") == str(proc.pid) for c in env_builds()), 240,
+                 "the build container")
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole group
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert not [c for c in env_builds() if c.labels.get("m3-agent.owner-pid") == str(proc.pid)]
+    assert tags_of() == before
