@@ -38,9 +38,9 @@ from m3_agent.sandbox import cleanup
 from m3_agent.sandbox.config import SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID,
-                                    SUITE, SUITE_PYTHON, Recipe, build_image, build_lock, digest)
+                                    SUITE, SUITE_PYTHON, SYSTEM_PATH, Recipe, build_image, build_lock, digest)
 from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, key_files, pip_error,
-                                    plan_environment, scm_version, wants_environment)
+                                    plan_environment, pretend_version, scm_version, wants_environment)
 from m3_agent.sandbox.wheels import download
 
 Progress = Callable[[str], None]
@@ -48,7 +48,6 @@ Progress = Callable[[str], None]
 ENV_REPOSITORY = "m3-agent-env"
 KIND = "project-env"
 BUILDER = "2"  # bump when the build steps change what an image holds
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STAGE = "/tmp/m3-env"  # the wheels and requirement files inside the build container
 WORKSPACE = "/workspace"
 FILES_LABEL = "m3-agent.env.files"
@@ -233,12 +232,11 @@ def install_steps(plan: Plan | None, request: BuildRequest) -> list[tuple[str, s
     steps.append(("install the dependencies", f"{pip} -r {STAGE}/requirements.txt {files} -c {STAGE}/constraints.txt",
                   {}))
     if plan and plan.editable:
-        pretend = request.version or "0.0.0"
         # Its build backend in pip's isolated build env (from the staged wheels): never in the environment,
         # where a lock's pins could break it or it could move the project's own pins.
         steps += [("note the repository's files", f"{_FILES} > {STAGE}/before", {}),
                   ("install the project (editable)", f"{pip} --no-deps -e {WORKSPACE} || {_PATH_FALLBACK}",
-                   {"SETUPTOOLS_SCM_PRETEND_VERSION": pretend, "PBR_VERSION": pretend}),
+                   pretend_version(request.version)),
                   ("keep the files its build generated", _KEEP_GENERATED, {})]
     if request.setup:
         steps.append(("run the setup command", request.setup, {}))

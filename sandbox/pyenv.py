@@ -86,13 +86,17 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what was guessed or skipped, for `env show`
 
 
-def key_files(root: Path) -> dict[str, str]:
-    """The dependency files of `root` (relative path -> sha256), sorted: what keys the environment."""
+def dependency_files(root: Path) -> list[Path]:
+    """The dependency files of `root`, in key order: KEY_FILES, then the requirements and pylock files."""
     found = [root / name for name in KEY_FILES] + sorted(root.glob("requirements*.txt"))
     found += sorted((root / "requirements").glob("*.txt")) if (root / "requirements").is_dir() else []
     found += sorted(root.glob("pylock.*.toml"))
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in found if p.is_file() and not _is_docs(p.name)}
+    return [p for p in found if p.is_file() and not _is_docs(p.name)]
+
+
+def key_files(root: Path) -> dict[str, str]:
+    """The dependency files of `root` (relative path -> sha256): what keys the environment."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in dependency_files(root)}
 
 
 def _is_docs(name: str) -> bool:
@@ -121,7 +125,7 @@ def _pyproject(root: Path) -> dict:
 def wants_environment(root: Path) -> bool:
     """`root` declares something to install: a project pip can build, a requirements file, or a test
     dependency group. Read from the files alone: the cheap check every `fix` makes first."""
-    if installable(root) or any(p.endswith(".txt") for p in key_files(root)):
+    if installable(root) or any(p.suffix == ".txt" for p in dependency_files(root)):
         return True
     return bool(test_names(list(_pyproject(root).get("dependency-groups", {}))))
 
@@ -339,10 +343,15 @@ def scm_version(root: Path, commit: str | None = None) -> str | None:
         return None
 
 
-def scm_environment(version: str | None) -> dict[str, str]:
-    """This process's environment plus what setuptools_scm, hatch-vcs and pbr read instead of git history."""
+def pretend_version(version: str | None) -> dict[str, str]:
+    """What setuptools_scm, hatch-vcs and pbr read instead of git history (a copy has none)."""
     pretend = version or "0.0.0"
-    return {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": pretend, "PBR_VERSION": pretend}
+    return {"SETUPTOOLS_SCM_PRETEND_VERSION": pretend, "PBR_VERSION": pretend}
+
+
+def scm_environment(version: str | None) -> dict[str, str]:
+    """This process's environment plus `pretend_version`, for pip run on the host."""
+    return {**os.environ, **pretend_version(version)}
 
 
 _PIP_NO_DIST = re.compile(r"(?:No matching distribution found for|satisfies the requirement) ([^\s;(]+)")
