@@ -38,8 +38,8 @@ from m3_agent.errors import SandboxUnavailable, UsageError, first_validation_err
 from m3_agent.evals.harness import instance_image_name
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox.engine import docker_client, image_exists
-from m3_agent.sandbox.envimage import BUILDER, STAGE, SYSTEM_PATH, BuildContainer, create_venv, pip_install
-from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, build_image
+from m3_agent.sandbox.envimage import BUILDER, STAGE, BuildContainer, create_venv, pip_install
+from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, SYSTEM_PATH, build_image
 from m3_agent.sandbox.pyenv import scm_environment
 from m3_agent.sandbox.wheels import download
 

@@ -24,7 +24,7 @@ from m3_agent.sandbox import cleanup, server
 from m3_agent.sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, SharedSocket
 from m3_agent.sandbox.config import ExecResult, SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
-from m3_agent.sandbox.image import ENV_PREFIX, GENERATED
+from m3_agent.sandbox.image import ENV_PREFIX, GENERATED, SYSTEM_PATH
 
 WORKSPACE = "/workspace"
 HOME = "/home/sandbox"
@@ -62,7 +62,7 @@ TESTBED_BIN = "/opt/miniconda3/envs/testbed/bin"  # a SWE-bench instance image's
 # Everything a command sees in its environment: nothing is inherited from the host.
 BASE_ENV = {
     # The repository's environment first (sandbox.envimage), then a SWE-bench image's testbed env.
-    "PATH": f"{ENV_PREFIX}/bin:{TESTBED_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "PATH": f"{ENV_PREFIX}/bin:{TESTBED_BIN}:{SYSTEM_PATH}",
     "HOME": HOME,
     "LANG": "C.UTF-8",
     "LC_ALL": "C.UTF-8",

@@ -35,6 +35,7 @@ SUITE = "bookworm"  # the default image's Debian release
 SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}  # the releases an image can be built on, and their python3
 PACKAGES = ("python3", "python3-pytest", "python3-pip", "git", "patch", "procps")
 SANDBOX_UID = 1000
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what every image's PATH holds
 ENV_PREFIX = "/opt/m3-agent/env"  # a repository's environment (sandbox.envimage), first on every command's PATH
 GENERATED = "/opt/m3-agent/generated"  # files its build wrote into the repository (a setuptools_scm _version.py)
 IMAGE_LABEL = "m3-agent.image"
