@@ -39,6 +39,7 @@ from m3_agent.evals.records import append_record, read_jsonl_tolerant
 from m3_agent.evals.tasks import Task, checkout, source_repository
 from m3_agent.sandbox import SandboxConfig
 from m3_agent.sandbox.cleanup import claim
+from m3_agent.settings import ReuseConfig
 
 RESULTS_FILE = "results.jsonl"
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -57,6 +58,9 @@ class EvalConfig(BaseModel):
     instance_timeout: float = Field(3600.0, gt=0, description="seconds for one whole instance (agent + grading)")
     model_name: str = "m3-agent"
     agent: AgentConfig | None = Field(None, description="the agent's config: set for `eval run`, None to grade")
+    reuse: ReuseConfig = Field(default_factory=ReuseConfig, description="batch reuse (`eval run`): the [eval] section")
+    batches: dict[str, str] = Field(default_factory=dict, description="repository -> the id its batch's orders are "
+                                    "stored under (set by run_eval: evals.reuse.ordering.order_for_commits)")
     image_namespace: str | None = Field("swebench", description="registry namespace of SWE-bench instance images")
     image_tag: str = Field("latest", description="tag of SWE-bench instance images")
 
@@ -181,9 +185,12 @@ def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, Agent
     # The checkout has no history: the files are ordered by the source repository's (prefix reuse across tasks).
     # A harness task's tree is the image's /testbed, with whatever history the image keeps.
     source = str(tree) if uses_harness(task) else str(source_repository(task, config.repos))
-    context = config.agent.context.model_copy(update={"history": source, "history_commit": task.base_commit})
-    agent = config.agent.model_copy(update={"context": context})
-    rr = Agent(agent).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
+    from m3_agent.evals.reuse.packer import BatchPacker
+
+    agent = config.agent.model_copy(update={"context": config.agent.context.model_copy(update={"history": source})})
+    packer = BatchPacker(agent, history=source, commit=task.base_commit, batch=config.batches.get(task.repo),
+                         reuse=config.reuse)
+    rr = Agent(agent, packer=packer).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
     stats = AgentStats(
         status=rr.status, turns=rr.turns, **rr.usage.model_dump(), cache_hit_share=rr.cache_hit_share,
         mode_counts=dict(rr.mode_counts), stalls=len(rr.stalls),
@@ -276,8 +283,8 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
         if retry_errors:
             done = {k: v for k, v in done.items() if v.outcome != "error"}
         pending = [t for t in tasks if t.instance_id not in done]
-        if config.agent is not None:
-            _order_packs(pending, config)
+        if config.agent is not None:  # all tasks, not only those left: a resumed run finds its batch's orders
+            config = _order_packs(tasks, config)
         for t in tasks:
             if t.instance_id in done and on_event:
                 on_event("skip", {"result": done[t.instance_id]})
@@ -301,21 +308,26 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
     return [done[t.instance_id] for t in tasks if t.instance_id in done]
 
 
-def _order_packs(tasks: list[Task], config: EvalConfig) -> None:
+def _order_packs(tasks: list[Task], config: EvalConfig) -> EvalConfig:
     """Order each repository's files for the base commits of its tasks (files the same in all first),
-    so the server's prefix cache serves one instance's first request from another's."""
+    so the server's prefix cache serves one instance's first request from another's; the config
+    names the batch each repository's orders are stored under."""
     from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import order_for_commits
+    from m3_agent.evals.reuse.ordering import order_for_commits
 
-    by_source: dict[str, set[str]] = {}
+    by_repo: dict[str, list[Task]] = {}
     for task in tasks:
-        try:
-            by_source.setdefault(str(source_repository(task, config.repos)), set()).add(task.base_commit)
-        except UsageError:
-            continue  # the instance reports it
+        by_repo.setdefault(task.repo, []).append(task)
+    batches = {}
     with PackCache() as store:
-        for source, commits in by_source.items():
-            order_for_commits(source, commits, store, delta=config.agent.context.delta)
+        for repo, mine in by_repo.items():
+            try:
+                source = str(source_repository(mine[0], config.repos))
+            except UsageError:
+                continue  # the instances report it
+            ordered = order_for_commits(source, {t.base_commit for t in mine}, store, delta=config.reuse.delta)
+            batches[repo] = ordered.batch  # (= evals.reuse.ordering.batch_ids, which admission reads by)
+    return config.model_copy(update={"batches": batches})
 
 
 def _prune_leftovers() -> None:
