@@ -139,3 +139,78 @@ def test_budgeted_packs_share_their_part_across_the_cut_of_a_batch_into_runs(rep
     assert runs == 2  # an order per era
     for a, b in zip(packs, packs[1:]):  # budgeted ones share their part across the eras too
         assert _shared_prefix(a.text, b.text) >= 0.45 * len(b.text)
+
+
+def test_two_overlapping_batches_ordered_at_once_on_one_cache_folder_each_keep_their_own(repo, git, tmp_path,
+                                                                                          monkeypatch):
+    import threading
+
+    from m3_agent import hostgit
+    from m3_agent.evals.reuse.ordering import stored_run
+    from tests.evals.reuse.test_delta import _history
+
+    source, commits = _history(repo, git)
+    batches = {"a": commits[0:3], "b": commits[2:5]}  # commits[2] is in both: each batch's run has its own base
+    trees = {c: hostgit.export_tree(source, c, tmp_path / f"tree-{c[:8]}") for c in commits}
+
+    def order_and_pack(name: str, barrier: threading.Barrier | None, out: dict) -> None:
+        with PackCache() as store:
+            if barrier:
+                barrier.wait()
+            ordered = order_for_commits(str(source), batches[name], store, delta=True)
+            if barrier:
+                barrier.wait()  # both batches are stored before either packs
+            runs = {c: stored_run(str(source), ordered.batch, c, store) for c in batches[name]}
+        packs = {c: batch_pack(trees[c], source, c, ordered.batch, delta=True) for c in batches[name]}
+        out[name] = ({c: (r.base, r.root, r.order) for c, r in runs.items()}, {c: p.data for c, p in packs.items()})
+
+    alone: dict = {}
+    for name in batches:  # each batch alone, in a cache folder of its own
+        monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / f"alone-{name}"))
+        order_and_pack(name, None, alone)
+    assert alone["a"][0][commits[2]][0] != alone["b"][0][commits[2]][0]  # the shared commit's bases differ
+    monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "shared"))
+    together: dict = {}
+    barrier = threading.Barrier(2)
+    threads = [threading.Thread(target=order_and_pack, args=(name, barrier, together)) for name in batches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone  # each instance got its own batch's order, base, root and pack
+
+
+def test_plain_fix_and_library_use_never_load_the_batch_modules(tmp_path):
+    import subprocess
+    import sys
+
+    script = """
+import subprocess, sys
+from pathlib import Path
+import m3_agent.api, m3_agent.fix.flow, m3_agent.fix.cli
+from m3_agent.agent.config import AgentConfig
+from m3_agent.agent.context import EstimateCounter
+from m3_agent.agent.loop import Agent
+from m3_agent.agent.model import ModelReply, ToolCall
+from m3_agent.sandbox import LocalEnvironment
+
+class Done:
+    model = "scripted"
+    def max_model_len(self): return None
+    def token_counter(self): return EstimateCounter()
+    def complete(self, messages, *, tools=None, thinking_mode=None):
+        return ModelReply(tool_calls=[ToolCall(id="1", name="submit", arguments='{"summary": "ok"}')],
+                          finish_reason="tool_calls")
+
+repo = Path(sys.argv[1])
+repo.mkdir()
+(repo / "a.py").write_text("x = 1\\n")
+subprocess.run(["git", "init", "-q", str(repo)], check=True)
+Agent(AgentConfig(), model=Done(), env_factory=LocalEnvironment).run(repo, "nothing")
+print(sorted(m for m in sys.modules if m.startswith("m3_agent.evals")))
+"""
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "repo")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = out.stdout.strip()
+    assert loaded.startswith("[") and "m3_agent.evals.reuse" not in loaded  # (fix loads evals.runner, not these)
