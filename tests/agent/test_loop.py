@@ -427,9 +427,9 @@ def tool_reply(name: str, n: int = 0, **arguments) -> ModelReply:
                       finish_reason="tool_calls", usage=Usage(requests=1, prompt_tokens=100, completion_tokens=10))
 
 
-def run_scripted(git_repo, tmp_path, replies, counter=None, **cfg):
+def run_scripted(git_repo, tmp_path, replies, **cfg):
     model = ScriptedModel(replies)
-    agent = Agent(fast(**cfg), model=model, env_factory=LocalEnvironment, counter=counter)
+    agent = Agent(fast(**cfg), model=model, env_factory=LocalEnvironment)
     result = agent.run(git_repo(BUGGY), "add() subtracts", trajectory_path=tmp_path / "t.jsonl")
     return result, model, read_trajectory(tmp_path / "t.jsonl")
 
@@ -477,13 +477,16 @@ def test_the_pack_is_counted_with_the_model_s_own_counter(git_repo, tmp_path):
     assert counter.asked > 0  # no isinstance test of the model's class: the model says how it counts
 
 
-def test_an_injected_counter_packer_and_stall_detector_are_the_ones_used(git_repo, tmp_path):
+def test_an_injected_packer_with_its_counter_and_stall_detector_are_the_ones_used(git_repo, tmp_path):
     from m3_agent.agent.context import RepoPacker
 
     counter = CountingCounter()
     replies = [tool_reply("bash", 1, command="echo hi"), tool_reply("submit", 2, summary="done")]
-    run_scripted(git_repo, tmp_path, list(replies), counter=counter, budget=100_000)
-    assert counter.asked > 0  # the injected counter, not the model's
+    config = fast(budget=100_000)
+    Agent(config, model=ScriptedModel(list(replies)), env_factory=LocalEnvironment,
+          packer=RepoPacker.from_config(config.context, counter=counter)).run(
+        git_repo(BUGGY), "add() subtracts", trajectory_path=tmp_path / "t.jsonl")
+    assert counter.asked > 0  # the packer's counter, not the model's estimate
 
     packs, seen = [], []
 
