@@ -6,9 +6,10 @@
 
 `Agent` takes a model, an environment factory, a packer and a stall detector (`agent.protocols`;
 defaults: the M3 client, the Docker sandbox, a `RepoPacker` counting with the model's own
-`token_counter()`, and a `StallDetector` of the config's rules). `_Run.loop` is a plain step loop: whatever ends the run raises a `RunEnded`
-(Submitted, Finished, LimitsExceeded, FormatError, Stalled). Each event is emitted once on one stream
-(`agent.events`); the trajectory writer and the callbacks subscribe to it.
+`token_counter()`, and a `StallDetector` of the config's rules). `_Run.loop` is a plain step loop:
+whatever ends the run raises a `RunEnded` (Submitted, Finished, LimitsExceeded, FormatError,
+Stalled). Each event is emitted once on one stream (`agent.events`); the trajectory writer and the
+callbacks subscribe to it.
 
 One request per turn. History is append-only so the server's prefix cache keeps hitting: the first
 user message is the packed repository (byte-identical for the same commit) followed by the issue;

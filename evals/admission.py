@@ -263,7 +263,8 @@ class Reuse(NamedTuple):
 
 
 def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
-             per_token: dict[str, float] | None = None, reuse: Reuse = Reuse(), max_turns: int | None = None) -> KvAdmit:
+             per_token: dict[str, float] | None = None, reuse: Reuse = Reuse(),
+             max_turns: int | None = None) -> KvAdmit:
     """The runner's `admit` callable: `CapacityGate` over each task's `expected_context` (see KvAdmit)."""
     return KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token, reuse=reuse, max_turns=max_turns)
 
@@ -348,7 +349,8 @@ class KvAdmit:
     """
 
     def __init__(self, capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
-                 per_token: dict[str, float] | None = None, reuse: Reuse = Reuse(), max_turns: int | None = None) -> None:
+                 per_token: dict[str, float] | None = None, reuse: Reuse = Reuse(),
+                 max_turns: int | None = None) -> None:
         self.gate = CapacityGate(capacity.tokens if capacity else None, workers)
         self.repos, self.window, self.ratios = repos, window, per_token or {}
         self.reuse, self.max_turns = reuse, max_turns

@@ -268,7 +268,8 @@ def _kv_admission(tasks: list[Task], endpoint: str, settings, workers: int, repo
             "kv_capacity_source": capacity.source if capacity else None,
             "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()},
             "bytes_per_diff_token": {k: round(v, 3) for k, v in per_diff.items()}}
-    admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token, max_turns=agent.limits.max_turns,
+    admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token,
+                     max_turns=agent.limits.max_turns,
                      reuse=Reuse(reuse.delta, reuse.shared_share, batch_ids(tasks, delta=reuse.delta), per_diff))
     return order_for_reuse(tasks), admit, meta
 
