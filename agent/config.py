@@ -60,8 +60,9 @@ class ContextConfig(BaseModel):
         if isinstance(data, dict):
             if "history_commit" in data:
                 raise ValueError("context.history_commit is gone: `eval run` gives each instance's pack its commit")
-            for name in MOVED_TO_EVAL.intersection(data):
-                raise ValueError(f"context.{name} moved: only `eval run` uses it; set eval.{name} "
+            moved = sorted(MOVED_TO_EVAL.intersection(data))
+            if moved:
+                raise ValueError(f"context.{moved[0]} moved: only `eval run` uses it; set eval.{moved[0]} "
                                  "(the [eval] table of m3-agent.toml, or EvalConfig.reuse)")
         return data
 
