@@ -328,7 +328,8 @@ def _failure(state: ServeState, what: str, returncode: int | None = None) -> End
 
 def _launch_native(cmd: Command, log_path: Path) -> tuple[int, str | None]:
     exe = cmd.argv[0]
-    if shutil.which(exe) is None:
+    found = shutil.which(exe)
+    if found is None:
         raise EndpointError(f"{exe} is not on PATH: install {cmd.engine} here, or use --runner docker")
     env = {**os.environ, **cmd.launch_env()}
     with open(log_path, "ab") as log:
@@ -336,8 +337,9 @@ def _launch_native(cmd: Command, log_path: Path) -> tuple[int, str | None]:
         log.flush()
         # A new session makes the engine a process-group leader: stop ends the group, workers included.
         try:
+            # The program found above, not a second PATH search that would skip it when it cannot run.
             proc = subprocess.Popen(
-                cmd.argv,
+                [found, *cmd.argv[1:]],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
