@@ -2,7 +2,7 @@
 
     run_eval(tasks, preds, config, workers=8, executor=RayExecutor(address="head:6379", pool=pool))
 
-Each instance runs `runner.run_instance` (the local executor's per-instance function: agent, then
+Each instance runs `instance.run_instance` (what the local executor runs per instance too: agent, then
 grading) as a Ray task that needs one unit of the custom resource `docker`, which node operators
 declare on nodes with a Docker engine (`ray start ... --resources '{"docker": 4}'`). Nothing is
 shared but the cluster:
@@ -42,9 +42,10 @@ from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.admission import PROGRESS_EVENTS, new_lines
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
 from m3_agent.evals.harness import uses_harness
-from m3_agent.evals.predictions import Prediction
-from m3_agent.evals.runner import (Admission, EvalConfig, Event, InstanceResult, failed_result, prediction_of, run_instance,
-                                   trajectory_folder, worker_config_json)
+from m3_agent.evals.config import EvalConfig, trajectory_folder, worker_config_json
+from m3_agent.evals.executor import Admission, Event
+from m3_agent.evals.instance import InstanceResult, failed_result, run_instance
+from m3_agent.evals.predictions import Prediction, prediction_of
 from m3_agent.evals.tasks import Task, checkout, repo_source
 
 DOCKER_RESOURCE = "docker"

@@ -175,7 +175,7 @@ def test_before_any_finished_the_gate_projects_the_running_sessions_growth_from_
 
 def test_the_runner_tells_the_gate_what_each_finished_instance_grew_to(tmp_path):
     from m3_agent.evals.grading import InstanceReport
-    from m3_agent.evals.runner import AgentStats, InstanceResult
+    from m3_agent.evals.instance import AgentStats, InstanceResult
 
     tasks = [_task(f"r-{i}") for i in range(3)]
     seen = []

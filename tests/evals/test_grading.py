@@ -13,7 +13,9 @@ from m3_agent.evals.grading import (ERROR, FAILED, PASSED, SKIPPED, XFAIL, could
                                     patch_files, run_tests, trusted_statuses)
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import build_report
-from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
+from m3_agent.evals.config import EvalConfig
+from m3_agent.evals.instance import InstanceResult
+from m3_agent.evals.runner import run_eval
 from m3_agent.evals.tasks import Task, builtin_task, checkout
 from m3_agent.sandbox import Sandbox, SandboxConfig
 

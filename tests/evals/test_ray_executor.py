@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.evals.runner import RESULTS_FILE, load_results
+from m3_agent.evals.results import RESULTS_FILE, load_results
 from m3_agent.evals.tasks import builtin_names, builtin_standin_script
 from m3_agent.sandbox.cleanup import LABEL_PID
 from m3_agent.serving.standin import StandinServer
@@ -189,7 +189,8 @@ def _first_user_message(body: dict) -> str:
 def test_a_node_without_the_sandbox_image_stops_the_run_before_any_instance(cluster, tmp_path):
     from m3_agent.errors import SandboxUnavailable
     from m3_agent.evals.ray_executor import RayExecutor
-    from m3_agent.evals.runner import EvalConfig, run_eval
+    from m3_agent.evals.config import EvalConfig
+    from m3_agent.evals.runner import run_eval
     from m3_agent.evals.tasks import builtin_task
     from m3_agent.sandbox import SandboxConfig
 
@@ -203,7 +204,8 @@ def test_an_unreachable_cluster_is_one_line_at_once(tmp_path):
     from m3_agent.errors import UsageError
     from m3_agent.evals.ray_executor import RayExecutor
     from m3_agent.evals.ray_local import free_port
-    from m3_agent.evals.runner import EvalConfig, run_eval
+    from m3_agent.evals.config import EvalConfig
+    from m3_agent.evals.runner import run_eval
     from m3_agent.evals.tasks import builtin_task
 
     address = f"127.0.0.2:{free_port()}"
@@ -218,7 +220,8 @@ def test_an_unreachable_cluster_is_one_line_at_once(tmp_path):
 def test_admission_sees_a_running_instance_grow_through_the_workers_relay(cluster, tmp_path, test_label):
     from m3_agent.evals.admission import Progress
     from m3_agent.evals.ray_executor import RayExecutor
-    from m3_agent.evals.runner import EvalConfig, run_eval
+    from m3_agent.evals.config import EvalConfig
+    from m3_agent.evals.runner import run_eval
     from m3_agent.evals.tasks import builtin_task
     from m3_agent.sandbox.config import SandboxConfig
 
