@@ -14,12 +14,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
-from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
 from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.executor import Executor
-from m3_agent.evals.instance import InstanceResult
+from m3_agent.evals.instance import InstanceResult, grader_for
 from m3_agent.evals.runner import run_eval
 from m3_agent.evals.tasks import Task, load_tasks
 from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig
@@ -114,7 +113,7 @@ def execute(tasks: list[Task], predictions, config: EvalConfig, *, workers: int,
     """
     console = Console(stderr=json_out)
     # Harness tasks run in their instance images instead; an executor checks its own nodes.
-    if executor is None and not all(uses_harness(t) for t in tasks):
+    if executor is None and any(grader_for(t).checks_out for t in tasks):
         _require_image(config.sandbox.image)
     config.output_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -1,7 +1,10 @@
-"""One instance, start to end: the agent (for `eval run`), then grading; a pure function of pydantic models.
+"""One instance, start to end: its grader, the agent (for `eval run`), then grading; pydantic in and out.
 
     result = evaluate_instance(task, prediction, config)     # (task, config) -> result, nothing shared
     result = run_instance(task, prediction, config)          # the same, any failure recorded as its error
+
+`grader_for(task)` chooses the task's `Grader` (evals.grading) once; it makes the instance ready (the
+tree, the image), and after the agent's run it decides the verdict.
 
 `evaluate_instance` takes only pydantic models and returns one, so an executor can run it in a
 process of its own (evals.local) or on another machine (evals.ray_executor: `ray.remote`) without a
@@ -22,10 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from m3_agent.errors import Interrupted, M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.config import EvalConfig, trajectory_folder
-from m3_agent.evals.grading import InstanceReport, grade
-from m3_agent.evals.harness import evaluate_with_harness, uses_harness
+from m3_agent.evals.grading import Grader, InstanceReport, JUnitGrader, Workspace
+from m3_agent.evals.harness import HarnessGrader, uses_harness
 from m3_agent.evals.predictions import Prediction
-from m3_agent.evals.tasks import Task, checkout, source_repository
+from m3_agent.evals.tasks import Task
 from m3_agent.sandbox.cleanup import claim
 
 
@@ -79,6 +82,15 @@ class InstanceResult(BaseModel):
         return "unresolved" if self.report.patch_exists else "empty_patch"
 
 
+JUNIT, HARNESS = JUnitGrader(), HarnessGrader()
+
+
+def grader_for(task: Task) -> Grader:
+    """The one place a task's grader is chosen: the SWE-bench harness for a task that carries its
+    eval_script or names a log parser (`evals.harness.uses_harness`), else its JUnit report."""
+    return HARNESS if uses_harness(task) else JUNIT
+
+
 def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalConfig) -> InstanceResult:
     """Run one instance start to end: the agent (when config.agent is set), then grading.
 
@@ -89,17 +101,14 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
     name = config.model_name if config.agent is not None else (prediction.model_name_or_path if prediction else "none")
     patch = prediction.model_patch if prediction else None
     stats: AgentStats | None = None
+    grader = grader_for(task)
     with tempfile.TemporaryDirectory(prefix=_scratch_prefix(task), ignore_cleanup_errors=True) as tmp:
         claim(Path(tmp))
         try:
-            if uses_harness(task):  # the instance image holds the repository: nothing to check out
-                patch, stats, report = evaluate_with_harness(task, patch, config, _agent_patch)
-                return _result(task, name, patch, report, stats, None, start)
-            tree = checkout(task, Path(tmp) / "repo", repos=config.repos)
-            config = _with_environment(task, config, tree)
+            workspace = grader.prepare(task, config, Path(tmp))
             if config.agent is not None:
-                patch, stats = _agent_patch(task, tree, config)
-            report = grade(task, patch, repo=tree, sandbox=config.sandbox, test_timeout=config.test_timeout)
+                patch, stats = _agent_patch(task, workspace)
+            report = grader.grade(task, patch, workspace)
             error = None
         except (UsageError, SandboxUnavailable) as e:
             report, error = InstanceReport(patch_is_None=patch is None, patch_exists=bool(patch)), str(e)
@@ -113,37 +122,15 @@ def _result(task: Task, name: str, patch: str | None, report: InstanceReport, st
                           finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-def _with_environment(task: Task, config: EvalConfig, tree: Path) -> EvalConfig:
-    """The config with the task's own image: built from its `environment` recipe when it names one, else
-    the environment its repository's files declare at the task's commit (`sandbox.envimage`), built once
-    per dependency state; the grader and the agent both run in it."""
-    if task.environment is not None:
-        from m3_agent.sandbox import build_env_image
-
-        image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image)
-    else:
-        from m3_agent.sandbox.envimage import environment_for
-
-        history = (source_repository(task, config.repos), task.base_commit)
-        sandbox, env = environment_for(tree, config.sandbox, history=history, source=task.repo.replace("/", "__"))
-        if env is None:
-            return config
-        image = sandbox.image
-    sandbox = config.sandbox.model_copy(update={"image": image})
-    agent = None
-    if config.agent is not None:
-        agent = config.agent.model_copy(update={"sandbox": config.agent.sandbox.model_copy(update={"image": image})})
-    return config.model_copy(update={"sandbox": sandbox, "agent": agent})
-
-
-def _agent_patch(task: Task, tree: Path, config: EvalConfig) -> tuple[str, AgentStats]:
+def _agent_patch(task: Task, workspace: Workspace) -> tuple[str, AgentStats]:
+    """The agent's run on the workspace's tree: its patch and what it cost."""
     from m3_agent.agent.loop import Agent  # only `eval run` needs the loop and its dependencies
 
+    tree, config = workspace.tree, workspace.config
     trajectory = trajectory_folder(config) / f"{task.instance_id}.jsonl"
     trajectory.parent.mkdir(parents=True, exist_ok=True)
-    # The checkout has no history: the files are ordered by the source repository's (prefix reuse across tasks).
-    # A harness task's tree is the image's /testbed, with whatever history the image keeps.
-    source = str(tree) if uses_harness(task) else str(source_repository(task, config.repos))
+    # The files are ordered by the history of the grader's choosing (prefix reuse across tasks).
+    source = workspace.history
     context = config.agent.context.model_copy(update={"history": source, "history_commit": task.base_commit})
     agent = config.agent.model_copy(update={"context": context})
     rr = Agent(agent).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)

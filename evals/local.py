@@ -21,8 +21,7 @@ from typing import Any
 from m3_agent.errors import sigterm_as_interrupt
 from m3_agent.evals.config import EvalConfig, worker_config_json
 from m3_agent.evals.executor import Admission, Event
-from m3_agent.evals.harness import uses_harness
-from m3_agent.evals.instance import InstanceResult, failed_result, run_instance
+from m3_agent.evals.instance import InstanceResult, failed_result, grader_for, run_instance
 from m3_agent.evals.predictions import Prediction, prediction_of
 from m3_agent.evals.tasks import Task
 
@@ -46,7 +45,7 @@ def execute_locally(tasks: list[Task], predictions: dict[str, Prediction] | None
     """Yield results as instances finish, each in its own process, at most `workers` at a time."""
     ctx = multiprocessing.get_context("forkserver")
     # Children fork from a warm interpreter; the harness (seconds to import) is preloaded when used.
-    preload = ["m3_agent.evals.local"] + (["swebench.harness"] if any(map(uses_harness, tasks)) else [])
+    preload = ["m3_agent.evals.local", *dict.fromkeys(m for t in tasks for m in grader_for(t).preload)]
     ctx.set_forkserver_preload(preload)
     queue = list(reversed(tasks))
     running: dict[Any, tuple[Any, Any, Task, float]] = {}  # sentinel -> (process, conn, task, started)

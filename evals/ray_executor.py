@@ -41,10 +41,9 @@ from m3_agent import hostgit
 from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.admission import PROGRESS_EVENTS, new_lines
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
-from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.config import EvalConfig, trajectory_folder, worker_config_json
 from m3_agent.evals.executor import Admission, Event
-from m3_agent.evals.instance import InstanceResult, failed_result, run_instance
+from m3_agent.evals.instance import InstanceResult, failed_result, grader_for, run_instance
 from m3_agent.evals.predictions import Prediction, prediction_of
 from m3_agent.evals.tasks import Task, checkout, repo_source
 
@@ -203,7 +202,7 @@ class RayExecutor:
         queue: deque[Task] = deque(tasks)
         running: dict[Any, _Flight] = {}
         try:
-            self._preflight(ray, config, image=not all(uses_harness(t) for t in tasks))
+            self._preflight(ray, config, image=any(grader_for(t).checks_out for t in tasks))
             if admit is not None:  # the workers' trajectories are not here: relay their progress
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -342,7 +341,7 @@ class RayExecutor:
         """Submit one instance; a result instead when it cannot start (bad repository, no endpoint left)."""
         pred = prediction_of(predictions, task)
         try:
-            key, tree = (None, None) if uses_harness(task) else self._tree(ray, task, config)
+            key, tree = self._tree(ray, task, config) if grader_for(task).checks_out else (None, None)
         except M3AgentError as e:  # a missing repository or commit: that instance's error, as locally
             return failed_result(task, pred, f"{type(e).__name__}: {e}", 0.0)
         endpoint = self.pool.acquire(task.instance_id) if self.pool and config.agent else None

@@ -9,12 +9,12 @@ import textwrap
 import pytest
 
 from m3_agent.evals import grading
-from m3_agent.evals.grading import (ERROR, FAILED, PASSED, SKIPPED, XFAIL, could_not_start, grade, parse_junit,
-                                    patch_files, run_tests, trusted_statuses)
+from m3_agent.evals.config import EvalConfig
+from m3_agent.evals.grading import (ERROR, FAILED, PASSED, SKIPPED, XFAIL, JUnitGrader, could_not_start, grade,
+                                    parse_junit, patch_files, run_tests, trusted_statuses)
+from m3_agent.evals.instance import InstanceResult
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import build_report
-from m3_agent.evals.config import EvalConfig
-from m3_agent.evals.instance import InstanceResult
 from m3_agent.evals.runner import run_eval
 from m3_agent.evals.tasks import Task, builtin_task, checkout
 from m3_agent.sandbox import Sandbox, SandboxConfig
@@ -397,3 +397,16 @@ def test_a_test_timeout_kills_the_tests_inside_the_container(tmp_path, git_repo,
     report = grade(task, "", repo=tree, sandbox=SandboxConfig(labels=test_label), test_timeout=3)
     assert report.tests_timed_out and not report.resolved
     assert report.tests_status.FAIL_TO_PASS.failure == task.FAIL_TO_PASS
+
+
+def test_a_task_is_graded_by_the_grader_its_fields_choose():
+    from m3_agent.evals.harness import HarnessGrader
+    from m3_agent.evals.instance import grader_for
+
+    task = builtin_task("roman")
+    junit = grader_for(task)
+    assert isinstance(junit, JUnitGrader) and junit.checks_out and junit.preload == ()
+    for fields in ({"log_parser": "parse_log_pytest"}, {"eval_script": "#!/bin/bash\n"}):
+        harness = grader_for(task.model_copy(update=fields))
+        assert isinstance(harness, HarnessGrader) and not harness.checks_out  # the instance image holds the tree
+        assert harness.preload == ("swebench.harness",)

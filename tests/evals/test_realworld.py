@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.config import EvalConfig
+from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.runner import run_eval
 from m3_agent.evals.tasks import load_tasks
 from m3_agent.sandbox import SandboxConfig

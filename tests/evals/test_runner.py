@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from m3_agent.errors import UsageError
-from m3_agent.evals.grading import InstanceReport
-from m3_agent.evals.predictions import Prediction, load_predictions
 from m3_agent.evals.config import EvalConfig
+from m3_agent.evals.grading import InstanceReport
 from m3_agent.evals.instance import InstanceResult
+from m3_agent.evals.predictions import Prediction, load_predictions
 from m3_agent.evals.results import RESULTS_FILE, exclusive, load_results, save_result
 from m3_agent.evals.runner import run_eval
 from m3_agent.evals.tasks import Task, builtin_task

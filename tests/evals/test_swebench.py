@@ -16,11 +16,11 @@ import pytest
 
 from m3_agent.errors import SandboxUnavailable, UsageError
 from m3_agent.evals import harness
+from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.grading import InstanceReport, grade
+from m3_agent.evals.instance import InstanceResult
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import build_report
-from m3_agent.evals.config import EvalConfig
-from m3_agent.evals.instance import InstanceResult
 from m3_agent.evals.runner import run_eval
 from m3_agent.evals.tasks import Task, load_tasks, patch_standin_script
 from m3_agent.evals.testbed import NAMESPACE, build_testbed_image, recipe_of
