@@ -1,6 +1,6 @@
 """The Ray executor: `eval run --executor ray` places instances on the nodes of a Ray cluster.
 
-    run_eval(tasks, preds, config, workers=8, executor=RayExecutor(address="head:6379", pool=pool))
+    run_eval(tasks, preds, config, RunOptions(workers=8, executor=RayExecutor(address="head:6379", pool=pool)))
 
 Each instance runs `instance.run_instance` (what the local executor runs per instance too: agent, then
 grading) as a Ray task that needs one unit of the custom resource `docker`, which node operators

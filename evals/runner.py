@@ -1,6 +1,6 @@
 """The eval runner: every task evaluated once, by an executor, into a resumable result store.
 
-    results = run_eval(tasks, predictions, config, workers=2)   # the local executor over all of them
+    results = run_eval(tasks, predictions, config, RunOptions(workers=2))   # the local executor over all of them
 
 The parts, each a module: `instance.py` runs one instance (agent, grading, result), a pure function
 of pydantic models; `local.py` is the default executor (a process per instance, per-instance
@@ -12,6 +12,7 @@ killed run left.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from m3_agent.errors import UsageError
@@ -24,21 +25,32 @@ from m3_agent.evals.results import exclusive, load_results, save_result
 from m3_agent.evals.tasks import Task, source_repository
 
 
-def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig, *,
-             workers: int = 1, retry_errors: bool = False, on_event: Event | None = None,
-             admit: Admission | None = None, executor: Executor | None = None) -> list[InstanceResult]:
-    """Evaluate every task with `workers` processes (or `executor`); skips instances already in results.jsonl.
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run goes, beyond what each instance needs (`EvalConfig`)."""
 
-    Tasks start in the given order; `admit` may hold the next one back (never below one running).
+    workers: int = 1  # instances at once: the local executor's processes, or the Ray executor's tasks in flight
+    retry_errors: bool = False  # redo the instances whose earlier result is an error
+    admit: Admission | None = None  # may hold the next task back, never below one running (evals.admission.KvAdmit)
+    executor: Executor | None = None  # default: a process per instance on this machine (evals.local)
+
+
+def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, config: EvalConfig,
+             options: RunOptions = RunOptions(), *, on_event: Event | None = None) -> list[InstanceResult]:
+    """Evaluate every task with `options.workers` processes (or `options.executor`); skips instances
+    already in results.jsonl.
+
+    Tasks start in the given order; `options.admit` may hold the next one back (never below one running).
     Returns the results of all tasks (earlier and new) in task order.
     """
+    workers, admit = options.workers, options.admit
     if workers < 1:
         raise UsageError("--workers must be at least 1")
     output_dir = Path(config.output_dir)
     with exclusive(output_dir):
         prune_leftovers()
         done = load_results(output_dir)
-        if retry_errors:
+        if options.retry_errors:
             done = {k: v for k, v in done.items() if v.outcome != "error"}
         pending = [t for t in tasks if t.instance_id not in done]
         if config.agent is not None:
@@ -57,7 +69,7 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
             teach(result)
         if admit is not None:  # and from the running ones' trajectories, as they go
             admit.watch(trajectory_folder(config))
-        for result in (executor or execute_locally)(pending, predictions, config, workers, on_event, admit):
+        for result in (options.executor or execute_locally)(pending, predictions, config, workers, on_event, admit):
             save_result(output_dir, result)
             teach(result)
             done[result.instance_id] = result

@@ -15,7 +15,7 @@ from m3_agent.evals.grading import (ERROR, FAILED, PASSED, SKIPPED, XFAIL, JUnit
 from m3_agent.evals.instance import InstanceResult
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import build_report
-from m3_agent.evals.runner import run_eval
+from m3_agent.evals.runner import RunOptions, run_eval
 from m3_agent.evals.tasks import Task, builtin_task, checkout
 from m3_agent.sandbox import Sandbox, SandboxConfig
 
@@ -252,12 +252,12 @@ def test_gold_resolves_the_whole_suite_and_empty_resolves_none(tmp_path, test_la
 
     tasks = load_tasks("builtin")
     config = EvalConfig(output_dir=tmp_path / "gold", sandbox=SandboxConfig(labels=test_label), test_timeout=120)
-    gold = run_eval(tasks, load_predictions("gold", tasks), config, workers=2)
+    gold = run_eval(tasks, load_predictions("gold", tasks), config, RunOptions(workers=2))
     assert [r.instance_id for r in gold if r.report.resolved] == [t.instance_id for t in tasks]
     assert all(r.report.apply_method == "git apply" for r in gold)
 
     config = config.model_copy(update={"output_dir": tmp_path / "empty"})
-    empty = run_eval(tasks, load_predictions("empty", tasks), config, workers=2)
+    empty = run_eval(tasks, load_predictions("empty", tasks), config, RunOptions(workers=2))
     assert not any(r.report.resolved for r in empty)
     for task, r in zip(tasks, empty):
         # The task itself is valid: at base its FAIL_TO_PASS tests fail and its PASS_TO_PASS tests pass.

@@ -21,7 +21,7 @@ from m3_agent.evals.grading import InstanceReport
 from m3_agent.evals.instance import InstanceResult
 from m3_agent.evals.predictions import Prediction, load_predictions
 from m3_agent.evals.results import RESULTS_FILE, exclusive, load_results, save_result
-from m3_agent.evals.runner import run_eval
+from m3_agent.evals.runner import RunOptions, run_eval
 from m3_agent.evals.tasks import Task, builtin_task
 from m3_agent.sandbox import SandboxConfig
 from m3_agent.sandbox.cleanup import OWNER_FILE, owner_alive
@@ -94,7 +94,7 @@ def test_a_rerun_skips_finished_instances_and_can_retry_errors(tmp_path, test_la
     assert [k for k, _ in events] == ["skip", "skip"]
     assert results[1].outcome == "error"
     events.clear()
-    results = run_eval([roman, chunks], preds, config, retry_errors=True, on_event=record)
+    results = run_eval([roman, chunks], preds, config, RunOptions(retry_errors=True), on_event=record)
     assert events == [("skip", roman.instance_id), ("start", chunks.instance_id), ("finish", chunks.instance_id)]
     assert [r.outcome for r in results] == ["resolved", "resolved"]
 
@@ -137,8 +137,9 @@ def test_an_instance_timeout_stops_the_worker_its_container_and_its_checkout(tmp
 DRIVER = """
 import json, sys
 from pathlib import Path
+from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.predictions import Prediction
-from m3_agent.evals.runner import EvalConfig, run_eval
+from m3_agent.evals.runner import run_eval
 from m3_agent.evals.tasks import Task
 from m3_agent.sandbox import SandboxConfig
 args = json.loads(sys.argv[1])
