@@ -72,8 +72,8 @@ from m3_agent.agent.context.stability import order_for_commits
 from m3_agent.agent.events import AgentEvent
 from m3_agent.agent.model import Usage
 from m3_agent.agent.trajectory import TrajectoryWriter
-from m3_agent.evals.admission import (bytes_per_token, capacity_from_metrics, diff_bytes_per_token, kv_admit,
-                                      order_for_reuse)
+from m3_agent.evals.admission import (Sessions, bytes_per_token, capacity_from_metrics, diff_bytes_per_token,
+                                      kv_admit, order_for_reuse)
 from m3_agent.evals.tasks import Task
 from m3_agent.serving.simclock import VirtualClock
 from m3_agent.serving.standin import StandinServer
@@ -263,8 +263,9 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool, kv_tokens: 
             ratio = bytes_per_token(srv.base_url, tasks[0], None)  # as eval run calibrates, once per repository
             diff = diff_bytes_per_token(srv.base_url, tasks[0], None)
             admit = kv_admit(capacity, args.workers, repos=None, window=WINDOW, per_token={tasks[0].repo: ratio},
-                             per_diff_token={tasks[0].repo: diff}, delta=AgentConfig().context.delta,
-                             max_turns=AgentConfig().limits.max_turns)
+                             per_diff_token={tasks[0].repo: diff},
+                             sessions=Sessions(delta=AgentConfig().context.delta,
+                                               max_turns=AgentConfig().limits.max_turns))
             admit.watch(Path(trajectories))  # as run_eval points the gate at its trajectories
         else:  # a fixed pool: the given order, N at a time whatever they hold
             tasks = [i.task for i in insts]

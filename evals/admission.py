@@ -23,12 +23,14 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
+from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.context.delta import MAX_DIFF_SHARE
 from m3_agent.agent.context.stability import Run, diff_bytes, stored_run
 from m3_agent.errors import M3AgentError, UsageError
@@ -251,12 +253,29 @@ def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | No
     return found
 
 
+@dataclass(frozen=True)
+class Sessions:
+    """What the agent's config says about the contexts of its sessions: delta packs (context.delta), the
+    share of a budgeted pack that is the same whatever the issue (context.shared_share), the turn limit
+    (limits.max_turns)."""
+
+    delta: bool = False
+    shared_share: float = 0.0
+    max_turns: int | None = None
+
+    @classmethod
+    def of(cls, agent: AgentConfig) -> Sessions:
+        """The agent config's sessions."""
+        return cls(delta=agent.context.delta, shared_share=agent.context.shared_share,
+                   max_turns=agent.limits.max_turns)
+
+
 def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
              per_token: dict[str, float] | None = None, per_diff_token: dict[str, float] | None = None,
-             delta: bool = False, shared_share: float = 0.0, max_turns: int | None = None) -> KvAdmit:
+             sessions: Sessions = Sessions()) -> KvAdmit:
     """The runner's `admit` callable: `CapacityGate` over each task's `expected_context` (see KvAdmit)."""
     return KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token, per_diff_token=per_diff_token,
-                   delta=delta, shared_share=shared_share, max_turns=max_turns)
+                   sessions=sessions)
 
 
 PROGRESS_EVENTS = ("run_start", "reply")  # the trajectory events `Progress` reads
@@ -321,10 +340,10 @@ class KvAdmit:
     share, must fit the KV capacity (`CapacityGate`).
 
     `per_token` maps a repository to its bytes per token (default: the pack's estimate) and
-    `per_diff_token` to its bytes per token of diff (default: `per_token`'s); `delta`: the packs are
-    delta packs (context.delta), so instances of one run share their base's files; `shared_share`
-    (context.shared_share): the share of a budgeted pack that is the same whatever the issue, the
-    most two budgeted packs are credited with sharing.
+    `per_diff_token` to its bytes per token of diff (default: `per_token`'s); `sessions`: with
+    `delta`, the packs are delta packs (context.delta), so instances of one run share their base's
+    files; `shared_share` (context.shared_share): the share of a budgeted pack that is the same
+    whatever the issue, the most two budgeted packs are credited with sharing.
 
     Two things are learned from the instances that finished (`observe`, which `run_eval` calls with
     each result's first prompt and peak context), once LEARN_AFTER have:
@@ -340,11 +359,11 @@ class KvAdmit:
 
     def __init__(self, capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
                  per_token: dict[str, float] | None = None, per_diff_token: dict[str, float] | None = None,
-                 delta: bool = False, shared_share: float = 0.0, max_turns: int | None = None) -> None:
+                 sessions: Sessions = Sessions()) -> None:
         self.gate = CapacityGate(capacity.tokens if capacity else None, workers)
         self.repos, self.window, self.ratios = repos, window, per_token or {}
         self.diff_ratios = per_diff_token or {}
-        self.delta, self.shared_share, self.max_turns = delta, shared_share, max_turns
+        self.delta, self.shared_share, self.max_turns = sessions.delta, sessions.shared_share, sessions.max_turns
         self.grown: list[int] = []  # tokens each finished session added to its first prompt
         self.short: dict[str, list[float]] = {}  # repository -> each finished first prompt over its estimate
         self.progress: Progress | None = None

@@ -259,7 +259,8 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
                   agent, quiet: bool) -> tuple[list[Task], Any, dict]:
     """The tasks in reuse order, the admission gate for the endpoint's KV capacity, and what run.json records."""
     from m3_agent.agent.context.tokens import server_card
-    from m3_agent.evals.admission import bytes_per_token, diff_bytes_per_token, kv_admit, learn_capacity, order_for_reuse
+    from m3_agent.evals.admission import (Sessions, bytes_per_token, diff_bytes_per_token, kv_admit, learn_capacity,
+                                          order_for_reuse)
 
     capacity = learn_capacity(endpoint, profile)
     key = agent.model.api_key.get_secret_value()
@@ -279,8 +280,7 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
             "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()},
             "bytes_per_diff_token": {k: round(v, 3) for k, v in per_diff.items()}}
     admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token, per_diff_token=per_diff,
-                     delta=agent.context.delta, shared_share=agent.context.shared_share,
-                     max_turns=agent.limits.max_turns)
+                     sessions=Sessions.of(agent))
     return order_for_reuse(tasks), admit, meta
 
 
