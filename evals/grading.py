@@ -414,7 +414,7 @@ class Workspace:
 
     tree: Path
     config: EvalConfig
-    history: str  # the repository whose history orders the agent's pack (the tree itself has none, or its image's)
+    history: str  # the repository whose history orders the agent's pack: the task's source (a checkout has none), or the tree
 
 
 class Grader(Protocol):

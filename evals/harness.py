@@ -1,7 +1,8 @@
 """Grading the SWE-bench harness's way, through its own code (the `swebench` package, optional extra).
 
-    report = grade_with_harness(task, patch, image=instance_image(task, "swebench", "latest"), ...)
-    grader = HarnessGrader()      # the same for a run: the `Grader` (evals.grading) of harness tasks
+    report = grade_with_harness(task, patch, image=instance_image(task, "swebench", "latest"), sandbox=...)
+    workspace = HarnessGrader().prepare(task, eval_config, scratch)   # as an eval run does (evals.instance):
+    report = HarnessGrader().grade(task, patch, workspace)            # the `Grader` of harness tasks
 
 What comes from the harness (swebench >= 5): `make_test_spec` turns the instance into a TestSpec
 (its eval script, with the test command's exit code recorded), `PARSER_REGISTRY` names the log
