@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from m3_agent.evals.predictions import load_predictions  # noqa: E402
-from m3_agent.evals.runner import EvalConfig, RunOptions, run_eval  # noqa: E402
+from m3_agent.evals.config import EvalConfig  # noqa: E402
+from m3_agent.evals.runner import RunOptions, run_eval  # noqa: E402
 from m3_agent.evals.tasks import cache_dir, checkout, load_tasks  # noqa: E402
 from m3_agent.sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
 

@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 from m3_agent.agent.config import AgentConfig  # noqa: E402
 from m3_agent.evals.ray_executor import RayExecutor  # noqa: E402
 from m3_agent.evals.ray_local import LocalRayCluster  # noqa: E402
-from m3_agent.evals.runner import EvalConfig, RunOptions, run_eval  # noqa: E402
+from m3_agent.evals.config import EvalConfig  # noqa: E402
+from m3_agent.evals.runner import RunOptions, run_eval  # noqa: E402
 from m3_agent.evals.tasks import SUITE_DIR, Task, builtin_names, builtin_tasks  # noqa: E402
 from m3_agent.sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
 from m3_agent.serving.standin import StandinServer  # noqa: E402
