@@ -410,3 +410,18 @@ def test_a_task_is_graded_by_the_grader_its_fields_choose():
         harness = grader_for(task.model_copy(update=fields))
         assert isinstance(harness, HarnessGrader) and not harness.checks_out  # the instance image holds the tree
         assert harness.preload == ("swebench.harness",)
+
+
+def test_a_failed_step_or_project_error_becomes_the_reports_error_and_the_grading_is_timed():
+    from m3_agent.errors import SandboxUnavailable
+
+    with grading.grading_report("diff --git a/x b/x\n") as report:
+        raise grading.StepFailed("applying test_patch failed (exit 1): no such file")
+    assert report.error == "applying test_patch failed (exit 1): no such file"
+    assert report.patch_exists and not report.resolved and "total_s" in report.timings
+    with grading.grading_report(None) as report:
+        raise SandboxUnavailable("no Docker engine")
+    assert report.error == "SandboxUnavailable: no Docker engine" and report.patch_is_None
+    with pytest.raises(KeyError):  # a bug is not a verdict: it propagates
+        with grading.grading_report(""):
+            raise KeyError("bug")
