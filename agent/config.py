@@ -12,7 +12,9 @@ The same sections are the tables of `m3-agent.toml` (`[model]`, `[limits]`, `[sa
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS, DEFAULT_OUTLINE_SHARE
 from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES
@@ -23,6 +25,9 @@ from m3_agent.sandbox.config import SandboxConfig
 
 __all__ = ["SYSTEM_PROMPT", "AgentConfig", "ContextConfig", "LimitsConfig", "ModelConfig", "SandboxConfig",
            "StallConfig", "ThinkingConfig"]
+
+# Batch knobs that were `[context]` settings and are now `[eval]` ones (m3_agent.settings.ReuseConfig).
+MOVED_TO_EVAL = frozenset({"shared_share", "delta"})
 
 SYSTEM_PROMPT = """\
 You are m3-agent, an autonomous software engineer working on a code repository.
@@ -44,17 +49,22 @@ class ContextConfig(BaseModel):
     max_file_bytes: int = Field(DEFAULT_MAX_FILE_BYTES, gt=0, description="skip larger files when packing")
     history: str | None = Field(None, description="a git repository whose recent commits order the packed files, "
                                 "least changed first (default: the packed repository)")
-    history_commit: str | None = Field(None, description="the commit of `history` the packed tree is: its order "
-                                       "among a batch's (set by eval run)")
-    shared_share: float = Field(0.0, ge=0.0, lt=1.0, description="share of a budgeted pack filled with the same "
-                                "files for every issue (batch evals of one repository: the server's prefix "
-                                "cache serves it across instances; the rest is ranked by the issue)")
-    delta: bool = Field(True, description="in a batch (eval run) whose commits `history_commit` is among: show the "
-                        "files of the run's base commit, then the diff to this one, when the whole repository "
-                        "fits (instances of a run then share nearly all of their first request)")
     outline_share: float = Field(DEFAULT_OUTLINE_SHARE, ge=0, le=0.5,
                                  description="share of the budget for outlines of the files left out; 0 = none")
     outline_max_tokens: int = Field(DEFAULT_OUTLINE_MAX_TOKENS, ge=0, description="most tokens of those outlines")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        """The batch knobs left this section: say where they went rather than only that they are unknown."""
+        if isinstance(data, dict):
+            if "history_commit" in data:
+                raise ValueError("context.history_commit is gone: `eval run` gives each instance's pack its commit")
+            moved = sorted(MOVED_TO_EVAL.intersection(data))
+            if moved:
+                raise ValueError(f"context.{moved[0]} moved: only `eval run` uses it; set eval.{moved[0]} "
+                                 "(the [eval] table of m3-agent.toml, or EvalConfig.reuse)")
+        return data
 
 
 class LimitsConfig(BaseModel):

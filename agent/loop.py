@@ -4,10 +4,12 @@
     result = Agent(config).run(repo=Path("."), issue="...")
     result = Agent(config, model=my_model, env_factory=LocalEnvironment).run(...)   # injected parts
 
-`Agent` takes a model and an environment factory (`agent.protocols`; defaults: the M3 client and the
-Docker sandbox). `_Run.loop` is a plain step loop: whatever ends the run raises a `RunEnded`
-(Submitted, Finished, LimitsExceeded, FormatError, Stalled). Each event is emitted once on one stream
-(`agent.events`); the trajectory writer and the callbacks subscribe to it.
+`Agent` takes a model, an environment factory, a packer and a stall detector (`agent.protocols`;
+defaults: the M3 client, the Docker sandbox, a `RepoPacker` counting with the model's own
+`token_counter()`, and a `StallDetector` of the config's rules). `_Run.loop` is a plain step loop:
+whatever ends the run raises a `RunEnded` (Submitted, Finished, LimitsExceeded, FormatError,
+Stalled). Each event is emitted once on one stream (`agent.events`); the trajectory writer and the
+callbacks subscribe to it.
 
 One request per turn. History is append-only so the server's prefix cache keeps hitting: the first
 user message is the packed repository (byte-identical for the same commit) followed by the issue;
@@ -28,17 +30,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from m3_agent.agent.config import SYSTEM_PROMPT, AgentConfig  # noqa: F401 - re-exported: where callers look
-from m3_agent.agent.context import EstimateCounter, Pack, ServerCounter, pack_repository
+from m3_agent.agent.context import Pack, RepoPacker
 from m3_agent.agent.context.tokens import budget_for_window
 from m3_agent.agent.events import EventStream, Subscriber
 from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelReply, Usage
-from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model
+from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model, Packer
 from m3_agent.agent.recovery import Recovery, SandboxLostError, Watched, notice, reason_of
 from m3_agent.agent.stall import Stall, StallDetector, Step, nudge_message
 from m3_agent.agent.thinking import LoopState, ThinkingPolicy
 from m3_agent.agent.trajectory import TrajectoryWriter
 from m3_agent.agent.verdict import TestWatch, Verdict, decide, unverified
-from m3_agent.errors import EndpointError, Interrupted, M3AgentError, SandboxDied, UsageError
+from m3_agent.errors import Interrupted, M3AgentError, SandboxDied, UsageError
 from m3_agent.sandbox import Sandbox
 from m3_agent.sandbox.output import head_tail
 from m3_agent.tools import Tool, ToolResult, default_tools, execute_call
@@ -138,9 +140,13 @@ class Agent:
 
     `model` (a `protocols.Model`) defaults to `ModelClient(config)`; `env_factory` (repository path ->
     `Environment`) to the Docker `Sandbox` with `config.sandbox`. Hand in your own to embed the loop,
-    e.g. `env_factory=LocalEnvironment` (no isolation). An injected model is not closed by the run,
-    and its packed repository is counted with the estimate (no `/tokenize` of an unknown server).
-    `callbacks` subscribe to the run's event stream (`agent.events`) after the trajectory writer.
+    e.g. `env_factory=LocalEnvironment` (no isolation). An injected model is not closed by the run.
+    `packer` (a `protocols.Packer`) packs the repository into the first message; default: a
+    `RepoPacker` of `config.context` counting with `model.token_counter()` (another counter:
+    `packer=RepoPacker.from_config(config.context, counter=...)`).
+    `stall`: the run's stall detector (default: a `StallDetector` of `config.stall`; it keeps what it
+    saw, so give each run a fresh one). `callbacks` subscribe to the run's event stream
+    (`agent.events`) after the trajectory writer.
     """
 
     def __init__(
@@ -151,12 +157,15 @@ class Agent:
         env_factory: EnvironmentFactory | None = None,
         tools: list[Tool] | None = None,
         callbacks: list[Subscriber] | None = None,
+        packer: Packer | None = None,
+        stall: StallDetector | None = None,
     ) -> None:
         self.config = config or AgentConfig()
         self.model = model
         self.env_factory: EnvironmentFactory = env_factory or self.docker_sandbox
         self.tools = tools if tools is not None else default_tools()
         self.callbacks = list(callbacks or [])
+        self.packer, self.stall = packer, stall
 
     def docker_sandbox(self, repo: Path) -> Sandbox:
         """The default environment: a hardened Docker container holding a copy of `repo`."""
@@ -222,7 +231,8 @@ class _Run:
         self.owns_model = agent.model is None
         self.model: Model = agent.model if agent.model is not None else ModelClient(self.cfg.model)
         self.policy = ThinkingPolicy(self.cfg.thinking)
-        self.stall = StallDetector(self.cfg.stall)
+        self.stall = agent.stall if agent.stall is not None else StallDetector(self.cfg.stall)
+        self.packer: Packer | None = agent.packer  # made at the first pack when not injected
         self.result = RunResult(status="error", trajectory_path=trajectory_path)
         self.state = LoopState(turn=0)
         self.modes: Counter[str] = Counter()
@@ -286,32 +296,11 @@ class _Run:
         return budget_for_window(window, output_reserve=self.cfg.model.max_tokens,
                                  growth_reserve=self.cfg.context.reserve_tokens)
 
-    def _counter(self):
-        if not isinstance(self.model, ModelClient):
-            return EstimateCounter()  # an injected model: its server (if any) is unknown here
-        try:
-            return ServerCounter(self.cfg.model.base_url, model=self.model.model,
-                                 api_key=self.cfg.model.api_key.get_secret_value())
-        except EndpointError:  # a server without /tokenize (SGLang): fall back to the estimate
-            return EstimateCounter()
-
     def _pack(self, budget: int | None) -> Pack:
         t = time.monotonic()
-        pack = pack_repository(
-            self.repo,
-            issue=self._issue_text(),
-            budget=budget,
-            counter=self._counter(),
-            include=tuple(self.cfg.context.include),
-            exclude=tuple(self.cfg.context.exclude),
-            max_file_bytes=self.cfg.context.max_file_bytes,
-            history=self.cfg.context.history,
-            history_commit=self.cfg.context.history_commit,
-            shared_share=self.cfg.context.shared_share,
-            delta=self.cfg.context.delta,
-            outline_share=self.cfg.context.outline_share,
-            outline_max_tokens=self.cfg.context.outline_max_tokens,
-        )
+        if self.packer is None:
+            self.packer = RepoPacker.from_config(self.cfg.context, counter=self.model.token_counter())
+        pack = self.packer.pack(self.repo, issue=self._issue_text(), budget=budget, history=self.cfg.context.history)
         self.result.timings.pack_s += time.monotonic() - t
         return pack
 

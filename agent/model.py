@@ -21,6 +21,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from m3_agent.agent.context.tokens import EstimateCounter, ServerCounter, TokenCounter
 from m3_agent.agent.thinking import ThinkingMode
 from m3_agent.errors import EndpointAuthError, EndpointError, M3AgentError, UsageError
 from m3_agent.redact import mask
@@ -318,6 +319,14 @@ class ModelClient:
                 raise EndpointError(f"the server at {self.config.base_url} lists no models")
             self._model = models[0].id
         return self._model
+
+    def token_counter(self) -> TokenCounter:
+        """How the packed repository is counted: the server's own `/tokenize`, else (SGLang has none)
+        the estimate."""
+        try:
+            return ServerCounter(self.config.base_url, model=self.model, api_key=self.config.api_key.get_secret_value())
+        except EndpointError:
+            return EstimateCounter()
 
     def max_model_len(self) -> int | None:
         """The context window the server reports (vLLM's `max_model_len` in `/v1/models`)."""

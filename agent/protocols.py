@@ -2,19 +2,23 @@
 
     agent = Agent(config, model=MyModel(), env_factory=lambda repo: LocalEnvironment(repo))
 
-The defaults are the real ones: `ModelClient` (an M3 endpoint through the openai SDK) and the Docker
-`Sandbox`. Any object with these members will do; nothing needs to inherit from them.
+The defaults are the real ones: `ModelClient` (an M3 endpoint through the openai SDK), the Docker
+`Sandbox` and the packer of `agent.context` with the model's token counter. Any object with these
+members will do; nothing needs to inherit from them.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from m3_agent.agent.context.pack import Pack
+from m3_agent.agent.context.tokens import TokenCounter
 from m3_agent.agent.model import ModelReply
 from m3_agent.agent.thinking import ThinkingMode
 from m3_agent.sandbox.environment import Environment, EnvironmentFactory
 
-__all__ = ["Environment", "EnvironmentFactory", "Model"]
+__all__ = ["Environment", "EnvironmentFactory", "Model", "Packer", "TokenCounter"]
 
 
 @runtime_checkable
@@ -24,6 +28,11 @@ class Model(Protocol):
     @property
     def model(self) -> str:
         """The model's id (recorded in the trajectory); may ask the server the first time."""
+        ...
+
+    def token_counter(self) -> TokenCounter:
+        """How to count this model's tokens for the packed repository's budget: its server's count, or
+        `agent.context.EstimateCounter()` when there is none to ask."""
         ...
 
     def max_model_len(self) -> int | None:
@@ -37,4 +46,15 @@ class Model(Protocol):
         Raise `ContextOverflowError` when the history does not fit (the loop shrinks it and retries)
         and `EndpointError` when the model cannot be reached.
         """
+        ...
+
+
+@runtime_checkable
+class Packer(Protocol):
+    """What packs the repository into the first message (default: `agent.context.RepoPacker`)."""
+
+    def pack(self, repo: Path, *, issue: str | None = None, budget: int | None = None,
+             history: str | None = None) -> Pack:
+        """`repo` as one prompt text within `budget` tokens, the files most relevant to `issue` first when
+        it does not all fit; `history`: a git repository whose commits order the files."""
         ...

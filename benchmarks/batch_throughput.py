@@ -5,7 +5,7 @@ performance model (a test double calibrated to seed 000's 8x B200: KV capacity, 
 cached blocks, prefill and decode rates; docs/standin.md) on a virtual clock: simulated time
 passes only while every session waits (for the server's modeled prefill and decode, for KV space,
 or for its tool time), so hours run in the seconds the machine needs and its load changes nothing. An instance is one commit of the given repository: its tree exported as
-`eval run` exports it, packed by `m3_agent.agent.context.pack_repository` with the agent's default
+`eval run` exports it, packed by `eval run`'s `m3_agent.evals.reuse.packer.BatchPacker` with the agent's default
 budget for a 1M window, the message of the commit after it as the issue, and the agent's system
 prompt and tool schemas. A session then plays `--turns` requests as the agent loop sends them (each
 turn appends the model's tool call and a tool result, with `--tool-s` simulated seconds of tool
@@ -33,11 +33,11 @@ reused (the server's counters), the largest number of sessions at once, and the 
 cached share of instances after the first (cached / prompt tokens of each session's first request).
 A last, untimed pass sends only first requests of the newest commits, whose packs are budgeted
 (the repository outgrew the window), to a stand-in without a performance model:
-`first_request_cached_share_budgeted` at `--shared-share` (context.shared_share: that share of a
+`first_request_cached_share_budgeted` at `--shared-share` (eval.shared_share: that share of a
 budgeted pack is the same files whatever the issue), and the same at the config's default.
 Before packing, the repository's files are ordered for the instances' base commits, as `eval run`
-does (`stability.order_for_commits`, with the agent's default `context.delta`: each run of commits
-gets a base, and a task at another commit of the run whose repository fits gets a delta pack, the
+does (`evals.reuse.ordering.order_for_commits`, with `eval run`'s default `eval.delta`: each run of
+commits gets a base, and a task at another commit of the run whose repository fits gets a delta pack, the
 base's files then the diff), and each pack reads the repository's history (a bare clone sharing
 REPO's objects, made for the run).
 
@@ -67,14 +67,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from m3_agent import hostgit
 from m3_agent.agent.config import AgentConfig
-from m3_agent.agent.context import PackCache, budget_for_window, pack_repository
-from m3_agent.agent.context.stability import order_for_commits
+from m3_agent.agent.context import EstimateCounter, PackCache, budget_for_window
 from m3_agent.agent.events import AgentEvent
 from m3_agent.agent.model import Usage
 from m3_agent.agent.trajectory import TrajectoryWriter
-from m3_agent.evals.admission import (Sessions, bytes_per_token, capacity_from_metrics, diff_bytes_per_token,
-                                      kv_admit, order_for_reuse)
+from m3_agent.evals.admission import (Reuse, bytes_per_token, capacity_from_metrics, diff_bytes_per_token, kv_admit,
+                                      order_for_reuse)
+from m3_agent.evals.reuse.ordering import order_for_commits
+from m3_agent.evals.reuse.packer import BatchPacker
 from m3_agent.evals.tasks import Task
+from m3_agent.settings import ReuseConfig
 from m3_agent.serving.simclock import VirtualClock
 from m3_agent.serving.standin import StandinServer
 from m3_agent.tools import default_tools
@@ -152,7 +154,7 @@ def newest_fitting(repo: Path, commits: list[str], target_tokens: int) -> int:
 
 
 def export_and_pack(repo: Path, commit: str, iid: str, issue: str | None, budget: int | None = None,
-                    shares: tuple[float, ...] = (0.0,)) -> list:
+                    shares: tuple[float, ...] = (0.0,), batch: str | None = None) -> list:
     """The commit's tree as `eval run` exports it (a fresh one-commit repository) and its pack per shared share.
 
     As `eval run` packs a task: the files are ordered by the source repository's history.
@@ -160,15 +162,15 @@ def export_and_pack(repo: Path, commit: str, iid: str, issue: str | None, budget
     with tempfile.TemporaryDirectory(prefix="m3-batch-") as tmp:
         dest = hostgit.export_tree(repo, commit, Path(tmp) / "repo", with_submodules=False,
                                    message=f"{iid}: base_commit {commit}")
-        return [pack_repository(dest, issue=issue, budget=budget, history=str(repo), history_commit=commit,
-                                shared_share=share, delta=AgentConfig().context.delta)
+        return [BatchPacker(AgentConfig(), history=str(repo), commit=commit, batch=batch, counter=EstimateCounter(),
+                            reuse=ReuseConfig(shared_share=share)).pack(dest, issue=issue, budget=budget)
                 for share in shares]
 
 
 def instances(repo: Path, commits: list[tuple[str, str]], budget: int,
-              shares: tuple[float, ...] = (0.0,)) -> list[list[Instance]]:
+              shares: tuple[float, ...] = (0.0,), batch: str | None = None) -> list[list[Instance]]:
     """Per shared share, one instance per commit (the issue: the message of the commit after it), packed
-    as the agent packs."""
+    as the agent packs in `batch` (the id `order_files` returned)."""
     name = repo.resolve().name if repo.name not in ("repo", ".git") else repo.resolve().parent.name
     system = AgentConfig().system_prompt
     out: list[list[Instance]] = [[] for _ in shares]
@@ -177,17 +179,18 @@ def instances(repo: Path, commits: list[tuple[str, str]], budget: int,
         issue = git(repo, "log", "-1", "--format=%B", child).strip()
         task = Task(instance_id=iid, repo=name, base_commit=base, problem_statement=issue, repo_source=str(repo),
                     created_at=git(repo, "log", "-1", "--format=%cI", base).strip())
-        for packs, pack in zip(out, export_and_pack(repo, base, iid, issue, budget, shares)):
+        for packs, pack in zip(out, export_and_pack(repo, base, iid, issue, budget, shares, batch)):
             user = pack.text + TASK_TEXT.format(issue=issue)
             packs.append(Instance(task, [{"role": "system", "content": system}, {"role": "user", "content": user}],
                                   pack.tokens, "budget" in pack.skipped_by_reason()))
     return out
 
 
-def order_files(repo: Path, commits: list[tuple[str, str]]) -> None:
-    """What `eval run` does before its instances start: order the repository's files for their base commits."""
+def order_files(repo: Path, commits: list[tuple[str, str]]) -> str:
+    """What `eval run` does before its instances start: order the repository's files for their base commits;
+    the id of the batch the orders are stored under."""
     with PackCache() as store:
-        order_for_commits(str(repo), {base for base, _ in commits}, store, delta=AgentConfig().context.delta)
+        return order_for_commits(str(repo), {base for base, _ in commits}, store, delta=ReuseConfig().delta).batch
 
 
 def turns_of(instance_id: str, turns: int, spread: float) -> int:
@@ -263,9 +266,8 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool, kv_tokens: 
             ratio = bytes_per_token(srv.base_url, tasks[0], None)  # as eval run calibrates, once per repository
             diff = diff_bytes_per_token(srv.base_url, tasks[0], None)
             admit = kv_admit(capacity, args.workers, repos=None, window=WINDOW, per_token={tasks[0].repo: ratio},
-                             per_diff_token={tasks[0].repo: diff},
-                             sessions=Sessions(delta=AgentConfig().context.delta,
-                                               max_turns=AgentConfig().limits.max_turns))
+                             max_turns=AgentConfig().limits.max_turns,
+                             reuse=Reuse(ReuseConfig().delta, 0.0, {tasks[0].repo: args.batch}, {tasks[0].repo: diff}))
             admit.watch(Path(trajectories))  # as run_eval points the gate at its trajectories
         else:  # a fixed pool: the given order, N at a time whatever they hold
             tasks = [i.task for i in insts]
@@ -369,7 +371,7 @@ def main() -> None:
     ap.add_argument("--budgeted-tasks", type=int, default=10)
     ap.add_argument("--tool-s", type=float, default=20.0, help="simulated seconds of tool time between turns")
     ap.add_argument("--shared-share", type=float, default=0.5,
-                    help="context.shared_share of the budgeted packs (the figure at the config's default is reported too)")
+                    help="eval.shared_share of the budgeted packs (the figure at the config's default is reported too)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="m3-batch-source-") as tmp:
         # A bare clone sharing REPO's objects: a mirror without a config file is no repository to GitPython.
@@ -384,12 +386,12 @@ def run(source: Path, args) -> None:
     args.repo = source
     t = time.monotonic()
     fitting, newest = pick_commits(args.repo, args)
-    order_files(args.repo, fitting + newest)
-    (insts,) = instances(args.repo, fitting, budget_for_window(WINDOW))
-    default_share = AgentConfig().context.shared_share
+    args.batch = order_files(args.repo, fitting + newest)  # the batch every pack and the gate read orders by
+    (insts,) = instances(args.repo, fitting, budget_for_window(WINDOW), batch=args.batch)
+    default_share = ReuseConfig().shared_share
     shares = (args.shared_share, default_share)
     budgeted, unshared = ([i for i in packs if i.budgeted]
-                          for packs in instances(args.repo, newest, budget_for_window(WINDOW), shares))
+                          for packs in instances(args.repo, newest, budget_for_window(WINDOW), shares, args.batch))
     print(f"packed {len(insts)} + {len(budgeted)} budgeted instances in {time.monotonic() - t:.0f} s; pack tokens "
           f"{min(i.pack_tokens for i in insts):,}..{max(i.pack_tokens for i in insts):,}", file=sys.stderr)
     never = 2 * WINDOW * len(insts)  # room for every session's blocks at once

@@ -23,16 +23,14 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from m3_agent.agent.config import AgentConfig
-from m3_agent.agent.context.delta import MAX_DIFF_SHARE
-from m3_agent.agent.context.stability import Run, diff_bytes, stored_run
+from m3_agent.evals.reuse.delta import MAX_DIFF_SHARE
+from m3_agent.evals.reuse.ordering import Run, diff_bytes, stored_run
 from m3_agent.errors import M3AgentError, UsageError
 from m3_agent.evals.tasks import Task, repo_source
 
@@ -253,29 +251,22 @@ def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | No
     return found
 
 
-@dataclass(frozen=True)
-class Sessions:
-    """What the agent's config says about the contexts of its sessions: delta packs (context.delta), the
-    share of a budgeted pack that is the same whatever the issue (context.shared_share), the turn limit
-    (limits.max_turns)."""
+class Reuse(NamedTuple):
+    """How the packs of a run reuse each other: delta packs (eval.delta), the share of a budgeted pack
+    that is the same whatever the issue (eval.shared_share), the batch each repository's orders are
+    stored under (`evals.reuse.ordering.batch_ids`), and each repository's bytes per token of diff."""
 
     delta: bool = False
     shared_share: float = 0.0
-    max_turns: int | None = None
-
-    @classmethod
-    def of(cls, agent: AgentConfig) -> Sessions:
-        """The agent config's sessions."""
-        return cls(delta=agent.context.delta, shared_share=agent.context.shared_share,
-                   max_turns=agent.limits.max_turns)
+    batches: dict[str, str] = {}
+    per_diff_token: dict[str, float] = {}
 
 
 def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
-             per_token: dict[str, float] | None = None, per_diff_token: dict[str, float] | None = None,
-             sessions: Sessions = Sessions()) -> KvAdmit:
+             per_token: dict[str, float] | None = None, reuse: Reuse = Reuse(),
+             max_turns: int | None = None) -> KvAdmit:
     """The runner's `admit` callable: `CapacityGate` over each task's `expected_context` (see KvAdmit)."""
-    return KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token, per_diff_token=per_diff_token,
-                   sessions=sessions)
+    return KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token, reuse=reuse, max_turns=max_turns)
 
 
 PROGRESS_EVENTS = ("run_start", "reply")  # the trajectory events `Progress` reads
@@ -339,11 +330,11 @@ class KvAdmit:
     """May `task` start beside the `running` ones? Their expected contexts, less what their packs
     share, must fit the KV capacity (`CapacityGate`).
 
-    `per_token` maps a repository to its bytes per token (default: the pack's estimate) and
-    `per_diff_token` to its bytes per token of diff (default: `per_token`'s); `sessions`: with
-    `delta`, the packs are delta packs (context.delta), so instances of one run share their base's
-    files; `shared_share` (context.shared_share): the share of a budgeted pack that is the same
-    whatever the issue, the most two budgeted packs are credited with sharing.
+    `per_token` maps a repository to its bytes per token (default: the pack's estimate); `reuse`:
+    with `delta` the packs are delta packs (eval.delta), so instances of one run share their base's
+    files, each diff at the repository's `per_diff_token` (default: `per_token`'s); `shared_share`
+    (eval.shared_share): the share of a budgeted pack that is the same whatever the issue, the most
+    two budgeted packs are credited with sharing; the orders are those stored under `batches`.
 
     Two things are learned from the instances that finished (`observe`, which `run_eval` calls with
     each result's first prompt and peak context), once LEARN_AFTER have:
@@ -358,12 +349,11 @@ class KvAdmit:
     """
 
     def __init__(self, capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
-                 per_token: dict[str, float] | None = None, per_diff_token: dict[str, float] | None = None,
-                 sessions: Sessions = Sessions()) -> None:
+                 per_token: dict[str, float] | None = None, reuse: Reuse = Reuse(),
+                 max_turns: int | None = None) -> None:
         self.gate = CapacityGate(capacity.tokens if capacity else None, workers)
         self.repos, self.window, self.ratios = repos, window, per_token or {}
-        self.diff_ratios = per_diff_token or {}
-        self.delta, self.shared_share, self.max_turns = sessions.delta, sessions.shared_share, sessions.max_turns
+        self.reuse, self.max_turns = reuse, max_turns
         self.grown: list[int] = []  # tokens each finished session added to its first prompt
         self.short: dict[str, list[float]] = {}  # repository -> each finished first prompt over its estimate
         self.progress: Progress | None = None
@@ -406,6 +396,10 @@ class KvAdmit:
         seen = self.short.get(repo, [])
         return max(1.0, *seen) if len(seen) >= LEARN_AFTER else 1.0
 
+    def _batch(self, t: Task) -> str:
+        """The batch `t`'s orders are stored under ("": none known)."""
+        return self.reuse.batches.get(t.repo, "")
+
     def _ratio(self, repo: str) -> float:
         return self.ratios.get(repo, CHARS_PER_TOKEN)
 
@@ -427,11 +421,11 @@ class KvAdmit:
         then the diffs from the root to its run's base and on to its commit, each at its own bytes
         per token; when one of them passes MAX_DIFF_SHARE of the root, the base's files and one diff;
         a diff over that share leaves the pack plain (None). Scaled by `scale` (default: learned)."""
-        run = _run(source, t.base_commit) if self.delta else None
+        run = _run(source, self._batch(t), t.base_commit) if self.reuse.delta else None
         if run is None:
             return None
         scale = self.scale(t.repo) if scale is None else scale
-        per_diff = self.diff_ratios.get(t.repo, self._ratio(t.repo)) / scale
+        per_diff = self.reuse.per_diff_token.get(t.repo, self._ratio(t.repo)) / scale
         base = run.base
         for root in dict.fromkeys([run.root, base]):  # the root first; the base itself when that fails
             root_bytes = _tree_bytes(source, root) or 0
@@ -454,12 +448,12 @@ class KvAdmit:
         ratio, room = self._ratio(t.repo) / self.scale(t.repo), self.window - OUTPUT_RESERVE
         if size is None or size / ratio > room:  # a budgeted pack: its files, past the shared part, follow the issue
             # (their shared part is files alike at all the commits of a group: a run's are, at most)
-            shared = max((_shared_bytes(source, t.base_commit, u.base_commit, self.delta)
+            shared = max((_shared_bytes(source, self._batch(t), t.base_commit, u.base_commit, self.reuse.delta)
                           for u in before if u.repo == t.repo), default=0) / ratio
-            return max(0, self.expected(t) - int(min(shared, self.shared_share * room)))
+            return max(0, self.expected(t) - int(min(shared, self.reuse.shared_share * room)))
         mine = self._delta(source, t)
         if mine is None:  # a plain pack: the head its files share with a running one's
-            shared = max((_shared_bytes(source, t.base_commit, u.base_commit)
+            shared = max((_shared_bytes(source, self._batch(t), t.base_commit, u.base_commit)
                           for u in before if u.repo == t.repo and self._delta(source, u) is None), default=0)
             return max(0, self.expected(t) - int(shared / ratio))
         # a delta pack: what its run shows before its own diff is held once for the whole run, its
@@ -471,7 +465,7 @@ class KvAdmit:
         elif any(d.root == mine.root for d in others):
             shared = mine.root_tokens
         else:
-            shared = max((_common_head(source, mine.root, d.root) for d in others), default=0) / ratio
+            shared = max((_common_head(source, self._batch(t), mine.root, d.root) for d in others), default=0) / ratio
         return max(0, expected_context(t, self.repos, self.window, growth=self.growth, tokens=mine.tokens)
                    - int(shared))
 
@@ -490,40 +484,42 @@ def _tree(source: str, commit: str) -> dict[str, tuple[str, int]]:
         return {}
 
 
-def _shared_bytes(source: str, a: str, b: str, same_run: bool = False) -> int:
+def _shared_bytes(source: str, batch: str, a: str, b: str, same_run: bool = False) -> int:
     """Bytes at the head of `a`'s plain pack that `b`'s has too: the files, in the orders
     `order_for_commits` stored for the two commits, up to the first that differs (0 without them);
     with `same_run`, the base's files when the two are of one run."""
-    run_a, run_b = _run(source, a), _run(source, b)
+    run_a, run_b = _run(source, batch, a), _run(source, batch, b)
     if run_a is None or run_b is None:
         return 0
     if same_run and run_a.root == run_b.root:  # (budgeted packs are never delta packs: the bytes are a bound)
         return _tree_bytes(source, run_a.root) or 0
-    return _common_head(source, a, b)
+    return _common_head(source, batch, a, b)
 
 
-_RUNS: dict[tuple[str, str], Run] = {}  # (source, commit) -> what order_for_commits stored for it
+_RUNS: dict[tuple[str, str, str], Run] = {}  # (source, batch, commit) -> what order_for_commits stored for it
 
 
-def _run(source: str, commit: str) -> Run | None:
+def _run(source: str, batch: str, commit: str) -> Run | None:
     """The order, base and root stored for a commit's run, read from the pack cache once it is
     there (admission asks for every pair of running instances at each decision)."""
-    found = _RUNS.get((source, commit))
+    if not batch:
+        return None
+    found = _RUNS.get((source, batch, commit))
     if found is None:
         from m3_agent.agent.context.cache import PackCache
 
         with PackCache() as store:
-            run = stored_run(source, commit, store)
+            run = stored_run(source, batch, commit, store)
         if run and run.order:
-            found = _RUNS[(source, commit)] = run
+            found = _RUNS[(source, batch, commit)] = run
     return found
 
 
 @functools.lru_cache(maxsize=4096)
-def _common_head(source: str, a: str, b: str) -> int:
+def _common_head(source: str, batch: str, a: str, b: str) -> int:
     tree_a, tree_b = _tree(source, a), _tree(source, b)
     shared = 0
-    order_a, order_b = _run(source, a).order, _run(source, b).order
+    order_a, order_b = _run(source, batch, a).order, _run(source, batch, b).order
     for x, y in zip((p for p in order_a if p in tree_a), (p for p in order_b if p in tree_b)):
         if x != y or tree_a[x][0] != tree_b[y][0]:
             break

@@ -227,10 +227,10 @@ def run_command(
     task_list = load_tasks(tasks, instance_ids=_ids(instance_ids), split=split)
     config = EvalConfig(output_dir=output or _default_output("run", tasks), repos=repos, sandbox=agent.sandbox,
                         test_timeout=test_timeout, instance_timeout=instance_timeout, model_name=model_name,
-                        agent=agent, image_namespace=image_namespace or None, image_tag=image_tag)
+                        agent=agent, reuse=settings.eval, image_namespace=image_namespace or None, image_tag=image_tag)
     run_order, admit, meta = task_list, None, {}
     if kv_admission:
-        run_order, admit, meta = _kv_admission(task_list, endpoint, settings.serve, workers, repos, agent, quiet)
+        run_order, admit, meta = _kv_admission(task_list, endpoint, settings, workers, repos, agent, quiet)
     run = RunOptions(workers=workers, retry_errors=retry_errors, admit=admit,
                      executor=_ray_executor(ray_address, [endpoint, *urls[1:]], agent) if executor == "ray" else None)
     execute(run_order, None, config, run, ReportOptions(
@@ -255,14 +255,15 @@ def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quie
     return resolved.base_url, agent, settings
 
 
-def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers: int, repos: Optional[Path],
+def _kv_admission(tasks: list[Task], endpoint: str, settings, workers: int, repos: Optional[Path],
                   agent, quiet: bool) -> tuple[list[Task], Any, dict]:
     """The tasks in reuse order, the admission gate for the endpoint's KV capacity, and what run.json records."""
     from m3_agent.agent.context.tokens import server_card
-    from m3_agent.evals.admission import (Sessions, bytes_per_token, diff_bytes_per_token, kv_admit, learn_capacity,
+    from m3_agent.evals.admission import (Reuse, bytes_per_token, diff_bytes_per_token, kv_admit, learn_capacity,
                                           order_for_reuse)
+    from m3_agent.evals.reuse.ordering import batch_ids
 
-    capacity = learn_capacity(endpoint, profile)
+    capacity, reuse = learn_capacity(endpoint, settings.serve), settings.eval
     key = agent.model.api_key.get_secret_value()
     try:
         window = server_card(endpoint, agent.model.name, api_key=key).max_model_len or 1_048_576
@@ -274,13 +275,14 @@ def _kv_admission(tasks: list[Task], endpoint: str, profile: str | None, workers
     first = {t.repo: t for t in reversed(tasks)}  # one task per repository: its tree calibrates the ratio
     per_token = {repo: bytes_per_token(endpoint, t, repos, api_key=key) for repo, t in first.items()} if capacity else {}
     per_diff = ({repo: diff_bytes_per_token(endpoint, t, repos, api_key=key) for repo, t in first.items()}
-                if capacity and agent.context.delta else {})
+                if capacity and reuse.delta else {})
     meta = {"kv_capacity_tokens": capacity.tokens if capacity else None,
             "kv_capacity_source": capacity.source if capacity else None,
             "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()},
             "bytes_per_diff_token": {k: round(v, 3) for k, v in per_diff.items()}}
-    admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token, per_diff_token=per_diff,
-                     sessions=Sessions.of(agent))
+    admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token,
+                     max_turns=agent.limits.max_turns,
+                     reuse=Reuse(reuse.delta, reuse.shared_share, batch_ids(tasks, delta=reuse.delta), per_diff))
     return order_for_reuse(tasks), admit, meta
 
 

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from m3_agent.agent.config import AgentConfig
 from m3_agent.sandbox import SandboxConfig
+from m3_agent.settings import ReuseConfig
 
 
 class EvalConfig(BaseModel):
@@ -22,6 +23,9 @@ class EvalConfig(BaseModel):
     instance_timeout: float = Field(3600.0, gt=0, description="seconds for one whole instance (agent + grading)")
     model_name: str = "m3-agent"
     agent: AgentConfig | None = Field(None, description="the agent's config: set for `eval run`, None to grade")
+    reuse: ReuseConfig = Field(default_factory=ReuseConfig, description="batch reuse (`eval run`): the [eval] section")
+    batches: dict[str, str] = Field(default_factory=dict, description="repository -> the id its batch's orders are "
+                                    "stored under (set by run_eval: evals.reuse.ordering.order_for_commits)")
     image_namespace: str | None = Field("swebench", description="registry namespace of SWE-bench instance images")
     image_tag: str = Field("latest", description="tag of SWE-bench instance images")
 

@@ -131,9 +131,12 @@ def _agent_patch(task: Task, workspace: Workspace) -> tuple[str, AgentStats]:
     trajectory.parent.mkdir(parents=True, exist_ok=True)
     # The files are ordered by the history of the grader's choosing (prefix reuse across tasks).
     source = workspace.history
-    context = config.agent.context.model_copy(update={"history": source, "history_commit": task.base_commit})
-    agent = config.agent.model_copy(update={"context": context})
-    rr = Agent(agent).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
+    from m3_agent.evals.reuse.packer import BatchPacker
+
+    agent = config.agent.model_copy(update={"context": config.agent.context.model_copy(update={"history": source})})
+    packer = BatchPacker(agent, history=source, commit=task.base_commit, batch=config.batches.get(task.repo),
+                         reuse=config.reuse)
+    rr = Agent(agent, packer=packer).run(repo=tree, issue=task.problem_statement, trajectory_path=trajectory)
     stats = AgentStats(
         status=rr.status, turns=rr.turns, **rr.usage.model_dump(), cache_hit_share=rr.cache_hit_share,
         mode_counts=dict(rr.mode_counts), stalls=len(rr.stalls),

@@ -53,8 +53,8 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
         if options.retry_errors:
             done = {k: v for k, v in done.items() if v.outcome != "error"}
         pending = [t for t in tasks if t.instance_id not in done]
-        if config.agent is not None:
-            _order_packs(pending, config)
+        if config.agent is not None:  # all tasks, not only those left: a resumed run finds its batch's orders
+            config = _order_packs(tasks, config)
         for t in tasks:
             if t.instance_id in done and on_event:
                 on_event("skip", {"result": done[t.instance_id]})
@@ -78,18 +78,23 @@ def run_eval(tasks: list[Task], predictions: dict[str, Prediction] | None, confi
     return [done[t.instance_id] for t in tasks if t.instance_id in done]
 
 
-def _order_packs(tasks: list[Task], config: EvalConfig) -> None:
+def _order_packs(tasks: list[Task], config: EvalConfig) -> EvalConfig:
     """Order each repository's files for the base commits of its tasks (files the same in all first),
-    so the server's prefix cache serves one instance's first request from another's."""
+    so the server's prefix cache serves one instance's first request from another's; the config
+    names the batch each repository's orders are stored under."""
     from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import order_for_commits
+    from m3_agent.evals.reuse.ordering import order_for_commits
 
-    by_source: dict[str, set[str]] = {}
+    by_repo: dict[str, list[Task]] = {}
     for task in tasks:
-        try:
-            by_source.setdefault(str(source_repository(task, config.repos)), set()).add(task.base_commit)
-        except UsageError:
-            continue  # the instance reports it
+        by_repo.setdefault(task.repo, []).append(task)
+    batches = {}
     with PackCache() as store:
-        for source, commits in by_source.items():
-            order_for_commits(source, commits, store, delta=config.agent.context.delta)
+        for repo, mine in by_repo.items():
+            try:
+                source = str(source_repository(mine[0], config.repos))
+            except UsageError:
+                continue  # the instances report it
+            ordered = order_for_commits(source, {t.base_commit for t in mine}, store, delta=config.reuse.delta)
+            batches[repo] = ordered.batch  # (= evals.reuse.ordering.batch_ids, which admission reads by)
+    return config.model_copy(update={"batches": batches})

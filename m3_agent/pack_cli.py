@@ -14,6 +14,7 @@ from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS
 from m3_agent.agent.context.pack import DEFAULT_OUTLINE_SHARE, Pack, pack_repository
 from m3_agent.agent.context.reader import read_bytes
 from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES, apply_path_rules, decode, list_files
+from m3_agent.agent.context.stability import StableOrder
 from m3_agent.agent.context.tokens import (EstimateCounter, ServerCounter, TokenCounter, TokenizerJsonCounter,
                                            budget_for_server)
 from m3_agent.errors import EndpointError, UsageError
@@ -155,11 +156,11 @@ def pack_command(
                                        api_key=api_key)
         except EndpointError as e:
             _warn(f"no default budget: {e}")
+    history, share = (settings.context.history, settings.eval.shared_share) if settings else (None, 0.0)
     pack = pack_repository(repo, issue=read_issue(issue), budget=budget, counter=tok, include=tuple(includes),
                            exclude=tuple(excludes), max_file_bytes=max_file_bytes, cache=not no_cache,
-                           history=settings.context.history if settings else None,
-                           shared_share=settings.context.shared_share if settings else 0.0,
-                           outline_share=outline_share,
+                           history=history, outline_share=outline_share,  # `[eval] shared_share`: an instance's
+                           order=StableOrder(history or repo, None, shared_share=share) if share else None,
                            outline_max_tokens=(settings.context.outline_max_tokens if settings
                                                else DEFAULT_OUTLINE_MAX_TOKENS))
     where = _write(pack, output)

@@ -1,7 +1,9 @@
 """Configuration: one nested model, `Settings`, layered from files, the environment and flags.
 
 `Settings` is the agent's own `AgentConfig` (sections `model`, `sandbox`, `context`, `thinking`,
-`stall`, `limits`) plus what only the commands use: `serve` and the `[fix]` section. Every layer
+`stall`, `limits`) plus what only the commands use: `serve`, the `[fix]` section and the `[eval]`
+section (batch reuse: `shared_share`, `delta`, which were `[context]` settings: a file, variable or
+flag that still names them there is an error that names their new place). Every layer
 names settings by the same path, `section.field`:
 
 1. defaults (the field defaults of each section's model)
@@ -26,7 +28,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
-from m3_agent.agent.config import AgentConfig
+from m3_agent.agent.config import MOVED_TO_EVAL, AgentConfig
 from m3_agent.errors import UsageError
 from m3_agent.redact import mask
 from m3_agent.serving.access import ApiKey
@@ -96,6 +98,31 @@ class FixConfig(BaseModel):
     github_max_wait_s: float = Field(120.0, ge=0, description="longest wait for GitHub's rate limit, per request")
 
 
+class ReuseConfig(BaseModel):
+    """How `eval run` makes a batch's first requests share the server's prefix cache: the `[eval]` section.
+
+    Only `eval run` reads it (`m3_agent.evals.reuse`); plain `fix` packs without it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shared_share: float = Field(0.0, ge=0.0, lt=1.0, description="share of a budgeted pack filled with the same "
+                                "files for every issue (instances of one repository: the server's prefix cache "
+                                "serves it across them; the rest is ranked by the issue)")
+    delta: bool = Field(True, description="delta packs: an instance whose whole repository fits shows the files "
+                        "of its run's root commit, then the diffs to its own commit (a run's instances then "
+                        "share nearly all of their first request)")
+
+
+# Settings that moved: (old dotted path -> new one); naming the old one is an error that names the new one.
+MOVED = {f"context.{name}": f"eval.{name}" for name in sorted(MOVED_TO_EVAL)}
+
+
+def _moved(path: str, where: str) -> UsageError:
+    new = MOVED[path]
+    return UsageError(f"{where}: '{path}' moved to '{new}' (only `eval run` uses it): "
+                      f"set {new.split('.')[1]} in the [eval] table, or {env_name(new)}")
+
+
 class Settings(AgentConfig):
     """The agent's config plus the commands' own settings; build it with `load_settings`."""
 
@@ -103,6 +130,7 @@ class Settings(AgentConfig):
         None, description="serving profile: reuse a healthy endpoint for it (model.base_url, if set) or launch one"
     )
     fix: FixConfig = Field(default_factory=FixConfig)
+    eval: ReuseConfig = Field(default_factory=ReuseConfig)
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)  # set by load_settings
 
     def source_of(self, path: str) -> str:
@@ -167,6 +195,8 @@ def _flatten(table: dict[str, Any], where: str, prefix: str = "") -> dict[str, A
             out[path] = value
         elif path in SECTIONS:
             raise UsageError(f"{where}: '{path}' is a section: give it as a table, [{path}]")
+        elif path in MOVED:
+            raise _moved(path, where)
         else:
             raise UsageError(f"{where}: unknown setting '{path}'{_hint(path.rsplit('.', 1)[-1])}")
     return out
@@ -246,6 +276,9 @@ def read_env(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[s
             given, value = upper[env_name(path)]
             found[path] = (_env_value(path, given, value), f"env {given}")
     _refuse_flat_names(upper)
+    for path in MOVED:
+        if env_name(path) in upper:
+            raise _moved(path, f"env {upper[env_name(path)][0]}")
     if "fix.github_token" not in found:
         for var in GITHUB_TOKEN_ENVS:
             if env.get(var):
@@ -259,6 +292,8 @@ def read_flags(flags: dict[str, Any] | None) -> dict[str, tuple[Any, str]]:
     found: dict[str, tuple[Any, str]] = {}
     for key, value in (flags or {}).items():
         path = FLAGS.get(key, key)
+        if path in MOVED:
+            raise _moved(path, f"override {key}")
         if path not in PATHS:
             raise UsageError(f"unknown setting '{key}'{_hint(key)}")
         if value is not None:

@@ -145,6 +145,10 @@ class PackCache:
         """Store relevance scores (lists, ints and floats) under `key`."""
         self._write("INSERT OR REPLACE INTO scores VALUES (?, ?)", [(key, marshal.dumps(value))])
 
+    def put_many_scores(self, items: dict[str, object]) -> None:
+        """Store several values at once, in one transaction: a reader sees all of them or none."""
+        self._write("INSERT OR REPLACE INTO scores VALUES (?, ?)", [(k, marshal.dumps(v)) for k, v in items.items()])
+
     def get_counts(self, counter_id: str, blobs: list[str]) -> dict[str, int]:
         """Known token counts of these blobs under one counter."""
         rows = self._select_joined("SELECT c.blob, tokens FROM counts c JOIN temp.wanted w ON c.blob = w.blob "

@@ -10,13 +10,12 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from m3_agent.agent.context import delta as delta_pack
 from m3_agent.agent.context import layout, outline
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS, DEFAULT_OUTLINE_SHARE
 from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
 from m3_agent.agent.context.relevance import is_test, rank
-from m3_agent.agent.context.stability import StableOrder, stored_run
+from m3_agent.agent.context.stability import StableOrder
 from m3_agent.agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
     Entry,
@@ -165,52 +164,39 @@ def pack_repository(
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     cache: PackCache | bool = True,
     history: Path | str | None = None,
-    history_commit: str | None = None,
-    shared_share: float = 0.0,
+    order=None,
     outline_share: float = DEFAULT_OUTLINE_SHARE,
     outline_max_tokens: int = DEFAULT_OUTLINE_MAX_TOKENS,
-    delta: bool = False,
 ) -> Pack:
     """Pack the repository at `repo` into one prompt text.
 
-    The text is a header, the packed files (those least changed in the recent commits of `history`,
-    default `repo` itself, first; or the order stored for `history_commit` by
-    `stability.order_for_commits`), a tree of every file (packed or not, with skip
-    reasons), the commit packed, and a footer. With `budget`, `pack.tokens <= budget` per `counter` (default: the
-    estimate); when the repository does not fit, files are chosen by relevance to `issue`, after
-    `shared_share` of the budget (at most the room the header, tree and footer leave) is filled with
-    the same files whatever the issue (the least changed source files, or the files alike at a
-    batch's commits: the batch's issues then share that prefix in the server's cache), and up to
-    `outline_share` of the budget (at most `outline_max_tokens`) shows outlines of the most relevant
-    files left out (their definitions, after the tree). With `delta`, when `history_commit` is in a
-    batch `order_for_commits` ordered and its run's root is another commit, a whole pack becomes a
-    delta pack (`delta`): the root's file sections, then the diffs to the run's base and on to
-    `history_commit` (or, when those are too large, the base's sections and one diff). The issue
-    itself is never part of the text. `cache` (on by default) keeps facts and token counts by git
-    blob id under the user's cache directory.
+    The text is a header, the packed files in `order` (default: `stability.StableOrder`, those least
+    changed in the recent commits of `history`, default `repo` itself, first), a tree of every file
+    (packed or not, with skip reasons), the commit packed, and a footer. With `budget`,
+    `pack.tokens <= budget` per `counter` (default: the estimate); when the repository does not fit,
+    files are chosen by relevance to `issue`, after `order.shared_share` of the budget (at most the
+    room the header, tree and footer leave; none by default) is filled with the same files whatever
+    the issue (`order.alike`, else the least changed source files: a batch's issues then share that
+    prefix in the server's cache), and up to `outline_share` of the budget (at most
+    `outline_max_tokens`) shows outlines of the most relevant files left out (their definitions,
+    after the tree). The issue itself is never part of the text. `cache` (on by default) keeps facts
+    and token counts by git blob id under the user's cache directory.
     """
     t0 = time.perf_counter()
-    _check(budget, max_file_bytes, shared_share, outline_share, outline_max_tokens)
+    _check(budget, max_file_bytes, order.shared_share if order is not None else 0.0, outline_share,
+           outline_max_tokens)
     counter = counter or EstimateCounter()
     root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
     rules = Rules(root, compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"),
                   max_file_bytes)
     listing = list_files(root)
     timings = {"list_s": time.perf_counter() - t0}
-    order_from = ((os.fspath(history), history_commit) if history is not None
-                  else (root, None) if listing.git else None)
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(PackCache()) if cache is True else cache or None
-        plain = _pack(listing, store, rules, issue, budget, counter, timings, t0, order_from, shared_share,
-                      (outline_share, outline_max_tokens))
-        run = stored_run(os.fspath(history), history_commit, store) if delta and history and history_commit else None
-    if run is None or run.root == history_commit or "budget" in plain.skipped_by_reason():
-        return plain  # only a whole pack becomes a delta pack: a budgeted one's files depend on the issue
-    again = functools.partial(pack_repository, budget=budget, counter=counter, include=include, exclude=exclude,
-                              max_file_bytes=max_file_bytes, cache=cache, history=history, shared_share=shared_share,
-                              outline_share=outline_share, outline_max_tokens=outline_max_tokens)
-    return delta_pack.from_run(plain, run, history=os.fspath(history), commit=history_commit, budget=budget,
-                               counter=counter, pack_at=lambda c: functools.partial(again, history_commit=c))
+        if order is None and (history is not None or listing.git):
+            order = StableOrder(os.fspath(history) if history is not None else root, store)
+        return _pack(listing, store, rules, issue, budget, counter, timings, t0, order,
+                     (outline_share, outline_max_tokens))
 
 
 def _check(budget: int | None, max_file_bytes: int, shared_share: float, outline_share: float,
@@ -228,11 +214,9 @@ def _check(budget: int | None, max_file_bytes: int, shared_share: float, outline
 
 
 def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | None, budget: int | None,
-          counter: TokenCounter, timings: dict[str, float], t0: float, order_from: tuple[str, str | None] | None,
-          shared_share: float, outline_room: tuple[float, int]) -> Pack:
+          counter: TokenCounter, timings: dict[str, float], t0: float, order, outline_room: tuple[float, int]) -> Pack:
     """Decide every entry, count, choose (within `budget`, when there is one), render."""
     t = time.perf_counter()
-    order = StableOrder(order_from[0], store, order_from[1]) if order_from is not None else None
     entries = sorted(listing.entries, key=_tree_order)
     known, stale = _known_facts(store, listing, entries)
     raw: dict[str, bytes] = {}  # bytes of the files read, kept for relevance
@@ -263,7 +247,8 @@ def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | 
     else:
         chosen, left_out, parts, tokens, outlined = _render_within(
             packable, entries, head_text, tree_text, issue, budget, counter, listing, store, new_facts, raw,
-            rules.limit, timings, source_text, (shared_share, *outline_room), order.alike if order else None)
+            rules.limit, timings, source_text, (order.shared_share if order else 0.0, *outline_room),
+            order.alike if order else None)
     _remember(store, listing, _facts_by_blob(entries), new_facts, stale)
     timings["total_s"] = time.perf_counter() - t0
     return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings, outlined)
@@ -560,7 +545,7 @@ def _shared_part(packable: list[Entry], costs: dict[int, int], room: int,
     """The budget's part that is the same whatever the issue, in its layout order.
 
     With `alike` (per group of a batch's commits this one is in, the files alike at all of them, in
-    the order `stability.order_for_commits` stored), files of one group that fit `room`, in that
+    the order `m3_agent.evals.reuse.ordering.order_for_commits` stored), files of one group that fit `room`, in that
     order: the same bytes at each of the group's commits. Without, source files (not tests) in pack
     order, least changed first, up to the first that does not fit, so it is a prefix of that order
     for every issue and, until those files change, every commit."""
@@ -581,7 +566,7 @@ def _shared_part(packable: list[Entry], costs: dict[int, int], room: int,
 def _shared_alike(packable: list[Entry], costs: dict[int, int], room: int,
                   groups: list[list[str]]) -> list[Entry]:
     """The files of one of `groups` (lists of files alike at every commit of a group, the lowest
-    threshold's first: see `stability.shared_files`) that are packable and fit `room`, in its order
+    threshold's first: see `m3_agent.evals.reuse.ordering.shared_files`) that are packable and fit `room`, in its order
     (see `_shared_part`): the first group whose files fill the room, else the one with the most.
     (Alike files cost the same at every commit of their group, so each commit of it chooses alike.)"""
     by_path = {e.path: e for e in packable}

@@ -6,6 +6,9 @@ ones likely to have changed again; so sections go by how many of the repository'
 changed each file (fewest first), then by path. The order is computed once per repository (its
 origin URL, else its path) and cached, so every later commit packs in the same order: a file
 changed since then breaks the shared prefix only where it sits, and new files go last.
+
+An order is any object with `key(paths)`, `alike` and `shared_share` (see `StableOrder`): `eval run`
+hands the packer one built from a batch's stored orders (`m3_agent.evals.reuse`).
 """
 
 from __future__ import annotations
@@ -13,37 +16,37 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import subprocess
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
 
 import git
 
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.layout import sort_key
-from m3_agent.agent.context.relevance import is_test
-from m3_agent.agent.context.selection import is_code
 
 HISTORY_COMMITS = 2000  # recent commits counted: enough to tell often-changed files from the rest
 ORDER_VERSION = "order-4"  # part of the cache key: change it with the rule
 STALE_SHARE = 0.1  # recompute a cached order when more than this share of the files is new to it
-# Groups of commits whose budgeted packs may share one part: cut where under this share of a
-# commit's bytes stays alike at all the group's; a pack takes the longest group alike enough for it.
-SHARED_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 class StableOrder:
     """The order of one repository's files, least changed in `history`'s recent commits first.
 
-    Made at the start of a pack: when the cache has no order for the repository, git reads its
-    history in the background while the pack reads the files."""
+    `known`: an order to start from (default: the one cached for the repository). When there is
+    none, git reads the history in the background while the pack reads the files. `alike` (groups
+    of files a budget's shared part may hold, each in its order; None: source files in pack order)
+    and `shared_share` (the share of a budget filled with the same files whatever the issue) are
+    the pack's shared part: none by default."""
 
-    def __init__(self, history: str, store: PackCache | None, commit: str | None = None) -> None:
+    def __init__(self, history: str, store: PackCache | None, known: list[str] | None = None, *,
+                 alike: list[list[str]] | None = None, shared_share: float = 0.0) -> None:
         self.history, self.store = history, store
-        self.known = _cached(history, store, commit)
-        self.alike = shared_files(history, commit, store) if commit else None  # for a budget's shared part
+        if known is None and store is not None:
+            cached = store.get_scores(order_key(history))
+            known = cached if isinstance(cached, list) else None
+        self.known = {p: i for i, p in enumerate(known)} if known is not None else None
+        self.alike, self.shared_share = alike, shared_share
         self._changes: Counter[str] | None = None
         self._thread: threading.Thread | None = None
         if self.known is None:
@@ -51,7 +54,7 @@ class StableOrder:
             self._thread.start()
 
     def _read_history(self) -> None:
-        self._changes = _changes(self.history)
+        self._changes = recent_changes(self.history)
 
     def key(self, paths: Iterable[str]) -> Callable[[str], tuple]:
         """A sort key for paths: the repository's order, then paths it does not know (added since it
@@ -67,259 +70,12 @@ class StableOrder:
             ordered = sorted(paths, key=lambda p: (changes[p], sort_key(p)))
             known = {p: i for i, p in enumerate(ordered)}
             if self.store is not None and ordered:
-                self.store.put_scores(_key(self.history), ordered)
+                self.store.put_scores(order_key(self.history), ordered)
         last = len(known)
         return lambda path: (known.get(path, last), sort_key(path))
 
 
-CLUSTER_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)  # tried for a batch; the one sharing most is kept
-# A delta run ends before the diff from its first commit passes this share of the bytes. Measured on
-# pytest (benchmarks/batch_throughput.py): longer runs (up to 0.3) start fewer cold, but every session
-# holds its bigger diff in the KV cache for all its turns, and the batch computed 5x the prefill.
-DELTA_RUN_SHARE = 0.1
-# Neighbouring runs are grouped under one root (the group's middle base) while the diff from the root
-# to each of their bases stays under this share of the bytes: a run's packs then show the root's files
-# and the diff to their base, so a task that starts a run still finds the root cached. Neighbouring
-# runs' bases lie over DELTA_RUN_SHARE apart by construction; on pytest, 10% to 20%.
-ROOT_DIFF_SHARE = 0.2
-
-
-class _Batch(NamedTuple):
-    """A batch's files: each path's blob at each commit (None: absent) and its largest size, the
-    bytes each commit holds at those sizes (an upper bound: files grow), how often recent commits
-    changed each path, and the bytes each commit holds."""
-
-    blobs: dict[str, list[str | None]]
-    sizes: dict[str, int]
-    totals: list[int]
-    changes: Counter[str]
-    exact: list[int]
-
-
-def order_for_commits(history: str, commits: Iterable[str], store: PackCache | None, *, delta: bool = False) -> int:
-    """Store file orders for a batch of `history`'s commits (an eval run's base commits); a pack
-    given `history` and one of them as `commit` follows its order.
-
-    In commit order, the commits are cut into runs of neighbours that share most of their bytes (the
-    cut that shares most over the batch, among CLUSTER_THRESHOLDS); each run gets one order: files
-    the same at all its commits first, files some of them lack last, and between them by number of
-    versions, where they first change, recent changes and path. Every pack of a run then shares the
-    sections of the files its commits all have alike. Each commit also gets its run's base, the middle
-    commit, for delta packs (`delta`); with `delta` the runs are cut by the size of the diff from a
-    run's first commit instead (DELTA_RUN_SHARE), since delta packs share all of the base's files
-    whatever changed, and all runs take one order made for their bases (`_chain_order`), so that
-    neighbouring runs' bases share a head. With `delta` the runs are also grouped under roots
-    (`_roots`): a delta pack shows its root's files, then the diffs to its run's base and on to its
-    commit, and the one order is made for the roots. For budgeted packs, which share only the part
-    `shared_share` fills, the commits are also cut into longer groups (see `_store_shared`).
-    Returns the number of runs (0: none stored)."""
-    if store is None or not commits:
-        return 0
-    try:  # oldest first: in the order of the history (commit dates can tie, or lie)
-        wanted = set(commits)
-        commits = [c for c in git.Git(history).rev_list("--topo-order", "--reverse", *wanted).split() if c in wanted]
-        batch = _read_batch(history, commits)
-    except (git.GitCommandError, git.GitCommandNotFound, OSError):
-        return 0
-    if delta:
-        runs = _delta_runs(history, commits, batch)
-    else:
-        runs = max((_runs(batch, len(commits), t) for t in CLUSTER_THRESHOLDS), key=lambda r: _shared(batch, r))
-    bases = [(start + end - 1) // 2 for start, end in runs]  # the middle one: the diffs of delta packs are shortest
-    roots = _roots(history, commits, batch, bases) if delta else bases
-    chain = _chain_order(batch, sorted(set(roots))) if delta else None
-    for (start, end), middle, root in zip(runs, bases, roots):
-        key = _key(history, "run:" + commits[start])
-        store.put_scores(key, chain if chain is not None else _run_order(batch, start, end))
-        for commit in commits[start:end]:
-            store.put_scores(_key(history, commit), (key, commits[middle], commits[root]))
-    _store_shared(history, commits, batch, store)
-    return len(runs)
-
-
-def _store_shared(history: str, commits: list[str], batch: _Batch, store: PackCache) -> None:
-    """Store for each commit, per threshold of SHARED_THRESHOLDS, the files alike at every commit of
-    its group (neighbouring commits, cut where under the threshold of a commit's bytes stays alike):
-    source files (not tests) first, then the others, each least changed first, then by path.
-
-    A budgeted pack's shared part is taken from one of these lists in its order, so it is the same
-    bytes at every commit of the group; the runs' orders, cut for whole packs, would break it at
-    each run's start. Lower thresholds make longer groups with fewer files alike; the pack takes
-    the longest group whose files fill its shared part (`shared_files`)."""
-    groups: dict[str, list[str]] = {commit: [] for commit in commits}
-    stored: set[tuple[int, int]] = set()  # (thresholds often cut alike: each group's list is stored once)
-    for threshold in SHARED_THRESHOLDS:
-        for start, end in _runs(batch, len(commits), threshold):
-            key = _key(history, f"shared-group:{commits[start]}:{commits[end - 1]}")
-            if (start, end) not in stored:
-                stored.add((start, end))
-                alike = [p for p, b in batch.blobs.items() if b[start] is not None and len(set(b[start:end])) == 1]
-                alike.sort(key=lambda p: (not is_code(p) or is_test(p), batch.changes[p], sort_key(p)))
-                store.put_scores(key, alike)
-            for commit in commits[start:end]:
-                if key not in groups[commit]:
-                    groups[commit].append(key)
-    for commit, keys in groups.items():
-        store.put_scores(_key(history, "shared:" + commit), keys)
-
-
-def shared_files(history: str, commit: str, store: PackCache | None) -> list[list[str]] | None:
-    """The files a budgeted pack of `commit` may share with the other packs of its group, one list
-    per group it is in (the lowest threshold's, usually the longest group, first), each in the
-    order the files go (stored by `order_for_commits`; None when it stored none)."""
-    if store is None:
-        return None
-    keys = store.get_scores(_key(history, "shared:" + commit))
-    if not isinstance(keys, list):
-        return None
-    groups = [store.get_scores(key) for key in keys]
-    return [g for g in groups if isinstance(g, list)] or None
-
-
-def _read_batch(history: str, commits: list[str]) -> _Batch:
-    blobs: dict[str, list[str | None]] = {}
-    sizes: dict[str, int] = {}
-    exact = [0] * len(commits)
-    for n, commit in enumerate(commits):
-        for record in git.Git(history).ls_tree("-r", "-l", "-z", "--full-tree", commit).split("\0"):
-            meta, _, path = record.partition("\t")
-            parts = meta.split()
-            if path and len(parts) == 4:
-                size = int(parts[3]) if parts[3].isdigit() else 0
-                blobs.setdefault(path, [None] * len(commits))[n] = parts[2]
-                sizes[path] = max(sizes.get(path, 0), size)
-                exact[n] += size
-    totals = [sum(sizes[p] for p, b in blobs.items() if b[n] is not None) or 1 for n in range(len(commits))]
-    return _Batch(blobs, sizes, totals, _changes(history), [max(1, b) for b in exact])
-
-
-def _runs(batch: _Batch, n: int, threshold: float) -> list[tuple[int, int]]:
-    """Commits [start, end) cut where adding the next would leave under `threshold` of its bytes in
-    files the same at every commit of the run."""
-    runs, start, alike = [], 0, set(batch.blobs)
-    for k in range(1, n):
-        alike_next = {p for p in alike if batch.blobs[p][k] == batch.blobs[p][start] is not None}
-        if sum(batch.sizes[p] for p in alike_next) < threshold * batch.totals[k]:
-            runs.append((start, k))
-            start, alike = k, set(batch.blobs)
-        else:
-            alike = alike_next
-    return runs + [(start, n)]
-
-
-def _delta_runs(history: str, commits: list[str], batch: _Batch) -> list[tuple[int, int]]:
-    """Commits [start, end) cut where the diff from the run's first commit would pass DELTA_RUN_SHARE
-    of the commit's bytes (the diffs from the run's middle commit stay about half that), or where
-    git cannot tell its size (the pack would find no diff either)."""
-    runs, start = [], 0
-    for k in range(1, len(commits)):
-        size = diff_bytes(history, commits[start], commits[k])
-        if size is None or size > DELTA_RUN_SHARE * batch.totals[k]:
-            runs.append((start, k))
-            start = k
-    return runs + [(start, len(commits))]
-
-
-def _roots(history: str, commits: list[str], batch: _Batch, bases: list[int]) -> list[int]:
-    """Each run's root: neighbouring runs are grouped while the diff from the group's middle base to
-    every base of the group stays under ROOT_DIFF_SHARE of the bytes (git cannot tell its size: the
-    group ends), and that middle base is the root of all of them."""
-    def near(root: int, base: int) -> bool:
-        size = diff_bytes(history, commits[root], commits[base])
-        return size is not None and size <= ROOT_DIFF_SHARE * batch.exact[base]
-
-    groups, start = [], 0
-    for k in range(1, len(bases)):  # may the group [start, k] take base k too?
-        if not all(near(bases[(start + k) // 2], bases[j]) for j in range(start, k + 1)):
-            groups.append((start, k))
-            start = k
-    groups.append((start, len(bases)))
-    return [bases[(a + b - 1) // 2] for a, b in groups for _ in range(a, b)]
-
-
-@functools.lru_cache(maxsize=4096)
-def diff_bytes(history: str, a: str, b: str) -> int | None:
-    """The size in bytes of `git diff a b` (no colour, renames as delete and add): what a delta pack
-    of `b` on base `a` adds, at most; None when git cannot tell."""
-    try:
-        return len(subprocess.run(["git", "-C", history, "diff", "--no-color", "--no-ext-diff", "--no-renames", a, b],
-                                  capture_output=True, timeout=120, check=True).stdout)
-    except (subprocess.SubprocessError, OSError):
-        return None
-
-
-def _run_order(batch: _Batch, start: int, end: int) -> list[str]:
-    """One run's order (see order_for_commits)."""
-    def key(path: str) -> tuple:
-        seen = batch.blobs[path][start:end]
-        return (None in seen, len(set(seen)), _first_change(seen), batch.changes[path], sort_key(path))
-
-    return sorted((p for p, b in batch.blobs.items() if any(x is not None for x in b[start:end])), key=key)
-
-
-def _chain_order(batch: _Batch, bases: list[int]) -> list[str]:
-    """One order for every run of delta packs (see order_for_commits). Two neighbouring runs' bases
-    share the head up to the first file that changes between them (within a run, the base's files
-    are the same in every pack whatever their order), so the order is built by closing one such
-    change at a time: files the same at every base first; then, again and again, the change whose
-    closing frees the most bytes (files that differ at no change still open) and those files; in
-    each step by number of changes, recent changes and path. Files no base has go last."""
-    def key(path: str) -> tuple:
-        return (len(changed[path]), batch.changes[path], sort_key(path))
-
-    changed: dict[str, set[int]] = {}  # path -> each k where bases k and k + 1 differ in it
-    for path, blobs in batch.blobs.items():
-        seen = [blobs[k] for k in bases]
-        changed[path] = {k for k in range(len(bases) - 1) if seen[k] != seen[k + 1]}
-    at: dict[int, list[str]] = {}
-    for path, ks in changed.items():
-        for k in ks:
-            at.setdefault(k, []).append(path)
-    left = {path: set(ks) for path, ks in changed.items()}
-    frees: Counter[int] = Counter()  # an open change -> the bytes its closing frees
-    for path, ks in left.items():
-        if len(ks) == 1:
-            frees[next(iter(ks))] += batch.sizes[path]
-    at_bases = {p for p, b in batch.blobs.items() if any(b[k] is not None for k in bases)}
-    order = sorted((p for p in at_bases if not left[p]), key=key)
-    still = set(range(len(bases) - 1))
-    while still:
-        k = max(still, key=lambda k: (frees[k], -k))  # ties: the earlier change
-        still.discard(k)
-        freed = []
-        for path in at.get(k, []):
-            left[path].discard(k)
-            if not left[path]:
-                freed.append(path)
-            elif len(left[path]) == 1:
-                frees[next(iter(left[path]))] += batch.sizes[path]
-        order += sorted((p for p in freed if p in at_bases), key=key)
-    return order + sorted((p for p in batch.blobs if p not in at_bases), key=key)
-
-
-def _shared(batch: _Batch, runs: list[tuple[int, int]]) -> float:
-    """The mean share of a commit's bytes that its pack shares with the pack of the commit before."""
-    orders = {k: order for start, end in runs for order in [_run_order(batch, start, end)] for k in range(start, end)}
-    shares = []
-    for k in range(1, max(orders) + 1):
-        before = [p for p in orders[k - 1] if batch.blobs[p][k - 1] is not None]
-        now = [p for p in orders[k] if batch.blobs[p][k] is not None]
-        prefix = 0
-        for x, y in zip(before, now):
-            if x != y or batch.blobs[x][k - 1] != batch.blobs[y][k]:
-                break
-            prefix += batch.sizes[y]
-        shares.append(prefix / batch.totals[k])
-    return sum(shares) / len(shares) if shares else 0.0
-
-
-def _first_change(blobs: list[str | None]) -> int:
-    """Where in the batch a file first differs from the commit before (files that change at the same
-    point sit together, so the other pairs of neighbouring commits share a prefix past them)."""
-    return next((n for n in range(1, len(blobs)) if blobs[n] != blobs[n - 1]), len(blobs))
-
-
-def _changes(history: str) -> Counter[str]:
+def recent_changes(history: str) -> Counter[str]:
     """How many of the last HISTORY_COMMITS commits of `history` changed each path (empty when it
     is no git repository or has no commits)."""
     try:
@@ -330,44 +86,10 @@ def _changes(history: str) -> Counter[str]:
     return Counter(p.strip("\n") for p in out.split("\0") if p.strip("\n"))
 
 
-class Run(NamedTuple):
-    """What `order_for_commits` stored for one commit: the order its pack's files go in, its run's
-    base, and the base's root (the base itself when no other run shares its root)."""
-
-    order: list[str]
-    base: str
-    root: str
-
-
-def stored_run(history: str, commit: str, store: PackCache | None) -> Run | None:
-    """What `order_for_commits` stored for one of `history`'s commits (None: none stored)."""
-    found = store.get_scores(_key(history, commit)) if store is not None else None
-    if not (isinstance(found, tuple) and len(found) == 3 and all(isinstance(c, str) for c in found[1:])):
-        return None
-    order = store.get_scores(found[0])  # a commit points at its run's order
-    return Run(order, found[1], found[2]) if isinstance(order, list) else None
-
-
-def stored_order(history: str, commit: str, store: PackCache | None) -> list[str] | None:
-    """The order `order_for_commits` stored for one of `history`'s commits (None: none stored)."""
-    run = stored_run(history, commit, store)
-    return run.order if run else None
-
-
-def _cached(history: str, store: PackCache | None, commit: str | None = None) -> dict[str, int] | None:
-    """The stored order for `commit` (see order_for_commits), else the repository's."""
-    if store is None:
-        return None
-    order = stored_order(history, commit, store) if commit else None
-    if order is None:
-        order = store.get_scores(_key(history))
-    return {p: i for i, p in enumerate(order)} if isinstance(order, list) else None
-
-
-def _key(history: str, commit: str | None = None) -> str:
-    """The cache key of a repository's order, or of the order stored for one of its commits."""
+def order_key(history: str, name: str | None = None) -> str:
+    """The cache key of a repository's order, or of another record about it called `name`."""
     identity = _identity(history)
-    return hashlib.sha256(f"{ORDER_VERSION}\0{identity}\0{commit or ''}".encode("utf-8", "surrogateescape")).hexdigest()
+    return hashlib.sha256(f"{ORDER_VERSION}\0{identity}\0{name or ''}".encode("utf-8", "surrogateescape")).hexdigest()
 
 
 @functools.lru_cache(maxsize=64)

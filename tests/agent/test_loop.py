@@ -17,11 +17,12 @@ import docker
 import pytest
 from rich.console import Console
 
+from m3_agent.agent.context import EstimateCounter
 from m3_agent.agent.events import AgentEvent
 from m3_agent.agent.loop import Agent, AgentConfig
 from m3_agent.agent.model import ContextOverflowError, ModelReply, ToolCall, Usage
 from m3_agent.agent.protocols import Environment, Model
-from m3_agent.agent.stall import StallConfig
+from m3_agent.agent.stall import StallConfig, StallDetector
 from m3_agent.agent.thinking import ThinkingConfig
 from m3_agent.agent.trajectory import read_trajectory, render
 from m3_agent.errors import EndpointError, Interrupted, UsageError
@@ -69,12 +70,13 @@ def fast(**kw) -> AgentConfig:
     return AgentConfig.model_validate(values)
 
 
-def run(git_repo, turns, tmp_path, script_extra=None, callbacks=None, env_factory=LocalEnvironment, **cfg):
+def run(git_repo, turns, tmp_path, script_extra=None, callbacks=None, env_factory=LocalEnvironment, packer=None,
+        **cfg):
     """One run against the stand-in; the local environment unless `env_factory=None` (the Docker sandbox)."""
     repo = git_repo(BUGGY)
     traj = tmp_path / "traj.jsonl"
     with StandinServer({"turns": turns, **(script_extra or {})}) as srv:
-        agent = Agent(fast(base_url=srv.base_url, **cfg), callbacks=callbacks, env_factory=env_factory)
+        agent = Agent(fast(base_url=srv.base_url, **cfg), callbacks=callbacks, env_factory=env_factory, packer=packer)
         result = agent.run(repo, "add() subtracts instead of adding", trajectory_path=traj)
         requests = list(srv.requests)
     return result, requests, read_trajectory(traj)
@@ -353,17 +355,19 @@ def test_the_repository_is_packed_while_the_sandbox_starts(git_repo, tmp_path, m
     import time as clock
 
     import m3_agent.agent.loop as loop_module
+    from m3_agent.agent.context import RepoPacker
 
     marks: dict[str, float] = {}
-    real_pack, real_start = loop_module.pack_repository, loop_module.Sandbox.start
+    real_start = loop_module.Sandbox.start
 
-    def slow_pack(*args, **kwargs):
-        marks["pack_start"] = clock.monotonic()
-        clock.sleep(0.3)  # long enough that a serial start would show
-        try:
-            return real_pack(*args, **kwargs)
-        finally:
-            marks["pack_end"] = clock.monotonic()
+    class SlowPacker(RepoPacker):
+        def pack(self, *args, **kwargs):
+            marks["pack_start"] = clock.monotonic()
+            clock.sleep(0.3)  # long enough that a serial start would show
+            try:
+                return super().pack(*args, **kwargs)
+            finally:
+                marks["pack_end"] = clock.monotonic()
 
     def start(self):
         marks["sandbox_start"] = clock.monotonic()
@@ -372,9 +376,8 @@ def test_the_repository_is_packed_while_the_sandbox_starts(git_repo, tmp_path, m
         finally:
             marks["sandbox_ready"] = clock.monotonic()
 
-    monkeypatch.setattr(loop_module, "pack_repository", slow_pack)
     monkeypatch.setattr(loop_module.Sandbox, "start", start)
-    result, requests, traj = run(git_repo, solve_turns(), tmp_path, env_factory=None)
+    result, requests, traj = run(git_repo, solve_turns(), tmp_path, env_factory=None, packer=SlowPacker())
     assert result.status == "submitted" and "calc/ops.py" in requests[0]["messages"][1]["content"]
     # The two overlapped: each began before the other was done.
     assert marks["pack_start"] < marks["sandbox_ready"] and marks["sandbox_start"] < marks["pack_end"]
@@ -408,6 +411,9 @@ class ScriptedModel:
     def max_model_len(self) -> int | None:
         return None
 
+    def token_counter(self) -> EstimateCounter:
+        return EstimateCounter()
+
     def complete(self, messages, *, tools=None, thinking_mode=None) -> ModelReply:
         self.modes.append(thinking_mode)
         reply = self.replies.pop(0)
@@ -440,6 +446,65 @@ def test_an_injected_model_and_environment_drive_the_loop(git_repo, tmp_path):
     pack = next(e for e in traj if e["kind"] == "pack")
     model_event = next(e for e in traj if e["kind"] == "model")
     assert pack["counter"] == "estimate" and model_event["model"] == "scripted-test-double"
+
+
+class CountingCounter:
+    """An exact-kind counter (four characters a token) that remembers how many texts it counted."""
+
+    kind, id = "counting", "counting-test-counter"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        self.asked += len(texts)
+        return [len(t) // 4 + 1 for t in texts]
+
+    def count(self, text: str) -> int:
+        return self.count_many([text])[0]
+
+
+def test_the_pack_is_counted_with_the_model_s_own_counter(git_repo, tmp_path):
+    counter = CountingCounter()
+
+    class CountingModel(ScriptedModel):
+        def token_counter(self):
+            return counter
+
+    model = CountingModel([tool_reply("submit", 1, summary="done")])
+    Agent(fast(budget=100_000), model=model, env_factory=LocalEnvironment).run(
+        git_repo(BUGGY), "add() subtracts", trajectory_path=tmp_path / "t.jsonl")
+    assert counter.asked > 0  # no isinstance test of the model's class: the model says how it counts
+
+
+def test_an_injected_packer_with_its_counter_and_stall_detector_are_the_ones_used(git_repo, tmp_path):
+    from m3_agent.agent.context import RepoPacker
+
+    counter = CountingCounter()
+    replies = [tool_reply("bash", 1, command="echo hi"), tool_reply("submit", 2, summary="done")]
+    config = fast(budget=100_000)
+    Agent(config, model=ScriptedModel(list(replies)), env_factory=LocalEnvironment,
+          packer=RepoPacker.from_config(config.context, counter=counter)).run(
+        git_repo(BUGGY), "add() subtracts", trajectory_path=tmp_path / "t.jsonl")
+    assert counter.asked > 0  # the packer's counter, not the model's estimate
+
+    packs, seen = [], []
+
+    class RecordingPacker(RepoPacker):
+        def pack(self, repo, **kw):
+            packs.append(super().pack(repo, **kw))
+            return packs[-1]
+
+    class RecordingStall(StallDetector):
+        def record(self, step):
+            seen.append(step.tool)
+            super().record(step)
+
+    Agent(fast(), model=ScriptedModel(list(replies)), env_factory=LocalEnvironment, packer=RecordingPacker(),
+          stall=RecordingStall(StallConfig())).run(git_repo(BUGGY), "add() subtracts",
+                                                   trajectory_path=tmp_path / "u.jsonl")
+    assert len(packs) == 1 and "calc/ops.py" in packs[0].text
+    assert seen == ["bash", "submit"]  # the run recorded its steps in the injected detector
 
 
 def test_the_turn_limit_ends_the_run(git_repo, tmp_path):

@@ -14,7 +14,7 @@ from m3_agent.evals.admission import (
     OUTPUT_RESERVE,
     CapacityGate,
     KvCapacity,
-    Sessions,
+    Reuse,
     bytes_per_token,
     capacity_from_metrics,
     capacity_from_profile,
@@ -24,6 +24,7 @@ from m3_agent.evals.admission import (
     order_for_reuse,
     parse_capacity,
 )
+from m3_agent.evals.reuse.ordering import batch_id
 from m3_agent.evals.runner import EvalConfig, RunOptions, run_eval
 from m3_agent.evals.tasks import Task
 from m3_agent.serving.planner import GB, plan
@@ -139,7 +140,7 @@ def test_before_any_finished_the_gate_projects_the_running_sessions_growth_from_
     running, candidate = [one_commit, *others[:2]], others[2]
     # room for four packs with 6,000 tokens of growth each, not for four with the prior's
     admit = kv_admit(KvCapacity(tokens=4 * (pack + 6_000), block_size=16, source="test"), 8, repos=tmp_path,
-                     window=1_048_576, sessions=Sessions(max_turns=40))
+                     window=1_048_576, max_turns=40)
     folder = tmp_path / "trajectories"
     folder.mkdir()
     admit.watch(folder)
@@ -284,9 +285,14 @@ def _two_contexts_do_not_fit(tmp_path, commits):
     return first, second, KvCapacity(tokens=alone + alone * 6 // 10, block_size=16, source="test")
 
 
+def _reuse(commits: list[str], *, delta: bool = False, share: float = 0.0, per_diff: dict | None = None) -> Reuse:
+    """What `eval run` tells admission of the batch of these commits of `o/r` (`batch_ids`)."""
+    return Reuse(delta, share, {"o/r": batch_id(commits, delta=delta)}, per_diff or {})
+
+
 def test_instances_of_one_repository_are_charged_once_for_the_prefix_their_packs_share(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import order_for_commits
+    from m3_agent.evals.reuse.ordering import order_for_commits
     from m3_agent.evals.admission import kv_admit
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
@@ -295,16 +301,16 @@ def test_instances_of_one_repository_are_charged_once_for_the_prefix_their_packs
     # 96,000 bytes of core.py both commits share
     commits = _history(repo, [{"core.py": "x = 1\n" * 16_000, "fix.py": "y = 0\n"}, {"fix.py": "y = 1\n"}])
     first, second, capacity = _two_contexts_do_not_fit(tmp_path, commits)
-    admit = kv_admit(capacity, 4, repos=tmp_path, window=1_048_576)
+    admit = kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits))
     assert not admit(second, [first])  # no stored orders: nothing known to be shared, two full contexts
     with PackCache() as store:
-        assert order_for_commits(str(repo), commits, store) == 1
-    assert kv_admit(capacity, 4, repos=tmp_path, window=1_048_576)(second, [first])  # core.py is held once
+        assert order_for_commits(str(repo), commits, store).runs == 1
+    assert kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits))(second, [first])  # core.py is held once
 
 
 def test_delta_packs_of_one_run_are_charged_once_for_their_base_even_where_files_changed(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import order_for_commits
+    from m3_agent.evals.reuse.ordering import order_for_commits
     from m3_agent.evals.admission import kv_admit
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
@@ -314,15 +320,14 @@ def test_delta_packs_of_one_run_are_charged_once_for_their_base_even_where_files
     commits = _history(repo, [{"core.py": f"x = {n}\n" + "x = 1\n" * 16_000} for n in range(3)])
     first, second, capacity = _two_contexts_do_not_fit(tmp_path, commits)
     with PackCache() as store:
-        assert order_for_commits(str(repo), commits, store, delta=True) == 1
-    assert not kv_admit(capacity, 4, repos=tmp_path, window=1_048_576)(second, [first])  # plain: core.py differs
-    delta = Sessions(delta=True)
-    assert kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, sessions=delta)(second, [first])  # one base
+        assert order_for_commits(str(repo), commits, store, delta=True).runs == 1
+    assert not kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits))(second, [first])  # plain: core.py differs
+    assert kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))(second, [first])  # one base
 
 
 def test_a_repository_larger_than_the_window_is_credited_no_more_than_its_shared_part(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import order_for_commits
+    from m3_agent.evals.reuse.ordering import order_for_commits
     from m3_agent.evals.admission import OUTPUT_RESERVE, KvCapacity, kv_admit
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
@@ -336,15 +341,14 @@ def test_a_repository_larger_than_the_window_is_credited_no_more_than_its_shared
     with PackCache() as store:
         order_for_commits(str(repo), commits, store, delta=True)
     # budgeted packs are never delta packs: the base is not credited, only the shared part when there is one
-    assert not kv_admit(capacity, 4, repos=tmp_path, window=window, sessions=Sessions(delta=True))(second, [first])
-    half, fifth = Sessions(delta=True, shared_share=0.5), Sessions(delta=True, shared_share=0.2)
-    assert kv_admit(capacity, 4, repos=tmp_path, window=window, sessions=half)(second, [first])
-    assert not kv_admit(capacity, 4, repos=tmp_path, window=window, sessions=fifth)(second, [first])
+    assert not kv_admit(capacity, 4, repos=tmp_path, window=window, reuse=_reuse(commits, delta=True))(second, [first])
+    assert kv_admit(capacity, 4, repos=tmp_path, window=window, reuse=_reuse(commits, delta=True, share=0.5))(second, [first])
+    assert not kv_admit(capacity, 4, repos=tmp_path, window=window, reuse=_reuse(commits, delta=True, share=0.2))(second, [first])
 
 
 def test_a_delta_pack_of_another_run_is_credited_the_head_its_base_shares_with_a_running_base(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import order_for_commits, stored_run
+    from m3_agent.evals.reuse.ordering import Cuts, order_for_commits, stored_run
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
     repo = tmp_path / "o__r"
@@ -354,10 +358,11 @@ def test_a_delta_pack_of_another_run_is_credited_the_head_its_base_shares_with_a
     commits = _history(repo, [{"core.py": core, "other.py": f"y = {n // 3}\n" * 8_000, "small.py": f"s = {n}\n"}
                               for n in range(6)])
     with PackCache() as store:
-        assert order_for_commits(str(repo), commits, store, delta=True) == 2
-        assert [stored_run(str(repo), c, store).base for c in commits] == [commits[1]] * 3 + [commits[4]] * 3
+        assert order_for_commits(str(repo), commits, store, delta=True).runs == 2
+        batch = _reuse(commits, delta=True).batches["o/r"]
+        assert [stored_run(str(repo), batch, c, store).base for c in commits] == [commits[1]] * 3 + [commits[4]] * 3
     earlier, later = _task("r-0", base_commit=commits[0]), _task("r-5", base_commit=commits[5])
-    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, sessions=Sessions(delta=True))
+    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
     # the two bases' packs start with core.py alike (other.py differs): that much is held once
     assert admit.need(later, [earlier]) == admit.need(later, []) - int(len(core) / CHARS_PER_TOKEN)
 
@@ -365,13 +370,10 @@ def test_a_delta_pack_of_another_run_is_credited_the_head_its_base_shares_with_a
 def test_delta_packs_under_one_root_are_credited_its_files_and_within_a_run_the_diff_to_its_base(tmp_path,
                                                                                                     monkeypatch):
     from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import diff_bytes, order_for_commits, stored_run
+    from m3_agent.evals.reuse.ordering import Cuts, diff_bytes, order_for_commits, stored_run
     from m3_agent.evals.admission import _tree_bytes
 
-    from m3_agent.agent.context import stability
-
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(stability, "ROOT_DIFF_SHARE", 0.2)
     repo = tmp_path / "o__r"
     repo.mkdir()
     # three runs: era.py (6 kB) rewritten between them, small.py fixed at every commit; the diff
@@ -379,12 +381,12 @@ def test_delta_packs_under_one_root_are_credited_its_files_and_within_a_run_the_
     commits = _history(repo, [{"core.py": "x = 1\n" * 16_000, "era.py": f"y = {n // 3}\n" * 1_000,
                                "small.py": f"s = {n}\n"} for n in range(9)])
     with PackCache() as store:
-        assert order_for_commits(str(repo), commits, store, delta=True) == 3
-        runs = [stored_run(str(repo), c, store) for c in commits]
+        assert order_for_commits(str(repo), commits, store, delta=True, cuts=Cuts(root_diff_share=0.2)).runs == 3
+        runs = [stored_run(str(repo), _reuse(commits, delta=True).batches["o/r"], c, store) for c in commits]
     root, base = commits[4], commits[1]
     assert {r.root for r in runs} == {root} and runs[0].base == base
     tasks = [_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits)]
-    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, sessions=Sessions(delta=True))
+    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
     files = _tree_bytes(str(repo), root) / CHARS_PER_TOKEN
     to_base, to_own = diff_bytes(str(repo), root, base), diff_bytes(str(repo), base, commits[0])
     alone = admit.need(tasks[0], [])
@@ -398,26 +400,25 @@ def one_run(tmp_path, monkeypatch) -> tuple[Path, list[str]]:
     """Three commits that make one delta run, their orders stored: core.py stays, extra.py (2 kB) is
     rewritten at each; the middle commit is the base."""
     from m3_agent.agent.context.cache import PackCache
-    from m3_agent.agent.context.stability import order_for_commits
+    from m3_agent.evals.reuse.ordering import order_for_commits
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
     repo = tmp_path / "o__r"
     repo.mkdir()
     commits = _history(repo, [{"core.py": "x = 1\n" * 16_000, "extra.py": f"z = {n}\n" * 400} for n in range(3)])
     with PackCache() as store:
-        assert order_for_commits(str(repo), commits, store, delta=True) == 1
+        assert order_for_commits(str(repo), commits, store, delta=True).runs == 1
     return repo, commits
 
 
 def test_a_delta_pack_is_charged_its_base_once_per_run_and_its_own_diff(tmp_path, one_run):
-    from m3_agent.agent.context.stability import diff_bytes
+    from m3_agent.evals.reuse.ordering import diff_bytes
     from m3_agent.evals.admission import _tree_bytes
 
     repo, commits = one_run
     first, last = _task("r-0", base_commit=commits[0]), _task("r-2", base_commit=commits[2])
     # its diff at the repository's bytes per diff token, which a diff's line marks make denser
-    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, per_diff_token={"o/r": 2.5},
-                     sessions=Sessions(delta=True))
+    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True, per_diff={"o/r": 2.5}))
     base, diff = _tree_bytes(str(repo), commits[1]), diff_bytes(str(repo), commits[1], commits[2])
     assert diff > 2 * 2_000  # the old file's lines and the new one's
 
@@ -428,7 +429,7 @@ def test_a_delta_pack_is_charged_its_base_once_per_run_and_its_own_diff(tmp_path
     # beside an instance of its run: the base is held once, the diff is its own
     assert admit.need(last, [first]) == context(base / CHARS_PER_TOKEN + diff / 2.5) - int(base / CHARS_PER_TOKEN)
     assert admit.need(last, [first]) > admit.expected(last) - int(_tree_bytes(str(repo), commits[2]) / CHARS_PER_TOKEN)
-    plain_ratio = kv_admit(None, 4, repos=tmp_path, window=1_048_576, sessions=Sessions(delta=True)).need(last, [first])
+    plain_ratio = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True)).need(last, [first])
     assert plain_ratio == context(base / CHARS_PER_TOKEN + diff / CHARS_PER_TOKEN) - int(base / CHARS_PER_TOKEN)
 
 
@@ -438,7 +439,7 @@ def test_admission_learns_how_far_its_estimate_of_a_repository_falls_short(tmp_p
     repo, commits = one_run
     tasks = [_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits)]
     base = _tree_bytes(str(repo), commits[1]) / CHARS_PER_TOKEN
-    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, sessions=Sessions(delta=True))
+    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
     before = admit.need(tasks[1], [])  # the run's base: its files, and the prior's growth
     first = {t.instance_id: admit._first_prompt(t) for t in tasks}
     assert first["r-1"] == pytest.approx(base)
@@ -451,7 +452,7 @@ def test_admission_learns_how_far_its_estimate_of_a_repository_falls_short(tmp_p
     assert admit.need(tasks[1], []) > before - int(base * 0.15) - 32_768  # the scale, not the growth, raised it
     admit.observe(int(first["r-0"] * 0.7), int(first["r-0"] * 0.7) + 10, tasks[0])  # an estimate that erred high
     assert admit.scale("o/r") == pytest.approx(1.08, rel=1e-3)  # lowers nothing
-    unsure = kv_admit(None, 4, repos=tmp_path, window=1_048_576, sessions=Sessions(delta=True))
+    unsure = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
     for t in tasks:
         unsure.observe(int(first[t.instance_id] * 0.9), int(first[t.instance_id] * 0.9) + 10, t)
     assert unsure.scale("o/r") == 1.0  # never below 1: the estimate stays on the safe side

@@ -30,7 +30,7 @@ def test_defaults_apply_when_nothing_is_configured(tmp_path):
 
 def test_every_section_of_the_agent_config_is_a_settings_section():
     sections = {p.split(".")[0] for p in PATHS if "." in p}
-    assert sections == {"model", "sandbox", "context", "thinking", "stall", "limits", "fix"}
+    assert sections == {"model", "sandbox", "context", "thinking", "stall", "limits", "fix", "eval"}
     assert {p for p in PATHS if "." not in p} == {"serve", "output_cap_chars", "system_prompt", "test_cmd"}
     assert all(path in PATHS for path in FLAGS.values())
 
@@ -265,3 +265,20 @@ def test_pack_reads_the_context_table(git_repo, tmp_path):
     assert "secret-notes" in packed()
     write(repo / "m3-agent.toml", '[context]\nexclude = ["notes.txt"]\n')
     assert "secret-notes" not in packed() and "print(1)" in packed()
+
+
+@pytest.mark.parametrize("name", ["shared_share", "delta"])
+def test_a_batch_knob_still_under_context_is_an_error_that_names_its_new_place(tmp_path, name):
+    value = "0.5" if name == "shared_share" else "false"
+    (tmp_path / "m3-agent.toml").write_text(f"[context]\n{name} = {value}\n")
+    with pytest.raises(UsageError, match=rf"'context.{name}' moved to 'eval.{name}'.*\[eval\]"):
+        load_settings(tmp_path)
+    (tmp_path / "m3-agent.toml").write_text(f"[eval]\n{name} = {value}\n")
+    settings, sources = load_settings(tmp_path)
+    assert str(getattr(settings.eval, name)).lower() == value and sources[f"eval.{name}"] == "m3-agent.toml"
+    with pytest.raises(UsageError, match=rf"env M3_AGENT_CONTEXT__{name.upper()}: .*M3_AGENT_EVAL__{name.upper()}"):
+        load_settings(tmp_path, environ={f"M3_AGENT_CONTEXT__{name.upper()}": value})
+    with pytest.raises(UsageError, match=rf"'context.{name}' moved to 'eval.{name}'"):
+        load_settings(tmp_path, {f"context.{name}": value}, environ={})
+    with pytest.raises(ValueError, match=rf"context.{name} moved.*eval.{name}"):
+        AgentConfig.model_validate({"context": {name: value}})

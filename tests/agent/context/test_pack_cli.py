@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from m3_agent.agent.context import ServerCounter, pack_repository
+from m3_agent.agent.context import StableOrder, ServerCounter, pack_repository
 from m3_agent.serving.standin import StandinServer
 from tests.conftest import lan_address
 
@@ -141,10 +141,11 @@ def test_pack_takes_the_shared_part_and_history_from_the_settings(repo, tmp_path
     issue = tmp_path / "issue.md"
     issue.write_text("pkg/m7.py gives the wrong VALUE_7\n")
     budget = pack_repository(root).tokens // 2
-    (root / "m3-agent.toml").write_text("[context]\nshared_share = 0.5\n")
+    (root / "m3-agent.toml").write_text("[eval]\nshared_share = 0.5\n")
     proc = run_pack("--repo", str(root), "--issue", str(issue), "--budget", str(budget))
     assert proc.returncode == 0, proc.stderr
-    shared = pack_repository(root, issue=issue.read_text(), budget=budget, shared_share=0.5).text
+    shared = pack_repository(root, issue=issue.read_text(), budget=budget,
+                             order=StableOrder(str(root), None, shared_share=0.5)).text
     assert proc.stdout == shared != pack_repository(root, issue=issue.read_text(), budget=budget).text
 
 

@@ -2,7 +2,7 @@
 
 Two commits of one repository ten commits apart differ in a quarter of their bytes: the big,
 central files are the ones that change. A server's prefix cache reuses a prompt only up to its
-first differing token, so laying files out least changed first (`stability`) shares at most the
+first differing token, so laying files out least changed first (`agent.context.stability`) shares at most the
 files two commits have alike. An eval run knows its commits in advance: `order_for_commits` cuts
 them into runs and names a base commit for each. Every instance of a run then shows the same
 sections (the base commit's files, as the base instance's own pack shows them, byte for byte) and,
@@ -28,6 +28,7 @@ import git
 
 from m3_agent import hostgit
 from m3_agent.agent.context import layout
+from m3_agent.agent.context.pack import Pack
 from m3_agent.agent.context.tokens import TokenCounter
 from m3_agent.errors import M3AgentError
 
@@ -89,14 +90,12 @@ def changes_section(steps: list[tuple[str, str, str]], commit: str) -> str:
 
 def compose(plain, sections: list[bytes], steps: list[tuple[str, set[str]]], *, history: str, commit: str,
             budget: int | None, counter: TokenCounter):
-    """The delta pack of `plain` (a whole pack of `commit`'s tree; `pack_repository` sends no other):
+    """The delta pack of `plain` (a whole pack of `commit`'s tree; the batch packer sends no other):
     the root's `sections`, the diff from each of `steps` (commit, its packed paths; the root first,
     `commit` last) to the next, each over the paths packed at it or any before it (so a diff between
     two commits reads the same in every pack that shows it), then `plain`'s tree, commit and footer.
     None when it would not be the better pack: a diff is unreadable or over MAX_DIFF_SHARE of the
     sections, or the result does not fit `budget`."""
-    from m3_agent.agent.context.pack import Pack
-
     diffs, paths = [], set(steps[0][1])
     for (a, _), (b, more) in zip(steps, steps[1:]):
         paths |= more
@@ -118,7 +117,7 @@ def compose(plain, sections: list[bytes], steps: list[tuple[str, set[str]]], *, 
 
 
 def from_run(plain, run, *, history: str, commit: str, pack_at, budget: int | None, counter: TokenCounter):
-    """The delta pack of `plain` (a whole pack of `commit`'s tree) in its `run` (stability.Run): the
+    """The delta pack of `plain` (a whole pack of `commit`'s tree) in its `run` (ordering.Run): the
     root's sections and the diffs to the run's base and on to `commit`; when that is not the better
     pack, the base's sections and one diff; else `plain`. `pack_at(c)` packs a tree as the task at
     commit `c` packs its own."""

@@ -6,11 +6,16 @@ import re
 import subprocess
 
 from m3_agent import hostgit
-from m3_agent.agent.context import pack_repository
+from m3_agent.agent.config import AgentConfig
+from m3_agent.agent.context import EstimateCounter
 from m3_agent.agent.context.cache import PackCache
-from m3_agent.agent.context.delta import sections_end
-from m3_agent.agent.context.stability import order_for_commits, stored_run
+from m3_agent.evals.reuse import ordering
+from m3_agent.evals.reuse.delta import sections_end
+from m3_agent.evals.reuse.ordering import Cuts, order_for_commits, stored_run
+from m3_agent.evals.reuse.packer import BatchPacker
+from m3_agent.settings import ReuseConfig
 
+CUTS = Cuts()  # the batch's cuts as eval run makes them
 FILES = {f"pkg/mod{i:02d}.py": "".join(f"def f{i}_{k}():\n    return {k}\n" for k in range(40)) for i in range(20)}
 
 
@@ -37,22 +42,24 @@ def _history(repo, git) -> tuple:
     return source, commits
 
 
-def _packs(source, commits, tmp_path, cache, **kw) -> list:
-    """Each commit's tree exported as `eval run` exports it, packed as the agent packs it in a batch."""
+def _packs(source, commits, tmp_path, batch, *, budget=None, delta=True) -> list:
+    """Each commit's tree exported as `eval run` exports it, packed as the agent packs it in `batch`."""
     packs = []
     for n, commit in enumerate(commits):
         tree = hostgit.export_tree(source, commit, tmp_path / f"tree{n}")
-        packs.append(pack_repository(tree, cache=cache, history=source, history_commit=commit, delta=True, **kw))
+        packer = BatchPacker(AgentConfig(), history=str(source), commit=commit, batch=batch,
+                             reuse=ReuseConfig(delta=delta), counter=EstimateCounter())
+        packs.append(packer.pack(tree, budget=budget))
     return packs
 
 
 def test_every_instance_of_a_run_shows_the_base_files_byte_for_byte_then_its_diff(repo, git, tmp_path):
     source, commits = _history(repo, git)
     with PackCache(tmp_path / "cache") as cache:
-        assert order_for_commits(str(source), commits, cache, delta=True) == 1
-        base = stored_run(str(source), commits[0], cache).base
+        assert (ordered := order_for_commits(str(source), commits, cache, delta=True, cuts=CUTS)).runs == 1
+        base = stored_run(str(source), ordered.batch, commits[0], cache).base
         assert base == commits[2]  # the middle commit of the run: the shortest diffs
-        packs = _packs(source, commits, tmp_path, cache)
+        packs = _packs(source, commits, tmp_path, ordered.batch)
     plain = packs[2]
     assert plain.delta_base is None and "\n## Changes to the files above" not in plain.text
     sections = b"".join(plain.parts[: sections_end(plain)])
@@ -71,8 +78,8 @@ def test_every_instance_of_a_run_shows_the_base_files_byte_for_byte_then_its_dif
 def test_the_diff_takes_the_base_files_to_the_instance_commit(repo, git, tmp_path):
     source, commits = _history(repo, git)
     with PackCache(tmp_path / "cache") as cache:
-        order_for_commits(str(source), commits, cache, delta=True)
-        packs = _packs(source, commits, tmp_path, cache)
+        ordered = order_for_commits(str(source), commits, cache, delta=True, cuts=CUTS)
+        packs = _packs(source, commits, tmp_path, ordered.batch)
     for n in (0, 4):  # one older than the base (the diff undoes later fixes), one newer (adds and removes files)
         diff = re.search(r"\n```diff\n(.*?)```\n", packs[n].text, re.S).group(1)
         work = hostgit.export_tree(source, commits[2], tmp_path / f"apply{n}")
@@ -86,12 +93,11 @@ def test_the_diff_takes_the_base_files_to_the_instance_commit(repo, git, tmp_pat
 def test_a_budgeted_pack_a_lone_commit_or_delta_off_stay_plain(repo, git, tmp_path):
     source, commits = _history(repo, git)
     with PackCache(tmp_path / "cache") as cache:
-        lone = _packs(source, commits[:1], tmp_path / "lone", cache)[0]  # no batch ordered yet: no base
-        order_for_commits(str(source), commits, cache, delta=True)
-        off = pack_repository(hostgit.export_tree(source, commits[0], tmp_path / "off"), cache=cache,
-                              history=source, history_commit=commits[0], delta=False)
-        whole = _packs(source, commits[:1], tmp_path / "whole", cache)[0]
-        budgeted = _packs(source, commits[:1], tmp_path / "budgeted", cache, budget=whole.tokens // 2)[0]
+        lone = _packs(source, commits[:1], tmp_path / "lone", None)[0]  # no batch ordered: no base
+        ordered = order_for_commits(str(source), commits, cache, delta=True, cuts=CUTS)
+        off = _packs(source, commits[:1], tmp_path / "off", ordered.batch, delta=False)[0]
+        whole = _packs(source, commits[:1], tmp_path / "whole", ordered.batch)[0]
+        budgeted = _packs(source, commits[:1], tmp_path / "budgeted", ordered.batch, budget=whole.tokens // 2)[0]
     assert whole.delta_base == commits[2]
     assert lone.delta_base is None and off.delta_base is None
     assert budgeted.delta_base is None and "budget" in budgeted.skipped_by_reason()
@@ -107,9 +113,9 @@ def test_a_diff_larger_than_its_share_of_the_base_leaves_the_pack_plain(repo, gi
         git(source, "commit", "-qam", f"rewrite {n}")
         commits.append(git(source, "rev-parse", "HEAD").strip())
     with PackCache(tmp_path / "cache") as cache:
-        order_for_commits(str(source), commits, cache, delta=True)
-        bases = {stored_run(str(source), c, cache).base for c in commits}
-        packs = _packs(source, commits, tmp_path, cache)
+        ordered = order_for_commits(str(source), commits, cache, delta=True, cuts=CUTS)
+        bases = {stored_run(str(source), ordered.batch, c, cache).base for c in commits}
+        packs = _packs(source, commits, tmp_path, ordered.batch)
     assert all(p.delta_base is None for p in packs)
     assert bases - {None}  # a base was named, and the size rule alone kept the packs plain
 
@@ -127,32 +133,28 @@ def test_a_batch_is_cut_into_delta_runs_where_the_diff_from_the_run_start_grows_
             git(source, "commit", "-qam", f"fix {era} {n}")
             commits.append(git(source, "rev-parse", "HEAD").strip())
     with PackCache(tmp_path / "cache") as cache:
-        assert order_for_commits(str(source), commits, cache, delta=True) == 2
-        bases = [stored_run(str(source), c, cache).base for c in commits]
+        assert (ordered := order_for_commits(str(source), commits, cache, delta=True, cuts=CUTS)).runs == 2
+        bases = [stored_run(str(source), ordered.batch, c, cache).base for c in commits]
     assert bases == [commits[1]] * 3 + [commits[4]] * 3  # each era's middle commit
 
 
 def test_a_diff_git_cannot_size_cuts_the_run_instead_of_failing_the_batch(repo, git, tmp_path, monkeypatch):
-    from m3_agent.agent.context import stability
-
     source, commits = _history(repo, git)
-    real = stability.diff_bytes
+    real = ordering.diff_bytes
 
     def failing(history, a, b):  # git cannot diff across the third commit
         return None if commits[2] in (a, b) else real(history, a, b)
 
-    monkeypatch.setattr(stability, "diff_bytes", failing)
+    monkeypatch.setattr(ordering, "diff_bytes", failing)
     with PackCache(tmp_path / "cache") as cache:
-        assert order_for_commits(str(source), commits, cache, delta=True) == 3
-        bases = [stored_run(str(source), c, cache).base for c in commits]
+        assert (ordered := order_for_commits(str(source), commits, cache, delta=True, cuts=CUTS)).runs == 3
+        bases = [stored_run(str(source), ordered.batch, c, cache).base for c in commits]
     # the third commit runs alone (no diff to or from it); the others keep their runs' middles
     assert bases == [commits[0]] * 2 + [commits[2]] + [commits[3]] * 2
 
 
-def test_neighbouring_roots_share_the_files_alike_between_them_as_a_head(repo, git, tmp_path, monkeypatch):
-    from m3_agent.agent.context import stability
-
-    monkeypatch.setattr(stability, "ROOT_DIFF_SHARE", 0.0)  # every run its own root
+def test_neighbouring_roots_share_the_files_alike_between_them_as_a_head(repo, git, tmp_path):
+    cuts = Cuts(root_diff_share=0.0)  # every run its own root
     source = repo(FILES)
     commits = []
     # three eras: modules 0-6 are rewritten entering the second, modules 7-9 entering the third;
@@ -169,9 +171,9 @@ def test_neighbouring_roots_share_the_files_alike_between_them_as_a_head(repo, g
             git(source, "commit", "-qam", f"fix {era} {n}")
             commits.append(git(source, "rev-parse", "HEAD").strip())
     with PackCache(tmp_path / "cache") as cache:
-        assert order_for_commits(str(source), commits, cache, delta=True) == 3
-        bases = [stored_run(str(source), c, cache).base for c in commits[1::3]]
-        packs = _packs(source, bases, tmp_path, cache)
+        assert (ordered := order_for_commits(str(source), commits, cache, delta=True, cuts=cuts)).runs == 3
+        bases = [stored_run(str(source), ordered.batch, c, cache).base for c in commits[1::3]]
+        packs = _packs(source, bases, tmp_path, ordered.batch)
     assert bases == commits[1::3]
 
     def head(a, b) -> set[str]:  # the files whose whole sections two packs start with alike
@@ -219,16 +221,14 @@ def _files(tree) -> dict[str, bytes]:
     return {p.relative_to(tree).as_posix(): p.read_bytes() for p in tree.rglob("*") if p.is_file() and ".git" not in p.parts}
 
 
-def test_runs_under_one_root_show_its_files_then_the_diff_to_their_base_alike(repo, git, tmp_path, monkeypatch):
-    from m3_agent.agent.context import stability
-
-    monkeypatch.setattr(stability, "DELTA_RUN_SHARE", 0.05)  # a module's rewrite starts a run; fixes do not
-    monkeypatch.setattr(stability, "ROOT_DIFF_SHARE", 0.2)  # and the root is one rewrite from either base
+def test_runs_under_one_root_show_its_files_then_the_diff_to_their_base_alike(repo, git, tmp_path):
+    # a module's rewrite starts a run, fixes do not; and the root is one rewrite from either base
+    cuts = Cuts(delta_run_share=0.05, root_diff_share=0.2)
     source, commits = _three_runs(repo, git)
     with PackCache(tmp_path / "cache") as cache:
-        assert order_for_commits(str(source), commits, cache, delta=True) == 3
-        runs = [stability.stored_run(str(source), c, cache) for c in commits]
-        packs = _packs(source, commits, tmp_path, cache)
+        assert (ordered := order_for_commits(str(source), commits, cache, delta=True, cuts=cuts)).runs == 3
+        runs = [stored_run(str(source), ordered.batch, c, cache) for c in commits]
+        packs = _packs(source, commits, tmp_path, ordered.batch)
     bases = commits[1::3]
     assert [r.base for r in runs] == [b for b in bases for _ in range(3)]
     root = bases[1]  # the middle run's base is every run's root
@@ -252,29 +252,25 @@ def test_runs_under_one_root_show_its_files_then_the_diff_to_their_base_alike(re
 
 
 def test_diffs_from_the_root_too_large_fall_back_to_the_runs_own_base(repo, git, tmp_path, monkeypatch):
-    from m3_agent.agent.context import delta, stability
+    from m3_agent.evals.reuse import delta
 
-    monkeypatch.setattr(stability, "DELTA_RUN_SHARE", 0.05)
-    monkeypatch.setattr(stability, "ROOT_DIFF_SHARE", 0.2)
+    cuts = Cuts(delta_run_share=0.05, root_diff_share=0.2)
     source, commits = _three_runs(repo, git)
     with PackCache(tmp_path / "cache") as cache:
-        order_for_commits(str(source), commits, cache, delta=True)
+        ordered = order_for_commits(str(source), commits, cache, delta=True, cuts=cuts)
         monkeypatch.setattr(delta, "MAX_DIFF_SHARE", 0.03)  # a fix's diff fits, a module's rewrite does not
-        packs = _packs(source, commits[:3], tmp_path, cache)
+        packs = _packs(source, commits[:3], tmp_path, ordered.batch)
     assert [p.delta_base for p in packs] == [commits[1], None, commits[1]]
     for n in (0, 2):
         assert packs[n].text.count("```diff\n") == 1 and packs[n].data.startswith(b"".join(packs[1].parts[:sections_end(packs[1])]))
 
 
-def test_a_root_holds_the_runs_whose_bases_lie_within_its_share_of_it(repo, git, tmp_path, monkeypatch):
-    from m3_agent.agent.context import stability
-
-    monkeypatch.setattr(stability, "DELTA_RUN_SHARE", 0.05)
-    monkeypatch.setattr(stability, "ROOT_DIFF_SHARE", 0.15)  # one module's rewrite apart, not two
+def test_a_root_holds_the_runs_whose_bases_lie_within_its_share_of_it(repo, git, tmp_path):
+    cuts = Cuts(delta_run_share=0.05, root_diff_share=0.15)  # one module's rewrite apart, not two
     source, commits = _three_runs(repo, git, eras=4)
     with PackCache(tmp_path / "cache") as cache:
-        assert order_for_commits(str(source), commits, cache, delta=True) == 4
-        runs = [stability.stored_run(str(source), c, cache) for c in commits]
+        assert (ordered := order_for_commits(str(source), commits, cache, delta=True, cuts=cuts)).runs == 4
+        runs = [stored_run(str(source), ordered.batch, c, cache) for c in commits]
     bases = commits[1::3]
     # the first three runs' bases lie one rewrite from the second's; the fourth two from it
     assert [r.root for r in runs] == [bases[1]] * 9 + [bases[3]] * 3
