@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from m3_agent.evals.predictions import load_predictions  # noqa: E402
-from m3_agent.evals.runner import EvalConfig, run_eval  # noqa: E402
+from m3_agent.evals.config import EvalConfig  # noqa: E402
+from m3_agent.evals.runner import RunOptions, run_eval  # noqa: E402
 from m3_agent.evals.tasks import cache_dir, checkout, load_tasks  # noqa: E402
 from m3_agent.sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
 
@@ -133,7 +134,7 @@ def peer_python() -> Path:
 def ours(tasks, preds, workers: int, work: Path) -> dict:
     config = EvalConfig(output_dir=work / f"ours-{workers}w", test_timeout=600)
     start = time.monotonic()
-    results = run_eval(tasks, preds, config, workers=workers)
+    results = run_eval(tasks, preds, config, RunOptions(workers=workers))
     wall = time.monotonic() - start
     return {
         "wall_s": wall,
@@ -154,7 +155,7 @@ def swebench_ours(tasks, work: Path) -> dict:
     for kind in ("gold", "empty"):
         config = EvalConfig(output_dir=work / f"sb-ours-{kind}", image_namespace=NAMESPACE)
         start = time.monotonic()
-        results = run_eval(tasks, load_predictions(kind, tasks), config, workers=2)
+        results = run_eval(tasks, load_predictions(kind, tasks), config, RunOptions(workers=2))
         out[kind] = {"resolved": sum(r.report.resolved for r in results), "wall_s": round(time.monotonic() - start, 3),
                      "errors": [r.instance_id for r in results if r.outcome == "error"]}
     return out

@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 from m3_agent.agent.config import AgentConfig  # noqa: E402
 from m3_agent.evals.ray_executor import RayExecutor  # noqa: E402
 from m3_agent.evals.ray_local import LocalRayCluster  # noqa: E402
-from m3_agent.evals.runner import EvalConfig, run_eval  # noqa: E402
+from m3_agent.evals.config import EvalConfig  # noqa: E402
+from m3_agent.evals.runner import RunOptions, run_eval  # noqa: E402
 from m3_agent.evals.tasks import SUITE_DIR, Task, builtin_names, builtin_tasks  # noqa: E402
 from m3_agent.sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
 from m3_agent.serving.standin import StandinServer  # noqa: E402
@@ -87,7 +88,7 @@ def run_once(tasks: list[Task], script: dict, out: Path, workers: int, executor)
         agent = AgentConfig.model_validate({"model": {"base_url": srv.base_url}})
         config = EvalConfig(output_dir=out, sandbox=agent.sandbox, agent=agent, test_timeout=300)
         start = time.monotonic()
-        results = run_eval(tasks, None, config, workers=workers, executor=executor, on_event=clock)
+        results = run_eval(tasks, None, config, RunOptions(workers=workers, executor=executor), on_event=clock)
         return time.monotonic() - start, results, dispatch
 
 

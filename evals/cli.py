@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,10 +15,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
-from m3_agent.evals.harness import uses_harness
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
-from m3_agent.evals.runner import EvalConfig, Executor, InstanceResult, run_eval
+from m3_agent.evals.config import EvalConfig
+from m3_agent.evals.executor import Executor
+from m3_agent.evals.instance import InstanceResult, grader_for
+from m3_agent.evals.runner import RunOptions, run_eval
 from m3_agent.evals.tasks import Task, load_tasks
 from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig
 
@@ -100,37 +103,45 @@ def _default_output(kind: str, *parts: str) -> Path:
     return DEFAULT_ROOT / f"{kind}-{stem}-{key.hexdigest()[:8]}"
 
 
-def execute(tasks: list[Task], predictions, config: EvalConfig, *, workers: int, retry_errors: bool,
-            cost: CostModel, quiet: bool, json_out: bool, all_tasks: list[Task] | None = None,
-            admit=None, meta_extra: dict | None = None, executor: Executor | None = None) -> Report:
+@dataclass(frozen=True)
+class ReportOptions:
+    """What a run's report counts and records, and what the command shows."""
+
+    cost: CostModel = field(default_factory=CostModel)
+    all_tasks: list[Task] | None = None  # what the report counts (default: the tasks run): left-out tasks are incomplete
+    meta: dict[str, Any] = field(default_factory=dict)  # more for run.json (what admission learned)
+    quiet: bool = False  # no progress and no table
+    json_out: bool = False  # end with the summary as one JSON object on stdout
+
+
+def execute(tasks: list[Task], predictions, config: EvalConfig, options: RunOptions,
+            shown: ReportOptions) -> Report:
     """Run, write the reports into the output directory, print the table (and the JSON summary).
 
-    `all_tasks` (default: `tasks`) is what the report counts, so tasks left out show as incomplete.
-    `admit` (evals.admission.kv_admit) may hold instances back; `meta_extra` goes into run.json.
-    `executor` (default: the local process pool) checks the sandbox image on its own nodes.
+    `options.admit` (evals.admission.kv_admit) may hold instances back; `options.executor` (default:
+    the local process pool) checks the sandbox image on its own nodes.
     """
-    console = Console(stderr=json_out)
+    console = Console(stderr=shown.json_out)
     # Harness tasks run in their instance images instead; an executor checks its own nodes.
-    if executor is None and not all(uses_harness(t) for t in tasks):
+    if options.executor is None and any(grader_for(t).checks_out for t in tasks):
         _require_image(config.sandbox.image)
     config.output_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with RunProgress(len(tasks), console, enabled=not quiet) as progress:
-        results = run_eval(tasks, predictions, config, workers=workers, retry_errors=retry_errors, on_event=progress,
-                           admit=admit, executor=executor)
+    with RunProgress(len(tasks), console, enabled=not shown.quiet) as progress:
+        results = run_eval(tasks, predictions, config, options, on_event=progress)
     meta_path = config.output_dir / "run.json"
     earlier = json.loads(meta_path.read_text()).get("wall_s", 0.0) if meta_path.is_file() else 0.0
     wall = round(earlier + time.monotonic() - started, 3)  # a resumed run adds to the time already spent
-    meta = {"wall_s": wall, "workers": workers, "model_name": config.model_name, "cost": cost.model_dump(),
-            "instances": len(tasks), **(meta_extra or {})}
+    meta = {"wall_s": wall, "workers": options.workers, "model_name": config.model_name,
+            "cost": shown.cost.model_dump(), "instances": len(tasks), **shown.meta}
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-    report = build_report(results, tasks=all_tasks or tasks, cost=cost, run_wall_s=wall)
+    report = build_report(results, tasks=shown.all_tasks or tasks, cost=shown.cost, run_wall_s=wall)
     paths = write_reports(report, config.output_dir)
-    if not quiet:
+    if not shown.quiet:
         print_table(report, console)
         console.print(f"reports: {paths['html']}  {paths['markdown']}  {paths['json']}; "
                       f"predictions: {config.output_dir / 'predictions.jsonl'}")
-    if json_out:
+    if shown.json_out:
         print(report.summary.model_dump_json())
     return report
 
@@ -170,8 +181,8 @@ def grade_command(
     config = EvalConfig(output_dir=output or _default_output("grade", tasks, predictions), repos=repos,
                         sandbox=_sandbox(image), test_timeout=test_timeout, instance_timeout=instance_timeout,
                         image_namespace=image_namespace or None, image_tag=image_tag)
-    execute(predicted, preds, config, workers=workers, retry_errors=retry_errors, cost=CostModel(), quiet=quiet,
-            json_out=json_out, all_tasks=task_list)
+    execute(predicted, preds, config, RunOptions(workers=workers, retry_errors=retry_errors),
+            ReportOptions(all_tasks=task_list, quiet=quiet, json_out=json_out))
 
 
 @app.command("run")
@@ -220,10 +231,11 @@ def run_command(
     run_order, admit, meta = task_list, None, {}
     if kv_admission:
         run_order, admit, meta = _kv_admission(task_list, endpoint, settings, workers, repos, agent, quiet)
-    execute(run_order, None, config, workers=workers, retry_errors=retry_errors, quiet=quiet, json_out=json_out,
-            cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour), admit=admit,
-            meta_extra=meta, all_tasks=task_list,  # the report keeps the tasks' own order
-            executor=_ray_executor(ray_address, [endpoint, *urls[1:]], agent) if executor == "ray" else None)
+    run = RunOptions(workers=workers, retry_errors=retry_errors, admit=admit,
+                     executor=_ray_executor(ray_address, [endpoint, *urls[1:]], agent) if executor == "ray" else None)
+    execute(run_order, None, config, run, ReportOptions(
+        cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour), meta=meta,
+        all_tasks=task_list, quiet=quiet, json_out=json_out))  # the report keeps the tasks' own order
 
 
 def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quiet: bool) -> tuple[str, Any, Any]:

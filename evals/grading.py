@@ -3,6 +3,11 @@
     report = grade(task, model_patch, repo=checked_out_tree, sandbox=SandboxConfig(...))
     report.resolved, report.tests_status
 
+Each task is graded by a `Grader`: `JUnitGrader` here (tasks graded by the JUnit report of their
+tests), or `evals.harness.HarnessGrader` (SWE-bench instances, decided by the harness's own report);
+`evals.instance.grader_for` chooses. Both build their report with `grading_report` and
+`grading_sandbox`, and apply the model's patch with `apply_step`.
+
 The steps, each in a fresh sandbox per instance:
   1. the tree at `base_commit` is copied in (see `evals.tasks.checkout`);
   2. the model patch is applied: `git apply`, else `patch --fuzz`, else "does not apply";
@@ -29,13 +34,17 @@ from __future__ import annotations
 import re
 import shlex
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
 from m3_agent.errors import M3AgentError
-from m3_agent.evals.tasks import Task, test_ids
+from m3_agent.evals.config import EvalConfig
+from m3_agent.evals.tasks import Task, checkout, source_repository, test_ids
 from m3_agent.sandbox import Sandbox, SandboxConfig
 from m3_agent.tools.junit import ERROR, FAILED, PASSED, SKIPPED, XFAIL, junit_cases
 
@@ -327,6 +336,42 @@ def run_tests(sb: Sandbox, task: Task, timeout: float) -> tuple[dict[str, str], 
         return {}, r.exit_code, r.timed_out, f"{output}\n[m3-agent: {e}]"
 
 
+@contextmanager
+def grading_report(model_patch: str | None) -> Iterator[InstanceReport]:
+    """The report of grading `model_patch`, for the body to fill in; a failed step or a project error in
+    the body becomes the report's error (so it is never resolved), and the whole is timed (`total_s`)."""
+    report = InstanceReport(patch_is_None=model_patch is None, patch_exists=bool(model_patch and model_patch.strip()))
+    clock = time.monotonic()
+    try:
+        yield report
+    except StepFailed as e:
+        report.error = str(e)
+    except M3AgentError as e:
+        report.error = f"{type(e).__name__}: {e}"
+    report.timings["total_s"] = _since(clock)
+
+
+@contextmanager
+def grading_sandbox(config: SandboxConfig, repo: Path, report: InstanceReport) -> Iterator[Sandbox]:
+    """Step 1: a fresh sandbox with `repo` copied in; its start-up time goes into the report (`sandbox_s`)."""
+    clock = time.monotonic()
+    with Sandbox(config, repo=repo) as sb:
+        report.timings["sandbox_s"] = _since(clock)
+        yield sb
+
+
+def apply_step(sb: Sandbox, report: InstanceReport, model_patch: str) -> bool:
+    """Step 2: apply the model's patch, if any; False (and the report's error) when it does not apply."""
+    sb.exec(f"mkdir -p {EVAL_DIR}", timeout=STEP_TIMEOUT_S)
+    if not report.patch_exists:
+        return True
+    report.apply_method, report.apply_output = apply_model_patch(sb, model_patch)
+    report.patch_successfully_applied = report.apply_method is not None
+    if not report.patch_successfully_applied:
+        report.error = "patch does not apply"
+    return report.patch_successfully_applied
+
+
 def grade(task: Task, model_patch: str | None, *, repo: Path, sandbox: SandboxConfig,
           test_timeout: float = 600.0) -> InstanceReport:
     """Grade one prediction in a fresh sandbox built from `repo` (the tree at base_commit).
@@ -334,31 +379,18 @@ def grade(task: Task, model_patch: str | None, *, repo: Path, sandbox: SandboxCo
     An empty patch is still run: its tests show whether FAIL_TO_PASS really fails at base, which is
     how a task is validated; it never counts as resolved.
     """
-    report = InstanceReport(patch_is_None=model_patch is None, patch_exists=bool(model_patch and model_patch.strip()))
-    clock = time.monotonic()
-    try:
-        with Sandbox(sandbox, repo=repo) as sb:
-            report.timings["sandbox_s"] = _since(clock)
+    with grading_report(model_patch) as report:
+        with grading_sandbox(sandbox, repo, report) as sb:
             _grade_in(sb, task, model_patch or "", report, test_timeout)
-    except StepFailed as e:
-        report.error = str(e)
-    except M3AgentError as e:
-        report.error = f"{type(e).__name__}: {e}"
     report.resolved = verdict(report)
-    report.timings["total_s"] = _since(clock)
     return report
 
 
 def _grade_in(sb: Sandbox, task: Task, model_patch: str, report: InstanceReport, test_timeout: float) -> None:
     """Steps 2-5 in a started sandbox, filling in `report`."""
     clock = time.monotonic()
-    sb.exec(f"mkdir -p {EVAL_DIR}", timeout=STEP_TIMEOUT_S)
-    if report.patch_exists:
-        report.apply_method, report.apply_output = apply_model_patch(sb, model_patch)
-        report.patch_successfully_applied = report.apply_method is not None
-        if not report.patch_successfully_applied:
-            report.error = "patch does not apply"
-            return
+    if not apply_step(sb, report, model_patch):
+        return
     apply_test_patch(sb, task.test_patch)
     for cmd in task.env_setup:
         _run(sb, cmd, f"env_setup `{cmd}`", timeout=test_timeout)
@@ -371,6 +403,76 @@ def _grade_in(sb: Sandbox, task: Task, model_patch: str, report: InstanceReport,
     report.tests_status = tests_status(task, statuses)
     note_environment_error(report, report.test_exit_code, report.test_output, has_results=bool(raw),
                            model_patch=model_patch)
+
+
+# --- the grader --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Workspace:
+    """An instance made ready: its repository on the host, and the config with the image that the agent
+    and the grading run in."""
+
+    tree: Path
+    config: EvalConfig
+    history: str  # the repository whose history orders the agent's pack: the task's source (a checkout has none), or the tree
+
+
+class Grader(Protocol):
+    """How an instance is made ready and decided: `JUnitGrader` (here) or `evals.harness.HarnessGrader`."""
+
+    # True: the tree is checked out from the task's repository, and runs on the project's sandbox image
+    # (an executor checks the image, and ships the tree to other machines); False: an instance image holds both.
+    checks_out: bool
+    preload: tuple[str, ...]  # modules a worker process imports ahead (the harness takes seconds)
+
+    def prepare(self, task: Task, config: EvalConfig, scratch: Path) -> Workspace:
+        """The instance's tree (under `scratch` when it is made there) and the config to run it with."""
+        ...
+
+    def grade(self, task: Task, model_patch: str | None, workspace: Workspace) -> InstanceReport:
+        """The verdict on `model_patch` (None: the model gave none)."""
+        ...
+
+
+class JUnitGrader:
+    """Tasks graded by the JUnit report of their tests: the tree at base_commit, in the environment
+    image its task names or its repository's files declare, the rules above."""
+
+    checks_out = True
+    preload: tuple[str, ...] = ()
+
+    def prepare(self, task: Task, config: EvalConfig, scratch: Path) -> Workspace:
+        """Check the tree out under `scratch`; the checkout has no history, so the source repository orders the pack."""
+        tree = checkout(task, scratch / "repo", repos=config.repos)
+        return Workspace(tree, with_environment(task, config, tree), str(source_repository(task, config.repos)))
+
+    def grade(self, task: Task, model_patch: str | None, workspace: Workspace) -> InstanceReport:
+        """`grade` in the workspace's sandbox."""
+        config = workspace.config
+        return grade(task, model_patch, repo=workspace.tree, sandbox=config.sandbox, test_timeout=config.test_timeout)
+
+
+def with_environment(task: Task, config: EvalConfig, tree: Path) -> EvalConfig:
+    """The config with the task's own image: built from its `environment` recipe when it names one, else
+    the environment its repository's files declare at the task's commit (`sandbox.envimage`), built once
+    per dependency state; the grader and the agent both run in it."""
+    if task.environment is not None:
+        from m3_agent.sandbox import build_env_image
+
+        image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image)
+    else:
+        from m3_agent.sandbox.envimage import environment_for
+
+        history = (source_repository(task, config.repos), task.base_commit)
+        sandbox, env = environment_for(tree, config.sandbox, history=history, source=task.repo.replace("/", "__"))
+        if env is None:
+            return config
+        image = sandbox.image
+    sandbox = config.sandbox.model_copy(update={"image": image})
+    agent = None
+    if config.agent is not None:
+        agent = config.agent.model_copy(update={"sandbox": config.agent.sandbox.model_copy(update={"image": image})})
+    return config.model_copy(update={"sandbox": sandbox, "agent": agent})
 
 
 def _since(start: float) -> float:

@@ -1,7 +1,8 @@
 """Grading the SWE-bench harness's way, through its own code (the `swebench` package, optional extra).
 
-    if uses_harness(task):
-        report = grade_with_harness(task, patch, image=instance_image(task, "swebench", "latest"), ...)
+    report = grade_with_harness(task, patch, image=instance_image(task, "swebench", "latest"), sandbox=...)
+    workspace = HarnessGrader().prepare(task, eval_config, scratch)   # as an eval run does (evals.instance):
+    report = HarnessGrader().grade(task, patch, workspace)            # the `Grader` of harness tasks
 
 What comes from the harness (swebench >= 5): `make_test_spec` turns the instance into a TestSpec
 (its eval script, with the test command's exit code recorded), `PARSER_REGISTRY` names the log
@@ -21,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
-from m3_agent.evals.grading import (EVAL_DIR, InstanceReport, Outcome, TestsStatus, StepFailed, apply_model_patch,
-                                    note_environment_error, patch_files)
+from m3_agent.errors import SandboxUnavailable, UsageError
+from m3_agent.evals.config import EvalConfig
+from m3_agent.evals.grading import (EVAL_DIR, InstanceReport, Outcome, TestsStatus, Workspace, apply_step,
+                                    grading_report, grading_sandbox, note_environment_error, patch_files)
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox import Sandbox, SandboxConfig
 
@@ -155,18 +157,29 @@ def testbed_tree(image: str) -> Path:
     return dest
 
 
-def evaluate_with_harness(task: Task, patch: str | None, config, run_agent):
-    """One instance of a harness task (evals.runner calls this): the agent in the instance image when
-    `config.agent` is set, then grading there; returns (patch, agent stats or None, report)."""
-    image = ensure_image(instance_image(task, config.image_namespace, config.image_tag))
-    tree = testbed_tree(image)
-    stats = None
-    if config.agent is not None:
-        agent = config.agent.model_copy(update={"sandbox": sandbox_for(config.agent.sandbox, image)})
-        patch, stats = run_agent(task, tree, config.model_copy(update={"agent": agent}))
-    report = grade_with_harness(task, patch, image=image, sandbox=config.sandbox, test_timeout=config.test_timeout,
-                                tree=tree)
-    return patch, stats, report
+class HarnessGrader:
+    """SWE-bench instances (`uses_harness`): the instance image holds the repository at /testbed and its
+    environment; the harness's eval script runs the tests and its report decides."""
+
+    checks_out = False
+    preload = ("swebench.harness",)
+
+    def prepare(self, task: Task, config: EvalConfig, scratch: Path) -> Workspace:
+        """The instance image (pulled if need be) for the agent and the grading; its /testbed, with whatever
+        history the image keeps, is the tree (nothing is made under `scratch`)."""
+        image = ensure_image(instance_image(task, config.image_namespace, config.image_tag))
+        tree = testbed_tree(image)
+        agent = None
+        if config.agent is not None:
+            agent = config.agent.model_copy(update={"sandbox": sandbox_for(config.agent.sandbox, image)})
+        sandbox = config.sandbox.model_copy(update={"image": image})
+        return Workspace(tree, config.model_copy(update={"sandbox": sandbox, "agent": agent}), str(tree))
+
+    def grade(self, task: Task, model_patch: str | None, workspace: Workspace) -> InstanceReport:
+        """`grade_with_harness` in the workspace's instance image."""
+        config = workspace.config
+        return grade_with_harness(task, model_patch, image=config.sandbox.image, sandbox=config.sandbox,
+                                  test_timeout=config.test_timeout, tree=workspace.tree)
 
 
 # --- the eval script ---------------------------------------------------------------------------------
@@ -248,35 +261,23 @@ def grade_with_harness(task: Task, model_patch: str | None, *, image: str, sandb
     """Grade one prediction in the instance image: apply the patch, run the harness's eval script,
     and let its parser and report function decide. An unappliable patch is an error, as in evals.grading,
     and so is a test command that could not start (an environment error)."""
-    report = InstanceReport(patch_is_None=model_patch is None, patch_exists=bool(model_patch and model_patch.strip()))
-    clock = time.monotonic()
-    try:
+    with grading_report(model_patch) as report:
         spec = test_spec(task, image)
         image = ensure_image(image)
-        with Sandbox(sandbox_for(sandbox, image), repo=tree or testbed_tree(image)) as sb:
-            report.timings["sandbox_s"] = round(time.monotonic() - clock, 3)
+        with grading_sandbox(sandbox_for(sandbox, image), tree or testbed_tree(image), report) as sb:
             log = _run_eval_script(sb, spec, model_patch or "", report, test_timeout)
         if log is not None:
             read_log(report, task, spec, model_patch, log)
-    except StepFailed as e:
-        report.error = str(e)
-    except M3AgentError as e:
-        report.error = f"{type(e).__name__}: {e}"
-    report.timings["total_s"] = round(time.monotonic() - clock, 3)
     return report
 
 
 def _run_eval_script(sb: Sandbox, spec, model_patch: str, report: InstanceReport, timeout: float) -> str | None:
     """Apply the patch, run the eval script (stderr into stdout, as the harness reads one stream)."""
     grading, *_ = swebench()
-    sb.exec(f"mkdir -p {EVAL_DIR}", timeout=60)
-    report.patch_successfully_applied = True
-    if report.patch_exists:
-        report.apply_method, report.apply_output = apply_model_patch(sb, model_patch)
-        if report.apply_method is None:
-            report.patch_successfully_applied = False
-            report.error = "patch does not apply"
-            return None
+    # An empty patch counts as applied, as the harness reports it.
+    report.patch_successfully_applied = apply_step(sb, report, model_patch)
+    if not report.patch_successfully_applied:
+        return None
     sb.write_file(EVAL_SCRIPT, spec.eval_script)
     clock = time.monotonic()
     r = sb.exec(f"bash {EVAL_SCRIPT} 2>&1", timeout=timeout)

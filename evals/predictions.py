@@ -49,6 +49,11 @@ def load_predictions(spec: str | Path, tasks: list[Task]) -> dict[str, Predictio
     return preds
 
 
+def prediction_of(predictions: dict[str, Prediction] | None, task: Task) -> Prediction | None:
+    """The task's prediction, when grading predictions; None for an agent run."""
+    return predictions.get(task.instance_id) if predictions is not None else None
+
+
 def append_prediction(path: Path, pred: Prediction) -> None:
     """Append one prediction as a JSONL line, synced to disk at once."""
     append_record(path, pred.model_dump(mode="json"))

@@ -1,8 +1,8 @@
 """The Ray executor: `eval run --executor ray` places instances on the nodes of a Ray cluster.
 
-    run_eval(tasks, preds, config, workers=8, executor=RayExecutor(address="head:6379", pool=pool))
+    run_eval(tasks, preds, config, RunOptions(workers=8, executor=RayExecutor(address="head:6379", pool=pool)))
 
-Each instance runs `runner.run_instance` (the local executor's per-instance function: agent, then
+Each instance runs `instance.run_instance` (what the local executor runs per instance too: agent, then
 grading) as a Ray task that needs one unit of the custom resource `docker`, which node operators
 declare on nodes with a Docker engine (`ray start ... --resources '{"docker": 4}'`). Nothing is
 shared but the cluster:
@@ -41,10 +41,10 @@ from m3_agent import hostgit
 from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.admission import PROGRESS_EVENTS, new_lines
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
-from m3_agent.evals.harness import uses_harness
-from m3_agent.evals.predictions import Prediction
-from m3_agent.evals.runner import (Admission, EvalConfig, Event, InstanceResult, failed_result, prediction_of, run_instance,
-                                   trajectory_folder, worker_config_json)
+from m3_agent.evals.config import EvalConfig, trajectory_folder, worker_config_json
+from m3_agent.evals.executor import Admission, Event
+from m3_agent.evals.instance import InstanceResult, failed_result, grader_for, run_instance
+from m3_agent.evals.predictions import Prediction, prediction_of
 from m3_agent.evals.tasks import Task, checkout, repo_source
 
 DOCKER_RESOURCE = "docker"
@@ -202,7 +202,7 @@ class RayExecutor:
         queue: deque[Task] = deque(tasks)
         running: dict[Any, _Flight] = {}
         try:
-            self._preflight(ray, config, image=not all(uses_harness(t) for t in tasks))
+            self._preflight(ray, config, image=any(grader_for(t).checks_out for t in tasks))
             if admit is not None:  # the workers' trajectories are not here: relay their progress
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -341,7 +341,7 @@ class RayExecutor:
         """Submit one instance; a result instead when it cannot start (bad repository, no endpoint left)."""
         pred = prediction_of(predictions, task)
         try:
-            key, tree = (None, None) if uses_harness(task) else self._tree(ray, task, config)
+            key, tree = self._tree(ray, task, config) if grader_for(task).checks_out else (None, None)
         except M3AgentError as e:  # a missing repository or commit: that instance's error, as locally
             return failed_result(task, pred, f"{type(e).__name__}: {e}", 0.0)
         endpoint = self.pool.acquire(task.instance_id) if self.pool and config.agent else None

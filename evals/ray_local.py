@@ -1,7 +1,7 @@
 """A throwaway Ray cluster made of processes on this machine: a head and worker nodes, loopback addresses.
 
     with LocalRayCluster(nodes=2, docker_slots=2) as cluster:   # `ray start --head`, `ray start --address`
-        run_eval(..., executor=RayExecutor(address=cluster.address))
+        run_eval(..., RunOptions(executor=RayExecutor(address=cluster.address)))
         cluster.kill_node(1)                                     # SIGKILL a worker node's every process
 
 For the tests, the benchmark and trying `--executor ray` before a real cluster exists. Each node is one

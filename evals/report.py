@@ -19,7 +19,8 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from m3_agent.evals.runner import AgentStats, InstanceResult, load_results
+from m3_agent.evals.instance import AgentStats, InstanceResult
+from m3_agent.evals.results import load_results
 from m3_agent.evals.tasks import Task
 
 SCHEMA_VERSION = 2

@@ -58,7 +58,9 @@ from m3_agent.agent.loop import Agent, RunResult
 from m3_agent.agent.model import ModelReply
 from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model
 from m3_agent.evals.report import build_report
-from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
+from m3_agent.evals.config import EvalConfig
+from m3_agent.evals.instance import InstanceResult
+from m3_agent.evals.runner import RunOptions, run_eval
 from m3_agent.evals.tasks import Task, load_tasks
 from m3_agent.sandbox import DEFAULT_IMAGE, ExecResult, LocalEnvironment, SandboxConfig, build_image
 from m3_agent.serving.endpoint import resolve_endpoint
@@ -94,6 +96,7 @@ __all__ = [
     "ModelReply",
     "PullRequestExists",
     "PushRejected",
+    "RunOptions",
     "RunResult",
     "SandboxConfig",
     "SandboxUnavailable",

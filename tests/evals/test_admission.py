@@ -25,7 +25,7 @@ from m3_agent.evals.admission import (
     parse_capacity,
 )
 from m3_agent.evals.reuse.ordering import batch_id
-from m3_agent.evals.runner import EvalConfig, run_eval
+from m3_agent.evals.runner import EvalConfig, RunOptions, run_eval
 from m3_agent.evals.tasks import Task
 from m3_agent.serving.planner import GB, plan
 from m3_agent.serving.standin import B200X8_KV_TOKENS, StandinServer, toy_pieces
@@ -177,7 +177,7 @@ def test_before_any_finished_the_gate_projects_the_running_sessions_growth_from_
 
 def test_the_runner_tells_the_gate_what_each_finished_instance_grew_to(tmp_path):
     from m3_agent.evals.grading import InstanceReport
-    from m3_agent.evals.runner import AgentStats, InstanceResult
+    from m3_agent.evals.instance import AgentStats, InstanceResult
 
     tasks = [_task(f"r-{i}") for i in range(3)]
     seen = []
@@ -200,10 +200,10 @@ def test_the_runner_tells_the_gate_what_each_finished_instance_grew_to(tmp_path)
             yield InstanceResult(instance_id=t.instance_id, model_name_or_path="m", model_patch=None,
                                  report=InstanceReport(), agent=stats)
 
-    run_eval(tasks[:2], None, EvalConfig(output_dir=tmp_path / "out"), admit=Gate(), executor=executor)
+    run_eval(tasks[:2], None, EvalConfig(output_dir=tmp_path / "out"), RunOptions(admit=Gate(), executor=executor))
     assert seen == [tmp_path / "out" / "trajectories", (100, 150, "r-0")]  # no agent run: not counted
     seen.clear()  # resumed: the gate learns from the instance already done before the next starts
-    run_eval(tasks, None, EvalConfig(output_dir=tmp_path / "out"), admit=Gate(), executor=executor)
+    run_eval(tasks, None, EvalConfig(output_dir=tmp_path / "out"), RunOptions(admit=Gate(), executor=executor))
     assert seen == [(100, 150, "r-0"), tmp_path / "out" / "trajectories", (300, 450, "r-2")]
 
 
@@ -254,8 +254,8 @@ def test_the_runner_starts_instances_only_when_admitted(tmp_path):
         def watch(self, folder):
             pass
 
-    results = run_eval(tasks, None, EvalConfig(output_dir=tmp_path / "out"), workers=4, on_event=on_event,
-                       admit=Never())
+    results = run_eval(tasks, None, EvalConfig(output_dir=tmp_path / "out"), RunOptions(workers=4, admit=Never()),
+                       on_event=on_event)
     assert [r.instance_id for r in results] == [t.instance_id for t in tasks]
     assert all(r.error for r in results)
     assert peak[0] == 1  # admission lowered concurrency below --workers 4

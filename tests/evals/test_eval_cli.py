@@ -165,7 +165,7 @@ def test_progress_prints_ids_and_errors_with_brackets_verbatim():
 
     from m3_agent.evals.cli import RunProgress
     from m3_agent.evals.grading import InstanceReport
-    from m3_agent.evals.runner import InstanceResult
+    from m3_agent.evals.instance import InstanceResult
 
     console = Console(record=True, width=200)
     with RunProgress(1, console) as progress:

@@ -9,11 +9,13 @@ import textwrap
 import pytest
 
 from m3_agent.evals import grading
-from m3_agent.evals.grading import (ERROR, FAILED, PASSED, SKIPPED, XFAIL, could_not_start, grade, parse_junit,
-                                    patch_files, run_tests, trusted_statuses)
+from m3_agent.evals.config import EvalConfig
+from m3_agent.evals.grading import (ERROR, FAILED, PASSED, SKIPPED, XFAIL, JUnitGrader, could_not_start, grade,
+                                    parse_junit, patch_files, run_tests, trusted_statuses)
+from m3_agent.evals.instance import InstanceResult
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import build_report
-from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
+from m3_agent.evals.runner import RunOptions, run_eval
 from m3_agent.evals.tasks import Task, builtin_task, checkout
 from m3_agent.sandbox import Sandbox, SandboxConfig
 
@@ -250,12 +252,12 @@ def test_gold_resolves_the_whole_suite_and_empty_resolves_none(tmp_path, test_la
 
     tasks = load_tasks("builtin")
     config = EvalConfig(output_dir=tmp_path / "gold", sandbox=SandboxConfig(labels=test_label), test_timeout=120)
-    gold = run_eval(tasks, load_predictions("gold", tasks), config, workers=2)
+    gold = run_eval(tasks, load_predictions("gold", tasks), config, RunOptions(workers=2))
     assert [r.instance_id for r in gold if r.report.resolved] == [t.instance_id for t in tasks]
     assert all(r.report.apply_method == "git apply" for r in gold)
 
     config = config.model_copy(update={"output_dir": tmp_path / "empty"})
-    empty = run_eval(tasks, load_predictions("empty", tasks), config, workers=2)
+    empty = run_eval(tasks, load_predictions("empty", tasks), config, RunOptions(workers=2))
     assert not any(r.report.resolved for r in empty)
     for task, r in zip(tasks, empty):
         # The task itself is valid: at base its FAIL_TO_PASS tests fail and its PASS_TO_PASS tests pass.
@@ -395,3 +397,31 @@ def test_a_test_timeout_kills_the_tests_inside_the_container(tmp_path, git_repo,
     report = grade(task, "", repo=tree, sandbox=SandboxConfig(labels=test_label), test_timeout=3)
     assert report.tests_timed_out and not report.resolved
     assert report.tests_status.FAIL_TO_PASS.failure == task.FAIL_TO_PASS
+
+
+def test_a_task_is_graded_by_the_grader_its_fields_choose():
+    from m3_agent.evals.harness import HarnessGrader
+    from m3_agent.evals.instance import grader_for
+
+    task = builtin_task("roman")
+    junit = grader_for(task)
+    assert isinstance(junit, JUnitGrader) and junit.checks_out and junit.preload == ()
+    for fields in ({"log_parser": "parse_log_pytest"}, {"eval_script": "#!/bin/bash\n"}):
+        harness = grader_for(task.model_copy(update=fields))
+        assert isinstance(harness, HarnessGrader) and not harness.checks_out  # the instance image holds the tree
+        assert harness.preload == ("swebench.harness",)
+
+
+def test_a_failed_step_or_project_error_becomes_the_reports_error_and_the_grading_is_timed():
+    from m3_agent.errors import SandboxUnavailable
+
+    with grading.grading_report("diff --git a/x b/x\n") as report:
+        raise grading.StepFailed("applying test_patch failed (exit 1): no such file")
+    assert report.error == "applying test_patch failed (exit 1): no such file"
+    assert report.patch_exists and not report.resolved and "total_s" in report.timings
+    with grading.grading_report(None) as report:
+        raise SandboxUnavailable("no Docker engine")
+    assert report.error == "SandboxUnavailable: no Docker engine" and report.patch_is_None
+    with pytest.raises(KeyError):  # a bug is not a verdict: it propagates
+        with grading.grading_report(""):
+            raise KeyError("bug")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.evals.runner import RESULTS_FILE, load_results
+from m3_agent.evals.results import RESULTS_FILE, load_results
 from m3_agent.evals.tasks import builtin_names, builtin_standin_script
 from m3_agent.sandbox.cleanup import LABEL_PID
 from m3_agent.serving.standin import StandinServer
@@ -188,37 +188,42 @@ def _first_user_message(body: dict) -> str:
 
 def test_a_node_without_the_sandbox_image_stops_the_run_before_any_instance(cluster, tmp_path):
     from m3_agent.errors import SandboxUnavailable
+    from m3_agent.evals.config import EvalConfig
     from m3_agent.evals.ray_executor import RayExecutor
-    from m3_agent.evals.runner import EvalConfig, run_eval
+    from m3_agent.evals.runner import RunOptions, run_eval
     from m3_agent.evals.tasks import builtin_task
     from m3_agent.sandbox import SandboxConfig
 
     config = EvalConfig(output_dir=tmp_path, sandbox=SandboxConfig(image="m3-agent-no-such-image:0"))
     with pytest.raises(SandboxUnavailable, match=r"sandbox image m3-agent-no-such-image:0 missing .* on Ray node"):
-        run_eval([builtin_task("roman")], None, config, executor=RayExecutor(address=cluster.address))
+        run_eval([builtin_task("roman")], None, config, RunOptions(executor=RayExecutor(address=cluster.address)))
     assert not (tmp_path / RESULTS_FILE).exists()
 
 
 def test_an_unreachable_cluster_is_one_line_at_once(tmp_path):
     from m3_agent.errors import UsageError
+    from m3_agent.evals.config import EvalConfig
     from m3_agent.evals.ray_executor import RayExecutor
     from m3_agent.evals.ray_local import free_port
-    from m3_agent.evals.runner import EvalConfig, run_eval
+    from m3_agent.evals.runner import RunOptions, run_eval
     from m3_agent.evals.tasks import builtin_task
 
     address = f"127.0.0.2:{free_port()}"
     start = time.monotonic()
     with pytest.raises(UsageError, match=f"cannot reach the Ray cluster at {address}"):
-        run_eval([builtin_task("roman")], None, EvalConfig(output_dir=tmp_path), executor=RayExecutor(address=address))
+        run_eval([builtin_task("roman")], None, EvalConfig(output_dir=tmp_path),
+                 RunOptions(executor=RayExecutor(address=address)))
     assert time.monotonic() - start < 10
     with pytest.raises(UsageError, match="give the head's HOST:PORT"):
-        run_eval([builtin_task("roman")], None, EvalConfig(output_dir=tmp_path), executor=RayExecutor(address="head"))
+        run_eval([builtin_task("roman")], None, EvalConfig(output_dir=tmp_path),
+                 RunOptions(executor=RayExecutor(address="head")))
 
 
 def test_admission_sees_a_running_instance_grow_through_the_workers_relay(cluster, tmp_path, test_label):
     from m3_agent.evals.admission import Progress
+    from m3_agent.evals.config import EvalConfig
     from m3_agent.evals.ray_executor import RayExecutor
-    from m3_agent.evals.runner import EvalConfig, run_eval
+    from m3_agent.evals.runner import RunOptions, run_eval
     from m3_agent.evals.tasks import builtin_task
     from m3_agent.sandbox.config import SandboxConfig
 
@@ -247,8 +252,8 @@ def test_admission_sees_a_running_instance_grow_through_the_workers_relay(cluste
     with StandinServer(script) as srv:
         config = EvalConfig(output_dir=tmp_path / "out", sandbox=SandboxConfig(labels=test_label),
                             agent={"model": {"base_url": srv.base_url, "api_key": "unused"}})
-        results = run_eval([builtin_task("roman"), builtin_task("slugify")], None, config, workers=2, admit=gate,
-                           executor=RayExecutor(address=cluster.address))
+        results = run_eval([builtin_task("roman"), builtin_task("slugify")], None, config,
+                           RunOptions(workers=2, admit=gate, executor=RayExecutor(address=cluster.address)))
     assert [r.report.resolved for r in results] == [True, True]
     first = results[0].instance_id
     # while the first ran, the gate read its replies (prompt and completion tokens) as the worker relayed them

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.predictions import load_predictions
-from m3_agent.evals.runner import EvalConfig, run_eval
+from m3_agent.evals.runner import RunOptions, run_eval
 from m3_agent.evals.tasks import load_tasks
 from m3_agent.sandbox import SandboxConfig
 
@@ -106,11 +107,11 @@ def test_gold_resolves_and_empty_does_not_on_a_real_project(realworld, tmp_path,
     # (it declares no test dependency to pin one): they run on the image's own pytest, from 2022.
     config = EvalConfig(output_dir=tmp_path / "gold", repos=repos,
                         sandbox=SandboxConfig(labels=test_label, project_env="off"))
-    gold = run_eval(tasks, load_predictions("gold", tasks), config, workers=2)
+    gold = run_eval(tasks, load_predictions("gold", tasks), config, RunOptions(workers=2))
     assert [r.outcome for r in gold] == ["resolved", "resolved"], [r.report.test_output[-800:] for r in gold]
 
     config = config.model_copy(update={"output_dir": tmp_path / "empty"})
-    empty = run_eval(tasks, load_predictions("empty", tasks), config, workers=2)
+    empty = run_eval(tasks, load_predictions("empty", tasks), config, RunOptions(workers=2))
     for task, r in zip(tasks, empty):
         assert not r.report.resolved
         assert r.report.tests_status.FAIL_TO_PASS.failure == task.FAIL_TO_PASS

@@ -10,9 +10,10 @@ import pytest
 from rich.console import Console
 
 from m3_agent.evals.grading import InstanceReport
+from m3_agent.evals.instance import AgentStats, InstanceResult
 from m3_agent.evals.report import (CostModel, build_report, middle_cut, print_table, report_from_dir, to_html, to_json,
                                   to_markdown, write_reports)
-from m3_agent.evals.runner import AgentStats, InstanceResult, save_result
+from m3_agent.evals.results import save_result
 from m3_agent.evals.tasks import Task
 
 

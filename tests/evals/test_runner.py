@@ -16,9 +16,12 @@ from pathlib import Path
 import pytest
 
 from m3_agent.errors import UsageError
+from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.grading import InstanceReport
+from m3_agent.evals.instance import InstanceResult
 from m3_agent.evals.predictions import Prediction, load_predictions
-from m3_agent.evals.runner import RESULTS_FILE, EvalConfig, InstanceResult, _exclusive, load_results, run_eval, save_result
+from m3_agent.evals.results import RESULTS_FILE, exclusive, load_results, save_result
+from m3_agent.evals.runner import RunOptions, run_eval
 from m3_agent.evals.tasks import Task, builtin_task
 from m3_agent.sandbox import SandboxConfig
 from m3_agent.sandbox.cleanup import OWNER_FILE, owner_alive
@@ -54,7 +57,7 @@ def test_the_agent_config_is_typed_and_reaches_workers_with_its_key(tmp_path):
     from pydantic import ValidationError
 
     from m3_agent.agent.config import AgentConfig
-    from m3_agent.evals.runner import worker_config_json
+    from m3_agent.evals.config import worker_config_json
 
     config = EvalConfig(output_dir=tmp_path, agent={"model": {"base_url": "http://127.0.0.1:9/v1", "api_key": "sk-k3y"},
                                                     "limits": {"max_turns": 5}})
@@ -70,7 +73,7 @@ def test_the_agent_config_is_typed_and_reaches_workers_with_its_key(tmp_path):
 
 
 def test_one_run_per_output_folder(tmp_path):
-    with _exclusive(tmp_path):
+    with exclusive(tmp_path):
         with pytest.raises(UsageError, match="another eval is running"):
             run_eval([], None, EvalConfig(output_dir=tmp_path))
 
@@ -91,7 +94,7 @@ def test_a_rerun_skips_finished_instances_and_can_retry_errors(tmp_path, test_la
     assert [k for k, _ in events] == ["skip", "skip"]
     assert results[1].outcome == "error"
     events.clear()
-    results = run_eval([roman, chunks], preds, config, retry_errors=True, on_event=record)
+    results = run_eval([roman, chunks], preds, config, RunOptions(retry_errors=True), on_event=record)
     assert events == [("skip", roman.instance_id), ("start", chunks.instance_id), ("finish", chunks.instance_id)]
     assert [r.outcome for r in results] == ["resolved", "resolved"]
 
@@ -134,8 +137,9 @@ def test_an_instance_timeout_stops_the_worker_its_container_and_its_checkout(tmp
 DRIVER = """
 import json, sys
 from pathlib import Path
+from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.predictions import Prediction
-from m3_agent.evals.runner import EvalConfig, run_eval
+from m3_agent.evals.runner import run_eval
 from m3_agent.evals.tasks import Task
 from m3_agent.sandbox import SandboxConfig
 args = json.loads(sys.argv[1])
@@ -187,7 +191,7 @@ def test_a_sigkilled_run_loses_nothing_finished_and_the_next_start_cleans_up(tmp
 
 @pytest.mark.docker
 def test_a_task_environment_is_built_and_graded_in(tmp_path, git_repo, test_label):
-    from m3_agent.evals.runner import evaluate_instance
+    from m3_agent.evals.instance import evaluate_instance
     from m3_agent.evals.tasks import TaskEnvironment
 
     repo = git_repo({"tests/test_env.py": "def test_baked():\n    assert open('/opt/m3-env/marker').read() == 'baked\\n'\n"})

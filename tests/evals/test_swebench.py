@@ -16,10 +16,12 @@ import pytest
 
 from m3_agent.errors import SandboxUnavailable, UsageError
 from m3_agent.evals import harness
+from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.grading import InstanceReport, grade
+from m3_agent.evals.instance import InstanceResult
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import build_report
-from m3_agent.evals.runner import EvalConfig, InstanceResult, run_eval
+from m3_agent.evals.runner import RunOptions, run_eval
 from m3_agent.evals.tasks import Task, load_tasks, patch_standin_script
 from m3_agent.evals.testbed import NAMESPACE, build_testbed_image, recipe_of
 from m3_agent.sandbox import Sandbox, SandboxConfig
@@ -193,7 +195,7 @@ def graded(offline, tmp_path_factory):
     out = {}
     for kind in ("gold", "empty"):
         config = EvalConfig(output_dir=tmp_path_factory.mktemp(kind), image_namespace=NAMESPACE)
-        results = run_eval(tasks, load_predictions(kind, tasks), config, workers=2)
+        results = run_eval(tasks, load_predictions(kind, tasks), config, RunOptions(workers=2))
         out[kind] = ({r.instance_id: r for r in results}, config.output_dir)
     return out
 
