@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import typer
@@ -13,7 +14,7 @@ from m3_agent.errors import UsageError
 from m3_agent.serving import launcher
 from m3_agent.serving.access import ENGINE_CAVEATS, KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access
 from m3_agent.serving.bench import run_bench, table
-from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, plan_request, prepare
+from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, Launch, plan_request, prepare
 from m3_agent.serving.gpus import auto_profile, detect_gpus, summary
 from m3_agent.serving.loadgen import LoadConfig
 from m3_agent.serving.multinode import eval_pool_step, ray_tensor_parallel, replica_host, replicas_behind_router
@@ -96,8 +97,8 @@ def start_command(
         return
     if nodes > 1 or replicas > 1:
         raise UsageError("--nodes and --replicas print multi-node commands: add --dry-run and run them per node")
-    cmd = prepare(profile, engine=engine, runner=runner, overrides=o, check_gpus=not skip_gpu_check, force=force,
-                  progress=_progress, gpus=gpus)
+    launch = Launch(engine=engine, runner=runner, overrides=o, check_gpus=not skip_gpu_check, force=force)
+    cmd = prepare(profile, launch, progress=_progress, gpus=gpus)
     _progress("command", cmd.shell())
     _progress("access", describe_access(cmd.host, cmd.api_key))
     if cmd.api_key is not None:
@@ -265,8 +266,8 @@ def plan_command(
 ) -> None:
     """The largest --max-model-len that fits and the concurrency it leaves; exit 2 when it cannot fit."""
     _check_choice(precision, tuple(BYTES_PER_PARAM), "--precision")
-    req = _machine(profile, engine, max_model_len, kv_dtype, text_only, detect=detect, gpus=gpus, gpu=gpu,
-                   gpu_memory=gpu_memory)
+    req = _machine(Machine(profile, engine, detect, gpus, gpu, gpu_memory),
+                   Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype, text_only=text_only))
     for key, value in (
         ("precision", precision),
         ("kv_dtype", kv_dtype),
@@ -291,27 +292,35 @@ def plan_command(
         raise UsageError(f"does not fit: {result.reason}")
 
 
-def _machine(profile: str | None, engine: str | None, max_model_len: int | None, kv_dtype: str | None,
-             text_only: bool, *, detect: bool, gpus: int | None, gpu: str | None, gpu_memory: float | None) -> dict:
-    """The plan request's machine: a profile's, this machine's, or the GPUs given; the flags win."""
+@dataclass(frozen=True)
+class Machine:
+    """Which machine `serve plan` plans for: a profile's, this one's (`detect`), or the GPUs given (these win)."""
+
+    profile: str | None = None
+    engine: str | None = None
+    detect: bool = False
+    gpus: int | None = None
+    gpu: str | None = None
+    gpu_memory: float | None = None
+
+
+def _machine(machine: Machine, overrides: Overrides) -> dict:
+    """The plan request's machine: a profile's (with `overrides`), this machine's, or the GPUs given; the flags win."""
     req: dict = {}
-    if profile:
-        p = get_profile(profile, engine)  # type: ignore[arg-type]
-        cmd = build_command(
-            p, "native", Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype, text_only=text_only)
-        )
-        req = plan_request(p, cmd, p.gpus, gpu_memory_for(p.gpu)).model_dump()
-    if detect:
+    if machine.profile:
+        p = get_profile(machine.profile, machine.engine)  # type: ignore[arg-type]
+        req = plan_request(p, build_command(p, "native", overrides), p.gpus, gpu_memory_for(p.gpu)).model_dump()
+    if machine.detect:
         found = detect_gpus()
         if not found:
             raise UsageError(summary(found))
         req.update(gpus=len(found), gpu_memory_gb=min(g.memory_gb for g in found))
-    if gpus is not None:
-        req["gpus"] = gpus
-    if gpu is not None:
-        req["gpu_memory_gb"] = gpu_memory_for(gpu)
-    if gpu_memory is not None:
-        req["gpu_memory_gb"] = gpu_memory
+    if machine.gpus is not None:
+        req["gpus"] = machine.gpus
+    if machine.gpu is not None:
+        req["gpu_memory_gb"] = gpu_memory_for(machine.gpu)
+    if machine.gpu_memory is not None:
+        req["gpu_memory_gb"] = machine.gpu_memory
     if "gpus" not in req or "gpu_memory_gb" not in req:
         raise UsageError("say which machine: --profile, --detect, or --gpus N with --gpu KIND or --gpu-memory GB")
     return req

@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, Field, SecretStr
 
 from m3_agent.agent.model import NO_KEY, refused_key
 from m3_agent.errors import EndpointError, UsageError
@@ -98,17 +98,18 @@ def preflight(profile: Profile, cmd: Command, gpus: list[GPU]) -> Plan:
     return p
 
 
-def prepare(
-    profile_name: str,
-    *,
-    engine: Engine | None = None,
-    runner: Runner = "native",
-    overrides: Overrides | None = None,
-    check_gpus: bool = True,
-    force: bool = False,
-    progress: launcher.Progress | None = None,
-    gpus: list[GPU] | None = None,
-) -> Command:
+class Launch(BaseModel):
+    """How to launch a profile: its engine and runner, what to change on top of it, and the GPU checks."""
+
+    engine: Engine | None = Field(None, description="vllm or sglang; None: the profile's own")
+    runner: Runner = "native"
+    overrides: Overrides = Field(default_factory=Overrides)
+    check_gpus: bool = Field(True, description="check this machine's GPUs against the plan first")
+    force: bool = Field(False, description="launch even when the plan says the profile does not fit")
+
+
+def prepare(profile_name: str, launch: Launch | None = None, *, progress: launcher.Progress | None = None,
+            gpus: list[GPU] | None = None) -> Command:
     """The command to launch for a profile on this machine, after the GPU and memory checks.
 
     `gpus` is what `detect_gpus()` found, when the caller already asked. When the profile sets no
@@ -116,19 +117,19 @@ def prepare(
     to start when one full-length sequence cannot fit the KV cache).
     """
     say = progress or (lambda phase, msg: None)
-    profile = get_profile(profile_name, engine)
-    o = overrides or Overrides()
+    launch = launch or Launch()
+    profile, runner, o = get_profile(profile_name, launch.engine), launch.runner, launch.overrides
     if o.api_key is None:  # a host other machines reach gets a key (None on loopback)
         o = o.model_copy(update={"api_key": choose_key(o.host or LOOPBACK)})
     cmd = build_command(profile, runner, o)
-    if not check_gpus:
+    if not launch.check_gpus:
         return cmd
     gpus = detect_gpus() if gpus is None else gpus
     say("gpus", summary(gpus))
     try:
         p = preflight(profile, cmd, gpus)
     except UsageError:
-        if force:
+        if launch.force:
             say("warning", "the plan says this does not fit; launching anyway (--force)")
             return cmd
         raise
@@ -146,10 +147,7 @@ def ensure_endpoint(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: launcher.Progress | None = None,
     name: str = launcher.DEFAULT_NAME,
-    engine: Engine | None = None,
-    runner: Runner = "native",
-    overrides: Overrides | None = None,
-    check_gpus: bool = True,
+    launch: Launch | None = None,
 ) -> str:
     """A healthy base URL for `profile`: the one given, the one recorded under `name`, or a new launch.
 
@@ -173,7 +171,7 @@ def ensure_endpoint(
         else:
             say("reuse", f"healthy endpoint {name!r} at {state.base_url}")
         return state.base_url
-    cmd = prepare(profile, engine=engine, runner=runner, overrides=overrides, check_gpus=check_gpus, progress=progress)
+    cmd = prepare(profile, launch, progress=progress)
     return launcher.start(cmd, name=name, timeout_s=timeout_s, progress=progress).base_url
 
 

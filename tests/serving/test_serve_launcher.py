@@ -18,7 +18,7 @@ import pytest
 from m3_agent.errors import EndpointAuthError, EndpointError, UsageError
 from m3_agent.serving import launcher
 from m3_agent.serving.access import ApiKey
-from m3_agent.serving.endpoint import check_endpoint, ensure_endpoint, resolve_endpoint
+from m3_agent.serving.endpoint import Launch, check_endpoint, ensure_endpoint, resolve_endpoint
 from m3_agent.serving.profiles import Overrides, build_command, get_profile
 from m3_agent.serving.standin import StandinServer
 
@@ -233,24 +233,25 @@ def test_missing_engine_is_an_endpoint_error(tmp_path, monkeypatch):
 
 def test_ensure_endpoint_starts_once_then_reuses(fake_bin, cleanup_endpoints):
     o = Overrides(port=free_port(), host="127.0.0.1", served_model_name="minimax-m3")
+    launch = Launch(overrides=o, check_gpus=False)
     events: list[str] = []
     url = ensure_endpoint(
-        "h200-tp8", overrides=o, check_gpus=False, timeout_s=30, progress=lambda phase, msg: events.append(phase)
+        "h200-tp8", launch=launch, timeout_s=30, progress=lambda phase, msg: events.append(phase)
     )
     pid = launcher.load_state().pid
     assert "model listed" in events
     events.clear()
     again = ensure_endpoint(
-        "h200-tp8", overrides=o, check_gpus=False, timeout_s=30, progress=lambda phase, msg: events.append(phase)
+        "h200-tp8", launch=launch, timeout_s=30, progress=lambda phase, msg: events.append(phase)
     )
     assert again == url and launcher.load_state().pid == pid and events == ["reuse"]
     with pytest.raises(EndpointError, match="runs profile h200-tp8, not b200"):
-        ensure_endpoint("b200", check_gpus=False)
+        ensure_endpoint("b200", launch=Launch(check_gpus=False))
 
 
 def test_ensure_endpoint_uses_a_healthy_base_url_without_starting(fake_bin):
     with StandinServer({"turns": []}) as srv:
-        assert ensure_endpoint("h200-tp8", base_url=srv.base_url, check_gpus=False) == srv.base_url
+        assert ensure_endpoint("h200-tp8", base_url=srv.base_url, launch=Launch(check_gpus=False)) == srv.base_url
     assert launcher.load_state() is None
 
 
