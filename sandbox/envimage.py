@@ -41,7 +41,7 @@ from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_
                                     SUITE, SUITE_PYTHON, SYSTEM_PATH, Recipe, build_image, build_lock, digest)
 from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, key_files, pip_error,
                                     plan_environment, pretend_version, scm_version, wants_environment)
-from m3_agent.sandbox.wheels import download
+from m3_agent.sandbox.wheels import Requirements, download
 
 Progress = Callable[[str], None]
 
@@ -209,8 +209,8 @@ def _download(plan: Plan | None, stage: Path, target: Target, version: str | Non
     download(["pip", *(plan.build_requires if plan and plan.editable else [])], into=wheels, target=target,
              version=version, progress=say)  # the build backend, for pip's isolated build of the project
     files = [plan.root / f for f in plan.requirement_files] if plan else []
-    download(requirements, into=wheels, target=target, requirement_files=files,
-             constraints=stage / "constraints.txt", version=version, progress=say)
+    download(Requirements(requirements, files, stage / "constraints.txt"), into=wheels, target=target,
+             version=version, progress=say)
 
 
 def create_venv(prefix: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from m3_agent.errors import EnvironmentBuildError
@@ -43,19 +44,34 @@ def target_flags(target: Target) -> list[str]:
     return flags
 
 
-def download(requirements: Sequence[str], *, into: Path, target: Target, requirement_files: Sequence[Path] = (),
-             constraints: Path | None = None, no_deps: bool = False, version: str | None = None,
-             progress: Progress | None = None) -> None:
+@dataclass(frozen=True)
+class Requirements:
+    """What pip reads: requirement strings, requirement files (`-r`), and a constraints file (`-c`)."""
+
+    names: Sequence[str] = ()
+    files: Sequence[Path] = ()
+    constraints: Path | None = None
+
+    def pip_args(self) -> list[str]:
+        """These as pip's arguments."""
+        args = list(self.names)
+        for path in self.files:
+            args += ["-r", str(path)]
+        return args + (["-c", str(self.constraints)] if self.constraints is not None else [])
+
+
+def download(requirements: Requirements | Sequence[str], *, into: Path, target: Target, no_deps: bool = False,
+             version: str | None = None, progress: Progress | None = None) -> None:
     """Every wheel `requirements` need on `target` (with their dependencies unless `no_deps`), into `into`.
 
+    `requirements`: a `Requirements`, or just requirement strings. `version` is the project's version
+    for the build backends that cannot read it from git (`pyenv.scm_environment`).
     Raises EnvironmentBuildError naming the requirement pip could not find.
     """
+    if not isinstance(requirements, Requirements):
+        requirements = Requirements(names=tuple(requirements))
     into.mkdir(parents=True, exist_ok=True)
-    args = ["download", "-d", str(into), "--find-links", str(into), *target_flags(target), *requirements]
-    for path in requirement_files:
-        args += ["-r", str(path)]
-    if constraints is not None:
-        args += ["-c", str(constraints)]
+    args = ["download", "-d", str(into), "--find-links", str(into), *target_flags(target), *requirements.pip_args()]
     if no_deps:
         args.append("--no-deps")
     built: set[str] = set()

@@ -9,7 +9,7 @@ import pytest
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox.pyenv import (Target, group_requirements, judged, key_files, lock_pins, pip_error,
                                     plan_environment, wants_environment)
-from m3_agent.sandbox.wheels import platforms, target_flags
+from m3_agent.sandbox.wheels import Requirements, platforms, target_flags
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
 ENV = TARGET.marker_environment()
@@ -135,6 +135,12 @@ def test_wheels_are_chosen_for_the_image_glibc_and_python():
     assert not any("2_37" in t for t in tags)
     flags = target_flags(TARGET)
     assert flags[flags.index("--python-version") + 1] == "3.11" and "cp311" in flags and ":all:" in flags
+
+
+def test_requirements_reach_pip_as_names_requirement_files_and_constraints():
+    wanted = Requirements(["pip", "attrs>=23"], [Path("a.txt"), Path("b.txt")], Path("c.txt"))
+    assert wanted.pip_args() == ["pip", "attrs>=23", "-r", "a.txt", "-r", "b.txt", "-c", "c.txt"]
+    assert Requirements(["six"]).pip_args() == ["six"]
 
 
 def test_pip_failures_are_told_in_one_line_naming_the_package():
