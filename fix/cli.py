@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,11 +18,25 @@ from rich.console import Console
 
 from m3_agent.errors import M3AgentError, UsageError
 from m3_agent.fix import gitwork
-from m3_agent.fix.flow import FixResult, fix_issue
+from m3_agent.fix.flow import FixOptions, FixResult, fix_issue
 from m3_agent.fix.progress import LiveProgress, short, summary
 from m3_agent.settings import load_settings
 
 
+# The command's own app; m3_agent/cli.py takes its one command, `fix`, into `m3-agent`.
+app = typer.Typer()
+
+
+@dataclass(frozen=True)
+class Display:
+    """How the command shows its work: progress and notices on `err`, or only the summary, or one JSON object."""
+
+    err: Console
+    quiet: bool = False
+    json_out: bool = False
+
+
+@app.command("fix", help="Fix an issue in a repository; hands back a branch and a patch.")
 def fix_command(
     issue_arg: Optional[str] = typer.Argument(
         None, metavar="ISSUE", help="Issue number (origin's GitHub repo), owner/repo#N, issue URL, file, or text."
@@ -63,7 +78,7 @@ def fix_command(
 ) -> None:
     """Fix an issue; exit 0 when resolved (tests ran on the final patch and pass), 1 when not, 6 when no
     test ran on the final patch and no test command is known (see docs/usage.md)."""
-    err = Console(stderr=True, highlight=False)
+    display = Display(Console(stderr=True, highlight=False), quiet=quiet, json_out=json_out)
     flags = {
         "--base-url": base_url, "--api-key": api_key, "--serve": serve, "--model": model, "--max-turns": max_turns,
         "--test-cmd": test_cmd, "--time-limit": time_limit_s, "--thinking": thinking, "--images": images,
@@ -74,28 +89,27 @@ def fix_command(
     try:
         if issue_arg and issue:
             raise UsageError("give the issue once: as the argument or with --issue")
-        result = _fix_from_flags(err, issue_arg or issue, repo, flags, config=config, apply=apply, base=base,
-                                 quiet=quiet, json_out=json_out)
+        result = _fix_from_flags(issue_arg or issue, repo, flags, config, FixOptions(base=base, apply=apply), display)
     except M3AgentError as e:
         if json_out:
             typer.echo(json.dumps({"resolved": False, "exit_code": e.exit_code, "error": str(e)}))
         raise
-    _show(err, result, quiet=quiet, json_out=json_out)
+    _show(display, result)
     raise typer.Exit(result.exit_code)
 
 
-def _show(err: Console, result: FixResult, *, quiet: bool, json_out: bool) -> None:
+def _show(display: Display, result: FixResult) -> None:
     """The result: one JSON object on stdout, or the diff (unless quiet) and the summary."""
-    if json_out:
+    if display.json_out:
         typer.echo(result.model_dump_json(exclude={"run": {"patch"}}))
         return
-    if not quiet and result.patch.strip():
+    if not display.quiet and result.patch.strip():
         typer.echo(result.patch, nl=not result.patch.endswith("\n"))
-    err.print(summary(result), soft_wrap=True)
+    display.err.print(summary(result), soft_wrap=True)
 
 
-def _fix_from_flags(err: Console, spec: str | None, repo: Path, flags: dict[str, Any], *, config: Path | None,
-                    apply: bool, base: str | None, quiet: bool, json_out: bool) -> FixResult:
+def _fix_from_flags(spec: str | None, repo: Path, flags: dict[str, Any], config: Path | None, options: FixOptions,
+                    display: Display) -> FixResult:
     """The command's work once its flags are parsed: settings, notices, progress display, `fix_issue`."""
     if not spec:
         raise UsageError("which issue? pass a number, an issue URL, a file or text (m3-agent fix --help)")
@@ -103,11 +117,11 @@ def _fix_from_flags(err: Console, spec: str | None, repo: Path, flags: dict[str,
     settings, _ = load_settings(root, flags, config_file=config)
 
     def on_notice(text: str) -> None:
-        if not json_out:
-            err.print(f"m3-agent: {text}", markup=False, soft_wrap=True)
+        if not display.json_out:
+            display.err.print(f"m3-agent: {text}", markup=False, soft_wrap=True)
 
-    if quiet or json_out:
-        return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, on_notice=on_notice)
-    with LiveProgress(err, max_turns=settings.limits.max_turns, label=short(spec, 50)) as progress:
-        return fix_issue(spec, repo=root, settings=settings, apply=apply, base=base, callbacks=[progress],
+    if display.quiet or display.json_out:
+        return fix_issue(spec, repo=root, settings=settings, options=options, on_notice=on_notice)
+    with LiveProgress(display.err, max_turns=settings.limits.max_turns, label=short(spec, 50)) as progress:
+        return fix_issue(spec, repo=root, settings=settings, options=options, callbacks=[progress],
                          on_notice=on_notice)

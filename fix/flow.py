@@ -203,13 +203,22 @@ class _Job:
     publisher: Publisher | None = None
 
 
+class FixOptions(BaseModel):
+    """Where one fix starts and where its patch lands, beyond the branch and the `.patch` file.
+
+    Per-run choices, not configuration: `m3-agent fix --base REV --apply` sets them.
+    """
+
+    base: str | None = Field(None, description="start from this commit instead of HEAD (e.g. on a detached HEAD)")
+    apply: bool = Field(False, description="also apply the patch to the working tree, which must be clean")
+
+
 def fix_issue(
     issue: str | Issue,
     *,
     repo: Path | str = ".",
     settings: Settings | None = None,
-    apply: bool = False,
-    base: str | None = None,
+    options: FixOptions | None = None,
     callbacks: list[Callback] | None = None,
     on_notice: Notice | None = None,
     tools: list[Tool] | None = None,
@@ -217,7 +226,8 @@ def fix_issue(
     """Fix `issue` in `repo` and return what was made; the user's checkout is left as it was.
 
     `issue` is a spec (number, `owner/repo#n`, URL, file, text) or an `Issue`. `settings` defaults
-    to the layered configuration of `repo`; its `[fix]` section also says what to publish
+    to the layered configuration of `repo`; `options` (a `FixOptions`) the base commit and `apply`;
+    the settings' `[fix]` section also says what to publish
     (`push`, `remote`, `pr`, `ready`, `pr_anyway`, `comment`, `trajectory_url`; `fix.publish`),
     and the result carries the pull request's URL and the comment's id. Progress goes to
     `callbacks`: the loop's AgentEvents, preceded by a `fix_start` event (issue, title,
@@ -233,7 +243,8 @@ def fix_issue(
         if on_notice:
             on_notice(text)
 
-    job = _prepare(issue, repo, settings, apply=apply, base=base, notice=notice)
+    options = options or FixOptions()
+    job = _prepare(issue, repo, settings, options, notice=notice)
     job.callbacks, job.tools = list(callbacks or []), tools
     content, image_notices = issue_content(job.issue, job.client, images=job.settings.fix.images != "off")
     for text in image_notices:
@@ -251,23 +262,23 @@ def fix_issue(
     result.status = fix_status(run, patch)
     result.resolved, result.exit_code = result.status == "resolved", EXIT_CODES[result.status]
     if patch.strip():
-        _deliver(job, result, apply=apply)
+        _deliver(job, result, apply=options.apply)
     if job.publisher:
         job.publisher.publish(result)
     return result
 
 
-def _prepare(issue: str | Issue, repo: Path | str, settings: Settings | None, *, apply: bool, base: str | None,
+def _prepare(issue: str | Issue, repo: Path | str, settings: Settings | None, options: FixOptions, *,
              notice: Notice) -> _Job:
     """Check the repository state, read the issue, reach the endpoint and choose the tree to work on."""
     state = gitwork.open_repo(repo)
     root = state.root
     if settings is None:
         settings, _ = load_settings(root)
-    base_commit = gitwork.resolve_base(state, base)
+    base_commit = gitwork.resolve_base(state, options.base)
     include = settings.fix.include_uncommitted
     dirty = gitwork.dirty_paths(root)
-    if apply and dirty and not include:
+    if options.apply and dirty and not include:
         raise GitError(
             f"working tree has uncommitted changes ({len(dirty)} file(s)): commit or stash them to use --apply, "
             "or run without --apply (the fix still goes to a branch and a .patch file)"

@@ -51,7 +51,7 @@ from m3_agent.errors import (
     SandboxUnavailable,
     UsageError,
 )
-from m3_agent.fix.flow import FixResult, fix_issue
+from m3_agent.fix.flow import FixOptions, FixResult, fix_issue
 from m3_agent.fix.github import GitHubClient, Issue
 from m3_agent.agent.events import AgentEvent
 from m3_agent.agent.loop import Agent, RunResult
@@ -79,6 +79,7 @@ __all__ = [
     "EnvironmentFactory",
     "EvalConfig",
     "ExecResult",
+    "FixOptions",
     "FixResult",
     "GitError",
     "GitHubRateLimited",

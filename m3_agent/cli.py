@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def _fix(app: typer.Typer) -> None:
     from m3_agent.fix import cli as fix
 
-    app.command("fix", help="Fix an issue in a repository; hands back a branch and a patch.")(fix.fix_command)
+    app.registered_commands += fix.app.registered_commands  # `fix` as fix/cli.py declares it, in --help order
 
 
 def _config(app: typer.Typer) -> None:
