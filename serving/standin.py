@@ -70,11 +70,15 @@ sight by each server, so `/detokenize` inverts `/tokenize` on the same server. P
 block-granular like vLLM's: a chain hash per full `block_size` block of prompt tokens; a request's
 `cached_tokens` is the number of leading blocks still cached, never the whole prompt.
 
-With `"performance": {...}` (a `Performance`; defaults: seed 000's 8x B200) the server models its
-timing: a KV cache of `kv_capacity_tokens` whose free blocks are evicted least recently freed
-first, one serialized prefill lane, decode per sequence, and a clock `time_scale` times faster than
-real time. docs/standin.md gives the formulas. `/metrics` exports vLLM's cache gauges and
-`vllm:cache_config_info` (num_gpu_blocks, block_size) so a client can learn the capacity.
+What runs a request is an `Engine`, the seam between this wire double and a performance model: it
+says how long a request takes and how many of its prompt tokens were cached. Without `performance`
+it is `InstantEngine` (every answer at once, a prefix cache that never forgets). With
+`"performance": {...}` (a `serving.kvsim.Performance`; defaults: seed 000's 8x B200) it is
+`serving.kvsim.KVSimulator`, loaded only then: a KV cache of `kv_capacity_tokens` whose free blocks
+are evicted least recently freed first, one serialized prefill lane, decode per sequence, and a clock
+`time_scale` times faster than real time (docs/standin.md gives the formulas). `/metrics` exports the
+engine's cache gauges and `vllm:cache_config_info` (num_gpu_blocks, block_size), so a client can
+learn the capacity.
 """
 
 from __future__ import annotations
@@ -94,15 +98,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from m3_agent.errors import UsageError, first_validation_error
 from m3_agent.serving.m3_output import parse_output, split_reasoning
-from m3_agent.serving.planner import GB, PlanRequest, plan
-from m3_agent.serving.simclock import ScaledClock, VirtualClock
+
+if TYPE_CHECKING:  # the performance model is imported only by a script that has one (`make_engine`)
+    from m3_agent.serving.simclock import ScaledClock, VirtualClock
 
 STANDIN_HEADER = "X-M3-Standin"
 # vLLM 0.33's AuthenticationMiddleware guards these path prefixes only: /health, /metrics, /tokenize stay open.
@@ -128,20 +133,6 @@ GAUGES = (
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 MEMO_MIN_CHARS = 4096  # prompt segments at least this long are tokenized once per server
 MEMO_SEGMENTS = 256
-
-# Seed 000's 8x B200 run (vLLM, 8192 in / 2048 out, 32 concurrent): 8,097.56 tok/s total of which
-# 1,619.51 output, so the engine sustained 6,478 prompt tok/s while decoding; mean ITL 19.06 ms.
-B200X8_PREFILL_TOK_S = 8_097.56 - 1_619.51
-B200X8_DECODE_TOK_S = 1000 / 19.06
-
-
-def _b200x8_kv_tokens() -> int:
-    """The KV pool of 8x B200 at BF16 with vLLM's default utilization, per the serving planner."""
-    p = plan(PlanRequest(gpus=8, gpu_memory_gb=180))
-    return int(p.kv_pool_gb * GB / p.kv_bytes_per_token)
-
-
-B200X8_KV_TOKENS = _b200x8_kv_tokens()
 
 Fault = Literal[
     "500",
@@ -202,21 +193,6 @@ class Conversation(BaseModel):
     turns: list[Turn]
 
 
-class Performance(BaseModel):
-    """The stand-in's server performance model (a test double's timing, calibrated, not measured).
-
-    Defaults are seed 000's 8x B200 figures (see docs/standin.md for the formulas). `time_scale` is
-    simulated seconds per real second: 600 runs an hour in six seconds.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    kv_capacity_tokens: int = Field(default=B200X8_KV_TOKENS, gt=0)
-    prefill_tokens_per_s: float = Field(default=B200X8_PREFILL_TOK_S, gt=0, description="whole server, serialized")
-    decode_tokens_per_s: float = Field(default=B200X8_DECODE_TOK_S, gt=0, description="per running sequence")
-    time_scale: float = Field(default=1.0, gt=0)
-
-
 class Script(BaseModel):
     """A whole stand-in script: server settings plus the turns to serve."""
 
@@ -231,7 +207,20 @@ class Script(BaseModel):
     loading_s: float = Field(default=0.0, ge=0)
     stray_think_close: bool = False
     reasoning_content_alias: bool = False
-    performance: Performance | None = None
+    performance: Any = Field(None, description="a serving.kvsim.Performance; None: no performance model")
+
+    @field_validator("performance", mode="before")
+    @classmethod
+    def _performance_model(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        from m3_agent.serving.kvsim import Performance  # only a script with a performance model loads it
+
+        try:
+            return Performance.model_validate(value)
+        except ValidationError as e:
+            loc, msg = first_validation_error(e)
+            raise ValueError(f"{loc}: {msg}" if loc else msg) from None
 
     @model_validator(mode="after")
     def _window_fits_the_cache(self) -> Script:
@@ -393,88 +382,70 @@ class _Reply:
     completion_tokens: int = 0
 
 
-class PrefixCache:
-    """Block-granular prefix cache with vLLM's eviction order; `capacity` None is unbounded.
+class Engine(Protocol):
+    """What runs a request on the server: how long it takes and how many prompt tokens were cached.
 
-    Keys are chain hashes of full prompt blocks, each with a reference count (running requests that
-    use it). Blocks of running requests are pinned; a free block stays cached until space is needed,
-    and the least recently freed goes first. A request frees its blocks tail first, as vLLM does,
-    so a prompt's leading blocks (the ones other prompts share) outlive its tail.
-    `anonymous` counts blocks in use that no later request can hit (the partial last block, the
-    generated tokens).
+    The seam between the wire double and a performance model: `InstantEngine` without one,
+    `serving.kvsim.KVSimulator` with one. Called from the handler threads at once.
     """
 
-    def __init__(self, capacity: int | None = None) -> None:
-        self.capacity = capacity
-        self.blocks: OrderedDict[bytes, int] = OrderedDict()  # hash -> refs; first = next to evict
-        self.anonymous = 0
-        self.evicted = 0
+    def now(self) -> float:
+        """The engine's time: when a request that arrives now was received."""
+        ...
 
-    @property
-    def used(self) -> int:
-        """Blocks held: cached (pinned or free) and anonymous."""
-        return len(self.blocks) + self.anonymous
+    def run(self, hashes: list[bytes], prompt_tokens: int, completion_tokens: int, received: float) -> int:
+        """Serve a request, returning once the engine is done with it: its cached prompt tokens.
 
-    @property
-    def pinned(self) -> int:
-        """Blocks that running requests hold."""
-        return self.anonymous + sum(1 for refs in self.blocks.values() if refs)
+        `hashes`: the chain hashes of its full prompt blocks (the ones a later prompt may share).
+        """
+        ...
 
-    def hits(self, hashes: list[bytes]) -> int:
-        """Leading blocks of `hashes` that are cached."""
-        n = 0
-        for h in hashes:
-            if h not in self.blocks:
-                break
-            n += 1
-        return n
-
-    def allocate(self, hashes: list[bytes], extra: int) -> int | None:
-        """Pin the cached prefix, evict what must go, add the rest; the hit count, or None if it cannot fit now."""
-        hit = self.hits(hashes)
-        new = len(hashes) - hit + extra
-        if self.capacity is not None:
-            reused_free = sum(1 for h in hashes[:hit] if not self.blocks[h])
-            if self.pinned + reused_free + new > self.capacity:
-                return None
-        for h in hashes[:hit]:
-            self.blocks[h] += 1
-        while self.capacity is not None and self.used + new > self.capacity:
-            self._evict_one()
-        for h in hashes[hit:]:
-            self.blocks[h] = 1
-        self.anonymous += extra
-        return hit
-
-    def _evict_one(self) -> None:
-        victim = next(h for h, refs in self.blocks.items() if not refs)
-        del self.blocks[victim]
-        self.evicted += 1
-
-    def free(self, hashes: list[bytes], extra: int) -> None:
-        """Unpin a finished request's blocks, tail first; they stay cached until evicted."""
-        self.anonymous -= extra
-        for h in reversed(hashes):
-            refs = self.blocks.get(h)
-            if refs is None:
-                continue
-            self.blocks[h] = refs - 1
-            if refs == 1:
-                self.blocks.move_to_end(h)
+    def metrics(self) -> dict[str, Any]:
+        """By vLLM's names: `prefix_cache_queries`, `prefix_cache_hits` (tokens), `kv_cache_usage_perc`,
+        `num_requests_running`, `num_requests_waiting`, and `num_gpu_blocks` (None: unknown)."""
+        ...
 
 
-@dataclass
-class Ticket:
-    """A request admitted to the KV cache: its blocks (to free) and when it finishes, on the server's clock."""
+class InstantEngine:
+    """No performance model: every request is done at once, and the prefix cache never forgets."""
 
-    hashes: list[bytes]
-    extra: int
-    cached_tokens: int
-    finish_at: float = 0.0
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.lock = threading.Lock()
+        self.cached: set[bytes] = set()
+        self.queries = self.hits = 0
+
+    def now(self) -> float:
+        """No clock: nothing waits."""
+        return 0.0
+
+    def run(self, hashes: list[bytes], prompt_tokens: int, completion_tokens: int, received: float) -> int:
+        """The leading blocks seen before, in tokens; then every block is cached."""
+        with self.lock:
+            hit = next((i for i, h in enumerate(hashes) if h not in self.cached), len(hashes))
+            self.cached.update(hashes)
+            self.queries += prompt_tokens
+            self.hits += hit * self.block_size
+        return hit * self.block_size
+
+    def metrics(self) -> dict[str, Any]:
+        """The prefix-cache counters; no capacity, so no usage and no load."""
+        with self.lock:
+            return {"prefix_cache_queries": self.queries, "prefix_cache_hits": self.hits, "kv_cache_usage_perc": 0.0,
+                    "num_requests_running": 0, "num_requests_waiting": 0, "num_gpu_blocks": None}
+
+
+def make_engine(script: Script, clock: ScaledClock | VirtualClock | None = None) -> Engine:
+    """The script's engine: its performance model on `clock` (loaded only now), else `InstantEngine`."""
+    if script.performance is None:
+        return InstantEngine(script.block_size)
+    from m3_agent.serving.kvsim import KVSimulator
+
+    return KVSimulator(script.performance, script.block_size, clock)
 
 
 class StandinState:
-    """Everything the server remembers: cursors, the request log, the vocabulary, the prefix cache.
+    """Everything the server remembers: cursors, the request log, the vocabulary, and its engine.
 
     All public methods take the one lock, so handler threads can call them concurrently.
     """
@@ -495,13 +466,8 @@ class StandinState:
         self._pieces: list[str] = []
         self._memo: OrderedDict[bytes, array] = OrderedDict()  # long prompt segment -> its ids
         self._chains: OrderedDict[tuple[int, bytes], list[bytes]] = OrderedDict()  # prompt blocks -> chain hashes
-        perf = script.performance
-        self.cache = PrefixCache(perf.kv_capacity_tokens // script.block_size if perf else None)
-        self.kv_freed = threading.Condition(self.lock)
-        self.running = self.waiting = self.parked = 0
-        self.prefill_free_at = 0.0  # simulated time at which the serialized prefill lane is free
-        self.clock = clock or ScaledClock(perf.time_scale if perf else 1.0)
-        self.metrics = {key: 0 for key, _ in COUNTERS}
+        self.engine = make_engine(script, clock)
+        self.metrics = {"prompt_tokens": 0, "generation_tokens": 0}  # the engine counts the prefix cache
         self.finished: dict[str, int] = {}
 
     # tokens ---------------------------------------------------------------------------------------
@@ -584,55 +550,9 @@ class StandinState:
                     self._chains.popitem(last=False)
         return hashes
 
-    def admit(self, ids: list[int], completion_tokens: int, received: float) -> Ticket:
-        """Take KV blocks for a request (waiting while the cache is full) and schedule it.
-
-        `received` is the clock's time when the request arrived. Counts the prefix-cache query and
-        hits; with a performance model, `finish_at` is the clock's time by which prefill of the
-        uncached tokens and decode of the completion are done.
-        """
-        hashes = self._block_hashes(ids)
-        bs = self.script.block_size
-        extra = max(0, -(-(len(ids) + completion_tokens) // bs) - len(hashes))
-        if self.cache.capacity is not None:  # a request never needs more than the whole cache
-            extra = min(extra, self.cache.capacity - len(hashes))
-        with self.lock:
-            self.waiting += 1
-            hit = self.cache.allocate(hashes, extra)
-            while hit is None:
-                self.parked += 1
-                self.clock.park()
-                self.kv_freed.wait()
-                received = self.clock.now()  # the request starts once it is admitted
-                hit = self.cache.allocate(hashes, extra)
-            self.waiting -= 1
-            self.running += 1
-            cached = hit * bs
-            self.metrics["prefix_cache_queries"] += len(ids)
-            self.metrics["prefix_cache_hits"] += cached
-            ticket = Ticket(hashes, extra, cached)
-            perf = self.script.performance
-            if perf is not None:
-                start = max(received, self.prefill_free_at)
-                self.prefill_free_at = start + (len(ids) - cached) / perf.prefill_tokens_per_s
-                ticket.finish_at = self.prefill_free_at + completion_tokens / perf.decode_tokens_per_s
-            return ticket
-
-    def release(self, ticket: Ticket) -> None:
-        """A request finished: unpin its blocks and wake requests waiting for KV space."""
-        with self.lock:
-            self.cache.free(ticket.hashes, ticket.extra)
-            self.running -= 1
-            # the woken count as busy at once, so a virtual clock cannot jump past their admission
-            self.clock.unpark(self.parked)
-            self.parked = 0
-            self.kv_freed.notify_all()
-
-    def cache_lookup_and_insert(self, ids: list[int]) -> int:
-        """Cached tokens for this prompt (whole leading blocks held now); then cache its blocks."""
-        ticket = self.admit(ids, 0, self.clock.now())
-        self.release(ticket)
-        return ticket.cached_tokens
+    def run(self, ids: list[int], completion_tokens: int, received: float) -> int:
+        """Run a request with prompt `ids` on the engine, returning when it is done: its cached prompt tokens."""
+        return self.engine.run(self._block_hashes(ids), len(ids), completion_tokens, received)
 
     # turns ----------------------------------------------------------------------------------------
     def record(self, body: dict[str, Any]) -> None:
@@ -678,8 +598,9 @@ class StandinState:
     def metrics_text(self) -> str:
         """Prometheus exposition text with vLLM's metric names."""
         labels = f'model_name="{self.script.model}",engine="0"'
+        engine = self.engine.metrics()
         with self.lock:
-            m = dict(self.metrics)
+            m = {**self.metrics, **engine}
             finished = dict(self.finished)
         lines = ["# m3-agent stand-in: a scripted test double, not a model"]
         for key, help_text in COUNTERS:
@@ -691,21 +612,17 @@ class StandinState:
         ]
         for reason in ("stop", "length", "abort", *sorted(set(finished) - {"stop", "length", "abort"})):
             lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(finished.get(reason, 0))}')
-        return "\n".join(lines + self._cache_lines(labels)) + "\n"
+        return "\n".join(lines + self._cache_lines(labels, engine)) + "\n"
 
-    def _cache_lines(self, labels: str) -> list[str]:
+    def _cache_lines(self, labels: str, values: dict[str, Any]) -> list[str]:
         """The gauges of KV-cache usage and load, and the cache-config info vLLM exports once."""
-        with self.lock:
-            cap = self.cache.capacity
-            values = {"kv_cache_usage_perc": self.cache.used / cap if cap else 0.0,
-                      "num_requests_running": self.running, "num_requests_waiting": self.waiting}
         lines = []
         for key, help_text in GAUGES:
             name = f"vllm:{key}"
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{labels}}} {float(values[key])}"]
         # vLLM exports every CacheConfig field as a label; num_gpu_blocks is "None" until it is known
         info = {"block_size": self.script.block_size, "cache_dtype": "auto", "enable_prefix_caching": True,
-                "engine": 0, "num_gpu_blocks": cap}
+                "engine": 0, "num_gpu_blocks": values["num_gpu_blocks"]}
         info_labels = ",".join(f'{k}="{v}"' for k, v in info.items())
         lines += [f"# HELP {CACHE_CONFIG_INFO} Information of the LLMEngine CacheConfig",
                   f"# TYPE {CACHE_CONFIG_INFO} gauge", f"{CACHE_CONFIG_INFO}{{{info_labels}}} 1.0"]
@@ -976,7 +893,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, {"prompt": self.state.decode(ids)})
 
     def _chat(self) -> None:
-        received = self.state.clock.now()
+        received = self.state.engine.now()
         state, script = self.state, self.state.script
         body = self._read_json()
         state.record(body)
@@ -1009,22 +926,13 @@ class _Handler(BaseHTTPRequestHandler):
 
         reply.prompt_tokens = n
         reply.completion_tokens = _completion_tokens(reply)
-        reply.cached_tokens = self._run_on_engine(ids, reply.completion_tokens, received)
+        reply.cached_tokens = state.run(ids, reply.completion_tokens, received)
         state.count_finished(reply.prompt_tokens, reply.completion_tokens, reply.finish_reason)
         if body.get("stream"):
             opts = body.get("stream_options") or {}
             self._stream(reply, include_usage=bool(opts.get("include_usage")))
         else:
             self._json(200, _completion_body(reply, script))
-
-    def _run_on_engine(self, ids: list[int], completion_tokens: int, received: float) -> int:
-        """Hold the request's KV blocks for as long as the performance model says it runs; its cached tokens."""
-        ticket = self.state.admit(ids, completion_tokens, received)
-        try:
-            self.state.clock.sleep_until(ticket.finish_at)
-        finally:
-            self.state.release(ticket)
-        return ticket.cached_tokens
 
     def _stream(self, reply: _Reply, include_usage: bool) -> None:
         self.send_response(200)

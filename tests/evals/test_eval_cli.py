@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from m3_agent.serving.standin import B200X8_KV_TOKENS, StandinServer
+from m3_agent.serving.kvsim import B200X8_KV_TOKENS
+from m3_agent.serving.standin import StandinServer
 from m3_agent.evals.tasks import builtin_standin_script, builtin_task
 from tests.conftest import lan_address, secrets_found
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -11,16 +13,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from m3_agent.errors import UsageError
-from m3_agent.serving.standin import (
+from m3_agent.serving.kvsim import (
     B200X8_DECODE_TOK_S,
     B200X8_KV_TOKENS,
     B200X8_PREFILL_TOK_S,
     Performance,
     PrefixCache,
-    StandinServer,
-    load_script,
 )
 from m3_agent.serving.simclock import VirtualClock
+from m3_agent.serving.standin import StandinServer, load_script
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 
@@ -182,3 +183,36 @@ def test_metrics_of_an_unbounded_standin_say_the_block_count_is_unknown():
         m = samples(srv.root_url)
     assert m["vllm:cache_config_info"].labels["num_gpu_blocks"] == "None"
     assert m["vllm:kv_cache_usage_perc"].value == 0.0
+
+
+# --- the seam: the wire double loads the performance model only for a script that has one ---------
+
+LOADED = """
+import sys
+import openai
+from m3_agent.serving.standin import StandinServer
+script = {{"turns": [{{"content": "ok"}}], **{perf}}}
+with StandinServer(script) as srv:
+    r = openai.OpenAI(base_url=srv.base_url, api_key="x").chat.completions.create(
+        model="MiniMaxAI/MiniMax-M3", messages=[{{"role": "user", "content": "hi"}}])
+    assert r.choices[0].message.content == "ok"
+print(sorted(m for m in ("m3_agent.serving.kvsim", "m3_agent.serving.planner", "m3_agent.serving.simclock")
+             if m in sys.modules))
+"""
+
+
+def test_without_a_performance_model_the_double_does_not_load_the_simulator():
+    def loaded(perf: str) -> str:
+        proc = subprocess.run([sys.executable, "-c", LOADED.format(perf=perf)], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert loaded("{}") == "[]"
+    assert loaded('{"performance": {}}') == "['m3_agent.serving.kvsim', 'm3_agent.serving.planner', " \
+                                             "'m3_agent.serving.simclock']"
+
+
+def test_a_bad_performance_model_is_told_in_one_line_with_its_field():
+    with pytest.raises(UsageError, match=r"at performance: .*prefill_tokens_per_s: Input should be greater than 0"):
+        load_script({"performance": {"prefill_tokens_per_s": 0}})
