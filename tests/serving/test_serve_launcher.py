@@ -18,7 +18,8 @@ import pytest
 from m3_agent.errors import EndpointAuthError, EndpointError, UsageError
 from m3_agent.serving import launcher
 from m3_agent.serving.access import ApiKey
-from m3_agent.serving.endpoint import Launch, check_endpoint, ensure_endpoint, resolve_endpoint
+from m3_agent.serving.endpoint import Launch, check_endpoint, ensure_endpoint, prepare, resolve_endpoint
+from m3_agent.serving.gpus import GPU
 from m3_agent.serving.profiles import Overrides, build_command, get_profile
 from m3_agent.serving.standin import StandinServer
 
@@ -229,6 +230,16 @@ def test_missing_engine_is_an_endpoint_error(tmp_path, monkeypatch):
     monkeypatch.setenv("M3_AGENT_STATE_DIR", str(tmp_path / "state"))
     with pytest.raises(EndpointError, match="vllm is not on PATH"):
         launcher.launch(_cmd(free_port()))
+
+
+def test_prepare_refuses_what_the_gpus_cannot_hold_unless_the_launch_forces_it():
+    small = [GPU(index=i, name="NVIDIA H100 80GB HBM3", memory_gb=80, vendor="nvidia", kind="H100") for i in range(8)]
+    with pytest.raises(UsageError, match="does not fit"):
+        prepare("h200-tp8", Launch(), gpus=small)
+    said: list[str] = []
+    forced = prepare("h200-tp8", Launch(force=True), progress=lambda phase, msg: said.append(phase), gpus=small)
+    assert said == ["gpus", "warning"]
+    assert forced.argv == prepare("h200-tp8", Launch(check_gpus=False)).argv  # the profile's command, unchanged
 
 
 def test_ensure_endpoint_starts_once_then_reuses(fake_bin, cleanup_endpoints):
