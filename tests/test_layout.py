@@ -153,9 +153,9 @@ def test_no_module_imports_another_modules_private_name():
 
 MAX_PARAMETERS = 7
 
-# Functions outside the serving part still over the limit while issue #31 is done on parallel branches
-# (the packer, admission and the eval runner are brought under it on their own). `path:function`.
-# The lead empties this when merging those branches; the test fails on an entry that is no longer over.
+# `path:function`s still over the limit because other branches of issue #31 bring them under it (the
+# packer, `m3-agent pack`, admission, the eval runner). Empty it when merging them: the test fails on an
+# entry that is no longer over, so none can linger.
 PARAMETER_LIMIT_PENDING = frozenset({
     "agent/context/pack.py:Pack.__init__",
     "agent/context/pack.py:pack_repository",
