@@ -164,8 +164,6 @@ PARAMETER_LIMIT_PENDING = frozenset({
     "agent/context/pack.py:_result",
     "agent/context/pack.py:_fit_exactly",
     "agent/context/pack.py:_fit",
-    "evals/cli.py:execute",
-    "evals/runner.py:run_eval",
     "m3_agent/pack_cli.py:pack_command",  # a typer command, but registered by m3_agent/cli.py, not decorated
 })
 
