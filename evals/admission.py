@@ -29,20 +29,17 @@ from typing import NamedTuple
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
+from m3_agent.agent.context.cache import PackCache
+from m3_agent.agent.context.estimate import EstimatedFile, estimate_tokens
+from m3_agent.agent.context.tokens import CHARS_PER_TOKEN, OUTPUT_RESERVE  # the pack's estimate and reserve
 from m3_agent.evals.reuse.delta import MAX_DIFF_SHARE
 from m3_agent.evals.reuse.ordering import Run, diff_bytes, stored_run
 from m3_agent.errors import M3AgentError, UsageError
 from m3_agent.evals.tasks import Task, repo_source
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
-CHARS_PER_TOKEN = 3.2  # the pack's own estimate for source text (agent.context.tokens.EstimateCounter)
 CALIBRATION_FILES = 16  # files of a tree the endpoint tokenizes to learn its bytes per token
-# files a pack leaves out as binary, by suffix: they do not count towards a context
-BINARY = (".png", ".jpg", ".jpeg", ".gif", ".ico", ".bmp", ".webp", ".pdf", ".zip", ".gz", ".bz2", ".xz", ".tar",
-          ".whl", ".egg", ".so", ".dll", ".dylib", ".exe", ".pyc", ".class", ".jar", ".woff", ".woff2", ".ttf", ".eot",
-          ".otf", ".mo", ".mp3", ".mp4", ".wav", ".ogg", ".npy", ".npz", ".pkl", ".db", ".sqlite", ".fits", ".h5")
 GROWTH = 0.15  # a session's context grows past its first prompt by about this share (tool output, replies)
-OUTPUT_RESERVE = 32_768  # tokens the agent leaves for a reply (agent.context.budget_for_window)
 LEARN_AFTER = 3  # finished instances (or running ones, MIN_REQUESTS in) before their growth replaces the prior
 MIN_REQUESTS = 3  # requests a running session has made before its growth is projected to its turn limit
 DIFF_SAMPLE_COMMITS = 20  # the patches of this many commits calibrate a repository's bytes per diff token
@@ -121,16 +118,12 @@ def order_for_reuse(tasks: Sequence[Task]) -> list[Task]:
     return [t for _, t in sorted(enumerate(tasks), key=lambda it: (first_seen[it[1].repo], it[1].created_at or "", it[0]))]
 
 
-def _blobs(source: str, commit: str) -> list[tuple[int, str, str]]:
-    """(size, object id, path) of the text-looking files at `commit` (git ls-tree, no checkout)."""
-    out = subprocess.run(["git", "-C", source, "ls-tree", "-r", "-l", commit], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
-    blobs = []
-    for line in out.splitlines():
-        fields = line.split(None, 4)  # mode, type, object, size ("-" for a submodule), path
-        if len(fields) > 4 and fields[1] == "blob" and fields[3].isdigit() and not fields[4].lower().endswith(BINARY):
-            blobs.append((int(fields[3]), fields[2], fields[4]))
-    return blobs
+@functools.lru_cache(maxsize=256)
+def _files(source: str, commit: str) -> list[EstimatedFile]:
+    """The files a whole pack of `commit` holds, by the packer's own rules (`estimate_tokens`: git,
+    no checkout; the pack cache's facts stand in for reading blobs it has seen)."""
+    with PackCache() as store:
+        return estimate_tokens(source, commit, store=store).files
 
 
 def _repo_bytes(task: Task, repos: Path | None) -> tuple[str, int | None] | None:
@@ -145,9 +138,9 @@ def _repo_bytes(task: Task, repos: Path | None) -> tuple[str, int | None] | None
 
 @functools.lru_cache(maxsize=4096)
 def _tree_bytes(source: str, commit: str) -> int | None:
-    """Total size of the text-looking files at `commit`; None if git cannot tell."""
+    """Total size of the files a whole pack of `commit` holds; None if git cannot tell."""
     try:
-        return sum(size for size, _, _ in _blobs(source, commit))
+        return sum(f.size for f in _files(source, commit))
     except (subprocess.SubprocessError, OSError):
         return None
 
@@ -163,10 +156,10 @@ def bytes_per_token(base_url: str, task: Task, repos: Path | None, *, api_key: s
 
     try:
         source = repo_source(task, repos)
-        blobs = _blobs(source, task.base_commit)
-        total, chosen, seen = sum(b[0] for b in blobs), [], 0
+        blobs = _files(source, task.base_commit)
+        total, chosen, seen = sum(b.size for b in blobs), [], 0
         marks = [total * (i + 0.5) / CALIBRATION_FILES for i in range(CALIBRATION_FILES)]
-        for size, oid, _path in blobs:
+        for _path, oid, size in blobs:
             if marks and seen + size > marks[0]:
                 chosen.append(oid)
                 while marks and seen + size > marks[0]:
@@ -479,7 +472,7 @@ class KvAdmit:
 def _tree(source: str, commit: str) -> dict[str, tuple[str, int]]:
     """path -> (object id, size) of the text-looking files at `commit`."""
     try:
-        return {path: (oid, size) for size, oid, path in _blobs(source, commit)}
+        return {path: (oid, size) for path, oid, size in _files(source, commit)}
     except (subprocess.SubprocessError, OSError):
         return {}
 

@@ -12,8 +12,8 @@ import typer
 
 from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS
 from m3_agent.agent.context.pack import DEFAULT_OUTLINE_SHARE, Pack, pack_repository
-from m3_agent.agent.context.reader import read_bytes
-from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES, apply_path_rules, decode, list_files
+from m3_agent.agent.context.estimate import estimate_tokens
+from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES
 from m3_agent.agent.context.stability import StableOrder
 from m3_agent.agent.context.tokens import (EstimateCounter, ServerCounter, TokenCounter, TokenizerJsonCounter,
                                            budget_for_server)
@@ -73,21 +73,10 @@ def choose_counter(choice: str, base_url: str | None, model: str | None, tokeniz
     return EstimateCounter()
 
 
-def calibrated_estimate(repo: str | Path, exact: TokenCounter, samples: int = 32) -> EstimateCounter:
-    """The estimate scaled to `exact` on a spread-out sample of the repository's text files."""
-    listing = list_files(os.path.abspath(repo))
-    apply_path_rules(listing, None, None)
-    paths = sorted(e.path for e in listing.entries if e.reason is None and e.kind == "file")
-    texts = []
-    for path in paths[:: max(1, len(paths) // samples)]:
-        try:
-            data, _ = read_bytes(os.path.join(listing.root, path), 256 * 1024)
-        except OSError:
-            continue
-        content = decode(data)[0] if data is not None else None
-        if content:
-            texts.append(content.decode("utf-8", "replace"))
-    return EstimateCounter().calibrated(exact, texts[:samples])
+def calibrated_estimate(repo: str | Path, exact: TokenCounter) -> EstimateCounter:
+    """The estimate scaled to `exact` on a spread-out sample of the files a pack of `repo` holds
+    (`estimate_tokens`: the packer's own rules and estimate)."""
+    return estimate_tokens(repo, None, exact).counter  # (no cache: `--no-cache` may be set)
 
 
 def summary_table(pack: Pack, elapsed: float, output: str) -> str:

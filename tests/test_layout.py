@@ -157,13 +157,6 @@ MAX_PARAMETERS = 7
 # packer, `m3-agent pack`, admission, the eval runner). Empty it when merging them: the test fails on an
 # entry that is no longer over, so none can linger.
 PARAMETER_LIMIT_PENDING = frozenset({
-    "agent/context/pack.py:Pack.__init__",
-    "agent/context/pack.py:pack_repository",
-    "agent/context/pack.py:_pack",
-    "agent/context/pack.py:_render_within",
-    "agent/context/pack.py:_result",
-    "agent/context/pack.py:_fit_exactly",
-    "agent/context/pack.py:_fit",
     "m3_agent/pack_cli.py:pack_command",  # a typer command, but registered by m3_agent/cli.py, not decorated
 })
 

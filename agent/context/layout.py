@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import NamedTuple
 
 from m3_agent.agent.context.selection import Entry
 
@@ -295,22 +296,40 @@ def footer(*, packed: int, total: int, budget_left: list[Entry], shown_left: int
     return "".join(out)
 
 
-def render(head: str, tree_text: str, chosen: list[Entry], foot: str, outline_text: str = "") -> tuple[list[bytes], str]:
-    """The whole pack as a list of UTF-8 byte pieces (file texts are not copied), and the text around
-    the file contents (the estimate counts its shape, and the file texts' from their facts). The
-    outline tier, when there is one, comes after the tree, before the footer: the part that depends
-    on the issue goes last, so a server's prefix cache shares what comes before it."""
-    parts: list[bytes] = [head.encode(), b"## Files\n\n"]
+class Rendered(NamedTuple):
+    """A pack's text as UTF-8 byte pieces, named by what they are: `head` (the header and the
+    `## Files` heading), `sections` (per file its opening, its verbatim text and its closing: three
+    pieces a file), `tail` (the tree and commit, the outline tier when there is one, the footer);
+    and `frame`, the text around the file contents (the estimate counts its shape, and the file
+    texts' from their facts)."""
+
+    head: list[bytes]
+    sections: list[bytes]
+    tail: list[bytes]
+    frame: str
+
+    @property
+    def parts(self) -> list[bytes]:
+        """All the pieces in order (file texts are not copied)."""
+        return [*self.head, *self.sections, *self.tail]
+
+
+def render(head: str, tree_text: str, chosen: list[Entry], foot: str, outline_text: str = "") -> Rendered:
+    """The whole pack in named pieces (see `Rendered`). The outline tier, when there is one, comes
+    after the tree, before the footer: the part that depends on the issue goes last, so a server's
+    prefix cache shares what comes before it."""
+    opening = [head.encode(), b"## Files\n\n"]
     frame = [head, "## Files\n\n"]
+    sections: list[bytes] = []
     for e in chosen:
-        opening, content, closing = section_parts(e)
-        parts += (opening.encode(), content, closing.encode())
-        frame += (opening, closing)
-    parts.append(tree_text.encode())
+        start, content, end = section_parts(e)
+        sections += (start.encode(), content, end.encode())
+        frame += (start, end)
+    tail = [tree_text.encode()]
     frame.append(tree_text)
     if outline_text:
-        parts.append(outline_text.encode("utf-8", "surrogateescape"))
+        tail.append(outline_text.encode("utf-8", "surrogateescape"))
         frame.append(outline_text)
-    parts.append(foot.encode())
+    tail.append(foot.encode())
     frame.append(foot)
-    return parts, "".join(frame)
+    return Rendered(opening, sections, tail, "".join(frame))

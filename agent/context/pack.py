@@ -1,4 +1,12 @@
-"""`pack_repository`: a whole repository as one byte-deterministic prompt, within a token budget."""
+"""`Packer`: a whole repository as one byte-deterministic prompt, within a token budget.
+
+A packer holds the rules (include, exclude, max_file_bytes, the outline tier's share), the token
+counter and the cache store. `Packer.pack` runs one method per step: `list` the files, `decide`
+each one's fate, `count` their tokens, `choose` what fits a budget, `render` the text. What one
+pack plans for its files (token counts, section costs, relevance ranks, the shared part) is kept in
+that pack's `Plan`, keyed by entry; the entries of the listing only carry their fate and facts.
+`pack_repository` is the same as one call of a packer made for it.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +18,13 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from m3_agent.agent.context import layout, outline
+from m3_agent.agent.context import layout, outline, reader
 from m3_agent.agent.context.cache import PackCache
+from m3_agent.agent.context.estimate import CALIBRATION_SAMPLES, sample
+from m3_agent.agent.context.order import PackOrder
 from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS, DEFAULT_OUTLINE_SHARE
-from m3_agent.agent.context.reader import Rules, decide, load, read_bytes
+from m3_agent.agent.context.reader import Rules, load, read_bytes
 from m3_agent.agent.context.relevance import is_test, rank
-from m3_agent.agent.context.stability import StableOrder
 from m3_agent.agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
     Entry,
@@ -26,13 +35,13 @@ from m3_agent.agent.context.selection import (
     list_files,
     subword_terms,
 )
-from m3_agent.agent.context.tokens import EstimateCounter, TokenCounter, text_shape
+from m3_agent.agent.context.stability import StableOrder
+from m3_agent.agent.context.tokens import EstimateCounter, TokenCounter, fit_scale, text_shape
 from m3_agent.errors import UsageError
 
 # Exact counts are planned with a calibrated estimate and checked; a plan this much over is re-cut.
 TOP_UP_ROUNDS = 2
 TREE_SHARE = 0.5  # the tree may take at most this share of a budget before it is shortened
-CALIBRATION_SAMPLES = 32  # files counted exactly to scale the estimate that plans a budget
 PLAN_MARGIN = 1.1  # planned counts of files not yet counted exactly err this much high
 
 
@@ -56,47 +65,62 @@ class SkippedFile(NamedTuple):
     detail: str = ""
 
 
+class PackInfo(NamedTuple):
+    """What a pack says about itself besides its text: the counter's kind ("server" |
+    "tokenizer.json" | "estimate"), the budget, the commit packed (`head`, in a git work tree),
+    the files in the tree and those with their text in the pack, the files left out by the budget
+    shown as outlines (most relevant first) and the outline tier's tokens, and for a delta pack the
+    commit whose files its sections show."""
+
+    counter_kind: str
+    budget: int | None = None
+    head: str | None = None
+    total_files: int = 0
+    packed_count: int = 0
+    outlined: list[str] = []
+    outline_tokens: int = 0
+    delta_base: str | None = None
+
+
 class Pack:
     """A packed repository. `text` goes first in the prompt; the issue goes after it, separately.
 
     The text is kept as UTF-8 byte pieces (`parts`, which `write` saves one after another, without
-    joining them), joined into `data` and decoded into `text` on first use.
+    joining them), joined into `data` and decoded into `text` on first use. The lists of packed and
+    skipped files are given, or made on first use by `lists` (a `Fates`).
     """
 
-    def __init__(self, *, files: list[PackedFile] | None = None, skipped: list[SkippedFile] | None = None, tokens: int,
-                 counter_kind: str, budget: int | None = None, head: str | None = None, total_files: int = 0,
-                 timings: dict[str, float] | None = None, parts: tuple = (), listed=None, counted=None,
-                 packed_count: int | None = None, outlined: list[str] | None = None, outline_tokens: int = 0,
-                 delta_base: str | None = None) -> None:
-        self._files = files
-        self._skipped = skipped
-        self._listed = listed  # () -> (files, skipped): the lists made on first use
-        self._counted = counted  # () -> (packed tokens, {reason: files}): without making the lists
-        self.packed_count = len(files) if files is not None else packed_count  # files with their text in the pack
-        self.outlined = outlined or []  # files left out by the budget shown as outlines, most relevant first
-        self.outline_tokens = outline_tokens  # tokens of the outline tier (part of `tokens`)
-        self.delta_base = delta_base  # a delta pack: the commit whose files its sections show
+    def __init__(self, parts: layout.Rendered | tuple, tokens: int, info: PackInfo, *,
+                 files: list[PackedFile] | None = None, skipped: list[SkippedFile] | None = None,
+                 lists: Fates | None = None, timings: dict[str, float] | None = None) -> None:
+        # The pieces by name (head, file sections, tail) when the packer rendered them; a delta
+        # pack's are put together from other packs' pieces (`parts` only).
+        self.rendered = parts if isinstance(parts, layout.Rendered) else None
+        self.parts = tuple(parts.parts) if self.rendered is not None else tuple(parts)
         self.tokens = tokens  # tokens of `text` per the counter
-        self.counter_kind = counter_kind  # "server" | "tokenizer.json" | "estimate"
-        self.budget = budget
-        self.head = head  # the commit packed, when the repository is a git work tree
-        self.total_files = total_files
+        self.info = info
+        self._files, self._skipped, self._lists = files, skipped, lists
+        self.counter_kind, self.budget, self.head = info.counter_kind, info.budget, info.head
+        self.total_files = info.total_files
+        self.packed_count = len(files) if files is not None else info.packed_count  # files with their text in the pack
+        self.outlined = list(info.outlined)  # files left out by the budget shown as outlines, most relevant first
+        self.outline_tokens = info.outline_tokens  # tokens of the outline tier (part of `tokens`)
+        self.delta_base = info.delta_base  # a delta pack: the commit whose files its sections show
         self.timings = timings if timings is not None else {}
-        self.parts = parts
         self._cache: dict = {}
 
     @property
     def files(self) -> list[PackedFile]:
-        """The packed files, in pack order."""
+        """The packed files, in tree order."""
         if self._files is None:
-            self._files, self._skipped = self._listed()
+            self._files, self._skipped = self._lists.listed()
         return self._files
 
     @property
     def skipped(self) -> list[SkippedFile]:
         """The files the tree lists without their text, and why, in tree order."""
         if self._skipped is None:
-            self._files, self._skipped = self._listed()
+            self._files, self._skipped = self._lists.listed()
         return self._skipped
 
     def __repr__(self) -> str:
@@ -131,8 +155,8 @@ class Pack:
 
     def skipped_by_reason(self) -> dict[str, int]:
         """How many files each reason left out."""
-        if self._skipped is None and self._counted is not None:
-            return dict(sorted(self._counted()[1].items()))  # (sorted() copies: the cached counts stay as they are)
+        if self._skipped is None and self._lists is not None:
+            return dict(sorted(self._lists.counted()[1].items()))  # (sorted() copies: the cached counts stay as they are)
         out: dict[str, int] = {}
         for s in self.skipped:
             out[s.reason] = out.get(s.reason, 0) + 1
@@ -140,9 +164,47 @@ class Pack:
 
     def packed_tokens(self) -> int:
         """Tokens of the packed files' texts (without their headings and fences)."""
-        if self._files is None and self._counted is not None:
-            return self._counted()[0]
+        if self._files is None and self._lists is not None:
+            return self._lists.counted()[0]
         return sum(f.tokens for f in self.files)
+
+
+class Fates:
+    """Each entry of a pack with why it has no text there (None when it has): the pack's lists of
+    packed and skipped files, made when first asked for. Holds the entries and counts only."""
+
+    def __init__(self, entries: list[Entry], chosen: list[Entry], left_out: list[Entry],
+                 tokens: dict[Entry, int]) -> None:
+        self.entries, self.chosen, self.left_out, self.tokens = entries, chosen, left_out, tokens
+
+    @functools.cached_property
+    def fates(self) -> list[tuple[Entry, str | None]]:
+        chosen, left = set(self.chosen), set(self.left_out)
+        return [(e, None if e in chosen else "budget" if e in left else e.reason or "unknown") for e in self.entries]
+
+    def listed(self) -> tuple[list[PackedFile], list[SkippedFile]]:
+        """The packed files, and the skipped ones with their reasons, in tree order."""
+        files, skipped = [], []
+        for e, reason in self.fates:
+            if reason is None:
+                files.append(PackedFile(e.path, self.tokens.get(e, 0), e.size or 0, _flags(e)))
+            else:
+                skipped.append(SkippedFile(e.path, reason, e.detail))
+        return files, skipped
+
+    def counted(self) -> tuple[int, dict[str, int]]:
+        """(tokens of the packed texts, {reason: files}), without making the lists."""
+        return self._counts
+
+    @functools.cached_property  # (asked twice by a summary: the tokens, then the reasons)
+    def _counts(self) -> tuple[int, dict[str, int]]:
+        packed_tokens, by_reason = 0, {}
+        for e, reason in self.fates:
+            if reason is None:
+                packed_tokens += self.tokens.get(e, 0)
+            else:
+                by_reason[reason] = by_reason.get(reason, 0) + 1
+        return packed_tokens, by_reason
 
 
 def _tree_order(e: Entry) -> str:
@@ -153,343 +215,76 @@ def _flags(e: Entry) -> list[str]:
     return (["symlink"] if e.kind == "symlink" else []) + layout.content_flags(e)
 
 
-def pack_repository(
-    repo: Path | str,
-    *,
-    issue: str | None = None,
-    budget: int | None = None,
-    counter: TokenCounter | None = None,
-    include: tuple[str, ...] | list[str] = (),
-    exclude: tuple[str, ...] | list[str] = (),
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-    cache: PackCache | bool = True,
-    history: Path | str | None = None,
-    order=None,
-    outline_share: float = DEFAULT_OUTLINE_SHARE,
-    outline_max_tokens: int = DEFAULT_OUTLINE_MAX_TOKENS,
-) -> Pack:
-    """Pack the repository at `repo` into one prompt text.
+def pack_repository(repo: Path | str, *, issue: str | None = None, budget: int | None = None,
+                    counter: TokenCounter | None = None, cache: PackCache | bool = True,
+                    history: Path | str | None = None, order: PackOrder | None = None, **rules) -> Pack:
+    """Pack the repository at `repo` with a `Packer` made for this one pack (see `Packer.pack`).
 
-    The text is a header, the packed files in `order` (default: `stability.StableOrder`, those least
-    changed in the recent commits of `history`, default `repo` itself, first), a tree of every file
-    (packed or not, with skip reasons), the commit packed, and a footer. With `budget`,
-    `pack.tokens <= budget` per `counter` (default: the estimate); when the repository does not fit,
-    files are chosen by relevance to `issue`, after `order.shared_share` of the budget (at most the
-    room the header, tree and footer leave; none by default) is filled with the same files whatever
-    the issue (`order.alike`, else the least changed source files: a batch's issues then share that
-    prefix in the server's cache), and up to `outline_share` of the budget (at most
-    `outline_max_tokens`) shows outlines of the most relevant files left out (their definitions,
-    after the tree). The issue itself is never part of the text. `cache` (on by default) keeps facts
-    and token counts by git blob id under the user's cache directory.
+    `rules` are the packer's (include, exclude, max_file_bytes, outline_share, outline_max_tokens);
+    `cache` (on by default) keeps facts and token counts by git blob id under the user's cache
+    directory.
     """
-    t0 = time.perf_counter()
-    _check(budget, max_file_bytes, order.shared_share if order is not None else 0.0, outline_share,
-           outline_max_tokens)
-    counter = counter or EstimateCounter()
-    root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
-    rules = Rules(root, compile_globs(tuple(include), "include"), compile_globs(tuple(exclude), "exclude"),
-                  max_file_bytes)
-    listing = list_files(root)
-    timings = {"list_s": time.perf_counter() - t0}
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(PackCache()) if cache is True else cache or None
-        if order is None and (history is not None or listing.git):
-            order = StableOrder(os.fspath(history) if history is not None else root, store)
-        return _pack(listing, store, rules, issue, budget, counter, timings, t0, order,
-                     (outline_share, outline_max_tokens))
+        packer = Packer(counter=counter, store=store, **rules)
+        return packer.pack(repo, issue=issue, budget=budget, history=history, order=order)
 
 
-def _check(budget: int | None, max_file_bytes: int, shared_share: float, outline_share: float,
-           outline_max_tokens: int) -> None:
-    if budget is not None and budget <= 0:
-        raise UsageError(f"the token budget must be positive, got {budget}")
-    if max_file_bytes <= 0:
-        raise UsageError(f"max_file_bytes must be positive, got {max_file_bytes}")
-    if not 0.0 <= shared_share < 1.0:
-        raise UsageError(f"shared_share must be at least 0 and below 1, got {shared_share}")
-    if not 0 <= outline_share <= 0.5:
-        raise UsageError(f"the outline share must be between 0 and 0.5 of the budget, got {outline_share}")
-    if outline_max_tokens < 0:
-        raise UsageError(f"outline_max_tokens must be at least 0, got {outline_max_tokens}")
+class Plan:
+    """One pack in the making: the listing and its rules, the issue and budget, the order, the
+    entries in tree order and the packable ones in pack order, and what this pack planned for each
+    file. Everything per entry lives in tables keyed by the entry, never on the entry."""
 
+    def __init__(self, listing: Listing, rules: Rules, *, issue: str | None, budget: int | None,
+                 order: PackOrder | None) -> None:
+        self.listing, self.rules, self.issue, self.budget, self.order = listing, rules, issue, budget, order
+        self.entries = sorted(listing.entries, key=_tree_order)
+        self.packable: list[Entry] = []
+        self.known: dict = {}  # cached facts by blob
+        self.stale = False  # the index's snapshot of facts is missing (it is written after the pack)
+        self.raw: dict[str, bytes] = {}  # bytes of the files read, kept for relevance
+        self.new_facts: dict = {}  # facts learned by this pack, by blob: cached after it
+        self.tokens: dict[Entry, int] = {}  # tokens of a file's text
+        self.inexact: set[Entry] = set()  # files whose `tokens` is a calibrated estimate, not yet an exact count
+        self.cost: dict[Entry, int] = {}  # planned tokens of a file's section around its text (heading, fences)
+        self.rank: dict[Entry, int] = {}  # position in relevance order (0 = most relevant), when a budget applies
+        self.shared: set[Entry] = set()  # files in the budget's shared part, the same for every issue
+        self.outlines: dict[Entry, outline.Outlined] = {}  # the outline tier planned, by file
+        self.head_text = self.tree_text = self.source_text = ""
+        self.timings: dict[str, float] = {}
 
-def _pack(listing: Listing, store: PackCache | None, rules: Rules, issue: str | None, budget: int | None,
-          counter: TokenCounter, timings: dict[str, float], t0: float, order, outline_room: tuple[float, int]) -> Pack:
-    """Decide every entry, count, choose (within `budget`, when there is one), render."""
-    t = time.perf_counter()
-    entries = sorted(listing.entries, key=_tree_order)
-    known, stale = _known_facts(store, listing, entries)
-    raw: dict[str, bytes] = {}  # bytes of the files read, kept for relevance
-    for e in entries:  # a budgeted pack reads only what no cached facts stand in for; a full pack, all it packs
-        decide(e, rules, known.get(e.blob) if e.blob else None, read=budget is None,
-               raw=None if budget is None else raw)
-    packable = [e for e in entries if e.reason is None]
-    if order is not None:
-        by_path = order.key(e.path for e in packable)
-        packable.sort(key=lambda e: by_path(e.path))
-    new_facts = {e.blob: e.facts for e in entries if e.blob and e.facts is not None and e.blob not in known}
-    timings["read_s"] = time.perf_counter() - t
+    @property
+    def shared_share(self) -> float:
+        return self.order.shared_share if self.order is not None else 0.0
 
-    t = time.perf_counter()
-    _count_files(packable, counter, store, listing, rules.limit, budget)
-    timings["count_s"] = time.perf_counter() - t
+    def bytes_of(self, e: Entry) -> bytes | None:
+        """A file's bytes: those read while deciding, else from the disk (None when unreadable)."""
+        raw = self.raw.get(e.path) if self.raw else None
+        if raw is None:
+            try:
+                raw, _ = read_bytes(os.path.join(self.listing.root, e.path), self.rules.limit)
+            except OSError:
+                return None
+        return raw
 
-    head_text = layout.header()
-    source_text = layout.source(git=listing.git, head=listing.head, dirty=any(map(_changed, entries)),
-                                total=len(entries))
-    tree_text = layout.tree(entries) + source_text
-    if budget is None:
-        t = time.perf_counter()
-        chosen, left_out, outlined = packable, [], []
-        parts, tokens = _render(chosen, left_out, entries=entries, head_text=head_text, tree_text=tree_text,
-                                counter=counter)
-        timings["render_s"] = time.perf_counter() - t
-    else:
-        chosen, left_out, parts, tokens, outlined = _render_within(
-            packable, entries, head_text, tree_text, issue, budget, counter, listing, store, new_facts, raw,
-            rules.limit, timings, source_text, (order.shared_share if order else 0.0, *outline_room),
-            order.alike if order else None)
-    _remember(store, listing, _facts_by_blob(entries), new_facts, stale)
-    timings["total_s"] = time.perf_counter() - t0
-    return _result(entries, chosen, left_out, parts, tokens, counter, budget, listing, timings, outlined)
-
-
-def _render_within(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
-                   budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
-                   raw: dict[str, bytes], max_file_bytes: int,
-                   timings: dict[str, float], source_text: str,
-                   shares: tuple[float, float, int], alike: list[list[str]] | None = None,
-                   ) -> tuple[list[Entry], list[Entry], list, int, list[outline.Outlined]]:
-    """The pack of the files that fit `budget`, the most relevant to `issue` first, then the outline
-    tier: outlines of the most relevant files left out. `shares`: of the budget, the shared part's
-    and the outline tier's, and the tier's most tokens; `alike`: the files the shared part may hold
-    (see `_shared_part`)."""
-    shared_share, outline_share, outline_max = shares
-    tree_text = _tree_for_budget(entries, head_text, tree_text, budget, counter, source_text)
-    t = time.perf_counter()
-    room = min(int(budget * outline_share), outline_max)
-    chosen, left_out = _fit(packable, entries, head_text, tree_text, issue, budget, counter,
-                            listing, store, new_facts, raw, max_file_bytes, shared_share, reserve=room, alike=alike)
-    timings["fit_s"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    outlined = _outline_tier(left_out, room, counter, listing, store, raw, max_file_bytes)
-    timings["outline_s"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    _prepare(chosen, counter, store, listing, max_file_bytes)
-    render = functools.partial(_render, entries=entries, head_text=head_text, tree_text=tree_text, counter=counter,
-                               outlined={id(o.entry): o for o in outlined})
-    parts, tokens = render(chosen, left_out)
-    # pack order, the shared part first in its own order (the same at every commit that shares it)
-    place = {id(e): (True, i) for i, e in enumerate(packable)}
-    place.update((id(e), (False, i)) for i, e in enumerate(e for e in chosen if e.shared))
-    chosen, left_out, parts, tokens = _fit_exactly(
-        chosen, left_out, parts, tokens, budget, len(entries), counter, render,
-        lambda more: _prepare(more, counter, store, listing, max_file_bytes), lambda e: place[id(e)])
-    timings["render_s"] = time.perf_counter() - t
-    left_ids = {id(e) for e in left_out}
-    return chosen, left_out, parts, tokens, [o for o in outlined if id(o.entry) in left_ids]
-
-
-def _outline_tier(left_out: list[Entry], room: int, counter: TokenCounter, listing: Listing,
-                  store: PackCache | None, raw: dict[str, bytes], max_file_bytes: int) -> list[outline.Outlined]:
-    """Outlines of the files left out, most relevant first, planned within `room` tokens."""
-    if not left_out or room <= 0:
-        return []
-    estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
-    exact = None if isinstance(counter, EstimateCounter) else (
-        lambda chosen: counter.count(layout.outlines([(o.entry.path, o.text) for o in chosen])))
-    return outline.plan(left_out, room - estimate.count(layout.OUTLINES_HEAD),
-                        functools.partial(_bytes_of, listing=listing, data=raw, max_file_bytes=max_file_bytes), store,
-                        lambda e, text: estimate.count(layout.outline_section(e.path, text)), exact)
-
-
-def _changed(e: Entry) -> bool:
-    """Whether the working tree differs from the commit at this entry (untracked, or modified)."""
-    return e.untracked or (e.index_blob is not None and e.blob != e.index_blob)
-
-
-def _known_facts(store: PackCache | None, listing: Listing, entries: list[Entry]) -> tuple[dict, bool]:
-    """Cached facts of these entries' blobs: the index's snapshot (one read), else a lookup of each
-    blob; and whether the snapshot is missing (it is then written)."""
-    if store is None:
-        return {}, False
-    known = store.get_snapshot(listing.index_key) if listing.index_key else {}
-    if known:
-        return known, False
-    return store.get_facts([e.blob for e in entries if e.blob]), listing.index_key is not None
-
-
-def _facts_by_blob(entries: list[Entry]) -> dict:
-    return {e.blob: e.facts for e in entries if e.blob and e.facts is not None}
-
-
-def _remember(store: PackCache | None, listing: Listing, facts: dict, new: dict, stale: bool) -> None:
-    """Keep the new facts, and the index's snapshot of all of them when it changed."""
-    if store is None:
-        return
-    if new:
-        store.put_facts(new)
-    if listing.index_key and (new or stale):
-        store.put_snapshot(listing.index_key, facts)
-
-
-def _result(entries: list[Entry], chosen: list[Entry], left_out: list[Entry], parts: list, tokens: int,
-            counter: TokenCounter, budget: int | None, listing: Listing, timings: dict[str, float],
-            outlined: list[outline.Outlined]) -> Pack:
-    """The pack; its lists of packed and skipped files are made when first asked for."""
-
-    @functools.cache
-    def fates() -> list[tuple[Entry, str | None]]:
-        """Each entry with why it has no text in the pack (None when it has)."""
-        chosen_ids = {id(e) for e in chosen}
-        left_ids = {id(e) for e in left_out}
-        return [(e, None if id(e) in chosen_ids else "budget" if id(e) in left_ids else e.reason or "unknown")
-                for e in entries]
-
-    def listed() -> tuple[list[PackedFile], list[SkippedFile]]:
-        files, skipped = [], []
-        for e, reason in fates():
-            if reason is None:
-                files.append(PackedFile(e.path, e.tokens or 0, e.size or 0, _flags(e)))
-            else:
-                skipped.append(SkippedFile(e.path, reason, e.detail))
-        return files, skipped
-
-    @functools.cache  # (asked twice by a summary: the tokens, then the reasons)
-    def counted() -> tuple[int, dict[str, int]]:
-        packed_tokens, by_reason = 0, {}
-        for e, reason in fates():
-            if reason is None:
-                packed_tokens += e.tokens or 0
-            else:
-                by_reason[reason] = by_reason.get(reason, 0) + 1
-        return packed_tokens, by_reason
-
-    return Pack(tokens=tokens, counter_kind=counter.kind, budget=budget, head=listing.head, total_files=len(entries),
-                timings=timings, parts=tuple(parts), listed=listed, counted=counted, packed_count=len(chosen),
-                outlined=[o.entry.path for o in outlined], outline_tokens=_outline_tokens(outlined, counter))
-
-
-def _outline_tokens(outlined: list[outline.Outlined], counter: TokenCounter) -> int:
-    """Tokens of the outline tier's text (its heading and note included), per the pack's counter."""
-    if not outlined:
-        return 0
-    return counter.count(layout.outlines([(o.entry.path, o.text) for o in outlined]))
-
-
-def _prepare(entries: list[Entry], counter: TokenCounter, store: PackCache | None, listing: Listing,
-             max_file_bytes: int) -> None:
-    """Make chosen files ready to render: exact counts and contents."""
-    _count_exact(entries, counter, store, listing, max_file_bytes)
-    for e in entries:
-        if e.content is None:
-            load(str(listing.root), e, max_file_bytes)
-
-
-def _fit_exactly(chosen: list[Entry], left_out: list[Entry], data: list, tokens: int, budget: int, total: int,
-                 counter: TokenCounter, render, prepare, order) -> tuple[list[Entry], list[Entry], list, int]:
-    """Hold the plan to the exact count of the text: drop the least relevant files while over the
-    budget, then fill the slack a cautious plan leaves with the most relevant of the rest."""
-    while tokens > budget:
-        if not chosen:
-            raise UsageError(f"a budget of {budget} tokens cannot hold even the header and tree of this "
-                             f"repository ({tokens} tokens): raise --budget or exclude paths")
-        chosen, left_out = _trim(chosen, left_out, tokens - budget, counter)
-        data, tokens = render(chosen, left_out)
-    generous = True  # first count on the footer's list of left-out files to shrink too, then not
-    for _ in range(TOP_UP_ROUNDS):
-        if not left_out:
-            break
-        slack = budget - tokens
-        if generous:  # a try only: the exact count of the grown text decides
-            slack += _footer_saving(chosen, left_out, total, counter) + max(16, slack // 50)
-        more = _top_up(left_out, slack, counter)
-        if not more:
-            break
-        prepare(more)
-        added = {id(e) for e in more}
-        grown = sorted(chosen + more, key=order)
-        rest = [e for e in left_out if id(e) not in added]
-        grown_data, grown_tokens = render(grown, rest)
-        if grown_tokens > budget:
-            if not generous:
-                break
-            generous = False
-            continue
-        chosen, left_out, data, tokens = grown, rest, grown_data, grown_tokens
-    return chosen, left_out, data, tokens
-
-
-def _tree_for_budget(entries: list[Entry], head_text: str, tree_text: str, budget: int, counter: TokenCounter,
-                     source_text: str) -> str:
-    """The full tree, or when it would take over TREE_SHARE of the budget, the deepest shortened one that fits."""
-    limit = budget * TREE_SHARE
-    if counter.count(head_text + tree_text) <= limit:
-        return tree_text
-    deepest = max((e.path.count("/") for e in entries), default=0)
-    for depth in range(deepest - 1, -1, -1):
-        shorter = layout.tree(entries, max_depth=depth) + source_text
-        if counter.count(head_text + shorter) <= limit:
-            return shorter
-    return tree_text  # nothing fits: the caller reports that the budget cannot hold the header and tree
-
-
-def _count_files(packable: list[Entry], counter: TokenCounter, store: PackCache | None,
-                 listing: Listing, max_file_bytes: int, budget: int | None) -> None:
-    """Token counts of file texts: the estimate from facts, exact counts from the cache or the counter.
-
-    With a budget, an exact counter is asked only about files a plan may choose: the others get a
-    calibrated estimate (scaled to the exact counts known) until `_count_exact` replaces it.
-    """
-    if isinstance(counter, EstimateCounter):
-        shape = counter.from_shape
-        for e in packable:
+    def ensure_definitions(self) -> None:
+        """Fill in the names each code file defines and their words (cached with its facts), for relevance."""
+        for e in self.packable:
             facts = e.facts
-            e.tokens = shape(facts.chars, facts.extra)
-        return
-    cached = store.get_counts(counter.id, [e.blob for e in packable]) if store else {}
-    missing = []
-    for e in packable:
-        if e.blob in cached:
-            e.tokens = cached[e.blob]
-        else:
-            missing.append(e)
-    if budget is None or len(missing) <= CALIBRATION_SAMPLES:
-        _count_exact(missing, counter, store, listing, max_file_bytes)
-        return
-    known = [e for e in packable if e.blob in cached]
-    if len(known) < CALIBRATION_SAMPLES:
-        sample = missing[:: max(1, len(missing) // CALIBRATION_SAMPLES)][:CALIBRATION_SAMPLES]
-        _count_exact(sample, counter, store, listing, max_file_bytes)
-        known += sample
-    base = EstimateCounter()
-    estimated = sum(base.from_shape(e.facts.chars, e.facts.extra) for e in known)
-    scale = min(4.0, max(0.25, sum(e.tokens for e in known) / estimated)) if estimated else 1.0
-    for e in missing:
-        if e.tokens is None:
-            e.tokens = math.ceil(base.from_shape(e.facts.chars, e.facts.extra) * scale * PLAN_MARGIN)
-            e.exact = False
+            if facts.defs is not None and facts.terms is not None:
+                continue
+            if facts.defs is None:
+                raw = self.bytes_of(e) if is_code(e.path) else None
+                facts.defs = definitions(e.path, raw) if raw else ""
+            facts.terms = subword_terms(facts.defs)
+            self.new_facts[e.blob] = facts
+
+    def planned(self, e: Entry, estimate: EstimateCounter) -> int:
+        """Planned tokens of a file's whole section: its text and the frame around it."""
+        return self.tokens.get(e, 0) + (self.cost.get(e) or section_cost(e, estimate))
 
 
-def _count_exact(entries: list[Entry], counter: TokenCounter, store: PackCache | None, listing: Listing,
-                 max_file_bytes: int) -> None:
-    """Count these files with the exact counter (one batch) and remember the counts."""
-    todo = [e for e in entries if e.tokens is None or not e.exact]
-    if not todo:
-        return
-    for e in todo:
-        if e.content is None:
-            load(str(listing.root), e, max_file_bytes)
-    counts = counter.count_many([str(e.content or b"", "utf-8") for e in todo])
-    for e, n in zip(todo, counts):
-        e.tokens, e.exact = n, True
-    if store is not None:
-        store.put_counts(counter.id, {e.blob: e.tokens for e in todo})
-
-
-def _section_cost(e: Entry, estimate: EstimateCounter) -> int:
+def section_cost(e: Entry, estimate: EstimateCounter) -> int:
     """Planned tokens of a file's section around its text (heading, fences, language tag): the
     estimate of a frame at least as long as the real one, without building it."""
     path = e.path
@@ -500,166 +295,425 @@ def _section_cost(e: Entry, estimate: EstimateCounter) -> int:
     return estimate.from_shape(chars, 2 * extra)
 
 
-def _fit(packable: list[Entry], entries: list[Entry], head_text: str, tree_text: str, issue: str | None,
-         budget: int, counter: TokenCounter, listing: Listing, store: PackCache | None, new_facts: dict,
-         data: dict[str, bytes] | None, max_file_bytes: int, shared_share: float,
-         reserve: int = 0, alike: list[list[str]] | None = None) -> tuple[list[Entry], list[Entry]]:
-    """Choose the files that fit the budget: all when they do, else `shared_share` of the budget
-    (of the pack, so that share of a batch's first requests is shared) filled by `_shared_part`
-    (from `alike`, when given), then the most relevant first within the budget less `reserve` (the
-    outline tier's room)."""
-    estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
-    fixed = counter.count(head_text + tree_text + "## Files\n\n")
-    for e in packable:
-        e.cost = _section_cost(e, estimate)
-    costs = {id(e): (e.tokens or 0) + e.cost for e in packable}
-    foot_all = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=[]))
-    if fixed + foot_all + sum(costs.values()) <= budget:
-        for i, (_, e) in enumerate(rank(packable, None)):
-            e.rank = i  # in case the exact count of the whole text still calls for a trim
-        return packable, []
+class Packer:
+    """Packs repositories with one set of rules, one token counter and one cache store.
 
-    if issue:
-        _ensure_definitions(packable, listing, store, new_facts, data, max_file_bytes)
-    read = functools.partial(_bytes_of, listing=listing, data=data, max_file_bytes=max_file_bytes)
-    ranked = [e for _, e in rank(packable, issue, read, store)]
-    foot = estimate.count(layout.footer(packed=len(packable), total=len(entries), budget_left=ranked[:25])) + 8
-    room = budget - fixed - foot - reserve
-    shared = _shared_part(packable, costs, min(room, int(budget * shared_share)), alike)
-    room -= sum(costs[id(e)] for e in shared)
-    chosen_ids = {id(e) for e in shared}
-    for e in ranked:
-        c = costs[id(e)]
-        if c <= room and id(e) not in chosen_ids:
-            chosen_ids.add(id(e))
-            room -= c
-    for i, e in enumerate(ranked):
-        e.rank = i - len(ranked) if e.shared else i  # the shared part is trimmed last
-    chosen = shared + [e for e in packable if id(e) in chosen_ids and not e.shared]
-    left_out = [e for e in ranked if id(e) not in chosen_ids]
-    return chosen, left_out
+    `include` / `exclude`: globs (gitignore syntax); `max_file_bytes`: larger files are listed, not
+    packed; `outline_share` of a budget (at most `outline_max_tokens`) shows outlines of the most
+    relevant files the budget left out; `counter` (default: the estimate) counts tokens; `store`
+    (a PackCache, or None) keeps facts, counts, outlines and orders by git blob id.
+    """
+
+    def __init__(self, *, counter: TokenCounter | None = None, store: PackCache | None = None,
+                 include: tuple[str, ...] | list[str] = (), exclude: tuple[str, ...] | list[str] = (),
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, outline_share: float = DEFAULT_OUTLINE_SHARE,
+                 outline_max_tokens: int = DEFAULT_OUTLINE_MAX_TOKENS) -> None:
+        check(None, max_file_bytes, 0.0, outline_share, outline_max_tokens)
+        self.counter = counter or EstimateCounter()
+        # What plans: the counter itself when it is the estimate, else the default estimate.
+        self.estimating = isinstance(self.counter, EstimateCounter)
+        self.estimate = self.counter if self.estimating else EstimateCounter()
+        self.store = store
+        self.include = compile_globs(tuple(include), "include")
+        self.exclude = compile_globs(tuple(exclude), "exclude")
+        self.max_file_bytes = max_file_bytes
+        self.outline_share, self.outline_max_tokens = outline_share, outline_max_tokens
+
+    def pack(self, repo: Path | str, *, issue: str | None = None, budget: int | None = None,
+             history: Path | str | None = None, order: PackOrder | None = None) -> Pack:
+        """Pack the repository at `repo` into one prompt text: a header, the packed files in `order`
+        (default: least changed in the recent commits of `history`, or of `repo` when it is a git
+        work tree), a tree of every file (packed or not, with skip reasons), the commit packed, and
+        a footer. With `budget`, `pack.tokens <= budget` per the counter: when the repository does
+        not fit, the order's `shared_share` of the budget is filled with the same files whatever the
+        issue, then files are chosen by relevance to `issue`, and the outline tier shows the most
+        relevant files left out. The issue itself is never part of the text."""
+        t0 = time.perf_counter()
+        check(budget, self.max_file_bytes, order.shared_share if order is not None else 0.0,
+              self.outline_share, self.outline_max_tokens)
+        root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
+        listing = self.list(root)
+        plan = Plan(listing, Rules(root, self.include, self.exclude, self.max_file_bytes), issue=issue,
+                    budget=budget, order=order if order is not None else self.default_order(listing, history))
+        plan.timings["list_s"] = time.perf_counter() - t0
+        t = time.perf_counter()
+        self.decide(plan)
+        plan.timings["read_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        self.count(plan)
+        plan.timings["count_s"] = time.perf_counter() - t
+        self.frame(plan)
+        if budget is None:
+            t = time.perf_counter()
+            chosen = Chosen(plan.packable, [], [])
+            parts, tokens = self.render(plan, chosen.files, [])
+            plan.timings["render_s"] = time.perf_counter() - t
+        else:
+            chosen, parts, tokens = self.within_budget(plan)
+        self.remember(plan)
+        plan.timings["total_s"] = time.perf_counter() - t0
+        return self.result(plan, chosen, parts, tokens)
+
+    def list(self, root: str) -> Listing:
+        """Every file under `root`, before any rule (git lists a work tree)."""
+        return list_files(root)
+
+    def default_order(self, listing: Listing, history: Path | str | None) -> PackOrder | None:
+        """Least changed first in `history`, else in the repository itself when git lists it; else none."""
+        if history is not None:
+            return StableOrder(os.fspath(history), self.store)
+        return StableOrder(str(listing.root), self.store) if listing.git else None
+
+    def decide(self, plan: Plan) -> None:
+        """Each entry's fate (`reader.decide`), from cached facts where there are some; then the
+        packable files in pack order. A budgeted pack reads only what no cached facts stand in for;
+        a full pack reads all it packs."""
+        plan.known, plan.stale = self.known_facts(plan)
+        full = plan.budget is None
+        for e in plan.entries:
+            reader.decide(e, plan.rules, plan.known.get(e.blob) if e.blob else None, read=full,
+                          raw=None if full else plan.raw)
+        packable = [e for e in plan.entries if e.reason is None]
+        if plan.order is not None:
+            by_path = plan.order.key(e.path for e in packable)
+            packable.sort(key=lambda e: by_path(e.path))
+        plan.packable = packable
+        plan.new_facts = {e.blob: e.facts for e in plan.entries
+                          if e.blob and e.facts is not None and e.blob not in plan.known}
+
+    def known_facts(self, plan: Plan) -> tuple[dict, bool]:
+        """Cached facts of the plan's blobs: the index's snapshot (one read), else a lookup of each
+        blob; and whether the snapshot is missing (it is then written)."""
+        if self.store is None:
+            return {}, False
+        index_key = plan.listing.index_key
+        known = self.store.get_snapshot(index_key) if index_key else {}
+        if known:
+            return known, False
+        return self.store.get_facts([e.blob for e in plan.entries if e.blob]), index_key is not None
+
+    def remember(self, plan: Plan) -> None:
+        """Keep the new facts, and the index's snapshot of all of them when it changed."""
+        if self.store is None:
+            return
+        if plan.new_facts:
+            self.store.put_facts(plan.new_facts)
+        if plan.listing.index_key and (plan.new_facts or plan.stale):
+            facts = {e.blob: e.facts for e in plan.entries if e.blob and e.facts is not None}
+            self.store.put_snapshot(plan.listing.index_key, facts)
+
+    def count(self, plan: Plan) -> None:
+        """Token counts of file texts: the estimate from facts, exact counts from the cache or the counter.
+
+        With a budget, an exact counter is asked only about files a plan may choose: the others get a
+        calibrated estimate (scaled to the exact counts known) until `count_exact` replaces it.
+        """
+        packable = plan.packable
+        if self.estimating:
+            shape = self.estimate.from_shape
+            for e in packable:
+                facts = e.facts
+                plan.tokens[e] = shape(facts.chars, facts.extra)
+            return
+        cached = self.store.get_counts(self.counter.id, [e.blob for e in packable]) if self.store else {}
+        missing = []
+        for e in packable:
+            if e.blob in cached:
+                plan.tokens[e] = cached[e.blob]
+            else:
+                missing.append(e)
+        if plan.budget is None or len(missing) <= CALIBRATION_SAMPLES:
+            self.count_exact(plan, missing)
+            return
+        known = [e for e in packable if e.blob in cached]
+        if len(known) < CALIBRATION_SAMPLES:
+            spread = sample(missing, CALIBRATION_SAMPLES)
+            self.count_exact(plan, spread)
+            known += spread
+        shape = self.estimate.from_shape
+        scale = fit_scale(sum(shape(e.facts.chars, e.facts.extra) for e in known), sum(plan.tokens[e] for e in known))
+        for e in missing:
+            if e not in plan.tokens:
+                plan.tokens[e] = math.ceil(shape(e.facts.chars, e.facts.extra) * scale * PLAN_MARGIN)
+                plan.inexact.add(e)
+
+    def count_exact(self, plan: Plan, entries: list[Entry]) -> None:
+        """Count these files with the exact counter (one batch) and remember the counts."""
+        todo = [e for e in entries if e not in plan.tokens or e in plan.inexact]
+        if not todo:
+            return
+        root = str(plan.listing.root)
+        for e in todo:
+            if e.content is None:
+                load(root, e, self.max_file_bytes)
+        counts = self.counter.count_many([str(e.content or b"", "utf-8") for e in todo])
+        for e, n in zip(todo, counts):
+            plan.tokens[e] = n
+            plan.inexact.discard(e)
+        if self.store is not None:
+            self.store.put_counts(self.counter.id, {e.blob: plan.tokens[e] for e in todo})
+
+    def prepare(self, plan: Plan, entries: list[Entry]) -> None:
+        """Make chosen files ready to render: exact counts and contents."""
+        self.count_exact(plan, entries)
+        root = str(plan.listing.root)
+        for e in entries:
+            if e.content is None:
+                load(root, e, self.max_file_bytes)
+
+    def frame(self, plan: Plan) -> None:
+        """The text around the file sections: the header, the tree of every entry and the commit."""
+        entries = plan.entries
+        listing = plan.listing
+        plan.head_text = layout.header()
+        plan.source_text = layout.source(git=listing.git, head=listing.head, dirty=any(map(_changed, entries)),
+                                         total=len(entries))
+        plan.tree_text = layout.tree(entries) + plan.source_text
+
+    def within_budget(self, plan: Plan) -> tuple[Chosen, layout.Rendered, int]:
+        """The pack of the files that fit the budget, the most relevant to the issue first, then the
+        outline tier: outlines of the most relevant files left out, within the tier's room."""
+        plan.tree_text = self.tree_for_budget(plan)
+        t = time.perf_counter()
+        room = min(int(plan.budget * self.outline_share), self.outline_max_tokens)
+        chosen, left_out = self.choose(plan, reserve=room)
+        plan.timings["fit_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        outlined = self.outline_tier(plan, left_out, room)
+        plan.timings["outline_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        self.prepare(plan, chosen)
+        plan.outlines = {o.entry: o for o in outlined}
+        parts, tokens = self.render(plan, chosen, left_out)
+        # pack order, the shared part first in its own order (the same at every commit that shares it)
+        place = {e: (True, i) for i, e in enumerate(plan.packable)}
+        place.update((e, (False, i)) for i, e in enumerate(e for e in chosen if e in plan.shared))
+        chosen, left_out, parts, tokens = self.fit_exactly(plan, chosen, left_out, (parts, tokens), place.__getitem__)
+        plan.timings["render_s"] = time.perf_counter() - t
+        left = set(left_out)
+        return Chosen(chosen, left_out, [o for o in outlined if o.entry in left]), parts, tokens
+
+    def tree_for_budget(self, plan: Plan) -> str:
+        """The full tree, or when it would take over TREE_SHARE of the budget, the deepest shortened one that fits."""
+        limit = plan.budget * TREE_SHARE
+        if self.counter.count(plan.head_text + plan.tree_text) <= limit:
+            return plan.tree_text
+        deepest = max((e.path.count("/") for e in plan.entries), default=0)
+        for depth in range(deepest - 1, -1, -1):
+            shorter = layout.tree(plan.entries, max_depth=depth) + plan.source_text
+            if self.counter.count(plan.head_text + shorter) <= limit:
+                return shorter
+        return plan.tree_text  # nothing fits: `fit_exactly` reports that the budget cannot hold the header and tree
+
+    def choose(self, plan: Plan, reserve: int = 0) -> tuple[list[Entry], list[Entry]]:
+        """Choose the files that fit the budget: all when they do, else the order's `shared_share` of
+        the budget (of the pack, so that share of a batch's first requests is shared) filled by
+        `shared_part`, then the most relevant first within the budget less `reserve` (the outline
+        tier's room). Sets the plan's section costs, ranks and shared part."""
+        packable, budget, estimate = plan.packable, plan.budget, self.estimate
+        fixed = self.counter.count(plan.head_text + plan.tree_text + "## Files\n\n")
+        for e in packable:
+            plan.cost[e] = section_cost(e, estimate)
+        costs = {e: plan.tokens.get(e, 0) + plan.cost[e] for e in packable}
+        foot_all = estimate.count(layout.footer(packed=len(packable), total=len(plan.entries), budget_left=[]))
+        if fixed + foot_all + sum(costs.values()) <= budget:
+            for i, (_, e) in enumerate(rank(packable, None, tokens=plan.tokens)):
+                plan.rank[e] = i  # in case the exact count of the whole text still calls for a trim
+            return packable, []
+
+        if plan.issue:
+            plan.ensure_definitions()
+        ranked = [e for _, e in rank(packable, plan.issue, plan.bytes_of, self.store, tokens=plan.tokens)]
+        foot = estimate.count(layout.footer(packed=len(packable), total=len(plan.entries),
+                                            budget_left=ranked[:25])) + 8
+        room = budget - fixed - foot - reserve
+        alike = plan.order.alike if plan.order is not None else None
+        shared = shared_part(packable, costs, min(room, int(budget * plan.shared_share)), alike)
+        plan.shared = set(shared)
+        room -= sum(costs[e] for e in shared)
+        taken = set(shared)
+        for e in ranked:
+            c = costs[e]
+            if c <= room and e not in taken:
+                taken.add(e)
+                room -= c
+        for i, e in enumerate(ranked):
+            plan.rank[e] = i - len(ranked) if e in plan.shared else i  # the shared part is trimmed last
+        chosen = shared + [e for e in packable if e in taken and e not in plan.shared]
+        return chosen, [e for e in ranked if e not in taken]
+
+    def outline_tier(self, plan: Plan, left_out: list[Entry], room: int) -> list[outline.Outlined]:
+        """Outlines of the files left out, most relevant first, planned within `room` tokens."""
+        if not left_out or room <= 0:
+            return []
+        estimate = self.estimate
+        exact = None if self.estimating else (
+            lambda chosen: self.counter.count(layout.outlines([(o.entry.path, o.text) for o in chosen])))
+        return outline.plan(left_out, room - estimate.count(layout.OUTLINES_HEAD), plan.bytes_of, self.store,
+                            lambda e, text: estimate.count(layout.outline_section(e.path, text)), exact)
+
+    def render(self, plan: Plan, chosen: list[Entry], left_out: list[Entry]) -> tuple[layout.Rendered, int]:
+        """The pack's byte pieces (named: head, sections, tail) and the token count of their text;
+        the outlines planned of files still left out are shown, in `left_out`'s order."""
+        outlines = plan.outlines
+        shown = [outlines[e] for e in left_out if e in outlines] if outlines else []
+        foot = layout.footer(packed=len(chosen), total=len(plan.entries), budget_left=left_out, outlined=len(shown))
+        pieces = layout.render(plan.head_text, plan.tree_text, chosen, foot,
+                               layout.outlines([(o.entry.path, o.text) for o in shown]))
+        if self.estimating:
+            # The estimate depends on characters and extra UTF-8 bytes only, which add up over parts.
+            chars, extra = text_shape(pieces.frame)
+            for e in chosen:
+                chars += e.facts.chars
+                extra += e.facts.extra
+            return pieces._replace(frame=""), self.counter.from_shape(chars, extra)
+        return pieces._replace(frame=""), self.counter.count(b"".join(pieces.parts).decode("utf-8", "replace"))
+
+    def fit_exactly(self, plan: Plan, chosen: list[Entry], left_out: list[Entry], rendered: tuple[layout.Rendered, int],
+                    order) -> tuple[list[Entry], list[Entry], layout.Rendered, int]:
+        """Hold the plan to the exact count of the text (`rendered`: its pieces and count): drop the
+        least relevant files while over the budget, then fill the slack a cautious plan leaves with
+        the most relevant of the rest; `order` is the sort key of the pack order."""
+        data, tokens = rendered
+        budget = plan.budget
+        while tokens > budget:
+            if not chosen:
+                raise UsageError(f"a budget of {budget} tokens cannot hold even the header and tree of this "
+                                 f"repository ({tokens} tokens): raise --budget or exclude paths")
+            chosen, left_out = self.trim(plan, chosen, left_out, tokens - budget)
+            data, tokens = self.render(plan, chosen, left_out)
+        generous = True  # first count on the footer's list of left-out files to shrink too, then not
+        for _ in range(TOP_UP_ROUNDS):
+            if not left_out:
+                break
+            slack = budget - tokens
+            if generous:  # a try only: the exact count of the grown text decides
+                slack += self.footer_saving(plan, chosen, left_out) + max(16, slack // 50)
+            more = self.top_up(plan, left_out, slack)
+            if not more:
+                break
+            self.prepare(plan, more)
+            added = set(more)
+            grown = sorted(chosen + more, key=order)
+            rest = [e for e in left_out if e not in added]
+            grown_data, grown_tokens = self.render(plan, grown, rest)
+            if grown_tokens > budget:
+                if not generous:
+                    break
+                generous = False
+                continue
+            chosen, left_out, data, tokens = grown, rest, grown_data, grown_tokens
+        return chosen, left_out, data, tokens
+
+    def footer_saving(self, plan: Plan, chosen: list[Entry], left_out: list[Entry]) -> int:
+        """Tokens the footer's list of left-out files costs now (it goes when they all fit)."""
+        total = len(plan.entries)
+        now = layout.footer(packed=len(chosen), total=total, budget_left=left_out)
+        return max(0, self.estimate.count(now) - self.estimate.count(layout.footer(packed=total, total=total,
+                                                                                   budget_left=[])))
+
+    def top_up(self, plan: Plan, left_out: list[Entry], slack: int) -> list[Entry]:
+        """Left-out files, most relevant first, whose planned cost fits in `slack` tokens."""
+        more = []
+        for e in left_out:
+            cost = plan.planned(e, self.estimate)
+            if cost <= slack:
+                more.append(e)
+                slack -= cost
+        return more
+
+    def trim(self, plan: Plan, chosen: list[Entry], left_out: list[Entry],
+             over: int) -> tuple[list[Entry], list[Entry]]:
+        """Drop the least relevant chosen files until about `over` tokens (plus a margin) are gone."""
+        by_rank = sorted(chosen, key=lambda e: -plan.rank.get(e, 0))
+        target = over + max(8, over // 20)
+        dropped, freed = [], 0
+        for e in by_rank:
+            if freed >= target:
+                break
+            dropped.append(e)
+            freed += plan.planned(e, self.estimate)
+        gone = set(dropped)
+        return [e for e in chosen if e not in gone], sorted(left_out + dropped, key=lambda e: plan.rank.get(e, 0))
+
+    def result(self, plan: Plan, chosen: Chosen, parts: layout.Rendered, tokens: int) -> Pack:
+        """The pack; its lists of packed and skipped files are made when first asked for."""
+        outlined = chosen.outlined
+        outline_tokens = (self.counter.count(layout.outlines([(o.entry.path, o.text) for o in outlined]))
+                          if outlined else 0)  # the tier's text, its heading and note included
+        info = PackInfo(self.counter.kind, plan.budget, plan.listing.head, len(plan.entries), len(chosen.files),
+                        [o.entry.path for o in outlined], outline_tokens)
+        return Pack(parts, tokens, info, lists=Fates(plan.entries, chosen.files, chosen.left_out, plan.tokens),
+                    timings=plan.timings)
 
 
-def _shared_part(packable: list[Entry], costs: dict[int, int], room: int,
-                 alike: list[list[str]] | None = None) -> list[Entry]:
+class Chosen(NamedTuple):
+    """What a pack holds: the files with their text (in pack order), the files the budget left out
+    (most relevant first) and the outlines shown of them."""
+
+    files: list[Entry]
+    left_out: list[Entry]
+    outlined: list[outline.Outlined]
+
+
+def shared_part(packable: list[Entry], costs: dict[Entry, int], room: int,
+                alike: list[list[str]] | None = None) -> list[Entry]:
     """The budget's part that is the same whatever the issue, in its layout order.
 
     With `alike` (per group of a batch's commits this one is in, the files alike at all of them, in
-    the order `m3_agent.evals.reuse.ordering.order_for_commits` stored), files of one group that fit `room`, in that
-    order: the same bytes at each of the group's commits. Without, source files (not tests) in pack
-    order, least changed first, up to the first that does not fit, so it is a prefix of that order
-    for every issue and, until those files change, every commit."""
+    the order the batch stored), files of one group that fit `room`, in that order: the same bytes
+    at each of the group's commits. Without, source files (not tests) in pack order, least changed
+    first, up to the first that does not fit, so it is a prefix of that order for every issue and,
+    until those files change, every commit."""
     if alike is not None:
         return _shared_alike(packable, costs, room, alike)
     shared: list[Entry] = []
     for e in packable:
         if not is_code(e.path) or is_test(e.path):
             continue
-        if costs[id(e)] > room:
+        if costs[e] > room:
             break
-        e.shared = True
         shared.append(e)
-        room -= costs[id(e)]
+        room -= costs[e]
     return shared
 
 
-def _shared_alike(packable: list[Entry], costs: dict[int, int], room: int,
+def _shared_alike(packable: list[Entry], costs: dict[Entry, int], room: int,
                   groups: list[list[str]]) -> list[Entry]:
     """The files of one of `groups` (lists of files alike at every commit of a group, the lowest
     threshold's first: see `m3_agent.evals.reuse.ordering.shared_files`) that are packable and fit `room`, in its order
-    (see `_shared_part`): the first group whose files fill the room, else the one with the most.
+    (see `shared_part`): the first group whose files fill the room, else the one with the most.
     (Alike files cost the same at every commit of their group, so each commit of it chooses alike.)"""
     by_path = {e.path: e for e in packable}
-    weight = [sum(costs[id(by_path[p])] for p in g if p in by_path) for g in groups]
+    weight = [sum(costs[by_path[p]] for p in g if p in by_path) for g in groups]
     best = next((n for n, w in enumerate(weight) if w >= room), max(range(len(groups)), key=weight.__getitem__))
     shared: list[Entry] = []
     for path in groups[best]:
         e = by_path.get(path)
-        if e is None or costs[id(e)] > room:
+        if e is None or costs[e] > room:
             continue
-        e.shared = True
         shared.append(e)
-        room -= costs[id(e)]
+        room -= costs[e]
     return shared
 
 
-def _ensure_definitions(packable: list[Entry], listing: Listing, store: PackCache | None, new_facts: dict,
-                        data: dict[str, bytes] | None, max_file_bytes: int) -> None:
-    """Fill in the names each code file defines and their words (cached with its facts), for relevance."""
-    for e in packable:
-        if e.facts.defs is not None and e.facts.terms is not None:
-            continue
-        if e.facts.defs is None:
-            e.facts.defs = _definitions_of(e, listing, data, max_file_bytes)
-        e.facts.terms = subword_terms(e.facts.defs)
-        new_facts[e.blob] = e.facts
+def _changed(e: Entry) -> bool:
+    """Whether the working tree differs from the commit at this entry (untracked, or modified)."""
+    return e.untracked or (e.index_blob is not None and e.blob != e.index_blob)
 
 
-def _definitions_of(e: Entry, listing: Listing, data: dict[str, bytes] | None, max_file_bytes: int) -> str:
-    if not is_code(e.path):
-        return ""
-    raw = _bytes_of(e, listing=listing, data=data, max_file_bytes=max_file_bytes)
-    return definitions(e.path, raw) if raw else ""
-
-
-def _bytes_of(e: Entry, *, listing: Listing, data: dict[str, bytes] | None, max_file_bytes: int) -> bytes | None:
-    """A file's bytes: those read while deciding, else from the disk (None when unreadable)."""
-    raw = data.get(e.path) if data else None
-    if raw is None:
-        try:
-            raw, _ = read_bytes(os.path.join(listing.root, e.path), max_file_bytes)
-        except OSError:
-            return None
-    return raw
-
-
-def _render(chosen: list[Entry], left_out: list[Entry], *, entries: list[Entry], head_text: str, tree_text: str,
-            counter: TokenCounter, outlined: dict[int, outline.Outlined] | None = None) -> tuple[list, int]:
-    """The pack's byte pieces and the token count of their text; `outlined` (by entry id) are the
-    outlines planned, of which those of files still left out are shown, in `left_out`'s order."""
-    shown = [outlined[id(e)] for e in left_out if id(e) in outlined] if outlined else []
-    foot = layout.footer(packed=len(chosen), total=len(entries), budget_left=left_out, outlined=len(shown))
-    parts, frame = layout.render(head_text, tree_text, chosen, foot,
-                                 layout.outlines([(o.entry.path, o.text) for o in shown]))
-    if isinstance(counter, EstimateCounter):
-        # The estimate depends on characters and extra UTF-8 bytes only, which add up over parts.
-        chars, extra = text_shape(frame)
-        for e in chosen:
-            chars += e.facts.chars
-            extra += e.facts.extra
-        return parts, counter.from_shape(chars, extra)
-    return parts, counter.count(b"".join(parts).decode("utf-8", "replace"))
-
-
-def _footer_saving(chosen: list[Entry], left_out: list[Entry], total: int, counter: TokenCounter) -> int:
-    """Tokens the footer's list of left-out files costs now (it goes when they all fit)."""
-    estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
-    now = layout.footer(packed=len(chosen), total=total, budget_left=left_out)
-    return max(0, estimate.count(now) - estimate.count(layout.footer(packed=total, total=total, budget_left=[])))
-
-
-def _top_up(left_out: list[Entry], slack: int, counter: TokenCounter) -> list[Entry]:
-    """Left-out files, most relevant first, whose planned cost fits in `slack` tokens."""
-    estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
-    more = []
-    for e in left_out:
-        cost = (e.tokens or 0) + (e.cost or _section_cost(e, estimate))
-        if cost <= slack:
-            more.append(e)
-            slack -= cost
-    return more
-
-
-def _trim(chosen: list[Entry], left_out: list[Entry], over: int, counter: TokenCounter) -> tuple[list[Entry], list[Entry]]:
-    """Drop the least relevant chosen files until about `over` tokens (plus a margin) are gone."""
-    estimate = counter if isinstance(counter, EstimateCounter) else EstimateCounter()
-    by_rank = sorted(chosen, key=lambda e: -e.rank)
-    target = over + max(8, over // 20)
-    dropped, freed = [], 0
-    for e in by_rank:
-        if freed >= target:
-            break
-        dropped.append(e)
-        freed += (e.tokens or 0) + (e.cost or _section_cost(e, estimate))
-    gone = {id(e) for e in dropped}
-    return [e for e in chosen if id(e) not in gone], sorted(left_out + dropped, key=lambda e: e.rank)
+def check(budget: int | None, max_file_bytes: int, shared_share: float, outline_share: float,
+          outline_max_tokens: int) -> None:
+    """Refuse settings a pack cannot be made with (UsageError, naming the setting)."""
+    if budget is not None and budget <= 0:
+        raise UsageError(f"the token budget must be positive, got {budget}")
+    if max_file_bytes <= 0:
+        raise UsageError(f"max_file_bytes must be positive, got {max_file_bytes}")
+    if not 0.0 <= shared_share < 1.0:
+        raise UsageError(f"shared_share must be at least 0 and below 1, got {shared_share}")
+    if not 0 <= outline_share <= 0.5:
+        raise UsageError(f"the outline share must be between 0 and 0.5 of the budget, got {outline_share}")
+    if outline_max_tokens < 0:
+        raise UsageError(f"outline_max_tokens must be at least 0, got {outline_max_tokens}")

@@ -12,7 +12,7 @@ import hashlib
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from m3_agent.agent.context.cache import PackCache
@@ -90,24 +90,25 @@ GENERIC_STEMS = frozenset({"__init__", "models", "base", "utils", "util", "helpe
 
 
 def rank(entries: list[Entry], issue: str | None, read: Reader | None = None,
-         cache: PackCache | None = None) -> list[tuple[float, Entry]]:
+         cache: PackCache | None = None, tokens: Mapping[Entry, int] | None = None) -> list[tuple[float, Entry]]:
     """Entries best first, with their scores; `read` gives a file's bytes for the content signal,
-    `cache` keeps its scores.
+    `cache` keeps its scores, `tokens` are the files' sizes in tokens (a pack's counts; none: 0).
 
     Files the issue names come first, by score. The rest are ordered by value per token (their
     score and prior over the log of the size), so a budget packs many useful files rather than a
     few large ones; ties go to the path.
     """
     scores = [0.0] * len(entries)
+    size = tokens if tokens is not None else {}
     if issue:
-        _score_issue(entries, issue, scores, read, cache)
+        _score_issue(entries, issue, scores, read, cache, size)
 
     def key(i: int) -> tuple:
         e = entries[i]
         if scores[i] >= STRONG:
             return (0, -scores[i], e.path)
         value = 1.0 + scores[i] + 5.0 * priors[i]
-        return (1, -value / math.log2(16 + (e.tokens or 0)), e.path)
+        return (1, -value / math.log2(16 + size.get(e, 0)), e.path)
 
     priors = [_prior(e) for e in entries]
     order = sorted(range(len(entries)), key=key)
@@ -139,8 +140,9 @@ class _Issue:
     strongly the signals so far point at each file (`strong`: its largest single score from them)."""
 
     def __init__(self, entries: list[Entry], text: str, read: Reader | None = None,
-                 cache: PackCache | None = None) -> None:
+                 cache: PackCache | None = None, tokens: Mapping[Entry, int] | None = None) -> None:
         self.text, self.entries, self.read, self.cache = text, entries, read, cache
+        self.tokens = tokens if tokens is not None else {}  # the files' token counts (none: 0)
         self.index = _Index(entries)
         self.words = Counter(_IDENT_RE.findall(text))
         self.n_files = max(1, len(entries))
@@ -272,7 +274,7 @@ def neighbours(issue: _Issue, weight: float) -> Scores:
     """Files in the same directory as the files the issue points at (not empty ones)."""
     top_dirs = {issue.entries[i].path.rpartition("/")[0] for i in issue.top()}
     for i, e in enumerate(issue.entries):
-        if e.tokens and e.path.rpartition("/")[0] in top_dirs:  # empty files (`__init__.py`) say nothing
+        if issue.tokens.get(e) and e.path.rpartition("/")[0] in top_dirs:  # empty files (`__init__.py`) say nothing
             yield i, weight
 
 
@@ -440,9 +442,9 @@ SIGNALS = (
 
 
 def _score_issue(entries: list[Entry], text: str, scores: list[float], read: Reader | None = None,
-                 cache: PackCache | None = None) -> None:
+                 cache: PackCache | None = None, tokens: Mapping[Entry, int] | None = None) -> None:
     """Add each signal's points to `scores`, in the order SIGNALS lists them."""
-    issue = _Issue(entries, text, read, cache)
+    issue = _Issue(entries, text, read, cache, tokens)
     for signal in SIGNALS:
         for i, points in list(signal.score(issue, signal.weight)):
             scores[i] += points

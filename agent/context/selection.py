@@ -104,7 +104,9 @@ class Facts:
 
 class Entry:
     """One path of the listing, with its fate. A plain class: thousands are made per pack, and only
-    the attributes that differ from the class defaults are set on each."""
+    the attributes that differ from the class defaults are set on each. What a pack plans for a
+    file (its token count, section cost, rank) is in that pack's `pack.Plan`, not here. Hashed by
+    identity: a plan's tables are keyed by entry."""
 
     kind = "file"  # "file" | "symlink" | "submodule" | "dir" (a directory seen as one entry)
     blob: str | None = None  # git blob id when known without reading (tracked and unmodified)
@@ -116,11 +118,6 @@ class Entry:
     forced = False  # matched an include glob: default path rules do not apply
     facts: Facts | None = None
     content: bytes | None = None  # the UTF-8 text to pack, once read
-    tokens: int | None = None
-    exact = True  # False while `tokens` is a calibrated estimate standing in for an exact count
-    cost = 0  # planned tokens of its section around the text (heading, fences)
-    rank = 0  # position in relevance order (0 = most relevant), set when a budget applies
-    shared = False  # packed in the budget's shared part, the same for every issue (see pack's shared_share)
     flags: tuple[str, ...] = ()  # notes for the section heading, e.g. the target of a symlink
 
     def __init__(self, path: str, **attrs: object) -> None:

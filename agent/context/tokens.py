@@ -22,6 +22,9 @@ from m3_agent.errors import EndpointError, UsageError
 # the whole would merge, so the sum is usually at or a little above the whole's count); this keeps
 # each /tokenize request a sane size. Budgeted packs stay below it and are counted whole.
 MAX_REQUEST_CHARS = 8_000_000
+CHARS_PER_TOKEN = 3.2  # the estimate's characters per token of ASCII source (it errs high: see EstimateCounter)
+OUTPUT_RESERVE = 32_768  # tokens a default budget leaves for the model's reply (`budget_for_window`)
+MIN_SCALE, MAX_SCALE = 0.25, 4.0  # an estimate is never scaled further than this to fit an exact counter
 
 
 @runtime_checkable
@@ -38,6 +41,11 @@ class TokenCounter(Protocol):
     def count(self, text: str) -> int:
         """Token count of one text."""
         ...
+
+
+def fit_scale(estimated: float, exact: float) -> float:
+    """The scale that takes an estimate to an exact count of the same texts, clamped (1 with no estimate)."""
+    return min(MAX_SCALE, max(MIN_SCALE, exact / estimated)) if estimated else 1.0
 
 
 def text_shape(text: str) -> tuple[int, int]:
@@ -57,7 +65,7 @@ class EstimateCounter:
 
     kind = "estimate"
 
-    def __init__(self, chars_per_token: float = 3.2, tokens_per_extra_byte: float = 0.4, scale: float = 1.0) -> None:
+    def __init__(self, chars_per_token: float = CHARS_PER_TOKEN, tokens_per_extra_byte: float = 0.4, scale: float = 1.0) -> None:
         if chars_per_token <= 0 or tokens_per_extra_byte < 0 or scale <= 0:
             raise UsageError("estimate parameters must be positive")
         self.chars_per_token = chars_per_token
@@ -89,7 +97,7 @@ class EstimateCounter:
         real = sum(exact.count_many(samples))
         if est <= 0 or real <= 0:
             return self
-        return EstimateCounter(self.chars_per_token, self.tokens_per_extra_byte, min(4.0, max(0.25, real / est)))
+        return EstimateCounter(self.chars_per_token, self.tokens_per_extra_byte, fit_scale(est, real))
 
 
 class TokenizerJsonCounter:
@@ -239,7 +247,7 @@ class ServerCounter:
         return self._count_text(text)
 
 
-def budget_for_window(max_model_len: int, *, output_reserve: int = 32_768, growth_reserve: float | int = 0.15) -> int:
+def budget_for_window(max_model_len: int, *, output_reserve: int = OUTPUT_RESERVE, growth_reserve: float | int = 0.15) -> int:
     """The default pack budget for a context window: the window less room for output and for the conversation.
 
     `growth_reserve` is a share of the window when below 1, else a token count; either way at most a
@@ -261,7 +269,7 @@ def server_card(base_url: str, model: str | None = None, *, api_key: str | None 
     return card
 
 
-def budget_for_server(base_url: str, *, model: str | None = None, output_reserve: int = 32_768,
+def budget_for_server(base_url: str, *, model: str | None = None, output_reserve: int = OUTPUT_RESERVE,
                       growth_reserve: float | int = 0.15, api_key: str | None = None) -> int:
     """The default pack budget: the served model's `max_model_len` (from /v1/models) less reserves."""
     card = server_card(base_url, model, api_key=api_key)

@@ -36,8 +36,9 @@ MAX_DIFF_SHARE = 0.25  # a diff larger than this share of the files shown: the p
 
 
 def sections_end(pack) -> int:
-    """The number of leading byte pieces of `pack` that are its header and file sections."""
-    return 2 + 3 * pack.packed_count
+    """The number of leading byte pieces of `pack` that are its header and file sections (a pack
+    the packer rendered: `pack.rendered` names its pieces)."""
+    return len(pack.rendered.head) + len(pack.rendered.sections)
 
 
 def base_sections(history: str, base: str, make_pack) -> tuple[list[bytes], set[str]] | None:
@@ -111,9 +112,8 @@ def compose(plain, sections: list[bytes], steps: list[tuple[str, set[str]]], *, 
     tokens = counter.count(b"".join(parts).decode("utf-8", "replace"))
     if budget is not None and tokens > budget:
         return None
-    return Pack(files=plain.files, skipped=plain.skipped, tokens=tokens, counter_kind=plain.counter_kind,
-                budget=budget, head=plain.head, total_files=plain.total_files, timings=plain.timings,
-                parts=parts, outlined=plain.outlined, outline_tokens=plain.outline_tokens, delta_base=steps[0][0])
+    return Pack(parts, tokens, plain.info._replace(budget=budget, delta_base=steps[0][0]), files=plain.files,
+                skipped=plain.skipped, timings=plain.timings)
 
 
 def from_run(plain, run, *, history: str, commit: str, pack_at, budget: int | None, counter: TokenCounter):

@@ -106,6 +106,30 @@ def test_expected_context_follows_the_tree_size_and_caps_at_the_window(tmp_path,
     assert expected_context(_task("r-2", repo="o/missing"), tmp_path, 70_000) == 70_000
 
 
+def test_a_tree_counts_only_the_files_a_pack_holds(tmp_path):
+    """Admission sizes a commit by the packer's own rules (agent.context.estimate): lockfiles,
+    vendored trees and binary files are left out as the pack leaves them out, whatever their suffix
+    (a list of binary suffixes of its own counted all three)."""
+    from m3_agent.agent.context import pack_repository
+    from m3_agent.evals.admission import _tree_bytes
+
+    repo = tmp_path / "o__r"
+    repo.mkdir()
+    (repo / "a.py").write_text("x = 1\n" * 16_000)  # 96,000 bytes
+    (repo / "poetry.lock").write_text("[[package]]\n" * 4_000)
+    (repo / "node_modules" / "x").mkdir(parents=True)
+    (repo / "node_modules" / "x" / "index.js").write_text("module.exports = 1;\n" * 1_000)
+    (repo / "model.bin").write_bytes(bytes(range(256)) * 100)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert _tree_bytes(str(repo), head) == sum(f.bytes for f in pack_repository(repo).files) == 96_000
+    task = _task("r-1", base_commit=head)
+    assert expected_context(task, tmp_path, 1_048_576) == int(96_000 / CHARS_PER_TOKEN * (1 + GROWTH)) + OUTPUT_RESERVE
+
+
 def test_admission_learns_how_far_sessions_grow_from_the_finished_ones(tmp_path, one_commit):
     pack = int(96_000 / CHARS_PER_TOKEN)
     second = one_commit.model_copy(update={"instance_id": "r-2", "repo": "o/other"})  # nothing shared

@@ -32,15 +32,15 @@ PROJECT = {
 
 def _ranked_paths(root, issue):
     pack = pack_repository(root)
-    entries = []
+    entries, tokens = [], {}
     for f in pack.files:
         text = (root / f.path).read_text()
         from m3_agent.agent.context.selection import definitions, subword_terms
 
         defs = definitions(f.path, text.encode())
-        entries.append(Entry(f.path, tokens=f.tokens, facts=Facts(size=f.bytes, binary=False, defs=defs,
-                                                                  terms=subword_terms(defs))))
-    return [e.path for _, e in rank(entries, issue)]
+        entries.append(Entry(f.path, facts=Facts(size=f.bytes, binary=False, defs=defs, terms=subword_terms(defs))))
+        tokens[entries[-1]] = f.tokens
+    return [e.path for _, e in rank(entries, issue, tokens=tokens)]
 
 
 @pytest.mark.parametrize("fraction", [0.15, 0.3, 0.5, 0.8, 0.97])

@@ -22,13 +22,18 @@ def _entries(files: dict[str, str]) -> list[Entry]:
     entries = []
     for path, text in sorted(files.items()):
         defs = definitions(path, text.encode())
-        entries.append(Entry(path, tokens=len(text) // 4,
-                             facts=Facts(size=len(text), binary=False, defs=defs, terms=subword_terms(defs))))
+        entries.append(Entry(path, facts=Facts(size=len(text), binary=False, defs=defs, terms=subword_terms(defs))))
     return entries
 
 
+def _tokens(entries: list[Entry], files: dict[str, str]) -> dict[Entry, int]:
+    """Token counts as a pack's plan holds them: a quarter of the characters."""
+    return {e: len(files[e.path]) // 4 for e in entries}
+
+
 def _ours(files: dict[str, str], issue: str) -> list[str]:
-    return [e.path for _, e in rank(_entries(files), issue, lambda e: files[e.path].encode())]
+    entries = _entries(files)
+    return [e.path for _, e in rank(entries, issue, lambda e: files[e.path].encode(), tokens=_tokens(entries, files))]
 
 
 def _bm25(files: dict[str, str], issue: str) -> list[str]:
@@ -82,7 +87,7 @@ def test_content_signal_needs_the_bytes_and_is_declared():
 def _points(signal_name: str, files: dict[str, str], issue: str) -> dict[str, float]:
     """What the signals up to and including `signal_name` give each file (later ones follow earlier)."""
     entries = _entries(files)
-    state = relevance._Issue(entries, issue, lambda e: files[e.path].encode())
+    state = relevance._Issue(entries, issue, lambda e: files[e.path].encode(), tokens=_tokens(entries, files))
     for signal in relevance.SIGNALS:
         points: dict[str, float] = {}
         for i, p in signal.score(state, signal.weight):
