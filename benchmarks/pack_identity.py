@@ -18,8 +18,8 @@ The last line of output is one JSON object: {"digests": {"repo/config": sha256},
 and, with `--compare`, how many digests are equal and which differ.
 
 Measured for #31 (the Packer refactor): clones of pytest, xarray, sphinx and astropy at their
-HEAD, 300 commits before, and HEAD without `.git`: 12 trees x 31 configurations, 372 digests,
-all equal before and after.
+HEAD, 300 commits before, and HEAD without `.git`, and the Django 5.2.8 sdist `benchmarks/pack.py`
+packs: 13 trees x 31 configurations, 403 digests, all equal before and after.
 """
 
 from __future__ import annotations
