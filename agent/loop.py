@@ -5,7 +5,7 @@
     result = Agent(config, model=my_model, env_factory=LocalEnvironment).run(...)   # injected parts
 
 `Agent` takes a model, an environment factory, a packer and a stall detector (`agent.protocols`;
-defaults: the M3 client, the Docker sandbox, a `RepoPacker` counting with the model's own
+defaults: the M3 client, the Docker sandbox, a `context.Packer` counting with the model's own
 `token_counter()`, and a `StallDetector` of the config's rules). `_Run.loop` is a plain step loop:
 whatever ends the run raises a `RunEnded` (Submitted, Finished, LimitsExceeded, FormatError,
 Stalled). Each event is emitted once on one stream (`agent.events`); the trajectory writer and the
@@ -30,7 +30,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from m3_agent.agent.config import SYSTEM_PROMPT, AgentConfig  # noqa: F401 - re-exported: where callers look
-from m3_agent.agent.context import Pack, RepoPacker
+from m3_agent.agent.context import Pack
+from m3_agent.agent.context import pack as packing
 from m3_agent.agent.context.tokens import budget_for_window
 from m3_agent.agent.events import EventStream, Subscriber
 from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelReply, Usage
@@ -142,8 +143,8 @@ class Agent:
     `Environment`) to the Docker `Sandbox` with `config.sandbox`. Hand in your own to embed the loop,
     e.g. `env_factory=LocalEnvironment` (no isolation). An injected model is not closed by the run.
     `packer` (a `protocols.Packer`) packs the repository into the first message; default: a
-    `RepoPacker` of `config.context` counting with `model.token_counter()` (another counter:
-    `packer=RepoPacker.from_config(config.context, counter=...)`).
+    `Packer` of `config.context` counting with `model.token_counter()` (another counter:
+    `packer=Packer.from_config(config.context, counter=...)`).
     `stall`: the run's stall detector (default: a `StallDetector` of `config.stall`; it keeps what it
     saw, so give each run a fresh one). `callbacks` subscribe to the run's event stream
     (`agent.events`) after the trajectory writer.
@@ -299,7 +300,7 @@ class _Run:
     def _pack(self, budget: int | None) -> Pack:
         t = time.monotonic()
         if self.packer is None:
-            self.packer = RepoPacker.from_config(self.cfg.context, counter=self.model.token_counter())
+            self.packer = packing.Packer.from_config(self.cfg.context, counter=self.model.token_counter())
         pack = self.packer.pack(self.repo, issue=self._issue_text(), budget=budget, history=self.cfg.context.history)
         self.result.timings.pack_s += time.monotonic() - t
         return pack

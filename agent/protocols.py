@@ -51,7 +51,7 @@ class Model(Protocol):
 
 @runtime_checkable
 class Packer(Protocol):
-    """What packs the repository into the first message (default: `agent.context.RepoPacker`)."""
+    """What packs the repository into the first message (default: `agent.context.Packer`)."""
 
     def pack(self, repo: Path, *, issue: str | None = None, budget: int | None = None,
              history: str | None = None) -> Pack:

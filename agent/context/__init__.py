@@ -11,7 +11,6 @@ from m3_agent.agent.context.cache import PackCache, cache_dir
 from m3_agent.agent.context.estimate import Estimate, estimate_tokens
 from m3_agent.agent.context.order import PackOrder
 from m3_agent.agent.context.pack import Pack, PackedFile, Packer, SkippedFile, pack_repository
-from m3_agent.agent.context.packer import RepoPacker
 from m3_agent.agent.context.stability import StableOrder
 from m3_agent.agent.context.tokens import (
     EstimateCounter,
@@ -22,6 +21,6 @@ from m3_agent.agent.context.tokens import (
     budget_for_window,
 )
 
-__all__ = ["Estimate", "EstimateCounter", "Pack", "PackCache", "PackOrder", "PackedFile", "Packer", "RepoPacker",
+__all__ = ["Estimate", "EstimateCounter", "Pack", "PackCache", "PackOrder", "PackedFile", "Packer",
            "ServerCounter", "SkippedFile", "StableOrder", "TokenCounter", "TokenizerJsonCounter", "budget_for_server",
            "budget_for_window", "cache_dir", "estimate_tokens", "pack_repository"]

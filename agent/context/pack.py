@@ -10,7 +10,6 @@ that pack's `Plan`, keyed by entry; the entries of the listing only carry their 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -224,10 +223,8 @@ def pack_repository(repo: Path | str, *, issue: str | None = None, budget: int |
     `cache` (on by default) keeps facts and token counts by git blob id under the user's cache
     directory.
     """
-    with contextlib.ExitStack() as stack:
-        store = stack.enter_context(PackCache()) if cache is True else cache or None
-        packer = Packer(counter=counter, store=store, **rules)
-        return packer.pack(repo, issue=issue, budget=budget, history=history, order=order)
+    return Packer(counter=counter, store=cache, **rules).pack(repo, issue=issue, budget=budget, history=history,
+                                                               order=order)
 
 
 class Plan:
@@ -301,10 +298,14 @@ class Packer:
     `include` / `exclude`: globs (gitignore syntax); `max_file_bytes`: larger files are listed, not
     packed; `outline_share` of a budget (at most `outline_max_tokens`) shows outlines of the most
     relevant files the budget left out; `counter` (default: the estimate) counts tokens; `store`
-    (a PackCache, or None) keeps facts, counts, outlines and orders by git blob id.
+    keeps facts, counts, outlines and orders by git blob id: a PackCache, True (the user's cache,
+    opened for each pack: the default) or None.
+
+        packer = Packer.from_config(config.context, counter=ServerCounter(url))
+        pack = packer.pack(Path("."), issue=issue_text, budget=200_000)
     """
 
-    def __init__(self, *, counter: TokenCounter | None = None, store: PackCache | None = None,
+    def __init__(self, *, counter: TokenCounter | None = None, store: PackCache | bool | None = True,
                  include: tuple[str, ...] | list[str] = (), exclude: tuple[str, ...] | list[str] = (),
                  max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, outline_share: float = DEFAULT_OUTLINE_SHARE,
                  outline_max_tokens: int = DEFAULT_OUTLINE_MAX_TOKENS) -> None:
@@ -313,11 +314,19 @@ class Packer:
         # What plans: the counter itself when it is the estimate, else the default estimate.
         self.estimating = isinstance(self.counter, EstimateCounter)
         self.estimate = self.counter if self.estimating else EstimateCounter()
-        self.store = store
+        self.cache = store  # what `pack` opens its store from
+        self.store: PackCache | None = store if isinstance(store, PackCache) else None
         self.include = compile_globs(tuple(include), "include")
         self.exclude = compile_globs(tuple(exclude), "exclude")
         self.max_file_bytes = max_file_bytes
         self.outline_share, self.outline_max_tokens = outline_share, outline_max_tokens
+
+    @classmethod
+    def from_config(cls, context, counter: TokenCounter | None = None) -> Packer:
+        """The packer of a `ContextConfig` (the `[context]` section), on the user's cache."""
+        return cls(counter=counter, include=tuple(context.include), exclude=tuple(context.exclude),
+                   max_file_bytes=context.max_file_bytes, outline_share=context.outline_share,
+                   outline_max_tokens=context.outline_max_tokens)
 
     def pack(self, repo: Path | str, *, issue: str | None = None, budget: int | None = None,
              history: Path | str | None = None, order: PackOrder | None = None) -> Pack:
@@ -328,6 +337,19 @@ class Packer:
         not fit, the order's `shared_share` of the budget is filled with the same files whatever the
         issue, then files are chosen by relevance to `issue`, and the outline tier shows the most
         relevant files left out. The issue itself is never part of the text."""
+        if self.cache is not True:
+            return self._pack(repo, issue, budget, (history, order))
+        with PackCache() as store:
+            self.store = store
+            try:
+                return self._pack(repo, issue, budget, (history, order))
+            finally:
+                self.store = None
+
+    def _pack(self, repo: Path | str, issue: str | None, budget: int | None,
+              arranged: tuple[Path | str | None, PackOrder | None]) -> Pack:
+        """`pack` with the store open; `arranged`: the history and the order."""
+        history, order = arranged
         t0 = time.perf_counter()
         check(budget, self.max_file_bytes, order.shared_share if order is not None else 0.0,
               self.outline_share, self.outline_max_tokens)

@@ -12,7 +12,7 @@ import contextlib
 from pathlib import Path
 
 from m3_agent.agent.config import AgentConfig
-from m3_agent.agent.context import Pack, PackCache, RepoPacker, StableOrder, TokenCounter
+from m3_agent.agent.context import Pack, PackCache, Packer, StableOrder, TokenCounter
 from m3_agent.agent.model import ModelClient
 from m3_agent.evals.reuse import delta
 from m3_agent.evals.reuse.ordering import Run, shared_files, stored_run
@@ -31,16 +31,16 @@ class BatchPacker:
         self.agent, self.history, self.commit, self.batch = agent, history, commit, batch
         self.reuse = reuse or ReuseConfig()
         self.counter = counter
-        self._core: RepoPacker | None = None
+        self._core: Packer | None = None
 
     @property
-    def core(self) -> RepoPacker:
+    def core(self) -> Packer:
         """The core packer with the agent's `[context]` rules."""
         if self._core is None:
             if self.counter is None:
                 with contextlib.closing(ModelClient(self.agent.model)) as client:
                     self.counter = client.token_counter()
-            self._core = RepoPacker.from_config(self.agent.context, counter=self.counter)
+            self._core = Packer.from_config(self.agent.context, counter=self.counter)
         return self._core
 
     def order(self, commit: str, run: Run | None, store: PackCache) -> StableOrder:

@@ -355,12 +355,12 @@ def test_the_repository_is_packed_while_the_sandbox_starts(git_repo, tmp_path, m
     import time as clock
 
     import m3_agent.agent.loop as loop_module
-    from m3_agent.agent.context import RepoPacker
+    from m3_agent.agent.context import Packer
 
     marks: dict[str, float] = {}
     real_start = loop_module.Sandbox.start
 
-    class SlowPacker(RepoPacker):
+    class SlowPacker(Packer):
         def pack(self, *args, **kwargs):
             marks["pack_start"] = clock.monotonic()
             clock.sleep(0.3)  # long enough that a serial start would show
@@ -478,19 +478,19 @@ def test_the_pack_is_counted_with_the_model_s_own_counter(git_repo, tmp_path):
 
 
 def test_an_injected_packer_with_its_counter_and_stall_detector_are_the_ones_used(git_repo, tmp_path):
-    from m3_agent.agent.context import RepoPacker
+    from m3_agent.agent.context import Packer
 
     counter = CountingCounter()
     replies = [tool_reply("bash", 1, command="echo hi"), tool_reply("submit", 2, summary="done")]
     config = fast(budget=100_000)
     Agent(config, model=ScriptedModel(list(replies)), env_factory=LocalEnvironment,
-          packer=RepoPacker.from_config(config.context, counter=counter)).run(
+          packer=Packer.from_config(config.context, counter=counter)).run(
         git_repo(BUGGY), "add() subtracts", trajectory_path=tmp_path / "t.jsonl")
     assert counter.asked > 0  # the packer's counter, not the model's estimate
 
     packs, seen = [], []
 
-    class RecordingPacker(RepoPacker):
+    class RecordingPacker(Packer):
         def pack(self, repo, **kw):
             packs.append(super().pack(repo, **kw))
             return packs[-1]
