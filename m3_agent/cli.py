@@ -30,7 +30,7 @@ def _config(app: typer.Typer) -> None:
 def _pack(app: typer.Typer) -> None:
     from m3_agent import pack_cli as pack
 
-    app.command("pack", help="Pack a repository into one prompt for the 1M window.")(pack.pack_command)
+    app.registered_commands += pack.app.registered_commands
 
 
 def _standin(app: typer.Typer) -> None:

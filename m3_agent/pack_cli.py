@@ -96,6 +96,10 @@ def summary_table(pack: Pack, elapsed: float, output: str) -> str:
     return "\n".join(lines)
 
 
+app = typer.Typer()  # m3_agent/cli.py takes the command in from here
+
+
+@app.command("pack", help="Pack a repository into one prompt for the 1M window.")
 def pack_command(
     repo: str = typer.Option(".", "--repo", help="Repository (or any directory) to pack."),
     issue: str | None = typer.Option(

@@ -153,14 +153,6 @@ def test_no_module_imports_another_modules_private_name():
 
 MAX_PARAMETERS = 7
 
-# `path:function`s still over the limit because other branches of issue #31 bring them under it (the
-# packer, `m3-agent pack`, admission, the eval runner). Empty it when merging them: the test fails on an
-# entry that is no longer over, so none can linger.
-PARAMETER_LIMIT_PENDING = frozenset({
-    "m3_agent/pack_cli.py:pack_command",  # a typer command, but registered by m3_agent/cli.py, not decorated
-})
-
-
 def _typer_apps(tree: ast.Module) -> set[str]:
     """Names a module binds to `typer.Typer(...)` at its top level."""
     return {target.id for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
@@ -228,10 +220,7 @@ def test_no_product_function_takes_more_than_seven_parameters():
     over = {}
     for _, file in product_modules().items():
         over.update(parameter_counts(file.read_text(), str(file.relative_to(ROOT))))
-    offenders = sorted(f"{name} ({n} parameters)" for name, n in over.items() if name not in PARAMETER_LIMIT_PENDING)
-    stale = sorted(PARAMETER_LIMIT_PENDING - set(over))
-    assert offenders == [], "\n".join(offenders)
-    assert stale == [], "under the limit now: remove from PARAMETER_LIMIT_PENDING:\n" + "\n".join(stale)
+    assert sorted(f"{name} ({n} parameters)" for name, n in over.items()) == []
 
 
 def test_the_parameter_check_counts_what_a_caller_passes():
