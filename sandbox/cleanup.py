@@ -158,6 +158,8 @@ def close_all() -> None:
 
 def _chain(sig: signal.Signals) -> None:
     previous = signal.getsignal(sig)
+    if previous == signal.SIG_IGN:
+        return  # the program ignores it (a background job ignores SIGINT): so do its sandboxes
 
     def handler(signum: int, frame: object) -> None:
         close_all()

@@ -41,7 +41,8 @@ def wait_gone(pid: int, seconds: float = 10) -> list:
 
 def child(image: str, body: str, prelude: str = "") -> subprocess.Popen:
     """A separate Python process that runs `prelude`, opens a sandbox, prints READY, then runs `body`."""
-    code = "import sys, time\n" + textwrap.dedent(prelude) + textwrap.dedent(f"""
+    # SIGINT as at a terminal: a background job (as a test run may be) starts with it ignored
+    code = "import signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n" + textwrap.dedent(prelude) + textwrap.dedent(f"""
         from m3_agent.sandbox import Sandbox, SandboxConfig
         sb = Sandbox(SandboxConfig(image={image!r})).start()
         print("READY", sb.id, flush=True)
@@ -58,6 +59,19 @@ def test_closed_on_normal_exit_without_close(no_leftovers):
     proc = child(no_leftovers, "sys.exit(0)")
     assert proc.wait(30) == 0
     assert not containers_of(proc.pid)
+
+
+def test_a_program_that_ignores_ctrl_c_keeps_its_sandbox_on_sigint(no_leftovers):
+    proc = child(no_leftovers, "time.sleep(60)", prelude="signal.signal(signal.SIGINT, signal.SIG_IGN)\n")
+    try:
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(1)
+        assert proc.poll() is None and containers_of(proc.pid), "an ignored SIGINT closed the sandbox"
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        assert not containers_of(proc.pid)
+    finally:
+        proc.kill()
 
 
 def test_closed_when_the_with_block_raises(no_leftovers):
@@ -95,6 +109,9 @@ def test_previous_signal_handler_still_runs(no_leftovers):
 def test_ctrl_c_while_the_engine_creates_the_container_leaves_none(no_leftovers, monkeypatch):
     from docker.api.container import ContainerApiMixin
 
+    # Ctrl-C as at a terminal, even when the tests run as a background job (which ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+
     real = ContainerApiMixin.create_container
 
     def create_then_interrupt(self, *args, **kwargs):
@@ -104,8 +121,11 @@ def test_ctrl_c_while_the_engine_creates_the_container_leaves_none(no_leftovers,
 
     monkeypatch.setattr(ContainerApiMixin, "create_container", create_then_interrupt)
     label = {"m3-agent.test-create": uuid.uuid4().hex}
-    with pytest.raises(KeyboardInterrupt):
-        Sandbox(SandboxConfig(image=no_leftovers, labels=label)).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Sandbox(SandboxConfig(image=no_leftovers, labels=label)).start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     client = docker.from_env(timeout=30)
     try:
         left = client.api.containers(all=True, filters={"label": [f"{k}={v}" for k, v in label.items()]})
