@@ -7,6 +7,7 @@ in them counts, including those inside functions and `importlib.import_module("m
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -253,3 +254,18 @@ def not_typer(a, b, c, d, e, f, g, h): ...
 """
     assert parameter_counts(source, "m.py") == {"m.py:eight": 8, "m.py:C.static": 8, "m.py:outer.inner": 8,
                                                 "m.py:not_typer": 8}
+
+
+def test_the_four_questions_name_functions_that_exist():
+    """docs/ARCHITECTURE.md answers a newcomer's questions with `file`: `function`: each must be there."""
+    table = (ROOT / "docs" / "ARCHITECTURE.md").read_text().split("## A newcomer's four questions")[1].split("\n## ")[0]
+    named = re.findall(r"`([\w/]+\.py)`: `([\w.]+)`", table)
+    assert len(named) >= 4
+    missing = []
+    for path, name in named:
+        tree = ast.parse((ROOT / path).read_text())
+        defined = {f"{c.name}.{f.name}" for c in tree.body if isinstance(c, ast.ClassDef) for f in c.body
+                   if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        defined |= {f.name for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        missing += [f"{path}: {name}"] if name not in defined else []
+    assert missing == []
