@@ -144,7 +144,16 @@ def digest(pack) -> str:
 
 def pack_all(repos: list[Path], tokenizer: Path) -> dict[str, str]:
     from m3_agent.agent.context import PackCache, StableOrder, TokenizerJsonCounter, pack_repository
-    from m3_agent.agent.context.order import TreeOrder
+    from m3_agent.agent.context.layout import sort_key
+
+    class TreeOrder:  # the tree's own order, for a copy without history; with a shared part
+        alike = None
+
+        def __init__(self, shared_share: float) -> None:
+            self.shared_share = shared_share
+
+        def key(self, paths):
+            return sort_key
 
     exact = TokenizerJsonCounter(tokenizer)
     digests: dict[str, str] = {}

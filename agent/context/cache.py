@@ -116,15 +116,6 @@ class PackCache:
         except (sqlite3.Error, ValueError, EOFError, TypeError):
             return {}
 
-    def has_snapshot(self, key: str) -> bool:
-        """Whether the facts of this git index listing are stored (without reading them)."""
-        if self._db is None:
-            return False
-        try:
-            return self._db.execute("SELECT 1 FROM snapshots WHERE key = ?", (key,)).fetchone() is not None
-        except sqlite3.Error:
-            return False
-
     def put_snapshot(self, key: str, items: dict[str, Facts]) -> None:
         """Store the facts of one git index listing as one row."""
         rows = [(b, f.size, f.binary, f.encoding, f.chars, f.extra, f.lines, f.final_newline, f.generated, f.defs,

@@ -259,12 +259,6 @@ def section_parts(e: Entry) -> tuple[str, bytes, str]:
     return f"{section_head(e)}{fence}{language(e.path)}\n", content, f"\n{fence}\n\n"
 
 
-def section(e: Entry) -> str:
-    """One file section: heading, fenced verbatim text."""
-    opening, content, closing = section_parts(e)
-    return opening + content.decode("utf-8") + closing
-
-
 OUTLINES_HEAD = (
     "## Outlines\n\n"
     "Files left out to fit the token budget, most relevant first, as their definitions: `line: definition`, "

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from m3_agent.agent.context.layout import sort_key
-
 
 class PackOrder(Protocol):
     """What a pack needs to know of the order of its files.
@@ -28,15 +26,3 @@ class PackOrder(Protocol):
         """A sort key of paths, made knowing the packable ones."""
         ...
 
-
-class TreeOrder:
-    """The tree's own order (by path components): for a directory with no history to read."""
-
-    alike = None
-
-    def __init__(self, shared_share: float = 0.0) -> None:
-        self.shared_share = shared_share
-
-    def key(self, paths: Iterable[str]) -> Callable[[str], Any]:
-        """Tree order: `layout.sort_key`."""
-        return sort_key

@@ -404,14 +404,6 @@ def compile_globs(globs: tuple[str, ...] | list[str], what: str):
         raise UsageError(f"bad {what} glob: {e}") from e
 
 
-def apply_path_rules(listing: Listing, include, exclude) -> None:
-    """Mark entries left out by globs, default path rules and symlinks that leave the tree."""
-    root = str(listing.root)
-    root_real = os.path.realpath(root)
-    for e in listing.entries:
-        path_rule(e, include, exclude, root, root_real)
-
-
 def path_rule(e: Entry, include, exclude, root: str, root_real: str) -> None:
     """Decide what globs, default path rules and symlink checks say of one entry (`e.reason` stays
     None when they let it through). `root_real` is the resolved root."""
