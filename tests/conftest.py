@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+# A run started in the background (`cmd &` without job control) ignores SIGINT, and so would every
+# process the tests start, though the Ctrl-C tests send it to them as a terminal would: restore it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _docker_error() -> str | None:

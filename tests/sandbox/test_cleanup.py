@@ -41,8 +41,7 @@ def wait_gone(pid: int, seconds: float = 10) -> list:
 
 def child(image: str, body: str, prelude: str = "") -> subprocess.Popen:
     """A separate Python process that runs `prelude`, opens a sandbox, prints READY, then runs `body`."""
-    # SIGINT as at a terminal: a background job (as a test run may be) starts with it ignored
-    code = "import signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n" + textwrap.dedent(prelude) + textwrap.dedent(f"""
+    code = "import signal, sys, time\n" + textwrap.dedent(prelude) + textwrap.dedent(f"""
         from m3_agent.sandbox import Sandbox, SandboxConfig
         sb = Sandbox(SandboxConfig(image={image!r})).start()
         print("READY", sb.id, flush=True)
@@ -109,9 +108,6 @@ def test_previous_signal_handler_still_runs(no_leftovers):
 def test_ctrl_c_while_the_engine_creates_the_container_leaves_none(no_leftovers, monkeypatch):
     from docker.api.container import ContainerApiMixin
 
-    # Ctrl-C as at a terminal, even when the tests run as a background job (which ignores SIGINT)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-
     real = ContainerApiMixin.create_container
 
     def create_then_interrupt(self, *args, **kwargs):
@@ -121,11 +117,8 @@ def test_ctrl_c_while_the_engine_creates_the_container_leaves_none(no_leftovers,
 
     monkeypatch.setattr(ContainerApiMixin, "create_container", create_then_interrupt)
     label = {"m3-agent.test-create": uuid.uuid4().hex}
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            Sandbox(SandboxConfig(image=no_leftovers, labels=label)).start()
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        Sandbox(SandboxConfig(image=no_leftovers, labels=label)).start()
     client = docker.from_env(timeout=30)
     try:
         left = client.api.containers(all=True, filters={"label": [f"{k}={v}" for k, v in label.items()]})
