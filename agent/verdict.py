@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from m3_agent.sandbox.environment import Environment
+from m3_agent.errors import UsageError
+from m3_agent.sandbox.environment import Environment, Restorable
 from m3_agent.sandbox.output import head_tail
 from m3_agent.tools import Tool, execute_call
 
@@ -34,6 +35,7 @@ class Verdict(BaseModel):
     after_last_change: bool = False  # the deciding run saw the final workspace
     stale_turn: int | None = None  # the agent's last test run, when a change came after it
     reason: str = ""
+    preexisting: list[str] = []  # failing tests that fail on the base commit too
 
 
 def suite_passed(tests: dict[str, Any] | None) -> bool:
@@ -70,23 +72,54 @@ class TestWatch:
 
 def decide(watch: TestWatch, final_diff: str, env: Environment, tools: list[Tool], test_cmd: str | None) -> Verdict:
     """The verdict on the final workspace: the agent's own run if it saw it, else one more run, else unverified."""
+    if watch.name is None:
+        if test_cmd:
+            tests = run_test_cmd(env, test_cmd)
+            return Verdict(source="test_cmd", passed=suite_passed(tests), tests=tests, command=test_cmd,
+                           after_last_change=True, reason="the agent ran no tests: ran the configured test_cmd")
+        return Verdict(source="none", passed=None,
+                       reason="no test ran on the final workspace and no test command is known (set test_cmd)")
     if watch.tests is not None and watch.diff == final_diff:
-        return Verdict(source="agent", passed=suite_passed(watch.tests), tests=watch.tests, command=watch.arguments,
-                       test_turn=watch.turn, after_last_change=True,
-                       reason=f"the agent's test run at turn {watch.turn} saw the final workspace")
-    stale = watch.turn if watch.tests is not None else None
-    if watch.name is not None:
+        verdict = Verdict(source="agent", passed=suite_passed(watch.tests), tests=watch.tests, command=watch.arguments,
+                          test_turn=watch.turn, after_last_change=True,
+                          reason=f"the agent's test run at turn {watch.turn} saw the final workspace")
+    else:
+        stale = watch.turn if watch.tests is not None else None
         result = execute_call(watch.name, watch.arguments, tools, env)
         why = (f"the agent changed the workspace after its last test run (turn {stale}): re-ran that test call"
                if stale is not None else "re-ran the agent's last test call")
-        return Verdict(source="rerun", passed=suite_passed(result.data), tests=result.data or None,
-                       command=watch.arguments, after_last_change=True, stale_turn=stale, reason=why)
-    if test_cmd:
-        tests = run_test_cmd(env, test_cmd)
-        return Verdict(source="test_cmd", passed=suite_passed(tests), tests=tests, command=test_cmd,
-                       after_last_change=True, reason="the agent ran no tests: ran the configured test_cmd")
-    return Verdict(source="none", passed=None,
-                   reason="no test ran on the final workspace and no test command is known (set test_cmd)")
+        verdict = Verdict(source="rerun", passed=suite_passed(result.data), tests=result.data or None,
+                          command=watch.arguments, after_last_change=True, stale_turn=stale, reason=why)
+    return against_base(verdict, watch.name, final_diff, env, tools)
+
+
+def against_base(verdict: Verdict, name: str, final_diff: str, env: Environment, tools: list[Tool]) -> Verdict:
+    """A failing verdict, with the failures that fail on the base commit too; it passes when all do
+    and the change made a test pass. The workspace is the final one again afterwards."""
+    tests = verdict.tests or {}
+    failing = {test["id"] for test in tests.get("failing") or []}
+    complete = len(failing) == tests.get("failed", 0) + tests.get("errors", 0)
+    if (verdict.passed is not False or not failing or not complete or tests.get("timed_out") or tests.get("problem")
+            or not isinstance(env, Restorable)):
+        return verdict
+    try:
+        env.restore("")
+    except UsageError:  # a bind-mounted workspace is the user's own files: never reset them
+        return verdict
+    try:
+        base = execute_call(name, verdict.command, tools, env).data
+    finally:
+        env.restore(final_diff)
+    if not base or base.get("timed_out") or base.get("problem"):
+        return verdict
+    base_failing = {test["id"] for test in base.get("failing") or []}
+    preexisting = sorted(failing & base_failing)
+    made_pass = bool(base_failing - failing) or base.get("passed", 0) < tests.get("passed", 0)
+    if failing <= base_failing and made_pass:
+        return verdict.model_copy(update={
+            "passed": True, "preexisting": preexisting,
+            "reason": f"{verdict.reason}; its {len(failing)} failing tests fail without the change too"})
+    return verdict.model_copy(update={"preexisting": preexisting})
 
 
 def run_test_cmd(env: Environment, command: str) -> dict[str, Any]:

@@ -69,7 +69,8 @@ def describe_verdict(verdict: Verdict | None) -> str:
             f"; the agent's last run (turn {verdict.stale_turn}) came before a change" if verdict.stale_turn else "")
     else:
         where = f"`{verdict.command}` on the final patch"
-    return f"{describe_tests(verdict.tests)} ({where})"
+    before = f"; {len(verdict.preexisting)} of them fail without the change too" if verdict.preexisting else ""
+    return f"{describe_tests(verdict.tests)} ({where}){before}"
 
 
 class LiveProgress:

@@ -30,9 +30,9 @@ from m3_agent.errors import SandboxDied
 from m3_agent.sandbox.cleanup import prune
 from m3_agent.sandbox.config import ExecResult, SandboxConfig
 from m3_agent.sandbox.container import Sandbox
-from m3_agent.sandbox.environment import Environment, EnvironmentFactory, Recoverable
+from m3_agent.sandbox.environment import Environment, EnvironmentFactory, Recoverable, Restorable
 from m3_agent.sandbox.image import DEFAULT_IMAGE, build_env_image, build_image, prune_images
 from m3_agent.sandbox.local import LocalEnvironment
 
 __all__ = ["DEFAULT_IMAGE", "Environment", "EnvironmentFactory", "ExecResult", "LocalEnvironment", "Recoverable",
-           "Sandbox", "SandboxConfig", "SandboxDied", "build_env_image", "build_image", "prune", "prune_images"]
+           "Restorable", "Sandbox", "SandboxConfig", "SandboxDied", "build_env_image", "build_image", "prune", "prune_images"]

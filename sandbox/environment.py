@@ -67,5 +67,15 @@ class Recoverable(Protocol):
         ...
 
 
+@runtime_checkable
+class Restorable(Protocol):
+    """An environment whose workspace can be reset to the base commit plus a patch: the Sandbox (copy
+    and image mounts) and LocalEnvironment. The verdict uses it to run failing tests without the change."""
+
+    def restore(self, patch: str) -> None:
+        """Make the workspace the base commit plus `patch` (a `diff()`; "" for the base itself)."""
+        ...
+
+
 EnvironmentFactory = Callable[[Path], Environment]
 """Makes the environment for one run from the repository path (entered with `with` by the loop)."""

@@ -159,6 +159,15 @@ class LocalEnvironment:
         return self._git(root, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
                          self.base_commit or "HEAD", env=env)
 
+    def restore(self, patch: str) -> None:
+        """Make the checkout the base commit plus `patch` (a `diff()`); GitError when it does not apply."""
+        root = self._checkout()
+        self._git(root, "reset", "-q", "--hard", self.base_commit or "HEAD")
+        self._git(root, "clean", "-fdq", env=self._ignore_env())
+        if patch.strip():
+            (self._tmp / "restore.patch").write_text(patch)
+            self._git(root, "apply", "--binary", "--whitespace=nowarn", str(self._tmp / "restore.patch"))
+
     # plumbing
 
     def _ignore_env(self) -> dict[str, str]:
