@@ -1,10 +1,10 @@
 """`Packer`: a whole repository as one byte-deterministic prompt, within a token budget.
 
 A packer holds the rules (include, exclude, max_file_bytes, the outline tier's share), the token
-counter and the cache store. `Packer.pack` runs one method per step: `list` the files, `decide`
-each one's fate, `count` their tokens, `choose` what fits a budget, `render` the text. What one
-pack plans for its files (token counts, section costs, relevance ranks, the shared part) is kept in
-that pack's `Plan`, keyed by entry; the entries of the listing only carry their fate and facts.
+counter and the cache. `Packer.pack` lists the files, then runs one method per step: `decide` each
+one's fate, `count` their tokens, `choose` what fits a budget, `render` the text. What one pack
+plans for its files (token counts, section costs, relevance ranks, the shared part) and the cache
+store it uses are kept in that pack's `Plan`; the entries of the listing only carry their fate and facts.
 `pack_repository` is the same as one call of a packer made for it.
 """
 
@@ -155,7 +155,7 @@ class Pack:
     def skipped_by_reason(self) -> dict[str, int]:
         """How many files each reason left out."""
         if self._skipped is None and self._lists is not None:
-            return dict(sorted(self._lists.counted()[1].items()))  # (sorted() copies: the cached counts stay as they are)
+            return dict(sorted(self._lists.counted[1].items()))  # (sorted() copies: the cached counts stay as they are)
         out: dict[str, int] = {}
         for s in self.skipped:
             out[s.reason] = out.get(s.reason, 0) + 1
@@ -164,7 +164,7 @@ class Pack:
     def packed_tokens(self) -> int:
         """Tokens of the packed files' texts (without their headings and fences)."""
         if self._files is None and self._lists is not None:
-            return self._lists.counted()[0]
+            return self._lists.counted[0]
         return sum(f.tokens for f in self.files)
 
 
@@ -191,12 +191,9 @@ class Fates:
                 skipped.append(SkippedFile(e.path, reason, e.detail))
         return files, skipped
 
+    @functools.cached_property  # (asked twice by a summary: the tokens, then the reasons)
     def counted(self) -> tuple[int, dict[str, int]]:
         """(tokens of the packed texts, {reason: files}), without making the lists."""
-        return self._counts
-
-    @functools.cached_property  # (asked twice by a summary: the tokens, then the reasons)
-    def _counts(self) -> tuple[int, dict[str, int]]:
         packed_tokens, by_reason = 0, {}
         for e, reason in self.fates:
             if reason is None:
@@ -204,10 +201,6 @@ class Fates:
             else:
                 by_reason[reason] = by_reason.get(reason, 0) + 1
         return packed_tokens, by_reason
-
-
-def _tree_order(e: Entry) -> str:
-    return layout.sort_key(e.path)
 
 
 def _flags(e: Entry) -> list[str]:
@@ -233,9 +226,10 @@ class Plan:
     file. Everything per entry lives in tables keyed by the entry, never on the entry."""
 
     def __init__(self, listing: Listing, rules: Rules, *, issue: str | None, budget: int | None,
-                 order: PackOrder | None) -> None:
+                 order: PackOrder | None, store: PackCache | None) -> None:
         self.listing, self.rules, self.issue, self.budget, self.order = listing, rules, issue, budget, order
-        self.entries = sorted(listing.entries, key=_tree_order)
+        self.store = store  # the cache this pack reads and writes (None: none)
+        self.entries = sorted(listing.entries, key=lambda e: layout.sort_key(e.path))
         self.packable: list[Entry] = []
         self.known: dict = {}  # cached facts by blob
         self.stale = False  # the index's snapshot of facts is missing (it is written after the pack)
@@ -314,8 +308,7 @@ class Packer:
         # What plans: the counter itself when it is the estimate, else the default estimate.
         self.estimating = isinstance(self.counter, EstimateCounter)
         self.estimate = self.counter if self.estimating else EstimateCounter()
-        self.cache = store  # what `pack` opens its store from
-        self.store: PackCache | None = store if isinstance(store, PackCache) else None
+        self.cache = store  # a PackCache, True (open the user's for each pack) or None
         self.include = compile_globs(tuple(include), "include")
         self.exclude = compile_globs(tuple(exclude), "exclude")
         self.max_file_bytes = max_file_bytes
@@ -329,34 +322,30 @@ class Packer:
                    outline_max_tokens=context.outline_max_tokens)
 
     def pack(self, repo: Path | str, *, issue: str | None = None, budget: int | None = None,
-             history: Path | str | None = None, order: PackOrder | None = None) -> Pack:
+             history: Path | str | None = None, order: PackOrder | None = None,
+             store: PackCache | None = None) -> Pack:
         """Pack the repository at `repo` into one prompt text: a header, the packed files in `order`
         (default: least changed in the recent commits of `history`, or of `repo` when it is a git
         work tree), a tree of every file (packed or not, with skip reasons), the commit packed, and
         a footer. With `budget`, `pack.tokens <= budget` per the counter: when the repository does
         not fit, the order's `shared_share` of the budget is filled with the same files whatever the
         issue, then files are chosen by relevance to `issue`, and the outline tier shows the most
-        relevant files left out. The issue itself is never part of the text."""
-        if self.cache is not True:
-            return self._pack(repo, issue, budget, (history, order))
-        with PackCache() as store:
-            self.store = store
-            try:
-                return self._pack(repo, issue, budget, (history, order))
-            finally:
-                self.store = None
-
-    def _pack(self, repo: Path | str, issue: str | None, budget: int | None,
-              arranged: tuple[Path | str | None, PackOrder | None]) -> Pack:
-        """`pack` with the store open; `arranged`: the history and the order."""
-        history, order = arranged
+        relevant files left out. The issue itself is never part of the text. `store`: an open cache
+        for this pack (default: the packer's)."""
+        if store is None and self.cache is True:
+            with PackCache() as opened:
+                return self.pack(repo, issue=issue, budget=budget, history=history, order=order, store=opened)
+        if store is None and isinstance(self.cache, PackCache):
+            store = self.cache
         t0 = time.perf_counter()
         check(budget, self.max_file_bytes, order.shared_share if order is not None else 0.0,
               self.outline_share, self.outline_max_tokens)
         root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
-        listing = self.list(root)
+        listing = list_files(root)
+        if order is None and (history is not None or listing.git):  # least changed first, in `history` or `repo`
+            order = StableOrder(os.fspath(history if history is not None else listing.root), store)
         plan = Plan(listing, Rules(root, self.include, self.exclude, self.max_file_bytes), issue=issue,
-                    budget=budget, order=order if order is not None else self.default_order(listing, history))
+                    budget=budget, order=order, store=store)
         plan.timings["list_s"] = time.perf_counter() - t0
         t = time.perf_counter()
         self.decide(plan)
@@ -375,16 +364,6 @@ class Packer:
         self.remember(plan)
         plan.timings["total_s"] = time.perf_counter() - t0
         return self.result(plan, chosen, parts, tokens)
-
-    def list(self, root: str) -> Listing:
-        """Every file under `root`, before any rule (git lists a work tree)."""
-        return list_files(root)
-
-    def default_order(self, listing: Listing, history: Path | str | None) -> PackOrder | None:
-        """Least changed first in `history`, else in the repository itself when git lists it; else none."""
-        if history is not None:
-            return StableOrder(os.fspath(history), self.store)
-        return StableOrder(str(listing.root), self.store) if listing.git else None
 
     def decide(self, plan: Plan) -> None:
         """Each entry's fate (`reader.decide`), from cached facts where there are some; then the
@@ -406,23 +385,23 @@ class Packer:
     def known_facts(self, plan: Plan) -> tuple[dict, bool]:
         """Cached facts of the plan's blobs: the index's snapshot (one read), else a lookup of each
         blob; and whether the snapshot is missing (it is then written)."""
-        if self.store is None:
+        if plan.store is None:
             return {}, False
         index_key = plan.listing.index_key
-        known = self.store.get_snapshot(index_key) if index_key else {}
+        known = plan.store.get_snapshot(index_key) if index_key else {}
         if known:
             return known, False
-        return self.store.get_facts([e.blob for e in plan.entries if e.blob]), index_key is not None
+        return plan.store.get_facts([e.blob for e in plan.entries if e.blob]), index_key is not None
 
     def remember(self, plan: Plan) -> None:
         """Keep the new facts, and the index's snapshot of all of them when it changed."""
-        if self.store is None:
+        if plan.store is None:
             return
         if plan.new_facts:
-            self.store.put_facts(plan.new_facts)
+            plan.store.put_facts(plan.new_facts)
         if plan.listing.index_key and (plan.new_facts or plan.stale):
             facts = {e.blob: e.facts for e in plan.entries if e.blob and e.facts is not None}
-            self.store.put_snapshot(plan.listing.index_key, facts)
+            plan.store.put_snapshot(plan.listing.index_key, facts)
 
     def count(self, plan: Plan) -> None:
         """Token counts of file texts: the estimate from facts, exact counts from the cache or the counter.
@@ -437,7 +416,7 @@ class Packer:
                 facts = e.facts
                 plan.tokens[e] = shape(facts.chars, facts.extra)
             return
-        cached = self.store.get_counts(self.counter.id, [e.blob for e in packable]) if self.store else {}
+        cached = plan.store.get_counts(self.counter.id, [e.blob for e in packable]) if plan.store else {}
         missing = []
         for e in packable:
             if e.blob in cached:
@@ -472,8 +451,8 @@ class Packer:
         for e, n in zip(todo, counts):
             plan.tokens[e] = n
             plan.inexact.discard(e)
-        if self.store is not None:
-            self.store.put_counts(self.counter.id, {e.blob: plan.tokens[e] for e in todo})
+        if plan.store is not None:
+            plan.store.put_counts(self.counter.id, {e.blob: plan.tokens[e] for e in todo})
 
     def prepare(self, plan: Plan, entries: list[Entry]) -> None:
         """Make chosen files ready to render: exact counts and contents."""
@@ -547,7 +526,7 @@ class Packer:
 
         if plan.issue:
             plan.ensure_definitions()
-        ranked = [e for _, e in rank(packable, plan.issue, plan.bytes_of, self.store, tokens=plan.tokens)]
+        ranked = [e for _, e in rank(packable, plan.issue, plan.bytes_of, plan.store, tokens=plan.tokens)]
         foot = estimate.count(layout.footer(packed=len(packable), total=len(plan.entries),
                                             budget_left=ranked[:25])) + 8
         room = budget - fixed - foot - reserve
@@ -573,7 +552,7 @@ class Packer:
         estimate = self.estimate
         exact = None if self.estimating else (
             lambda chosen: self.counter.count(layout.outlines([(o.entry.path, o.text) for o in chosen])))
-        return outline.plan(left_out, room - estimate.count(layout.OUTLINES_HEAD), plan.bytes_of, self.store,
+        return outline.plan(left_out, room - estimate.count(layout.OUTLINES_HEAD), plan.bytes_of, plan.store,
                             lambda e, text: estimate.count(layout.outline_section(e.path, text)), exact)
 
     def render(self, plan: Plan, chosen: list[Entry], left_out: list[Entry]) -> tuple[layout.Rendered, int]:

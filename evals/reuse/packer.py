@@ -59,12 +59,12 @@ class BatchPacker:
         with PackCache() as store:
             run = self.run(self.commit, store)
             plain = self.core.pack(repo, issue=issue, budget=budget, history=self.history,
-                                   order=self.order(self.commit, run, store))
+                                   order=self.order(self.commit, run, store), store=store)
             if not self.reuse.delta or run is None or run.root == self.commit or "budget" in plain.skipped_by_reason():
                 return plain  # only a whole pack becomes a delta pack: a budgeted one's files depend on the issue
 
             def pack_at(commit: str):  # a tree packed as the instance at `commit` packs its own
-                return lambda tree: self.core.pack(tree, budget=budget, history=self.history,
+                return lambda tree: self.core.pack(tree, budget=budget, history=self.history, store=store,
                                                    order=self.order(commit, self.run(commit, store), store))
 
             return delta.from_run(plain, run, history=self.history, commit=self.commit, budget=budget,
