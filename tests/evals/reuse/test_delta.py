@@ -14,19 +14,10 @@ from m3_agent.evals.reuse.delta import sections_end
 from m3_agent.evals.reuse.ordering import Cuts, order_for_commits, stored_run
 from m3_agent.evals.reuse.packer import BatchPacker
 from m3_agent.settings import ReuseConfig
+from tests.agent.context.history import commit_file
 
 CUTS = Cuts()  # the batch's cuts as eval run makes them
 FILES = {f"pkg/mod{i:02d}.py": "".join(f"def f{i}_{k}():\n    return {k}\n" for k in range(40)) for i in range(20)}
-
-
-def _commit(git, root, path: str, text: str | None, message: str) -> str:
-    if text is None:
-        (root / path).unlink()
-    else:
-        (root / path).write_text(text)
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", message)
-    return git(root, "rev-parse", "HEAD").strip()
 
 
 def _history(repo, git) -> tuple:
@@ -38,7 +29,7 @@ def _history(repo, git) -> tuple:
              ("pkg/mod11.py", FILES["pkg/mod11.py"] + "def f11_extra():\n    return None\n"),
              ("pkg/mod05.py", None)]
     for n, (path, text) in enumerate(edits):
-        commits.append(_commit(git, source, path, text, f"fix {n}"))
+        commits.append(commit_file(git, source, path, text, f"fix {n}"))
     return source, commits
 
 

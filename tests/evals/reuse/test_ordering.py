@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.context import EstimateCounter, pack_repository
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.evals.reuse.ordering import Cuts, order_for_commits
 from m3_agent.evals.reuse.packer import BatchPacker
 from m3_agent.settings import ReuseConfig
-
-FILES = {f"pkg/mod{i:02d}.py": f"def f{i}():\n    return {i}\n" * 20 for i in range(20)}
-
-
-def _commit(git, root, path: str, text: str, message: str) -> None:
-    (root / path).write_text(text)
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", message)
-
-
-def _sections(text: str) -> list[str]:
-    return [line[4:] for line in text.split("\n") if line.startswith("### ")]
-
-
-def _shared_prefix(a: str, b: str) -> int:
-    return len(os.path.commonprefix([a, b]))
+from tests.agent.context.history import FILES, commit_file, section_paths, shared_prefix
 
 
 def batch_pack(tree, source, commit: str, batch: str, *, issue=None, budget=None, share: float = 0.0, delta=False):
@@ -39,11 +22,11 @@ def test_a_batch_of_commits_puts_the_files_they_all_share_first(repo, git, tmp_p
     source = repo({**FILES, "CHANGES.txt": "start\n"})
     commits = [git(source, "rev-parse", "HEAD").strip()]
     for n in range(3):  # CHANGES.txt and mod03 differ between the batch's commits; the rest never do
-        _commit(git, source, "CHANGES.txt", f"release {n}\n", f"release {n}")
-        _commit(git, source, "pkg/mod03.py", f"X = {n}\n", f"fix {n}")
+        commit_file(git, source, "CHANGES.txt", f"release {n}\n", f"release {n}")
+        commit_file(git, source, "pkg/mod03.py", f"X = {n}\n", f"fix {n}")
         if n == 1:  # a release-note fragment only the middle commit has
             (source / "changelog").mkdir()
-            _commit(git, source, "changelog/12.bugfix", "Fixed f3.\n", "fragment")
+            commit_file(git, source, "changelog/12.bugfix", "Fixed f3.\n", "fragment")
         if n == 2:
             git(source, "rm", "-q", "changelog/12.bugfix")
             git(source, "commit", "-qm", "release: fold fragments")
@@ -57,10 +40,10 @@ def test_a_batch_of_commits_puts_the_files_they_all_share_first(repo, git, tmp_p
         ordered = order_for_commits(str(source), commits[1:], cache)
         assert ordered.runs == 1  # one run: the commits share most bytes
     packs = [batch_pack(c, source, commit, ordered.batch).text for c, commit in zip(checkouts, commits[1:])]
-    assert _sections(packs[0])[-2:] == ["CHANGES.txt", "pkg/mod03.py"]  # 3 versions each; then by changes, path
-    assert _sections(packs[1])[-1] == "changelog/12.bugfix"  # not at every commit: after all the others
+    assert section_paths(packs[0])[-2:] == ["CHANGES.txt", "pkg/mod03.py"]  # 3 versions each; then by changes, path
+    assert section_paths(packs[1])[-1] == "changelog/12.bugfix"  # not at every commit: after all the others
     for a, b in zip(packs, packs[1:]):
-        assert _shared_prefix(a, b) > a.index("### CHANGES.txt")  # everything the commits share comes first
+        assert shared_prefix(a, b) > a.index("### CHANGES.txt")  # everything the commits share comes first
 
 
 def test_a_batch_is_cut_into_runs_of_neighbours_each_with_its_own_order(repo, git, tmp_path):
@@ -68,9 +51,9 @@ def test_a_batch_is_cut_into_runs_of_neighbours_each_with_its_own_order(repo, gi
     commits = []
     for era in range(2):  # two eras: every module is rewritten between them, then small fixes within each
         for i in range(20):
-            _commit(git, source, f"pkg/mod{i:02d}.py", f"def f{i}():\n    return {era} + {i}\n" * 20, f"era {era} {i}")
+            commit_file(git, source, f"pkg/mod{i:02d}.py", f"def f{i}():\n    return {era} + {i}\n" * 20, f"era {era} {i}")
         for n in range(3):
-            _commit(git, source, f"pkg/mod{n:02d}.py", f"def f{n}():\n    return {era}, {n}\n" * 20, f"fix {n}")
+            commit_file(git, source, f"pkg/mod{n:02d}.py", f"def f{n}():\n    return {era}, {n}\n" * 20, f"fix {n}")
             commits.append(git(source, "rev-parse", "HEAD").strip())
     with PackCache(tmp_path / "cache") as cache:
         ordered = order_for_commits(str(source), commits, cache)
@@ -82,7 +65,7 @@ def test_a_batch_is_cut_into_runs_of_neighbours_each_with_its_own_order(repo, gi
         git(checkout, "checkout", "-q", commit)
         packs.append(batch_pack(checkout, source, commit, ordered.batch).text)
     for a, b in zip(packs[3:], packs[4:]):  # within the second era: all but the fixed modules are shared
-        assert _shared_prefix(a, b) >= 0.8 * len(b)
+        assert shared_prefix(a, b) >= 0.8 * len(b)
 
 
 def _checkouts(git, source, commits: list[str], tmp_path) -> list:
@@ -113,12 +96,12 @@ def test_a_batch_shares_its_budgeted_part_though_a_source_file_changes_in_it(rep
     source = repo({**modules, **tests})
     commits = []
     for n in range(3):  # mod3 differs at every commit of the batch: it cannot be in the shared part
-        _commit(git, source, "pkg/mod3.py", f"def f3():\n    return {n}\n" * 20, f"fix {n}")
+        commit_file(git, source, "pkg/mod3.py", f"def f3():\n    return {n}\n" * 20, f"fix {n}")
         commits.append(git(source, "rev-parse", "HEAD").strip())
     issues = ["f3 returns the wrong value", "test_7 fails on f7", "f5 is slow"]
     _, packs = _budgeted_batch(git, source, commits, tmp_path, issues, 0.5)
     for a, b in zip(packs, packs[1:]):
-        shared = _shared_prefix(a.text, b.text)
+        shared = shared_prefix(a.text, b.text)
         assert shared >= 0.45 * len(b.text)  # half the budget, less the header and tree that follow
         assert "### pkg/mod3.py" not in b.text[:shared]
 
@@ -129,16 +112,16 @@ def test_budgeted_packs_share_their_part_across_the_cut_of_a_batch_into_runs(rep
     commits = []
     for era in range(2):  # every module is rewritten between the eras; the tests (most bytes) never change
         for i in range(20):
-            _commit(git, source, f"pkg/mod{i:02d}.py", f"def f{i}():\n    return {era} + {i}\n" * 20, f"era {era} {i}")
+            commit_file(git, source, f"pkg/mod{i:02d}.py", f"def f{i}():\n    return {era} + {i}\n" * 20, f"era {era} {i}")
         for n in range(3):
-            _commit(git, source, f"pkg/mod{n:02d}.py", f"def f{n}():\n    return {era}, {n}\n" * 20, f"fix {n}")
+            commit_file(git, source, f"pkg/mod{n:02d}.py", f"def f{n}():\n    return {era}, {n}\n" * 20, f"fix {n}")
             commits.append(git(source, "rev-parse", "HEAD").strip())
     issues = [f"f{n} returns the wrong value" for n in (4, 9, 13, 17, 6, 11)]
     # runs cut where a tenth of the bytes differ
     runs, packs = _budgeted_batch(git, source, commits, tmp_path, issues, 0.5, Cuts(cluster_thresholds=(0.9,)))
     assert runs == 2  # an order per era
     for a, b in zip(packs, packs[1:]):  # budgeted ones share their part across the eras too
-        assert _shared_prefix(a.text, b.text) >= 0.45 * len(b.text)
+        assert shared_prefix(a.text, b.text) >= 0.45 * len(b.text)
 
 
 def test_two_overlapping_batches_ordered_at_once_on_one_cache_folder_each_keep_their_own(repo, git, tmp_path,
