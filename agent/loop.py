@@ -24,6 +24,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
 
@@ -197,26 +198,18 @@ class Agent:
             writer.close()
 
 
-class _InThread:
-    """A call run in a daemon thread; `result()` waits for it and returns its value or raises its error."""
+def _in_thread(fn: Callable[..., Any], *args: Any) -> Future:
+    """`fn(*args)` run in a daemon thread (a Ctrl-C does not wait for it): its future value or error."""
+    future: Future = Future()
 
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="m3-agent-pack", daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[..., Any], args: tuple) -> None:
+    def run() -> None:
         try:
-            self._value = fn(*args)
+            future.set_result(fn(*args))
         except BaseException as e:  # handed to the caller of result()
-            self._error = e
+            future.set_exception(e)
 
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
+    threading.Thread(target=run, name="m3-agent-pack", daemon=True).start()
+    return future
 
 
 class _Run:
@@ -256,7 +249,7 @@ class _Run:
         first = self.env = self.agent.env_factory(self.repo)
         try:
             self._start(first)
-            packing = _InThread(self._pack, self.budget)  # the repository is packed while the environment starts
+            packing = _in_thread(self._pack, self.budget)  # the repository is packed while the environment starts
             t = time.monotonic()
             with first:
                 self.result.timings.sandbox_start_s = time.monotonic() - t

@@ -217,14 +217,10 @@ def _overflow_from(message: str) -> ContextOverflowError:
 def _retryable(exc: BaseException) -> bool:
     import openai
 
-    # Connection problems, timeouts, 429, 5xx (incl. the 503 of a warming server). Never 400/401/404.
-    if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError)):
-        return True
+    # Connection problems, timeouts, 429, 5xx (incl. the 503 of a warming server), no choices. Never 400/401/404.
     if isinstance(exc, openai.APIStatusError):
-        return exc.status_code >= 500
-    if isinstance(exc, _EmptyReply):
-        return True
-    return False
+        return exc.status_code == 429 or exc.status_code >= 500
+    return isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, _EmptyReply))
 
 
 class _EmptyReply(Exception):
@@ -342,17 +338,10 @@ class ModelClient:
     ) -> ModelReply:
         """Send one chat-completions request; retries transient failures; never returns None."""
         c = self.config
-        extra_body: dict[str, Any] = {"top_k": c.top_k}
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": c.temperature,
+                                "top_p": c.top_p, "max_tokens": max_tokens or c.max_tokens, "top_k": c.top_k}
         if thinking_mode is not None:
-            extra_body["chat_template_kwargs"] = {"thinking_mode": thinking_mode}
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": messages,
-            "temperature": c.temperature,
-            "top_p": c.top_p,
-            "max_tokens": max_tokens or c.max_tokens,
-            **extra_body,
-        }
+            body["chat_template_kwargs"] = {"thinking_mode": thinking_mode}
         if tools:
             body["tools"] = tools
             body["tool_choice"] = "auto"
@@ -391,15 +380,8 @@ def _reply_from(resp: Any, *, latency_s: float, attempts: int) -> ModelReply:
         usage.cached_tokens = (getattr(details, "cached_tokens", None) or 0) if details else 0
         cdetails = getattr(u, "completion_tokens_details", None)
         usage.reasoning_tokens = (getattr(cdetails, "reasoning_tokens", None) or 0) if cdetails else 0
-    return ModelReply(
-        content=content,
-        reasoning=reasoning,
-        tool_calls=calls,
-        finish_reason=choice.finish_reason,
-        usage=usage,
-        latency_s=latency_s,
-        attempts=attempts,
-    )
+    return ModelReply(content=content, reasoning=reasoning, tool_calls=calls, finish_reason=choice.finish_reason,
+                      usage=usage, latency_s=latency_s, attempts=attempts)
 
 
 def _error_message(e: Any) -> str:

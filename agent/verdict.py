@@ -44,13 +44,7 @@ def suite_passed(tests: dict[str, Any] | None) -> bool:
         return False
     if tests.get("framework") == "command":
         return tests.get("exit_code") == 0 and not tests.get("timed_out")
-    return (
-        tests.get("passed", 0) > 0
-        and not tests.get("failed")
-        and not tests.get("errors")
-        and not tests.get("timed_out")
-        and not tests.get("problem")
-    )
+    return tests.get("passed", 0) > 0 and not any(tests.get(k) for k in ("failed", "errors", "timed_out", "problem"))
 
 
 class TestWatch:

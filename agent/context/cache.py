@@ -101,33 +101,29 @@ class PackCache:
 
     def put_facts(self, items: dict[str, Facts]) -> None:
         """Store facts (replacing older ones of the same blobs)."""
-        rows = [(b, f.size, int(f.binary), f.encoding, f.chars, f.extra, f.lines, int(f.final_newline),
-                 int(f.generated), f.defs, f.terms) for b, f in items.items()]
-        self._write("INSERT OR REPLACE INTO facts VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+        self._write("INSERT OR REPLACE INTO facts VALUES (?,?,?,?,?,?,?,?,?,?,?)", _facts_rows(items))
 
     def get_snapshot(self, key: str) -> dict[str, Facts]:
         """The facts of every blob of one git index listing, stored whole (one read for a warm pack)."""
-        if self._db is None:
-            return {}
         try:
-            row = self._db.execute("SELECT data FROM snapshots WHERE key = ?", (key,)).fetchone()
-            rows = marshal.loads(row[0]) if row else []
-            return {r[0]: Facts(*r[1:]) for r in rows}
-        except (sqlite3.Error, ValueError, EOFError, TypeError):
+            return {r[0]: Facts(*r[1:]) for r in self._load("snapshots", key) or []}
+        except TypeError:
             return {}
 
     def put_snapshot(self, key: str, items: dict[str, Facts]) -> None:
         """Store the facts of one git index listing as one row."""
-        rows = [(b, f.size, f.binary, f.encoding, f.chars, f.extra, f.lines, f.final_newline, f.generated, f.defs,
-                 f.terms) for b, f in items.items()]
-        self._write("INSERT OR REPLACE INTO snapshots VALUES (?, ?)", [(key, marshal.dumps(rows))])
+        self._write("INSERT OR REPLACE INTO snapshots VALUES (?, ?)", [(key, marshal.dumps(_facts_rows(items)))])
 
     def get_scores(self, key: str):
         """Relevance scores stored under `key` (see relevance.content), or None."""
+        return self._load("scores", key)
+
+    def _load(self, table: str, key: str):
+        """The value marshalled under `key` in `table` (snapshots or scores), or None."""
         if self._db is None:
             return None
         try:
-            row = self._db.execute("SELECT data FROM scores WHERE key = ?", (key,)).fetchone()
+            row = self._db.execute(f"SELECT data FROM {table} WHERE key = ?", (key,)).fetchone()
             return marshal.loads(row[0]) if row else None
         except (sqlite3.Error, ValueError, EOFError, TypeError):
             return None
@@ -172,3 +168,9 @@ class PackCache:
                 self._db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+
+
+def _facts_rows(items: dict[str, Facts]) -> list[tuple]:
+    """(blob, each field of its facts) per blob: a row of the facts table, an item of a snapshot."""
+    return [(b, f.size, f.binary, f.encoding, f.chars, f.extra, f.lines, f.final_newline, f.generated, f.defs,
+             f.terms) for b, f in items.items()]

@@ -9,7 +9,7 @@ trees, minified and source-map names), files over `max_file_bytes`, and the cont
 generated, minified) from each file's facts: the ones the pack cache holds for its blob, else the
 ones found by reading it. Each text counts as the pack's estimate counts it (`EstimateCounter`,
 from its characters and extra UTF-8 bytes). With an exact `counter`, the estimate is first scaled to
-it on a sample of the files (`calibrate`), as a budgeted pack scales the counts it plans with.
+it on a sample of the files (`EstimateCounter.calibrated`), as a budgeted pack scales the counts it plans with.
 `m3-agent pack --counter estimate` and `eval run`'s admission use this; the packer's count step
 shares its sample (`sample`) and scale (`tokens.fit_scale`).
 """
@@ -59,13 +59,6 @@ def sample(items: list, n: int = CALIBRATION_SAMPLES) -> list:
     return items[:: max(1, len(items) // n)][:n]
 
 
-def calibrate(exact: TokenCounter, texts: list[str]) -> EstimateCounter:
-    """The estimate scaled to `exact` on these texts (the default estimate when it is not exact)."""
-    if isinstance(exact, EstimateCounter):
-        return exact
-    return EstimateCounter().calibrated(exact, texts)
-
-
 def estimate_tokens(source: Path | str, commit: str | None = None, counter: TokenCounter | None = None, *,
                     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, store: PackCache | None = None) -> Estimate:
     """The tokens of the file texts a whole pack of `source` holds: its work tree as it is (`commit`
@@ -73,7 +66,9 @@ def estimate_tokens(source: Path | str, commit: str | None = None, counter: Toke
     `store` (a PackCache) gives the facts of blobs it has seen and keeps the new ones."""
     root = os.path.abspath(os.fspath(source))
     texts = _at_commit(root, commit, max_file_bytes, store) if commit else _in_work_tree(root, max_file_bytes, store)
-    estimate = calibrate(counter or EstimateCounter(), [t for t in (read() for _, _, read in sample(texts)) if t])
+    estimate = counter or EstimateCounter()
+    if not isinstance(estimate, EstimateCounter):  # scaled to the exact counter on a sample of the texts
+        estimate = EstimateCounter().calibrated(estimate, [t for t in (read() for _, _, read in sample(texts)) if t])
     files = [f for f, _, _ in texts]
     tokens = sum(estimate.from_shape(facts.chars, facts.extra) for _, facts, _ in texts)
     return Estimate(tokens, sum(f.size for f in files), files, estimate)

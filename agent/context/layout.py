@@ -254,9 +254,8 @@ def section_parts(e: Entry) -> tuple[str, bytes, str]:
     """One file section as (opening, content, closing): heading and fence, verbatim UTF-8 text, fence."""
     content = e.content or b""
     fence = fence_for(content)
-    if not content or content[-1] == 10:
-        return f"{section_head(e)}{fence}{language(e.path)}\n", content, f"{fence}\n\n"
-    return f"{section_head(e)}{fence}{language(e.path)}\n", content, f"\n{fence}\n\n"
+    closing = f"{fence}\n\n" if not content or content[-1] == 10 else f"\n{fence}\n\n"
+    return f"{section_head(e)}{fence}{language(e.path)}\n", content, closing
 
 
 OUTLINES_HEAD = (

@@ -10,10 +10,12 @@ store it uses are kept in that pack's `Plan`; the entries of the listing only ca
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -156,10 +158,7 @@ class Pack:
         """How many files each reason left out."""
         if self._skipped is None and self._lists is not None:
             return dict(sorted(self._lists.counted[1].items()))  # (sorted() copies: the cached counts stay as they are)
-        out: dict[str, int] = {}
-        for s in self.skipped:
-            out[s.reason] = out.get(s.reason, 0) + 1
-        return dict(sorted(out.items()))
+        return dict(sorted(Counter(s.reason for s in self.skipped).items()))
 
     def packed_tokens(self) -> int:
         """Tokens of the packed files' texts (without their headings and fences)."""
@@ -194,13 +193,8 @@ class Fates:
     @functools.cached_property  # (asked twice by a summary: the tokens, then the reasons)
     def counted(self) -> tuple[int, dict[str, int]]:
         """(tokens of the packed texts, {reason: files}), without making the lists."""
-        packed_tokens, by_reason = 0, {}
-        for e, reason in self.fates:
-            if reason is None:
-                packed_tokens += self.tokens.get(e, 0)
-            else:
-                by_reason[reason] = by_reason.get(reason, 0) + 1
-        return packed_tokens, by_reason
+        packed_tokens = sum(self.tokens.get(e, 0) for e, reason in self.fates if reason is None)
+        return packed_tokens, Counter(reason for _, reason in self.fates if reason is not None)
 
 
 def _flags(e: Entry) -> list[str]:
@@ -332,38 +326,36 @@ class Packer:
         issue, then files are chosen by relevance to `issue`, and the outline tier shows the most
         relevant files left out. The issue itself is never part of the text. `store`: an open cache
         for this pack (default: the packer's)."""
-        if store is None and self.cache is True:
-            with PackCache() as opened:
-                return self.pack(repo, issue=issue, budget=budget, history=history, order=order, store=opened)
         if store is None and isinstance(self.cache, PackCache):
             store = self.cache
-        t0 = time.perf_counter()
-        check(budget, self.max_file_bytes, order.shared_share if order is not None else 0.0,
-              self.outline_share, self.outline_max_tokens)
-        root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
-        listing = list_files(root)
-        if order is None and (history is not None or listing.git):  # least changed first, in `history` or `repo`
-            order = StableOrder(os.fspath(history if history is not None else listing.root), store)
-        plan = Plan(listing, Rules(root, self.include, self.exclude, self.max_file_bytes), issue=issue,
-                    budget=budget, order=order, store=store)
-        plan.timings["list_s"] = time.perf_counter() - t0
-        t = time.perf_counter()
-        self.decide(plan)
-        plan.timings["read_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        self.count(plan)
-        plan.timings["count_s"] = time.perf_counter() - t
-        self.frame(plan)
-        if budget is None:
+        with PackCache() if store is None and self.cache is True else contextlib.nullcontext(store) as store:
+            t0 = time.perf_counter()
+            check(budget, self.max_file_bytes, order.shared_share if order is not None else 0.0,
+                  self.outline_share, self.outline_max_tokens)
+            root = os.path.abspath(os.path.expanduser(os.fspath(repo)))
+            listing = list_files(root)
+            if order is None and (history is not None or listing.git):  # least changed first, in `history` or `repo`
+                order = StableOrder(os.fspath(history if history is not None else listing.root), store)
+            plan = Plan(listing, Rules(root, self.include, self.exclude, self.max_file_bytes), issue=issue,
+                        budget=budget, order=order, store=store)
+            plan.timings["list_s"] = time.perf_counter() - t0
             t = time.perf_counter()
-            chosen = Chosen(plan.packable, [], [])
-            parts, tokens = self.render(plan, chosen.files, [])
-            plan.timings["render_s"] = time.perf_counter() - t
-        else:
-            chosen, parts, tokens = self.within_budget(plan)
-        self.remember(plan)
-        plan.timings["total_s"] = time.perf_counter() - t0
-        return self.result(plan, chosen, parts, tokens)
+            self.decide(plan)
+            plan.timings["read_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            self.count(plan)
+            plan.timings["count_s"] = time.perf_counter() - t
+            self.frame(plan)
+            if budget is None:
+                t = time.perf_counter()
+                chosen = Chosen(plan.packable, [], [])
+                parts, tokens = self.render(plan, chosen.files, [])
+                plan.timings["render_s"] = time.perf_counter() - t
+            else:
+                chosen, parts, tokens = self.within_budget(plan)
+            self.remember(plan)
+            plan.timings["total_s"] = time.perf_counter() - t0
+            return self.result(plan, chosen, parts, tokens)
 
     def decide(self, plan: Plan) -> None:
         """Each entry's fate (`reader.decide`), from cached facts where there are some; then the

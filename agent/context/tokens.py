@@ -134,10 +134,7 @@ class TokenizerJsonCounter:
 
 def server_root(base_url: str) -> str:
     """`http://host:8000/v1` -> `http://host:8000`: /tokenize lives at the server root."""
-    url = base_url.rstrip("/")
-    if url.endswith("/v1"):
-        url = url[: -len("/v1")]
-    return url
+    return base_url.rstrip("/").removesuffix("/v1")
 
 
 class _Http:
