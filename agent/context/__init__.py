@@ -9,9 +9,8 @@
 
 from m3_agent.agent.context.cache import PackCache, cache_dir
 from m3_agent.agent.context.estimate import Estimate, estimate_tokens
-from m3_agent.agent.context.order import PackOrder
 from m3_agent.agent.context.pack import Pack, PackedFile, Packer, SkippedFile, pack_repository
-from m3_agent.agent.context.stability import StableOrder
+from m3_agent.agent.context.stability import PackOrder, StableOrder
 from m3_agent.agent.context.tokens import (
     EstimateCounter,
     ServerCounter,

@@ -9,6 +9,7 @@ accelerator only: any failure to read or write it is ignored and the packer reco
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import os
 import sqlite3
@@ -64,10 +65,8 @@ class PackCache:
     def close(self) -> None:
         """Close the database."""
         if self._db is not None:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 self._db.close()
-            except sqlite3.Error:
-                pass
         self._db = None
 
     def __enter__(self) -> PackCache:
@@ -164,10 +163,8 @@ class PackCache:
             self._db.executemany(sql, rows)
             self._db.execute("COMMIT")
         except sqlite3.Error:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
 
 
 def _facts_rows(items: dict[str, Facts]) -> list[tuple]:

@@ -16,6 +16,7 @@ shares its sample (`sample`) and scale (`tokens.fit_scale`).
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -25,7 +26,6 @@ from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.reader import Rules, decide, read_bytes
 from m3_agent.agent.context.selection import (
     DEFAULT_MAX_FILE_BYTES,
-    Entry,
     content_reason,
     decode,
     list_files,
@@ -84,19 +84,17 @@ def _in_work_tree(root: str, max_file_bytes: int, store: PackCache | None) -> li
         decide(e, rules, known.get(e.blob) if e.blob else None, read=False)
     if store is not None:
         store.put_facts({e.blob: e.facts for e in entries if e.blob and e.facts is not None and e.blob not in known})
-    return [(EstimatedFile(e.path, e.blob, e.facts.size), e.facts, _reader(root, e, max_file_bytes))
+    return [(EstimatedFile(e.path, e.blob, e.facts.size), e.facts,
+             functools.partial(_read_text, os.path.join(root, e.path), max_file_bytes))  # read when sampled
             for e in entries if e.reason is None]
 
 
-def _reader(root: str, e: Entry, max_file_bytes: int):
-    """A function reading the text a pack shows of the file (read only when it is sampled)."""
-    def read() -> str:
-        try:
-            data, _ = read_bytes(os.path.join(root, e.path), max_file_bytes)
-        except OSError:
-            return ""
-        return _text(data)
-    return read
+def _read_text(path: str, max_file_bytes: int) -> str:
+    """The text a pack shows of the file at `path` ("" when it cannot be read)."""
+    try:
+        return _text(read_bytes(path, max_file_bytes)[0])
+    except OSError:
+        return ""
 
 
 def _at_commit(source: str, commit: str, max_file_bytes: int, store: PackCache | None) -> list[tuple]:

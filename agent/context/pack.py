@@ -22,7 +22,6 @@ from typing import NamedTuple
 from m3_agent.agent.context import layout, outline, reader
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.estimate import CALIBRATION_SAMPLES, sample
-from m3_agent.agent.context.order import PackOrder
 from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS, DEFAULT_OUTLINE_SHARE
 from m3_agent.agent.context.reader import Rules, load, read_bytes
 from m3_agent.agent.context.relevance import is_test, rank
@@ -36,7 +35,7 @@ from m3_agent.agent.context.selection import (
     list_files,
     subword_terms,
 )
-from m3_agent.agent.context.stability import StableOrder
+from m3_agent.agent.context.stability import PackOrder, StableOrder
 from m3_agent.agent.context.tokens import EstimateCounter, TokenCounter, fit_scale, text_shape
 from m3_agent.errors import UsageError
 
@@ -108,7 +107,6 @@ class Pack:
         self.outline_tokens = info.outline_tokens  # tokens of the outline tier (part of `tokens`)
         self.delta_base = info.delta_base  # a delta pack: the commit whose files its sections show
         self.timings = timings if timings is not None else {}
-        self._cache: dict = {}
 
     @property
     def files(self) -> list[PackedFile]:
@@ -128,19 +126,15 @@ class Pack:
         return (f"Pack(files={len(self.files)}, skipped={len(self.skipped)}, tokens={self.tokens}, "
                 f"counter_kind={self.counter_kind!r}, budget={self.budget})")
 
-    @property
+    @functools.cached_property
     def data(self) -> bytes:
         """The prompt text as UTF-8 bytes."""
-        if "data" not in self._cache:
-            self._cache["data"] = b"".join(self.parts)
-        return self._cache["data"]
+        return b"".join(self.parts)
 
-    @property
+    @functools.cached_property
     def text(self) -> str:
         """The prompt text: header, tree, file sections, footer. Byte-deterministic."""
-        if "text" not in self._cache:
-            self._cache["text"] = self.data.decode("utf-8", "replace")
-        return self._cache["text"]
+        return self.data.decode("utf-8", "replace")
 
     def write(self, path: Path | str) -> None:
         """Save the text (UTF-8) to a file."""
@@ -149,8 +143,8 @@ class Pack:
 
     def write_to(self, stream) -> None:
         """Write the text to a binary stream, piece by piece."""
-        if "data" in self._cache:
-            stream.write(self._cache["data"])
+        if "data" in self.__dict__:  # joined already
+            stream.write(self.data)
         else:
             stream.writelines(self.parts)
 

@@ -7,8 +7,8 @@ changed each file (fewest first), then by path. The order is computed once per r
 origin URL, else its path) and cached, so every later commit packs in the same order: a file
 changed since then breaks the shared prefix only where it sits, and new files go last.
 
-An order is any object with `key(paths)`, `alike` and `shared_share` (see `StableOrder`): `eval run`
-hands the packer one built from a batch's stored orders (`m3_agent.evals.reuse`).
+`Packer.pack(..., order=)` takes any `PackOrder`: `StableOrder` is the core's default (no shared
+part), and `eval run` hands the packer one built from a batch's stored orders (`m3_agent.evals.reuse`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import git
 
@@ -28,6 +29,22 @@ from m3_agent.agent.context.layout import sort_key
 HISTORY_COMMITS = 2000  # recent commits counted: enough to tell often-changed files from the rest
 ORDER_VERSION = "order-4"  # part of the cache key: change it with the rule
 STALE_SHARE = 0.1  # recompute a cached order when more than this share of the files is new to it
+
+
+class PackOrder(Protocol):
+    """What a pack needs to know of the order of its files.
+
+    `key(paths)` -> a sort key for each path (the pack order of the packable files, `paths`);
+    `alike`: groups of files the budget's shared part may hold, each in its order (None: the
+    source files, not tests, in pack order); `shared_share`: the share of a budgeted pack filled
+    with the same files whatever the issue (0: none)."""
+
+    alike: list[list[str]] | None
+    shared_share: float
+
+    def key(self, paths: Iterable[str]) -> Callable[[str], Any]:
+        """A sort key of paths, made knowing the packable ones."""
+        ...
 
 
 class StableOrder:
