@@ -259,21 +259,16 @@ class ModelClient:
     def close(self) -> None:
         self._client.close()
 
-    def _retrying(self) -> Retrying:
-        c = self.config
-        return Retrying(
-            retry=retry_if_exception(_retryable),
-            wait=wait_random_exponential(multiplier=c.retry_initial_s, max=c.retry_max_wait_s),
-            stop=stop_after_attempt(c.retry_attempts) | stop_after_delay(c.retry_max_s),
-            reraise=False,
-        )
-
     def _call(self, fn, what: str):
         import openai
 
+        c = self.config
+        retrying = Retrying(retry=retry_if_exception(_retryable),
+                            wait=wait_random_exponential(multiplier=c.retry_initial_s, max=c.retry_max_wait_s),
+                            stop=stop_after_attempt(c.retry_attempts) | stop_after_delay(c.retry_max_s), reraise=False)
         attempts = 0
         try:
-            for attempt in self._retrying():
+            for attempt in retrying:
                 with attempt:
                     attempts += 1
                     return fn(), attempts

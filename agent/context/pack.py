@@ -232,10 +232,6 @@ class Plan:
         self.head_text = self.tree_text = self.source_text = ""
         self.timings: dict[str, float] = {}
 
-    @property
-    def shared_share(self) -> float:
-        return self.order.shared_share if self.order is not None else 0.0
-
     def bytes_of(self, e: Entry) -> bytes | None:
         """A file's bytes: those read while deciding, else from the disk (None when unreadable)."""
         raw = self.raw.get(e.path) if self.raw else None
@@ -516,8 +512,8 @@ class Packer:
         foot = estimate.count(layout.footer(packed=len(packable), total=len(plan.entries),
                                             budget_left=ranked[:25])) + 8
         room = budget - fixed - foot - reserve
-        alike = plan.order.alike if plan.order is not None else None
-        shared = shared_part(packable, costs, min(room, int(budget * plan.shared_share)), alike)
+        alike, share = (plan.order.alike, plan.order.shared_share) if plan.order is not None else (None, 0.0)
+        shared = shared_part(packable, costs, min(room, int(budget * share)), alike)
         plan.shared = set(shared)
         room -= sum(costs[e] for e in shared)
         taken = set(shared)
