@@ -41,10 +41,8 @@ RESCALES = 3  # plans of the tier scaled to an exact counter before outlines are
 
 _PY_SUFFIXES = (".py", ".pyi")
 _MEMBER_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-_BLOCK_NODES = (ast.If, ast.Try, ast.With)  # definitions under these still belong to their scope
-_TRY_STAR = getattr(ast, "TryStar", None)
-if _TRY_STAR is not None:
-    _BLOCK_NODES += (_TRY_STAR,)
+# Definitions under these still belong to their scope (`try: ... except* ...` from Python 3.11).
+_BLOCK_NODES = (ast.If, ast.Try, ast.With) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
 
 
 def outline(path: str, data: bytes) -> str:
@@ -82,9 +80,7 @@ def _python(data: bytes) -> list[tuple[int, str]] | None:
     return out
 
 
-def _parse(source: str | bytes | None) -> ast.Module | None:
-    if source is None:
-        return None
+def _parse(source: str | bytes) -> ast.Module | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # invalid escapes in old code: not the reader's concern
@@ -106,7 +102,7 @@ def skeleton(text: str) -> str | None:
     own line numbers, each body that holds no header replaced by `...`: what `ast` needs to find
     the definitions and their nesting, at a fraction of the parse. Lines inside triple-quoted strings
     are not headers. None when there is no header at all."""
-    strings = _string_spans(text)
+    strings = [m.span() for m in _LITERAL.finditer(text) if m.group(1) is not None]  # triple-quoted strings
     pieces: list[tuple[int, str, int, bool]] = []  # (first line, header text, indent, is a decorator)
     line, counted, span = 1, 0, 0
     body_of = -1  # the indentation of the function whose body the scan is in (-1: none)
@@ -164,14 +160,9 @@ def _header_text(text: str, start: int, keyword: str) -> str | None:
     return header
 
 
-def _string_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) offsets of the triple-quoted strings, found by reading comments and string
-    literals in order (so a quote inside a comment or inside another string opens nothing)."""
-    return [m.span() for m in _LITERAL.finditer(text) if m.group(1) is not None]
-
-
-# A comment, a triple-quoted string (group 1; unterminated: to the end) or a one-line string; each
-# loop is unrolled (a run of plain characters, then one escape or lone quote) as regex engines like.
+# A comment, a triple-quoted string (group 1; unterminated: to the end) or a one-line string, read in
+# order (so a quote inside a comment or inside another string opens nothing); each loop is unrolled
+# (a run of plain characters, then one escape or lone quote) as regex engines like.
 _LITERAL = re.compile(
     r'''#[^\n]*'''
     r'''|("""[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*(?:"""|\Z)|\'\'\'[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*(?:\'\'\'|\Z))'''
@@ -227,36 +218,32 @@ def _scan(data: bytes, rx: re.Pattern[str]) -> list[tuple[int, str]]:
     return out
 
 
-def _line_res() -> dict[str, re.Pattern[str]]:
-    """Per suffix, a regex of the lines that open a definition (at most one indentation level in)."""
-    families = {
-        (".py", ".pyi"): r"[ \t]{0,8}(?:async[ \t]+)?(?:def|class)[ \t]+\w",
-        (".js", ".jsx", ".mjs", ".cjs", ".ts", ".tsx"):
-            r"(?:export[ \t]+(?:default[ \t]+)?)?(?:declare[ \t]+)?(?:abstract[ \t]+)?(?:async[ \t]+)?"
-            r"(?:function\*?|class|interface|type|enum|namespace)[ \t]+\w",
-        (".go",): r"(?:func|type)[ \t]",
-        (".rs",): r"[ \t]{0,4}(?:pub(?:\([\w ]+\))?[ \t]+)?(?:async[ \t]+)?(?:unsafe[ \t]+)?"
-                  r"(?:fn|struct|enum|trait|impl|mod|type|macro_rules!)[ \t<]",
-        (".java", ".kt", ".scala", ".cs", ".swift"):
-            r"[ \t]{0,4}(?:(?:public|private|protected|internal|static|final|abstract|open|override|sealed|data|"
-            r"suspend|inline|partial|async)[ \t]+)*(?:class|interface|enum|record|object|trait|struct|fun|func|def)"
-            r"[ \t]+\w",
-        (".rb",): r"[ \t]{0,4}(?:def|class|module)[ \t]+\S",
-        (".ex", ".exs"): r"[ \t]{0,4}(?:defmodule|defp?|defmacro)[ \t]+\S",
-        (".php",): r"[ \t]{0,4}(?:(?:abstract|final|public|private|protected|static)[ \t]+)*"
-                   r"(?:function|class|interface|trait|enum)[ \t]+\w",
-        (".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".m"):
-            r"(?:(?:typedef[ \t]+)?(?:struct|class|enum|union)[ \t]+\w+[^;\n]*$|#define[ \t]+\w+"
-            r"|(?:static[ \t]+|inline[ \t]+|extern[ \t]+|const[ \t]+)*[A-Za-z_][\w \t\*&:<>,]*?\b\w+[ \t]*\([^;\n]*$)",
-        (".sh", ".bash", ".zsh"): r"(?:function[ \t]+\w+|\w+[ \t]*\(\)[ \t]*\{)",
-        (".lua",): r"(?:local[ \t]+)?function[ \t]+[\w.:]+",
-        (".md", ".markdown"): r"#{1,4}[ \t]+\S",
-    }
-    return {suffix: re.compile(f"^(?:{body})", re.MULTILINE)
-            for suffixes, body in families.items() for suffix in suffixes}
-
-
-_LINE_RES = _line_res()
+# Per suffix, a regex of the lines that open a definition (at most one indentation level in).
+_LINE_FAMILIES = {
+    (".py", ".pyi"): r"[ \t]{0,8}(?:async[ \t]+)?(?:def|class)[ \t]+\w",
+    (".js", ".jsx", ".mjs", ".cjs", ".ts", ".tsx"):
+        r"(?:export[ \t]+(?:default[ \t]+)?)?(?:declare[ \t]+)?(?:abstract[ \t]+)?(?:async[ \t]+)?"
+        r"(?:function\*?|class|interface|type|enum|namespace)[ \t]+\w",
+    (".go",): r"(?:func|type)[ \t]",
+    (".rs",): r"[ \t]{0,4}(?:pub(?:\([\w ]+\))?[ \t]+)?(?:async[ \t]+)?(?:unsafe[ \t]+)?"
+              r"(?:fn|struct|enum|trait|impl|mod|type|macro_rules!)[ \t<]",
+    (".java", ".kt", ".scala", ".cs", ".swift"):
+        r"[ \t]{0,4}(?:(?:public|private|protected|internal|static|final|abstract|open|override|sealed|data|"
+        r"suspend|inline|partial|async)[ \t]+)*(?:class|interface|enum|record|object|trait|struct|fun|func|def)"
+        r"[ \t]+\w",
+    (".rb",): r"[ \t]{0,4}(?:def|class|module)[ \t]+\S",
+    (".ex", ".exs"): r"[ \t]{0,4}(?:defmodule|defp?|defmacro)[ \t]+\S",
+    (".php",): r"[ \t]{0,4}(?:(?:abstract|final|public|private|protected|static)[ \t]+)*"
+               r"(?:function|class|interface|trait|enum)[ \t]+\w",
+    (".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".m"):
+        r"(?:(?:typedef[ \t]+)?(?:struct|class|enum|union)[ \t]+\w+[^;\n]*$|#define[ \t]+\w+"
+        r"|(?:static[ \t]+|inline[ \t]+|extern[ \t]+|const[ \t]+)*[A-Za-z_][\w \t\*&:<>,]*?\b\w+[ \t]*\([^;\n]*$)",
+    (".sh", ".bash", ".zsh"): r"(?:function[ \t]+\w+|\w+[ \t]*\(\)[ \t]*\{)",
+    (".lua",): r"(?:local[ \t]+)?function[ \t]+[\w.:]+",
+    (".md", ".markdown"): r"#{1,4}[ \t]+\S",
+}
+_LINE_RES = {suffix: re.compile(f"^(?:{body})", re.MULTILINE)
+             for suffixes, body in _LINE_FAMILIES.items() for suffix in suffixes}
 
 
 class Outlined(NamedTuple):

@@ -242,6 +242,12 @@ class Plan:
                 return None
         return raw
 
+    def load(self, entries: list[Entry]) -> None:
+        """Read the texts of these files that are not read yet."""
+        for e in entries:
+            if e.content is None:
+                load(str(self.listing.root), e, self.rules.limit)
+
     def ensure_definitions(self) -> None:
         """Fill in the names each code file defines and their words (cached with its facts), for relevance."""
         for e in self.packable:
@@ -392,19 +398,13 @@ class Packer:
         calibrated estimate (scaled to the exact counts known) until `count_exact` replaces it.
         """
         packable = plan.packable
+        shape = self.estimate.from_shape
         if self.estimating:
-            shape = self.estimate.from_shape
-            for e in packable:
-                facts = e.facts
-                plan.tokens[e] = shape(facts.chars, facts.extra)
+            plan.tokens.update((e, shape(e.facts.chars, e.facts.extra)) for e in packable)
             return
         cached = plan.store.get_counts(self.counter.id, [e.blob for e in packable]) if plan.store else {}
-        missing = []
-        for e in packable:
-            if e.blob in cached:
-                plan.tokens[e] = cached[e.blob]
-            else:
-                missing.append(e)
+        plan.tokens.update((e, cached[e.blob]) for e in packable if e.blob in cached)
+        missing = [e for e in packable if e.blob not in cached]
         if plan.budget is None or len(missing) <= CALIBRATION_SAMPLES:
             self.count_exact(plan, missing)
             return
@@ -413,7 +413,6 @@ class Packer:
             spread = sample(missing, CALIBRATION_SAMPLES)
             self.count_exact(plan, spread)
             known += spread
-        shape = self.estimate.from_shape
         scale = fit_scale(sum(shape(e.facts.chars, e.facts.extra) for e in known), sum(plan.tokens[e] for e in known))
         for e in missing:
             if e not in plan.tokens:
@@ -425,10 +424,7 @@ class Packer:
         todo = [e for e in entries if e not in plan.tokens or e in plan.inexact]
         if not todo:
             return
-        root = str(plan.listing.root)
-        for e in todo:
-            if e.content is None:
-                load(root, e, self.max_file_bytes)
+        plan.load(todo)
         counts = self.counter.count_many([str(e.content or b"", "utf-8") for e in todo])
         for e, n in zip(todo, counts):
             plan.tokens[e] = n
@@ -439,10 +435,7 @@ class Packer:
     def prepare(self, plan: Plan, entries: list[Entry]) -> None:
         """Make chosen files ready to render: exact counts and contents."""
         self.count_exact(plan, entries)
-        root = str(plan.listing.root)
-        for e in entries:
-            if e.content is None:
-                load(root, e, self.max_file_bytes)
+        plan.load(entries)
 
     def frame(self, plan: Plan) -> None:
         """The text around the file sections: the header, the tree of every entry and the commit."""

@@ -160,12 +160,7 @@ Scores = Iterable[tuple[int, float]]  # (entry index, points), in the order they
 def named_paths(issue: _Issue, weight: float) -> Scores:
     """Paths named anywhere in the issue: `weight` for a path that picks files out by more than
     their name; a bare name's BASENAME_SCORE is shared by the files that have it."""
-    seen: set[str] = set()
-    for m in _PATH_RE.finditer(issue.text):
-        raw = m.group(0)
-        if raw in seen:
-            continue
-        seen.add(raw)
+    for raw in dict.fromkeys(m.group(0) for m in _PATH_RE.finditer(issue.text)):  # each once, in order
         hits, specific = issue.index.match_path(_norm_path(raw))
         for i in hits:
             yield i, weight if specific else BASENAME_SCORE / len(hits)
@@ -188,14 +183,11 @@ def module_names(issue: _Issue, weight: float) -> Scores:
         if parts[-1] in ("py", "js", "ts", "go", "rs", "md", "txt", "json", "toml", "yaml", "yml", "cfg"):
             continue
         for j in range(len(parts), 1, -1):
-            hits = []
-            for cand in ("/".join(parts[:j]) + ".py", "/".join(parts[:j]) + "/__init__.py"):
-                hits = issue.index.match_exact(cand)
-                if hits:
-                    break
-            for i in hits:
-                yield i, weight / len(hits)
+            stem = "/".join(parts[:j])
+            hits = issue.index.match_exact(stem + ".py") or issue.index.match_exact(stem + "/__init__.py")
             if hits:
+                for i in hits:
+                    yield i, weight / len(hits)
                 break
 
 
@@ -294,8 +286,7 @@ def lexical(issue: _Issue, weight: float) -> Scores:
         if e.facts is not None and e.facts.terms:
             terms.update(issue_terms.intersection(e.facts.terms.split()))
         file_terms.append(terms)
-        for t in terms:
-            df[t] += 1
+        df.update(terms)
     idf = {t: math.log(1 + issue.n_files / df[t]) for t in df}
     norm = sum(idf.values()) or 1.0
     for i, terms in enumerate(file_terms):
