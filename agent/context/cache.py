@@ -137,9 +137,8 @@ class PackCache:
 
     def get_counts(self, counter_id: str, blobs: list[str]) -> dict[str, int]:
         """Known token counts of these blobs under one counter."""
-        rows = self._select_joined("SELECT c.blob, tokens FROM counts c JOIN temp.wanted w ON c.blob = w.blob "
-                                   "WHERE counter = ?", blobs, (counter_id,))
-        return {r[0]: r[1] for r in rows}
+        return dict(self._select_joined("SELECT c.blob, tokens FROM counts c JOIN temp.wanted w ON c.blob = w.blob "
+                                        "WHERE counter = ?", blobs, (counter_id,)))
 
     def put_counts(self, counter_id: str, counts: dict[str, int]) -> None:
         """Store token counts under one counter."""
@@ -147,9 +146,8 @@ class PackCache:
 
     def get_outlines(self, version: int, blobs: list[str]) -> dict[str, str]:
         """Known outlines of these blobs in one outline format version."""
-        rows = self._select_joined("SELECT o.blob, outline FROM outlines o JOIN temp.wanted w ON o.blob = w.blob "
-                                   "WHERE version = ?", blobs, (version,))
-        return {r[0]: r[1] for r in rows}
+        return dict(self._select_joined("SELECT o.blob, outline FROM outlines o JOIN temp.wanted w ON o.blob = w.blob "
+                                        "WHERE version = ?", blobs, (version,)))
 
     def put_outlines(self, version: int, outlines: dict[str, str]) -> None:
         """Store outlines (the empty ones too: a file with no definitions is not parsed again)."""

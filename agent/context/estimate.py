@@ -137,10 +137,9 @@ def _blobs(source: str, blobs: list[str]) -> dict[str, bytes]:
     for blob in blobs:
         end = out.index(b"\n", at)
         header = out[at:end].split()
-        if len(header) != 3:  # "<id> missing"
-            at = end + 1
-            continue
-        size = int(header[2])
-        found[blob] = out[end + 1:end + 1 + size]
-        at = end + 1 + size + 1
+        at = end + 1
+        if len(header) == 3:  # "<id> <type> <size>", then the content and a newline; else "<id> missing"
+            size = int(header[2])
+            found[blob] = out[at:at + size]
+            at += size + 1
     return found

@@ -358,9 +358,7 @@ def _list_walk(root: str | os.PathLike) -> Listing:
                 is_dir = not is_link and item.is_dir(follow_symlinks=False)
             except OSError:
                 continue
-            if item.name == ".git":
-                continue
-            if rules.ignored(rel, is_dir):
+            if item.name == ".git" or rules.ignored(rel, is_dir):
                 continue
             if is_dir:
                 if item.name in VENDORED_DIRS or item.name in GENERATED_DIRS:
