@@ -51,7 +51,8 @@ def test_a_batch_is_cut_into_runs_of_neighbours_each_with_its_own_order(repo, gi
     commits = []
     for era in range(2):  # two eras: every module is rewritten between them, then small fixes within each
         for i in range(20):
-            commit_file(git, source, f"pkg/mod{i:02d}.py", f"def f{i}():\n    return {era} + {i}\n" * 20, f"era {era} {i}")
+            commit_file(git, source, f"pkg/mod{i:02d}.py", f"def f{i}():\n    return {era} + {i}\n" * 20,
+                        f"era {era} {i}")
         for n in range(3):
             commit_file(git, source, f"pkg/mod{n:02d}.py", f"def f{n}():\n    return {era}, {n}\n" * 20, f"fix {n}")
             commits.append(git(source, "rev-parse", "HEAD").strip())
@@ -112,7 +113,8 @@ def test_budgeted_packs_share_their_part_across_the_cut_of_a_batch_into_runs(rep
     commits = []
     for era in range(2):  # every module is rewritten between the eras; the tests (most bytes) never change
         for i in range(20):
-            commit_file(git, source, f"pkg/mod{i:02d}.py", f"def f{i}():\n    return {era} + {i}\n" * 20, f"era {era} {i}")
+            commit_file(git, source, f"pkg/mod{i:02d}.py", f"def f{i}():\n    return {era} + {i}\n" * 20,
+                        f"era {era} {i}")
         for n in range(3):
             commit_file(git, source, f"pkg/mod{n:02d}.py", f"def f{n}():\n    return {era}, {n}\n" * 20, f"fix {n}")
             commits.append(git(source, "rev-parse", "HEAD").strip())
