@@ -7,73 +7,33 @@ sub-command imports only its own module.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from m3_agent.errors import M3AgentError, sigterm_as_interrupt
 
 if TYPE_CHECKING:
     import typer
 
-
-def _fix(app: typer.Typer) -> None:
-    from m3_agent.fix import cli as fix
-
-    app.registered_commands += fix.app.registered_commands  # `fix` as fix/cli.py declares it, in --help order
-
-
-def _config(app: typer.Typer) -> None:
-    from m3_agent import config_cli
-
-    app.add_typer(config_cli.config_app, name="config", help="Show the effective configuration.")
-
-
-def _pack(app: typer.Typer) -> None:
-    from m3_agent import pack_cli as pack
-
-    app.registered_commands += pack.app.registered_commands
-
-
-def _standin(app: typer.Typer) -> None:
-    from m3_agent.serving import standin
-
-    app.command("standin", help="Run the M3 stand-in server (a scripted TEST DOUBLE, not a model).")(
-        standin.standin_command
-    )
-
-
-def _show(app: typer.Typer) -> None:
-    from m3_agent.agent import trajectory
-
-    app.command("show", help="Render a trajectory (JSONL) file.")(trajectory.show_command)
-
-
-def _eval(app: typer.Typer) -> None:
-    from m3_agent.evals import cli
-
-    app.add_typer(cli.app, name="eval", help="SWE-style evaluation: run the agent on tasks, grade predictions.")
-
-
-def _serve(app: typer.Typer) -> None:
-    from m3_agent.serving import cli
-
-    app.add_typer(cli.app, name="serve", help="Launch, plan and benchmark a self-hosted M3 endpoint.")
-
-
-def _sandbox(app: typer.Typer) -> None:
-    from m3_agent.sandbox import cli
-
-    app.add_typer(cli.app, name="sandbox", help="Build the sandbox image, prune leftover containers.")
-
-
-def _env(app: typer.Typer) -> None:
-    from m3_agent import env_cli
-
-    app.add_typer(env_cli.app, name="env", help="A repository's environment image: build, show, prune.")
-
-
-# Sub-command -> what registers it. Only the one being run is imported: start-up stays fast.
-COMMANDS = {"fix": _fix, "pack": _pack, "standin": _standin, "show": _show, "eval": _eval, "serve": _serve,
-            "sandbox": _sandbox, "config": _config, "env": _env}
+# Sub-command -> (what declares it, help). A Typer app with help becomes a group (`m3-agent eval run`); one
+# without gives its commands to `m3-agent` (`fix` as fix/cli.py declares it); a function is one command.
+# Only the one being run is imported: start-up stays fast.
+COMMANDS: dict[str, tuple[Callable[[], Any], str | None]] = {
+    "fix": (lambda: import_module("m3_agent.fix.cli").app, None),
+    "pack": (lambda: import_module("m3_agent.pack_cli").app, None),
+    "standin": (lambda: import_module("m3_agent.serving.standin").standin_command,
+                "Run the M3 stand-in server (a scripted TEST DOUBLE, not a model)."),
+    "show": (lambda: import_module("m3_agent.agent.trajectory").show_command, "Render a trajectory (JSONL) file."),
+    "eval": (lambda: import_module("m3_agent.evals.cli").app,
+             "SWE-style evaluation: run the agent on tasks, grade predictions."),
+    "serve": (lambda: import_module("m3_agent.serving.cli").app,
+              "Launch, plan and benchmark a self-hosted M3 endpoint."),
+    "sandbox": (lambda: import_module("m3_agent.sandbox.cli").app,
+                "Build the sandbox image, prune leftover containers."),
+    "config": (lambda: import_module("m3_agent.config_cli").config_app, "Show the effective configuration."),
+    "env": (lambda: import_module("m3_agent.env_cli").app, "A repository's environment image: build, show, prune."),
+}
 
 
 def _root() -> None:
@@ -92,9 +52,16 @@ def build_app(only: str | None = None) -> typer.Typer:
         add_completion=False,
     )
     app.callback()(_root)  # keeps `m3-agent NAME ...` a group even when only one command is registered
-    for name, register in COMMANDS.items():
-        if only is None or only not in COMMANDS or name == only:
-            register(app)
+    for name, (load, help_text) in COMMANDS.items():
+        if only in COMMANDS and name != only:
+            continue
+        declared = load()
+        if not isinstance(declared, typer.Typer):
+            app.command(name, help=help_text)(declared)
+        elif help_text is None:
+            app.registered_commands += declared.registered_commands  # in --help order
+        else:
+            app.add_typer(declared, name=name, help=help_text)
     return app
 
 
