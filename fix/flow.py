@@ -36,6 +36,7 @@ from m3_agent.agent.loop import Agent, RunResult
 from m3_agent.errors import EndpointError, GitError, Interrupted, PushRejected, UsageError
 from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
 from m3_agent.fix.publish import Publisher, kept
+from m3_agent.hostgit import export_tree, submodules
 from m3_agent.sandbox.cleanup import claim, prune_scratch
 from m3_agent.sandbox.envimage import environment_for
 from m3_agent.serving.access import plain_http_warning
@@ -325,7 +326,7 @@ def _run_on_copy(job: _Job, content: str | list[dict]) -> tuple[RunResult, str |
     work = Path(tempfile.mkdtemp(prefix="m3-agent-fix-"))
     try:
         claim(work)
-        copy = gitwork.export_tree(job.root, job.tree, work / (job.root.name or "repo"))
+        copy = export_tree(job.root, job.tree, work / (job.root.name or "repo"))
         sub_paths = _submodule_notices(job, copy)
         agent = Agent(_with_environment(job, copy), tools=job.tools, callbacks=job.callbacks)
         try:
@@ -361,7 +362,7 @@ def _with_environment(job: _Job, copy: Path) -> AgentConfig:
 
 def _submodule_notices(job: _Job, copy: Path) -> list[str]:
     """The tree's submodule paths, with a notice for those copied in and for those not checked out."""
-    sub_paths = [path for path, _ in gitwork.submodules(job.root, job.tree)]
+    sub_paths = [path for path, _ in submodules(job.root, job.tree)]
     missing = [path for path in sub_paths if not (copy / path).is_dir() or not any((copy / path).iterdir())]
     if len(missing) < len(sub_paths):
         job.notice(f"submodule(s) copied in to read and run: {', '.join(p for p in sub_paths if p not in missing)}; "

@@ -2,8 +2,8 @@
 
 - `open_repo` resolves and checks the repository (missing path, non-git directory, no commits,
   detached HEAD) with one clear error each.
-- `export_tree` (from `m3_agent.hostgit`) writes the tree the agent works on into a separate
-  directory: the HEAD commit, or the working tree including uncommitted changes (`snapshot_tree`).
+- `snapshot_tree` makes the working tree, uncommitted changes included, a tree the agent can work
+  on (`m3_agent.hostgit.export_tree` writes it into a separate directory).
 - `commit_patch` turns the agent's patch into one commit on top of HEAD and a new branch, through
   a temporary index: no checkout, no change to HEAD, the index or the working tree.
 - `apply_to_worktree` applies a patch to the working tree, only when it is clean.
@@ -24,16 +24,7 @@ from pathlib import Path
 import git
 
 from m3_agent.errors import GitError, PushRejected, UsageError
-from m3_agent.hostgit import (
-    FALLBACK_IDENTITY, export_submodules, export_tree, git_errors, repository, submodules, temp_index,
-)
-
-__all__ = [
-    "FALLBACK_IDENTITY", "RepoState", "apply_to_worktree", "commit_patch", "create_branch", "dirty_paths",
-    "drop_paths", "exclude_from_status", "export_submodules", "export_tree", "free_branch_name", "open_repo",
-    "origin_url", "push_branch", "remote_branches", "remote_url", "resolve_base", "snapshot_tree", "submodules",
-    "tree_of",
-]
+from m3_agent.hostgit import FALLBACK_IDENTITY, git_errors, repository, temp_index
 
 # A push or ls-remote without credentials must fail at once, not wait for a password on a CI runner.
 NO_PROMPT = {"GIT_TERMINAL_PROMPT": "0"}

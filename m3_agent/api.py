@@ -37,20 +37,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from m3_agent.agent.config import AgentConfig, ContextConfig, LimitsConfig, ModelConfig, StallConfig, ThinkingConfig
-from m3_agent.errors import (
-    EndpointAuthError,
-    EndpointError,
-    GitError,
-    GitHubRateLimited,
-    GitHubTokenMissing,
-    GitHubTokenScope,
-    Interrupted,
-    M3AgentError,
-    PullRequestExists,
-    PushRejected,
-    SandboxUnavailable,
-    UsageError,
-)
+from m3_agent.errors import (EndpointAuthError, EndpointError, GitError, GitHubRateLimited, GitHubTokenMissing,
+                             GitHubTokenScope, Interrupted, M3AgentError, PullRequestExists, PushRejected,
+                             SandboxUnavailable, UsageError)
 from m3_agent.fix.flow import FixOptions, FixResult, fix_issue
 from m3_agent.fix.github import GitHubClient, Issue
 from m3_agent.agent.events import AgentEvent
@@ -68,57 +57,20 @@ from m3_agent.settings import Settings, load_settings
 from m3_agent.tools import Tool, ToolArgs, ToolCallError, ToolResult, default_tools
 
 __all__ = [
-    "Agent",
-    "AgentConfig",
-    "AgentEvent",
-    "ContextConfig",
-    "DEFAULT_IMAGE",
-    "EndpointAuthError",
-    "EndpointError",
-    "Environment",
-    "EnvironmentFactory",
-    "EvalConfig",
-    "ExecResult",
-    "FixOptions",
-    "FixResult",
-    "GitError",
-    "GitHubRateLimited",
-    "GitHubTokenMissing",
-    "GitHubTokenScope",
-    "GitHubClient",
-    "InstanceResult",
-    "LimitsConfig",
-    "ModelConfig",
+    # the agent, its configuration and its parts
+    "Agent", "AgentConfig", "AgentEvent", "ContextConfig", "LimitsConfig", "ModelConfig", "StallConfig",
+    "ThinkingConfig", "RunResult", "Model", "ModelReply", "Environment", "EnvironmentFactory", "LocalEnvironment",
+    "ExecResult", "SandboxConfig", "DEFAULT_IMAGE", "build_image", "build_agent", "config_from_settings",
+    # tools
+    "Tool", "ToolArgs", "ToolCallError", "ToolResult", "default_tools",
+    # `m3-agent fix` as a library, from the layered settings
+    "fix_issue", "FixOptions", "FixResult", "Issue", "GitHubClient", "Settings", "load_settings",
+    # evals
+    "run_eval", "RunOptions", "EvalConfig", "InstanceResult", "Task", "load_tasks", "build_report",
+    # errors: each carries its exit code
+    "M3AgentError", "UsageError", "EndpointError", "EndpointAuthError", "SandboxUnavailable", "GitError",
+    "PushRejected", "GitHubTokenMissing", "GitHubTokenScope", "PullRequestExists", "GitHubRateLimited",
     "Interrupted",
-    "Issue",
-    "LocalEnvironment",
-    "M3AgentError",
-    "Model",
-    "ModelReply",
-    "PullRequestExists",
-    "PushRejected",
-    "RunOptions",
-    "RunResult",
-    "SandboxConfig",
-    "SandboxUnavailable",
-    "Settings",
-    "StallConfig",
-    "Task",
-    "ThinkingConfig",
-    "Tool",
-    "ToolArgs",
-    "ToolCallError",
-    "ToolResult",
-    "UsageError",
-    "build_agent",
-    "build_image",
-    "build_report",
-    "config_from_settings",
-    "default_tools",
-    "fix_issue",
-    "load_settings",
-    "load_tasks",
-    "run_eval",
 ]
 
 

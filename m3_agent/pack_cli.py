@@ -69,14 +69,10 @@ def choose_counter(choice: str, base_url: str | None, model: str | None, tokeniz
         except EndpointError as e:
             warn(f"no /tokenize at {base_url} to calibrate the estimate ({e})")
             return EstimateCounter()
-        return calibrated_estimate(repo, server)
+        # Scaled to the server on a spread-out sample of the files a pack of `repo` holds (the packer's own
+        # rules); no cache: `--no-cache` may be set.
+        return estimate_tokens(repo, None, server).counter
     return EstimateCounter()
-
-
-def calibrated_estimate(repo: str | Path, exact: TokenCounter) -> EstimateCounter:
-    """The estimate scaled to `exact` on a spread-out sample of the files a pack of `repo` holds
-    (`estimate_tokens`: the packer's own rules and estimate)."""
-    return estimate_tokens(repo, None, exact).counter  # (no cache: `--no-cache` may be set)
 
 
 def summary_table(pack: Pack, elapsed: float, output: str) -> str:
@@ -189,7 +185,7 @@ def _settings(repo: str):
     pyproject = os.path.join(repo, "pyproject.toml")
     if not (
         os.path.isfile(os.path.join(repo, "m3-agent.toml"))
-        or (os.path.isfile(pyproject) and b"m3-agent" in _read(pyproject))
+        or (os.path.isfile(pyproject) and b"m3-agent" in Path(pyproject).read_bytes())
         or any(k.startswith("M3_AGENT_") and k != "M3_AGENT_CACHE_DIR" for k in os.environ)
     ):
         return None  # nothing to set
@@ -199,13 +195,6 @@ def _settings(repo: str):
     return settings
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def _api_key(settings) -> str | None:
-    if settings is None:
-        return None
-    value = settings.model.api_key.get_secret_value()
+    value = settings.model.api_key.get_secret_value() if settings else ""
     return None if value in ("", "EMPTY") else value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -113,9 +114,10 @@ class TestRunner(Tool):
     def summarise(self, args: TestRunnerArgs, result: ExecResult, sandbox: Environment, report: str) -> TestSummary:
         """Parse the report when there is one; say why the run did not test what was asked."""
         base = {"framework": args.framework, "target": args.test_file.strip()}
-        summary = None if result.timed_out else self.read_report(sandbox, report, base)
-        if summary is None:
-            summary = TestSummary(**base)
+        summary = TestSummary(**base)
+        if not result.timed_out:
+            with contextlib.suppress(FileNotFoundError, ValueError):  # the run wrote no report, or an unreadable one
+                summary = parse_junit(sandbox.read_file(report), **base)
         if result.timed_out:
             summary.problem = f"timed out after {self.timeout} s; run fewer tests (a file or a test id)"
         elif result.exit_code == EXIT_USAGE:
@@ -134,11 +136,3 @@ class TestRunner(Tool):
         summary.exit_code = result.exit_code
         summary.timed_out = result.timed_out
         return summary
-
-    @staticmethod
-    def read_report(sandbox: Environment, report: str, base: dict[str, str]) -> TestSummary | None:
-        """The parsed JUnit report, or None when the run wrote none (or an unreadable one)."""
-        try:
-            return parse_junit(sandbox.read_file(report), **base)
-        except (FileNotFoundError, ValueError):
-            return None

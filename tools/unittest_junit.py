@@ -13,6 +13,7 @@ import time
 import traceback
 import unittest
 import xml.etree.ElementTree as ET
+from collections import Counter
 
 
 def discover_dir(loader, path):
@@ -120,21 +121,15 @@ class JUnitResult(unittest.TestResult):
 
 def write_report(path, result):
     """Write the recorded cases as one <testsuite> in JUnit XML."""
-    counts = {"failure": 0, "error": 0, "skipped": 0}
-    suite = ET.Element("testsuite", name="unittest")
+    counts = Counter(outcome for _, _, _, outcome, _, _ in result.cases)
+    root = ET.Element("testsuites")
+    suite = ET.SubElement(root, "testsuite", name="unittest", tests=str(len(result.cases)),
+                          failures=str(counts["failure"]), errors=str(counts["error"]), skipped=str(counts["skipped"]))
     for classname, name, seconds, outcome, message, detail in result.cases:
         case = ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{seconds:.3f}")
         if outcome:
-            counts[outcome] += 1
-            child = ET.SubElement(case, outcome, message=message or "")
-            child.text = detail
-    suite.set("tests", str(len(result.cases)))
-    suite.set("failures", str(counts["failure"]))
-    suite.set("errors", str(counts["error"]))
-    suite.set("skipped", str(counts["skipped"]))
+            ET.SubElement(case, outcome, message=message or "").text = detail
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    root = ET.Element("testsuites")
-    root.append(suite)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from m3_agent import hostgit
 from m3_agent.fix import gitwork
 from m3_agent.errors import GitError, PushRejected, UsageError
 
@@ -103,14 +104,14 @@ def test_export_of_head_is_an_independent_repo_without_uncommitted_changes(repo,
     (repo / "calc.py").write_text("def add(a, b):\n    return 0\n")
     (repo / "scratch.py").write_text("wip\n")
     before = user_state(repo)
-    dest = gitwork.export_tree(repo, gitwork.tree_of(repo, "HEAD"), tmp_path / "copy")
+    dest = hostgit.export_tree(repo, gitwork.tree_of(repo, "HEAD"), tmp_path / "copy")
     assert (dest / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
     assert not (dest / "scratch.py").exists()
     assert (dest / ".git").is_dir()  # a repository of its own, not a worktree link
     assert sh(dest, "status", "--porcelain") == ""
     assert sh(dest, "ls-files").split() == [".gitignore", "README.md", "calc.py"]
     assert user_state(repo) == before
-    again = gitwork.export_tree(repo, gitwork.tree_of(repo, "HEAD"), tmp_path / "again")
+    again = hostgit.export_tree(repo, gitwork.tree_of(repo, "HEAD"), tmp_path / "again")
     assert sh(again, "rev-parse", "HEAD") == sh(dest, "rev-parse", "HEAD")  # same tree, same commit id
 
 
@@ -121,7 +122,7 @@ def test_snapshot_includes_uncommitted_and_untracked_but_not_ignored(repo, tmp_p
     before = user_state(repo)
     tree = gitwork.snapshot_tree(repo)
     assert tree != gitwork.tree_of(repo, "HEAD")
-    dest = gitwork.export_tree(repo, tree, tmp_path / "copy")
+    dest = hostgit.export_tree(repo, tree, tmp_path / "copy")
     assert (dest / "calc.py").read_text() == "def add(a, b):\n    return 0\n"
     assert (dest / "scratch.py").read_text() == "wip\n"
     assert not (dest / "debug.log").exists()
@@ -214,7 +215,7 @@ def test_output_dir_is_excluded_from_status_once(repo):
 
 def test_binary_patch_becomes_a_commit(repo, tmp_path):
     head = sh(repo, "rev-parse", "HEAD").strip()
-    copy = gitwork.export_tree(repo, gitwork.tree_of(repo, head), tmp_path / "copy")
+    copy = hostgit.export_tree(repo, gitwork.tree_of(repo, head), tmp_path / "copy")
     (copy / "logo.bin").write_bytes(bytes(range(256)) * 4)
     sh(copy, "add", "-A")
     patch = sh(copy, "diff", "--cached", "--binary", "HEAD")
@@ -256,15 +257,15 @@ def test_export_copies_checked_out_submodules_at_their_recorded_commits(repo, tm
     (core / "core.py").write_text("def f():\n    return 2\n")  # a later upstream change: not recorded
     (repo / "libs" / "core" / "core.py").write_text("local edit\n")  # uncommitted in the submodule
     tree = gitwork.tree_of(repo, "HEAD")
-    assert [p for p, _ in gitwork.submodules(repo, tree)] == ["docs", "libs/core"]
-    dest = gitwork.export_tree(repo, tree, tmp_path / "copy")
+    assert [p for p, _ in hostgit.submodules(repo, tree)] == ["docs", "libs/core"]
+    dest = hostgit.export_tree(repo, tree, tmp_path / "copy")
     assert (dest / "libs/core/core.py").read_text() == "def f():\n    return 1\n"  # the recorded commit
     assert (dest / "libs/core/vendor/v.py").read_text() == "V = 1\n"  # nested
     assert not (dest / "libs/core/.git").exists()
     assert not (dest / "docs").exists() or not any((dest / "docs").iterdir())
     tracked = sh(dest, "ls-files").split()
     assert "libs/core/core.py" in tracked and "libs/core/vendor/v.py" in tracked  # plain files in the copy
-    exported, missing = gitwork.export_submodules(repo, tree, tmp_path / "again")
+    exported, missing = hostgit.export_submodules(repo, tree, tmp_path / "again")
     assert exported == ["libs/core", "libs/core/vendor"] and missing == ["docs"]
 
 

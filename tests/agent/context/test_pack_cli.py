@@ -100,12 +100,12 @@ def test_bad_input_is_a_one_line_usage_error(tmp_path, repo):
 
 
 def test_estimate_with_a_server_is_calibrated_against_tokenize(repo):
-    from m3_agent.pack_cli import calibrated_estimate
+    from m3_agent.agent.context.estimate import estimate_tokens
 
     root = repo({f"m{i}.py": "x = foo(bar, baz)  # call\n" * (5 + i) for i in range(12)})
     with StandinServer({"turns": []}) as srv:
         server = ServerCounter(srv.base_url)
-        est = calibrated_estimate(root, server)
+        est = estimate_tokens(root, None, server).counter  # what `--counter estimate` uses
         texts = [(root / f"m{i}.py").read_text() for i in range(12)]
         exact = sum(server.count_many(texts))
         assert abs(sum(est.count_many(texts)) - exact) <= 0.05 * exact
