@@ -34,7 +34,8 @@ from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.events import AgentEvent, Subscriber
 from m3_agent.agent.loop import Agent, RunResult
 from m3_agent.errors import EndpointError, GitError, Interrupted, PushRejected, UsageError
-from m3_agent.fix.github import PUBLIC_API, GitHubClient, Issue, api_url_for, issue_content, parse_issue_url, parse_remote
+from m3_agent.fix.github import (PUBLIC_API, PUBLIC_HOST, GitHubClient, Issue, RepoRef, api_url_for, issue_content,
+                                 parse_issue_url, parse_remote)
 from m3_agent.fix.publish import Publisher, kept
 from m3_agent.hostgit import export_tree, submodules
 from m3_agent.sandbox.cleanup import claim, prune_scratch
@@ -44,7 +45,6 @@ from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
 from m3_agent.settings import Settings, load_settings
 from m3_agent.tools import Tool
 
-Callback = Subscriber
 Notice = Callable[[str], None]
 
 # What a text-only endpoint says when handed an image (vLLM: "At most 0 image(s) may be provided").
@@ -90,10 +90,10 @@ def _slug(text: str, limit: int = 40) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit].strip("-")
 
 
-def _title_and_body(text: str) -> tuple[str, str]:
-    """A title from the first non-empty line (markdown heading marks dropped), and the whole text."""
+def _title(text: str) -> str:
+    """A title from the first non-empty line, markdown heading marks dropped."""
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return first.lstrip("#").strip()[:120], text
+    return first.lstrip("#").strip()[:120]
 
 
 def _github_client(settings: Settings, api_url: str) -> GitHubClient:
@@ -117,19 +117,14 @@ def resolve_issue(spec: str, root: Path, settings: Settings) -> tuple[Issue, Git
     spec = spec.strip()
     if not spec:
         raise UsageError("the issue is empty: pass a number, an issue URL, a file or text")
-    number = _ISSUE_NUMBER.fullmatch(spec)
-    if number:
-        repo = parse_remote(gitwork.origin_url(root))
-        client = _github_client(settings, api_url_for(repo))
-        return client.get_issue(repo.owner, repo.name, int(number.group(1))), client
-    short = _ISSUE_SHORT_REF.fullmatch(spec)
-    if short:
-        owner, name, n = short.groups()
-        client = _github_client(settings, PUBLIC_API)  # `owner/repo#n` names no host
-        return client.get_issue(owner, name, int(n)), client
-    url = parse_issue_url(spec)
-    if url:
-        repo, n = url
+    if number := _ISSUE_NUMBER.fullmatch(spec):
+        github = parse_remote(gitwork.origin_url(root)), int(number[1])
+    elif short := _ISSUE_SHORT_REF.fullmatch(spec):
+        github = RepoRef(PUBLIC_HOST, short[1], short[2]), int(short[3])  # `owner/repo#n` names no host
+    else:
+        github = parse_issue_url(spec)
+    if github:
+        repo, n = github
         client = _github_client(settings, api_url_for(repo))
         return client.get_issue(repo.owner, repo.name, n), client
     if spec.startswith(("http://", "https://")):
@@ -142,15 +137,14 @@ def resolve_issue(spec: str, root: Path, settings: Settings) -> tuple[Issue, Git
             raise UsageError(f"cannot read issue file {path}: {e}") from None
         if not text.strip():
             raise UsageError(f"issue file {path} is empty")
-        title, body = _title_and_body(text)
+        title = _title(text)
         # `issue-42.md` -> 42, `issue.md` -> from the title: the branch prefix already says "issue".
         key = re.sub(r"^issue(-|$)", "", _slug(path.stem)) or _slug(title) or "file"
-        return Issue(source="file", key=key, title=title, body=body), None
+        return Issue(source="file", key=key, title=title, body=text), None
     if _FILE_LIKE.fullmatch(spec) or ("/" in spec and " " not in spec):
         raise UsageError(f"issue file not found: {spec}")
-    title, body = _title_and_body(spec)
     key = "text-" + hashlib.sha1(spec.encode()).hexdigest()[:8]
-    return Issue(source="text", key=key, title=title, body=body), None
+    return Issue(source="text", key=key, title=_title(spec), body=spec), None
 
 
 def commit_message(issue: Issue, run: RunResult) -> str:
@@ -198,7 +192,7 @@ class _Job:
     tree: str
     out_dir: Path
     notice: Notice
-    callbacks: list[Callback]
+    callbacks: list[Subscriber]
     tools: list[Tool] | None
     environment: str | None = None
     publisher: Publisher | None = None
@@ -220,7 +214,7 @@ def fix_issue(
     repo: Path | str = ".",
     settings: Settings | None = None,
     options: FixOptions | None = None,
-    callbacks: list[Callback] | None = None,
+    callbacks: list[Subscriber] | None = None,
     on_notice: Notice | None = None,
     tools: list[Tool] | None = None,
 ) -> FixResult:
@@ -255,13 +249,12 @@ def fix_issue(
     patch, dropped = gitwork.drop_paths(run.patch, sub_paths)
     if dropped:
         notice(f"left out of the patch, being inside a submodule: {', '.join(dropped)}")
+    status = fix_status(run, patch)
     result = FixResult(
-        status="not_resolved", resolved=False, exit_code=1, issue=job.issue, base_commit=job.base_commit,
-        included_uncommitted=job.settings.fix.include_uncommitted, images_sent=images_sent, notices=notices,
-        run=run, patch=patch, environment=job.environment,
+        status=status, resolved=status == "resolved", exit_code=EXIT_CODES[status], issue=job.issue,
+        base_commit=job.base_commit, included_uncommitted=job.settings.fix.include_uncommitted,
+        images_sent=images_sent, notices=notices, run=run, patch=patch, environment=job.environment,
     )
-    result.status = fix_status(run, patch)
-    result.resolved, result.exit_code = result.status == "resolved", EXIT_CODES[result.status]
     if patch.strip():
         _deliver(job, result, apply=options.apply)
     if job.publisher:
@@ -393,8 +386,7 @@ def _deliver(job: _Job, result: FixResult, *, apply: bool) -> None:
     read still gets the local branch and patch made first.
     """
     patch = result.patch
-    taken: frozenset[str] = frozenset()
-    unreadable = None
+    taken, unreadable = frozenset[str](), None
     try:
         taken = job.publisher.names_taken() if job.publisher else frozenset()
     except PushRejected as e:

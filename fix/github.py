@@ -229,14 +229,6 @@ def _detail(body: bytes) -> str:
     return "; ".join(str(part) for part in [data.get("message", ""), *errors] if part)
 
 
-def _scopes(headers: Any) -> str:
-    """A classic token's scopes and the ones a request accepts, from GitHub's headers, when it sends them."""
-    have, need = headers.get("x-oauth-scopes"), headers.get("x-accepted-oauth-scopes")
-    if have is None or not need:
-        return ""
-    return f"; the token's scopes: {have or 'none'}, the request accepts: {need}"
-
-
 class GitHubClient:
     """A small client for the GitHub REST API: issues and their comments, pull requests, image downloads."""
 
@@ -296,7 +288,10 @@ class GitHubClient:
         if status == 401:
             return GitHubError(f"GitHub rejected the token{detail}: check GITHUB_TOKEN / GH_TOKEN", status=status)
         if status == 403 and self.token:
-            why = f"{detail}{_scopes(headers)}"
+            # A classic token's scopes and the ones the request accepts, when GitHub sends them.
+            have, need = headers.get("x-oauth-scopes"), headers.get("x-accepted-oauth-scopes")
+            why = detail + (f"; the token's scopes: {have or 'none'}, the request accepts: {need}"
+                            if have is not None and need else "")
             return GitHubTokenScope(f"GitHub refused the token for {url}{why}: it lacks a permission "
                                     "(docs/usage.md: pull requests and comments)", detail=why)
         if status == 403:

@@ -28,7 +28,6 @@ from m3_agent.fix.progress import describe_tests, describe_verdict
 from m3_agent.settings import FixConfig
 
 if TYPE_CHECKING:
-    from m3_agent.agent.loop import RunResult
     from m3_agent.fix.flow import FixResult
 
 SHOWN_FAILURES = 5
@@ -63,14 +62,6 @@ def verdict_command(result: FixResult) -> str | None:
     return " ".join(str(part) for part in (tests.get("framework"), tests.get("target")) if part) or verdict.command
 
 
-def trajectory_link(config: FixConfig, run: RunResult) -> str | None:
-    """Where the trajectory can be read: `trajectory_url` with `{file}` as the trajectory's file name."""
-    if not config.trajectory_url:
-        return None
-    name = run.trajectory_path.name if run.trajectory_path else ""
-    return config.trajectory_url.replace("{file}", name)
-
-
 def run_lines(result: FixResult, config: FixConfig) -> list[str]:
     """The verdict with its test command and counts, the turns and tokens, and the trajectory, as list items."""
     run, u = result.run, result.run.usage
@@ -79,9 +70,9 @@ def run_lines(result: FixResult, config: FixConfig) -> list[str]:
     lines = [f"- Verdict: **{result.status.replace('_', ' ')}**; tests: {tests}",
              f"- Run: {run.status}, {run.turns} turns, {run.timings.wall_s:.0f} s; base {result.base_commit[:12]}",
              f"- Tokens: {u.prompt_tokens:,} in ({run.cache_hit_share:.0%} cached), {u.completion_tokens:,} out"]
-    link = trajectory_link(config, run)
-    if link:
-        lines.append(f"- Trajectory: {link}")
+    if config.trajectory_url:  # where the trajectory can be read; {file}: its file name
+        name = run.trajectory_path.name if run.trajectory_path else ""
+        lines.append(f"- Trajectory: {config.trajectory_url.replace('{file}', name)}")
     return lines
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from operator import attrgetter
 import sys
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -151,18 +152,12 @@ class Settings(AgentConfig):
         return AgentConfig.model_validate(values)
 
 
-def _section(annotation: Any) -> type[BaseModel] | None:
-    """The model class a field holds when it is a section (a nested pydantic model), else None."""
-    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-
-
 def setting_paths(model: type[BaseModel] = Settings, prefix: str = "") -> dict[str, Any]:
     """Every setting of `model` by dotted path (sections walked), with its annotation, in field order."""
     paths: dict[str, Any] = {}
     for name, field in model.model_fields.items():
-        section = _section(field.annotation)
-        if section is not None:
-            paths.update(setting_paths(section, f"{prefix}{name}."))
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):  # a section
+            paths.update(setting_paths(field.annotation, f"{prefix}{name}."))
         else:
             paths[prefix + name] = field.annotation
     return paths
@@ -170,12 +165,6 @@ def setting_paths(model: type[BaseModel] = Settings, prefix: str = "") -> dict[s
 
 PATHS = setting_paths()
 SECTIONS = frozenset(p.rsplit(".", 1)[0] for p in PATHS if "." in p)
-
-
-def _takes_json(annotation: Any) -> bool:
-    """List- and dict-valued settings: their environment variable holds JSON."""
-    kinds = {get_origin(a) or a for a in (annotation, *get_args(annotation))}
-    return bool(kinds & {list, dict})
 
 
 def _hint(name: str) -> str:
@@ -241,7 +230,9 @@ def env_name(path: str) -> str:
 
 
 def _env_value(path: str, given: str, value: str) -> Any:
-    if not _takes_json(PATHS[path]):
+    """A variable's value: JSON for list- and dict-valued settings, else the text as it is."""
+    kinds = {get_origin(a) or a for a in (PATHS[path], *get_args(PATHS[path]))}
+    if not kinds & {list, dict}:
         return value
     try:
         return json.loads(value)
@@ -279,11 +270,9 @@ def read_env(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[s
     for path in MOVED:
         if env_name(path) in upper:
             raise _moved(path, f"env {upper[env_name(path)][0]}")
-    if "fix.github_token" not in found:
-        for var in GITHUB_TOKEN_ENVS:
-            if env.get(var):
-                found["fix.github_token"] = (env[var], f"env {var}")
-                break
+    token_var = next((var for var in GITHUB_TOKEN_ENVS if env.get(var)), None)
+    if token_var and "fix.github_token" not in found:
+        found["fix.github_token"] = (env[token_var], f"env {token_var}")
     return found
 
 
@@ -352,14 +341,6 @@ def load_settings(
     return settings, sources
 
 
-def value_at(settings: BaseModel, path: str) -> Any:
-    """The value of a dotted path in `settings`."""
-    node: Any = settings
-    for part in path.split("."):
-        node = getattr(node, part)
-    return node
-
-
 def _shown(value: Any) -> str:
     if isinstance(value, SecretStr):
         return mask(value.get_secret_value())
@@ -371,4 +352,4 @@ def _shown(value: Any) -> str:
 
 def display_rows(settings: Settings, sources: dict[str, str]) -> list[tuple[str, str, str]]:
     """(dotted path, shown value, source) for every setting, secrets masked."""
-    return [(path, _shown(value_at(settings, path)), sources.get(path, "default")) for path in PATHS]
+    return [(path, _shown(attrgetter(path)(settings)), sources.get(path, "default")) for path in PATHS]
