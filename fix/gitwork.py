@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,29 +137,27 @@ def _identity_env(repo: git.Repo) -> dict[str, str]:
     return env
 
 
-def _write_patch_temp(patch: str) -> Path:
-    fd, path = tempfile.mkstemp(prefix="m3-agent-", suffix=".patch")
-    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+@contextmanager
+def _patch_file(patch: str) -> Iterator[str]:
+    """`patch`, ending in a newline, in a temporary file for `git apply`; removed after."""
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", newline="", prefix="m3-agent-", suffix=".patch") as f:
         f.write(patch if patch.endswith("\n") else patch + "\n")
-    return Path(path)
+        f.flush()
+        yield f.name
 
 
 def commit_patch(root: Path, *, base_tree: str, parent: str, patch: str, message: str) -> str:
     """A new commit (parent `parent`) whose tree is `base_tree` with `patch` applied; nothing checked out."""
-    patch_file = _write_patch_temp(patch)
-    try:
-        with repository(root) as repo:
-            with temp_index(repo) as env:
-                repo.git.read_tree(base_tree, env=env)
-                with git_errors("the agent's patch does not apply to its base"):
-                    repo.git.apply("--cached", "--whitespace=nowarn", str(patch_file), env=env)
-                tree = repo.git.write_tree(env=env).strip()
-            # -m adds the final newline itself.
-            return repo.git(c="commit.gpgsign=false").commit_tree(
-                tree, "-p", parent, "-m", message.rstrip("\n"), env=_identity_env(repo),
-            ).strip()
-    finally:
-        patch_file.unlink(missing_ok=True)
+    with _patch_file(patch) as patch_file, repository(root) as repo:
+        with temp_index(repo) as env:
+            repo.git.read_tree(base_tree, env=env)
+            with git_errors("the agent's patch does not apply to its base"):
+                repo.git.apply("--cached", "--whitespace=nowarn", patch_file, env=env)
+            tree = repo.git.write_tree(env=env).strip()
+        # -m adds the final newline itself.
+        return repo.git(c="commit.gpgsign=false").commit_tree(
+            tree, "-p", parent, "-m", message.rstrip("\n"), env=_identity_env(repo),
+        ).strip()
 
 
 def free_branch_name(root: Path, name: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
@@ -199,14 +199,10 @@ def apply_to_worktree(root: Path, patch: str, *, expected_tree: str | None = Non
                 f"working tree has uncommitted changes ({', '.join(dirty[:3])}{'...' if len(dirty) > 3 else ''}): "
                 "commit or stash them to use --apply; the branch and .patch file are still there"
             )
-    patch_file = _write_patch_temp(patch)
-    try:
-        with repository(root) as repo:
-            with git_errors("the patch does not apply to the working tree"):
-                repo.git.apply("--check", "--whitespace=nowarn", str(patch_file))
-            repo.git.apply("--whitespace=nowarn", str(patch_file))
-    finally:
-        patch_file.unlink(missing_ok=True)
+    with _patch_file(patch) as patch_file, repository(root) as repo:
+        with git_errors("the patch does not apply to the working tree"):
+            repo.git.apply("--check", "--whitespace=nowarn", patch_file)
+        repo.git.apply("--whitespace=nowarn", patch_file)
 
 
 def exclude_from_status(root: Path, path: Path) -> None:

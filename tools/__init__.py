@@ -20,20 +20,7 @@ from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
 
 
 __all__ = [
-    "Bash",
-    "CodeExec",
-    "FailingTest",
-    "FileEdit",
-    "FileRead",
-    "FileWrite",
-    "Submit",
-    "TestRunner",
-    "TestSummary",
-    "Tool",
-    "ToolArgs",
-    "ToolCallError",
-    "ToolResult",
-    "default_tools",
-    "execute_call",
-    "parse_junit",
+    "Tool", "ToolArgs", "ToolCallError", "ToolResult", "default_tools", "execute_call",
+    "Bash", "CodeExec", "FileEdit", "FileRead", "FileWrite", "Submit", "TestRunner",
+    "FailingTest", "TestSummary", "parse_junit",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from typing import TYPE_CHECKING
 
 from pydantic import Field
@@ -34,11 +35,7 @@ def line_of(text: str, index: int) -> int:
 
 def occurrences(text: str, needle: str) -> list[int]:
     """Start indexes of the non-overlapping occurrences of `needle` (as str.replace sees them)."""
-    found, start = [], 0
-    while (index := text.find(needle, start)) >= 0:
-        found.append(index)
-        start = index + len(needle)
-    return found
+    return [match.start() for match in re.finditer(re.escape(needle), text)]
 
 
 def not_found_hint(text: str, old: str) -> str:

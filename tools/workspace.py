@@ -99,12 +99,7 @@ def exec_result(result: ExecResult, *, timeout: int, note: str | None = None) ->
         output="\n".join(lines),
         ok=ok,
         error_kind=kind,
-        data={
-            "exit_code": result.exit_code,
-            "timed_out": result.timed_out,
-            "truncated": result.truncated,
-            "duration_s": result.duration_s,
-        },
+        data=result.model_dump(include={"exit_code", "timed_out", "truncated", "duration_s"}),
         running=still_running(result),
     )
 
