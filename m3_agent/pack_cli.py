@@ -46,33 +46,30 @@ def read_issue(value: str | None) -> str | None:
 
 
 def choose_counter(choice: str, base_url: str | None, model: str | None, tokenizer: str | Path | None,
-                   api_key: str | None, warn, repo: str | Path = ".") -> TokenCounter:
+                   api_key: str | None, repo: str | Path = ".") -> TokenCounter:
     """The counter the flags ask for; `auto` falls back (with a warning) when the server does not answer;
     `estimate` with a server is calibrated against its /tokenize on a sample of `repo`."""
     if choice == "tokenizer" or (choice == "auto" and tokenizer and not base_url):
         if tokenizer is None:
             raise UsageError("--counter tokenizer needs --tokenizer PATH (a tokenizer.json)")
         return TokenizerJsonCounter(tokenizer)
-    if choice == "server" or (choice == "auto" and base_url):
-        if not base_url:
-            raise UsageError("--counter server needs --base-url (or base_url in the configuration)")
-        try:
-            return ServerCounter(base_url, model, api_key=api_key)
-        except EndpointError as e:
-            if choice == "server":
-                raise
-            warn(f"no /tokenize at {base_url} ({e}); counting with " + ("the tokenizer.json" if tokenizer else "the estimate"))
-            return TokenizerJsonCounter(tokenizer) if tokenizer else EstimateCounter()
-    if choice == "estimate" and base_url:
-        try:
-            server = ServerCounter(base_url, model, api_key=api_key)
-        except EndpointError as e:
-            warn(f"no /tokenize at {base_url} to calibrate the estimate ({e})")
+    if choice == "server" and not base_url:
+        raise UsageError("--counter server needs --base-url (or base_url in the configuration)")
+    if not base_url:
+        return EstimateCounter()
+    try:
+        server = ServerCounter(base_url, model, api_key=api_key)
+    except EndpointError as e:
+        if choice == "server":
+            raise
+        if choice == "estimate":
+            _warn(f"no /tokenize at {base_url} to calibrate the estimate ({e})")
             return EstimateCounter()
-        # Scaled to the server on a spread-out sample of the files a pack of `repo` holds (the packer's own
-        # rules); no cache: `--no-cache` may be set.
-        return estimate_tokens(repo, None, server).counter
-    return EstimateCounter()
+        _warn(f"no /tokenize at {base_url} ({e}); counting with " + ("the tokenizer.json" if tokenizer else "the estimate"))
+        return TokenizerJsonCounter(tokenizer) if tokenizer else EstimateCounter()
+    # `estimate`: scaled to the server on a spread-out sample of the files a pack of `repo` holds (the packer's
+    # own rules); no cache: `--no-cache` may be set.
+    return estimate_tokens(repo, None, server).counter if choice == "estimate" else server
 
 
 def summary_table(pack: Pack, elapsed: float, output: str) -> str:
@@ -133,7 +130,7 @@ def pack_command(
         max_file_bytes = settings.context.max_file_bytes if settings else DEFAULT_MAX_FILE_BYTES
     if outline_share is None:
         outline_share = settings.context.outline_share if settings else DEFAULT_OUTLINE_SHARE
-    tok = choose_counter(counter.value, base_url, model, tokenizer, api_key, _warn, repo)
+    tok = choose_counter(counter.value, base_url, model, tokenizer, api_key, repo)
     if tok.kind == "server" and (settings is None or settings.model.warn_plain_http):
         from m3_agent.serving.access import plain_http_warning
 

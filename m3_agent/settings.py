@@ -198,10 +198,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise UsageError(f"cannot read config file {path}: {e}") from e
 
 
-def read_config_file(root: Path, explicit: Path | str | None = None) -> tuple[dict[str, Any], str] | None:
-    """The file layer for `root` and its label: `explicit`, else `m3-agent.toml`, else pyproject's table.
+def read_config_file(root: Path, explicit: Path | str | None = None) -> dict[str, tuple[Any, str]]:
+    """The file layer for `root`: `explicit`, else `m3-agent.toml`, else pyproject's table; {} when none applies.
 
-    None when no file applies. The tables are flattened to dotted paths and checked.
+    The tables are flattened to dotted paths and checked: {dotted path: (value, the file's label)}.
     """
     if explicit:
         path = Path(explicit)
@@ -215,13 +215,13 @@ def read_config_file(root: Path, explicit: Path | str | None = None) -> tuple[di
     elif (root / "pyproject.toml").is_file():
         tool = _read_toml(root / "pyproject.toml").get("tool", {})
         if not isinstance(tool, dict) or "m3-agent" not in tool:
-            return None
+            return {}
         data, label = tool["m3-agent"], f"pyproject.toml ({PYPROJECT_TABLE})"
     else:
-        return None
+        return {}
     if not isinstance(data, dict):
         raise UsageError(f"{label}: {PYPROJECT_TABLE} must be a table")
-    return _flatten(data, label), label
+    return {path: (value, label) for path, value in _flatten(data, label).items()}
 
 
 def env_name(path: str) -> str:
@@ -328,11 +328,7 @@ def load_settings(
     dotted path to `default`, the file's name, `env NAME`, `flag --name` or `override path`.
     """
     env = os.environ if environ is None else environ
-    layered: dict[str, tuple[Any, str]] = {}
-    file_layer = read_config_file(Path(root), config_file or env.get(ENV_PREFIX + "CONFIG"))
-    if file_layer:
-        table, label = file_layer
-        layered.update({path: (value, label) for path, value in table.items()})
+    layered = read_config_file(Path(root), config_file or env.get(ENV_PREFIX + "CONFIG"))
     layered.update(read_env(env))
     layered.update(read_flags(flags))
     settings = _validated(layered)
