@@ -334,7 +334,8 @@ class GitHubClient:
                                  created_at=c.get("created_at"))
                     for c in page
                 ]
-                next_url = _next_link(headers.get("link", ""))
+                next_link = re.search(r'<([^>]+)>\s*;\s*rel="next"', headers.get("link", ""))  # pagination
+                next_url = next_link[1] if next_link else None
         return Issue(
             source="github", key=str(number), number=number, repo=f"{owner}/{repo}",
             title=data.get("title") or "", body=data.get("body") or "", url=data.get("html_url"),
@@ -397,15 +398,6 @@ class GitHubClient:
         if not mime:
             raise GitError(f"not an image: {url}")
         return f"data:{mime};base64,{base64.b64encode(body).decode('ascii')}"
-
-
-def _next_link(link: str) -> str | None:
-    """The `rel="next"` URL of a GitHub Link header (pagination)."""
-    for part in link.split(","):
-        m = re.search(r'<([^>]+)>\s*;\s*rel="next"', part)
-        if m:
-            return m.group(1)
-    return None
 
 
 def issue_content(issue: Issue, client: GitHubClient | None, *, images: bool) -> tuple[str | list[dict], list[str]]:

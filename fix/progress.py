@@ -55,7 +55,6 @@ def describe_tests(tests: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-
 def describe_verdict(verdict: Verdict | None) -> str:
     """The tests behind a verdict and when they ran relative to the last change."""
     if verdict is None:
@@ -195,12 +194,9 @@ def summary(result: FixResult) -> Group:
                           f"apply:  git apply {result.patch_path}   or   git merge {result.branch}"))
     else:
         lines.append(Text("no change was made: no branch, no patch"))
-    if result.remote:
-        lines.append(Text(f"pushed: {result.branch} to {result.remote}"))
-    if result.pr_url:
-        lines.append(Text(f"pull request: {result.pr_url}"))
-    if result.comment_url:
-        lines.append(Text(f"comment: {result.comment_url}"))
+    published = {"pushed": result.remote and f"{result.branch} to {result.remote}", "pull request": result.pr_url,
+                 "comment": result.comment_url}
+    lines += [Text(f"{name}: {value}") for name, value in published.items() if value]
     if run.error:
         lines.append(Text(f"error: {run.error}", style="red"))
     if run.trajectory_path:

@@ -113,13 +113,10 @@ def _describe(request: BuildRequest) -> dict:
     info = {"tag": None, "built": False, "base": request.base, "files": {}, "setup": request.setup, "packages": []}
     if not needs_environment(request):
         return info
-    client = docker_client()
-    try:
+    with contextlib.closing(docker_client()) as client:
         key, info["files"] = request_key(client, request)
         info["tag"] = f"{ENV_REPOSITORY}:{key}"
         info["built"] = image_exists(client, info["tag"])
-    finally:
-        client.close()
     found = next((e for e in list_environments() if e.tag == info["tag"]), None) if info["built"] else None
     info["packages"] = found.packages if found else []
     return info

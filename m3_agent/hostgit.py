@@ -63,13 +63,8 @@ def git_errors(context: str = "") -> Iterator[None]:
 def _subcommand(argv: list[str] | tuple[str, ...] | str) -> str:
     """`read-tree` of `git -c x=y read-tree ...`: the first word that is not a global option."""
     words = argv.split() if isinstance(argv, str) else list(argv)
-    skip = False
-    for word in words[1:]:
-        if skip:
-            skip = False
-        elif word in ("-c", "-C"):
-            skip = True
-        elif not word.startswith("-"):
+    for before, word in zip(words, words[1:]):
+        if not word.startswith("-") and before not in ("-c", "-C"):  # not the value of `-c x=y`, `-C dir`
             return word
     return words[0] if words else "git"
 

@@ -13,14 +13,18 @@ from m3_agent.tools.file_edit import FileEdit
 from m3_agent.tools.file_read import FileRead
 from m3_agent.tools.file_write import FileWrite
 from m3_agent.tools.junit import FailingTest, TestSummary, parse_junit
-from m3_agent.tools.registry import default_tools
 from m3_agent.tools.submit import Submit
-from m3_agent.tools.test_runner import TestRunner
+from m3_agent.tools.test_runner import DEFAULT_TIMEOUT, TestRunner
 from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-
 
 __all__ = [
     "Tool", "ToolArgs", "ToolCallError", "ToolResult", "default_tools", "execute_call",
     "Bash", "CodeExec", "FileEdit", "FileRead", "FileWrite", "Submit", "TestRunner",
     "FailingTest", "TestSummary", "parse_junit",
 ]
+
+
+def default_tools(*, test_timeout: int = DEFAULT_TIMEOUT) -> list[Tool]:
+    """The standard tool set handed to the model: code_exec, file_write, test_runner, file_read, file_edit, bash,
+    submit (in that order)."""
+    return [CodeExec(), FileWrite(), TestRunner(timeout=test_timeout), FileRead(), FileEdit(), Bash(), Submit()]
