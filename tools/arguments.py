@@ -16,19 +16,11 @@ from pydantic import ValidationError
 
 from m3_agent.tools.tool import ToolArgs, ToolCallError
 
-# Tags of M3's XML-ish tool-call format that the parser sometimes leaves in the arguments.
-_PARSER_TAGS = re.compile(r"\s*(</parameter>|</invoke>|</minimax:tool_call>|<parameter[^>]*>)\s*$")
+# Tags of M3's XML-ish tool-call format that the parser sometimes leaves at the end of the arguments (one or more).
+_PARSER_TAGS = re.compile(r"(\s*(</parameter>|</invoke>|</minimax:tool_call>|<parameter[^>]*>))+\s*$")
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 # A valid JSON escape (kept as a unit, so `\\` pairs are not split) or a lone backslash.
 _ESCAPE = re.compile(r'\\(u[0-9a-fA-F]{4}|["\\/bfnrt])|\\')
-
-
-def _strip_parser_tags(text: str) -> str:
-    while True:
-        stripped = _PARSER_TAGS.sub("", text)
-        if stripped == text:
-            return text
-        text = stripped
 
 
 def _first_object(text: str) -> tuple[Any, str, str] | None:
@@ -60,7 +52,7 @@ def _decode(raw: str) -> tuple[Any, list[str]]:
     if fenced:
         text = fenced.group(1)
         repairs.append("removed a markdown code fence around the JSON")
-    untagged = _strip_parser_tags(text)
+    untagged = _PARSER_TAGS.sub("", text)
     if untagged != text:
         text = untagged
         repairs.append("removed a trailing '</parameter>'-style tag left by the tool-call parser")
@@ -111,7 +103,7 @@ def _strip_value_tags(args: dict[str, Any]) -> list[str]:
     fixed = []
     for key, value in args.items():
         if isinstance(value, str):
-            stripped = _strip_parser_tags(value)
+            stripped = _PARSER_TAGS.sub("", value)
             if stripped != value:
                 args[key] = stripped
                 fixed.append(key)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-from m3_agent.tools.workspace import MAX_TIMEOUT, run_command
+from m3_agent.tools.workspace import run_command
 
 if TYPE_CHECKING:
     from m3_agent.sandbox import Environment
@@ -30,12 +30,9 @@ class Bash(Tool):
     )
     Args = BashArgs
 
-    def __init__(self, *, max_timeout: int = MAX_TIMEOUT) -> None:
-        self.max_timeout = max_timeout
-
     def run(self, args: BashArgs, sandbox: Environment) -> ToolResult:
         """Run `args.command` with bash; report exit code, stdout, stderr and whether it timed out."""
         if not args.command.strip():
             raise ToolCallError("'command' is empty: give the shell command to run.", kind="bad_args")
         # The sandbox runs every command with bash.
-        return run_command(sandbox, args.command, timeout=args.timeout, max_timeout=self.max_timeout)
+        return run_command(sandbox, args.command, timeout=args.timeout)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from m3_agent.tools.tool import Tool, ToolArgs, ToolResult
-from m3_agent.tools.workspace import EXEC_ENV, MAX_TIMEOUT, WORKSPACE, run_command, scratch_file
+from m3_agent.tools.workspace import EXEC_ENV, WORKSPACE, run_command, scratch_file
 
 if TYPE_CHECKING:
     from m3_agent.sandbox import Environment
@@ -28,9 +28,6 @@ class CodeExec(Tool):
     description = "Execute Python code in a sandboxed environment and return stdout, stderr, and exit code."
     Args = CodeExecArgs
 
-    def __init__(self, *, max_timeout: int = MAX_TIMEOUT) -> None:
-        self.max_timeout = max_timeout
-
     def run(self, args: CodeExecArgs, sandbox: Environment) -> ToolResult:
         """Run `args.code` with python3; report exit code, stdout, stderr and whether it timed out."""
         script = scratch_file(".py", args.code)
@@ -38,4 +35,4 @@ class CodeExec(Tool):
         # The script lives in scratch space; PYTHONPATH lets it import the repository's modules as from its root.
         env = {**EXEC_ENV, "PYTHONPATH": WORKSPACE}
         command = f"python3 {shlex.quote(script)}"
-        return run_command(sandbox, command, timeout=args.timeout, max_timeout=self.max_timeout, env=env)
+        return run_command(sandbox, command, timeout=args.timeout, env=env)

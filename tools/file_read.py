@@ -47,9 +47,6 @@ class FileRead(Tool):
     )
     Args = FileReadArgs
 
-    def __init__(self, *, max_lines: int = MAX_LINES) -> None:
-        self.max_lines = max_lines
-
     def run(self, args: FileReadArgs, sandbox: Environment) -> ToolResult:
         """Show lines start_line..end_line of `args.path` (capped), numbered from 1."""
         rel = workspace_path(args.path)
@@ -65,12 +62,12 @@ class FileRead(Tool):
         end = total if args.end_line is None else min(args.end_line, total)
         if end < start:
             raise ToolCallError(f"end_line {args.end_line} is before start_line {start}.", kind="bad_args")
-        capped = end - start + 1 > self.max_lines
+        capped = end - start + 1 > MAX_LINES
         if capped:
-            end = start + self.max_lines - 1
+            end = start + MAX_LINES - 1
         parts = [f"{rel} (lines {start}-{end} of {total})", number_lines(lines[start - 1 : end], start)]
         if end < total:
-            per_call = f" (at most {self.max_lines} lines per call)" if capped else ""
+            per_call = f" (at most {MAX_LINES} lines per call)" if capped else ""
             parts.append(f"[{total - end} more lines{per_call}: call file_read with start_line={end + 1} to continue]")
         return ToolResult(
             output="\n".join(parts),

@@ -104,11 +104,9 @@ def exec_result(result: ExecResult, *, timeout: int, note: str | None = None) ->
     )
 
 
-def run_command(
-    sandbox: Environment, command: str, *, timeout: int, max_timeout: int, env: dict[str, str] = EXEC_ENV
-) -> ToolResult:
-    """Run `command` in the workspace with the model's timeout (bounded) and report it as a tool result."""
-    bounded, note = clamp_timeout(timeout, max_timeout)
+def run_command(sandbox: Environment, command: str, *, timeout: int, env: dict[str, str] = EXEC_ENV) -> ToolResult:
+    """Run `command` in the workspace with the model's timeout (within MAX_TIMEOUT) and report it as a tool result."""
+    bounded, note = clamp_timeout(timeout, MAX_TIMEOUT)
     result = sandbox.exec(command, timeout=bounded, cwd=WORKSPACE, env=env)
     return exec_result(result, timeout=bounded, note=note)
 
