@@ -38,8 +38,7 @@ def read_issue(value: str | None) -> str | None:
         return sys.stdin.read()
     try:
         if len(value) < 4096 and os.path.isfile(value):
-            with open(value, encoding="utf-8", errors="replace") as f:
-                return f.read()
+            return Path(value).read_text(encoding="utf-8", errors="replace")
     except (OSError, ValueError):  # ValueError: a NUL in the text
         pass
     return value

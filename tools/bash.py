@@ -14,8 +14,6 @@ if TYPE_CHECKING:
 
 
 class BashArgs(ToolArgs):
-    """Arguments of bash."""
-
     command: str = Field(description="Shell command to run (bash) from the repository root")
     timeout: int = Field(default=60, description="Timeout in seconds")
 

@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 
 
 class CodeExecArgs(ToolArgs):
-    """Arguments of code_exec."""
-
     code: str = Field(description="Python code to execute")
     timeout: int = Field(default=30, description="Execution timeout in seconds")
 

@@ -20,8 +20,6 @@ SNIPPET_MAX_LINES = 30
 
 
 class FileEditArgs(ToolArgs):
-    """Arguments of file_edit."""
-
     path: str = Field(description="Relative file path")
     old_str: str = Field(description="Exact text to replace, including whitespace; must occur exactly once")
     new_str: str = Field(description="Replacement text")

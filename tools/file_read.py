@@ -17,8 +17,6 @@ MAX_LINE_CHARS = 400
 
 
 class FileReadArgs(ToolArgs):
-    """Arguments of file_read."""
-
     path: str = Field(description="Relative file path")
     start_line: int = Field(default=1, description="First line to show (1-based)")
     end_line: int | None = Field(

@@ -14,8 +14,6 @@ if TYPE_CHECKING:
 
 
 class FileWriteArgs(ToolArgs):
-    """Arguments of file_write."""
-
     path: str = Field(description="Relative file path")
     content: str = Field(description="File content to write")
 

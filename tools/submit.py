@@ -13,8 +13,6 @@ if TYPE_CHECKING:
 
 
 class SubmitArgs(ToolArgs):
-    """Arguments of submit."""
-
     summary: str | None = Field(default=None, description="Short summary of what was changed and why")
 
 

@@ -26,8 +26,6 @@ UNITTEST_RUNNER = SCRATCH + "/unittest_junit.py"
 
 
 class TestRunnerArgs(ToolArgs):
-    """Arguments of test_runner."""
-
     __test__ = False  # not a pytest test class despite the name
 
     test_file: str = Field(
