@@ -102,9 +102,8 @@ class Issue(BaseModel):
         """Image links in the body and comments, in order, without duplicates."""
         seen: dict[str, None] = {}
         for text in [self.body, *(c.body for c in self.comments)]:
-            found = [(m.start(), m.group(1)) for m in _MD_IMAGE.finditer(text)]
-            found += [(m.start(), m.group(1)) for m in _HTML_IMAGE.finditer(text)]
-            for _, url in sorted(found):
+            found = sorted((m.start(), m[1]) for pattern in (_MD_IMAGE, _HTML_IMAGE) for m in pattern.finditer(text))
+            for _, url in found:
                 if url.startswith(("http://", "https://")):
                     seen.setdefault(url, None)
         return list(seen)

@@ -157,28 +157,22 @@ def export_submodules(root: Path, tree: str, dest: Path, prefix: str = "") -> tu
     exported: list[str] = []
     missing: list[str] = []
     for path, commit in submodules(root, tree):
-        name = prefix + path
-        sub_tree = _checked_out_tree(Path(root) / path, commit)
+        name, checkout, target = prefix + path, Path(root) / path, dest / path
+        sub_tree = None
+        if (checkout / ".git").exists():
+            with repository(checkout) as sub:
+                if has_commit(sub, commit):
+                    sub_tree = sub.commit(commit).tree.hexsha
+                    target.mkdir(parents=True, exist_ok=True)
+                    checkout_files(sub, sub_tree, target)
         if sub_tree is None:
             missing.append(name)
             continue
-        target = dest / path
-        target.mkdir(parents=True, exist_ok=True)
-        with repository(Path(root) / path) as sub:
-            checkout_files(sub, sub_tree, target)
         exported.append(name)
-        more, gone = export_submodules(Path(root) / path, sub_tree, target, prefix=name + "/")
+        more, gone = export_submodules(checkout, sub_tree, target, prefix=name + "/")
         exported += more
         missing += gone
     return exported, missing
-
-
-def _checked_out_tree(sub: Path, commit: str) -> str | None:
-    """The tree of `commit` in the submodule checkout at `sub`; None when absent or lacking the commit."""
-    if not (sub / ".git").exists():
-        return None
-    with repository(sub) as repo:
-        return repo.commit(commit).tree.hexsha if has_commit(repo, commit) else None
 
 
 def commit_all(path: Path, message: str) -> str:
