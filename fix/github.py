@@ -120,7 +120,6 @@ class RepoRef:
 
     @property
     def slug(self) -> str:
-        """`owner/name`."""
         return f"{self.owner}/{self.name}"
 
 
@@ -181,16 +180,6 @@ def api_url_for(repo: RepoRef) -> str:
     if repo.host == PUBLIC_HOST:
         return PUBLIC_API
     return f"{repo.scheme}://{repo.host}/api/v3"
-
-
-def _describe_reset(headers: Any) -> str:
-    reset = headers.get("x-ratelimit-reset")
-    if reset and reset.isdigit():
-        wait = max(0, int(reset) - int(time.time()))
-        at = time.strftime("%H:%M UTC", time.gmtime(int(reset)))
-        return f"; it resets at {at} (in {wait // 60} min {wait % 60} s)"
-    retry = headers.get("retry-after")
-    return f"; retry after {retry} s" if retry else ""
 
 
 def rate_limit_wait(status: int, headers: Any, message: str, attempt: int) -> float | None:
@@ -280,7 +269,14 @@ class GitHubClient:
     def _rate_limited(self, headers: Any, waited: float) -> GitHubRateLimited:
         hint = "" if self.token else "; set GITHUB_TOKEN for a higher limit"
         after = f" after waiting {waited:.0f} s" if waited else ""
-        return GitHubRateLimited(f"GitHub API rate limit exceeded{after}{_describe_reset(headers)}{hint}")
+        reset, retry = headers.get("x-ratelimit-reset"), headers.get("retry-after")
+        if reset and reset.isdigit():
+            wait = max(0, int(reset) - int(time.time()))
+            at = time.strftime("%H:%M UTC", time.gmtime(int(reset)))
+            after += f"; it resets at {at} (in {wait // 60} min {wait % 60} s)"
+        elif retry:
+            after += f"; retry after {retry} s"
+        return GitHubRateLimited(f"GitHub API rate limit exceeded{after}{hint}")
 
     def _http_error(self, status: int, headers: Any, message: str, url: str) -> GitError:
         detail = f" ({message})" if message else ""

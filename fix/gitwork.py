@@ -104,7 +104,6 @@ def snapshot_tree(root: Path) -> str:
 
 
 def tree_of(root: Path, commit: str) -> str:
-    """The tree id of `commit`."""
     with repository(root) as repo:
         return repo.commit(commit).tree.hexsha
 

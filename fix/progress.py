@@ -79,12 +79,8 @@ class LiveProgress:
         self.console = console
         self.max_turns = max_turns
         self.label = label
-        self.turn = 0
-        self.mode = "-"
-        self.tool = "-"
-        self.tests = "-"
-        self.stalls = 0
-        self.restarts = 0
+        self.turn = self.stalls = self.restarts = 0
+        self.mode = self.tool = self.tests = "-"
         self.restart_note = ""
         self.env_line_at = 0.0
         self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0

@@ -17,9 +17,8 @@ functions of the result; the REST calls are `fix.github`'s, the pushes `fix.gitw
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from m3_agent.errors import GitError, GitHubTokenMissing, M3AgentError, UsageError
 from m3_agent.fix import gitwork
@@ -35,8 +34,7 @@ LIMITS = {"turn_limit": "its turn limit", "token_limit": "its token limit", "tim
           "cost_limit": "its cost limit"}
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """What publishing does for one result."""
 
     push: bool

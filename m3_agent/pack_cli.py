@@ -83,9 +83,7 @@ def summary_table(pack: Pack, elapsed: float, output: str) -> str:
     rows.append(("time", f"{elapsed:.2f} s", ""))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
-    lines = [f"m3-agent pack -> {output}"]
-    lines += [f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
-    return "\n".join(lines)
+    return "\n".join([f"m3-agent pack -> {output}", *(f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows)])
 
 
 app = typer.Typer()  # m3_agent/cli.py takes the command in from here
