@@ -130,11 +130,7 @@ def parse_arguments(raw: str | None, args_model: type[ToolArgs]) -> tuple[ToolAr
     Returns the arguments and the notes to show the model (repairs made, parameters ignored).
     Raises ToolCallError with kind "bad_json" or "bad_args" and a message saying how to fix the call.
     """
-    if raw is None or not raw.strip():
-        value: Any = {}
-        notes: list[str] = []
-    else:
-        value, notes = _decode(raw)
+    value, notes = _decode(raw) if raw and raw.strip() else ({}, [])
     if isinstance(value, str):
         # The arguments were JSON-encoded twice: a string holding the object.
         try:

@@ -51,12 +51,8 @@ class TestSummary(BaseModel):
 
     def render(self) -> str:
         """Compact human/model-readable report."""
-        what = self.target or "whole suite"
-        head = (
-            f"{self.framework} {what}: {self.passed} passed, {self.failed} failed, {self.errors} errors, "
-            f"{self.skipped} skipped ({self.total} total), exit code {self.exit_code}"
-        )
-        lines = [head]
+        lines = [f"{self.framework} {self.target or 'whole suite'}: {self.passed} passed, {self.failed} failed, "
+                 f"{self.errors} errors, {self.skipped} skipped ({self.total} total), exit code {self.exit_code}"]
         if self.problem:
             lines.append(f"problem: {self.problem}")
         for n, test in enumerate(self.failing[:SHOWN_FAILURES]):
