@@ -31,11 +31,6 @@ class M3AgentError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
-        super().__init__(message)
-        if exit_code is not None:
-            self.exit_code = exit_code
-
     def extended(self, more: str) -> M3AgentError:
         """This error with `more` added to its message; class, exit code and fields stay. Returns it."""
         self.args = (f"{self.args[0] if self.args else ''}{more}", *self.args[1:])

@@ -28,12 +28,8 @@ UNITTEST_RUNNER = SCRATCH + "/unittest_junit.py"
 class TestRunnerArgs(ToolArgs):
     __test__ = False  # not a pytest test class despite the name
 
-    test_file: str = Field(
-        description=(
-            "Path to the test file to run (also a directory or a test id such as "
-            "tests/test_x.py::test_name; empty string: the whole suite)"
-        )
-    )
+    test_file: str = Field(description="Path to the test file to run (also a directory or a test id such as "
+                           "tests/test_x.py::test_name; empty string: the whole suite)")
     framework: Literal["pytest", "unittest"] = Field(default="pytest")
 
 
