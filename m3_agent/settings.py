@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import json
 import os
-from operator import attrgetter
 import sys
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
