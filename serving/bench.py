@@ -18,38 +18,17 @@ from m3_agent.serving.loadgen import BenchResult, LoadConfig, run_load
 
 Tool = Literal["auto", "vllm", "builtin"]
 
-# Seed 000 (8x B200, CUDA 12.8, 8192 in / 2048 out, 32 concurrent, 512 prompts): (mean, p99) where given.
-SEED_B200: dict[str, dict[str, float]] = {
-    "sglang": {
-        "output_throughput": 1627.79,
-        "total_token_throughput": 8138.97,
-        "mean_ttft_ms": 3890.10,
-        "p99_ttft_ms": 6549.91,
-        "mean_tpot_ms": 17.77,
-        "p99_tpot_ms": 19.52,
-        "mean_itl_ms": 17.77,
-        "p99_itl_ms": 17.60,
-    },
-    "vllm": {
-        "output_throughput": 1619.51,
-        "total_token_throughput": 8097.56,
-        "mean_ttft_ms": 1440.30,
-        "p99_ttft_ms": 7791.99,
-        "mean_tpot_ms": 19.06,
-        "p99_tpot_ms": 19.63,
-        "mean_itl_ms": 19.06,
-        "p99_itl_ms": 177.08,
-    },
-}
-ROWS = [
-    ("Output tok/s", "output_throughput"),
-    ("Total tok/s", "total_token_throughput"),
-    ("Mean TTFT (ms)", "mean_ttft_ms"),
-    ("P99 TTFT (ms)", "p99_ttft_ms"),
-    ("Mean TPOT (ms)", "mean_tpot_ms"),
-    ("P99 TPOT (ms)", "p99_tpot_ms"),
-    ("Mean ITL (ms)", "mean_itl_ms"),
-    ("P99 ITL (ms)", "p99_itl_ms"),
+# Seed 000 (8x B200, CUDA 12.8, 8192 in / 2048 out, 32 concurrent, 512 prompts):
+# (row label, BenchResult field, the SGLang run's figure, the vLLM run's figure).
+SEED_B200 = [
+    ("Output tok/s", "output_throughput", 1627.79, 1619.51),
+    ("Total tok/s", "total_token_throughput", 8138.97, 8097.56),
+    ("Mean TTFT (ms)", "mean_ttft_ms", 3890.10, 1440.30),
+    ("P99 TTFT (ms)", "p99_ttft_ms", 6549.91, 7791.99),
+    ("Mean TPOT (ms)", "mean_tpot_ms", 17.77, 19.06),
+    ("P99 TPOT (ms)", "p99_tpot_ms", 19.52, 19.63),
+    ("Mean ITL (ms)", "mean_itl_ms", 17.77, 19.06),
+    ("P99 ITL (ms)", "p99_itl_ms", 17.60, 177.08),
 ]
 
 
@@ -100,13 +79,8 @@ def run_vllm_bench(cfg: LoadConfig, *, tokenizer: str | None = None) -> BenchRes
 
 def from_vllm_result(data: dict) -> BenchResult:
     """A BenchResult from the JSON `vllm bench serve --save-result` writes."""
-    fields = BenchResult.model_fields
-    values = {k: data[k] for k in fields if k in data and k not in ("tool", "failed", "first_error")}
-    values.setdefault("duration", data.get("duration", 0.0))
-    failed = int(data.get("num_prompts", values.get("completed", 0))) - int(values.get("completed", 0))
-    for k in fields:
-        if k not in values and k not in ("tool", "failed", "first_error"):
-            values[k] = 0
+    values = {k: data.get(k, 0) for k in BenchResult.model_fields if k not in ("tool", "failed", "first_error")}
+    failed = int(data.get("num_prompts", values["completed"])) - int(values["completed"])
     errors = [e for e in data.get("errors") or [] if e]
     return BenchResult(
         tool="vllm bench serve", failed=max(0, failed), first_error=str(errors[0])[:300] if errors else "", **values
@@ -122,10 +96,6 @@ def run_bench(cfg: LoadConfig, *, tool: Tool = "auto", tokenizer: str | None = N
     return run_load(cfg)
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.2f}"
-
-
 def table(result: BenchResult, cfg: LoadConfig) -> Table:
     """The result next to the seed's 8x B200 figures (SGLang and vLLM runs)."""
     t = Table(
@@ -137,8 +107,6 @@ def table(result: BenchResult, cfg: LoadConfig) -> Table:
     t.add_column("B200 SGLang", justify="right", no_wrap=True)
     t.add_column("B200 vLLM", justify="right", no_wrap=True)
     t.caption = "B200 columns: seed 000's 8x B200 figures for the same workload"
-    for label, key in ROWS:
-        t.add_row(
-            label, _fmt(getattr(result, key)), _fmt(SEED_B200["sglang"].get(key)), _fmt(SEED_B200["vllm"].get(key))
-        )
+    for label, key, sglang, vllm in SEED_B200:
+        t.add_row(label, *(f"{x:,.2f}" for x in (getattr(result, key), sglang, vllm)))
     return t

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,15 +31,9 @@ from m3_agent.serving.simclock import ScaledClock, VirtualClock
 # 1,619.51 output, so the engine sustained 6,478 prompt tok/s while decoding; mean ITL 19.06 ms.
 B200X8_PREFILL_TOK_S = 8_097.56 - 1_619.51
 B200X8_DECODE_TOK_S = 1000 / 19.06
-
-
-def _b200x8_kv_tokens() -> int:
-    """The KV pool of 8x B200 at BF16 with vLLM's default utilization, per the serving planner."""
-    p = plan(PlanRequest(gpus=8, gpu_memory_gb=180))
-    return int(p.kv_pool_gb * GB / p.kv_bytes_per_token)
-
-
-B200X8_KV_TOKENS = _b200x8_kv_tokens()
+# The KV pool of 8x B200 at BF16 with vLLM's default utilization, per the serving planner.
+_B200X8 = plan(PlanRequest(gpus=8, gpu_memory_gb=180))
+B200X8_KV_TOKENS = int(_B200X8.kv_pool_gb * GB / _B200X8.kv_bytes_per_token)
 
 
 class Performance(BaseModel):
@@ -87,12 +80,7 @@ class PrefixCache:
 
     def hits(self, hashes: list[bytes]) -> int:
         """Leading blocks of `hashes` that are cached."""
-        n = 0
-        for h in hashes:
-            if h not in self.blocks:
-                break
-            n += 1
-        return n
+        return next((i for i, h in enumerate(hashes) if h not in self.blocks), len(hashes))
 
     def allocate(self, hashes: list[bytes], extra: int) -> int | None:
         """Pin the cached prefix, evict what must go, add the rest; the hit count, or None if it cannot fit now."""
@@ -105,16 +93,12 @@ class PrefixCache:
         for h in hashes[:hit]:
             self.blocks[h] += 1
         while self.capacity is not None and self.used + new > self.capacity:
-            self._evict_one()
+            del self.blocks[next(h for h, refs in self.blocks.items() if not refs)]  # the least recently freed
+            self.evicted += 1
         for h in hashes[hit:]:
             self.blocks[h] = 1
         self.anonymous += extra
         return hit
-
-    def _evict_one(self) -> None:
-        victim = next(h for h, refs in self.blocks.items() if not refs)
-        del self.blocks[victim]
-        self.evicted += 1
 
     def free(self, hashes: list[bytes], extra: int) -> None:
         """Unpin a finished request's blocks, tail first; they stay cached until evicted."""
@@ -126,16 +110,6 @@ class PrefixCache:
             self.blocks[h] = refs - 1
             if refs == 1:
                 self.blocks.move_to_end(h)
-
-
-@dataclass
-class Ticket:
-    """A request admitted to the KV cache: its blocks (to free) and when it finishes, on the clock."""
-
-    hashes: list[bytes]
-    extra: int
-    cached_tokens: int
-    finish_at: float = 0.0
 
 
 class KVSimulator:
@@ -163,20 +137,10 @@ class KVSimulator:
     def run(self, hashes: list[bytes], prompt_tokens: int, completion_tokens: int, received: float) -> int:
         """Hold the request's blocks for as long as it runs on the simulated server; its cached prompt tokens.
 
-        `hashes` are the chain hashes of the prompt's full blocks (the ones a later prompt may share).
-        """
-        ticket = self.admit(hashes, prompt_tokens, completion_tokens, received)
-        try:
-            self.clock.sleep_until(ticket.finish_at)
-        finally:
-            self.release(ticket)
-        return ticket.cached_tokens
-
-    def admit(self, hashes: list[bytes], prompt_tokens: int, completion_tokens: int, received: float) -> Ticket:
-        """Take KV blocks for a request (waiting while the cache is full) and schedule its prefill and decode.
-
-        `received` is the clock's time when the request arrived; `finish_at` the clock's time by which
-        prefill of the uncached tokens and decode of the completion are done.
+        `hashes` are the chain hashes of the prompt's full blocks (the ones a later prompt may share);
+        `received` is the clock's time when the request arrived. The request waits while the cache
+        has no room for its blocks, then finishes once prefill of its uncached tokens (on the one
+        serialized lane) and decode of its completion are done.
         """
         bs = self.block_size
         extra = max(0, -(-(prompt_tokens + completion_tokens) // bs) - len(hashes))
@@ -198,17 +162,17 @@ class KVSimulator:
             start = max(received, self.prefill_free_at)
             self.prefill_free_at = start + (prompt_tokens - cached) / self.perf.prefill_tokens_per_s
             finish_at = self.prefill_free_at + completion_tokens / self.perf.decode_tokens_per_s
-            return Ticket(hashes, extra, cached, finish_at)
-
-    def release(self, ticket: Ticket) -> None:
-        """A request finished: unpin its blocks and wake requests waiting for KV space."""
-        with self.lock:
-            self.cache.free(ticket.hashes, ticket.extra)
-            self.running -= 1
-            # the woken count as busy at once, so a virtual clock cannot jump past their admission
-            self.clock.unpark(self.parked)
-            self.parked = 0
-            self.kv_freed.notify_all()
+        try:
+            self.clock.sleep_until(finish_at)
+        finally:
+            with self.lock:  # unpin its blocks and wake requests waiting for KV space
+                self.cache.free(hashes, extra)
+                self.running -= 1
+                # the woken count as busy at once, so a virtual clock cannot jump past their admission
+                self.clock.unpark(self.parked)
+                self.parked = 0
+                self.kv_freed.notify_all()
+        return cached
 
     def metrics(self) -> dict[str, Any]:
         """The engine's side of /metrics, by vLLM's names: prefix-cache counters, KV usage and load, capacity."""

@@ -14,7 +14,7 @@ import random
 import statistics
 import time
 import urllib.request
-
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
@@ -106,16 +106,16 @@ def make_prompts(cfg: LoadConfig) -> list[str]:
     return [_words(rng, n) for _ in range(cfg.num_prompts)]
 
 
+@dataclass(slots=True)
 class _Sample:
-    __slots__ = ("ttft", "latency", "itl", "input_tokens", "output_tokens", "error")
+    """One request's measurements, in seconds and tokens; `error` is empty when it succeeded."""
 
-    def __init__(self) -> None:
-        self.ttft: float | None = None
-        self.latency = 0.0
-        self.itl: list[float] = []
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.error = ""
+    ttft: float | None = None
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    error: str = ""
 
 
 async def _one(client: openai.AsyncOpenAI, cfg: LoadConfig, prompt: str) -> _Sample:
@@ -188,10 +188,8 @@ async def _run(cfg: LoadConfig, prompts: list[str]) -> tuple[list[_Sample], floa
     duration = time.perf_counter() - start
     await client.close()
     samples = [t.result() for t in done if not t.cancelled() and t.exception() is None]
-    for _ in range(len(prompts) - len(samples)):
-        cut = _Sample()
-        cut.error = f"not finished within the run's {cfg.timeout_s:g}s"
-        samples.append(cut)
+    cut = f"not finished within the run's {cfg.timeout_s:g}s"
+    samples += [_Sample(error=cut) for _ in range(len(prompts) - len(samples))]
     return samples, duration
 
 
@@ -205,11 +203,11 @@ def summarize(samples: list[_Sample], duration: float, tool: str) -> BenchResult
     tin = sum(s.input_tokens for s in ok)
     tout = sum(s.output_tokens for s in ok)
     d = max(duration, 1e-9)
-
-    def stats(xs: list[float]) -> tuple[float, float, float]:
-        return (statistics.fmean(xs), statistics.median(xs), percentile(xs, 99)) if xs else (0.0, 0.0, 0.0)
-
-    t, p, i = stats(ttft), stats(tpot), stats(itl)
+    stats: dict[str, float] = {}
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
+        stats[f"mean_{name}_ms"] = statistics.fmean(xs) if xs else 0.0
+        stats[f"median_{name}_ms"] = statistics.median(xs) if xs else 0.0
+        stats[f"p99_{name}_ms"] = percentile(xs, 99)
     return BenchResult(
         tool=tool,
         completed=len(ok),
@@ -220,16 +218,8 @@ def summarize(samples: list[_Sample], duration: float, tool: str) -> BenchResult
         request_throughput=len(ok) / d,
         output_throughput=tout / d,
         total_token_throughput=(tin + tout) / d,
-        mean_ttft_ms=t[0],
-        median_ttft_ms=t[1],
-        p99_ttft_ms=t[2],
-        mean_tpot_ms=p[0],
-        median_tpot_ms=p[1],
-        p99_tpot_ms=p[2],
-        mean_itl_ms=i[0],
-        median_itl_ms=i[1],
-        p99_itl_ms=i[2],
         first_error=next((s.error for s in samples if s.error), ""),
+        **stats,
     )
 
 

@@ -74,21 +74,17 @@ class VirtualClock:
     def leave(self) -> None:
         """A participant is done for good."""
         with self._cv:
-            self._active -= 1
-            self._advance()
+            self._rest()
 
     def sleep_until(self, t: float) -> None:
         """Wait (as a participant) until simulated time reaches `t`."""
         with self._cv:
             if t <= self._now:
                 return
-            entry = (t, next(self._seq))
-            heapq.heappush(self._sleepers, entry)
-            self._active -= 1
-            self._advance()
-            while self._now < t:
-                self._cv.wait()
-            # _advance counted this participant busy again when it moved the clock to `t`
+            heapq.heappush(self._sleepers, (t, next(self._seq)))
+            self._rest()
+            self._cv.wait_for(lambda: self._now >= t)
+            # _rest counted this participant busy again when it moved the clock to `t`
 
     def sleep(self, seconds: float) -> None:
         """Let `seconds` of simulated time pass for this participant."""
@@ -103,24 +99,23 @@ class VirtualClock:
         with self._cv:
             entry = (self._now, next(self._seq))  # the earliest wake-up: first out once all wait
             heapq.heappush(self._sleepers, entry)
-            self._active -= 1
-            self._advance()
-            while entry in self._sleepers:
-                self._cv.wait()
+            self._rest()
+            self._cv.wait_for(lambda: entry not in self._sleepers)
 
     def park(self) -> None:
         """This participant waits for another one (which calls `unpark`); it stops being busy."""
         with self._cv:
-            self._active -= 1
-            self._advance()
+            self._rest()
 
     def unpark(self, n: int) -> None:
         """`n` parked participants are about to wake: they count as busy from now on."""
         with self._cv:
             self._active += n
 
-    def _advance(self) -> None:
-        # everyone waits: move to the earliest wake-up and wake all who sleep until then
+    def _rest(self) -> None:
+        # one participant stops being busy; once everyone waits, move to the earliest wake-up and
+        # wake all who sleep until then
+        self._active -= 1
         if self._active > 0 or not self._sleepers:
             return
         t = self._sleepers[0][0]

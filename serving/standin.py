@@ -70,7 +70,7 @@ sight by each server, so `/detokenize` inverts `/tokenize` on the same server. P
 block-granular like vLLM's: a chain hash per full `block_size` block of prompt tokens; a request's
 `cached_tokens` is the number of leading blocks still cached, never the whole prompt.
 
-What runs a request is an `Engine`, the seam between this wire double and a performance model: it
+What runs a request is an engine, the seam between this wire double and a performance model: it
 says how long a request takes and how many of its prompt tokens were cached. Without `performance`
 it is `InstantEngine` (every answer at once, a prefix cache that never forgets). With
 `"performance": {...}` (a `serving.kvsim.Performance`; defaults: seed 000's 8x B200) it is
@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
 import re
 import signal
@@ -98,7 +99,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -106,7 +107,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from m3_agent.errors import UsageError, first_validation_error
 from m3_agent.serving.m3_output import parse_output, split_reasoning
 
-if TYPE_CHECKING:  # the performance model is imported only by a script that has one (`make_engine`)
+if TYPE_CHECKING:  # the performance model is imported only by a script that has one (`StandinState`)
+    from m3_agent.serving.kvsim import KVSimulator
     from m3_agent.serving.simclock import ScaledClock, VirtualClock
 
 STANDIN_HEADER = "X-M3-Standin"
@@ -350,23 +352,9 @@ def _server_error(status: int, why: str) -> StandinError:
     return StandinError(status, f"{why} (m3-agent stand-in: a scripted test double)", kind)
 
 
-class _Cursor:
-    """Position in one list of turns, counting repeats."""
-
-    def __init__(self, turns: list[Turn]) -> None:
-        self.turns = turns
-        self.index = 0
-        self.served_of_current = 0
-
-    def next(self) -> Turn | None:
-        if self.index >= len(self.turns):
-            return None
-        turn = self.turns[self.index]
-        self.served_of_current += 1
-        if self.served_of_current >= turn.repeat:
-            self.index += 1
-            self.served_of_current = 0
-        return turn
+def _cursor(turns: list[Turn]) -> Iterator[Turn]:
+    """The turns in serving order, each `repeat` times (lazily: a script may repeat a turn 10**9 times)."""
+    return itertools.chain.from_iterable(itertools.repeat(turn, turn.repeat) for turn in turns)
 
 
 @dataclass
@@ -382,32 +370,13 @@ class _Reply:
     completion_tokens: int = 0
 
 
-class Engine(Protocol):
-    """What runs a request on the server: how long it takes and how many prompt tokens were cached.
-
-    The seam between the wire double and a performance model: `InstantEngine` without one,
-    `serving.kvsim.KVSimulator` with one. Called from the handler threads at once.
-    """
-
-    def now(self) -> float:
-        """The engine's time: when a request that arrives now was received."""
-        ...
-
-    def run(self, hashes: list[bytes], prompt_tokens: int, completion_tokens: int, received: float) -> int:
-        """Serve a request, returning once the engine is done with it: its cached prompt tokens.
-
-        `hashes`: the chain hashes of its full prompt blocks (the ones a later prompt may share).
-        """
-        ...
-
-    def metrics(self) -> dict[str, Any]:
-        """By vLLM's names: `prefix_cache_queries`, `prefix_cache_hits` (tokens), `kv_cache_usage_perc`,
-        `num_requests_running`, `num_requests_waiting`, and `num_gpu_blocks` (None: unknown)."""
-        ...
-
-
 class InstantEngine:
-    """No performance model: every request is done at once, and the prefix cache never forgets."""
+    """No performance model: every request is done at once, and the prefix cache never forgets.
+
+    An engine is the seam between the wire double and a performance model (`serving.kvsim.KVSimulator`
+    has the same three methods): it says how long a request takes and how many of its prompt tokens
+    were cached. Handler threads call it at once.
+    """
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -416,11 +385,14 @@ class InstantEngine:
         self.queries = self.hits = 0
 
     def now(self) -> float:
-        """No clock: nothing waits."""
+        """The engine's time, when a request that arrives now was received: no clock, nothing waits."""
         return 0.0
 
     def run(self, hashes: list[bytes], prompt_tokens: int, completion_tokens: int, received: float) -> int:
-        """The leading blocks seen before, in tokens; then every block is cached."""
+        """Serve a request, returning once done: its cached prompt tokens, the leading blocks seen before.
+
+        `hashes`: the chain hashes of its full prompt blocks (the ones a later prompt may share).
+        """
         with self.lock:
             hit = next((i for i, h in enumerate(hashes) if h not in self.cached), len(hashes))
             self.cached.update(hashes)
@@ -429,19 +401,10 @@ class InstantEngine:
         return hit * self.block_size
 
     def metrics(self) -> dict[str, Any]:
-        """The prefix-cache counters; no capacity, so no usage and no load."""
+        """By vLLM's names: the prefix-cache counters (tokens); no capacity, so no usage, load or block count."""
         with self.lock:
             return {"prefix_cache_queries": self.queries, "prefix_cache_hits": self.hits, "kv_cache_usage_perc": 0.0,
                     "num_requests_running": 0, "num_requests_waiting": 0, "num_gpu_blocks": None}
-
-
-def make_engine(script: Script, clock: ScaledClock | VirtualClock | None = None) -> Engine:
-    """The script's engine: its performance model on `clock` (loaded only now), else `InstantEngine`."""
-    if script.performance is None:
-        return InstantEngine(script.block_size)
-    from m3_agent.serving.kvsim import KVSimulator
-
-    return KVSimulator(script.performance, script.block_size, clock)
 
 
 class StandinState:
@@ -460,13 +423,17 @@ class StandinState:
         self.thinking_modes: list[str] = []
         self.turns_served = 0
         self.started_at = time.monotonic()
-        self._top = _Cursor(script.turns)
-        self._convs = [(c.match, _Cursor(c.turns)) for c in script.conversations]
+        self._top = _cursor(script.turns)
+        self._convs = [(c.match, _cursor(c.turns)) for c in script.conversations]
         self._vocab: dict[str, int] = {}
         self._pieces: list[str] = []
         self._memo: OrderedDict[bytes, array] = OrderedDict()  # long prompt segment -> its ids
         self._chains: OrderedDict[tuple[int, bytes], list[bytes]] = OrderedDict()  # prompt blocks -> chain hashes
-        self.engine = make_engine(script, clock)
+        self.engine: InstantEngine | KVSimulator = InstantEngine(script.block_size)
+        if script.performance is not None:
+            from m3_agent.serving.kvsim import KVSimulator  # only a script with a performance model loads it
+
+            self.engine = KVSimulator(script.performance, script.block_size, clock)
         self.metrics = {"prompt_tokens": 0, "generation_tokens": 0}  # the engine counts the prefix cache
         self.finished: dict[str, int] = {}
 
@@ -513,12 +480,8 @@ class StandinState:
                 raise StandinError(400, f"Token id {bad[0]} is out of vocabulary (stand-in: ids are given out by /tokenize)")
             return "".join(self._pieces[i] for i in ids)
 
-    def is_loading(self) -> bool:
-        """True while the scripted warm-up (`loading_s`) lasts."""
-        return time.monotonic() - self.started_at < self.script.loading_s
-
     # prefix cache -----------------------------------------------------------------------------------
-    def _block_hashes(self, ids: list[int]) -> list[bytes]:
+    def block_hashes(self, ids: list[int]) -> list[bytes]:
         """Chain hashes of the full blocks a request may take from the cache (never its last token).
 
         The chain of an earlier prompt that this one extends is reused (one pass of a running
@@ -550,10 +513,6 @@ class StandinState:
                     self._chains.popitem(last=False)
         return hashes
 
-    def run(self, ids: list[int], completion_tokens: int, received: float) -> int:
-        """Run a request with prompt `ids` on the engine, returning when it is done: its cached prompt tokens."""
-        return self.engine.run(self._block_hashes(ids), len(ids), completion_tokens, received)
-
     # turns ----------------------------------------------------------------------------------------
     def record(self, body: dict[str, Any]) -> None:
         """Keep a chat-completions body in the request log (unless told to keep none)."""
@@ -562,13 +521,11 @@ class StandinState:
         with self.lock:
             self.requests.append(body)
 
-    def record_mode(self, mode: str) -> None:
-        """Keep the thinking mode a served request asked for."""
-        with self.lock:
-            self.thinking_modes.append(mode)
+    def next_turn(self, messages: list[dict[str, Any]], mode: str) -> Turn | None:
+        """The next turn of the conversation this request belongs to; None when it is exhausted.
 
-    def next_turn(self, messages: list[dict[str, Any]]) -> Turn | None:
-        """The next turn of the conversation this request belongs to; None when it is exhausted."""
+        `mode`: the thinking mode the request asked for, kept once it reached the script.
+        """
         first_user = next((m for m in messages if m.get("role") == "user"), None)
         text = _text_of(first_user.get("content")) if first_user else ""
         with self.lock:
@@ -581,7 +538,8 @@ class StandinState:
                         "test double; add a conversation whose 'match' occurs in it, or top-level 'turns'.",
                     )
                 cursor = self._top
-            turn = cursor.next()
+            self.thinking_modes.append(mode)
+            turn = next(cursor, None)
             if turn is not None:
                 self.turns_served += 1
             return turn
@@ -603,30 +561,24 @@ class StandinState:
             m = {**self.metrics, **engine}
             finished = dict(self.finished)
         lines = ["# m3-agent stand-in: a scripted test double, not a model"]
-        for key, help_text in COUNTERS:
-            name = f"vllm:{key}_total"
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name}{{{labels}}} {float(m[key])}"]
-        lines += [
-            "# HELP vllm:request_success_total Count of successfully processed requests.",
-            "# TYPE vllm:request_success_total counter",
-        ]
-        for reason in ("stop", "length", "abort", *sorted(set(finished) - {"stop", "length", "abort"})):
-            lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(finished.get(reason, 0))}')
-        return "\n".join(lines + self._cache_lines(labels, engine)) + "\n"
 
-    def _cache_lines(self, labels: str, values: dict[str, Any]) -> list[str]:
-        """The gauges of KV-cache usage and load, and the cache-config info vLLM exports once."""
-        lines = []
+        def family(kind: str, name: str, help_text: str, samples: dict[str, Any]) -> None:
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+            lines.extend(f"{name}{{{label}}} {float(value)}" for label, value in samples.items())
+
+        for key, help_text in COUNTERS:
+            family("counter", f"vllm:{key}_total", help_text, {labels: m[key]})
+        reasons = ("stop", "length", "abort", *sorted(set(finished) - {"stop", "length", "abort"}))
+        family("counter", "vllm:request_success_total", "Count of successfully processed requests.",
+               {f'{labels},finished_reason="{r}"': finished.get(r, 0) for r in reasons})
         for key, help_text in GAUGES:
-            name = f"vllm:{key}"
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{labels}}} {float(values[key])}"]
+            family("gauge", f"vllm:{key}", help_text, {labels: m[key]})
         # vLLM exports every CacheConfig field as a label; num_gpu_blocks is "None" until it is known
         info = {"block_size": self.script.block_size, "cache_dtype": "auto", "enable_prefix_caching": True,
-                "engine": 0, "num_gpu_blocks": values["num_gpu_blocks"]}
-        info_labels = ",".join(f'{k}="{v}"' for k, v in info.items())
-        lines += [f"# HELP {CACHE_CONFIG_INFO} Information of the LLMEngine CacheConfig",
-                  f"# TYPE {CACHE_CONFIG_INFO} gauge", f"{CACHE_CONFIG_INFO}{{{info_labels}}} 1.0"]
-        return lines
+                "engine": 0, "num_gpu_blocks": m["num_gpu_blocks"]}
+        family("gauge", CACHE_CONFIG_INFO, "Information of the LLMEngine CacheConfig",
+               {",".join(f'{k}="{v}"' for k, v in info.items()): 1})
+        return "\n".join(lines) + "\n"
 
 
 # Building replies --------------------------------------------------------------------------------
@@ -748,9 +700,6 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: Any) -> None:
         self._send(status, json.dumps(obj, ensure_ascii=False).encode(), "application/json")
 
-    def _error(self, err: StandinError) -> None:
-        self._json(err.status, err.body())
-
     def _read_json(self) -> dict[str, Any]:
         try:
             body = json.loads(self._raw or b"null")
@@ -768,10 +717,6 @@ class _Handler(BaseHTTPRequestHandler):
         scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(hashlib.sha256(given.encode()).digest(), want)
 
-    def _loading_guard(self) -> None:
-        if self.state.is_loading():
-            raise _server_error(503, "The model is still loading; retry later")
-
     def _dispatch(self, routes: dict[str, Any]) -> None:
         path = self.path.split("?", 1)[0]
         # read the whole body first so an early error leaves the kept-alive connection clean
@@ -784,11 +729,11 @@ class _Handler(BaseHTTPRequestHandler):
             handler = routes.get(path)
             if handler is None:
                 raise StandinError(404, f"Route {self.command} {path} not found", "NotFoundError")
-            if path != "/metrics":
-                self._loading_guard()
+            if path != "/metrics" and time.monotonic() - self.state.started_at < self.state.script.loading_s:
+                raise _server_error(503, "The model is still loading; retry later")
             handler()
         except StandinError as e:
-            self._error(e)
+            self._json(e.status, e.body())
         except _Dropped:
             self.close_connection = True
             try:
@@ -798,7 +743,8 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as e:  # a stand-in bug must reach the client as a 500, like vLLM's catch-all
-            self._error(_server_error(500, f"Stand-in internal error: {type(e).__name__}: {e}"))
+            fault = _server_error(500, f"Stand-in internal error: {type(e).__name__}: {e}")
+            self._json(fault.status, fault.body())
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         """GET routes: /health, /v1/models, /metrics."""
@@ -907,8 +853,7 @@ class _Handler(BaseHTTPRequestHandler):
         if n + max_out > script.max_model_len:
             raise _overflow(n, max_out, script.max_model_len)
 
-        turn = state.next_turn(body["messages"])
-        state.record_mode(mode)
+        turn = state.next_turn(body["messages"], mode)
         if turn is None:
             if script.on_exhausted == "error":
                 raise _server_error(500, "The stand-in script is exhausted")
@@ -926,7 +871,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         reply.prompt_tokens = n
         reply.completion_tokens = _completion_tokens(reply)
-        reply.cached_tokens = state.run(ids, reply.completion_tokens, received)
+        reply.cached_tokens = state.engine.run(state.block_hashes(ids), n, reply.completion_tokens, received)
         state.count_finished(reply.prompt_tokens, reply.completion_tokens, reply.finish_reason)
         if body.get("stream"):
             opts = body.get("stream_options") or {}
