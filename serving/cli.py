@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Optional
 
 import typer
@@ -266,16 +265,24 @@ def plan_command(
 ) -> None:
     """The largest --max-model-len that fits and the concurrency it leaves; exit 2 when it cannot fit."""
     _check_choice(precision, tuple(BYTES_PER_PARAM), "--precision")
-    req = _machine(Machine(profile, engine, detect, gpus, gpu, gpu_memory),
-                   Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype, text_only=text_only))
-    for key, value in (
-        ("precision", precision),
-        ("kv_dtype", kv_dtype),
-        ("max_model_len", max_model_len),
-        ("gpu_memory_utilization", utilization),
-    ):
-        if value is not None:
-            req[key] = value
+    # the machine: a profile's (with the flags below), this one's (--detect), or the GPUs given; the flags win
+    req: dict = {}
+    if profile:
+        p = get_profile(profile, engine)  # type: ignore[arg-type]
+        o = Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype, text_only=text_only)
+        req = plan_request(p, build_command(p, "native", o), p.gpus, gpu_memory_for(p.gpu)).model_dump()
+    if detect:
+        found = detect_gpus()
+        if not found:
+            raise UsageError(summary(found))
+        req.update(gpus=len(found), gpu_memory_gb=min(g.memory_gb for g in found))
+    if gpu is not None:
+        req["gpu_memory_gb"] = gpu_memory_for(gpu)
+    given = {"gpus": gpus, "gpu_memory_gb": gpu_memory, "precision": precision, "kv_dtype": kv_dtype,
+             "max_model_len": max_model_len, "gpu_memory_utilization": utilization}
+    req.update({key: value for key, value in given.items() if value is not None})
+    if "gpus" not in req or "gpu_memory_gb" not in req:
+        raise UsageError("say which machine: --profile, --detect, or --gpus N with --gpu KIND or --gpu-memory GB")
     req.update(reserve_gb_per_gpu=reserve_gb, params_b=params_b, text_only=text_only or req.get("text_only", False))
     if input_len:
         req["request_tokens"] = input_len + output_len
@@ -290,40 +297,6 @@ def plan_command(
             out.print(line, markup=False)
     if not result.fits:
         raise UsageError(f"does not fit: {result.reason}")
-
-
-@dataclass(frozen=True)
-class Machine:
-    """Which machine `serve plan` plans for: a profile's, this one's (`detect`), or the GPUs given (these win)."""
-
-    profile: str | None = None
-    engine: str | None = None
-    detect: bool = False
-    gpus: int | None = None
-    gpu: str | None = None
-    gpu_memory: float | None = None
-
-
-def _machine(machine: Machine, overrides: Overrides) -> dict:
-    """The plan request's machine: a profile's (with `overrides`), this machine's, or the GPUs given; the flags win."""
-    req: dict = {}
-    if machine.profile:
-        p = get_profile(machine.profile, machine.engine)  # type: ignore[arg-type]
-        req = plan_request(p, build_command(p, "native", overrides), p.gpus, gpu_memory_for(p.gpu)).model_dump()
-    if machine.detect:
-        found = detect_gpus()
-        if not found:
-            raise UsageError(summary(found))
-        req.update(gpus=len(found), gpu_memory_gb=min(g.memory_gb for g in found))
-    if machine.gpus is not None:
-        req["gpus"] = machine.gpus
-    if machine.gpu is not None:
-        req["gpu_memory_gb"] = gpu_memory_for(machine.gpu)
-    if machine.gpu_memory is not None:
-        req["gpu_memory_gb"] = machine.gpu_memory
-    if "gpus" not in req or "gpu_memory_gb" not in req:
-        raise UsageError("say which machine: --profile, --detect, or --gpus N with --gpu KIND or --gpu-memory GB")
-    return req
 
 
 @app.command("bench")

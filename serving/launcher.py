@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -205,17 +204,6 @@ def is_running(state: ServeState) -> bool:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the endpoint is local: no proxy
 
 
-def http_get(url: str, timeout_s: float = 3.0) -> tuple[int, bytes]:
-    """GET `url`: (status, body); status 0 when nothing answered."""
-    try:
-        with _NO_PROXY.open(url, timeout=timeout_s) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, b""
-    except (OSError, ValueError):
-        return 0, b""
-
-
 def probe(
     base_url: str, served_model_name: str | None = None, timeout_s: float = 3.0, *, api_key: str | None = None
 ) -> tuple[Phase, list[str], int | None]:
@@ -224,7 +212,12 @@ def probe(
     /health answers without a key on vLLM and SGLang; /v1/models needs `api_key` when the server has one.
     """
     root = base_url.removesuffix("/").removesuffix("/v1")
-    if http_get(f"{root}/health", timeout_s)[0] != 200:
+    try:
+        with _NO_PROXY.open(f"{root}/health", timeout=timeout_s) as r:
+            healthy = r.status == 200
+    except (OSError, ValueError):  # refused, or an HTTP error status (503 while loading)
+        healthy = False
+    if not healthy:
         return "loading", [], None
     try:
         served = list_models(root, api_key=api_key, timeout=timeout_s)
@@ -334,21 +327,22 @@ def _launch_native(cmd: Command, log_path: Path) -> tuple[int, str | None]:
     env = {**os.environ, **cmd.launch_env()}
     with open(log_path, "ab") as log:
         log.write(f"$ {cmd.shell()}\n".encode())
-        log.flush()
-        # A new session makes the engine a process-group leader: stop ends the group, workers included.
-        try:
-            # The program found above, not a second PATH search that would skip it when it cannot run.
-            proc = subprocess.Popen(
-                [found, *cmd.argv[1:]],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise EndpointError(f"cannot run {exe}: {e.strerror or e}") from None
-    return proc.pid, _proc_started(proc.pid)
+    try:
+        # The program found above, not a second PATH search that would skip it when it cannot run.
+        pid = _spawn([found, *cmd.argv[1:]], log_path, env)
+    except OSError as e:
+        raise EndpointError(f"cannot run {exe}: {e.strerror or e}") from None
+    return pid, _proc_started(pid)
+
+
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
+    """Start `argv` detached, its output appended to `log_path`; its pid.
+
+    A new session makes it a process-group leader: stop ends the group, workers included.
+    """
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True).pid
 
 
 def _launch_docker(cmd: Command, log_path: Path) -> int:
@@ -364,15 +358,7 @@ def _launch_docker(cmd: Command, log_path: Path) -> int:
         raise EndpointError(
             f"docker run failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
         )
-    with open(log_path, "ab") as log:
-        follower = subprocess.Popen(
-            ["docker", "logs", "-f", name],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return follower.pid
+    return _spawn(["docker", "logs", "-f", name], log_path)
 
 
 def launch(cmd: Command, *, name: str = DEFAULT_NAME) -> ServeState:
@@ -495,25 +481,18 @@ def status(name: str = DEFAULT_NAME) -> EndpointStatus:
 
 
 def _end_group(pid: int, grace_s: float) -> None:
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        _pid_alive(pid)  # reaps the leader when it is our own child
-        if not _group_alive(pid):
+    """SIGTERM the process group, and SIGKILL it when it outlives `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
             return
-        time.sleep(0.1)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    for _ in range(50):
-        _pid_alive(pid)
-        if not _group_alive(pid):
-            return
-        time.sleep(0.1)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            _pid_alive(pid)  # reaps the leader when it is our own child
+            if not _group_alive(pid):
+                return
+            time.sleep(0.1)
 
 
 def stop(name: str = DEFAULT_NAME, *, grace_s: float = 20) -> ServeState | None:

@@ -55,7 +55,6 @@ GPU_MEMORY_GB = {
     "MI350X": 288,
     "MI355X": 288,
 }
-AMD_GPUS = {"MI300X", "MI325X", "MI350X", "MI355X"}
 STANDARD_WINDOWS = [32_768, 131_072, 262_144, 524_288, 1_048_576]
 
 
@@ -187,28 +186,6 @@ def plan(req: PlanRequest) -> Plan:
         fits=fits,
         reason=reason,
     )
-
-
-def min_gpus(
-    gpu_memory_gb: float, precision: str, *, tokens: int, kv_dtype: str = "auto", params_b: float = M3_PARAMS_B, **kw
-) -> int | None:
-    """The smallest power-of-two GPU count (up to 64) that holds the weights and a `tokens` window."""
-    n = 1
-    while n <= 64:
-        if plan(
-            PlanRequest(
-                gpus=n,
-                gpu_memory_gb=gpu_memory_gb,
-                precision=precision,
-                kv_dtype=kv_dtype,
-                max_model_len=tokens,
-                params_b=params_b,
-                **kw,
-            )
-        ).fits:
-            return n
-        n *= 2
-    return None
 
 
 def describe(p: Plan) -> list[str]:

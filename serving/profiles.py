@@ -27,15 +27,12 @@ VLLM_ROCM_IMAGE = "vllm/vllm-openai-rocm:minimax-m3"
 SGLANG_IMAGE = "lmsysorg/sglang:dev-cu13-minimax-m3"
 DEFAULT_MODEL = "MiniMaxAI/MiniMax-M3"
 
-def _flags(text: str) -> list[str]:
-    """Shell words: the catalog below reads like the seeds' commands."""
-    return shlex.split(text)
-
-
 # seed 000: the docker run options used for both engines on NVIDIA.
-NVIDIA_DOCKER_OPTIONS = _flags("--gpus all --ipc=host -p 8000:8000 -v ~/.cache/huggingface:/root/.cache/huggingface")
+NVIDIA_DOCKER_OPTIONS = shlex.split(
+    "--gpus all --ipc=host -p 8000:8000 -v ~/.cache/huggingface:/root/.cache/huggingface"
+)
 # seed 002: the device options of the ROCm image (the seed's `-it`/`--entrypoint /bin/bash` are for a shell).
-AMD_DOCKER_OPTIONS = _flags(
+AMD_DOCKER_OPTIONS = shlex.split(
     "--device /dev/kfd --device /dev/dri --group-add video --cap-add SYS_PTRACE --security-opt seccomp=unconfined "
     "--ipc=host --shm-size=16g -p 8000:8000 -v ~/.cache/huggingface:/root/.cache/huggingface"
 )
@@ -136,7 +133,7 @@ def _quote(arg: str) -> str:
 
 def _vllm(name: str, summary: str, source: str, gpu: str, args: str, *, gpus: int = 8, **kw) -> Profile:
     return Profile(name=name, engine="vllm", summary=summary, source=source, gpu=gpu, gpus=gpus,
-                   launcher=["vllm", "serve"], args=_flags(args), **kw)
+                   launcher=["vllm", "serve"], args=shlex.split(args), **kw)
 
 
 def _amd(name: str, summary: str, source: str, args: str, *, env: dict[str, str] | None = None, **kw) -> Profile:
@@ -154,7 +151,7 @@ def _seed001(name: str, tp: int, summary: str) -> Profile:
         name=name, engine="vllm", summary=summary, gpu="H200", gpus=tp, precision="fp8",
         source=f"seed 001: Step 4, Launch the vLLM Server{variant}",
         launcher=["vllm", "serve"], seed_launcher=_OLD_VLLM_ENTRY,
-        args=_flags(f"--served-model-name minimax-m3 --tensor-parallel-size {tp} --quantization fp8 "
+        args=shlex.split(f"--served-model-name minimax-m3 --tensor-parallel-size {tp} --quantization fp8 "
                     "--enable-expert-parallel --max-model-len 131072 --kv-cache-dtype fp8_e5m2 "
                     "--gpu-memory-utilization 0.92 --enable-chunked-prefill --max-num-seqs 16 --port 8000"),
     )
@@ -182,7 +179,7 @@ PROFILES: list[Profile] = [
     Profile(name="b200", engine="sglang", summary="8x B200 (HGX), SGLang TP8 with fa4 attention (CUDA 12.8 only)",
             source="seed 000: Deploying MiniMax-M3 (SGLang docker run)", gpu="B200", gpus=8,
             launcher=["python3", "-m", "sglang.launch_server"], model_flag="--model-path",
-            args=_flags("--served-model-name minimax-m3 --tp 8 --host 0.0.0.0 --port 8000 --trust-remote-code "
+            args=shlex.split("--served-model-name minimax-m3 --tp 8 --host 0.0.0.0 --port 8000 --trust-remote-code "
                         "--mem-fraction-static 0.65 --attention-backend fa4 --page-size 128 "
                         "--moe-runner-backend deep_gemm"),
             docker_image=SGLANG_IMAGE, docker_command=["python3", "-m", "sglang.launch_server"]),
@@ -191,7 +188,7 @@ PROFILES: list[Profile] = [
             source="seed 004: Deploying with SGLang", gpu="B200", gpus=8, precision="mxfp8",
             launcher=["python", "-m", "sglang.launch_server"], model_flag="--model-path",
             # seed 004's text is cut off after "minimax-m3-nom"; the parser name is minimax-m3 (M3-SERVING).
-            args=_flags("--dtype bfloat16 --tp-size 8 --ep-size 8 --trust-remote-code --mem-fraction-static 0.8 "
+            args=shlex.split("--dtype bfloat16 --tp-size 8 --ep-size 8 --trust-remote-code --mem-fraction-static 0.8 "
                         "--enable-multimodal --quantization mxfp8 --attention-backend flashinfer "
                         "--mm-attention-backend flashinfer_cudnn --moe-runner-backend deep_gemm "
                         "--chunked-prefill-size 8192 --reasoning-parser minimax-m3 --tool-call-parser minimax-m3"),
@@ -290,29 +287,27 @@ def remove_flag(args: list[str], flag: str) -> None:
         del args[i : i + (2 if _has_value(args, i) else 1)]
 
 
-def _names(engine: Engine) -> dict[str, str]:
-    """Engine-specific spelling of the options a user can override."""
-    if engine == "vllm":
-        return {"tp": "--tensor-parallel-size", "len": "--max-model-len", "mem": "--gpu-memory-utilization"}
-    return {"tp": "--tp-size", "len": "--context-length", "mem": "--mem-fraction-static"}
-
-
-def required_flags(engine: Engine) -> list[tuple[str, str | None]]:
-    """The flags every M3 launch must carry (MSA block size, M3 parsers, tool choice, cached tokens)."""
-    if engine == "vllm":
-        return [
-            ("--block-size", "128"),
-            ("--tool-call-parser", "minimax_m3"),
-            ("--reasoning-parser", "minimax_m3"),
-            ("--enable-auto-tool-choice", None),
-            ("--enable-prompt-tokens-details", None),
-        ]
-    return [
+# Engine-specific spelling of the options a user can override.
+_NAMES = {
+    "vllm": {"tp": "--tensor-parallel-size", "len": "--max-model-len", "mem": "--gpu-memory-utilization"},
+    "sglang": {"tp": "--tp-size", "len": "--context-length", "mem": "--mem-fraction-static"},
+}
+# The flags every M3 launch must carry (MSA block size, M3 parsers, tool choice, cached tokens).
+REQUIRED_FLAGS: dict[str, list[tuple[str, str | None]]] = {
+    "vllm": [
+        ("--block-size", "128"),
+        ("--tool-call-parser", "minimax_m3"),
+        ("--reasoning-parser", "minimax_m3"),
+        ("--enable-auto-tool-choice", None),
+        ("--enable-prompt-tokens-details", None),
+    ],
+    "sglang": [
         ("--page-size", "128"),
         ("--reasoning-parser", "minimax-m3"),
         ("--tool-call-parser", "minimax-m3"),
         ("--enable-cache-report", None),
-    ]
+    ],
+}
 
 
 def _apply(profile: Profile, o: Overrides) -> tuple[list[str], list[str]]:
@@ -321,7 +316,7 @@ def _apply(profile: Profile, o: Overrides) -> tuple[list[str], list[str]]:
     `extra_args` are not here: they go last, after the bind address and the key (`build_command`).
     """
     args = list(profile.args)
-    n = _names(profile.engine)
+    n = _NAMES[profile.engine]
     if o.served_model_name:
         set_flag(args, "--served-model-name", o.served_model_name)
     if o.port is not None:
@@ -344,7 +339,7 @@ def _apply(profile: Profile, o: Overrides) -> tuple[list[str], list[str]]:
         else:
             remove_flag(args, "--enable-multimodal")
     added: list[str] = []
-    for flag, value in required_flags(profile.engine):
+    for flag, value in REQUIRED_FLAGS[profile.engine]:
         if set_flag(args, flag, value):
             added += [flag] if value is None else [flag, value]
     return args, added

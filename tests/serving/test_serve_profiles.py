@@ -9,12 +9,12 @@ import pytest
 from m3_agent.errors import UsageError
 from m3_agent.serving.profiles import (
     PROFILES,
+    REQUIRED_FLAGS,
     Overrides,
     build_command,
     flag_value,
     get_profile,
     profile_names,
-    required_flags,
 )
 
 # The seed commands, transcribed from the seed documents (file named in each key's comment).
@@ -141,7 +141,7 @@ def _without(argv: list[str], flag: str) -> tuple[list[str], str | None]:
 
 def _expected_added(seed_argv: list[str], engine: str) -> list[str]:
     added = []
-    for flag, value in required_flags(engine):
+    for flag, value in REQUIRED_FLAGS[engine]:
         if flag not in seed_argv:
             added += [flag] if value is None else [flag, value]
     return added
