@@ -8,5 +8,5 @@ from m3_agent.serving.cli import app, err
 try:
     app(prog_name="m3-agent serve")
 except M3AgentError as e:
-    err.print(f"m3-agent: error: {e}", markup=False)
+    err.print(f"m3-agent: error: {e}")
     sys.exit(e.exit_code)

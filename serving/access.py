@@ -47,18 +47,6 @@ def is_loopback(host: str) -> bool:
         return False  # a host name (or "" / a wildcard someone spelled oddly): assume others reach it
 
 
-def new_key() -> str:
-    """A fresh API key: 256 random bits, URL-safe, with a prefix that says what it is for."""
-    return "m3-" + secrets.token_urlsafe(32)
-
-
-def _secret_in_json(value: SecretStr | None, info: FieldSerializationInfo) -> str | None:
-    """A key in JSON: in clear only when the caller asks (`context={"secrets": True}`), else masked."""
-    if value is None:
-        return None
-    return value.get_secret_value() if (info.context or {}).get("secrets") else mask(value.get_secret_value())
-
-
 class ApiKey(BaseModel):
     """A key a launched endpoint requires, and where it came from (for status lines and errors)."""
 
@@ -66,8 +54,9 @@ class ApiKey(BaseModel):
     source: str
 
     @field_serializer("value", when_used="json")
-    def _value(self, value: SecretStr, info: FieldSerializationInfo) -> str | None:
-        return _secret_in_json(value, info)
+    def _value(self, value: SecretStr, info: FieldSerializationInfo) -> str:
+        # in JSON the key is in clear only when the caller asks (`context={"secrets": True}`), else masked
+        return value.get_secret_value() if (info.context or {}).get("secrets") else mask(value.get_secret_value())
 
     @property
     def shown(self) -> str:
@@ -90,7 +79,8 @@ def choose_key(
     from_env = env.get(KEY_ENV, "")
     if from_env.strip() and from_env != NO_KEY:
         return ApiKey(value=SecretStr(from_env), source=f"env {KEY_ENV}")
-    return ApiKey(value=SecretStr(new_key()), source="generated")
+    # a fresh key: 256 random bits, URL-safe, with a prefix that says what it is for
+    return ApiKey(value=SecretStr("m3-" + secrets.token_urlsafe(32)), source="generated")
 
 
 def describe_access(host: str | None, key: ApiKey | None) -> str:

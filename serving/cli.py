@@ -21,14 +21,15 @@ from m3_agent.serving.planner import BYTES_PER_PARAM, M3_PARAMS_B, PlanRequest, 
 from m3_agent.serving.profiles import PROFILES, Overrides, Profile, build_command, get_profile
 
 app = typer.Typer(no_args_is_help=True, help="Launch, plan and benchmark a self-hosted M3 endpoint.")
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# markup off: printed text is paths, commands and log lines, whose brackets are not rich markup
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 NameOpt = typer.Option(launcher.DEFAULT_NAME, "--name", help="Endpoint name (one state file per name).")
 
 
 def _progress(phase: str, message: str) -> None:
-    err.print(f"[{time.strftime('%H:%M:%S')}] {phase}: {message}", markup=False)
+    err.print(f"[{time.strftime('%H:%M:%S')}] {phase}: {message}")
 
 
 def _check_choice(value: str | None, choices: tuple[str, ...], flag: str) -> None:
@@ -40,9 +41,7 @@ def _check_choice(value: str | None, choices: tuple[str, ...], flag: str) -> Non
 def profiles_command() -> None:
     """List the hardware profiles and the seed each comes from."""
     for p in PROFILES:
-        out.print(
-            f"{p.name:24} {p.engine:6} {p.gpus}x {p.gpu:7} {p.precision:6} {p.summary}  [{p.source}]", markup=False
-        )
+        out.print(f"{p.name:24} {p.engine:6} {p.gpus}x {p.gpu:7} {p.precision:6} {p.summary}  [{p.source}]")
 
 
 @app.command("start")
@@ -108,11 +107,10 @@ def start_command(
 def _ready(state: launcher.ServeState) -> None:
     """Where the started endpoint answers, and where its key is kept (never the key itself)."""
     name = state.name
-    out.print(f"ready: {state.base_url} (model {state.served_model_name}); logs: m3-agent serve logs --name {name}",
-              markup=False)
+    out.print(f"ready: {state.base_url} (model {state.served_model_name}); logs: m3-agent serve logs --name {name}")
     if state.api_key is not None:
         out.print(f"key: {state.api_key.shown}, kept in {launcher.state_path(name)} (mode 0600); `fix` and "
-                  f"`eval run` on this machine send it by themselves", markup=False)
+                  f"`eval run` on this machine send it by themselves")
 
 
 def _pick_profile(profile: str | None) -> tuple[str, list | None]:
@@ -161,20 +159,20 @@ def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nod
         )
         host = replica_host(o) if replicas > 1 else o.host or LOOPBACK
         for line in ([note] if note else []) + _access_notes(host, o.api_key, p.engine):
-            out.print(line, markup=False)
+            out.print(line)
         for step in steps:
-            out.print(f"# {step.where}", markup=False)
-            out.print(step.command, markup=False)
+            out.print(f"# {step.where}")
+            out.print(step.command)
         return
     cmd = build_command(p, runner, o)  # type: ignore[arg-type]
-    out.print(f"# {p.name} ({p.engine}, {runner}): {p.summary}; from {p.source}", markup=False)
+    out.print(f"# {p.name} ({p.engine}, {runner}): {p.summary}; from {p.source}")
     if note:
-        out.print(note, markup=False)
+        out.print(note)
     if cmd.added:
-        out.print(f"# added to the seed's flags (required for M3): {' '.join(cmd.added)}", markup=False)
+        out.print(f"# added to the seed's flags (required for M3): {' '.join(cmd.added)}")
     for line in _access_notes(cmd.host, cmd.api_key, cmd.engine):
-        out.print(line, markup=False)
-    out.print(cmd.shell(), markup=False)
+        out.print(line)
+    out.print(cmd.shell())
 
 
 @app.command("status")
@@ -182,25 +180,24 @@ def status_command(name: str = NameOpt, as_json: bool = typer.Option(False, "--j
     """Show the recorded endpoint: running or not, health, the model it lists. Exit 3 when not ready."""
     st = launcher.status(name)
     if as_json:
-        out.print(st.model_dump_json(indent=2), markup=False)  # the key masked (ApiKey, ServeState.argv)
+        out.print(st.model_dump_json(indent=2))  # the key masked (ApiKey, ServeState.argv)
     elif st.state is None:
-        out.print(st.detail, markup=False)
+        out.print(st.detail)
     else:
         s = st.state
         uptime = time.time() - s.started_at
         where = f"container {s.container}" if s.container else f"pid {s.pid}"
-        out.print(f"{name}: {s.profile} ({s.engine}, {s.runner}, {where}), up {uptime:.0f}s", markup=False)
-        out.print(f"  base URL: {s.base_url}", markup=False)
-        out.print(f"  access: {describe_access(s.host, s.api_key)}", markup=False)
+        out.print(f"{name}: {s.profile} ({s.engine}, {s.runner}, {where}), up {uptime:.0f}s")
+        out.print(f"  base URL: {s.base_url}")
+        out.print(f"  access: {describe_access(s.host, s.api_key)}")
         out.print(
             f"  phase: {st.phase}"
             + (f"; models: {', '.join(st.models)}" if st.models else "")
-            + (f"; max_model_len {st.max_model_len}" if st.max_model_len else ""),
-            markup=False,
+            + (f"; max_model_len {st.max_model_len}" if st.max_model_len else "")
         )
         if st.detail:
-            out.print(f"  {st.detail}", markup=False)
-        out.print(f"  log: {s.log_path}", markup=False)
+            out.print(f"  {st.detail}")
+        out.print(f"  log: {s.log_path}")
     if st.phase != "ready":
         raise typer.Exit(3)
 
@@ -216,12 +213,12 @@ def logs_command(
     if state is None:
         raise UsageError(f"no endpoint {name!r} recorded; start one with `m3-agent serve start`")
     for line in launcher.tail(state.log_path, lines):
-        out.print(state.redacted(line), markup=False)
+        out.print(state.redacted(line))
     if follow:
         launcher.follow(
             state.log_path,
             until=lambda: not launcher.is_running(state),
-            emit=lambda line: out.print(state.redacted(line), markup=False),
+            emit=lambda line: out.print(state.redacted(line)),
         )
 
 
@@ -232,10 +229,10 @@ def stop_command(
     """Stop the endpoint: its whole process group, or its container."""
     state = launcher.stop(name, grace_s=grace)
     if state is None:
-        out.print(f"no endpoint {name!r} recorded; nothing to stop", markup=False)
+        out.print(f"no endpoint {name!r} recorded; nothing to stop")
         return
     what = f"container {state.container}" if state.container else f"process group {state.pid}"
-    out.print(f"stopped {name}: {state.profile} ({what})", markup=False)
+    out.print(f"stopped {name}: {state.profile} ({what})")
 
 
 @app.command("plan")
@@ -291,10 +288,10 @@ def plan_command(
     except ValueError as e:
         raise UsageError(f"bad plan input: {e}".splitlines()[0]) from None
     if as_json:
-        out.print(result.model_dump_json(indent=2), markup=False)
+        out.print(result.model_dump_json(indent=2))
     else:
         for line in describe(result):
-            out.print(line, markup=False)
+            out.print(line)
     if not result.fits:
         raise UsageError(f"does not fit: {result.reason}")
 
@@ -343,8 +340,8 @@ def bench_command(
         raise UsageError(f"bad bench input: {e}".splitlines()[0]) from None
     result = run_bench(cfg, tool=tool, tokenizer=tokenizer)  # type: ignore[arg-type]
     if as_json:
-        out.print(result.model_dump_json(), markup=False)
+        out.print(result.model_dump_json())
         return
     out.print(table(result, cfg))
     if result.failed:
-        err.print(f"{result.failed} request(s) failed; first: {result.first_error}", markup=False)
+        err.print(f"{result.failed} request(s) failed; first: {result.first_error}")

@@ -133,12 +133,17 @@ def _save_state(state: ServeState) -> None:
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
-def _proc_started(pid: int) -> str | None:
+def _proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the parenthesised command name (the state first); None: not found."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22, after the parenthesised command name
+
+
+def _proc_started(pid: int) -> str | None:
+    fields = _proc_stat(pid)
+    return fields[19] if fields else None  # field 22: the start time
 
 
 def _pid_alive(pid: int, started: str | None = None) -> bool:
@@ -154,11 +159,8 @@ def _pid_alive(pid: int, started: str | None = None) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    except OSError:
-        pass
+    if (_proc_stat(pid) or [""])[0] == "Z":
+        return False
     return started is None or _proc_started(pid) in (None, started)
 
 
@@ -172,13 +174,8 @@ def _group_alive(pgid: int) -> bool:
             return False
         return True
     for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[2] == str(pgid) and fields[0] != "Z":
+        fields = _proc_stat(entry.name) if entry.name.isdigit() else None
+        if fields and fields[2] == str(pgid) and fields[0] != "Z":
             return True
     return False
 
@@ -408,12 +405,8 @@ def wait_ready(
     while True:
         if not is_running(state):
             code = _exit_code(state)
-            raise _failure(
-                state,
-                f"the {state.engine} server exited during start-up"
-                + (f" (exit code {code})" if code is not None else ""),
-                code,
-            )
+            with_code = f" (exit code {code})" if code is not None else ""
+            raise _failure(state, f"the {state.engine} server exited during start-up{with_code}", code)
         phase, models, max_len = probe(state.base_url, state.served_model_name, api_key=state.key_value)
         if phase == "ready" and shown == "loading":
             say("healthy", "/health answers 200")  # both came up between two polls

@@ -16,69 +16,38 @@ over HTTP without a GPU:
         ...
         srv.requests                            # every JSON body POSTed to /v1/chat/completions
 
-Script format (JSON; a list of turns, or an object):
-
-    {"model": "MiniMaxAI/MiniMax-M3", "max_model_len": 1048576, "block_size": 128,
-     "turns": [...], "conversations": [{"match": "substring", "turns": [...]}, ...],
-     "on_exhausted": "final" | "error", "loading_s": 0, "stray_think_close": false,
-     "reasoning_content_alias": false, "performance": null}
-
-Each chat-completions request consumes the next turn of its conversation: the first conversation
-whose `match` occurs in the request's first user message, else the top-level `turns` (no match and
-no top-level turns: HTTP 400). A turn has either `raw`, the model's raw output served as vLLM's
+A script (docs/standin.md gives the format, every fault and every wire detail) is a list of
+turns or an object with server settings (`model`, `max_model_len`, `block_size`, `loading_s`,
+`on_exhausted`, `stray_think_close`, `reasoning_content_alias`, `performance`), top-level `turns`
+and `conversations` (`{"match": "substring", "turns": [...]}`). Each chat-completions request
+consumes the next turn of its conversation: the first whose `match` occurs in the request's first
+user message, else the top-level turns. A turn is either `raw` model output, parsed as vLLM's
 minimax_m3 parsers parse it (`serving/m3_output.py`; the conformance tier proves they agree), or
-`reasoning`, `content`, `tool_calls` (each
-`{"name", "arguments": {...}}` or `{"name", "arguments_raw": "any string"}`), `finish_reason`
-(default `tool_calls` when there are tool calls, else `stop`), `delay_s`, `repeat` (serve it N
-times), `stray_think_close`, and `fault`:
+`reasoning`, `content` and `tool_calls`; it may carry a `fault` (`Fault`), a `delay_s` and a
+`repeat` count. A fault turn is consumed by the request it fails, so a retrying client gets the next.
+M3's own faults are raw text: the catalogue is `serving/m3_faults.py`.
 
-    "500" / "503"             a vLLM-style error body with that status
-    "drop"                    the connection is closed without a response
-    "malformed_arguments"     tool-call arguments are not valid JSON (M2 compatibility)
-    "truncate"                content and the last tool call's arguments cut; finish_reason length
-    "context_overflow"        HTTP 400 with vLLM's context-length text, from the real counts
-    "literal_parameter_close" a string argument is cut at a literal `</parameter>` (M2's parser fault)
-    "null_nullable"           arguments the tool schema marks nullable come back as null
-
-A fault turn is consumed by the request it fails, so a retrying client gets the next turn. When a
-conversation runs out of turns, `on_exhausted: "final"` answers a plain assistant message saying
-so (finish_reason stop) and `"error"` answers HTTP 500. During the first `loading_s` seconds every
-route but /metrics answers 503, as a vLLM server still loading weights does.
-
-Wire details that follow the vLLM version M3 is served with:
-- reasoning is `message.reasoning` / `delta.reasoning`; vLLM removed the `reasoning_content` alias
-  in 2026 (vllm PR #33402). `reasoning_content_alias: true` also sends it, like older vLLM.
-- incoming assistant messages are rendered with their `reasoning` field only (vLLM drops
-  `reasoning_content` on input, vllm issue #38488), and only after the last user message, as the
-  M3 chat template does.
-- `usage.prompt_tokens_details` is `{"cached_tokens": N}` when N > 0 and null when nothing was
-  cached: vLLM tests the count for truth before filling it in.
-- `chat_template_kwargs.thinking_mode` (`enabled` | `disabled` | `adaptive`, default adaptive):
-  `disabled` sends no reasoning. With `stray_think_close`, the model starts replies in a multi-turn
-  conversation under a mode other than `enabled` with a stray `</mm:think>`; vLLM's reasoning
-  parser drops it, leaving the newlines after it in content.
-- tool-call ids are `chatcmpl-tool-<16 hex>`; streamed, a call is a head delta (id, name) and then
-  its whole arguments, as vLLM's M3 parser emits them once the `<invoke>` closes.
-- M3's real faults are raw text: see the catalogue in `serving/m3_faults.py`.
-- context overflow (prompt tokens + max_completion_tokens or max_tokens > max_model_len) is
-  HTTP 400 with vLLM's text, checked before any turn is consumed.
+The wire follows the vLLM version M3 is served with: reasoning is `message.reasoning` only (vLLM
+removed the `reasoning_content` alias, vllm PR #33402); incoming assistant reasoning is rendered
+only after the last user message, as M3's chat template does; `usage.prompt_tokens_details` is
+null when nothing was cached; tool-call ids are `chatcmpl-tool-<16 hex>`, and a streamed call is a
+head delta (id, name) then its whole arguments; context overflow is HTTP 400 with vLLM's text,
+checked before any turn is consumed.
 
 Token counting is a deterministic toy tokenizer, not M3's: the request is rendered in a fixed
-chat-template-like form (`render_prompt`) and cut by the regex `\\w+|[^\\w\\s]|\\s+` (runs of word
-characters, single punctuation marks, runs of whitespace). Ids are given out in order of first
-sight by each server, so `/detokenize` inverts `/tokenize` on the same server. Prefix caching is
-block-granular like vLLM's: a chain hash per full `block_size` block of prompt tokens; a request's
-`cached_tokens` is the number of leading blocks still cached, never the whole prompt.
+chat-template-like form (`render_prompt`) and cut by `TOKEN_RE` (word runs, single punctuation
+marks, whitespace runs); ids are given out in order of first sight, so `/detokenize` inverts
+`/tokenize` on the same server. Prefix caching is block-granular like vLLM's: a chain hash per
+full `block_size` block of prompt tokens; `cached_tokens` counts the leading blocks still cached.
 
 What runs a request is an engine, the seam between this wire double and a performance model: it
 says how long a request takes and how many of its prompt tokens were cached. Without `performance`
 it is `InstantEngine` (every answer at once, a prefix cache that never forgets). With
-`"performance": {...}` (a `serving.kvsim.Performance`; defaults: seed 000's 8x B200) it is
-`serving.kvsim.KVSimulator`, loaded only then: a KV cache of `kv_capacity_tokens` whose free blocks
-are evicted least recently freed first, one serialized prefill lane, decode per sequence, and a clock
-`time_scale` times faster than real time (docs/standin.md gives the formulas). `/metrics` exports the
-engine's cache gauges and `vllm:cache_config_info` (num_gpu_blocks, block_size), so a client can
-learn the capacity.
+`"performance": {...}` (a `serving.kvsim.Performance`) it is `serving.kvsim.KVSimulator`, loaded
+only then: a KV cache with LRU eviction of free blocks, one serialized prefill lane, decode per
+sequence, on a clock `time_scale` times faster than real time. `/metrics` exports the engine's
+cache gauges and `vllm:cache_config_info` (num_gpu_blocks, block_size), so a client can learn the
+capacity.
 """
 
 from __future__ import annotations
@@ -105,7 +74,7 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from m3_agent.errors import UsageError, first_validation_error
-from m3_agent.serving.m3_output import parse_output, split_reasoning
+from m3_agent.serving.m3_output import parse_output, split_reasoning, tool_properties
 
 if TYPE_CHECKING:  # the performance model is imported only by a script that has one (`StandinState`)
     from m3_agent.serving.kvsim import KVSimulator
@@ -586,19 +555,13 @@ class StandinState:
 
 def _nullable_params(tools: list[dict[str, Any]] | None, name: str) -> list[str]:
     """Names of the parameters of tool `name` whose JSON schema admits null."""
-    for tool in tools or []:
-        fn = tool.get("function", {}) if isinstance(tool, dict) else {}
-        if fn.get("name") != name:
-            continue
-        props = (fn.get("parameters") or {}).get("properties") or {}
-        out = []
-        for pname, schema in props.items():
-            types = schema.get("type")
-            options = [s.get("type") for s in schema.get("anyOf", []) + schema.get("oneOf", []) if isinstance(s, dict)]
-            if types == "null" or (isinstance(types, list) and "null" in types) or "null" in options:
-                out.append(pname)
-        return out
-    return []
+    out = []
+    for pname, schema in tool_properties(tools, name).items():
+        types = schema.get("type")
+        options = [s.get("type") for s in schema.get("anyOf", []) + schema.get("oneOf", []) if isinstance(s, dict)]
+        if types == "null" or (isinstance(types, list) and "null" in types) or "null" in options:
+            out.append(pname)
+    return out
 
 
 def _cut_at_parameter_close(value: Any) -> Any:
@@ -1095,11 +1058,7 @@ def standin_command(
     """
     server = StandinServer(script, host=host, port=port, api_key=api_key).start()
     stopped = threading.Event()
-
-    def _on_term(signum: int, frame: object) -> None:
-        stopped.set()
-
-    previous = signal.signal(signal.SIGTERM, _on_term)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
     typer.echo(f"m3-agent stand-in (a scripted TEST DOUBLE, not a model) serving {server.base_url}", err=False)
     typer.echo(f"script: {script} ({len(server.script.turns)} turns, {len(server.script.conversations)} conversations); Ctrl-C to stop")
     try:
