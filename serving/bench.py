@@ -60,13 +60,8 @@ def run_vllm_bench(cfg: LoadConfig, *, tokenizer: str | None = None) -> BenchRes
     with tempfile.TemporaryDirectory(prefix="m3-bench-") as tmp:
         argv = vllm_bench_argv(cfg, result_dir=tmp, result_file="result.json", tokenizer=tokenizer)
         try:
-            r = subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                timeout=cfg.timeout_s + 120,
-                env={**os.environ, "OPENAI_API_KEY": cfg.api_key},
-            )
+            env = {**os.environ, "OPENAI_API_KEY": cfg.api_key}
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=cfg.timeout_s + 120, env=env)
         except subprocess.TimeoutExpired:
             raise EndpointError(f"vllm bench serve did not finish within {cfg.timeout_s:g}s") from None
         path = Path(tmp) / "result.json"

@@ -76,19 +76,10 @@ def start_command(
     _check_choice(engine, ("vllm", "sglang"), "--engine")
     _check_choice(runner, ("native", "docker"), "--runner")
     key = choose_key(host or LOOPBACK, api_key, shared=nodes > 1 or replicas > 1)
-    o = Overrides(
-        model=model,
-        served_model_name=served_model_name,
-        port=port,
-        host=host,
-        api_key=key,
-        max_model_len=max_model_len,
-        kv_cache_dtype=kv_cache_dtype,
-        gpu_memory_utilization=gpu_memory_utilization,
-        tensor_parallel_size=tp,
-        text_only=text_only,
-        extra_args=extra_arg,
-    )
+    o = Overrides(model=model, served_model_name=served_model_name, port=port, host=host, api_key=key,
+                  max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
+                  gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tp, text_only=text_only,
+                  extra_args=extra_arg)
     profile, gpus = _pick_profile(profile)
     if dry_run:
         _dry_run(profile, engine, runner, o, nodes=nodes, replicas=replicas)
@@ -326,16 +317,8 @@ def bench_command(
             raise UsageError(f"{base_url} lists no model: pass --model")
         model = models[0]
     try:
-        cfg = LoadConfig(
-            base_url=base_url,
-            api_key=api_key or "EMPTY",
-            model=model,
-            input_len=input_len,
-            output_len=output_len,
-            concurrency=concurrency,
-            num_prompts=num_prompts,
-            timeout_s=timeout,
-        )
+        cfg = LoadConfig(base_url=base_url, api_key=api_key or "EMPTY", model=model, input_len=input_len,
+                         output_len=output_len, concurrency=concurrency, num_prompts=num_prompts, timeout_s=timeout)
     except ValueError as e:
         raise UsageError(f"bad bench input: {e}".splitlines()[0]) from None
     result = run_bench(cfg, tool=tool, tokenizer=tokenizer)  # type: ignore[arg-type]

@@ -70,16 +70,10 @@ def plan_request(profile: Profile, cmd: Command, gpu_count: int, gpu_memory_gb: 
     kv = flag_value(args, "--kv-cache-dtype") or "auto"
     overrides = flag_value(args, "--hf-overrides") or ""
     native = AMD_NATIVE_CONTEXT if profile.platform == "amd" and "yarn" not in overrides else NATIVE_CONTEXT
-    return PlanRequest(
-        gpus=gpu_count,
-        gpu_memory_gb=gpu_memory_gb,
-        precision=profile.precision,
-        kv_dtype=kv,
-        max_model_len=int(length) if length else None,
-        gpu_memory_utilization=float(util) if util else 0.9,
-        text_only="--language-model-only" in args,
-        native_context=native,
-    )
+    return PlanRequest(gpus=gpu_count, gpu_memory_gb=gpu_memory_gb, precision=profile.precision, kv_dtype=kv,
+                       max_model_len=int(length) if length else None,
+                       gpu_memory_utilization=float(util) if util else 0.9,
+                       text_only="--language-model-only" in args, native_context=native)
 
 
 def preflight(profile: Profile, cmd: Command, gpus: list[GPU]) -> Plan:
@@ -148,14 +142,16 @@ def ensure_endpoint(
     progress: launcher.Progress | None = None,
     name: str = launcher.DEFAULT_NAME,
     launch: Launch | None = None,
+    key: ApiKey | None = None,
 ) -> str:
     """A healthy base URL for `profile`: the one given, the one recorded under `name`, or a new launch.
 
+    `key` (the configured one) is sent to `base_url` when no serve state records a key for it.
     Raises EndpointError when the server cannot be brought up (with its last log lines and the
     likely cause) and UsageError for a bad profile or a machine that cannot hold it.
     """
     say = progress or (lambda phase, msg: None)
-    if base_url and launcher.probe(base_url, api_key=key_value(recorded_key(base_url)))[0] == "ready":
+    if base_url and launcher.probe(base_url, api_key=key_value(recorded_key(base_url) or key))[0] == "ready":
         say("reuse", f"healthy endpoint at {base_url}")
         return base_url
     state = launcher.load_state(name)
@@ -187,10 +183,7 @@ def resolve_endpoint(base_url: str | None, serve: str | None = None,
             if notice:
                 notice(f"serve: {message}")
 
-        if base_url and launcher.probe(base_url, api_key=key_value(recorded_key(base_url) or key))[0] == "ready":
-            progress("reuse", f"healthy endpoint at {base_url}")
-        else:
-            base_url = ensure_endpoint(serve, progress=progress)
+        base_url = ensure_endpoint(serve, base_url=base_url, progress=progress, key=key)
     if not base_url:
         raise UsageError(
             "no model endpoint: pass --base-url URL (e.g. http://gpu-node:8000/v1) or --serve PROFILE, "

@@ -54,15 +54,8 @@ def parse_nvidia_smi(text: str) -> list[GPU]:
             mib = float(parts[2])
         except ValueError:
             continue
-        gpus.append(
-            GPU(
-                index=int(parts[0]),
-                name=parts[1],
-                memory_gb=round(mib / 1024, 1),
-                vendor="nvidia",
-                kind=gpu_kind(parts[1]),
-            )
-        )
+        gpus.append(GPU(index=int(parts[0]), name=parts[1], memory_gb=round(mib / 1024, 1), vendor="nvidia",
+                        kind=gpu_kind(parts[1])))
     return gpus
 
 
@@ -81,15 +74,9 @@ def parse_rocm_smi(text: str) -> list[GPU]:
         total = low.get("vram total memory (b)")
         if total is None or not total.isdigit():
             continue
-        gpus.append(
-            GPU(
-                index=int("".join(c for c in card if c.isdigit()) or 0),
-                name=name,
-                memory_gb=round(int(total) / 1024**3, 1),
-                vendor="amd",
-                kind=gpu_kind(name),
-            )
-        )
+        index = int("".join(c for c in card if c.isdigit()) or 0)
+        gpus.append(GPU(index=index, name=name, memory_gb=round(int(total) / 1024**3, 1), vendor="amd",
+                        kind=gpu_kind(name)))
     return gpus
 
 

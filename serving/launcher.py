@@ -370,21 +370,11 @@ def launch(cmd: Command, *, name: str = DEFAULT_NAME) -> ServeState:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = directory / f"{name}.log"
     os.close(private_file(log_path))  # SGLang logs its server args, the key among them
-    state = ServeState(
-        name=name,
-        profile=cmd.profile,
-        engine=cmd.engine,
-        runner=cmd.runner,
-        argv=cmd.argv,
-        env=cmd.env,
-        container=cmd.container,
-        log_path=str(log_path),
-        base_url=f"http://{client_host(cmd.host)}:{cmd.port}/v1",
-        served_model_name=cmd.served_model_name,
-        started_at=time.time(),
-        host=cmd.host,
-        api_key=cmd.api_key,
-    )
+    state = ServeState(name=name, profile=cmd.profile, engine=cmd.engine, runner=cmd.runner, argv=cmd.argv,
+                       env=cmd.env, container=cmd.container, log_path=str(log_path),
+                       base_url=f"http://{client_host(cmd.host)}:{cmd.port}/v1",
+                       served_model_name=cmd.served_model_name, started_at=time.time(), host=cmd.host,
+                       api_key=cmd.api_key)
     if cmd.runner == "native":
         state.pid, state.pid_started = _launch_native(cmd, log_path)
     else:

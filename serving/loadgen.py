@@ -83,12 +83,8 @@ def _count_tokens(base_url: str, model: str, text: str, api_key: str) -> int | N
     """Prompt tokens of one user message per the server's /tokenize (vLLM and the stand-in have it)."""
     root = base_url.removesuffix("/").removesuffix("/v1")
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}]}).encode()
-    req = urllib.request.Request(
-        f"{root}/tokenize",
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
-    )
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
+    req = urllib.request.Request(f"{root}/tokenize", data=body, headers=headers)  # POST: it has data
     try:
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as r:
             return int(json.loads(r.read())["count"])

@@ -172,20 +172,11 @@ def plan(req: PlanRequest) -> Plan:
             f"at {largest} or add GPUs{hint}"
         )
     request_conc = round(pool_tokens / req.request_tokens, 2) if req.request_tokens else None
-    return Plan(
-        request=req,
-        usable_gb=round(usable, 2),
-        weights_gb=round(weights, 2),
-        reserve_gb=reserve,
-        kv_pool_gb=round(pool, 2),
-        kv_bytes_per_token=round(per_token, 1),
-        max_model_len=chosen if fits else largest,
-        concurrency=round(pool_tokens / chosen, 2) if fits and chosen else 0.0,
-        request_concurrency=request_conc,
-        windows=windows,
-        fits=fits,
-        reason=reason,
-    )
+    return Plan(request=req, usable_gb=round(usable, 2), weights_gb=round(weights, 2), reserve_gb=reserve,
+                kv_pool_gb=round(pool, 2), kv_bytes_per_token=round(per_token, 1),
+                max_model_len=chosen if fits else largest,
+                concurrency=round(pool_tokens / chosen, 2) if fits and chosen else 0.0,
+                request_concurrency=request_conc, windows=windows, fits=fits, reason=reason)
 
 
 def describe(p: Plan) -> list[str]:
