@@ -241,59 +241,35 @@ def tail(path: str | Path, lines: int = LOG_TAIL) -> list[str]:
 
 # (pattern in the log, the likely cause and what to do), most specific first.
 _CAUSES: list[tuple[str, str]] = [
-    (
-        r"No common block size|block.size.*mismatch",
-        "KV block size: MSA needs --block-size 128 (vLLM) / --page-size 128 (SGLang)",
-    ),
-    (
-        r"larger than the maximum number of tokens that can be stored in KV cache"
-        r"|No available memory for the cache blocks|KV cache is needed|insufficient.*KV cache",
-        "the KV cache cannot hold --max-model-len: lower it or add --kv-cache-dtype fp8 (see `m3-agent serve plan`)",
-    ),
-    (
-        r"out of memory|OutOfMemoryError|CUDA error: out of memory|HIP out of memory",
-        "GPU memory: lower --max-model-len, use --kv-cache-dtype fp8 or a smaller precision, or add GPUs "
-        "(see `m3-agent serve plan`)",
-    ),
-    (
-        r"Address already in use|address already in use|bind.*in use",
-        "the port is taken: pass --port, or stop the server already on it",
-    ),
-    (
-        r"invalid choice: '?minimax[_-]m3|(tool|reasoning).?parser.*minimax[_-]m3.*(not|invalid|unknown)"
-        r"|KeyError: '?minimax[_-]m3",
-        "this engine version has no minimax_m3 parsers: use the minimax-m3 docker image or a newer release",
-    ),
-    (
-        r"does not recognize this architecture|model type `?minimax_m3|MiniMaxM3.*not supported",
-        "this engine version does not know MiniMax-M3: use the minimax-m3 docker image or a newer release",
-    ),
-    (
-        r"unrecognized arguments|error: argument|No such option",
-        "the engine rejected a flag: its version is older than the flags M3 needs; use the minimax-m3 image",
-    ),
-    (
-        r"401|403|gated repo|Access to model .* is restricted|Repository Not Found|HF_TOKEN",
-        "Hugging Face access: export HF_TOKEN and accept the model's license, or pass a local --model path",
-    ),
-    (
-        r"No CUDA GPUs are available|Found no NVIDIA driver|no ROCm-capable device|CUDA driver version is insufficient"
-        r"|could not select device driver",
-        "no usable GPU: check nvidia-smi / rocm-smi, the driver, and (docker) the NVIDIA container toolkit",
-    ),
-    (
-        r"fa4|FlashAttention-4|illegal memory access|cudaErrorIllegalAddress",
-        "an attention kernel faulted: on CUDA 13 SGLang's fa4 faults (seed 000); use the vLLM engine",
-    ),
-    (
-        r"NCCL error|NCCL WARN|ncclSystemError|ncclInternalError",
-        "GPU communication (NCCL): check every GPU is visible, --ipc=host and enough shared memory",
-    ),
+    (r"No common block size|block.size.*mismatch",
+     "KV block size: MSA needs --block-size 128 (vLLM) / --page-size 128 (SGLang)"),
+    (r"larger than the maximum number of tokens that can be stored in KV cache"
+     r"|No available memory for the cache blocks|KV cache is needed|insufficient.*KV cache",
+     "the KV cache cannot hold --max-model-len: lower it or add --kv-cache-dtype fp8 (see `m3-agent serve plan`)"),
+    (r"out of memory|OutOfMemoryError|CUDA error: out of memory|HIP out of memory",
+     "GPU memory: lower --max-model-len, use --kv-cache-dtype fp8 or a smaller precision, or add GPUs "
+     "(see `m3-agent serve plan`)"),
+    (r"Address already in use|address already in use|bind.*in use",
+     "the port is taken: pass --port, or stop the server already on it"),
+    (r"invalid choice: '?minimax[_-]m3|(tool|reasoning).?parser.*minimax[_-]m3.*(not|invalid|unknown)"
+     r"|KeyError: '?minimax[_-]m3",
+     "this engine version has no minimax_m3 parsers: use the minimax-m3 docker image or a newer release"),
+    (r"does not recognize this architecture|model type `?minimax_m3|MiniMaxM3.*not supported",
+     "this engine version does not know MiniMax-M3: use the minimax-m3 docker image or a newer release"),
+    (r"unrecognized arguments|error: argument|No such option",
+     "the engine rejected a flag: its version is older than the flags M3 needs; use the minimax-m3 image"),
+    (r"401|403|gated repo|Access to model .* is restricted|Repository Not Found|HF_TOKEN",
+     "Hugging Face access: export HF_TOKEN and accept the model's license, or pass a local --model path"),
+    (r"No CUDA GPUs are available|Found no NVIDIA driver|no ROCm-capable device|CUDA driver version is insufficient"
+     r"|could not select device driver",
+     "no usable GPU: check nvidia-smi / rocm-smi, the driver, and (docker) the NVIDIA container toolkit"),
+    (r"fa4|FlashAttention-4|illegal memory access|cudaErrorIllegalAddress",
+     "an attention kernel faulted: on CUDA 13 SGLang's fa4 faults (seed 000); use the vLLM engine"),
+    (r"NCCL error|NCCL WARN|ncclSystemError|ncclInternalError",
+     "GPU communication (NCCL): check every GPU is visible, --ipc=host and enough shared memory"),
     (r"No space left on device", "the disk is full: free space for the weights (~860 GB in BF16)"),
-    (
-        r"command not found|No module named '?(vllm|sglang)",
-        "the engine is not installed here: install it, or use --runner docker",
-    ),
+    (r"command not found|No module named '?(vllm|sglang)",
+     "the engine is not installed here: install it, or use --runner docker"),
 ]
 
 
@@ -430,13 +406,8 @@ def _exit_code(state: ServeState) -> int | None:
     return None
 
 
-def start(
-    cmd: Command,
-    *,
-    name: str = DEFAULT_NAME,
-    timeout_s: float = 1800,
-    progress: Progress | None = None,
-) -> ServeState:
+def start(cmd: Command, *, name: str = DEFAULT_NAME, timeout_s: float = 1800,
+          progress: Progress | None = None) -> ServeState:
     """Launch `cmd` and wait for it; on a crash the leftovers are stopped, on a timeout it keeps running."""
     state = launch(cmd, name=name)
     try:

@@ -39,14 +39,8 @@ class Step(BaseModel):
     command: str
 
 
-def ray_tensor_parallel(
-    profile: Profile,
-    nodes: int,
-    *,
-    gpus_per_node: int | None = None,
-    head: str = "<HEAD_IP>",
-    overrides: Overrides | None = None,
-) -> list[Step]:
+def ray_tensor_parallel(profile: Profile, nodes: int, *, gpus_per_node: int | None = None, head: str = "<HEAD_IP>",
+                        overrides: Overrides | None = None) -> list[Step]:
     """One model replica split by tensor parallelism over `nodes` nodes, coordinated by Ray."""
     if profile.engine != "vllm":
         raise UsageError("the multi-node tensor-parallel form is for vLLM: pass --engine vllm")
@@ -85,15 +79,9 @@ def replicas_behind_router(
     steps = [Step(where=f"node {h}", command=cmd.shell()) for h in hosts]
     workers = " ".join(f"http://{h}:{cmd.port}" for h in hosts)
     # sglang-router's --api-key is sent to the workers and required of its own clients (checked with 0.3.2)
-    steps.append(
-        Step(
-            where="router host (pip install sglang-router)",
-            command=f"python -m sglang_router.launch_router --worker-urls {workers} "
-            f"--policy cache_aware --host {ALL_INTERFACES} --port {ROUTER_PORT} "
-            f"--api-key {mask(o.api_key.value.get_secret_value())}",
-        )
-    )
-    return steps
+    router = (f"python -m sglang_router.launch_router --worker-urls {workers} --policy cache_aware "
+              f"--host {ALL_INTERFACES} --port {ROUTER_PORT} --api-key {mask(o.api_key.value.get_secret_value())}")
+    return [*steps, Step(where="router host (pip install sglang-router)", command=router)]
 
 
 def eval_pool_step(profile: Profile, replicas: int, *, hosts: list[str] | None = None,

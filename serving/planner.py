@@ -141,13 +141,9 @@ def plan(req: PlanRequest) -> Plan:
     pool = usable - weights - reserve
     pool_tokens = max(0.0, pool * GB / per_token)
     largest = min(req.native_context, int(pool_tokens) // BLOCK * BLOCK)
-    windows = [
-        WindowFit(
-            tokens=w, kv_gb=round(kv_gb(w, req.kv_dtype), 2), fits=w <= largest, concurrency=round(pool_tokens / w, 2)
-        )
-        for w in STANDARD_WINDOWS
-        if w <= req.native_context
-    ]
+    windows = [WindowFit(tokens=w, kv_gb=round(kv_gb(w, req.kv_dtype), 2), fits=w <= largest,
+                         concurrency=round(pool_tokens / w, 2))
+               for w in STANDARD_WINDOWS if w <= req.native_context]
     chosen = req.max_model_len or largest
     fits, reason = True, ""
     machine = f"{req.gpus}x {req.gpu_memory_gb:g} GB at utilization {req.gpu_memory_utilization:g}"

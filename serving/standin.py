@@ -724,33 +724,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, b"", "application/json")
 
     def _models(self) -> None:
-        s = self.state.script
-        created = int(time.time())
-        card = {
-            "id": s.model,
-            "object": "model",
-            "created": created,
-            "owned_by": OWNED_BY,
-            "root": s.model,
-            "parent": None,
-            "max_model_len": s.max_model_len,
-            "permission": [
-                {
-                    "id": f"modelperm-{uuid.uuid4().hex}",
-                    "object": "model_permission",
-                    "created": created,
-                    "allow_create_engine": False,
-                    "allow_sampling": True,
-                    "allow_logprobs": True,
-                    "allow_search_indices": False,
-                    "allow_view": True,
-                    "allow_fine_tuning": False,
-                    "organization": "*",
-                    "group": None,
-                    "is_blocking": False,
-                }
-            ],
-        }
+        s, created = self.state.script, int(time.time())
+        permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created,
+                      "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                      "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                      "organization": "*", "group": None, "is_blocking": False}
+        card = {"id": s.model, "object": "model", "created": created, "owned_by": OWNED_BY, "root": s.model,
+                "parent": None, "max_model_len": s.max_model_len, "permission": [permission]}
         self._json(200, {"object": "list", "data": [card]})
 
     def _metrics(self) -> None:
