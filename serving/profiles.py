@@ -317,20 +317,15 @@ def _apply(profile: Profile, o: Overrides) -> tuple[list[str], list[str]]:
     """
     args = list(profile.args)
     n = _NAMES[profile.engine]
-    if o.served_model_name:
-        set_flag(args, "--served-model-name", o.served_model_name)
-    if o.port is not None:
-        set_flag(args, "--port", str(o.port))
-    if o.tensor_parallel_size:
-        # SGLang accepts both spellings; keep whichever the seed used.
-        tp_flag = "--tp" if profile.engine == "sglang" and _flag_index(args, "--tp") is not None else n["tp"]
-        set_flag(args, tp_flag, str(o.tensor_parallel_size))
-    if o.max_model_len:
-        set_flag(args, n["len"], str(o.max_model_len))
-    if o.kv_cache_dtype:
-        set_flag(args, "--kv-cache-dtype", o.kv_cache_dtype)
-    if o.gpu_memory_utilization:
-        set_flag(args, n["mem"], f"{o.gpu_memory_utilization:g}")
+    # SGLang accepts both spellings of tensor parallel; keep whichever the seed used.
+    tp_flag = "--tp" if profile.engine == "sglang" and _flag_index(args, "--tp") is not None else n["tp"]
+    port = None if o.port is None else str(o.port)
+    memory = f"{o.gpu_memory_utilization:g}" if o.gpu_memory_utilization else None
+    for flag, value in (("--served-model-name", o.served_model_name), ("--port", port),
+                        (tp_flag, o.tensor_parallel_size), (n["len"], o.max_model_len),
+                        ("--kv-cache-dtype", o.kv_cache_dtype), (n["mem"], memory)):
+        if value:  # in this order: a flag the seed lacks is appended
+            set_flag(args, flag, str(value))
     if o.text_only:
         for f in _ENCODER_FLAGS:
             remove_flag(args, f)

@@ -105,16 +105,9 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 MEMO_MIN_CHARS = 4096  # prompt segments at least this long are tokenized once per server
 MEMO_SEGMENTS = 256
 
-Fault = Literal[
-    "500",
-    "503",
-    "drop",
-    "malformed_arguments",
-    "truncate",
-    "context_overflow",
-    "literal_parameter_close",
-    "null_nullable",
-]
+# what each fault does: docs/standin.md, "Script format"
+Fault = Literal["500", "503", "drop", "malformed_arguments", "truncate", "context_overflow",
+                "literal_parameter_close", "null_nullable"]
 
 
 class ToolCallSpec(BaseModel):
@@ -134,7 +127,7 @@ class ToolCallSpec(BaseModel):
 
 
 class Turn(BaseModel):
-    """One scripted reply (see the module docstring for each field)."""
+    """One scripted reply (docs/standin.md describes each field)."""
 
     model_config = ConfigDict(extra="forbid")
 
