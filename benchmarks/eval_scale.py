@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from m3_agent.agent.config import AgentConfig  # noqa: E402
 from m3_agent.evals.ray_executor import RayExecutor  # noqa: E402
-from m3_agent.evals.ray_local import LocalRayCluster  # noqa: E402
+from tests.evals.ray_cluster import LocalRayCluster  # noqa: E402
 from m3_agent.evals.config import EvalConfig  # noqa: E402
 from m3_agent.evals.runner import RunOptions, run_eval  # noqa: E402
 from m3_agent.evals.tasks import SUITE_DIR, Task, builtin_names, builtin_tasks  # noqa: E402

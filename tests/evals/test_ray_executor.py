@@ -26,7 +26,7 @@ from tests.conftest import wait_for
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(420)]
 
-from m3_agent.evals.ray_local import LocalRayCluster  # noqa: E402
+from tests.evals.ray_cluster import LocalRayCluster  # noqa: E402
 
 ALL_IDS = sorted(f"m3-agent__{n}-1" for n in builtin_names())
 # Differs from run to run: timings, where files are, and cache hits (they depend on the order requests came in).
@@ -204,7 +204,7 @@ def test_an_unreachable_cluster_is_one_line_at_once(tmp_path):
     from m3_agent.errors import UsageError
     from m3_agent.evals.config import EvalConfig
     from m3_agent.evals.ray_executor import RayExecutor
-    from m3_agent.evals.ray_local import free_port
+    from tests.evals.ray_cluster import free_port
     from m3_agent.evals.runner import RunOptions, run_eval
     from m3_agent.evals.tasks import builtin_task
 

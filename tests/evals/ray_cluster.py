@@ -4,10 +4,11 @@
         run_eval(..., RunOptions(executor=RayExecutor(address=cluster.address)))
         cluster.kill_node(1)                                     # SIGKILL a worker node's every process
 
-For the tests, the benchmark and trying `--executor ray` before a real cluster exists. Each node is one
-`ray start --block` session (its raylet, workers and their children) with its own ports, and the
-cluster its own temporary directory, so two clusters on one machine do not collide, and stopping one
-never touches another (`ray stop` would stop them all).
+For the tests, `benchmarks/eval_scale.py` and trying `--executor ray` on several nodes before a real
+cluster exists (a test helper, not shipped). Each node is one `ray start --block` session (its raylet,
+workers and their children) with its own ports, and the cluster its own temporary directory, so two
+clusters on one machine do not collide, and stopping one never touches another (`ray stop` would stop
+them all).
 """
 
 from __future__ import annotations
