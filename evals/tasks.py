@@ -11,7 +11,6 @@ path or a git URL. Nothing here needs the network unless a task names a remote U
 from __future__ import annotations
 
 import hashlib
-import re
 import json
 import os
 import shutil
@@ -241,43 +240,3 @@ def builtin_standin_script(names: list[str] | None = None) -> dict[str, Any]:
     """
     conversations = [json.loads((SUITE_DIR / n / "solution.json").read_text()) for n in names or builtin_names()]
     return {"on_exhausted": "final", "conversations": conversations}
-
-
-def patch_standin_script(tasks: list[Task]) -> dict[str, Any]:
-    """A stand-in script replaying each task's gold patch through the tools: a `file_edit` per hunk
-    (a `file_write` for a new file), then `submit`. Routed by the first line of the task's issue.
-
-    For tests of `eval run` on any task without a model; like `builtin_standin_script`, a test double.
-    """
-    conversations = []
-    for task in tasks:
-        calls = [{"name": name, "arguments": args} for name, args in _patch_edits(task.patch)]
-        first_line = next(line for line in task.problem_statement.splitlines() if line.strip())
-        conversations.append({"match": first_line.strip(), "turns": [
-            {"reasoning": "Apply the fix.", "tool_calls": calls},
-            {"content": "The fix is in.", "tool_calls": [{"name": "submit", "arguments": {"summary": "gold patch"}}]},
-        ]})
-    return {"on_exhausted": "final", "conversations": conversations}
-
-
-def _patch_edits(patch: str) -> list[tuple[str, dict[str, str]]]:
-    """(tool, arguments) per hunk of a unified diff: file_edit(old_str -> new_str), or file_write of a new file."""
-    edits: list[tuple[str, dict[str, str]]] = []
-    for chunk in patch.split("\ndiff --git ")[0:]:
-        header = re.search(r"^--- (\S+)\n\+\+\+ b/(\S+)$", chunk, re.M)
-        if header is None:
-            continue
-        path, new_file = header.group(2), header.group(1) == "/dev/null"
-        for hunk in re.split(r"^@@[^\n]*@@[^\n]*\n", chunk[header.end() + 1:], flags=re.M)[1:]:
-            old, new = [], []
-            for line in hunk.splitlines(keepends=True):
-                kind, text = line[:1], line[1:]
-                if kind in (" ", "-"):
-                    old.append(text)
-                if kind in (" ", "+"):
-                    new.append(text)
-            if new_file:
-                edits.append(("file_write", {"path": path, "content": "".join(new)}))
-            else:
-                edits.append(("file_edit", {"path": path, "old_str": "".join(old), "new_str": "".join(new)}))
-    return edits
