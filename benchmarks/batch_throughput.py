@@ -86,7 +86,7 @@ MODEL = "MiniMaxAI/MiniMax-M3"
 # what the loop appends after the pack (agent/loop.py, _first_messages)
 TASK_TEXT = ("\n\n<issue>\n{issue}\n</issue>\n\nResolve the issue above in /workspace. "
              "Use the tools; run the tests; call `submit` when the fix is done.")
-POLL_S = 1.0  # simulated seconds between the driver's looks (evals.local.execute_locally waits 1 s)
+POLL_S = 1.0  # simulated seconds between the driver's looks (evals.runner.execute_locally waits 1 s)
 REASONING = " ".join(["The failing test points at the fixture teardown order, so read it and run the suite."] * 12)
 
 

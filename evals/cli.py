@@ -18,9 +18,8 @@ from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
 from m3_agent.evals.config import EvalConfig
-from m3_agent.evals.executor import Executor
 from m3_agent.evals.instance import InstanceResult, grader_for
-from m3_agent.evals.runner import RunOptions, run_eval
+from m3_agent.evals.runner import Executor, RunOptions, run_eval
 from m3_agent.evals.tasks import Task, load_tasks
 from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig
 

@@ -7,8 +7,8 @@
 tree, the image), and after the agent's run it decides the verdict.
 
 `evaluate_instance` takes only pydantic models and returns one, so an executor can run it in a
-process of its own (evals.local) or on another machine (evals.ray_executor: `ray.remote`) without a
-redesign. The only side effects are the sandbox containers (removed) and the trajectory file.
+process of its own (evals.runner.execute_locally) or on another machine (evals.ray_executor:
+`ray.remote`) without a redesign. The only side effects are the sandbox containers (removed) and the trajectory file.
 """
 
 from __future__ import annotations

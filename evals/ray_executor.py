@@ -42,7 +42,7 @@ from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.admission import PROGRESS_EVENTS, new_lines
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
 from m3_agent.evals.config import EvalConfig, trajectory_folder, worker_config_json
-from m3_agent.evals.executor import Admission, Event
+from m3_agent.evals.runner import Admission, Event
 from m3_agent.evals.instance import InstanceResult, failed_result, grader_for, run_instance
 from m3_agent.evals.predictions import Prediction, prediction_of
 from m3_agent.evals.tasks import Task, checkout, repo_source
