@@ -17,7 +17,7 @@ grows with the turns, since every turn of an evicted session is a full prefill a
 - fixed pool: N sessions at a time, in the given order.
 - scheduler: `evals.admission` as `eval run` uses it: the capacity read from the stand-in's
   /metrics, bytes per token of files and of diffs measured through its /tokenize,
-  `order_for_reuse`, and `kv_admit` (expected contexts, less the prefix shared with a running
+  `order_for_reuse`, and `KvAdmit` (expected contexts, less the prefix shared with a running
   instance; the growth past the first prompt projected from the running sessions' trajectories,
   which they write as the agent does, then learned from finished ones) with `--workers` N.
 
@@ -71,7 +71,7 @@ from m3_agent.agent.context import EstimateCounter, PackCache, budget_for_window
 from m3_agent.agent.events import AgentEvent
 from m3_agent.agent.model import Usage
 from m3_agent.agent.trajectory import TrajectoryWriter
-from m3_agent.evals.admission import (Reuse, bytes_per_token, capacity_from_metrics, diff_bytes_per_token, kv_admit,
+from m3_agent.evals.admission import (KvAdmit, Reuse, bytes_per_token, capacity_from_metrics, diff_bytes_per_token,
                                       order_for_reuse)
 from m3_agent.evals.reuse.ordering import order_for_commits
 from m3_agent.evals.reuse.packer import BatchPacker
@@ -265,9 +265,9 @@ def run_arm(name: str, insts: list[Instance], args, scheduled: bool, kv_tokens: 
             tasks = order_for_reuse([i.task for i in insts])
             ratio = bytes_per_token(srv.base_url, tasks[0], None)  # as eval run calibrates, once per repository
             diff = diff_bytes_per_token(srv.base_url, tasks[0], None)
-            admit = kv_admit(capacity, args.workers, repos=None, window=WINDOW, per_token={tasks[0].repo: ratio},
-                             max_turns=AgentConfig().limits.max_turns,
-                             reuse=Reuse(ReuseConfig().delta, 0.0, {tasks[0].repo: args.batch}, {tasks[0].repo: diff}))
+            admit = KvAdmit(capacity, args.workers, repos=None, window=WINDOW, per_token={tasks[0].repo: ratio},
+                            max_turns=AgentConfig().limits.max_turns,
+                            reuse=Reuse(ReuseConfig().delta, 0.0, {tasks[0].repo: args.batch}, {tasks[0].repo: diff}))
             admit.watch(Path(trajectories))  # as run_eval points the gate at its trajectories
         else:  # a fixed pool: the given order, N at a time whatever they hold
             tasks = [i.task for i in insts]

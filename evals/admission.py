@@ -2,8 +2,8 @@
 
     capacity = capacity_from_metrics(base_url)          # vllm:cache_config_info on /metrics, or None
     tasks = order_for_reuse(tasks)                      # a repository's instances back to back
-    gate = CapacityGate(capacity.tokens, workers=8)
-    gate.admits(expected_context(task, repos), [expected tokens of each running instance])
+    admit = KvAdmit(capacity, workers=8, repos=repos, window=window)    # the runner's `admit` (RunOptions)
+    admit(task, running_tasks)          # may it start? `admits`: expected contexts within the capacity
 
 Why: a whole-repository prompt is hundreds of thousands of tokens. When the sessions running at
 once need more KV than the server has, vLLM evicts their cached prefixes between turns and every
@@ -77,15 +77,9 @@ def parse_capacity(metrics_text: str, source: str = "/metrics") -> KvCapacity | 
     return KvCapacity(tokens=blocks * size, block_size=size, source=source) if blocks else None
 
 
-def metrics_url(base_url: str) -> str:
-    """The /metrics address of an OpenAI base URL (…/v1)."""
-    root = base_url.rstrip("/")
-    return (root[: -len("/v1")] if root.endswith("/v1") else root) + "/metrics"
-
-
 def capacity_from_metrics(base_url: str, *, timeout: float = 10.0) -> KvCapacity | None:
-    """The endpoint's KV capacity from its /metrics; None when it has no such page or does not say."""
-    url = metrics_url(base_url)
+    """The endpoint's KV capacity from its /metrics (beside …/v1); None when it has no such page or does not say."""
+    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             text = r.read().decode("utf-8", "replace")
@@ -217,23 +211,17 @@ def expected_context(task: Task, repos: Path | None, window: int, *, per_token: 
     return min(window, int(pack) + (int(pack * GROWTH) + OUTPUT_RESERVE if growth is None else growth))
 
 
-class CapacityGate:
-    """Admits one more instance while the running ones' expected contexts and its own fit the KV cache.
+def admits(capacity_tokens: int | None, workers: int, candidate: int, running: Sequence[int]) -> bool:
+    """True when an instance expected to hold `candidate` tokens may start beside `running`: while their
+    expected contexts and its own fit the KV cache, under the `workers` cap; one always runs.
 
     `capacity_tokens` None (the server did not say) leaves only the `workers` cap.
     """
-
-    def __init__(self, capacity_tokens: int | None, workers: int) -> None:
-        self.capacity_tokens = capacity_tokens
-        self.workers = workers
-
-    def admits(self, candidate: int, running: Sequence[int]) -> bool:
-        """True when an instance expected to hold `candidate` tokens may start beside `running`."""
-        if len(running) >= self.workers:
-            return False
-        if not running or self.capacity_tokens is None:
-            return True
-        return sum(running) + candidate <= self.capacity_tokens
+    if len(running) >= workers:
+        return False
+    if not running or capacity_tokens is None:
+        return True
+    return sum(running) + candidate <= capacity_tokens
 
 
 def learn_capacity(base_url: str, profile: str | None = None) -> KvCapacity | None:
@@ -253,13 +241,6 @@ class Reuse(NamedTuple):
     shared_share: float = 0.0
     batches: dict[str, str] = {}
     per_diff_token: dict[str, float] = {}
-
-
-def kv_admit(capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
-             per_token: dict[str, float] | None = None, reuse: Reuse = Reuse(),
-             max_turns: int | None = None) -> KvAdmit:
-    """The runner's `admit` callable: `CapacityGate` over each task's `expected_context` (see KvAdmit)."""
-    return KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token, reuse=reuse, max_turns=max_turns)
 
 
 PROGRESS_EVENTS = ("run_start", "reply")  # the trajectory events `Progress` reads
@@ -320,8 +301,8 @@ class DeltaSize(NamedTuple):
 
 
 class KvAdmit:
-    """May `task` start beside the `running` ones? Their expected contexts, less what their packs
-    share, must fit the KV capacity (`CapacityGate`).
+    """The runner's `admit` callable: may `task` start beside the `running` ones? Their expected
+    contexts, less what their packs share, must fit the KV capacity (`admits`).
 
     `per_token` maps a repository to its bytes per token (default: the pack's estimate); `reuse`:
     with `delta` the packs are delta packs (eval.delta), so instances of one run share their base's
@@ -344,7 +325,7 @@ class KvAdmit:
     def __init__(self, capacity: KvCapacity | None, workers: int, *, repos: Path | None, window: int,
                  per_token: dict[str, float] | None = None, reuse: Reuse = Reuse(),
                  max_turns: int | None = None) -> None:
-        self.gate = CapacityGate(capacity.tokens if capacity else None, workers)
+        self.capacity, self.workers = capacity.tokens if capacity else None, workers
         self.repos, self.window, self.ratios = repos, window, per_token or {}
         self.reuse, self.max_turns = reuse, max_turns
         self.grown: list[int] = []  # tokens each finished session added to its first prompt
@@ -465,7 +446,7 @@ class KvAdmit:
     def __call__(self, task: Task, running: list[Task]) -> bool:
         self._look(running)
         needs = [self.need(t, running[:i]) for i, t in enumerate(running)]
-        return self.gate.admits(self.need(task, running), needs)
+        return admits(self.capacity, self.workers, self.need(task, running), needs)
 
 
 @functools.lru_cache(maxsize=256)

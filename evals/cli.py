@@ -117,7 +117,7 @@ def execute(tasks: list[Task], predictions, config: EvalConfig, options: RunOpti
             shown: ReportOptions) -> Report:
     """Run, write the reports into the output directory, print the table (and the JSON summary).
 
-    `options.admit` (evals.admission.kv_admit) may hold instances back; `options.executor` (default:
+    `options.admit` (evals.admission.KvAdmit) may hold instances back; `options.executor` (default:
     the local process pool) checks the sandbox image on its own nodes.
     """
     console = Console(stderr=shown.json_out)
@@ -258,7 +258,7 @@ def _kv_admission(tasks: list[Task], endpoint: str, settings, workers: int, repo
                   agent, quiet: bool) -> tuple[list[Task], Any, dict]:
     """The tasks in reuse order, the admission gate for the endpoint's KV capacity, and what run.json records."""
     from m3_agent.agent.context.tokens import server_card
-    from m3_agent.evals.admission import (Reuse, bytes_per_token, diff_bytes_per_token, kv_admit, learn_capacity,
+    from m3_agent.evals.admission import (KvAdmit, Reuse, bytes_per_token, diff_bytes_per_token, learn_capacity,
                                           order_for_reuse)
     from m3_agent.evals.reuse.ordering import batch_ids
 
@@ -279,9 +279,9 @@ def _kv_admission(tasks: list[Task], endpoint: str, settings, workers: int, repo
             "kv_capacity_source": capacity.source if capacity else None,
             "bytes_per_token": {k: round(v, 3) for k, v in per_token.items()},
             "bytes_per_diff_token": {k: round(v, 3) for k, v in per_diff.items()}}
-    admit = kv_admit(capacity, workers, repos=repos, window=window, per_token=per_token,
-                     max_turns=agent.limits.max_turns,
-                     reuse=Reuse(reuse.delta, reuse.shared_share, batch_ids(tasks, delta=reuse.delta), per_diff))
+    admit = KvAdmit(capacity, workers, repos=repos, window=window, per_token=per_token,
+                    max_turns=agent.limits.max_turns,
+                    reuse=Reuse(reuse.delta, reuse.shared_share, batch_ids(tasks, delta=reuse.delta), per_diff))
     return order_for_reuse(tasks), admit, meta
 
 

@@ -12,14 +12,14 @@ from m3_agent.evals.admission import (
     GROWTH,
     LEARN_AFTER,
     OUTPUT_RESERVE,
-    CapacityGate,
+    KvAdmit,
     KvCapacity,
     Reuse,
     bytes_per_token,
     capacity_from_metrics,
     capacity_from_profile,
+    admits,
     expected_context,
-    kv_admit,
     learn_capacity,
     order_for_reuse,
     parse_capacity,
@@ -78,12 +78,11 @@ def test_instances_of_a_repository_run_back_to_back_oldest_first():
 
 
 def test_the_gate_caps_at_workers_fits_the_cache_and_always_runs_one():
-    gate = CapacityGate(1_000_000, workers=3)
-    assert gate.admits(2_000_000, [])  # alone it may exceed the cache: one instance always runs
-    assert gate.admits(400_000, [500_000])
-    assert not gate.admits(600_000, [500_000])
-    assert not gate.admits(1, [1, 1, 1])  # --workers still caps
-    assert CapacityGate(None, workers=2).admits(10**9, [10**9]) and not CapacityGate(None, workers=2).admits(1, [1, 1])
+    assert admits(1_000_000, 3, 2_000_000, [])  # alone it may exceed the cache: one instance always runs
+    assert admits(1_000_000, 3, 400_000, [500_000])
+    assert not admits(1_000_000, 3, 600_000, [500_000])
+    assert not admits(1_000_000, 3, 1, [1, 1, 1])  # --workers still caps
+    assert admits(None, 2, 10**9, [10**9]) and not admits(None, 2, 1, [1, 1])
 
 
 @pytest.fixture
@@ -135,7 +134,7 @@ def test_admission_learns_how_far_sessions_grow_from_the_finished_ones(tmp_path,
     second = one_commit.model_copy(update={"instance_id": "r-2", "repo": "o/other"})  # nothing shared
     (tmp_path / "o__other").symlink_to(tmp_path / "o__r")
     # room for two packs with 5,000 tokens of growth each, not for two with the prior's growth
-    admit = kv_admit(KvCapacity(tokens=2 * (pack + 5_000), block_size=16, source="test"), 4, repos=tmp_path,
+    admit = KvAdmit(KvCapacity(tokens=2 * (pack + 5_000), block_size=16, source="test"), 4, repos=tmp_path,
                      window=1_048_576)
     assert admit.growth is None and not admit(second, [one_commit])
     for grown in range(LEARN_AFTER - 1):
@@ -164,7 +163,7 @@ def test_before_any_finished_the_gate_projects_the_running_sessions_growth_from_
         (tmp_path / t.repo.replace("/", "__")).symlink_to(tmp_path / "o__r")
     running, candidate = [one_commit, *others[:2]], others[2]
     # room for four packs with 6,000 tokens of growth each, not for four with the prior's
-    admit = kv_admit(KvCapacity(tokens=4 * (pack + 6_000), block_size=16, source="test"), 8, repos=tmp_path,
+    admit = KvAdmit(KvCapacity(tokens=4 * (pack + 6_000), block_size=16, source="test"), 8, repos=tmp_path,
                      window=1_048_576, max_turns=40)
     folder = tmp_path / "trajectories"
     folder.mkdir()
@@ -318,7 +317,7 @@ def _reuse(commits: list[str], *, delta: bool = False, share: float = 0.0, per_d
 def test_instances_of_one_repository_are_charged_once_for_the_prefix_their_packs_share(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
     from m3_agent.evals.reuse.ordering import order_for_commits
-    from m3_agent.evals.admission import kv_admit
+    from m3_agent.evals.admission import KvAdmit
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
     repo = tmp_path / "o__r"
@@ -326,17 +325,17 @@ def test_instances_of_one_repository_are_charged_once_for_the_prefix_their_packs
     # 96,000 bytes of core.py both commits share
     commits = _history(repo, [{"core.py": "x = 1\n" * 16_000, "fix.py": "y = 0\n"}, {"fix.py": "y = 1\n"}])
     first, second, capacity = _two_contexts_do_not_fit(tmp_path, commits)
-    admit = kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits))
+    admit = KvAdmit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits))
     assert not admit(second, [first])  # no stored orders: nothing known to be shared, two full contexts
     with PackCache() as store:
         assert order_for_commits(str(repo), commits, store).runs == 1
-    assert kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits))(second, [first])  # core.py is held once
+    assert KvAdmit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits))(second, [first])  # core.py is held once
 
 
 def test_delta_packs_of_one_run_are_charged_once_for_their_base_even_where_files_changed(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
     from m3_agent.evals.reuse.ordering import order_for_commits
-    from m3_agent.evals.admission import kv_admit
+    from m3_agent.evals.admission import KvAdmit
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
     repo = tmp_path / "o__r"
@@ -346,14 +345,14 @@ def test_delta_packs_of_one_run_are_charged_once_for_their_base_even_where_files
     first, second, capacity = _two_contexts_do_not_fit(tmp_path, commits)
     with PackCache() as store:
         assert order_for_commits(str(repo), commits, store, delta=True).runs == 1
-    assert not kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits))(second, [first])  # plain: core.py differs
-    assert kv_admit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))(second, [first])  # one base
+    assert not KvAdmit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits))(second, [first])  # plain: core.py differs
+    assert KvAdmit(capacity, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))(second, [first])  # one base
 
 
 def test_a_repository_larger_than_the_window_is_credited_no_more_than_its_shared_part(tmp_path, monkeypatch):
     from m3_agent.agent.context.cache import PackCache
     from m3_agent.evals.reuse.ordering import order_for_commits
-    from m3_agent.evals.admission import OUTPUT_RESERVE, KvCapacity, kv_admit
+    from m3_agent.evals.admission import OUTPUT_RESERVE, KvAdmit, KvCapacity
 
     monkeypatch.setenv("M3_AGENT_CACHE_DIR", str(tmp_path / "cache"))
     repo = tmp_path / "o__r"
@@ -366,9 +365,9 @@ def test_a_repository_larger_than_the_window_is_credited_no_more_than_its_shared
     with PackCache() as store:
         order_for_commits(str(repo), commits, store, delta=True)
     # budgeted packs are never delta packs: the base is not credited, only the shared part when there is one
-    assert not kv_admit(capacity, 4, repos=tmp_path, window=window, reuse=_reuse(commits, delta=True))(second, [first])
-    assert kv_admit(capacity, 4, repos=tmp_path, window=window, reuse=_reuse(commits, delta=True, share=0.5))(second, [first])
-    assert not kv_admit(capacity, 4, repos=tmp_path, window=window, reuse=_reuse(commits, delta=True, share=0.2))(second, [first])
+    assert not KvAdmit(capacity, 4, repos=tmp_path, window=window, reuse=_reuse(commits, delta=True))(second, [first])
+    assert KvAdmit(capacity, 4, repos=tmp_path, window=window, reuse=_reuse(commits, delta=True, share=0.5))(second, [first])
+    assert not KvAdmit(capacity, 4, repos=tmp_path, window=window, reuse=_reuse(commits, delta=True, share=0.2))(second, [first])
 
 
 def test_a_delta_pack_of_another_run_is_credited_the_head_its_base_shares_with_a_running_base(tmp_path, monkeypatch):
@@ -387,7 +386,7 @@ def test_a_delta_pack_of_another_run_is_credited_the_head_its_base_shares_with_a
         batch = _reuse(commits, delta=True).batches["o/r"]
         assert [stored_run(str(repo), batch, c, store).base for c in commits] == [commits[1]] * 3 + [commits[4]] * 3
     earlier, later = _task("r-0", base_commit=commits[0]), _task("r-5", base_commit=commits[5])
-    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
+    admit = KvAdmit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
     # the two bases' packs start with core.py alike (other.py differs): that much is held once
     assert admit.need(later, [earlier]) == admit.need(later, []) - int(len(core) / CHARS_PER_TOKEN)
 
@@ -411,7 +410,7 @@ def test_delta_packs_under_one_root_are_credited_its_files_and_within_a_run_the_
     root, base = commits[4], commits[1]
     assert {r.root for r in runs} == {root} and runs[0].base == base
     tasks = [_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits)]
-    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
+    admit = KvAdmit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
     files = _tree_bytes(str(repo), root) / CHARS_PER_TOKEN
     to_base, to_own = diff_bytes(str(repo), root, base), diff_bytes(str(repo), base, commits[0])
     alone = admit.need(tasks[0], [])
@@ -443,7 +442,7 @@ def test_a_delta_pack_is_charged_its_base_once_per_run_and_its_own_diff(tmp_path
     repo, commits = one_run
     first, last = _task("r-0", base_commit=commits[0]), _task("r-2", base_commit=commits[2])
     # its diff at the repository's bytes per diff token, which a diff's line marks make denser
-    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True, per_diff={"o/r": 2.5}))
+    admit = KvAdmit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True, per_diff={"o/r": 2.5}))
     base, diff = _tree_bytes(str(repo), commits[1]), diff_bytes(str(repo), commits[1], commits[2])
     assert diff > 2 * 2_000  # the old file's lines and the new one's
 
@@ -454,7 +453,7 @@ def test_a_delta_pack_is_charged_its_base_once_per_run_and_its_own_diff(tmp_path
     # beside an instance of its run: the base is held once, the diff is its own
     assert admit.need(last, [first]) == context(base / CHARS_PER_TOKEN + diff / 2.5) - int(base / CHARS_PER_TOKEN)
     assert admit.need(last, [first]) > admit.expected(last) - int(_tree_bytes(str(repo), commits[2]) / CHARS_PER_TOKEN)
-    plain_ratio = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True)).need(last, [first])
+    plain_ratio = KvAdmit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True)).need(last, [first])
     assert plain_ratio == context(base / CHARS_PER_TOKEN + diff / CHARS_PER_TOKEN) - int(base / CHARS_PER_TOKEN)
 
 
@@ -464,7 +463,7 @@ def test_admission_learns_how_far_its_estimate_of_a_repository_falls_short(tmp_p
     repo, commits = one_run
     tasks = [_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits)]
     base = _tree_bytes(str(repo), commits[1]) / CHARS_PER_TOKEN
-    admit = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
+    admit = KvAdmit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
     before = admit.need(tasks[1], [])  # the run's base: its files, and the prior's growth
     first = {t.instance_id: admit._first_prompt(t) for t in tasks}
     assert first["r-1"] == pytest.approx(base)
@@ -477,7 +476,7 @@ def test_admission_learns_how_far_its_estimate_of_a_repository_falls_short(tmp_p
     assert admit.need(tasks[1], []) > before - int(base * 0.15) - 32_768  # the scale, not the growth, raised it
     admit.observe(int(first["r-0"] * 0.7), int(first["r-0"] * 0.7) + 10, tasks[0])  # an estimate that erred high
     assert admit.scale("o/r") == pytest.approx(1.08, rel=1e-3)  # lowers nothing
-    unsure = kv_admit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
+    unsure = KvAdmit(None, 4, repos=tmp_path, window=1_048_576, reuse=_reuse(commits, delta=True))
     for t in tasks:
         unsure.observe(int(first[t.instance_id] * 0.9), int(first[t.instance_id] * 0.9) + 10, t)
     assert unsure.scale("o/r") == 1.0  # never below 1: the estimate stays on the safe side
