@@ -59,17 +59,6 @@ class EndpointPool:
         with self._lock:
             self.failed.setdefault(url.rstrip("/"), why)
 
-    def endpoint_of(self, instance_id: str) -> str | None:
-        """The endpoint an instance was placed on, if any."""
-        with self._lock:
-            return self._sticky.get(instance_id)
-
-    @property
-    def live(self) -> list[str]:
-        """The endpoints still in the pool."""
-        with self._lock:
-            return [u for u in self.urls if u not in self.failed]
-
 
 def is_endpoint_failure(error: str | None) -> bool:
     """True when an instance's recorded error says its model endpoint failed (not the instance itself)."""

@@ -1,7 +1,6 @@
 """Predictions in SWE-bench's format: {instance_id, model_name_or_path, model_patch}.
 
-    preds = load_predictions("preds.jsonl", tasks)     # or "gold" / "empty"
-    append_prediction(out / "predictions.jsonl", pred) # readable by the official harness
+    preds = load_predictions("preds.jsonl", tasks)     # or "gold" / "empty"; a run writes predictions.jsonl
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from m3_agent.errors import UsageError
-from m3_agent.evals.records import append_record, read_records, validate_record
+from m3_agent.evals.records import read_records, validate_record
 from m3_agent.evals.tasks import Task
 
 GOLD = "gold"
@@ -52,8 +51,3 @@ def load_predictions(spec: str | Path, tasks: list[Task]) -> dict[str, Predictio
 def prediction_of(predictions: dict[str, Prediction] | None, task: Task) -> Prediction | None:
     """The task's prediction, when grading predictions; None for an agent run."""
     return predictions.get(task.instance_id) if predictions is not None else None
-
-
-def append_prediction(path: Path, pred: Prediction) -> None:
-    """Append one prediction as a JSONL line, synced to disk at once."""
-    append_record(path, pred.model_dump(mode="json"))

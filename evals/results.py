@@ -19,7 +19,7 @@ from pathlib import Path
 
 from m3_agent.errors import UsageError
 from m3_agent.evals.instance import InstanceResult
-from m3_agent.evals.predictions import Prediction, append_prediction
+from m3_agent.evals.predictions import Prediction
 from m3_agent.evals.records import append_record, read_jsonl_tolerant
 
 RESULTS_FILE = "results.jsonl"
@@ -41,8 +41,9 @@ def load_results(output_dir: Path) -> dict[str, InstanceResult]:
 def save_result(output_dir: Path, result: InstanceResult) -> None:
     """Append the result (and its prediction) durably, and write SWE-bench-shaped per-instance files."""
     append_record(output_dir / RESULTS_FILE, result.model_dump(mode="json"))
-    append_prediction(output_dir / PREDICTIONS_FILE, Prediction(
-        instance_id=result.instance_id, model_name_or_path=result.model_name_or_path, model_patch=result.model_patch))
+    append_record(output_dir / PREDICTIONS_FILE, Prediction(  # what the official harness reads
+        instance_id=result.instance_id, model_name_or_path=result.model_name_or_path,
+        model_patch=result.model_patch).model_dump(mode="json"))
     inst = output_dir / "instances" / result.instance_id
     inst.mkdir(parents=True, exist_ok=True)
     (inst / "report.json").write_text(json.dumps(result.report.swebench_json(result.instance_id), indent=2) + "\n")

@@ -33,8 +33,8 @@ def test_a_failed_endpoint_is_taken_out_and_its_instances_placed_elsewhere():
     assert pool.acquire("x") == A
     pool.release("x")
     pool.fail(A, "connection refused")
-    assert pool.live == [B]
-    assert pool.acquire("x") == B and pool.endpoint_of("x") == B
+    assert pool.failed == {A: "connection refused"}
+    assert pool.acquire("x") == B and pool.active == {A: 0, B: 1}
     pool.fail(B)
     with pytest.raises(EndpointError, match=r"every endpoint of the pool failed: .*a:8000.*connection refused"):
         pool.acquire("y")
