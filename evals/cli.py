@@ -18,6 +18,7 @@ from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
 from m3_agent.evals.config import EvalConfig
+from m3_agent.evals.harness import image_here
 from m3_agent.evals.instance import InstanceResult, grader_for
 from m3_agent.evals.runner import Executor, RunOptions, run_eval
 from m3_agent.evals.tasks import Task, load_tasks
@@ -44,13 +45,6 @@ class RunProgress:
             console=console, disable=not enabled, transient=False,
         )
         self.task_id = self.progress.add_task("eval", total=total, running=0, resolved=0, tokens="0")
-
-    def __enter__(self) -> RunProgress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
 
     def __call__(self, kind: str, info: dict[str, Any]) -> None:
         if kind == "start":
@@ -83,18 +77,6 @@ def _ids(instance_ids: list[str] | None) -> list[str] | None:
     return out or None
 
 
-def _require_image(image: str) -> None:
-    """Fail fast, before any instance runs, when the engine or the sandbox image is missing."""
-    from m3_agent.sandbox.engine import docker_client, image_exists
-
-    client = docker_client()
-    try:
-        if not image_exists(client, image):
-            raise SandboxUnavailable(f"sandbox image {image} not found: run `m3-agent sandbox build`")
-    finally:
-        client.close()
-
-
 def _default_output(kind: str, *parts: str) -> Path:
     """A stable default per (kind, inputs), so that running the same command again resumes."""
     key = hashlib.sha256("\0".join(str(Path(p).resolve()) if Path(p).exists() else p for p in parts).encode())
@@ -121,12 +103,15 @@ def execute(tasks: list[Task], predictions, config: EvalConfig, options: RunOpti
     the local process pool) checks the sandbox image on its own nodes.
     """
     console = Console(stderr=shown.json_out)
-    # Harness tasks run in their instance images instead; an executor checks its own nodes.
-    if options.executor is None and any(grader_for(t).checks_out for t in tasks):
-        _require_image(config.sandbox.image)
+    # Fail fast, before any instance runs, when the engine or the sandbox image is missing. Harness tasks
+    # run in their instance images instead; an executor checks its own nodes.
+    image = config.sandbox.image
+    if options.executor is None and any(grader_for(t).checks_out for t in tasks) and not image_here(image):
+        raise SandboxUnavailable(f"sandbox image {image} not found: run `m3-agent sandbox build`")
     config.output_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with RunProgress(len(tasks), console, enabled=not shown.quiet) as progress:
+    progress = RunProgress(len(tasks), console, enabled=not shown.quiet)
+    with progress.progress:  # the live display, for as long as the run lasts
         results = run_eval(tasks, predictions, config, options, on_event=progress)
     meta_path = config.output_dir / "run.json"
     earlier = json.loads(meta_path.read_text()).get("wall_s", 0.0) if meta_path.is_file() else 0.0
@@ -143,10 +128,6 @@ def execute(tasks: list[Task], predictions, config: EvalConfig, options: RunOpti
     if shown.json_out:
         print(report.summary.model_dump_json())
     return report
-
-
-def _sandbox(image: Optional[str]) -> SandboxConfig:
-    return SandboxConfig(image=image or DEFAULT_IMAGE)
 
 
 @app.command("grade")
@@ -178,8 +159,8 @@ def grade_command(
     if strays and not quiet:
         Console(stderr=True).print(f"m3-agent: {strays} prediction(s) name no task here and are ignored")
     config = EvalConfig(output_dir=output or _default_output("grade", tasks, predictions), repos=repos,
-                        sandbox=_sandbox(image), test_timeout=test_timeout, instance_timeout=instance_timeout,
-                        image_namespace=image_namespace or None, image_tag=image_tag)
+                        sandbox=SandboxConfig(image=image or DEFAULT_IMAGE), test_timeout=test_timeout,
+                        instance_timeout=instance_timeout, image_namespace=image_namespace or None, image_tag=image_tag)
     execute(predicted, preds, config, RunOptions(workers=workers, retry_errors=retry_errors),
             ReportOptions(all_tasks=task_list, quiet=quiet, json_out=json_out))
 
@@ -219,7 +200,11 @@ def run_command(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (HOST:PORT); default: a one-machine Ray."),
 ) -> None:
     """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
-    urls = _executor_urls(executor, base_url, ray_address)
+    urls = base_url or []
+    if executor not in ("local", "ray"):
+        raise UsageError(f"unknown --executor {executor!r}: use local or ray")
+    if executor == "local" and (len(urls) > 1 or ray_address):
+        raise UsageError("several --base-url and --ray-address need --executor ray")
     flags = {"--base-url": urls[0] if urls else None, "--api-key": api_key, "--serve": serve, "--model": model,
              "--max-turns": max_turns, "--thinking": thinking, "--image": image}
     endpoint, agent, settings = _endpoint_and_agent(flags, config_file, quiet)
@@ -283,16 +268,6 @@ def _kv_admission(tasks: list[Task], endpoint: str, settings, workers: int, repo
                     max_turns=agent.limits.max_turns,
                     reuse=Reuse(reuse.delta, reuse.shared_share, batch_ids(tasks, delta=reuse.delta), per_diff))
     return order_for_reuse(tasks), admit, meta
-
-
-def _executor_urls(executor: str, base_url: Optional[list[str]], ray_address: Optional[str]) -> list[str]:
-    """The --base-url values, once the executor is known and they suit it."""
-    urls = base_url or []
-    if executor not in ("local", "ray"):
-        raise UsageError(f"unknown --executor {executor!r}: use local or ray")
-    if executor == "local" and (len(urls) > 1 or ray_address):
-        raise UsageError("several --base-url and --ray-address need --executor ray")
-    return urls
 
 
 def _ray_executor(address: Optional[str], endpoints: list[str], agent) -> Executor:

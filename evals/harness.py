@@ -69,21 +69,31 @@ def instance_image(task: Task, namespace: str | None, tag: str) -> str:
     return instance_image_name(task.instance_id, namespace=namespace, tag=tag)
 
 
-def ensure_image(name: str) -> str:
-    """`name` if it is here, else pulled when a registry answers; else a one-line error saying what to do."""
-    import docker.errors
-
+def image_here(name: str) -> bool:
+    """Whether this machine's Docker engine has the image `name`."""
     from m3_agent.sandbox.engine import docker_client, image_exists
 
     client = docker_client()
     try:
-        if image_exists(client, name):
-            return name
-        try:
-            client.images.pull(name)
-            return name
-        except (docker.errors.DockerException, OSError):
-            pass
+        return image_exists(client, name)
+    finally:
+        client.close()
+
+
+def ensure_image(name: str) -> str:
+    """`name` if it is here, else pulled when a registry answers; else a one-line error saying what to do."""
+    import docker.errors
+
+    from m3_agent.sandbox.engine import docker_client
+
+    if image_here(name):
+        return name
+    client = docker_client()
+    try:
+        client.images.pull(name)
+        return name
+    except (docker.errors.DockerException, OSError):
+        pass
     finally:
         client.close()
     raise SandboxUnavailable(f"instance image {name} is not here and could not be pulled: `docker pull {name}` "
@@ -97,38 +107,6 @@ def sandbox_for(base: SandboxConfig, image: str) -> SandboxConfig:
     return base.model_copy(update={"image": image, "mount": "image", "workdir": TESTBED, "env": env})
 
 
-def export_testbed(image: str, dest: Path) -> Path:
-    """The image's /testbed copied to `dest` on the host (what the agent packs into its context)."""
-    import docker.errors
-
-    from m3_agent.sandbox.engine import docker_client
-
-    client = docker_client()
-    container = None
-    try:
-        container = client.containers.create(image, command=["true"], network_disabled=True,
-                                             labels={"m3-agent.export": "1"})
-        stream, _ = container.get_archive(TESTBED)
-        with tempfile.TemporaryFile() as buf:
-            for chunk in stream:
-                buf.write(chunk)
-            buf.seek(0)
-            dest.mkdir(parents=True, exist_ok=True)
-            with tarfile.open(fileobj=buf) as tar:
-                for member in tar.getmembers():
-                    parts = Path(member.name).parts[1:]  # drop the leading "testbed/"
-                    if parts:
-                        member.name = str(Path(*parts))
-                        tar.extract(member, dest, filter="data")
-    except docker.errors.DockerException as e:
-        raise SandboxUnavailable(f"cannot copy {TESTBED} out of {image}: {e}") from None
-    finally:
-        if container is not None:
-            container.remove(force=True)
-        client.close()
-    return dest
-
-
 def testbed_tree(image: str) -> Path:
     """The image's /testbed on the host, exported once per image id into the cache (copied into each
     sandbox, as a checkout is; and what the agent packs into its context)."""
@@ -137,18 +115,34 @@ def testbed_tree(image: str) -> Path:
     from m3_agent.sandbox.engine import docker_client
 
     client = docker_client()
+    container, doing = None, f"inspect {image}"
     try:
         image_id = client.images.get(image).id.split(":")[-1][:16]
+        dest = cache_dir() / "testbeds" / image_id
+        if (dest / ".git").exists():
+            return dest
+        doing = f"copy {TESTBED} out of {image}"
+        container = client.containers.create(image, command=["true"], network_disabled=True,
+                                             labels={"m3-agent.export": "1"})
+        stream, _ = container.get_archive(TESTBED)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=image_id + ".", dir=dest.parent))
+        (tmp / "testbed").mkdir()
+        with tempfile.TemporaryFile() as buf:
+            buf.writelines(stream)
+            buf.seek(0)
+            with tarfile.open(fileobj=buf) as tar:
+                for member in tar.getmembers():
+                    parts = Path(member.name).parts[1:]  # drop the leading "testbed/"
+                    if parts:
+                        member.name = str(Path(*parts))
+                        tar.extract(member, tmp / "testbed", filter="data")
     except docker.errors.DockerException as e:
-        raise SandboxUnavailable(f"cannot inspect {image}: {e}") from None
+        raise SandboxUnavailable(f"cannot {doing}: {e}") from None
     finally:
+        if container is not None:
+            container.remove(force=True)
         client.close()
-    dest = cache_dir() / "testbeds" / image_id
-    if (dest / ".git").exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=image_id + ".", dir=dest.parent))
-    export_testbed(image, tmp / "testbed")
     try:
         (tmp / "testbed").rename(dest)  # atomic: a concurrent exporter either wins or finds the finished copy
     except OSError:
@@ -184,11 +178,6 @@ class HarnessGrader:
 
 # --- the eval script ---------------------------------------------------------------------------------
 
-def test_directives(task: Task) -> list[str]:
-    """The test files the test patch touches (what the harness runs for most repositories)."""
-    return [path for path, _ in patch_files(task.test_patch) if not path.endswith(NON_TEST_SUFFIXES)]
-
-
 def compose_eval_script(task: Task) -> str:
     """An eval script in the harness's shape, from the task's per-repo facts (test_cmd, log_parser).
 
@@ -200,7 +189,8 @@ def compose_eval_script(task: Task) -> str:
     if not task.test_cmd:
         raise UsageError(f"{task.instance_id}: names log_parser {task.log_parser!r} but has no test_cmd or eval_script")
     files = [p for p, existed in patch_files(task.test_patch) if existed]
-    files_q = " ".join(shlex.quote(f) for f in test_directives(task))
+    # the test files the test patch touches: what the harness runs for most repositories
+    files_q = " ".join(shlex.quote(p) for p, _ in patch_files(task.test_patch) if not p.endswith(NON_TEST_SUFFIXES))
     cmd = task.test_cmd.replace("{test_files}", files_q) if "{test_files}" in task.test_cmd else f"{task.test_cmd} {files_q}"
     reset = f"git checkout {task.base_commit} {' '.join(shlex.quote(f) for f in files)}" if files else ":"
     lines = ["source /opt/miniconda3/bin/activate", "conda activate testbed", f"cd {TESTBED}",

@@ -41,6 +41,7 @@ from m3_agent import hostgit
 from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.admission import PROGRESS_EVENTS, new_lines
 from m3_agent.evals.endpoints import EndpointPool, is_endpoint_failure
+from m3_agent.evals.harness import image_here
 from m3_agent.evals.config import EvalConfig, trajectory_folder, worker_config_json
 from m3_agent.evals.runner import Admission, Event
 from m3_agent.evals.instance import InstanceResult, failed_result, grader_for, run_instance
@@ -163,16 +164,6 @@ def _prune_here() -> list[str]:
     return prune()
 
 
-def _image_here(image: str) -> bool:
-    from m3_agent.sandbox.engine import docker_client, image_exists
-
-    client = docker_client()
-    try:
-        return image_exists(client, image)
-    finally:
-        client.close()
-
-
 # --- on the driver -----------------------------------------------------------------------------------
 
 @dataclass
@@ -280,16 +271,13 @@ class RayExecutor:
                 raise UsageError(f"cannot connect to the Ray cluster at {self.address}: {e}") from None
         return ray
 
-    def _docker_nodes(self, ray) -> list[str]:
-        return [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(DOCKER_RESOURCE)]
-
     def _on_each_node(self, ray, fn, *args, timeout: float = 120.0) -> dict[str, Any]:
         """`fn(*args)` once on every live Docker node; node id -> its value (or the exception it raised)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(DOCKER_RESOURCE)]
         refs = {node: ray.remote(num_cpus=0, max_retries=0)(fn).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(*args)
-            for node in self._docker_nodes(ray)}
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(*args) for node in nodes}
         out: dict[str, Any] = {}
         for node, ref in refs.items():
             try:
@@ -303,7 +291,7 @@ class RayExecutor:
         if not ray.cluster_resources().get(DOCKER_RESOURCE):
             raise UsageError(f"no node of the Ray cluster declares the `{DOCKER_RESOURCE}` resource: start nodes "
                              f"that have Docker with: ray start ... --resources '{{\"{DOCKER_RESOURCE}\": 4}}'")
-        found = self._on_each_node(ray, _image_here, config.sandbox.image) if image else {}
+        found = self._on_each_node(ray, image_here, config.sandbox.image) if image else {}
         missing = [n[:12] for n, ok in found.items() if ok is not True]
         if missing:
             raise SandboxUnavailable(f"sandbox image {config.sandbox.image} missing or Docker down on Ray node(s) "
@@ -396,7 +384,10 @@ class RayExecutor:
         result.node = out["node"]
         if out["trajectory"] is not None and result.agent is not None:
             path = trajectory_folder(config) / f"{flight.task.instance_id}.jsonl"
-            _write_atomic(path, out["trajectory"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(path.name + ".part")  # written whole, then renamed into place
+            part.write_bytes(out["trajectory"])
+            part.replace(path)
             result.agent.trajectory_path = str(path)
         return result
 
@@ -428,9 +419,3 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
         raise UsageError(f"cannot reach the Ray cluster at {address}: {e}; start it with `ray start --head` "
                          "or check --ray-address") from None
 
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(data)
-    tmp.replace(path)

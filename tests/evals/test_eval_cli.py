@@ -169,7 +169,8 @@ def test_progress_prints_ids_and_errors_with_brackets_verbatim():
     from m3_agent.evals.instance import InstanceResult
 
     console = Console(record=True, width=200)
-    with RunProgress(1, console) as progress:
+    progress = RunProgress(1, console)
+    with progress.progress:
         progress("start", {"instance_id": "o__r-1"})
         progress("finish", {"result": InstanceResult(instance_id="o__r-1[red]", model_name_or_path="m", model_patch="d",
                                                      report=InstanceReport(patch_exists=True), error="boom [/] [bold")})
