@@ -254,11 +254,7 @@ def patch_files(patch: str) -> list[tuple[str, bool]]:
 
 def test_files(task: Task) -> list[str]:
     """The test files named by the task's test ids (the part before `::`), in first-seen order."""
-    files: dict[str, None] = {}
-    for test in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]:
-        if "::" in test:
-            files.setdefault(test.split("::", 1)[0], None)
-    return list(files)
+    return list(dict.fromkeys(t.split("::", 1)[0] for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS] if "::" in t))
 
 
 def test_command(task: Task) -> str:
@@ -280,25 +276,22 @@ class StepFailed(Exception):
     """A grading step failed in a way that makes the instance an error."""
 
 
-def _run(sb: Sandbox, cmd: str, what: str, timeout: float = STEP_TIMEOUT_S) -> str:
+def _run(sb: Sandbox, cmd: str, what: str, timeout: float = STEP_TIMEOUT_S) -> None:
     r = sb.exec(cmd, timeout=timeout)
     if r.exit_code != 0 or r.timed_out:
         tail = (r.stdout + r.stderr).strip()[-800:]
         raise StepFailed(f"{what} failed (exit {r.exit_code}{', timed out' if r.timed_out else ''}): {tail}")
-    return r.stdout + r.stderr
 
 
 def apply_model_patch(sb: Sandbox, patch: str) -> tuple[str | None, str]:
     """Apply the model's patch: `git apply`, then fuzzy `patch`; returns (method or None, output)."""
     sb.write_file(f"{EVAL_DIR}/model.patch", patch if patch.endswith("\n") else patch + "\n")
-    r = sb.exec(f"{GIT_APPLY} {EVAL_DIR}/model.patch", timeout=STEP_TIMEOUT_S)
-    if r.exit_code == 0:
-        return "git apply", r.stdout + r.stderr
-    log = r.stdout + r.stderr
-    r = sb.exec(f"{FUZZY_PATCH} -i {EVAL_DIR}/model.patch", timeout=STEP_TIMEOUT_S)
-    log += r.stdout + r.stderr
-    if r.exit_code == 0:
-        return "patch --fuzz", log
+    log = ""
+    for method, command in (("git apply", GIT_APPLY), ("patch --fuzz", f"{FUZZY_PATCH} -i")):
+        r = sb.exec(f"{command} {EVAL_DIR}/model.patch", timeout=STEP_TIMEOUT_S)
+        log += r.stdout + r.stderr
+        if r.exit_code == 0:
+            return method, log
     # A half-applied fuzzy patch must not leak into the verdict.
     _run(sb, "git reset -q --hard && git clean -q -fd", "resetting after a failed patch")
     return None, log

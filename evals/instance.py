@@ -102,24 +102,28 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
     patch = prediction.model_patch if prediction else None
     stats: AgentStats | None = None
     grader = grader_for(task)
-    with tempfile.TemporaryDirectory(prefix=_scratch_prefix(task), ignore_cleanup_errors=True) as tmp:
+    # The scratch folder (its checkout) is named for the instance: which instance left one is plain.
+    prefix = "m3-eval-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", task.instance_id)[:60] + "-"
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
         claim(Path(tmp))
         try:
             workspace = grader.prepare(task, config, Path(tmp))
             if config.agent is not None:
                 patch, stats = _agent_patch(task, workspace)
-            report = grader.grade(task, patch, workspace)
-            error = None
+            report, error = grader.grade(task, patch, workspace), None
         except (UsageError, SandboxUnavailable) as e:
-            report, error = InstanceReport(patch_is_None=patch is None, patch_exists=bool(patch)), str(e)
-    return _result(task, name, patch, report, stats, error, start)
+            report, error = None, str(e)
+    return _result(task, name, patch, time.monotonic() - start, report, agent=stats, error=error)
 
 
-def _result(task: Task, name: str, patch: str | None, report: InstanceReport, stats: AgentStats | None,
-            error: str | None, start: float) -> InstanceResult:
-    return InstanceResult(instance_id=task.instance_id, model_name_or_path=name, model_patch=patch, report=report,
-                          agent=stats, error=error, wall_s=round(time.monotonic() - start, 3),
-                          finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+def _result(task: Task, name: str, patch: str | None, elapsed: float, report: InstanceReport | None = None,
+            **fields: Any) -> InstanceResult:
+    """An instance's result; without a `report` (it failed before or outside grading), an empty one."""
+    if report is None:
+        report = InstanceReport(patch_is_None=patch is None, patch_exists=bool(patch))
+    return InstanceResult(
+        instance_id=task.instance_id, model_name_or_path=name, model_patch=patch, wall_s=round(elapsed, 3), report=report,
+        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), **fields)
 
 
 def _agent_patch(task: Task, workspace: Workspace) -> tuple[str, AgentStats]:
@@ -150,16 +154,8 @@ def _agent_patch(task: Task, workspace: Workspace) -> tuple[str, AgentStats]:
 
 def failed_result(task: Task, pred: Prediction | None, why: str, elapsed: float) -> InstanceResult:
     """The result of an instance that failed outside grading (a dead worker, a timeout): an error, no report."""
-    patch = pred.model_patch if pred else None
-    return InstanceResult(
-        instance_id=task.instance_id, model_name_or_path=pred.model_name_or_path if pred else "none",
-        model_patch=patch, report=InstanceReport(patch_is_None=patch is None, patch_exists=bool(patch)),
-        error=why, wall_s=round(elapsed, 3), finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-
-
-def _scratch_prefix(task: Task) -> str:
-    """The name of an instance's scratch folder (its checkout) up to the random part: which instance left one is plain."""
-    return "m3-eval-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", task.instance_id)[:60] + "-"
+    return _result(task, pred.model_name_or_path if pred else "none", pred.model_patch if pred else None, elapsed,
+                   error=why)
 
 
 def run_instance(task: Task, pred: Prediction | None, config: EvalConfig) -> InstanceResult:

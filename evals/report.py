@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from m3_agent.evals.results import load_results
 from m3_agent.evals.tasks import Task
 
 SCHEMA_VERSION = 2
+SUMMED = ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens", "turns", "stalls",
+          "sandbox_restarts")  # AgentStats fields the summary adds up over the instances
 
 
 class CostModel(BaseModel):
@@ -120,12 +123,11 @@ def build_report(results: list[InstanceResult], *, tasks: list[Task] | None = No
     costs = [row.cost_usd for row in rows if row.cost_usd is not None]
     total_cost = round(sum(costs), 6) if costs else None
     runs = [r.agent for r in finished if r.agent is not None]
-    modes: dict[str, int] = {}
+    modes: Counter[str] = Counter()
     for a in runs:
-        for k, v in a.mode_counts.items():
-            modes[k] = modes.get(k, 0) + v
-    prompt = sum(a.prompt_tokens for a in runs)
-    cached = sum(a.cached_tokens for a in runs)
+        modes.update(a.mode_counts)
+    sums = {k: sum(getattr(a, k) for a in runs) for k in SUMMED}
+    prompt, cached = sums["prompt_tokens"], sums["cached_tokens"]
     wall = run_wall_s if run_wall_s is not None else sum(row.wall_s for row in rows)
     summary = Summary(
         total_instances=len(all_ids),
@@ -147,17 +149,11 @@ def build_report(results: list[InstanceResult], *, tasks: list[Task] | None = No
                                 and not r.report.patch_successfully_applied and not r.report.environment_error],
         environment_error_ids=[r.instance_id for r in finished if r.report.environment_error and not r.error],
         resolve_rate=round(len(ids["resolved"]) / len(all_ids), 4) if all_ids else 0.0,
-        prompt_tokens=prompt,
-        completion_tokens=sum(a.completion_tokens for a in runs),
-        cached_tokens=cached,
-        reasoning_tokens=sum(a.reasoning_tokens for a in runs),
+        **sums,
         cache_hit_share=round(cached / prompt, 4) if prompt else 0.0,
         prefill_computed_tokens=prompt - cached,
         prefill_reused_tokens=cached,
-        turns=sum(a.turns for a in runs),
-        stalls=sum(a.stalls for a in runs),
-        sandbox_restarts=sum(a.sandbox_restarts for a in runs),
-        mode_counts=modes,
+        mode_counts=dict(modes),
         wall_s=round(wall, 3),
         cost_usd=total_cost,
         run_cost_usd=(round(cost.gpu_usd_per_hour * run_wall_s / 3600, 6)
@@ -294,18 +290,6 @@ def _counted(one: str, many: str | None = None) -> Callable[[float], str]:
     return fmt
 
 
-def _seconds(v: float) -> str:
-    return f"{v:,.1f} s"
-
-
-def _label(instance_id: str, x: float, y: float) -> str:
-    """An instance's label, right-aligned at `x`: whole, or cut in the middle with the full id on hover."""
-    shown = middle_cut(instance_id)
-    hover = f"<title>{html.escape(instance_id)}</title>" if shown != instance_id else ""
-    return (f'<text class="label" x="{x:.0f}" y="{y + 12}" text-anchor="end" font-family="monospace" '
-            f'font-size="{_LABEL_PX}">{hover}{html.escape(shown)}</text>')
-
-
 def _bars(title: str, rows: list[InstanceRow], values: list[float], fmt: Callable[[float], str]) -> str:
     """One horizontal bar chart as inline SVG: a bar per instance, coloured by outcome."""
     label_w = round(max((len(middle_cut(r.instance_id)) for r in rows), default=0) * _CHAR_PX) + 12
@@ -317,9 +301,13 @@ def _bars(title: str, rows: list[InstanceRow], values: list[float], fmt: Callabl
     for i, (row, v) in enumerate(zip(rows, values)):
         y = 26 + i * (bar_h + gap)
         w = bar_area * v / top
+        # the label, right-aligned: whole, or cut in the middle with the full id on hover
+        shown = middle_cut(row.instance_id)
+        hover = f"<title>{html.escape(row.instance_id)}</title>" if shown != row.instance_id else ""
         parts.append(
-            _label(row.instance_id, label_w - 6, y)
-            + f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{_COLOURS.get(row.outcome, "#555")}">'
+            f'<text class="label" x="{label_w - 6:.0f}" y="{y + 12}" text-anchor="end" font-family="monospace" '
+            f'font-size="{_LABEL_PX}">{hover}{html.escape(shown)}</text>'
+            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{_COLOURS.get(row.outcome, "#555")}">'
             f'<title>{html.escape(row.instance_id)}: {html.escape(fmt(v))} ({row.outcome})</title></rect>'
             f'<text x="{label_w + w + 4:.1f}" y="{y + 12}" font-size="12">{html.escape(fmt(v))}</text>')
     parts.append("</svg>")
@@ -330,7 +318,7 @@ def to_html(report: Report) -> str:
     """A self-contained HTML page: summary, plots of time / tokens / turns per instance, the table."""
     s, rows = report.summary, report.instances
     plots = [
-        _bars("wall time per instance", rows, [r.wall_s for r in rows], _seconds),
+        _bars("wall time per instance", rows, [r.wall_s for r in rows], lambda v: f"{v:,.1f} s"),
         _bars("tokens per instance (in + out)", rows,
               [_agent(r).prompt_tokens + _agent(r).completion_tokens for r in rows], _counted("tok")),
         _bars("turns per instance", rows, [_agent(r).turns for r in rows], _counted("turn", "turns")),

@@ -193,8 +193,10 @@ def repo_source(task: Task, repos: Path | None) -> str:
                      f"{task.repo.replace('/', '__')}")
 
 
-def _local_repository(source: str, commit: str) -> Path:
-    """A local repository holding `commit`: the source itself, or a mirror in the cache for a URL."""
+def source_repository(task: Task, repos: Path | None = None) -> Path:
+    """A local repository (with its history) holding the task's base commit: the source itself, or a
+    mirror in the cache for a URL."""
+    source = repo_source(task, repos)
     if not _is_url(source):
         path = Path(source)
         if not path.exists():
@@ -207,14 +209,9 @@ def _local_repository(source: str, commit: str) -> Path:
             git.Repo.clone_from(source, mirror, mirror=True).close()
     else:
         with hostgit.repository(mirror) as repo:
-            if not hostgit.has_commit(repo, commit):
+            if not hostgit.has_commit(repo, task.base_commit):
                 repo.git.fetch("-q", "origin")
     return mirror
-
-
-def source_repository(task: Task, repos: Path | None = None) -> Path:
-    """A local repository (with its history) holding the task's base commit."""
-    return _local_repository(repo_source(task, repos), task.base_commit)
 
 
 def checkout(task: Task, dest: Path, *, repos: Path | None = None) -> Path:

@@ -88,18 +88,14 @@ def recipe_of(task: Task) -> TestbedRecipe:
         raise UsageError(f"{task.instance_id}: bad `testbed` recipe{f' ({where})' if where else ''}: {why}") from None
 
 
-def recipe_hash(task: Task, recipe: TestbedRecipe) -> str:
-    """The cache key of the image: what goes into it and the steps that put it there."""
-    text = json.dumps([recipe.model_dump(), task.base_commit, ACTIVATE_SHIM, BUILDER, ENV_PREFIX], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def build_testbed_image(task: Task, *, namespace: str | None = NAMESPACE, tag: str = "latest",
                         progress=None) -> str:
     """Build (or reuse) the offline instance image of `task`; returns its name (the harness's naming)."""
     recipe = recipe_of(task)
     name = instance_image_name(task.instance_id, namespace=namespace, tag=tag)
-    digest = recipe_hash(task, recipe)
+    # The cache key of the image: what goes into it and the steps that put it there.
+    text = json.dumps([recipe.model_dump(), task.base_commit, ACTIVATE_SHIM, BUILDER, ENV_PREFIX], sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     client = docker_client()
     try:
         if image_exists(client, name):
@@ -156,14 +152,6 @@ def make_testbed_tree(instance_id: str, recipe: TestbedRecipe, dest: Path) -> st
     return hostgit.commit_all(dest, f"{instance_id}: {recipe.sdist} ({recipe.upstream})")
 
 
-def _pip(*args: str, version: str | None = None) -> None:
-    proc = subprocess.run([sys.executable, "-m", "pip", *args, "-q", "--disable-pip-version-check"],
-                          capture_output=True, text=True, env=scm_environment(version))
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-        raise SandboxUnavailable(f"pip {args[0]} failed for the offline testbed: {tail[0][:300]}")
-
-
 def _download_sdist(requirement: str) -> Path:
     """The release sdist from the package index, kept in the cache (a pinned release never changes)."""
     where = cache_dir() / "testbed" / "sdists" / requirement.replace("=", "_")
@@ -172,8 +160,12 @@ def _download_sdist(requirement: str) -> Path:
         # The sdist's own build backend comes from the index (setuptools_scm: xarray, pytest, astropy), with
         # the pinned version as the one git would tell; only the package itself must be an sdist.
         name, _, version = requirement.partition("==")
-        _pip("download", "--no-deps", "--no-binary", name.strip(), "-d", str(where), requirement,
-             version=version.strip() or None)
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name.strip(),
+                               "-d", str(where), requirement, "-q", "--disable-pip-version-check"],
+                              capture_output=True, text=True, env=scm_environment(version.strip() or None))
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+            raise SandboxUnavailable(f"pip download failed for the offline testbed: {tail[0][:300]}")
         found = sorted(where.glob("*.tar.gz"))
     if not found:
         raise SandboxUnavailable(f"pip download of {requirement} gave no .tar.gz sdist")
