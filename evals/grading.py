@@ -48,8 +48,6 @@ from m3_agent.evals.tasks import Task, checkout, source_repository, test_ids
 from m3_agent.sandbox import Sandbox, SandboxConfig
 from m3_agent.tools.junit import ERROR, FAILED, PASSED, SKIPPED, XFAIL, junit_cases
 
-Status = Literal["PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL"]
-
 EVAL_DIR = "/tmp/m3-eval"  # outside /workspace, so nothing here shows up in the repository's diff
 JUNIT_PATH = f"{EVAL_DIR}/junit.xml"
 GIT_APPLY = "git apply --verbose --whitespace=nowarn"

@@ -116,14 +116,14 @@ def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalCon
     return _result(task, name, patch, time.monotonic() - start, report, agent=stats, error=error)
 
 
-def _result(task: Task, name: str, patch: str | None, elapsed: float, report: InstanceReport | None = None,
-            **fields: Any) -> InstanceResult:
+def _result(task: Task, name: str, patch: str | None, elapsed: float, report: InstanceReport | None = None, *,
+            agent: AgentStats | None = None, error: str | None = None) -> InstanceResult:
     """An instance's result; without a `report` (it failed before or outside grading), an empty one."""
     if report is None:
         report = InstanceReport(patch_is_None=patch is None, patch_exists=bool(patch))
     return InstanceResult(
-        instance_id=task.instance_id, model_name_or_path=name, model_patch=patch, wall_s=round(elapsed, 3), report=report,
-        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), **fields)
+        instance_id=task.instance_id, model_name_or_path=name, model_patch=patch, report=report, agent=agent,
+        error=error, wall_s=round(elapsed, 3), finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
 def _agent_patch(task: Task, workspace: Workspace) -> tuple[str, AgentStats]:

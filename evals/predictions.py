@@ -32,12 +32,9 @@ def load_predictions(spec: str | Path, tasks: list[Task]) -> dict[str, Predictio
 
     A file may be .jsonl, a JSON list, or a JSON dict keyed by instance_id, as SWE-bench accepts.
     """
-    if str(spec) == GOLD:
-        return {t.instance_id: Prediction(instance_id=t.instance_id, model_name_or_path=GOLD, model_patch=t.patch)
-                for t in tasks}
-    if str(spec) == EMPTY:
-        return {t.instance_id: Prediction(instance_id=t.instance_id, model_name_or_path=EMPTY, model_patch="")
-                for t in tasks}
+    if str(spec) in (GOLD, EMPTY):  # the tasks' own patches, or none
+        return {t.instance_id: Prediction(instance_id=t.instance_id, model_name_or_path=str(spec),
+                                          model_patch=t.patch if str(spec) == GOLD else "") for t in tasks}
     path = Path(spec)
     if not path.is_file():
         raise UsageError(f"predictions not found: {path} (give a .json / .jsonl file, `gold` or `empty`)")
