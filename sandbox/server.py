@@ -56,51 +56,33 @@ PRELUDE = "echo 1000 > /proc/self/oom_score_adj 2>/dev/null; "
 COLD_SCRIPT = PRELUDE + '__m3_cmd=$1; shift; eval "$__m3_cmd"'  # the command comes as $1, so the prelude runs first
 
 
-class Transport:
-    """Where requests come from and answers go: stdin/stdout, or a socket the host shares with us."""
-
-    def __init__(self):
-        self.sock = None
-
-    def read(self, n):
-        if self.sock is not None:
-            return self.sock.recv(n)
-        return os.read(0, n)
-
-    def write(self, view):
-        if self.sock is not None:
-            return self.sock.send(view)
-        return os.write(1, view)
+SOCK = None  # the socket the host shares with us, once connected (see connect); stdin/stdout until then
 
 
-IO = Transport()
-
-
-def read_exact(n):
-    """n bytes of input, or None at end of input."""
+def read_upto(read, n):
+    """At most n bytes from `read`, taken in pieces (one read of n would allocate all of n at once)."""
     parts = []
-    while n:
-        b = IO.read(min(n, CHUNK * 16))
+    while n > 0:
+        b = read(min(n, CHUNK * 16))
         if not b:
-            return None
+            break
         parts.append(b)
         n -= len(b)
     return b"".join(parts)
 
 
+def read_input(n):
+    return SOCK.recv(n) if SOCK is not None else os.read(0, n)
+
+
 def read_frame():
-    head = read_exact(4)
-    if head is None:
+    """The next frame of input, or None at end of input."""
+    head = read_upto(read_input, 4)
+    if len(head) < 4:
         return None
     (n,) = struct.unpack(">I", head)
-    return read_exact(n) if n else b""
-
-
-def write_all(data):
-    view = memoryview(data)
-    while view:
-        n = IO.write(view)
-        view = view[n:]
+    body = read_upto(read_input, n)
+    return body if len(body) == n else None
 
 
 def send(header, data=None):
@@ -110,7 +92,10 @@ def send(header, data=None):
     parts = [struct.pack(">I", len(body)), body]
     if data is not None:
         parts += [struct.pack(">I", len(data)), data]
-    write_all(b"".join(parts))
+    view = memoryview(b"".join(parts))
+    while view:
+        n = SOCK.send(view) if SOCK is not None else os.write(1, view)
+        view = view[n:]
 
 
 # Its own cap, not the host's head_tail: this file runs alone under the container's Python, sent as source text.
@@ -145,11 +130,7 @@ class Capped:
 
 def pids():
     """Every process id in the container."""
-    out = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            out.add(int(name))
-    return out
+    return {int(name) for name in os.listdir("/proc") if name.isdigit()}
 
 
 def signal_all(targets, sig):
@@ -324,16 +305,14 @@ class Remote:
         self.stderr = os.fdopen(stderr_fd, "rb", 0)
         self.returncode = None
 
-    def poll(self):
-        """The exit code (-N: killed by signal N), or None while it runs."""
+    def poll(self, block=False):
+        """The exit code (-N: killed by signal N), or None while it runs (and block is False)."""
         if self.returncode is None:
-            self.returncode = SPAWNER.code(self.pid, self.gen, block=False)
+            self.returncode = SPAWNER.code(self.pid, self.gen, block)
         return self.returncode
 
     def wait(self):
-        if self.returncode is None:
-            self.returncode = SPAWNER.code(self.pid, self.gen, block=True)
-        return self.returncode
+        return self.poll(block=True)
 
 
 class Spawner:
@@ -755,18 +734,6 @@ def write_file(req):
     send({"ok": True})
 
 
-def read_upto(f, n):
-    """At most n bytes of `f`, read in pieces (f.read(n) would allocate all of n at once)."""
-    parts = []
-    while n > 0:
-        b = f.read(min(n, CHUNK * 16))
-        if not b:
-            break
-        parts.append(b)
-        n -= len(b)
-    return b"".join(parts)
-
-
 def read_file(req):
     path = resolve(req["path"])
     limit = int(req.get("limit") or 1 << 62)
@@ -776,7 +743,7 @@ def read_file(req):
             if size > limit:
                 return send({"ok": False, "kind": "too_large",
                              "error": "%s is %d bytes, over the %d-byte read limit" % (path, size, limit)})
-            data = read_upto(f, limit + 1)  # a file that grows while we read stays bounded
+            data = read_upto(f.read, limit + 1)  # a file that grows while we read stays bounded
     except FileNotFoundError:
         return send({"ok": False, "kind": "missing", "error": "no such file in the sandbox: %s" % path})
     except IsADirectoryError:
@@ -839,19 +806,18 @@ OPS = {"exec": run, "put_tar": put_tar, "write": write_file, "read": read_file,
 def connect():
     """Use the host's socket when one is shared with us (fewer hops than the engine's attach stream);
     else stdin/stdout. The first answer says which: the host's token on the socket, a hello on stdout."""
+    global SOCK
     for name in ("M3_AGENT_PY", "M3_AGENT_BOOT", "M3_AGENT_SETUP", "M3_AGENT_WORKDIR"):
         os.environ.pop(name, None)  # how we were started: nothing a command needs
     path = os.environ.pop("M3_AGENT_SOCKET", "")
     token = os.environ.pop("M3_AGENT_TOKEN", "")  # popped: commands never see it
     if path:
         try:
-            import socket
-
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(5)
             sock.connect(path)
             sock.settimeout(None)
-            IO.sock = sock
+            SOCK = sock
             return send({"token": token})
         except OSError as e:
             sys.stderr.write("m3-agent server: shared socket unusable (%s); using stdio\n" % e)
