@@ -56,6 +56,7 @@ READ_AHEAD_CHUNKS = 64  # at most this many MiB of tar data wait in memory
 DIFF_LIMIT = 256 * 1024 * 1024
 READ_LIMIT = 64 * 1024 * 1024  # read_file refuses larger files: a model-made 1 GB file must not land in our memory
 PATCH_FILE = "/tmp/.m3-agent-restore.patch"
+READ_ERRORS = {"missing": FileNotFoundError, "directory": IsADirectoryError}  # the server's error kinds; else OSError
 
 TESTBED_BIN = "/opt/miniconda3/envs/testbed/bin"  # a SWE-bench instance image's environment
 
@@ -136,6 +137,8 @@ class Sandbox:
         self._lock = threading.Lock()
         self._dead: str | None = None
         self._closed = False
+        uid, _, gid = self.config.user.partition(":")
+        self._ids = f"uid={uid},gid={gid or uid}"  # the command user, as tmpfs options
 
     # lifecycle
 
@@ -192,36 +195,31 @@ class Sandbox:
     def _create(self, client: docker.DockerClient, shared: SharedSocket | None) -> str:
         """Create (not start) the container; its id."""
         cfg = self.config
+        # mount='image': the root setup step that links /workspace to the image's workdir (see IMAGE_SETUP)
+        setup = {"M3_AGENT_SETUP": IMAGE_SETUP, "M3_AGENT_WORKDIR": cfg.workdir} if cfg.mount == "image" else {}
         return client.api.create_container(
             cfg.image,
             command=SERVER_COMMAND,
             user="0:0",  # the server's uid; it runs every command as cfg.user (see server.drop_privileges)
             working_dir=self._workspace(),
-            environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {}), **SERVER_ENV,
-                         **self._image_setup_env(), "M3_AGENT_USER": f"{self._uid()}:{self._gid()}"},
+            environment={**BASE_ENV, **cfg.env, **(shared.env if shared else {}), **SERVER_ENV, **setup,
+                         "M3_AGENT_USER": cfg.user},
             labels={**cfg.labels, **cleanup.owner_labels()},
             stdin_open=True,
             detach=False,
             host_config=client.api.create_host_config(**self._host_config(shared)),
         )["Id"]
 
-    def _image_setup_env(self) -> dict[str, str]:
-        """The root setup step of mount='image' (see IMAGE_SETUP); nothing for the other mounts."""
-        if self.config.mount != "image":
-            return {}
-        return {"M3_AGENT_SETUP": IMAGE_SETUP, "M3_AGENT_WORKDIR": self.config.workdir}
-
     def _host_config(self, shared: SharedSocket | None) -> dict:
         cfg = self.config
         tmpfs = {
             "/tmp": f"rw,exec,nosuid,nodev,size={cfg.tmp_size},mode=1777",
-            HOME: f"rw,exec,nosuid,nodev,size=256m,uid={self._uid()},gid={self._gid()},mode=0755",
+            HOME: f"rw,exec,nosuid,nodev,size=256m,{self._ids},mode=0755",
         }
         binds = {}
         if cfg.mount != "bind":
-            tmpfs[self._workspace()] = (f"rw,exec,nosuid,nodev,size={cfg.workspace_size},uid={self._uid()},"
-                                f"gid={self._gid()},mode=0755")
-        elif cfg.mount == "bind":
+            tmpfs[self._workspace()] = f"rw,exec,nosuid,nodev,size={cfg.workspace_size},{self._ids},mode=0755"
+        else:
             binds[str(self.repo.resolve())] = {"bind": WORKSPACE, "mode": "rw"}
         if shared is not None:
             binds[shared.dir] = {"bind": MOUNT_POINT, "mode": "ro"}
@@ -248,44 +246,33 @@ class Sandbox:
         """Where the repository is in the container: the image's workdir for mount='image'."""
         return self.config.workdir if self.config.mount == "image" else WORKSPACE
 
-    def _uid(self) -> str:
-        return self.config.user.split(":")[0]
-
-    def _gid(self) -> str:
-        parts = self.config.user.split(":")
-        return parts[1] if len(parts) > 1 else parts[0]
-
     def close(self) -> None:
         """Stop and remove the container (idempotent)."""
+        cleanup.untrack(self)
+        self._remove(self._client)
+        if self._client is not None:
+            self._client.close()
+
+    def kill(self) -> None:
+        """Remove the container now, from a signal handler or at exit: uses its own engine connection."""
+        self._remove(None)
+
+    def _remove(self, client: docker.DockerClient | None) -> None:
+        """Remove the container (once) through `client`, or a new connection when None; close the channel."""
         if self._closed:
             return
         self._closed = True
-        cleanup.untrack(self)
         try:
-            if self.id is not None and self._client is not None:
-                remove_container(self._client, self.id)  # before the socket closes, so auto-remove does not race it
+            if self.id is not None:
+                engine = client or docker.from_env(timeout=10)
+                remove_container(engine, self.id)  # before the socket closes, so auto-remove does not race it
+                if client is None:
+                    engine.close()
         except (docker.errors.DockerException, OSError):
             pass  # engine unreachable: the socket closed below still makes the container stop and auto-remove
         finally:
             if self._channel is not None:
                 self._channel.close()
-            if self._client is not None:
-                self._client.close()
-
-    def kill(self) -> None:
-        """Remove the container now, from a signal handler or at exit: uses its own engine connection."""
-        if self._closed:
-            return
-        self._closed = True
-        if self.id is not None:
-            try:
-                client = docker.from_env(timeout=10)
-                remove_container(client, self.id)
-                client.close()
-            except (docker.errors.DockerException, OSError):
-                pass  # the socket closed below still makes the container stop and auto-remove
-        if self._channel is not None:
-            self._channel.close()
 
     @property
     def alive(self) -> bool:
@@ -335,13 +322,8 @@ class Sandbox:
         header, data = self._request({"op": "read", "path": str(path), "limit": int(limit)})
         if header.get("ok"):
             return data or b""
-        if header.get("kind") == "missing":
-            raise FileNotFoundError(header["error"])
-        if header.get("kind") == "directory":
-            raise IsADirectoryError(header["error"])
-        if header.get("kind") == "too_large":
-            raise OSError(header["error"])
-        raise OSError(header.get("error", f"cannot read {path}"))
+        error = READ_ERRORS.get(header.get("kind"), OSError)
+        raise error(header.get("error", f"cannot read {path}"))
 
     def diff(self) -> str:
         """`git diff` of /workspace against the base commit, new untracked (not ignored) files included.

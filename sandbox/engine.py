@@ -15,10 +15,9 @@ def docker_client(timeout: float = 60) -> docker.DockerClient:
     try:
         client = docker.from_env(timeout=timeout)
         client.ping()
-    except docker.errors.DockerException as e:
-        raise SandboxUnavailable(f"Docker engine unreachable ({_first_line(e)}): {ENGINE_HINT}") from None
-    except OSError as e:  # a socket that exists but refuses us
-        raise SandboxUnavailable(f"Docker engine unreachable ({_first_line(e)}): {ENGINE_HINT}") from None
+    except (docker.errors.DockerException, OSError) as e:  # OSError: a socket that exists but refuses us
+        first_line = (str(e).strip() or type(e).__name__).splitlines()[0][:200]
+        raise SandboxUnavailable(f"Docker engine unreachable ({first_line}): {ENGINE_HINT}") from None
     return client
 
 
@@ -45,7 +44,3 @@ def remove_container(client: docker.DockerClient, cid: str) -> None:
         except docker.errors.NotFound:
             pass
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:200]
