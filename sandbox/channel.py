@@ -74,37 +74,34 @@ class Channel:
 
     @classmethod
     def establish(cls, attach: socket.socket, shared: SharedSocket | None, timeout: float) -> Channel:
-        """Wait for the server's first word: a token on the shared socket, or a hello on the attach stream."""
+        """Wait for the server's first word: a token on the shared socket, or a hello on the attach stream.
+        The caller closes `shared` once the channel is there (or is not)."""
         stdio = cls(attach)
         deadline = time.monotonic() + timeout
-        try:
-            while (left := deadline - time.monotonic()) > 0:
-                watch = [attach] + ([shared.listener] if shared else [])
-                ready, _, _ = select.select(watch, [], [], left)
-                if shared is not None and shared.listener in ready:
-                    conn, _ = shared.listener.accept()
-                    direct = cls(attach, conn)
-                    direct._raw, direct._diag = stdio._raw, stdio._diag  # stderr seen so far stays readable
-                    try:
-                        header, _ = direct.receive(timeout=5)
-                    except (ChannelClosed, ValueError):
-                        header = {}
-                    if isinstance(header, dict) and secrets.compare_digest(str(header.get("token")), shared.token):
-                        return direct
-                    conn.close()  # not our server
-                if attach in ready:
-                    try:
-                        stdio._pump()
-                    except ChannelClosed as e:
-                        raise ChannelClosed(f"{e}: {stdio.diagnostics[-300:] or 'no output'}") from None
-                    if len(stdio._out) >= 4:
-                        header, _ = stdio.receive(timeout=left)
-                        if isinstance(header, dict) and header.get("hello") == "stdio":
-                            return stdio
-                        raise ChannelClosed(f"unexpected first answer from the sandbox: {str(header)[:200]}")
-        finally:
-            if shared is not None:
-                shared.close()
+        while (left := deadline - time.monotonic()) > 0:
+            watch = [attach] + ([shared.listener] if shared else [])
+            ready, _, _ = select.select(watch, [], [], left)
+            if shared is not None and shared.listener in ready:
+                conn, _ = shared.listener.accept()
+                direct = cls(attach, conn)
+                direct._raw, direct._diag = stdio._raw, stdio._diag  # stderr seen so far stays readable
+                try:
+                    header, _ = direct.receive(timeout=5)
+                except (ChannelClosed, ValueError):
+                    header = {}
+                if isinstance(header, dict) and secrets.compare_digest(str(header.get("token")), shared.token):
+                    return direct
+                conn.close()  # not our server
+            if attach in ready:
+                try:
+                    stdio._pump()
+                except ChannelClosed as e:
+                    raise ChannelClosed(f"{e}: {stdio.diagnostics[-300:] or 'no output'}") from None
+                if len(stdio._out) >= 4:
+                    header, _ = stdio.receive(timeout=left)
+                    if isinstance(header, dict) and header.get("hello") == "stdio":
+                        return stdio
+                    raise ChannelClosed(f"unexpected first answer from the sandbox: {str(header)[:200]}")
         raise ChannelClosed(f"the sandbox server did not start within {timeout:.0f} s")
 
     @property
