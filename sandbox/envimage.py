@@ -27,6 +27,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,8 @@ from m3_agent.sandbox import cleanup
 from m3_agent.sandbox.config import SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID,
-                                    SUITE, SUITE_PYTHON, SYSTEM_PATH, Recipe, build_image, build_lock, digest)
+                                    SUITE, SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock,
+                                    digest, untag)
 from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, key_files, pip_error,
                                     plan_environment, pretend_version, scm_version, wants_environment)
 from m3_agent.sandbox.wheels import Requirements, download
@@ -79,18 +81,6 @@ class BuildRequest:
     derive: bool = True  # install what the repository's files declare (False: only the setup command)
     history: tuple[Path, str] | None = None  # (repository, commit) `version` is read from when unset
 
-    def with_history(self) -> BuildRequest:
-        """The request with `version` read from `history` (only a build needs it: git describe is slow)."""
-        if self.history is None or self.version is not None:
-            return self
-        root, commit = self.history
-        return dataclasses.replace(self, version=scm_version(root, commit))
-
-
-def environment_key(base_id: str, files: dict[str, str], setup: str | None) -> str:
-    """The cache key of an environment: the base image's id, the dependency files' hashes, the setup command."""
-    return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), setup or "")[:16]
-
 
 def ensure_environment(request: BuildRequest, *, progress: Progress | None = None) -> EnvImage | None:
     """The environment image for `request.repo`, built when its key has none; None when there is nothing to
@@ -98,8 +88,7 @@ def ensure_environment(request: BuildRequest, *, progress: Progress | None = Non
     t0 = time.monotonic()
     if not needs_environment(request):
         return None
-    client = docker_client()
-    try:
+    with closing(docker_client()) as client:
         key, _ = request_key(client, request, progress)
         tag = f"{ENV_REPOSITORY}:{key}"
         if image_exists(client, tag):
@@ -108,8 +97,6 @@ def ensure_environment(request: BuildRequest, *, progress: Progress | None = Non
             if not image_exists(client, tag):  # another process may have built it while we waited
                 build_environment(client, request, tag, key, progress)
         return EnvImage(tag, key, True, time.monotonic() - t0)
-    finally:
-        client.close()
 
 
 def needs_environment(request: BuildRequest) -> bool:
@@ -119,9 +106,11 @@ def needs_environment(request: BuildRequest) -> bool:
 
 def request_key(client: docker.DockerClient, request: BuildRequest,
                 progress: Progress | None = None) -> tuple[str, dict[str, str]]:
-    """The request's cache key and the files (path -> sha256) that went into it."""
+    """The request's cache key and the files (path -> sha256) that went into it: a hash of the base
+    image's id, the dependency files' hashes and the setup command."""
     files = key_files(request.repo) if request.derive else {}
-    return environment_key(_base_id(client, request.base, progress), files, request.setup), files
+    base_id = base_image_id(client, request.base, progress)
+    return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), request.setup or "")[:16], files
 
 
 def environment_for(repo: Path, config: SandboxConfig, *, history: tuple[Path, str] | None = None, source: str = "",
@@ -145,14 +134,6 @@ def request_for(repo: Path, config: SandboxConfig, *, history: tuple[Path, str] 
                         derive=derive)
 
 
-def _base_id(client: docker.DockerClient, base: str, progress: Progress | None) -> str:
-    if not image_exists(client, base):
-        if base != DEFAULT_IMAGE:
-            raise SandboxUnavailable(f"base image {base!r} not found: build or pull it first")
-        build_image(base, progress=progress)
-    return client.images.get(base).id
-
-
 def build_environment(client: docker.DockerClient, request: BuildRequest, tag: str, key: str,
                       progress: Progress | None) -> None:
     """Build `tag` from `request` (the steps in the module's docstring); nothing is left when it fails.
@@ -161,7 +142,8 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
     Debian release whose Python fits (`SUITE_PYTHON`: trixie's 3.13 for a `>=3.12` project).
     """
     say = progress or (lambda _: None)
-    request = request.with_history()
+    if request.history is not None and request.version is None:  # only a build needs it: git describe is slow
+        request = dataclasses.replace(request, version=scm_version(*request.history))
     try:
         _build_on(client, request.base, request, tag, key, say)
     except PythonMismatch as e:
@@ -366,44 +348,36 @@ class EnvInfo:
 
 def list_environments() -> list[EnvInfo]:
     """Every environment image on this engine, newest first."""
-    client = docker_client()
-    try:
-        # The current sandbox image of each release (a project may have moved to a newer one's Python).
-        current = {client.images.get(t).id for t in (Recipe(s).image for s in SUITE_PYTHON) if image_exists(client, t)}
-        found = []
-        for image in client.images.list(filters={"label": f"{IMAGE_LABEL}={KIND}"}):
-            labels = image.labels or {}
-            found.append(EnvInfo(
-                tag=(image.tags or [image.short_id])[0], source=labels.get(SOURCE_LABEL, "?"),
-                files=json.loads(labels.get(FILES_LABEL, "{}")), packages=json.loads(labels.get(PACKAGES_LABEL, "[]")),
-                created=image.attrs.get("Created", "")[:19], size_mb=image.attrs.get("Size", 0) / 1e6,
-                base_current=image.attrs.get("Parent", "") in current))
-        return sorted(found, key=lambda e: e.created, reverse=True)
-    except docker.errors.DockerException as e:
-        raise SandboxUnavailable(f"cannot list images: {e}") from None
-    finally:
-        client.close()
+    with closing(docker_client()) as client:
+        try:
+            # The current sandbox image of each release (a project may have moved to a newer one's Python).
+            current = {client.images.get(t).id for t in (Recipe(s).image for s in SUITE_PYTHON)
+                       if image_exists(client, t)}
+            images = client.images.list(filters={"label": f"{IMAGE_LABEL}={KIND}"})
+        except docker.errors.DockerException as e:
+            raise SandboxUnavailable(f"cannot list images: {e}") from None
+    found = []  # read from what the listing returned: no more engine calls
+    for image in images:
+        labels = image.labels or {}
+        found.append(EnvInfo(
+            tag=(image.tags or [image.short_id])[0], source=labels.get(SOURCE_LABEL, "?"),
+            files=json.loads(labels.get(FILES_LABEL, "{}")), packages=json.loads(labels.get(PACKAGES_LABEL, "[]")),
+            created=image.attrs.get("Created", "")[:19], size_mb=image.attrs.get("Size", 0) / 1e6,
+            base_current=image.attrs.get("Parent", "") in current))
+    return sorted(found, key=lambda e: e.created, reverse=True)
 
 
 def prune_environments(*, keep: int = 1, all: bool = False, source: str | None = None) -> list[str]:
     """Remove environment images: those built on an older sandbox image, and beyond the `keep` newest of
     each source (every one with `all`); only `source`'s when given. An image a container uses stays.
     Returns the tags removed."""
-    removed: list[str] = []
+    doomed: list[str] = []
     kept: dict[str, int] = {}
-    client = docker_client()
-    try:
-        for env in list_environments():
-            if source is not None and env.source != source:
-                continue
-            kept[env.source] = kept.get(env.source, 0) + 1
-            if not all and env.base_current and kept[env.source] <= keep:
-                continue
-            try:
-                client.images.remove(env.tag)  # no force: an image in use stays
-            except docker.errors.APIError:
-                continue
-            removed.append(env.tag)
-    finally:
-        client.close()
-    return removed
+    for env in list_environments():
+        if source is not None and env.source != source:
+            continue
+        kept[env.source] = kept.get(env.source, 0) + 1
+        if all or not env.base_current or kept[env.source] > keep:
+            doomed.append(env.tag)
+    with closing(docker_client()) as client:
+        return untag(client, doomed)

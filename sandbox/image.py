@@ -120,8 +120,6 @@ class Recipe:
 
 
 DEFAULT_RECIPE = Recipe(SUITE)
-PULL_BASE, PULL_RECIPE = DEFAULT_RECIPE.pull_base, DEFAULT_RECIPE.pull_recipe
-BASE_RECIPE_HASH, RECIPE_HASH = DEFAULT_RECIPE.base_hash, DEFAULT_RECIPE.sandbox_hash
 BASE_IMAGE, DEFAULT_IMAGE = DEFAULT_RECIPE.base_image, DEFAULT_RECIPE.image
 
 
@@ -138,8 +136,7 @@ def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, suite: str
     tar and procps; by default `debian:<suite>-slim` plus apt when a registry answers, else debootstrap +
     docker import (offline). Every new image is run once, offline, to check those tools are there.
     """
-    client = docker_client()
-    try:
+    with contextlib.closing(docker_client()) as client:
         if image_exists(client, tag):
             return tag
         with build_lock(progress):
@@ -147,8 +144,6 @@ def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, suite: str
                 return tag
             _build_sandbox(client, tag, base, Recipe(suite), progress)
         return tag
-    finally:
-        client.close()
 
 
 _lock_depth = threading.local()  # build_lock is re-entrant in a thread: an environment build may build an image
@@ -223,11 +218,6 @@ def _try_pull(client: docker.DockerClient, ref: str) -> bool:
     return True
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "m3-agent" / "debootstrap"
-
-
 def _debootstrap_base(client: docker.DockerClient, progress: Progress | None, recipe: Recipe = DEFAULT_RECIPE) -> None:
     exe = shutil.which("debootstrap")
     if exe is None:
@@ -237,7 +227,7 @@ def _debootstrap_base(client: docker.DockerClient, progress: Progress | None, re
         )
     if os.geteuid() != 0:
         raise SandboxUnavailable("the offline image build runs debootstrap, which needs root: run it with sudo")
-    cache = _cache_dir()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "m3-agent" / "debootstrap"
     cache.mkdir(parents=True, exist_ok=True)
     mirror = os.environ.get("M3_AGENT_DEBIAN_MIRROR")  # optional local mirror; debootstrap's default otherwise
     with tempfile.TemporaryDirectory(prefix="m3-agent-rootfs-") as tmp:
@@ -284,15 +274,10 @@ def _stream(cmd: list[str], progress: Progress | None, what: str) -> None:
 
 def _build(client: docker.DockerClient, dockerfile: str, tag: str, labels: dict[str, str],
            progress: Progress | None, network: str | None = None) -> None:
-    """`docker build` of a context-free Dockerfile, streaming its log lines to `progress`."""
-    _stream_build(client, tag, progress, fileobj=io.BytesIO(dockerfile.encode()), labels=labels,
-                  network_mode=network)
-
-
-def _stream_build(client: docker.DockerClient, tag: str, progress: Progress | None, **build: object) -> None:
-    """Run one build, its log lines to `progress`; any failure is one SandboxUnavailable."""
+    """`docker build` of a context-free Dockerfile, its log lines to `progress`; any failure is one SandboxUnavailable."""
     try:
-        for chunk in client.api.build(tag=tag, rm=True, forcerm=True, decode=True, **build):
+        for chunk in client.api.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, labels=labels,
+                                      network_mode=network, rm=True, forcerm=True, decode=True):
             if "error" in chunk:
                 raise SandboxUnavailable(f"docker build of {tag} failed: {str(chunk['error']).strip()[:400]}")
             line = str(chunk.get("stream", "")).strip()
@@ -316,6 +301,28 @@ def _verify(client: docker.DockerClient, tag: str, progress: Progress | None) ->
         raise SandboxUnavailable(f"{tag} lacks what the sandbox needs (python3, pytest, git, patch): {err}") from None
 
 
+def base_image_id(client: docker.DockerClient, base: str, progress: Progress | None) -> str:
+    """The id of `base`, an image built on: the default sandbox image is built when missing, another must exist."""
+    if not image_exists(client, base):
+        if base != DEFAULT_IMAGE:
+            raise SandboxUnavailable(f"base image {base!r} not found: build or pull it first (m3-agent sandbox build)")
+        build_image(base, progress=progress)
+    return client.images.get(base).id
+
+
+def untag(client: docker.DockerClient, tags: Iterable[str]) -> list[str]:
+    """Remove each tag, without force: an image a container uses, or one holding images built on it, stays.
+    Returns the tags removed."""
+    removed = []
+    for tag in tags:
+        try:
+            client.images.remove(tag)
+        except docker.errors.APIError:
+            continue
+        removed.append(tag)
+    return removed
+
+
 def prune_images() -> list[str]:
     """Untag (and so free, once nothing else holds them) the m3-agent images of older recipes: the
     sandbox image and its base from before the recipe changed, and per-task images built on them
@@ -324,23 +331,15 @@ def prune_images() -> list[str]:
     recipes = [Recipe(suite) for suite in SUITE_PYTHON]
     current = {"sandbox": {r.sandbox_hash for r in recipes}, "base": {r.base_hash for r in recipes}}
     removed: list[str] = []
-    client = docker_client()
-    try:
-        for image in client.images.list(filters={"label": IMAGE_LABEL}):
-            labels = image.labels or {}
-            kind = labels.get(IMAGE_LABEL)
-            if kind not in current or labels.get(RECIPE_LABEL) in current[kind]:
-                continue
-            for tag in image.tags:
-                try:
-                    client.images.remove(tag)  # no force: an image in use stays
-                except docker.errors.APIError:
-                    continue
-                removed.append(tag)
-    except docker.errors.DockerException as e:
-        raise SandboxUnavailable(f"cannot list images: {e}") from None
-    finally:
-        client.close()
+    with contextlib.closing(docker_client()) as client:
+        try:
+            for image in client.images.list(filters={"label": IMAGE_LABEL}):
+                labels = image.labels or {}
+                kind = labels.get(IMAGE_LABEL)
+                if kind in current and labels.get(RECIPE_LABEL) not in current[kind]:
+                    removed += untag(client, image.tags)
+        except docker.errors.DockerException as e:
+            raise SandboxUnavailable(f"cannot list images: {e}") from None
     return removed
 
 
@@ -364,14 +363,8 @@ def build_env_image(
     network (`network="host"` by default; None for the engine's default, "none" to forbid it). The tag
     is `m3-agent-env:<hash of base image id + recipe>`, so an unchanged recipe is never rebuilt.
     """
-    client = docker_client()
-    try:
-        if not image_exists(client, base):
-            if base != DEFAULT_IMAGE:
-                raise SandboxUnavailable(f"base image {base!r} not found: build it first (m3-agent sandbox build)")
-            build_image(base, progress=progress)
-        base_id = client.images.get(base).id
-        digest = env_recipe_hash(base_id, packages, setup)
+    with contextlib.closing(docker_client()) as client:
+        digest = env_recipe_hash(base_image_id(client, base, progress), packages, setup)
         tag = f"m3-agent-env:{digest}"
         if image_exists(client, tag):
             return tag
@@ -390,5 +383,3 @@ def build_env_image(
                 _build(client, "\n".join(lines) + "\n", tag, {IMAGE_LABEL: "env", RECIPE_LABEL: digest}, progress,
                        network)
         return tag
-    finally:
-        client.close()

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from m3_agent.errors import SandboxUnavailable
 from m3_agent.sandbox import DEFAULT_IMAGE, Sandbox, SandboxConfig, build_env_image, build_image, prune
 from m3_agent.sandbox.cli import app
-from m3_agent.sandbox.image import BASE_IMAGE, RECIPE_HASH, RECIPE_LABEL, _debootstrap_base
+from m3_agent.sandbox.image import BASE_IMAGE, DEFAULT_RECIPE, RECIPE_LABEL, _debootstrap_base
 
 
 @pytest.fixture
@@ -36,8 +36,8 @@ def test_build_returns_at_once_when_the_image_exists(sandbox_image, client):
     started = time.monotonic()
     assert build_image() == DEFAULT_IMAGE == sandbox_image
     assert time.monotonic() - started < 5
-    assert RECIPE_HASH.startswith(DEFAULT_IMAGE.rsplit(":", 1)[1])
-    assert client.images.get(DEFAULT_IMAGE).labels[RECIPE_LABEL] == RECIPE_HASH
+    assert DEFAULT_RECIPE.sandbox_hash.startswith(DEFAULT_IMAGE.rsplit(":", 1)[1])
+    assert client.images.get(DEFAULT_IMAGE).labels[RECIPE_LABEL] == DEFAULT_RECIPE.sandbox_hash
 
 
 @pytest.mark.docker
