@@ -91,16 +91,12 @@ def dependency_files(root: Path) -> list[Path]:
     found = [root / name for name in KEY_FILES] + sorted(root.glob("requirements*.txt"))
     found += sorted((root / "requirements").glob("*.txt")) if (root / "requirements").is_dir() else []
     found += sorted(root.glob("pylock.*.toml"))
-    return [p for p in found if p.is_file() and not _is_docs(p.name)]
+    return [p for p in found if p.is_file() and "doc" not in p.name.lower()]  # docs' requirements are not the tests'
 
 
 def key_files(root: Path) -> dict[str, str]:
     """The dependency files of `root` (relative path -> sha256): what keys the environment."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in dependency_files(root)}
-
-
-def _is_docs(name: str) -> bool:
-    return "doc" in name.lower()
 
 
 def installable(root: Path) -> bool:
@@ -171,11 +167,10 @@ def project_requirements(metadata: dict, env: dict[str, str], *, notes: list[str
     (`_pip_metadata`: no build, no install)."""
     requires = metadata.get("requires_dist", [])
     wanted = test_names(metadata.get("provides_extra", []))
-    extras = self_extras(canonicalize_name(metadata.get("name", "")), requires,
-                         wanted + [e for e in extras if e not in wanted], env)
+    me = canonicalize_name(metadata.get("name", ""))
+    extras = self_extras(me, requires, wanted + [e for e in extras if e not in wanted], env)
     if extras:
         notes.append(f"extras installed: {', '.join(extras)}")
-    me = canonicalize_name(metadata.get("name", ""))
     return [line for line in judged(requires, env, extras) if _name(line) != me]
 
 
@@ -304,10 +299,8 @@ def lock_pins(root: Path, env: dict[str, str]) -> tuple[str | None, list[str]]:
 def _pins(packages: list[dict], env: dict[str, str]) -> list[str]:
     versions: dict[str, set[str]] = {}
     for pkg in packages:
-        name, version = pkg.get("name"), pkg.get("version")
-        marker = pkg.get("marker")
-        if not name or not version or (pkg.get("source") or {}).get("editable") or (pkg.get("source") or {}).get(
-                "virtual"):
+        name, version, source, marker = pkg.get("name"), pkg.get("version"), pkg.get("source") or {}, pkg.get("marker")
+        if not name or not version or source.get("editable") or source.get("virtual"):
             continue  # the project itself, or a package without a version (a path, a VCS checkout)
         if marker and not _holds(marker, env):
             continue

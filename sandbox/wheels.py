@@ -83,17 +83,12 @@ def download(requirements: Requirements | Sequence[str], *, into: Path, target: 
         if missing is None or missing in built or len(built) >= MAX_SDIST_BUILDS:
             raise EnvironmentBuildError(pip_error(proc.stderr), step=f"download wheels for Python {target.short}")
         built.add(missing)
-        _build_sdist(missing, into, version, progress)
-
-
-def _build_sdist(requirement: str, into: Path, version: str | None, progress: Progress | None) -> None:
-    """`requirement` has no wheel for the target: build one from its sdist on this host."""
-    if progress:
-        progress(f"no wheel of {requirement} fits: building one from its sdist")
-    proc = _pip(["wheel", "--no-deps", "-w", str(into), requirement], version, progress)
-    if proc.returncode != 0:
-        step = "download wheels" if missing_package(proc.stderr) else f"build a wheel of {requirement}"
-        raise EnvironmentBuildError(pip_error(proc.stderr), step=step)
+        if progress:  # no wheel of it fits the target: build one from its sdist on this host
+            progress(f"no wheel of {missing} fits: building one from its sdist")
+        wheel = _pip(["wheel", "--no-deps", "-w", str(into), missing], version, progress)
+        if wheel.returncode != 0:
+            step = "download wheels" if missing_package(wheel.stderr) else f"build a wheel of {missing}"
+            raise EnvironmentBuildError(pip_error(wheel.stderr), step=step)
 
 
 def _pip(args: list[str], version: str | None, progress: Progress | None) -> subprocess.CompletedProcess:
