@@ -46,7 +46,7 @@ _at_exit = False
 _on_signals = False
 
 
-def _stat(pid: int) -> tuple[str, str]:
+def process_stat(pid: int) -> tuple[str, str]:
     """The state and start time (clock ticks since boot) of `pid`, from /proc ("", "" where not available)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -57,17 +57,12 @@ def _stat(pid: int) -> tuple[str, str]:
     return fields[0], fields[19]
 
 
-def process_start(pid: int) -> str:
-    """The start time of `pid` in clock ticks since boot ("" where /proc is not available)."""
-    return _stat(pid)[1]
-
-
 def owner_labels() -> dict[str, str]:
     """The labels that tie a container to this process."""
     return {
         LABEL: "1",
         LABEL_PID: str(os.getpid()),
-        LABEL_START: process_start(os.getpid()),
+        LABEL_START: process_stat(os.getpid())[1],
         LABEL_HOST: socket.gethostname(),
         LABEL_CREATED: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -87,7 +82,7 @@ def owner_alive(labels: dict[str, str]) -> bool:
         return False
     except PermissionError:
         pass
-    state, started = _stat(pid)
+    state, started = process_stat(pid)
     if state == "Z":  # killed, not yet reaped (an orphan waits for init): gone all the same
         return False
     start = labels.get(LABEL_START, "")
@@ -179,11 +174,10 @@ def prune(*, all: bool = False, labels: dict[str, str] | None = None) -> list[st
 
     `labels` narrows the search to containers that also carry these labels. Returns the short ids removed.
     """
-    client = docker_client()
     removed = []
     # `=1`: an image committed from a build container carries these labels emptied (sandbox.envimage)
     wanted = [f"{LABEL}=1"] + [f"{k}={v}" for k, v in (labels or {}).items()]
-    try:
+    with contextlib.closing(docker_client()) as client:
         # One list call: containers.list() inspects each one after listing it, and one removed in
         # between (another run ending) failed the whole prune with a 404.
         for c in client.api.containers(all=True, filters={"label": wanted}):
@@ -191,8 +185,6 @@ def prune(*, all: bool = False, labels: dict[str, str] | None = None) -> list[st
                 continue
             remove_container(client, c["Id"])
             removed.append(c["Id"][:12])
-    finally:
-        client.close()
     return removed
 
 

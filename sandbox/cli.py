@@ -44,16 +44,14 @@ def prune_command(
     """Remove sandbox containers left by processes that no longer run (all of them with --all), the
     checkouts and copies those processes left in the temp folder, and with --images the images older
     recipes left."""
-    removed = prune(all=all_)
-    for cid in removed:
-        typer.echo(cid)
-    console.print(f"removed {len(removed)} sandbox container(s)")
-    folders = prune_scratch()
-    for name in folders:
-        typer.echo(name)
-    console.print(f"removed {len(folders)} scratch folder(s) of killed runs")
+    _report(prune(all=all_), "sandbox container(s)")
+    _report(prune_scratch(), "scratch folder(s) of killed runs")
     if images:
-        tags = prune_images()
-        for tag in tags:
-            typer.echo(tag)
-        console.print(f"removed {len(tags)} image tag(s) of older recipes")
+        _report(prune_images(), "image tag(s) of older recipes")
+
+
+def _report(removed: list[str], what: str) -> None:
+    """Each name removed on stdout, the count on stderr."""
+    for name in removed:
+        typer.echo(name)
+    console.print(f"removed {len(removed)} {what}")

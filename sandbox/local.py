@@ -128,8 +128,8 @@ class LocalEnvironment:
             timed_out = True
         stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
         capped = head_tail(stdout, self.output_limit), head_tail(stderr, self.output_limit)
-        return ExecResult(stdout=capped[0], stderr=capped[1],
-                          exit_code=TIMEOUT_EXIT if timed_out else _exit_code(proc.returncode),
+        code = 128 - proc.returncode if proc.returncode < 0 else proc.returncode  # 128+N: killed by signal N
+        return ExecResult(stdout=capped[0], stderr=capped[1], exit_code=TIMEOUT_EXIT if timed_out else code,
                           timed_out=timed_out, truncated=capped != (stdout, stderr),
                           duration_s=round(time.monotonic() - t0, 6))
 
@@ -214,8 +214,3 @@ def _kill_group(proc: subprocess.Popen) -> tuple[bytes, bytes]:
             stream.close()
         proc.wait()
         return b"", b""
-
-
-def _exit_code(returncode: int) -> int:
-    """The shell's convention: 128+N for a command killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode

@@ -130,10 +130,10 @@ def test_ctrl_c_while_the_engine_creates_the_container_leaves_none(no_leftovers,
 def test_a_killed_owner_not_yet_reaped_counts_as_gone():
     import socket
 
-    from m3_agent.sandbox.cleanup import LABEL_HOST, LABEL_START, owner_alive, process_start
+    from m3_agent.sandbox.cleanup import LABEL_HOST, LABEL_START, owner_alive, process_stat
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    labels = {LABEL_HOST: socket.gethostname(), LABEL_PID: str(proc.pid), LABEL_START: process_start(proc.pid)}
+    labels = {LABEL_HOST: socket.gethostname(), LABEL_PID: str(proc.pid), LABEL_START: process_stat(proc.pid)[1]}
     assert owner_alive(labels)
     os.kill(proc.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
