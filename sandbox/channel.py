@@ -10,6 +10,7 @@ its closing is how a killed host lets the container die.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -108,12 +109,10 @@ class Channel:
     def diagnostics(self) -> str:
         """The tail of what the server wrote to stderr (a traceback when it crashed)."""
         if self._direct:  # the attach stream is not read in direct mode: take what is there now
-            try:
+            with contextlib.suppress(OSError):
                 self._attach.settimeout(0.2)
                 while self._drain_attach():
                     pass
-            except OSError:
-                pass
         return self._diag.decode(errors="replace").strip()
 
     def send(self, header: dict, chunks: Iterable[bytes] | None = None) -> None:
@@ -139,10 +138,8 @@ class Channel:
     def close(self) -> None:
         """Close both sockets; the server sees end of input and exits, which stops the container."""
         for sock in {self._sock, self._attach}:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()
 
     def _frame(self) -> bytes:

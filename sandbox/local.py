@@ -17,6 +17,7 @@ The directory of the running Python comes first on PATH, so `python3` is the int
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -202,10 +203,8 @@ def _head_of(repo: Path) -> str | None:
 
 def _kill_group(proc: subprocess.Popen) -> tuple[bytes, bytes]:
     """Kill the command's process group, then take what it printed (bounded: a child may have left the group)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the group is already gone
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # the group is already gone
     try:
         return proc.communicate(timeout=DRAIN_S)
     except subprocess.TimeoutExpired:

@@ -28,6 +28,7 @@ process created since the command began are killed, and the server carries on. O
 head + tail per stream, so memory stays bounded whatever the command prints.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -162,11 +163,9 @@ def kill_tree(pgid, before):
     for _ in range(50):
         hit = signal_all(pids() - spare, signal.SIGKILL)
         if pgid is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(pgid, signal.SIGKILL)
                 hit.add(pgid)
-            except OSError:
-                pass
         if not hit:
             break
         killed |= hit
@@ -286,10 +285,8 @@ def doomed(pid):
 
 
 def discard(proc):
-    try:
+    with contextlib.suppress(OSError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
     proc.wait()
     proc.stdout.close()
     proc.stderr.close()
@@ -432,11 +429,9 @@ class Spawner:
             self.sock = None
         if self.pid is not None:
             pid, self.pid = self.pid, None
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-            except OSError:
-                pass
 
     def reaped(self, pid):
         """`pid` was reaped by reap_orphans: if it was the spawner, its pid may be reused now."""
@@ -683,10 +678,8 @@ def put_tar(req):
                 broken.append(True)
 
     drain_chunks(sink)
-    try:
+    with contextlib.suppress(BrokenPipeError):
         proc.stdin.close()
-    except BrokenPipeError:
-        pass
     err = proc.stderr.read().decode(errors="replace")
     code = proc.wait()
     send({"ok": code == 0, "error": err.strip()[-500:]})
