@@ -82,8 +82,6 @@ class Plan:
     constraints: list[str] = field(default_factory=list)  # name==version pins from a lock file
     build_requires: list[str] = field(default_factory=list)  # the project's build backend, for the editable install
     editable: bool = False  # the project itself, installed in editable mode
-    lock: str | None = None
-    notes: list[str] = field(default_factory=list)  # what was guessed or skipped, for `env show`
 
 
 def dependency_files(root: Path) -> list[Path]:
@@ -146,10 +144,10 @@ def plan_environment(root: Path, target: Target, *, version: str | None = None) 
         fits_python(metadata, target)
         plan.editable = True
         plan.build_requires = build_requires(root)
-        plan.requirements += project_requirements(metadata, env, notes=plan.notes, extras=group_extras)
+        plan.requirements += project_requirements(metadata, env, extras=group_extras)
     plan.requirements += [line for line in groups if not me or _name(line) != me]
     plan.requirement_files = [p for p in keys if p.endswith(".txt")]
-    plan.lock, plan.constraints = lock_pins(root, env)
+    _, plan.constraints = lock_pins(root, env)
     if not (plan.editable or plan.requirements or plan.requirement_files):
         return None  # only a lock or a setup.cfg without a build: nothing pip would install
     plan.requirements += [r for r in ALWAYS if r not in {_name(x) for x in plan.requirements}]
@@ -162,15 +160,13 @@ def build_requires(root: Path) -> list[str]:
     return [str(r) for r in system.get("requires", ["setuptools>=40.8.0", "wheel"])]
 
 
-def project_requirements(metadata: dict, env: dict[str, str], *, notes: list[str], extras: list[str] = ()) -> list[str]:
+def project_requirements(metadata: dict, env: dict[str, str], *, extras: list[str] = ()) -> list[str]:
     """The project's dependencies and its test extras' (and `extras`), from the metadata pip prepared
     (`_pip_metadata`: no build, no install)."""
     requires = metadata.get("requires_dist", [])
     wanted = test_names(metadata.get("provides_extra", []))
     me = canonicalize_name(metadata.get("name", ""))
     extras = self_extras(me, requires, wanted + [e for e in extras if e not in wanted], env)
-    if extras:
-        notes.append(f"extras installed: {', '.join(extras)}")
     return [line for line in judged(requires, env, extras) if _name(line) != me]
 
 
