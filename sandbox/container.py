@@ -355,8 +355,7 @@ class Sandbox:
         if self.config.mount == "bind":
             raise UsageError("restore() is for mount='copy' or 'image': a bind-mounted workspace keeps its files")
         self.write_file(PATCH_FILE, patch)
-        r = self._exec(RESTORE.replace("BASE", self.base_commit or "HEAD"), self.config.timeout, None,
-                       {"M3_PATCH": PATCH_FILE}, self.config.output_limit)
+        r = self.exec(RESTORE.replace("BASE", self.base_commit or "HEAD"), env={"M3_PATCH": PATCH_FILE})
         if r.exit_code != 0:
             raise GitError(f"cannot restore the workspace (base commit + patch): {r.stderr.strip()[-300:]}")
 

@@ -170,9 +170,8 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
         for step, command, env in install_steps(plan, request):
             say(step)
             box.run(step, command, env)
-        packages = box.run("list the installed packages", f"{ENV_PREFIX}/bin/python -m pip freeze --all",
-                           {}).splitlines()
-        box.run("remove the build files", f"rm -rf {STAGE} && find {WORKSPACE} -mindepth 1 -delete", {})
+        packages = box.run("list the installed packages", f"{ENV_PREFIX}/bin/python -m pip freeze --all").splitlines()
+        box.run("remove the build files", f"rm -rf {STAGE} && find {WORKSPACE} -mindepth 1 -delete")
         labels = {IMAGE_LABEL: KIND, RECIPE_LABEL: key, FILES_LABEL: json.dumps(plan.key_files if plan else {}),
                   PACKAGES_LABEL: json.dumps(packages), SOURCE_LABEL: request.source or request.repo.name}
         say(f"committing {tag}")
@@ -279,14 +278,14 @@ class BuildContainer:
             remove_container(self.client, cid)
 
     def target(self) -> Target:
-        out = self.run("read the image's Python", f"python3 -c {shlex.quote(PROBE)}", {}).split()
+        out = self.run("read the image's Python", f"python3 -c {shlex.quote(PROBE)}").split()
         if len(out) != 3:
             raise EnvironmentBuildError(f"python3 in {self.base} printed {out!r}", step="read the image's Python")
         return Target(*out)
 
     def put(self, source: Path, dest: str, *, with_git: bool = False) -> None:
         """Copy the directory `source` to `dest` (created) in the container; its .git too with `with_git`."""
-        self.run(f"make {dest}", f"mkdir -p {shlex.quote(dest)}", {})
+        self.run(f"make {dest}", f"mkdir -p {shlex.quote(dest)}")
         with tempfile.TemporaryFile() as buf:
             with tarfile.open(fileobj=buf, mode="w") as tar:
                 for child in sorted(source.iterdir()):
@@ -299,12 +298,12 @@ class BuildContainer:
                 raise EnvironmentBuildError(f"copy into the container failed: {e.explanation or e}",
                                             step=f"copy to {dest}") from None
 
-    def run(self, step: str, command: str, env: dict[str, str]) -> str:
+    def run(self, step: str, command: str, env: dict[str, str] | None = None) -> str:
         """Run `command` as root with the environment first on PATH; its output, or EnvironmentBuildError."""
         path = f"{ENV_PREFIX}/bin:{SYSTEM_PATH}"
         exec_id = self.client.api.exec_create(self.id, ["sh", "-c", command], user="0:0", workdir=WORKSPACE,
                                               environment={"PATH": path, "HOME": "/root", "PIP_NO_INPUT": "1",
-                                                           "PIP_DISABLE_PIP_VERSION_CHECK": "1", **env})["Id"]
+                                                           "PIP_DISABLE_PIP_VERSION_CHECK": "1", **(env or {})})["Id"]
         out, pending = [], ""
         for chunk in self.client.api.exec_start(exec_id, stream=True):
             pending += chunk.decode(errors="replace")

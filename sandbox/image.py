@@ -41,11 +41,11 @@ GENERATED = "/opt/m3-agent/generated"  # files its build wrote into the reposito
 IMAGE_LABEL = "m3-agent.image"
 RECIPE_LABEL = "m3-agent.recipe"
 
-PULL_RECIPE_OF = """FROM {pull_base}
-RUN apt-get update \\
+APT_INSTALL = """RUN apt-get update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {packages} \\
  && rm -rf /var/lib/apt/lists/*
 """
+PULL_RECIPE_OF = "FROM {pull_base}\n" + APT_INSTALL
 
 GITCONFIG = (
     "[safe]\\n\\tdirectory = *\\n"
@@ -146,7 +146,7 @@ def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, suite: str
         return tag
 
 
-_lock_depth = threading.local()  # build_lock is re-entrant in a thread: an environment build may build an image
+_lock_held = threading.local()  # build_lock is re-entrant in a thread: an environment build may build an image
 
 
 @contextlib.contextmanager
@@ -156,13 +156,8 @@ def build_lock(progress: Progress | None) -> Iterator[None]:
     The lock file is in the shared temp dir (not a home) so root and users wait for each other; it is
     opened read-only, which flock allows, so a file another user created serves as well.
     """
-    depth = getattr(_lock_depth, "n", 0)
-    if depth:  # this thread holds it already: a second flock on a new descriptor would wait for itself
-        _lock_depth.n = depth + 1
-        try:
-            yield
-        finally:
-            _lock_depth.n = depth
+    if getattr(_lock_held, "yes", False):  # held already: a second flock on a new descriptor would wait for itself
+        yield
         return
     fd = os.open(Path(tempfile.gettempdir()) / "m3-agent-image-build.lock", os.O_RDONLY | os.O_CREAT, 0o644)
     try:
@@ -171,10 +166,10 @@ def build_lock(progress: Progress | None) -> Iterator[None]:
         except BlockingIOError:
             _say(progress, "another process is building the image; waiting for it")
             fcntl.flock(fd, fcntl.LOCK_EX)
-        _lock_depth.n = 1
+        _lock_held.yes = True
         yield
     finally:
-        _lock_depth.n = 0
+        _lock_held.yes = False
         os.close(fd)  # closing releases the lock
 
 
@@ -368,18 +363,13 @@ def build_env_image(
         tag = f"m3-agent-env:{digest}"
         if image_exists(client, tag):
             return tag
-        lines = [f"FROM {base}", "USER root"]
+        dockerfile = f"FROM {base}\nUSER root\n"
         if packages:
-            pkgs = " ".join(sorted(set(packages)))
-            lines.append(
-                "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
-                f"{pkgs} && rm -rf /var/lib/apt/lists/*"
-            )
-        lines += [f"RUN {json.dumps(['sh', '-c', cmd])}" for cmd in setup]
-        lines.append(f"USER {SANDBOX_UID}:{SANDBOX_UID}")
+            dockerfile += APT_INSTALL.format(packages=" ".join(sorted(set(packages))))
+        dockerfile += "".join(f"RUN {json.dumps(['sh', '-c', cmd])}\n" for cmd in setup)
+        dockerfile += f"USER {SANDBOX_UID}:{SANDBOX_UID}\n"
         with build_lock(progress):
             if not image_exists(client, tag):
                 _say(progress, f"building {tag} on {base}")
-                _build(client, "\n".join(lines) + "\n", tag, {IMAGE_LABEL: "env", RECIPE_LABEL: digest}, progress,
-                       network)
+                _build(client, dockerfile, tag, {IMAGE_LABEL: "env", RECIPE_LABEL: digest}, progress, network)
         return tag
