@@ -159,8 +159,12 @@ class Sandbox:
         tar = _TarStream(self.repo) if self.repo is not None and cfg.mount != "bind" else None
         try:
             self._create_and_attach(client)
-            if tar is not None:
-                self._copy_in(tar)
+            if tar is not None:  # through the exec server: tmpfs is not reachable by `docker cp`
+                header, _ = self._request({"op": "put_tar", "dest": self._workspace()}, chunks=tar.chunks(),
+                                          answer_timeout=cfg.start_timeout)
+                if not header.get("ok"):
+                    raise SandboxUnavailable(f"copying {self.repo} into the sandbox failed: "
+                                             f"{header.get('error', '')[-300:]}")
             init = self.exec(GIT_INIT, timeout=cfg.start_timeout,
                              env={"M3_GENERATED": GENERATED, **({"M3_KEEP_BASE": "1"} if tar else {})})
             if init.exit_code != 0:
@@ -176,7 +180,9 @@ class Sandbox:
 
     def _create_and_attach(self, client: docker.DockerClient) -> None:
         cfg = self.config
-        shared = SharedSocket() if cfg.transport == "auto" and _engine_is_local(client) else None
+        # The engine listens on a Unix socket of this machine: a host directory can be shared with the container.
+        local = client.api.base_url == "http+docker://localhost" and os.name == "posix"
+        shared = SharedSocket() if cfg.transport == "auto" and local else None
         try:
             with cleanup.signals_held():  # the id and the tracking come with the container, or nothing does
                 self.id = self._create(client, shared)
@@ -408,13 +414,6 @@ class Sandbox:
         detail = f" ({diag[0][:200]})" if diag else ""
         return f"sandbox {str(self.id)[:12]} is dead: {why}{state}{detail}; start a new sandbox"
 
-    def _copy_in(self, tar: _TarStream) -> None:
-        """Stream the tar into /workspace through the exec server (tmpfs is not reachable by `docker cp`)."""
-        header, _ = self._request({"op": "put_tar", "dest": self._workspace()}, chunks=tar.chunks(),
-                                  answer_timeout=self.config.start_timeout)
-        if not header.get("ok"):
-            raise SandboxUnavailable(f"copying {tar.repo} into the sandbox failed: {header.get('error', '')[-300:]}")
-
 
 class _TarStream:
     """The repository as tar data from the host's `tar`, read ahead in a thread while the container starts."""
@@ -458,8 +457,3 @@ class _TarStream:
         self._proc.wait()
         self._proc.stdout.close()
         self._proc.stderr.close()
-
-
-def _engine_is_local(client: docker.DockerClient) -> bool:
-    """True when the engine listens on a Unix socket of this machine, so a host directory can be shared."""
-    return client.api.base_url == "http+docker://localhost" and os.name == "posix"

@@ -338,11 +338,6 @@ def prune_images() -> list[str]:
     return removed
 
 
-def env_recipe_hash(base_id: str, packages: Iterable[str], setup: Iterable[str]) -> str:
-    """The cache key of an environment image: its base image id and its recipe."""
-    return digest(base_id, json.dumps(sorted(set(packages))), json.dumps(list(setup)))[:16]
-
-
 def build_env_image(
     packages: Sequence[str] = (),
     setup: Sequence[str] = (),
@@ -359,8 +354,9 @@ def build_env_image(
     is `m3-agent-env:<hash of base image id + recipe>`, so an unchanged recipe is never rebuilt.
     """
     with contextlib.closing(docker_client()) as client:
-        digest = env_recipe_hash(base_image_id(client, base, progress), packages, setup)
-        tag = f"m3-agent-env:{digest}"
+        base_id = base_image_id(client, base, progress)
+        key = digest(base_id, json.dumps(sorted(set(packages))), json.dumps(list(setup)))[:16]
+        tag = f"m3-agent-env:{key}"
         if image_exists(client, tag):
             return tag
         dockerfile = f"FROM {base}\nUSER root\n"
@@ -371,5 +367,5 @@ def build_env_image(
         with build_lock(progress):
             if not image_exists(client, tag):
                 _say(progress, f"building {tag} on {base}")
-                _build(client, dockerfile, tag, {IMAGE_LABEL: "env", RECIPE_LABEL: digest}, progress, network)
+                _build(client, dockerfile, tag, {IMAGE_LABEL: "env", RECIPE_LABEL: key}, progress, network)
         return tag
