@@ -610,11 +610,9 @@ def collect(proc, caps, deadline, before):
 
 def open_pidfd(pid, sel):
     """A pidfd registered with `sel` (readable once the process exits), or None where there is none."""
-    if not hasattr(os, "pidfd_open"):
-        return None
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
+    except (AttributeError, OSError):  # AttributeError: a Python without os.pidfd_open
         return None
     sel.register(fd, selectors.EVENT_READ)
     return fd
