@@ -42,7 +42,6 @@ class Closable(Protocol):
 
 _live: set[Closable] = set()
 _lock = threading.RLock()  # re-entrant: a signal handler may run while the main thread holds it
-_at_exit = False
 _on_signals = False
 
 
@@ -97,12 +96,9 @@ def track(sb: Closable) -> None:
 
 
 def _install() -> None:
-    """Close live sandboxes at exit and on SIGINT / SIGTERM (once; signals only from the main thread)."""
-    global _at_exit, _on_signals
+    """Close live sandboxes on SIGINT / SIGTERM (set once, and only from the main thread; exit: see below)."""
+    global _on_signals
     with _lock:
-        if not _at_exit:
-            _at_exit = True
-            atexit.register(close_all)
         # signal handlers can only be set from the main thread: the first sandbox made there sets them
         if not _on_signals and threading.current_thread() is threading.main_thread():
             _on_signals = True
@@ -149,6 +145,9 @@ def close_all() -> None:
         _live.clear()
     for sb in boxes:
         sb.kill()
+
+
+atexit.register(close_all)  # whatever is still tracked at interpreter exit (with nothing tracked, a no-op)
 
 
 def _chain(sig: signal.Signals) -> None:
