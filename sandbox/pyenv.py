@@ -106,14 +106,17 @@ def installable(root: Path) -> bool:
 
 
 def _pyproject(root: Path) -> dict:
-    path = root / "pyproject.toml"
+    return _toml(root / "pyproject.toml", hint=": fix it, or set [sandbox] setup")
+
+
+def _toml(path: Path, hint: str = "") -> dict:
+    """The TOML file at `path`, {} when there is none; EnvironmentBuildError naming it when it cannot be read."""
     if not path.is_file():
         return {}
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise EnvironmentBuildError(f"pyproject.toml cannot be read ({e}): fix it, or set [sandbox] setup",
-                                    step="read pyproject.toml") from None
+        raise EnvironmentBuildError(f"{path.name} cannot be read ({e}){hint}", step=f"read {path.name}") from None
 
 
 def wants_environment(root: Path) -> bool:
@@ -282,12 +285,8 @@ def lock_pins(root: Path, env: dict[str, str]) -> tuple[str | None, list[str]]:
     """`name==version` for every package a lock file pins once (a package locked at two versions,
     one per platform or Python, is left to pip); the lock's name with them."""
     for name in ("pylock.toml", "uv.lock", "poetry.lock"):
-        path = root / name
-        if path.is_file():
-            try:
-                data = tomllib.loads(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-                raise EnvironmentBuildError(f"{name} cannot be read ({e})", step=f"read {name}") from None
+        if (root / name).is_file():
+            data = _toml(root / name)
             return name, _pins(data.get("packages") or data.get("package") or [], env)
     return None, []
 
