@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import docker
 import docker.errors
 
@@ -32,15 +34,11 @@ def image_exists(client: docker.DockerClient, tag: str) -> bool:
 
 def remove_container(client: docker.DockerClient, cid: str) -> None:
     """Kill and remove a container; return once it is gone."""
-    try:
-        client.api.remove_container(cid, force=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as e:
-        if e.status_code != 409:  # 409: the engine is already removing it (auto-remove)
-            raise
+    with contextlib.suppress(docker.errors.NotFound):  # gone already
         try:
+            client.api.remove_container(cid, force=True)
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: the engine is already removing it (auto-remove)
+                raise
             client.api.wait(cid, timeout=30, condition="removed")
-        except docker.errors.NotFound:
-            pass
 
