@@ -64,14 +64,10 @@ class Channel:
         self._attach = attach
         self._sock = direct or attach
         self._direct = direct is not None
+        self.transport = "direct" if self._direct else "attach"  # the shared Unix socket, or the engine's stream
         self._raw = bytearray()  # undemultiplexed bytes from the attach stream
         self._out = bytearray()  # the server's answers, not yet consumed
         self._diag = bytearray()  # the server's stderr, last DIAG_MAX bytes
-
-    @property
-    def transport(self) -> str:
-        """"direct" (shared Unix socket) or "attach" (the engine's stream)."""
-        return "direct" if self._direct else "attach"
 
     @classmethod
     def establish(cls, attach: socket.socket, shared: SharedSocket | None, timeout: float) -> Channel:
