@@ -16,7 +16,7 @@ import pytest
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox import Sandbox, SandboxConfig
 from m3_agent.sandbox.envimage import (ENV_REPOSITORY, BuildRequest, ensure_environment, environment_for,
-                                       list_environments, prune_environments)
+                                       list_environments, prune_environments, request_for, request_key)
 from m3_agent.sandbox.image import ENV_PREFIX
 from tests.conftest import wait_for
 
@@ -210,8 +210,13 @@ def test_a_project_that_needs_a_newer_python_is_built_on_a_newer_debian(git_repo
 
 def test_ctrl_c_during_a_build_leaves_no_container_and_no_image(git_repo, sandbox_image):
     """`m3-agent env build` interrupted while its setup command runs: exit 130, and nothing of it is left."""
-    repo = git_repo({"app.py": "x = 1\n", "m3-agent.toml": f"[sandbox]\nsetup = \"sleep 300  # {SESSION}\"\n"})
-    before = tags_of()
+    setup = f"sleep 300  # {SESSION}"
+    repo = git_repo({"app.py": "x = 1\n", "m3-agent.toml": f"[sandbox]\nsetup = \"{setup}\"\n"})
+    client = docker.from_env()
+    try:  # the tag this build would make (other runs on the same engine may add their own meanwhile)
+        key, _ = request_key(client, request_for(repo, SandboxConfig(setup=setup)))
+    finally:
+        client.close()
     proc = subprocess.Popen([sys.executable, "-m", "m3_agent.cli", "env", "build", "--repo", str(repo)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -225,4 +230,4 @@ def test_ctrl_c_during_a_build_leaves_no_container_and_no_image(git_repo, sandbo
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert not [c for c in env_builds() if c.labels.get("m3-agent.owner-pid") == str(proc.pid)]
-    assert tags_of() == before
+    assert tags_of(key) == []
