@@ -60,6 +60,17 @@ def tags_of(key_prefix: str = "") -> list[str]:
     return [e.tag for e in list_environments() if e.tag.startswith(f"{ENV_REPOSITORY}:{key_prefix}")]
 
 
+def left_of(request: BuildRequest) -> tuple[list[str], list]:
+    """What a build of `request` in this process left: its image tag, its build containers. Only its own:
+    other test runs on the same engine may build meanwhile."""
+    client = docker.from_env()
+    try:
+        key, _ = request_key(client, request)
+    finally:
+        client.close()
+    return tags_of(key), [c for c in env_builds() if c.labels.get("m3-agent.owner-pid") == str(os.getpid())]
+
+
 @pytest.fixture(scope="module")
 def project_env(tmp_path_factory, sandbox_image):
     from tests.conftest import make_git_repo
@@ -147,21 +158,19 @@ def test_a_changed_dependency_file_builds_a_new_environment_and_prune_keeps_the_
 def test_a_dependency_that_does_not_exist_fails_naming_it_and_leaves_nothing(git_repo, sandbox_image):
     files = dict(PROJECT)
     files["pyproject.toml"] = PROJECT["pyproject.toml"].replace('"iniconfig>=2"', '"no-such-package-m3-agent"')
-    repo = git_repo(files)
-    before = tags_of()
+    request = BuildRequest(repo=git_repo(files))
     with pytest.raises(EnvironmentBuildError) as e:
-        ensure_environment(BuildRequest(repo=repo))
+        ensure_environment(request)
     assert e.value.exit_code == 7 and "no-such-package-m3-agent" in str(e.value)
     assert "download wheels" in str(e.value) and "\n" not in str(e.value)
-    assert tags_of() == before and env_builds() == []
+    assert left_of(request) == ([], [])
 
 
 def test_a_failing_setup_command_names_the_step_and_leaves_nothing(git_repo, sandbox_image):
-    repo = git_repo({"app.py": "x = 1\n"})
-    before = tags_of()
+    request = BuildRequest(repo=git_repo({"app.py": "x = 1\n"}), setup=f"echo preparing; exit 3  # {SESSION}")
     with pytest.raises(EnvironmentBuildError, match="run the setup command"):
-        ensure_environment(BuildRequest(repo=repo, setup="echo preparing; exit 3"))
-    assert tags_of() == before and env_builds() == []
+        ensure_environment(request)
+    assert left_of(request) == ([], [])
 
 
 def test_a_setup_command_alone_builds_on_a_repository_without_dependency_files(git_repo, sandbox_image):
