@@ -47,6 +47,37 @@ def suite_passed(tests: dict[str, Any] | None) -> bool:
     return tests.get("passed", 0) > 0 and not any(tests.get(k) for k in ("failed", "errors", "timed_out", "problem"))
 
 
+def describe_tests(tests: dict[str, Any] | None) -> str:
+    """`3 passed, 1 failed` style summary of a test_runner result."""
+    if not tests:
+        return "-"
+    if tests.get("framework") == "command":
+        return f"exit code {tests.get('exit_code')}" + (" (timed out)" if tests.get("timed_out") else "")
+    parts = [f"{tests.get('passed', 0)} passed", f"{tests.get('failed', 0)} failed"]
+    if tests.get("errors"):
+        parts.append(f"{tests['errors']} errors")
+    if tests.get("timed_out"):
+        parts.append("timed out")
+    return ", ".join(parts)
+
+
+def describe_verdict(verdict: Verdict | None) -> str:
+    """The tests behind a verdict and when they ran relative to the last change."""
+    if verdict is None:
+        return "-"
+    if verdict.passed is None:
+        return f"unverified: {verdict.reason}"
+    if verdict.source == "agent":
+        where = f"the agent's run at turn {verdict.test_turn}, after its last change"
+    elif verdict.source == "rerun":
+        where = "re-run on the final patch" + (
+            f"; the agent's last run (turn {verdict.stale_turn}) came before a change" if verdict.stale_turn else "")
+    else:
+        where = f"`{verdict.command}` on the final patch"
+    before = f"; {len(verdict.preexisting)} of them fail without the change too" if verdict.preexisting else ""
+    return f"{describe_tests(verdict.tests)} ({where}){before}"
+
+
 class TestWatch:
     """The agent's last test run: the call that made it, its summary, and the workspace it saw."""
 

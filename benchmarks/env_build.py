@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m3_agent.agent.events import AgentEvent
-from m3_agent.fix.flow import FixResult, fix_issue
+from m3_agent.fix.flow import fix_issue
+from m3_agent.fix.result import FixResult
 from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig, build_image
 from m3_agent.sandbox.envimage import environment_for, prune_environments
 from m3_agent.serving.standin import StandinServer

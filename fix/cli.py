@@ -18,7 +18,8 @@ from rich.console import Console
 
 from m3_agent.errors import M3AgentError, UsageError
 from m3_agent.fix import gitwork
-from m3_agent.fix.flow import FixOptions, FixResult, fix_issue
+from m3_agent.fix.flow import FixOptions, fix_issue
+from m3_agent.fix.result import FixResult
 from m3_agent.fix.progress import LiveProgress, short, summary
 from m3_agent.settings import load_settings
 

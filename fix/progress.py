@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -17,10 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from m3_agent.agent.events import AgentEvent
-from m3_agent.agent.verdict import Verdict
-
-if TYPE_CHECKING:
-    from m3_agent.fix.flow import FixResult
+from m3_agent.agent.verdict import describe_tests, describe_verdict
+from m3_agent.fix.result import FixResult
 
 
 def short(text: Any, n: int = 90) -> str:
@@ -39,37 +37,6 @@ def call_summary(name: str, arguments: str | None) -> str:
         return name
     first = next((v for v in args.values() if isinstance(v, str) and v.strip()), "")
     return f"{name} {short(first, 70)}".strip()
-
-
-def describe_tests(tests: dict[str, Any] | None) -> str:
-    """`3 passed, 1 failed` style summary of a test_runner result."""
-    if not tests:
-        return "-"
-    if tests.get("framework") == "command":
-        return f"exit code {tests.get('exit_code')}" + (" (timed out)" if tests.get("timed_out") else "")
-    parts = [f"{tests.get('passed', 0)} passed", f"{tests.get('failed', 0)} failed"]
-    if tests.get("errors"):
-        parts.append(f"{tests['errors']} errors")
-    if tests.get("timed_out"):
-        parts.append("timed out")
-    return ", ".join(parts)
-
-
-def describe_verdict(verdict: Verdict | None) -> str:
-    """The tests behind a verdict and when they ran relative to the last change."""
-    if verdict is None:
-        return "-"
-    if verdict.passed is None:
-        return f"unverified: {verdict.reason}"
-    if verdict.source == "agent":
-        where = f"the agent's run at turn {verdict.test_turn}, after its last change"
-    elif verdict.source == "rerun":
-        where = "re-run on the final patch" + (
-            f"; the agent's last run (turn {verdict.stale_turn}) came before a change" if verdict.stale_turn else "")
-    else:
-        where = f"`{verdict.command}` on the final patch"
-    before = f"; {len(verdict.preexisting)} of them fail without the change too" if verdict.preexisting else ""
-    return f"{describe_tests(verdict.tests)} ({where}){before}"
 
 
 class LiveProgress:

@@ -18,16 +18,14 @@ functions of the result; the REST calls are `fix.github`'s, the pushes `fix.gitw
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from m3_agent.agent.verdict import describe_tests, describe_verdict
 from m3_agent.errors import GitError, GitHubTokenMissing, M3AgentError, UsageError
 from m3_agent.fix import gitwork
 from m3_agent.fix.github import GitHubClient, Issue, NewPullRequest, parse_remote
-from m3_agent.fix.progress import describe_tests, describe_verdict
+from m3_agent.fix.result import FixResult
 from m3_agent.settings import FixConfig
-
-if TYPE_CHECKING:
-    from m3_agent.fix.flow import FixResult
 
 SHOWN_FAILURES = 5
 LIMITS = {"turn_limit": "its turn limit", "token_limit": "its token limit", "time_limit": "its time limit",

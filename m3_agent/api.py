@@ -40,7 +40,8 @@ from m3_agent.agent.config import AgentConfig, ContextConfig, LimitsConfig, Mode
 from m3_agent.errors import (EndpointAuthError, EndpointError, GitError, GitHubRateLimited, GitHubTokenMissing,
                              GitHubTokenScope, Interrupted, M3AgentError, PullRequestExists, PushRejected,
                              SandboxUnavailable, UsageError)
-from m3_agent.fix.flow import FixOptions, FixResult, fix_issue
+from m3_agent.fix.flow import FixOptions, fix_issue
+from m3_agent.fix.result import FixResult
 from m3_agent.fix.github import GitHubClient, Issue
 from m3_agent.agent.events import AgentEvent
 from m3_agent.agent.loop import Agent, RunResult

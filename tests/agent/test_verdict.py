@@ -8,7 +8,7 @@ import pytest
 
 from m3_agent.agent.loop import Agent, AgentConfig
 from m3_agent.agent.trajectory import read_trajectory
-from m3_agent.agent.verdict import TestWatch, decide
+from m3_agent.agent.verdict import TestWatch, Verdict, decide, describe_verdict
 from m3_agent.sandbox import LocalEnvironment
 from m3_agent.serving.standin import StandinServer
 from m3_agent.tools import TestRunner, execute_call
@@ -96,3 +96,13 @@ def test_in_the_docker_sandbox_a_fix_passes_beside_a_test_that_needs_the_network
     assert verdict.source == "agent" and verdict.passed is True and verdict.preexisting == [OFFLINE]
     assert result.final_tests["failed"] == 1 and result.final_tests["passed"] == 1
     assert read_trajectory(tmp_path / "traj.jsonl")[-1]["verdict"]["preexisting"] == [OFFLINE]
+
+
+def test_the_verdict_line_says_how_many_failures_fail_without_the_change():
+    tests = {"framework": "pytest", "passed": 551, "failed": 4}
+    verdict = Verdict(source="agent", passed=True, tests=tests, test_turn=3, after_last_change=True,
+                      preexisting=[f"tests/test_requests.py::test_timeout[{n}]" for n in range(4)])
+    assert describe_verdict(verdict) == (
+        "551 passed, 4 failed (the agent's run at turn 3, after its last change); 4 of them fail without the change too")
+    assert describe_verdict(verdict.model_copy(update={"preexisting": []})).endswith("after its last change)")
+

@@ -7,8 +7,7 @@ import io
 from rich.console import Console
 
 from m3_agent.agent.events import AgentEvent
-from m3_agent.agent.verdict import Verdict
-from m3_agent.fix.progress import LiveProgress, describe_verdict
+from m3_agent.fix.progress import LiveProgress
 
 
 def reply(turn: int, prompt: int, cached: int, completion: int) -> AgentEvent:
@@ -98,12 +97,3 @@ def test_sandbox_restarts_show_in_the_panel_and_as_lines():
     assert sink.getvalue().splitlines() == [
         "  sandbox restart 1: sandbox 0123456789ab is dead: the sandbox closed its output, OOM-killed=True, exit=137; "
         "2 changed file(s) restored"]
-
-
-def test_the_verdict_line_says_how_many_failures_fail_without_the_change():
-    tests = {"framework": "pytest", "passed": 551, "failed": 4}
-    verdict = Verdict(source="agent", passed=True, tests=tests, test_turn=3, after_last_change=True,
-                      preexisting=[f"tests/test_requests.py::test_timeout[{n}]" for n in range(4)])
-    assert describe_verdict(verdict) == (
-        "551 passed, 4 failed (the agent's run at turn 3, after its last change); 4 of them fail without the change too")
-    assert describe_verdict(verdict.model_copy(update={"preexisting": []})).endswith("after its last change)")

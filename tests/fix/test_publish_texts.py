@@ -10,7 +10,7 @@ from m3_agent.agent.loop import RunResult
 from m3_agent.agent.model import Usage
 from m3_agent.agent.stall import Stall
 from m3_agent.agent.verdict import Verdict
-from m3_agent.fix.flow import FixResult
+from m3_agent.fix.result import FixResult
 from m3_agent.fix.github import Issue
 from m3_agent.fix.publish import comment_body, plan, pull_request_body, why_not
 from m3_agent.settings import FixConfig
