@@ -22,9 +22,9 @@ from tenacity import (
 )
 
 from m3_agent.agent.context.tokens import EstimateCounter, ServerCounter, TokenCounter
+from m3_agent.agent.endpoint import NO_KEY, EndpointClient, ServedModel, refused_key, served_models
 from m3_agent.agent.thinking import ThinkingMode
-from m3_agent.errors import EndpointAuthError, EndpointError, M3AgentError, UsageError
-from m3_agent.redact import mask
+from m3_agent.errors import EndpointError, M3AgentError, UsageError
 
 # vLLM 0.33 and SGLang drop a stray leading </mm:think> but vLLM keeps the newlines after it, and keeps
 # the closer itself when whitespace precedes it or when the server runs without a reasoning parser
@@ -38,9 +38,6 @@ _OVERFLOW_NUMBERS = re.compile(
     r"|input \((?P<inp3>\d+) tokens\) is longer than the model's context length \((?P<limit3>\d+)",
     re.IGNORECASE | re.DOTALL,
 )
-
-
-NO_KEY = "EMPTY"  # the placeholder the SDK sends when no key is set; a server without a key ignores it
 
 
 class ModelConfig(BaseModel):
@@ -67,65 +64,6 @@ class ModelConfig(BaseModel):
     def _dump_key(self, key: SecretStr, info: FieldSerializationInfo) -> str:
         # Masked in JSON (trajectories) unless a caller hands the config on, e.g. to a worker process.
         return key.get_secret_value() if (info.context or {}).get("secrets") else str(key)
-
-
-def shown_key(value: str | None, source: str | None = None) -> str:
-    """The key a request carried, as a message may show it: masked, and where it came from."""
-    if not value or value == NO_KEY:
-        return "no key"
-    return f"the key {mask(value)} (from {source})" if source else f"the key {mask(value)}"
-
-
-def refused_key(url: str, key: str | None, source: str | None) -> EndpointAuthError:
-    """The one-line error for a 401 from `url`: which key went, from where, and what to do."""
-    return EndpointAuthError(
-        f"the model server at {url} refused the request (HTTP 401): sent {shown_key(key, source)}; "
-        "give the endpoint's key with --api-key or M3_AGENT_MODEL__API_KEY "
-        "(an endpoint `m3-agent serve start` launched: its key is in the serve state)"
-    )
-
-
-class ServedModel(BaseModel):
-    """One model a server lists in `GET /v1/models`: its id and, from vLLM, its context window."""
-
-    id: str
-    max_model_len: int | None = None
-
-
-def served_models(answer: Any) -> list[ServedModel]:
-    """The models a `/v1/models` answer lists, in its order; entries without an id are skipped."""
-    data = answer.get("data") if isinstance(answer, dict) else None
-    models = []
-    for card in data if isinstance(data, list) else []:
-        if isinstance(card, dict) and isinstance(card.get("id"), str):
-            window = card.get("max_model_len")
-            models.append(ServedModel(id=card["id"], max_model_len=window if isinstance(window, int) and window > 0
-                                      else None))
-    return models
-
-
-def list_models(base_url: str, *, api_key: str | None = None, timeout: float = 30.0) -> list[ServedModel]:
-    """`GET {base_url}/models` (base_url ends in /v1, or is the server root): the served models.
-
-    One request, no retries, no proxy (the endpoint is usually on the local network); EndpointError
-    when nothing answers, the answer is not 200 or not JSON.
-    """
-    import json
-    import urllib.error
-    import urllib.request
-
-    root = base_url.rstrip("/").removesuffix("/v1")
-    headers = {"User-Agent": "m3-agent", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(urllib.request.Request(f"{root}/v1/models", headers=headers), timeout=timeout) as resp:
-            return served_models(json.loads(resp.read()))
-    except urllib.error.HTTPError as e:
-        if e.code == 401:
-            raise refused_key(f"{root}/v1/models", api_key, None) from None
-        raise EndpointError(f"{root}/v1/models answered HTTP {e.code}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise EndpointError(f"{root}/v1/models failed: {getattr(e, 'reason', e)}") from None
 
 
 class Usage(BaseModel):
@@ -247,11 +185,14 @@ class ModelClient:
         if not config.base_url:
             raise UsageError("no model endpoint: set model.base_url (flag --base-url)")
         self.config = config
+        key = config.api_key.get_secret_value() or NO_KEY
+        self.endpoint = EndpointClient(config.base_url, api_key=key, key_source="model.api_key")
         self._client = openai.OpenAI(
             base_url=config.base_url,
-            api_key=config.api_key.get_secret_value() or "EMPTY",
+            api_key=key,
             timeout=config.request_timeout_s,
             max_retries=0,  # retries are ours (tenacity), bounded in attempts and time
+            http_client=self.endpoint.sdk_http(),  # the endpoint's one route (agent/endpoint.py: proxy_for)
         )
         self._model = config.name
         self._served: list[ServedModel] | None = None

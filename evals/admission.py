@@ -20,8 +20,6 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -32,6 +30,7 @@ from pydantic import BaseModel
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.estimate import EstimatedFile, estimate_tokens
 from m3_agent.agent.context.tokens import CHARS_PER_TOKEN, OUTPUT_RESERVE  # the pack's estimate and reserve
+from m3_agent.agent.endpoint import EndpointClient
 from m3_agent.evals.reuse.delta import MAX_DIFF_SHARE
 from m3_agent.evals.reuse.ordering import Run, diff_bytes, stored_run
 from m3_agent.errors import M3AgentError, UsageError
@@ -79,13 +78,9 @@ def parse_capacity(metrics_text: str, source: str = "/metrics") -> KvCapacity | 
 
 def capacity_from_metrics(base_url: str, *, timeout: float = 10.0) -> KvCapacity | None:
     """The endpoint's KV capacity from its /metrics (beside …/v1); None when it has no such page or does not say."""
-    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            text = r.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-    return parse_capacity(text, source=url)
+    endpoint = EndpointClient(base_url, timeout=timeout)
+    text = endpoint.metrics()
+    return parse_capacity(text, source=endpoint.root + "/metrics") if text is not None else None
 
 
 def capacity_from_profile(profile: str) -> KvCapacity:

@@ -242,7 +242,7 @@ def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quie
 def _kv_admission(tasks: list[Task], endpoint: str, settings, workers: int, repos: Optional[Path],
                   agent, quiet: bool) -> tuple[list[Task], Any, dict]:
     """The tasks in reuse order, the admission gate for the endpoint's KV capacity, and what run.json records."""
-    from m3_agent.agent.context.tokens import server_card
+    from m3_agent.agent.endpoint import EndpointClient
     from m3_agent.evals.admission import (KvAdmit, Reuse, bytes_per_token, diff_bytes_per_token, learn_capacity,
                                           order_for_reuse)
     from m3_agent.evals.reuse.ordering import batch_ids
@@ -250,7 +250,7 @@ def _kv_admission(tasks: list[Task], endpoint: str, settings, workers: int, repo
     capacity, reuse = learn_capacity(endpoint, settings.serve), settings.eval
     key = agent.model.api_key.get_secret_value()
     try:
-        window = server_card(endpoint, agent.model.name, api_key=key).max_model_len or 1_048_576
+        window = EndpointClient(endpoint, api_key=key).card(agent.model.name).max_model_len or 1_048_576
     except M3AgentError:
         window = 1_048_576
     if not quiet:

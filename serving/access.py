@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, FieldSerializationInfo, SecretStr, field_serializer
 
-from m3_agent.agent.model import NO_KEY
+from m3_agent.agent.endpoint import NO_KEY
 from m3_agent.errors import UsageError
 from m3_agent.redact import mask
 

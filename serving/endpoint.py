@@ -9,14 +9,12 @@ listens there or the key is refused.
 
 from __future__ import annotations
 
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 
 from pydantic import BaseModel, Field, SecretStr
 
-from m3_agent.agent.model import NO_KEY, refused_key
+from m3_agent.agent.endpoint import NO_KEY, EndpointClient
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher
 from m3_agent.serving.access import LOOPBACK, ApiKey, choose_key
@@ -196,19 +194,4 @@ def resolve_endpoint(base_url: str | None, serve: str | None = None,
 def check_endpoint(base_url: str, *, timeout: float = 5.0, key: ApiKey | None = None) -> None:
     """Fail fast when nothing listens at `base_url` (EndpointError) or it refuses `key`
     (EndpointAuthError, exit 8); a server still loading (503) passes."""
-    value = key_value(key)
-    headers = {"User-Agent": "m3-agent", **({"Authorization": f"Bearer {value}"} if value else {})}
-    req = urllib.request.Request(base_url + "/models", headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout):
-            return
-    except urllib.error.HTTPError as e:
-        if e.code == 401:
-            raise refused_key(base_url, value, key.source if key else None) from None
-        return  # it answers: loading and path problems get the loop's full message and retries
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise EndpointError(
-            f"cannot reach the model server at {base_url}: {reason}. "
-            "Start it (m3-agent serve start) or check --base-url"
-        ) from None
+    EndpointClient(base_url, api_key=key_value(key), key_source=key.source if key else None, timeout=timeout).check()

@@ -15,14 +15,13 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, FieldSerializationInfo, field_serializer
 
-from m3_agent.agent.model import list_models
+from m3_agent.agent.endpoint import EndpointClient
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.redact import redact
 from m3_agent.serving.access import ApiKey, client_host
@@ -198,9 +197,6 @@ def is_running(state: ServeState) -> bool:
     return state.pid is not None and _pid_alive(state.pid, state.pid_started)
 
 
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the endpoint is local: no proxy
-
-
 def probe(
     base_url: str, served_model_name: str | None = None, timeout_s: float = 3.0, *, api_key: str | None = None
 ) -> tuple[Phase, list[str], int | None]:
@@ -208,16 +204,11 @@ def probe(
 
     /health answers without a key on vLLM and SGLang; /v1/models needs `api_key` when the server has one.
     """
-    root = base_url.removesuffix("/").removesuffix("/v1")
-    try:
-        with _NO_PROXY.open(f"{root}/health", timeout=timeout_s) as r:
-            healthy = r.status == 200
-    except (OSError, ValueError):  # refused, or an HTTP error status (503 while loading)
-        healthy = False
-    if not healthy:
+    endpoint = EndpointClient(base_url, api_key=api_key, timeout=timeout_s)
+    if not endpoint.health():  # refused, or 503 while loading
         return "loading", [], None
     try:
-        served = list_models(root, api_key=api_key, timeout=timeout_s)
+        served = endpoint.models()
     except EndpointError:
         served = []
     models = [m.id for m in served]

@@ -13,11 +13,13 @@ import json
 import random
 import statistics
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
+
+from m3_agent.agent.endpoint import EndpointClient, proxy_for
+from m3_agent.errors import EndpointError
 
 if TYPE_CHECKING:
     import openai
@@ -81,14 +83,10 @@ def _words(rng: random.Random, n: int) -> str:
 
 def _count_tokens(base_url: str, model: str, text: str, api_key: str) -> int | None:
     """Prompt tokens of one user message per the server's /tokenize (vLLM and the stand-in have it)."""
-    root = base_url.removesuffix("/").removesuffix("/v1")
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}]}).encode()
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
-    req = urllib.request.Request(f"{root}/tokenize", data=body, headers=headers)  # POST: it has data
+    body = {"model": model, "messages": [{"role": "user", "content": text}]}
     try:
-        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as r:
-            return int(json.loads(r.read())["count"])
-    except (OSError, ValueError, KeyError):
+        return int(EndpointClient(base_url, api_key=api_key, timeout=30).json("POST", "/tokenize", body)["count"])
+    except (EndpointError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -168,7 +166,8 @@ async def _run(cfg: LoadConfig, prompts: list[str]) -> tuple[list[_Sample], floa
     import openai
 
     client = openai.AsyncOpenAI(
-        base_url=cfg.base_url, api_key=cfg.api_key, max_retries=0, timeout=cfg.request_timeout_s
+        base_url=cfg.base_url, api_key=cfg.api_key, max_retries=0, timeout=cfg.request_timeout_s,
+        http_client=openai.DefaultAsyncHttpxClient(proxy=proxy_for(cfg.base_url), trust_env=False),
     )
     gate = asyncio.Semaphore(cfg.concurrency)
 

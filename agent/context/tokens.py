@@ -7,15 +7,12 @@ cache: two counters with the same id must give the same counts) and `count_many(
 from __future__ import annotations
 
 import hashlib
-import http.client
-import json
 import math
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, runtime_checkable
-from urllib.parse import urlsplit
 
+from m3_agent.agent.endpoint import EndpointClient
 from m3_agent.errors import EndpointError, UsageError
 
 # Texts longer than this are counted in pieces cut at line ends and summed (a cut can split a token
@@ -132,57 +129,6 @@ class TokenizerJsonCounter:
         return self.count_many([text])[0]
 
 
-def server_root(base_url: str) -> str:
-    """`http://host:8000/v1` -> `http://host:8000`: /tokenize lives at the server root."""
-    return base_url.rstrip("/").removesuffix("/v1")
-
-
-class _Http:
-    """A small JSON-over-HTTP client with one keep-alive connection per thread."""
-
-    def __init__(self, root: str, timeout: float) -> None:
-        parts = urlsplit(root)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"not an http(s) URL: {root!r}")
-        self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
-        self.prefix = parts.path.rstrip("/")
-        self.timeout = timeout
-        self._local = threading.local()
-
-    def _conn(self):
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-            conn = cls(self.host, self.port, timeout=self.timeout)
-            self._local.conn = conn
-        return conn
-
-    def request(self, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> dict:
-        """Send one request; the decoded JSON answer, or EndpointError naming the failure."""
-        data = None if body is None else json.dumps(body).encode()
-        hdrs = {"Content-Type": "application/json", **(headers or {})}
-        url = self.prefix + path
-        for attempt in range(2):  # a keep-alive connection the server closed gets one fresh retry
-            conn = self._conn()
-            try:
-                conn.request(method, url, body=data, headers=hdrs)
-                resp = conn.getresponse()
-                raw = resp.read()
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
-                self._local.conn = None
-                if attempt == 0 and isinstance(e, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)):
-                    continue
-                raise EndpointError(f"{method} {self.host}:{self.port}{url} failed: {e}") from e
-            if resp.status != 200:
-                raise EndpointError(f"{method} {url} answered HTTP {resp.status}: {raw[:200].decode(errors='replace')}")
-            try:
-                return json.loads(raw)
-            except ValueError as e:
-                raise EndpointError(f"{method} {url} answered non-JSON: {raw[:200]!r}") from e
-        raise EndpointError(f"{method} {url} failed")  # pragma: no cover - the loop always returns or raises
-
-
 def _split_long(text: str, limit: int) -> list[str]:
     """Cut a long text at line ends into pieces of at most about `limit` characters."""
     if len(text) <= limit:
@@ -211,26 +157,17 @@ class ServerCounter:
     def __init__(self, base_url: str, model: str | None = None, *, api_key: str | None = None,
                  timeout: float = 120.0, concurrency: int = 4, check: bool = True) -> None:
         self.base_url = base_url
-        self.root = server_root(base_url)
-        self._http = _Http(self.root, timeout)
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.endpoint = EndpointClient(base_url, api_key=api_key, timeout=timeout)
         self.concurrency = max(1, concurrency)
-        self.model = model or server_card(base_url, api_key=api_key, timeout=timeout).id
+        self.model = model or self.endpoint.card().id
         self.id = f"server:{self.model}"
         if check:
-            self._count_one("m3-agent")
-
-    def _count_one(self, text: str) -> int:
-        body = {"model": self.model, "prompt": text, "add_special_tokens": False}
-        answer = self._http.request("POST", "/tokenize", body, self._headers)
-        if not isinstance(answer.get("count"), int):
-            raise EndpointError(f"{self.root}/tokenize answered without a count")
-        return answer["count"]
+            self.endpoint.tokenize(self.model, "m3-agent")
 
     def _count_text(self, text: str) -> int:
         if not text:
             return 0
-        return sum(self._count_one(piece) for piece in _split_long(text, MAX_REQUEST_CHARS))
+        return sum(self.endpoint.tokenize(self.model, piece) for piece in _split_long(text, MAX_REQUEST_CHARS))
 
     def count_many(self, texts: list[str]) -> list[int]:
         """Exact counts, `concurrency` requests in flight over keep-alive connections."""
@@ -255,21 +192,11 @@ def budget_for_window(max_model_len: int, *, output_reserve: int = OUTPUT_RESERV
     return max(0, max_model_len - output_reserve - min(growth, max_model_len // 4))
 
 
-def server_card(base_url: str, model: str | None = None, *, api_key: str | None = None, timeout: float = 30.0):
-    """The `ServedModel` (id, max_model_len) a server lists for `model`, or its first when None."""
-    from m3_agent.agent.model import list_models  # only servers need it: a pack without one skips the client's import
-
-    models = list_models(base_url, api_key=api_key, timeout=timeout)
-    card = next((m for m in models if model is None or m.id == model), None)
-    if card is None:
-        raise EndpointError(f"{server_root(base_url)}/v1/models does not list {model or 'any model'}")
-    return card
-
-
 def budget_for_server(base_url: str, *, model: str | None = None, output_reserve: int = OUTPUT_RESERVE,
                       growth_reserve: float | int = 0.15, api_key: str | None = None) -> int:
     """The default pack budget: the served model's `max_model_len` (from /v1/models) less reserves."""
-    card = server_card(base_url, model, api_key=api_key)
+    endpoint = EndpointClient(base_url, api_key=api_key)
+    card = endpoint.card(model)
     if card.max_model_len is None:
-        raise EndpointError(f"{server_root(base_url)}/v1/models gives no max_model_len for {card.id}")
+        raise EndpointError(f"{endpoint.root}/v1/models gives no max_model_len for {card.id}")
     return budget_for_window(card.max_model_len, output_reserve=output_reserve, growth_reserve=growth_reserve)

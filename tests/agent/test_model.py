@@ -15,12 +15,10 @@ from m3_agent.agent.model import (
     ContextOverflowError,
     ModelClient,
     ModelConfig,
-    ServedModel,
     is_context_overflow,
-    list_models,
-    served_models,
     split_reasoning,
 )
+from m3_agent.agent.endpoint import EndpointClient, ServedModel, served_models
 from m3_agent.serving.standin import StandinServer
 
 FAST_RETRY = dict(retry_initial_s=0.01, retry_max_wait_s=0.05, retry_attempts=4, retry_max_s=10)
@@ -88,10 +86,10 @@ def models_server():
         server.server_close()
 
 
-def test_list_models_reads_ids_and_windows_from_the_stand_in():
+def test_models_are_read_with_ids_and_windows_from_the_stand_in():
     with StandinServer({"max_model_len": 65536, "turns": []}) as srv:
-        assert list_models(srv.base_url) == [ServedModel(id="MiniMaxAI/MiniMax-M3", max_model_len=65536)]
-        assert list_models(srv.base_url.removesuffix("/v1")) == list_models(srv.base_url + "/")
+        assert EndpointClient(srv.base_url).models() == [ServedModel(id="MiniMaxAI/MiniMax-M3", max_model_len=65536)]
+        assert EndpointClient(srv.base_url.removesuffix("/v1")).models() == EndpointClient(srv.base_url + "/").models()
         # The client discovers through the same parser: the same model and window.
         client = _client(srv)
         assert (client.model, client.max_model_len()) == ("MiniMaxAI/MiniMax-M3", 65536)
@@ -104,7 +102,7 @@ def test_served_models_keep_order_skip_bad_cards_and_missing_windows(models_serv
                                      ServedModel(id="m3-c")]
     assert served_models({"data": None}) == served_models([]) == []
     url = models_server(answer)
-    assert [m.id for m in list_models(url)] == ["m3-a", "m3-b", "m3-c"]
+    assert [m.id for m in EndpointClient(url).models()] == ["m3-a", "m3-b", "m3-c"]
     client = _client_at(url, name="m3-b")
     assert client.max_model_len() is None  # SGLang-style card: no window, so no default budget
 
@@ -113,16 +111,16 @@ def _client_at(url: str, **kw) -> ModelClient:
     return ModelClient(ModelConfig(base_url=url, **{**FAST_RETRY, **kw}))
 
 
-def test_list_models_failures_are_endpoint_errors(models_server):
+def test_models_listing_failures_are_endpoint_errors(models_server):
     with pytest.raises(EndpointAuthError, match=r"refused the request \(HTTP 401\): sent no key") as e:
-        list_models(models_server({"error": "no key"}, status=401))
+        EndpointClient(models_server({"error": "no key"}, status=401)).models()
     assert e.value.exit_code == 8
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
     with pytest.raises(EndpointError, match=f"127.0.0.1:{port}/v1/models failed"):
-        list_models(f"http://127.0.0.1:{port}/v1", timeout=2)
+        EndpointClient(f"http://127.0.0.1:{port}/v1", timeout=2).models()
 
 
 def test_a_refused_key_is_its_own_error_naming_the_key_masked():
