@@ -27,7 +27,7 @@ from m3_agent.sandbox.envimage import (ENV_REPOSITORY, BuildRequest, ensure_envi
                                        needs_environment, prune_environments, request_for, request_key)
 
 app = typer.Typer(no_args_is_help=True)
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)  # a log is not wrapped at 80 columns
 
 REPO = typer.Option(Path("."), "--repo", "-C", help="The repository (its HEAD commit, as `fix` sees it).")
 CONFIG = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject.")

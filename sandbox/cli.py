@@ -11,7 +11,7 @@ from m3_agent.sandbox.cleanup import prune, prune_scratch
 from m3_agent.sandbox.image import DEFAULT_IMAGE, build_image, prune_images
 
 app = typer.Typer(no_args_is_help=True)
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)  # a log is not wrapped at 80 columns
 
 
 @app.command("build")

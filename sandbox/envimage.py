@@ -43,7 +43,7 @@ from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_
                                     digest, untag)
 from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, key_files, pip_error,
                                     plan_environment, pretend_version, scm_version, wants_environment)
-from m3_agent.sandbox.wheels import Requirements, download
+from m3_agent.sandbox.wheels import Requirements, download, download_step
 
 Progress = Callable[[str], None]
 
@@ -251,6 +251,7 @@ class BuildContainer:
         self.base = base
         self.progress = progress
         self.id: str | None = None
+        self.fetched_by: str | None = None  # the step that downloaded what installs here offline, once known
 
     def __enter__(self) -> BuildContainer:
         try:
@@ -281,7 +282,9 @@ class BuildContainer:
         out = self.run("read the image's Python", f"python3 -c {shlex.quote(PROBE)}").split()
         if len(out) != 3:
             raise EnvironmentBuildError(f"python3 in {self.base} printed {out!r}", step="read the image's Python")
-        return Target(*out)
+        target = Target(*out)
+        self.fetched_by = download_step(target)
+        return target
 
     def put(self, source: Path, dest: str, *, with_git: bool = False) -> None:
         """Copy the directory `source` to `dest` (created) in the container; its .git too with `with_git`."""
@@ -314,8 +317,9 @@ class BuildContainer:
                     self.progress(f"  {step}: {line.strip()[:150]}")  # indented: a detail of the step
         text = "\n".join([*out, pending])
         code = self.client.api.exec_inspect(exec_id)["ExitCode"]
-        if code != 0:
-            raise EnvironmentBuildError(f"{pip_error(text)} (exit {code})", step=step)
+        if code != 0:  # the process's exit code is the error's (7): the command's own would be a second one
+            offline = self.fetched_by if "--no-index" in command else None  # our installs; a setup command may fetch
+            raise EnvironmentBuildError(pip_error(text, fetched_by=offline), step=step)
         return text
 
     def commit(self, tag: str, labels: dict[str, str], **conf: object) -> None:

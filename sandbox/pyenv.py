@@ -157,10 +157,33 @@ def plan_environment(root: Path, target: Target, *, version: str | None = None) 
     return plan
 
 
+# What a build backend asks for beyond `[build-system] requires` to build a project editable (its
+# `get_requires_for_build_editable`), known here because the host runs no backend to ask it.
+EDITABLE_REQUIRES = {
+    "hatchling.build": ("editables~=0.3",),
+    "setuptools.build_meta": ("wheel",),  # setuptools before 70.1 asks for it
+    "setuptools.build_meta:__legacy__": ("wheel",),
+}
+
+
 def build_requires(root: Path) -> list[str]:
-    """The project's `[build-system] requires` (setuptools and wheel for a setup.py without one)."""
-    system = _pyproject(root).get("build-system", {})
-    return [str(r) for r in system.get("requires", ["setuptools>=40.8.0", "wheel"])]
+    """What pip's isolated build of the project in editable mode installs: `[build-system] requires`
+    (setuptools and wheel for a setup.py without one), what its backend adds for an editable build
+    (`EDITABLE_REQUIRES`), and hatch's build hooks' own dependencies."""
+    pyproject = _pyproject(root)
+    system = pyproject.get("build-system", {})
+    wanted = [str(r) for r in system.get("requires", ["setuptools>=40.8.0", "wheel"])]
+    wanted += EDITABLE_REQUIRES.get(system.get("build-backend", "setuptools.build_meta:__legacy__"), ())
+    if system.get("build-backend") == "hatchling.build":
+        wanted += hatch_build_dependencies(pyproject.get("tool", {}).get("hatch", {}).get("build", {}))
+    return list(dict.fromkeys(wanted))
+
+
+def hatch_build_dependencies(build: dict) -> list[str]:
+    """The `dependencies` of hatch's build hooks and of its wheel target, which hatchling asks for too."""
+    wheel = build.get("targets", {}).get("wheel", {})
+    tables = [*build.get("hooks", {}).values(), *wheel.get("hooks", {}).values(), wheel]
+    return [str(d) for table in tables if isinstance(table, dict) for d in table.get("dependencies", [])]
 
 
 def project_requirements(metadata: dict, env: dict[str, str], *, extras: list[str] = ()) -> list[str]:
@@ -345,14 +368,21 @@ def scm_environment(version: str | None) -> dict[str, str]:
 _PIP_NO_DIST = re.compile(r"(?:No matching distribution found for|satisfies the requirement) ([^\s;(]+)")
 
 
-def pip_error(stderr: str) -> str:
-    """pip's failure in one line: the package it could not find, or its last error line."""
+def pip_error(stderr: str, *, fetched_by: str | None = None) -> str:
+    """pip's failure in one line: the package it could not find, or its last error line.
+
+    `fetched_by`: pip installed offline, from the wheels that step downloaded, so a missing package
+    is that step's miss, not the package index's.
+    """
     found = _PIP_NO_DIST.search(stderr or "")
+    if found and fetched_by:
+        return (f"the offline install found no wheel of {found.group(1)}: step '{fetched_by}' did not fetch it "
+                "(pip: No matching distribution)")
     if found:
         return f"no release of {found.group(1)} on the package index fits (pip: No matching distribution)"
     lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("ERROR:") or ln.startswith("error:")]
-    return ((errors or lines or ["pip failed without a message"])[-1])[:300]
+    return ((errors or lines or ["the command failed without a message"])[-1])[:300]
 
 
 def missing_package(stderr: str) -> str | None:

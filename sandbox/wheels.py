@@ -60,6 +60,11 @@ class Requirements:
         return args + (["-c", str(self.constraints)] if self.constraints is not None else [])
 
 
+def download_step(target: Target) -> str:
+    """The name of the step that fetches the wheels for `target`, as errors name it."""
+    return f"download wheels for Python {target.short}"
+
+
 def download(requirements: Requirements | Sequence[str], *, into: Path, target: Target, no_deps: bool = False,
              version: str | None = None, progress: Progress | None = None) -> None:
     """Every wheel `requirements` need on `target` (with their dependencies unless `no_deps`), into `into`.
@@ -81,7 +86,7 @@ def download(requirements: Requirements | Sequence[str], *, into: Path, target: 
             return
         missing = missing_package(proc.stderr)
         if missing is None or missing in built or len(built) >= MAX_SDIST_BUILDS:
-            raise EnvironmentBuildError(pip_error(proc.stderr), step=f"download wheels for Python {target.short}")
+            raise EnvironmentBuildError(pip_error(proc.stderr), step=download_step(target))
         built.add(missing)
         if progress:  # no wheel of it fits the target: build one from its sdist on this host
             progress(f"no wheel of {missing} fits: building one from its sdist")
