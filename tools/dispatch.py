@@ -17,14 +17,28 @@ def _failure(message: str, kind: str, **data: object) -> ToolResult:
 
 
 def execute_call(
-    name: str, raw_arguments: str | None, tools: list[Tool], sandbox: Environment, *, truncated: bool = False
+    name: str, raw_arguments: str | None, tools: list[Tool], sandbox: Environment, *, truncated: bool = False,
+    repairs: list[str] | None = None,
 ) -> ToolResult:
     """Run the tool `name` with the model's raw JSON arguments in `sandbox`.
 
     Unknown tools, bad JSON, invalid arguments, calls cut off by the token limit (`truncated=True`,
     i.e. finish_reason "length": not executed) and ToolCallErrors from the tool come back as
     ok=False results whose output tells the model what to fix. Sandbox failures propagate.
+    `repairs`: how the call itself was read (e.g. `tools.text_calls`), told to the model like the
+    argument repairs, whatever the result.
     """
+    result, notes = _execute(name, raw_arguments, tools, sandbox, truncated)
+    notes = [*(repairs or []), *notes]
+    if notes:
+        result.output += "\n" + "\n".join(f"note: {n}" for n in notes)
+        result.data.setdefault("repairs", notes)
+    return result
+
+
+def _execute(
+    name: str, raw_arguments: str | None, tools: list[Tool], sandbox: Environment, truncated: bool
+) -> tuple[ToolResult, list[str]]:
     by_name = {tool.name: tool for tool in tools}
     tool = by_name.get(name) or by_name.get(name.strip())
     if tool is None:
@@ -32,7 +46,7 @@ def execute_call(
         suggestion = f" Did you mean {close[0]!r}?" if close else ""
         return _failure(
             f"Unknown tool {name!r}.{suggestion} Available tools: {', '.join(by_name)}.", "unknown_tool", tool=name
-        )
+        ), []
     if truncated:
         return _failure(
             f"Your call to {tool.name} was cut off: the response hit the output token limit before the "
@@ -40,13 +54,10 @@ def execute_call(
             "several smaller steps (file_write a first part, then file_edit), or keep your reasoning shorter.",
             "truncated",
             tool=tool.name,
-        )
+        ), []
     try:
         args, notes = parse_arguments(raw_arguments, tool.Args)
         result = tool.run(args, sandbox)
     except ToolCallError as e:
-        return _failure(f"{tool.name}: {e}", e.kind, tool=tool.name)
-    if notes:
-        result.output += "\n" + "\n".join(f"note: {n}" for n in notes)
-        result.data.setdefault("repairs", notes)
-    return result
+        return _failure(f"{tool.name}: {e}", e.kind, tool=tool.name), []
+    return result, notes
