@@ -18,7 +18,7 @@ over HTTP without a GPU:
 
 A script (docs/standin.md gives the format, every fault and every wire detail) is a list of
 turns or an object with server settings (`model`, `max_model_len`, `block_size`, `loading_s`,
-`on_exhausted`, `stray_think_close`, `reasoning_content_alias`, `performance`), top-level `turns`
+`on_exhausted`, `stray_think_close`, `reasoning_content_alias`, `quirks`, `performance`), top-level `turns`
 and `conversations` (`{"match": "substring", "turns": [...]}`). Each chat-completions request
 consumes the next turn of its conversation: the first whose `match` occurs in the request's first
 user message, else the top-level turns. A turn is either `raw` model output, parsed as vLLM's
@@ -157,6 +157,15 @@ class Conversation(BaseModel):
     turns: list[Turn]
 
 
+class Quirks(BaseModel):
+    """How a server that is not vLLM answers (docs/standin.md, "Server quirks"); the defaults are vLLM's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool_choice_required: Literal["accept", "error_500"] = Field(
+        "accept", description="error_500: answer `tool_choice: \"required\"` with HTTP 500, as llama-cpp-python does")
+
+
 class Script(BaseModel):
     """A whole stand-in script: server settings plus the turns to serve."""
 
@@ -171,6 +180,7 @@ class Script(BaseModel):
     loading_s: float = Field(default=0.0, ge=0)
     stray_think_close: bool = False
     reasoning_content_alias: bool = False
+    quirks: Quirks = Field(default_factory=Quirks)
     performance: Any = Field(None, description="a serving.kvsim.Performance; None: no performance model")
 
     @field_validator("performance", mode="before")
@@ -745,6 +755,13 @@ class _Handler(BaseHTTPRequestHandler):
             )
         return mode
 
+    def _check_tool_choice(self, body: dict[str, Any]) -> None:
+        choice = body.get("tool_choice")
+        if choice not in (None, "none") and not body.get("tools"):
+            raise StandinError(400, "When using `tool_choice`, `tools` must be set.", param="tool_choice")
+        if choice == "required" and self.state.script.quirks.tool_choice_required == "error_500":
+            raise _server_error(500, "Scripted quirk: this server cannot force a tool call (tool_choice 'required')")
+
     def _prompt_ids(self, body: dict[str, Any], mode: str) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -780,6 +797,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_json()
         state.record(body)
         self._check_model(body)
+        self._check_tool_choice(body)
         mode = self._thinking_mode(body)
         ids = self._prompt_ids(body, mode)
         n = len(ids)

@@ -741,3 +741,26 @@ def test_raw_tool_syntax_stays_content_when_the_request_has_no_tools():
 def test_raw_turn_takes_no_parsed_fields():
     with pytest.raises(UsageError, match="raw"):
         load_script([{"raw": "hi", "content": "hi"}])
+
+
+# quirks of servers that are not vLLM -------------------------------------------------------------
+
+SUBMIT_TOOL = [{"type": "function", "function": {"name": "submit", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_a_required_tool_choice_is_served_by_default_and_refused_with_500_as_a_quirk():
+    with StandinServer([{"content": "text anyway"}]) as srv:
+        assert ask(srv, tools=SUBMIT_TOOL, tool_choice="required").choices[0].message.content == "text anyway"
+    with StandinServer({"turns": [{"content": "after"}], "quirks": {"tool_choice_required": "error_500"}}) as srv:
+        with pytest.raises(openai.InternalServerError) as info:
+            ask(srv, tools=SUBMIT_TOOL, tool_choice="required")
+        assert "tool_choice" in info.value.body["message"] and srv.turns_served == 0  # no turn consumed
+        assert ask(srv, tools=SUBMIT_TOOL, tool_choice="auto").choices[0].message.content == "after"
+
+
+def test_a_tool_choice_without_tools_is_400_as_vllm_answers_it():
+    with StandinServer([{"content": "x"}]) as srv:
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(srv, tool_choice="required")
+    assert info.value.body["message"] == "When using `tool_choice`, `tools` must be set."
+    assert info.value.body["param"] == "tool_choice"
