@@ -12,11 +12,15 @@ Kinds, in the order a run emits them (`data` holds the fields; the trajectory fi
   run_start         repo, model, base_url, config, environment {kind, isolated}
   model             model, max_model_len                          (the served model, discovered)
   pack              tokens, files, skipped, counter, budget       (again after a repack)
-  request           thinking_mode, mode_reason, n_messages, new_messages
+  request           thinking_mode, mode_reason, n_messages, new_messages, tool_choice (auto | required)
+  tool_choice_fallback  message, tool_choice   (the server refused "required": "auto" from then on)
   context_overflow  message, input_tokens, limit
   shrink            how (elided_tool_outputs | repacked), count | budget
   reply             content, reasoning, tool_calls, finish_reason, usage, total_usage,
                     cache_hit_share, latency_s, attempts
+  text_tool_call    name, arguments, repair   (a tool call the reply wrote as text, read as its call)
+  reprompt          reason (no_tool_call | cut_off), format_errors, tool_choice
+                    (a reply without a tool call that does not end the run: the loop asks again)
   tool_call         id, name, arguments
   tool_result       id, name, ok, error_kind, output, data, changed_files, duration_s
   stall             rule, evidence, nudged

@@ -11,6 +11,11 @@ whatever ends the run raises a `RunEnded` (Submitted, Finished, LimitsExceeded, 
 Stalled). Each event is emitted once on one stream (`agent.events`); the trajectory writer and the
 callbacks subscribe to it.
 
+A reply without a tool call ends the run (Finished) only when the last test run saw the current,
+non-empty change and passed. A tool call written as text is read as one (`tools.text_calls`); any
+other such reply is re-prompted, counted like a format error, and the next request asks for a tool
+call with `tool_choice: "required"` ("auto" for the rest of the run where the server refuses it).
+
 One request per turn. History is append-only so the server's prefix cache keeps hitting: the first
 user message is the packed repository (byte-identical for the same commit) followed by the issue;
 every later request extends the previous one. The thinking mode is chosen per request by
@@ -35,7 +40,7 @@ from m3_agent.agent.context import Pack
 from m3_agent.agent.context import pack as packing
 from m3_agent.agent.context.tokens import budget_for_window
 from m3_agent.agent.events import EventStream, Subscriber
-from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelReply, Usage
+from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelReply, ToolCall, ToolChoiceRefused, Usage
 from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model, Packer
 from m3_agent.agent.recovery import Recovery, SandboxLostError, Watched, notice, reason_of
 from m3_agent.agent.stall import Stall, StallDetector, Step, nudge_message
@@ -45,11 +50,16 @@ from m3_agent.agent.verdict import TestWatch, Verdict, decide, unverified
 from m3_agent.errors import Interrupted, M3AgentError, SandboxDied, UsageError
 from m3_agent.sandbox import Sandbox
 from m3_agent.sandbox.output import head_tail
-from m3_agent.tools import Tool, ToolResult, default_tools, execute_call
+from m3_agent.tools import Tool, ToolResult, default_tools, execute_call, read_text_call
 
 RunStatus = Literal["submitted", "finished", "stalled", "turn_limit", "token_limit", "time_limit", "cost_limit", "error"]
 
 FORMAT_ERROR_KINDS = {"unknown_tool", "bad_json", "bad_args", "truncated"}
+
+# The re-prompts after a reply without a tool call (the run goes on; `_answer_without_tools`).
+REPROMPT = ("Your reply made no tool call, so nothing happened. Work only through tool calls: {tools}. "
+            "A reply without one does not end the task: when the change is made and its tests pass, call `submit`.")
+CUT_OFF = "Your reply was cut off (max_tokens reached). Reply more briefly, and make one tool call at a time."
 
 
 class Timings(BaseModel):
@@ -111,7 +121,7 @@ class Submitted(RunEnded):
 
 
 class Finished(RunEnded):
-    """The model answered without a tool call: it considers the work done."""
+    """The model answered without a tool call after a passing test run of the current change: it is done."""
 
     status = "finished"
 
@@ -121,7 +131,7 @@ class LimitsExceeded(RunEnded):
 
 
 class FormatError(RunEnded):
-    """Too many turns in a row whose every tool call was malformed, or whose reply was cut off."""
+    """Too many turns in a row whose every tool call was malformed, or whose reply had no tool call."""
 
 
 class Stalled(RunEnded):
@@ -240,6 +250,8 @@ class _Run:
         self.env: Environment | None = None  # replaced when it dies (agent.recovery)
         self.recovery = Recovery(self.cfg.limits.max_sandbox_restarts)
         self.finished = False
+        self.tool_choice = "auto"  # the next request's; "required" after a re-prompt
+        self.forcing = True  # the server takes tool_choice "required" (False once it refused it)
 
     def emit(self, kind: str, **data: Any) -> None:
         self.events.emit(kind, self.turn, **data)
@@ -332,6 +344,8 @@ class _Run:
         self.turn = self.state.turn = self.result.turns = self.turn + 1
         self._check_limits()
         reply = self._request()
+        if not reply.tool_calls:
+            reply = self._read_text_call(reply)
         self.messages.append(reply.as_message())
         self.state.stalled = False
         if not reply.tool_calls:
@@ -362,9 +376,10 @@ class _Run:
     def _request(self) -> ModelReply:
         mode, reason = self.policy.decide(self.state)
         self.modes[mode] += 1
+        choice, self.tool_choice = self.tool_choice, "auto"
         self.emit("request", thinking_mode=mode, mode_reason=reason, n_messages=len(self.messages),
-                  new_messages=self.messages[-2:] if self.turn > 1 else None)
-        reply = self._complete(mode)
+                  new_messages=self.messages[-2:] if self.turn > 1 else None, tool_choice=choice)
+        reply = self._complete(mode, choice)
         usage = self.result.usage
         usage.add(reply.usage)
         self.result.first_prompt_tokens = self.result.first_prompt_tokens or reply.usage.prompt_tokens
@@ -376,13 +391,17 @@ class _Run:
                   attempts=reply.attempts)
         return reply
 
-    def _complete(self, mode: str) -> ModelReply:
-        """The model's reply; a context overflow shrinks the conversation and asks again (at most 3 times)."""
+    def _complete(self, mode: str, choice: str) -> ModelReply:
+        """The model's reply; a context overflow shrinks the conversation and asks again (at most 3 times),
+        a refused tool_choice asks again with "auto" (and so does every later request)."""
         shrinks = 0
         while True:
             t = time.monotonic()
             try:
-                return self.model.complete(self.messages, tools=self.schemas, thinking_mode=mode)
+                return self.model.complete(self.messages, tools=self.schemas, thinking_mode=mode, tool_choice=choice)
+            except ToolChoiceRefused as e:
+                self.forcing, choice = False, "auto"
+                self.emit("tool_choice_fallback", message=str(e), tool_choice=choice)
             except ContextOverflowError as e:
                 self.emit("context_overflow", message=str(e), input_tokens=e.input_tokens, limit=e.limit)
                 shrinks += 1
@@ -413,17 +432,34 @@ class _Run:
         self.emit("shrink", how="repacked", budget=new_budget)
         return True
 
+    def _read_text_call(self, reply: ModelReply) -> ModelReply:
+        """A tool call the model wrote as text becomes the reply's call, its reading named as a repair."""
+        found = read_text_call(reply.content, [t.name for t in self.agent.tools])
+        if found is None:
+            return reply
+        call = ToolCall(id=f"text-call-{self.turn}", name=found.name, arguments=found.arguments, repair=found.repair)
+        self.emit("text_tool_call", name=call.name, arguments=call.arguments, repair=call.repair)
+        return reply.model_copy(update={"tool_calls": [call]})
+
     def _answer_without_tools(self, reply: ModelReply) -> None:
-        """A reply without tool calls: the model is done, unless it was cut off (then ask for a shorter one)."""
+        """A reply without tool calls ends the run if the last test run saw the current change and passed;
+        any other (a cut-off one too) is re-prompted, counted like a format error."""
         self.stall.record(Step(turn=self.turn, tool=None, args=None, output=reply.content))
-        if reply.finish_reason != "length":
+        cut = reply.finish_reason == "length"
+        if not cut and self.tests.passed_on(self._final_patch()):
             self.result.final_message = reply.content
             raise Finished()
-        self.state.format_errors_in_row += 1
-        if self.state.format_errors_in_row >= self.cfg.limits.max_format_errors:
-            raise FormatError(f"{self.state.format_errors_in_row} truncated replies in a row")
-        self.messages.append({"role": "user", "content": (
-            "Your reply was cut off (max_tokens reached). Reply more briefly, and make one tool call at a time.")})
+        state = self.state
+        state.format_errors_in_row += 1
+        if state.format_errors_in_row >= self.cfg.limits.max_format_errors:
+            last = "cut off at max_tokens" if cut else "without a tool call"
+            raise FormatError(f"{state.format_errors_in_row} turns in a row without a well-formed tool call "
+                              f"(the last reply {last})")
+        self.tool_choice = "required" if self.forcing else "auto"
+        self.emit("reprompt", reason="cut_off" if cut else "no_tool_call", format_errors=state.format_errors_in_row,
+                  tool_choice=self.tool_choice)
+        tools = ", ".join(t.name for t in self.agent.tools)
+        self.messages.append({"role": "user", "content": CUT_OFF if cut else REPROMPT.format(tools=tools)})
 
     def _run_tools(self, reply: ModelReply) -> list[ToolResult]:
         truncated = reply.finish_reason == "length"
@@ -431,7 +467,7 @@ class _Run:
         for call in reply.tool_calls:
             self.emit("tool_call", id=call.id, name=call.name, arguments=call.arguments)
             t = time.monotonic()
-            result = self._call(call.name, call.arguments, truncated)
+            result = self._call(call, truncated)
             took = time.monotonic() - t
             self.result.timings.tools_s += took
             output = head_tail(result.output, self.cfg.output_cap_chars)
@@ -448,14 +484,15 @@ class _Run:
                 break
         return results
 
-    def _call(self, name: str, arguments: str | None, truncated: bool) -> ToolResult:
+    def _call(self, call: ToolCall, truncated: bool) -> ToolResult:
         """One tool call in the environment, then its diff (the last known workspace); a death restarts it.
 
         No diff after a call that only read files or never reached the environment: it changed nothing.
         """
         watched = Watched(self.env)
         try:
-            result = execute_call(name, arguments, self.agent.tools, watched, truncated=truncated)
+            result = execute_call(call.name, call.arguments, self.agent.tools, watched, truncated=truncated,
+                                  repairs=[call.repair] if call.repair else None)
             # A test run's workspace decides the verdict; any other is kept only for a restart.
             if watched.touched and (self.recovery.limit or result.tests is not None):
                 self.recovery.saw(self.env.diff())

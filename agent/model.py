@@ -96,6 +96,7 @@ class ToolCall(BaseModel):
     id: str
     name: str
     arguments: str | None = None
+    repair: str | None = None  # how the loop read it when the server sent it as text (tools.text_calls)
 
 
 class ModelReply(BaseModel):
@@ -136,6 +137,20 @@ class ContextOverflowError(M3AgentError):
         super().__init__(message)
         self.input_tokens = input_tokens
         self.limit = limit
+
+
+class ToolChoiceRefused(M3AgentError):
+    """The server failed a request that asked for a tool call (`tool_choice` other than "auto").
+
+    llama-cpp-python's server answers `"required"` with HTTP 500; others name the field in a 400. The loop
+    asks with "auto" from then on.
+    """
+
+
+def refuses_tool_choice(status: int | None, message: str) -> bool:
+    """A refused `tool_choice`: HTTP 500 (not retried; a 503 of a warming server still is), or a 400/422
+    that names the field."""
+    return status == 500 or (status in (400, 422) and "tool_choice" in (message or ""))
 
 
 def is_context_overflow(status: int | None, message: str) -> bool:
@@ -271,8 +286,13 @@ class ModelClient:
         tools: list[dict[str, Any]] | None = None,
         thinking_mode: ThinkingMode | None = None,
         max_tokens: int | None = None,
+        tool_choice: str = "auto",
     ) -> ModelReply:
-        """Send one chat-completions request; retries transient failures; never returns None."""
+        """Send one chat-completions request; retries transient failures; never returns None.
+
+        `tool_choice` other than "auto" (e.g. "required") is sent once: a server that fails it raises
+        `ToolChoiceRefused` instead of being retried, so the caller can ask again with "auto".
+        """
         c = self.config
         body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": c.temperature,
                                 "top_p": c.top_p, "max_tokens": max_tokens or c.max_tokens, "top_k": c.top_k}
@@ -280,14 +300,21 @@ class ModelClient:
             body["chat_template_kwargs"] = {"thinking_mode": thinking_mode}
         if tools:
             body["tools"] = tools
-            body["tool_choice"] = "auto"
+            body["tool_choice"] = tool_choice
 
+        import openai
         from openai.types.chat import ChatCompletion
 
         def send():
             # Posted as-is: create() re-validates the whole growing history on every turn (most of the
             # loop's own overhead); the SDK's HTTP client, error types and timeouts still apply.
-            resp = self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+            try:
+                resp = self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+            except openai.APIStatusError as e:
+                if body.get("tool_choice", "auto") != "auto" and refuses_tool_choice(e.status_code, _error_message(e)):
+                    raise ToolChoiceRefused(f"the server at {c.base_url} refused tool_choice "
+                                            f"{body['tool_choice']!r} (HTTP {e.status_code}: {_error_message(e)})") from None
+                raise
             if not resp.choices:
                 raise _EmptyReply("the server returned no choices")
             return resp

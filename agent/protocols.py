@@ -40,11 +40,13 @@ class Model(Protocol):
         ...
 
     def complete(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-                 thinking_mode: ThinkingMode | None = None) -> ModelReply:
+                 thinking_mode: ThinkingMode | None = None, tool_choice: str = "auto") -> ModelReply:
         """One request: the OpenAI-style history and tool schemas in, the reply (with usage) out.
 
-        Raise `ContextOverflowError` when the history does not fit (the loop shrinks it and retries)
-        and `EndpointError` when the model cannot be reached.
+        `tool_choice` is "auto", or "required" after a reply without a tool call. Raise
+        `ContextOverflowError` when the history does not fit (the loop shrinks it and retries),
+        `ToolChoiceRefused` when the server cannot force a tool call (the loop asks with "auto" from
+        then on) and `EndpointError` when the model cannot be reached.
         """
         ...
 

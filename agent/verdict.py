@@ -94,6 +94,10 @@ class TestWatch:
         """Record a test run and the workspace's diff right after it."""
         self.name, self.arguments, self.tests, self.turn, self.diff = name, arguments, tests, turn, diff
 
+    def passed_on(self, diff: str) -> bool:
+        """The last test run, by whichever tool, saw the workspace `diff` (a change, not none) and passed."""
+        return bool(diff.strip()) and self.tests is not None and self.diff == diff and suite_passed(self.tests)
+
 
 def decide(watch: TestWatch, final_diff: str, env: Environment, tools: list[Tool], test_cmd: str | None) -> Verdict:
     """The verdict on the final workspace: the agent's own run if it saw it, else one more run, else unverified."""

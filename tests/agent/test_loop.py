@@ -144,9 +144,80 @@ def test_fixed_thinking_mode(git_repo, tmp_path):
     assert {r["chat_template_kwargs"]["thinking_mode"] for r in requests} == {"disabled"}
 
 
-def test_answer_without_tool_calls_finishes(git_repo, tmp_path):
-    result, _, _ = run(git_repo, [{"content": "Nothing to do."}], tmp_path)
-    assert result.status == "finished" and result.final_message == "Nothing to do." and result.patch == ""
+def test_a_text_reply_before_any_change_is_re_prompted_with_a_required_tool_call(git_repo, tmp_path):
+    """The issue's runs ended `finished` at turn 1 on a reply without a tool call; now it is asked again."""
+    turns = [{"content": "Nothing to do."}] + solve_turns()
+    result, requests, traj = run(git_repo, turns, tmp_path)
+    assert result.status == "submitted" and "+    return a + b" in result.patch
+    assert [r["tool_choice"] for r in requests[:3]] == ["auto", "required", "auto"]
+    reprompt = requests[1]["messages"][-1]
+    assert reprompt["role"] == "user" and "submit" in reprompt["content"] and "test_runner" in reprompt["content"]
+    events = [e for e in traj if e["kind"] == "reprompt"]
+    assert len(events) == 1 and events[0]["reason"] == "no_tool_call" and events[0]["tool_choice"] == "required"
+    assert [e["tool_choice"] for e in traj if e["kind"] == "request"][:2] == ["auto", "required"]
+
+
+def test_replies_without_a_tool_call_end_the_run_after_max_format_errors(git_repo, tmp_path):
+    result, requests, traj = run(git_repo, [{"content": "I think it is fine."}] * 5, tmp_path, max_format_errors=3)
+    assert result.status == "error" and "3 turns in a row without a well-formed tool call" in result.error
+    assert len(requests) == 3 and result.patch == ""
+    assert traj[-1]["status"] == "error" and sum(e["kind"] == "reprompt" for e in traj) == 2
+
+
+def test_a_text_reply_after_a_passing_test_run_of_the_current_change_finishes(git_repo, tmp_path):
+    turns = solve_turns()[:3] + [{"content": "Fixed: add adds."}]
+    result, requests, traj = run(git_repo, turns, tmp_path)
+    assert result.status == "finished" and result.final_message == "Fixed: add adds." and len(requests) == 4
+    assert result.verdict.source == "agent" and result.verdict.passed is True
+    assert not any(e["kind"] == "reprompt" for e in traj)
+
+
+def test_a_text_reply_after_an_edit_that_no_test_run_saw_is_re_prompted(git_repo, tmp_path):
+    later_edit = {"tool_calls": [call("file_edit", path="calc/ops.py", old_str="return a + b",
+                                      new_str="return b + a")]}
+    failing = {"tool_calls": [call("file_edit", path="calc/ops.py", old_str="return a - b", new_str="return a * b")]}
+    for i, before in enumerate(([*solve_turns()[:3], later_edit],  # tests passed, then another change
+                                [failing, {"tool_calls": [call("test_runner", test_file="tests")]}])):  # failed
+        turns = [*before, {"content": "Done."}, {"tool_calls": [call("submit", summary="done")]}]
+        (tmp_path / str(i)).mkdir()
+        result, requests, traj = run(git_repo, turns, tmp_path / str(i))
+        assert result.status == "submitted" and requests[-1]["tool_choice"] == "required"
+        assert sum(e["kind"] == "reprompt" for e in traj) == 1
+
+
+def test_a_refused_required_tool_choice_falls_back_to_auto_once_per_run(git_repo, tmp_path):
+    """llama-cpp-python's server answers tool_choice "required" with HTTP 500: asked once, then "auto"."""
+    turns = [{"content": "Let me think."}, {"content": "Still thinking."}] + solve_turns()
+    result, requests, traj = run(git_repo, turns, tmp_path, script_extra={"quirks": {"tool_choice_required": "error_500"}})
+    assert result.status == "submitted"
+    assert [r["tool_choice"] for r in requests[:4]] == ["auto", "required", "auto", "auto"]
+    fallbacks = [e for e in traj if e["kind"] == "tool_choice_fallback"]
+    assert len(fallbacks) == 1 and "500" in fallbacks[0]["message"] and fallbacks[0]["tool_choice"] == "auto"
+    assert [e["tool_choice"] for e in traj if e["kind"] == "reprompt"] == ["required", "auto"]
+
+
+def test_a_tool_call_written_as_text_is_run_and_the_reading_is_named(git_repo, tmp_path):
+    turns = [{"content": 'functions.bash: {"command": "echo hi > NOTE.txt"}'},
+             {"content": json.dumps({"name": "file_edit", "arguments": FIX})},
+             {"tool_calls": [call("submit", summary="done")]}]
+    result, requests, traj = run(git_repo, turns, tmp_path)
+    assert result.status == "submitted" and "+hi" in result.patch and "+    return a + b" in result.patch
+    first, second = requests[1]["messages"][-2:], requests[2]["messages"][-1]
+    assert first[0]["tool_calls"][0]["function"]["name"] == "bash" and first[1]["tool_call_id"] == "text-call-1"
+    assert "note: read 'functions.bash'" in first[1]["content"] and "note: read the JSON object" in second["content"]
+    texts = [e for e in traj if e["kind"] == "text_tool_call"]
+    assert [e["name"] for e in texts] == ["bash", "file_edit"]
+    results = [e for e in traj if e["kind"] == "tool_result"]
+    assert [e["data"]["repairs"][0][:28] for e in results[:2]] == [
+        "read 'functions.bash' in you", "read the JSON object {\"name\""]
+    assert not any(e["kind"] == "reprompt" for e in traj)
+
+
+def test_a_text_call_without_its_arguments_is_a_format_error_the_model_is_told_about(git_repo, tmp_path):
+    turns = [{"content": "functions.code_exec:"}] * 3
+    result, requests, traj = run(git_repo, turns, tmp_path, max_format_errors=3)
+    assert "'code' is required" in requests[1]["messages"][-1]["content"]
+    assert result.status == "error" and "malformed" in result.error and len(requests) == 3
 
 
 def test_transient_faults_are_survived(git_repo, tmp_path):
@@ -407,6 +478,7 @@ class ScriptedModel:
     def __init__(self, replies: list) -> None:
         self.replies = list(replies)
         self.modes: list[str | None] = []
+        self.tool_choices: list[str] = []
 
     def max_model_len(self) -> int | None:
         return None
@@ -414,8 +486,9 @@ class ScriptedModel:
     def token_counter(self) -> EstimateCounter:
         return EstimateCounter()
 
-    def complete(self, messages, *, tools=None, thinking_mode=None) -> ModelReply:
+    def complete(self, messages, *, tools=None, thinking_mode=None, tool_choice="auto") -> ModelReply:
         self.modes.append(thinking_mode)
+        self.tool_choices.append(tool_choice)
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
             raise reply
@@ -517,7 +590,21 @@ def test_the_turn_limit_ends_the_run(git_repo, tmp_path):
 def test_cut_off_replies_in_a_row_end_the_run_as_an_error(git_repo, tmp_path):
     cut = ModelReply(content="I will now", finish_reason="length")
     result, model, _ = run_scripted(git_repo, tmp_path, [cut, cut, cut, cut], max_format_errors=3)
-    assert result.status == "error" and "3 truncated replies" in result.error and len(model.replies) == 1
+    assert result.status == "error" and "3 turns in a row" in result.error and "cut off" in result.error
+    assert len(model.replies) == 1
+    assert model.tool_choices == ["auto", "required", "required"]
+
+
+def test_text_replies_and_malformed_calls_count_together_and_a_good_call_resets_them(git_repo, tmp_path):
+    text = ModelReply(content="Looks fine to me.", finish_reason="stop")
+    replies = [text, tool_reply("rm_rf", 1), tool_reply("bash", 2, command="echo ok"), text, text,
+               tool_reply("submit", 3, summary="x")]
+    result, model, _ = run_scripted(git_repo, tmp_path, replies, max_format_errors=3)
+    assert result.status == "submitted"
+    assert model.tool_choices == ["auto", "required", "auto", "auto", "required", "required"]
+    ended, _, _ = run_scripted(git_repo, tmp_path, [text, tool_reply("rm_rf", 1), text, text], max_format_errors=3)
+    assert ended.status == "error" and "3 turns in a row without a well-formed tool call" in ended.error
+    assert "without a tool call)" in ended.error
 
 
 def test_a_context_overflow_that_cannot_be_shrunk_is_raised(git_repo, tmp_path):

@@ -248,3 +248,24 @@ def test_usage_reports_cached_tokens_on_append_only_history():
     assert second.usage.cached_tokens > 0
     assert second.usage.cached_tokens % 128 == 0
     assert second.usage.cached_tokens < second.usage.prompt_tokens
+
+
+SUBMIT_TOOL = [{"type": "function", "function": {"name": "submit", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_a_refused_required_tool_choice_is_raised_once_not_retried():
+    """llama-cpp-python answers tool_choice "required" with 500: the client says so at once (no 8 retries)."""
+    from m3_agent.agent.model import ToolChoiceRefused
+
+    with StandinServer({"turns": [{"content": "ok"}], "quirks": {"tool_choice_required": "error_500"}}) as srv:
+        client = _client(srv)
+        with pytest.raises(ToolChoiceRefused, match="refused tool_choice 'required' .HTTP 500"):
+            client.complete(_user(), tools=SUBMIT_TOOL, tool_choice="required")
+        assert len(srv.requests) == 1
+        assert client.complete(_user(), tools=SUBMIT_TOOL).content == "ok"  # "auto" by default
+        assert srv.requests[-1]["tool_choice"] == "auto"
+
+
+def test_a_500_to_an_auto_request_is_still_retried():
+    with StandinServer([{"fault": "500"}, {"content": "second"}]) as srv:
+        assert _client(srv).complete(_user(), tools=SUBMIT_TOOL).content == "second" and len(srv.requests) == 2

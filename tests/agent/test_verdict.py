@@ -106,3 +106,13 @@ def test_the_verdict_line_says_how_many_failures_fail_without_the_change():
         "551 passed, 4 failed (the agent's run at turn 3, after its last change); 4 of them fail without the change too")
     assert describe_verdict(verdict.model_copy(update={"preexisting": []})).endswith("after its last change)")
 
+
+def test_a_passing_run_counts_only_for_the_non_empty_workspace_it_saw():
+    watch = TestWatch()
+    assert not watch.passed_on("diff a")  # no test ran
+    watch.saw("test_runner", "{}", {"framework": "pytest", "passed": 2, "failed": 0}, 3, "diff a")
+    assert watch.passed_on("diff a") and not watch.passed_on("diff b")
+    watch.saw("bash", "{}", {"framework": "command", "exit_code": 0}, 4, "")  # any tool's run counts, not pytest only
+    assert not watch.passed_on("")  # but only on a change
+    watch.saw("bash", "{}", {"framework": "command", "exit_code": 1}, 5, "diff c")
+    assert not watch.passed_on("diff c")
