@@ -112,6 +112,15 @@ class LiveProgress:
         self.stalls += 1
         self._line(f"  stall: {data.get('rule')}")
 
+    def _on_reprompt(self, turn: int, data: dict[str, Any]) -> None:
+        what = "cut off" if data.get("reason") == "cut_off" else "no tool call"
+        self.tool = f"({what}: asked again)"
+        self._line(f"turn {turn}/{self.max_turns} [{self.mode}] {what}: asked again "
+                   f"({data.get('format_errors')} in a row; next tool_choice {data.get('tool_choice')})")
+
+    def _on_tool_choice_fallback(self, turn: int, data: dict[str, Any]) -> None:
+        self._line(f"  notice: {short(data.get('message'), 200)}; tool_choice \"auto\" from now on")
+
     def _on_sandbox_restart(self, turn: int, data: dict[str, Any]) -> None:
         self.restarts = data.get("restarts", self.restarts + 1)
         self.restart_note = f"{data.get('restored_files', 0)} changed file(s) restored"

@@ -97,3 +97,18 @@ def test_sandbox_restarts_show_in_the_panel_and_as_lines():
     assert sink.getvalue().splitlines() == [
         "  sandbox restart 1: sandbox 0123456789ab is dead: the sandbox closed its output, OOM-killed=True, exit=137; "
         "2 changed file(s) restored"]
+
+
+def test_re_prompts_and_a_tool_choice_fallback_are_plain_lines():
+    sink = io.StringIO()
+    progress = LiveProgress(Console(file=sink, width=200), max_turns=40, label="x")
+    with progress:
+        progress(AgentEvent(kind="request", turn=1, data={"thinking_mode": "enabled"}))
+        progress(AgentEvent(kind="reprompt", turn=1, data={"reason": "no_tool_call", "format_errors": 1,
+                                                           "tool_choice": "required"}))
+        progress(AgentEvent(kind="tool_choice_fallback", turn=2, data={
+            "message": "the server at http://h/v1 refused tool_choice 'required' (HTTP 500: boom)", "tool_choice": "auto"}))
+    assert sink.getvalue().splitlines() == [
+        "turn 1/40 [enabled] no tool call: asked again (1 in a row; next tool_choice required)",
+        "  notice: the server at http://h/v1 refused tool_choice 'required' (HTTP 500: boom); tool_choice \"auto\" from now on",
+    ]
