@@ -30,6 +30,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 from m3_agent.agent.config import MOVED_TO_EVAL, AgentConfig
+from m3_agent.agent.model import NO_KEY
 from m3_agent.errors import UsageError
 from m3_agent.redact import mask
 from m3_agent.serving.access import ApiKey
@@ -338,8 +339,9 @@ def load_settings(
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, SecretStr):
-        return mask(value.get_secret_value())
+    if isinstance(value, SecretStr):  # no key (the SDK's placeholder) shows as unset, not as a masked key
+        secret = value.get_secret_value()
+        return mask(secret) if secret and secret != NO_KEY else "-"
     if value is None:
         return "-"
     text = " ".join(str(value).split())  # one line: the system prompt is a paragraph

@@ -171,6 +171,13 @@ def test_secrets_are_masked_in_display_rows(tmp_path):
     assert mask("") == "" and mask("abc") == "****"
 
 
+def test_no_api_key_shows_as_unset_not_as_a_masked_key(tmp_path):
+    settings, sources = load_settings(tmp_path, environ={})
+    rows = {name: (shown, src) for name, shown, src in display_rows(settings, sources)}
+    assert rows["model.api_key"] == ("-", "default")
+    assert rows["fix.github_token"] == ("-", "default")
+
+
 def test_the_api_key_flag_and_where_the_key_came_from(tmp_path):
     settings, _ = load_settings(tmp_path, {"--api-key": "m3-flag-key-0123456789"}, environ={})
     assert settings.source_of("model.api_key") == "flag --api-key"
