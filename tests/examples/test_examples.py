@@ -93,6 +93,27 @@ def test_batch_fixes_each_issue_on_its_own_branch_and_records_failures(repo, tmp
     assert "m3-agent batch" in proc.stderr
 
 
+PAGER = {
+    "src/pager.py": "def pages(items, size):\n    n = -(-len(items) // size)\n"
+                    "    return [items[i * size:(i + 1) * size] for i in range(0, n - 1)]\n",
+    "tests/test_pager.py": "import sys\nsys.path.insert(0, 'src')\nfrom pager import pages\n\n\n"
+                           "def test_last_page_is_kept():\n    assert pages([1, 2, 3], 2) == [[1, 2], [3]]\n",
+}
+
+
+def test_the_fix_off_by_one_script_fixes_a_pager_through_the_agents_tools(git_repo, sandbox_image, tmp_path):
+    from m3_agent.serving.standin import load_script
+
+    pager = git_repo(PAGER)
+    with StandinServer(load_script(EXAMPLES / "scripts" / "fix-off-by-one.json")) as srv:
+        proc = run_example("-m", "m3_agent.cli", "fix", "--repo", str(pager), "--issue", "pages() drops the last page",
+                           "--base-url", srv.base_url, "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["resolved"] is True and result["run"]["status"] == "submitted"
+    assert "range(0, n)]" in git(pager, "show", f"{result['branch']}:src/pager.py")
+
+
 def test_custom_tool_is_offered_to_the_model_and_runs_in_the_sandbox(repo, tmp_path):
     script = [
         {"tool_calls": [{"name": "find_definition", "arguments": {"symbol": "add"}}]},

@@ -663,6 +663,21 @@ def test_example_scripts_load():
         assert load_script(f).turns or load_script(f).conversations
 
 
+def test_example_scripts_call_only_the_agents_tools_with_arguments_they_take():
+    from m3_agent.tools import default_tools
+
+    tools = {t.name: t for t in default_tools()}
+    for f in sorted(EXAMPLES.glob("*.json")):
+        script = load_script(f)
+        turns = [*script.turns, *(t for c in script.conversations for t in c.turns)]
+        calls = [c for t in turns for c in t.model_dump().get("tool_calls") or []]
+        assert calls, f"{f.name} calls no tool"
+        for call in calls:
+            assert call["name"] in tools, f"{f.name}: {call['name']!r} is not one of the agent's tools {sorted(tools)}"
+            if call.get("arguments") is not None:  # arguments_raw is broken on purpose
+                tools[call["name"]].Args.model_validate(call["arguments"])
+
+
 def test_stop_frees_the_port_and_is_idempotent():
     srv = StandinServer([{"content": "x"}]).start()
     port = srv.port
