@@ -62,6 +62,19 @@ REPROMPT = ("Your reply made no tool call, so nothing happened. Work only throug
 CUT_OFF = "Your reply was cut off (max_tokens reached). Reply more briefly, and make one tool call at a time."
 
 
+def unusable_calls(turns: int, reply: ModelReply, results: list[ToolResult], tools: list[Tool]) -> str:
+    """Why a run of turns without one usable tool call ended it: calls to tools that do not exist are
+    named as such (a script or prompt written for another tool set), not called malformed."""
+    unknown = sorted({c.name for c, r in zip(reply.tool_calls, results) if r.error_kind == "unknown_tool"})
+    known = f"the tools are {', '.join(t.name for t in tools)}"
+    if unknown and all(r.error_kind == "unknown_tool" for r in results):
+        return f"{turns} turns in a row calling only tools that do not exist ({', '.join(unknown)}); {known}"
+    if unknown:
+        return (f"{turns} turns in a row without a usable tool call: tools that do not exist "
+                f"({', '.join(unknown)}) and malformed calls; {known}")
+    return f"{turns} turns in a row with only malformed tool calls (bad JSON, bad arguments or cut off)"
+
+
 class Timings(BaseModel):
     """Where a run's wall time went."""
 
@@ -539,7 +552,7 @@ class _Run:
             self.result.final_message = submitted.output
             raise Submitted()
         if state.format_errors_in_row >= self.cfg.limits.max_format_errors:
-            raise FormatError(f"{state.format_errors_in_row} turns in a row with only malformed tool calls")
+            raise FormatError(unusable_calls(state.format_errors_in_row, reply, results, self.agent.tools))
 
     def _check_stall(self) -> None:
         """Nudge the model at the first stall; end the run at the next one."""

@@ -240,8 +240,16 @@ def test_unknown_tool_then_too_many_format_errors_stop_the_run(git_repo, tmp_pat
     turns = [{"tool_calls": [call("rm_rf", path="/")]}] * 3 + solve_turns()
     result, requests, _ = run(git_repo, turns, tmp_path, max_format_errors=3)
     assert "rm_rf" in requests[1]["messages"][-1]["content"]
-    assert result.status == "error" and "malformed" in result.error
+    assert result.status == "error" and "malformed" not in result.error
+    assert result.error.startswith("3 turns in a row calling only tools that do not exist (rm_rf); the tools are ")
+    assert "file_edit" in result.error
     assert len(requests) == 3
+
+
+def test_broken_arguments_three_turns_in_a_row_are_called_malformed(git_repo, tmp_path):
+    turns = [{"tool_calls": [{"name": "file_edit", "arguments_raw": '{"path": '}]}] * 3 + solve_turns()
+    result, _, _ = run(git_repo, turns, tmp_path, max_format_errors=3)
+    assert result.status == "error" and "only malformed tool calls" in result.error
 
 
 def test_truncated_tool_call_is_not_executed(git_repo, tmp_path):
