@@ -299,6 +299,30 @@ def images_command(
                                   progress=lambda line: console.print(escape(line), highlight=False)))
 
 
+@app.command("standin-script")
+def standin_script_command(
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the script to this file (default: stdout)."),
+    instance_ids: Optional[list[str]] = typer.Option(None, "--instance-ids", "-i",
+                                                     help="Only these built-in tasks (names or ids)."),
+) -> None:
+    """The stand-in script that plays the built-in suite's fixes, for `m3-agent standin --script FILE`.
+
+    A TEST DOUBLE: with it `eval run --tasks builtin` exercises the machinery without a model.
+    """
+    from m3_agent.evals.tasks import builtin_names, builtin_standin_script
+
+    names = [i.removeprefix("m3-agent__").removesuffix("-1") for i in _ids(instance_ids) or []]
+    unknown = sorted(set(names) - set(builtin_names()))
+    if unknown:
+        raise UsageError(f"no built-in task {', '.join(unknown)}: the suite has {', '.join(builtin_names())}")
+    text = json.dumps(builtin_standin_script(names or None), indent=1) + "\n"
+    if out is None:
+        print(text, end="")
+        return
+    out.write_text(text)
+    Console(stderr=True).print(f"wrote {out}: serve it with `m3-agent standin --script {out}`", markup=False)
+
+
 @app.command("report")
 def report_command(
     output: Path = typer.Argument(..., help="A results folder written by `eval run` or `eval grade`."),

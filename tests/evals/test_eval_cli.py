@@ -267,3 +267,11 @@ def test_run_gives_the_instances_of_a_repository_one_base_of_files_and_each_its_
         assert rest.startswith(f"## Changes to the files above\n\nThe files above are those of commit {commits[1]}")
         fixed = {0: ("-    return -1\n", "+    return 5\n"), 2: ("-    return 5\n", "+    return -2\n")}[n]
         assert all(line in rest for line in fixed)  # the fix between the base and this commit, as a diff
+
+
+def test_standin_script_writes_the_suites_script_for_the_standin_command(tmp_path, capsys):
+    assert json.loads(_main_ok(capsys, "eval", "standin-script")) == builtin_standin_script()
+    out = tmp_path / "script.json"
+    assert _main_ok(capsys, "eval", "standin-script", "-o", str(out), "-i", "roman,m3-agent__slugify-1") == ""
+    assert json.loads(out.read_text()) == builtin_standin_script(["roman", "slugify"])
+    assert "no built-in task nope: the suite has " in _main_error(capsys, "eval", "standin-script", "-i", "nope")
