@@ -133,3 +133,15 @@ def secrets_found(secrets: list[str], *texts: str, under: list[Path] = ()) -> li
             if any(s.encode() in data for s in secrets):
                 found.append(str(path))
     return found
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After a run that included the docs test: which documented commands it ran, and which it could not."""
+    ran = any("test_docs.py::test_every_runnable" in getattr(report, "nodeid", "")
+              for outcome in ("passed", "failed", "error") for report in terminalreporter.stats.get(outcome, []))
+    if ran:
+        from tests.test_docs import coverage_summary
+
+        terminalreporter.section("documented commands")
+        for line in coverage_summary():
+            terminalreporter.write_line(line)
