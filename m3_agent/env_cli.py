@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
@@ -21,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from m3_agent.errors import UsageError
-from m3_agent.hostgit import export_tree, repository
+from m3_agent.hostgit import repository
 from m3_agent.sandbox.engine import docker_client, image_exists
 from m3_agent.sandbox.envimage import (ENV_REPOSITORY, BuildRequest, ensure_environment, list_environments,
                                        needs_environment, prune_environments, request_for, request_key)
@@ -33,9 +31,9 @@ REPO = typer.Option(Path("."), "--repo", "-C", help="The repository (its HEAD co
 CONFIG = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject.")
 
 
-@contextlib.contextmanager
-def _head_copy(repo: Path, config: Optional[Path]) -> Iterator[BuildRequest]:
-    """The request `fix` would make for `repo`: its HEAD tree exported, its [sandbox] settings."""
+def _head_request(repo: Path, config: Optional[Path]) -> BuildRequest:
+    """The request `fix` would make for `repo`'s HEAD, with its [sandbox] settings. Its files are read from
+    git's objects: the tree is exported only if a build is needed."""
     from m3_agent.settings import load_settings
 
     with repository(repo) as git_repo:
@@ -43,16 +41,15 @@ def _head_copy(repo: Path, config: Optional[Path]) -> Iterator[BuildRequest]:
             raise UsageError(f"{repo} has no work tree or no commit yet: commit first")
         root, head = Path(git_repo.working_tree_dir), git_repo.head.commit.hexsha
     settings, _ = load_settings(root, config_file=config)
-    with tempfile.TemporaryDirectory(prefix="m3-agent-env-repo-") as tmp:
-        copy = export_tree(root, head, Path(tmp) / (root.name or "repo"))
-        yield request_for(copy, settings.sandbox, history=(root, head), source=root.name)
+    return request_for(None, settings.sandbox, history=(root, head), source=root.name)
 
 
 @app.command("build")
 def build(repo: Path = REPO, config: Optional[Path] = CONFIG) -> None:
     """Build the repository's environment image (nothing when it exists); prints its tag."""
     last = [0.0]
-    with _head_copy(repo, config) as request, console.status("environment") as status:
+    request = _head_request(repo, config)
+    with console.status("environment") as status:
 
         def progress(message: str) -> None:
             if not message.startswith("  "):
@@ -89,8 +86,7 @@ def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
                           "yes" if e["base_current"] else "no")
         Console(highlight=False).print(table)
         return
-    with _head_copy(repo, config) as request:
-        info = _describe(request)
+    info = _describe(_head_request(repo, config))
     if json_out:
         typer.echo(json.dumps(info, indent=2))
         return
@@ -101,7 +97,7 @@ def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
     out.print(f"environment: {info['tag']}  ({'built' if info['built'] else 'not built yet: m3-agent env build'})")
     out.print(f"base image:  {info['base']}")
     for path, sha in info["files"].items():
-        out.print(f"keyed by:    {path}  (sha256 {sha[:12]})")
+        out.print(f"keyed by:    {path}  (blob {sha[:12]})")
     if info["setup"]:
         out.print(f"setup:       {info['setup']}")
     for line in info["packages"]:

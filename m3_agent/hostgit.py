@@ -18,6 +18,7 @@ import re
 import shutil
 import tempfile
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -207,3 +208,40 @@ def export_tree(root: Path, treeish: str, dest: Path, *, message: str = "m3-agen
         export_submodules(root, treeish, dest)
     commit_all(dest, message)
     return dest
+
+
+def blob_ids(root: Path, commit: str, folders: tuple[str, ...]) -> dict[str, str]:
+    """path -> blob id of the files directly in each of `folders` ("" is the top) at `commit`: read from
+    git's objects alone, no checkout. A folder the commit lacks gives nothing."""
+    found: dict[str, str] = {}
+    with repository(root) as repo:
+        tree = repo.commit(commit).tree
+        for folder in folders:
+            try:
+                sub = tree[folder] if folder else tree
+            except KeyError:
+                continue
+            if sub.type != "tree":
+                continue
+            # Regular files only (mode 100644/100755): a symlink's blob is its target's name, not its bytes.
+            found.update({b.path: b.hexsha for b in sub.blobs if b.mode & 0o170000 == 0o100000})
+    return found
+
+
+def read_blob(root: Path, commit: str, path: str) -> bytes | None:
+    """The bytes of `path` at `commit`, None when the commit has no such file."""
+    with repository(root) as repo:
+        try:
+            item = repo.commit(commit).tree[path]
+        except KeyError:
+            return None
+        return item.data_stream.read() if item.type == "blob" else None
+
+
+def last_change(root: Path, commit: str, paths: list[str]) -> str:
+    """The committer date (ISO 8601, UTC) of the last commit up to `commit` that changed one of `paths`;
+    the date of `commit` itself when none did (or no paths are given)."""
+    with repository(root) as repo:
+        stamp = repo.git.log("-1", "--format=%ct", commit, "--", *paths) if paths else ""
+        seconds = int(stamp.strip() or repo.commit(commit).committed_date)
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -20,13 +20,14 @@ unchanged repository finds its image at once, a changed lock file builds a new o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shlex
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError, SandboxUnavailable
 from m3_agent.sandbox import cleanup
 from m3_agent.sandbox.config import SandboxConfig
@@ -41,8 +43,9 @@ from m3_agent.sandbox.engine import docker_client, image_exists, remove_containe
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID,
                                     SUITE, SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock,
                                     digest, untag)
-from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, key_files, pip_error,
-                                    plan_environment, pretend_version, scm_version, wants_environment)
+from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, key_files, key_files_at, pip_error,
+                                    plan_environment, pretend_version, scm_version, wants_environment,
+                                    wants_environment_at)
 from m3_agent.sandbox.wheels import Requirements, download, download_step
 
 Progress = Callable[[str], None]
@@ -71,9 +74,13 @@ class EnvImage:
 
 @dataclass
 class BuildRequest:
-    """What one environment is built from: the repository copy, the base, the user's setup command."""
+    """What one environment is built from: the repository copy, the base, the user's setup command.
 
-    repo: Path
+    `repo` None: the repository is `history`'s, at its commit; its files are read from git's objects and
+    the tree is exported only when a build needs it (a warm `env build` on a large tree copies nothing).
+    """
+
+    repo: Path | None
     base: str = DEFAULT_IMAGE
     setup: str | None = None
     version: str | None = None  # the project's version, for builds that read it from git history
@@ -93,22 +100,46 @@ def ensure_environment(request: BuildRequest, *, progress: Progress | None = Non
         tag = f"{ENV_REPOSITORY}:{key}"
         if image_exists(client, tag):
             return EnvImage(tag, key, False, time.monotonic() - t0)
-        with build_lock(progress):
+        with build_lock(progress), _checked_out(request) as request:
             if not image_exists(client, tag):  # another process may have built it while we waited
                 build_environment(client, request, tag, key, progress)
         return EnvImage(tag, key, True, time.monotonic() - t0)
 
 
+@contextlib.contextmanager
+def _checked_out(request: BuildRequest) -> Iterator[BuildRequest]:
+    """`request` with a copy of its tree on disk: exported from `history`'s commit when it has none."""
+    if request.repo is not None:
+        yield request
+        return
+    root, commit = _history(request)
+    with tempfile.TemporaryDirectory(prefix="m3-agent-env-repo-") as tmp:
+        copy = hostgit.export_tree(root, commit, Path(tmp) / (root.name or "repo"))
+        yield dataclasses.replace(request, repo=copy)
+
+
+def _history(request: BuildRequest) -> tuple[Path, str]:
+    if request.history is None:
+        raise ValueError("a BuildRequest without a repo copy needs a history (repository, commit)")
+    return request.history
+
+
 def needs_environment(request: BuildRequest) -> bool:
     """A setup command is given, or the repository's files declare something to install."""
-    return bool(request.setup) or (request.derive and wants_environment(request.repo))
+    if request.setup:
+        return True
+    if not request.derive:
+        return False
+    return wants_environment(request.repo) if request.repo is not None else wants_environment_at(*_history(request))
 
 
 def request_key(client: docker.DockerClient, request: BuildRequest,
                 progress: Progress | None = None) -> tuple[str, dict[str, str]]:
-    """The request's cache key and the files (path -> sha256) that went into it: a hash of the base
-    image's id, the dependency files' hashes and the setup command."""
-    files = key_files(request.repo) if request.derive else {}
+    """The request's cache key and the files (path -> git blob id) that went into it: a hash of the base
+    image's id, the dependency files' blob ids and the setup command."""
+    files = {}
+    if request.derive:
+        files = key_files(request.repo) if request.repo is not None else key_files_at(*_history(request))
     base_id = base_image_id(client, request.base, progress)
     return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), request.setup or "")[:16], files
 
@@ -126,9 +157,10 @@ def environment_for(repo: Path, config: SandboxConfig, *, history: tuple[Path, s
     return (config.model_copy(update={"image": env.tag}) if env else config), env
 
 
-def request_for(repo: Path, config: SandboxConfig, *, history: tuple[Path, str] | None = None,
+def request_for(repo: Path | None, config: SandboxConfig, *, history: tuple[Path, str] | None = None,
                 source: str = "") -> BuildRequest:
-    """What `config` asks of an environment for `repo`: derived on the default image, the setup command on any."""
+    """What `config` asks of an environment for `repo` (None: `history`'s commit, read from git): derived on
+    the default image, the setup command on any."""
     derive = config.project_env == "auto" and config.image == DEFAULT_IMAGE
     return BuildRequest(repo=repo, base=config.image, setup=config.setup, history=history, source=source,
                         derive=derive)

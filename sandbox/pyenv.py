@@ -27,7 +27,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from packaging.markers import Marker
@@ -36,6 +38,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError
 
 try:
@@ -44,6 +47,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 KEY_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "uv.lock", "poetry.lock", "pylock.toml")
+KEY_FOLDERS = ("", "requirements")  # where dependency files are looked for: the top, and requirements/
 TEST_NAMES = ("test", "tests", "testing")  # extras and dependency groups that hold what the tests need
 DEV_NAME = "dev"  # taken only where none of TEST_NAMES is declared: it often holds linters and docs too
 ALWAYS = ("pytest",)
@@ -76,7 +80,7 @@ class Plan:
     """What an environment holds: the files that key it and what pip is asked to install."""
 
     root: Path
-    key_files: dict[str, str]  # relative path -> sha256 of its bytes
+    key_files: dict[str, str]  # relative path -> git blob id of its bytes
     requirements: list[str] = field(default_factory=list)  # PEP 508 lines, markers already judged
     requirement_files: list[str] = field(default_factory=list)  # relative paths, passed with -r
     constraints: list[str] = field(default_factory=list)  # name==version pins from a lock file
@@ -84,17 +88,40 @@ class Plan:
     editable: bool = False  # the project itself, installed in editable mode
 
 
+def select_dependency_files(paths: Iterable[str]) -> list[str]:
+    """Of relative paths in `KEY_FOLDERS`, the dependency files, in key order: KEY_FILES, then the
+    requirements and pylock files (docs' requirements are not the tests')."""
+    paths = set(paths)
+    top = sorted(p for p in paths if "/" not in p)
+    found = [name for name in KEY_FILES if name in paths]
+    found += [p for p in top if fnmatchcase(p, "requirements*.txt")]
+    found += sorted(p for p in paths if p.count("/") == 1 and fnmatchcase(p, "requirements/*.txt"))
+    found += [p for p in top if fnmatchcase(p, "pylock.*.toml")]
+    return [p for p in found if "doc" not in p.rsplit("/", 1)[-1].lower()]
+
+
 def dependency_files(root: Path) -> list[Path]:
-    """The dependency files of `root`, in key order: KEY_FILES, then the requirements and pylock files."""
-    found = [root / name for name in KEY_FILES] + sorted(root.glob("requirements*.txt"))
-    found += sorted((root / "requirements").glob("*.txt")) if (root / "requirements").is_dir() else []
-    found += sorted(root.glob("pylock.*.toml"))
-    return [p for p in found if p.is_file() and "doc" not in p.name.lower()]  # docs' requirements are not the tests'
+    """The dependency files of `root`, in key order (`select_dependency_files`)."""
+    # Regular files only, as git's side (`hostgit.blob_ids`) lists them: the two must key alike.
+    listed = [str(p.relative_to(root)) for folder in KEY_FOLDERS if (root / folder).is_dir()
+              for p in (root / folder).iterdir() if p.is_file() and not p.is_symlink()]
+    return [root / p for p in select_dependency_files(listed)]
+
+
+def blob_id(data: bytes) -> str:
+    """git's id of a blob holding `data`: a file's key on disk is the one git gives it at a commit."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def key_files(root: Path) -> dict[str, str]:
-    """The dependency files of `root` (relative path -> sha256): what keys the environment."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in dependency_files(root)}
+    """The dependency files of `root` (relative path -> git blob id): what keys the environment."""
+    return {str(p.relative_to(root)): blob_id(p.read_bytes()) for p in dependency_files(root)}
+
+
+def key_files_at(root: Path, commit: str) -> dict[str, str]:
+    """`key_files` of the repository at `root` as of `commit`, from git's objects: no checkout, no export."""
+    blobs = hostgit.blob_ids(root, commit, KEY_FOLDERS)
+    return {p: blobs[p] for p in select_dependency_files(blobs)}
 
 
 def installable(root: Path) -> bool:
@@ -122,9 +149,25 @@ def _toml(path: Path, hint: str = "") -> dict:
 def wants_environment(root: Path) -> bool:
     """`root` declares something to install: a project pip can build, a requirements file, or a test
     dependency group. Read from the files alone: the cheap check every `fix` makes first."""
-    if installable(root) or any(p.suffix == ".txt" for p in dependency_files(root)):
+    return _wants([str(p.relative_to(root)) for p in dependency_files(root)], _pyproject(root))
+
+
+def wants_environment_at(root: Path, commit: str) -> bool:
+    """`wants_environment` of the repository at `root` as of `commit`, read from git's objects."""
+    files = list(key_files_at(root, commit))
+    data = hostgit.read_blob(root, commit, "pyproject.toml") if "pyproject.toml" in files else None
+    try:
+        pyproject = tomllib.loads(data.decode("utf-8")) if data else {}
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise EnvironmentBuildError(f"pyproject.toml cannot be read ({e}): fix it, or set [sandbox] setup",
+                                    step="read pyproject.toml") from None
+    return _wants(files, pyproject)
+
+
+def _wants(files: list[str], pyproject: dict) -> bool:
+    if "setup.py" in files or "project" in pyproject or "build-system" in pyproject:
         return True
-    return bool(test_names(list(_pyproject(root).get("dependency-groups", {}))))
+    return any(f.endswith(".txt") for f in files) or bool(test_names(list(pyproject.get("dependency-groups", {}))))
 
 
 def plan_environment(root: Path, target: Target, *, version: str | None = None) -> Plan | None:

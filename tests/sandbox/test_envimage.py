@@ -139,6 +139,23 @@ def test_an_unchanged_repository_reuses_its_environment_at_once(project_env):
     assert again.image == env.tag and elapsed < 0.5
 
 
+def test_a_commit_finds_its_environment_from_git_objects_without_exporting_the_tree(project_env, monkeypatch):
+    """`m3-agent env build` on an unchanged repository: the key comes from the commit's blobs, nothing is copied."""
+    from m3_agent import hostgit
+
+    repo, env, _ = project_env
+    with hostgit.repository(repo) as r:
+        head = r.head.commit.hexsha
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("the tree was exported for a warm lookup")
+
+    monkeypatch.setattr(hostgit, "export_tree", no_export)
+    request = request_for(None, SandboxConfig(), history=(repo, head), source=SOURCE)
+    found = ensure_environment(request)
+    assert found is not None and found.tag == env.tag and not found.built
+
+
 def test_a_changed_dependency_file_builds_a_new_environment_and_prune_keeps_the_newest(project_env, tmp_path):
     from tests.conftest import make_git_repo
 

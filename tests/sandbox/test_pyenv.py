@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.pyenv import (Target, group_requirements, judged, key_files, lock_pins, pip_error,
-                                    plan_environment, wants_environment)
+from m3_agent.sandbox.pyenv import (Target, group_requirements, judged, key_files, key_files_at, lock_pins, pip_error,
+                                    plan_environment, wants_environment, wants_environment_at)
 from m3_agent.sandbox.wheels import Requirements, platforms, target_flags
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
@@ -33,6 +33,31 @@ def test_the_dependency_files_key_the_environment_and_docs_requirements_do_not(t
     assert key_files(tmp_path) == before
     (tmp_path / "uv.lock").write_text("version = 2\n")
     assert key_files(tmp_path)["uv.lock"] != before["uv.lock"]
+
+
+def test_the_key_read_from_git_objects_is_the_key_of_the_checked_out_tree(tmp_path):
+    """`env build` keys from the commit without exporting it; `fix` keys from its copy: both must agree."""
+    import subprocess
+
+    from m3_agent.hostgit import export_tree, repository
+    from tests.conftest import make_git_repo
+
+    repo = make_git_repo(tmp_path / "repo", {"pyproject.toml": "[project]\nname='a'\n", "requirements.txt": "attrs\n",
+                                             "requirements/ci.txt": "six\n", "requirements-docs.txt": "sphinx\n",
+                                             "uv.lock": "version = 1\n", "src/a.py": "", "requirements/sub/x.txt": ""})
+    (repo / "requirements-link.txt").symlink_to("requirements.txt")  # a link is no dependency file, on either side
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-qm", "link"],
+                   check=True)
+    with repository(repo) as r:
+        head = r.head.commit.hexsha
+    copy = export_tree(repo, head, tmp_path / "copy")
+    at_commit = key_files_at(repo, head)
+    assert list(at_commit) == ["pyproject.toml", "uv.lock", "requirements.txt", "requirements/ci.txt"]
+    assert at_commit == key_files(copy) == key_files(repo)
+    assert wants_environment_at(repo, head) is wants_environment(copy) is True
+    (repo / "uv.lock").write_text("version = 2\n")  # the work tree moved on; the commit did not
+    assert key_files_at(repo, head) == at_commit != key_files(repo)
 
 
 @pytest.mark.parametrize(("files", "wanted"), [
