@@ -22,7 +22,8 @@ from m3_agent.errors import UsageError
 from m3_agent.hostgit import repository
 from m3_agent.sandbox.engine import docker_client, image_exists
 from m3_agent.sandbox.envimage import (ENV_REPOSITORY, BuildRequest, ensure_environment, list_environments,
-                                       needs_environment, prune_environments, request_for, request_key)
+                                       needs_environment, prune_environments, request_cutoff, request_for,
+                                       request_key)
 
 app = typer.Typer(no_args_is_help=True)
 console = Console(stderr=True, highlight=False, soft_wrap=True)  # a log is not wrapped at 80 columns
@@ -98,6 +99,7 @@ def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
     out.print(f"base image:  {info['base']}")
     for path, sha in info["files"].items():
         out.print(f"keyed by:    {path}  (blob {sha[:12]})")
+    out.print(f"releases:    {'before ' if info['releases'] != 'today' else 'as of '}{info['releases']}")
     if info["setup"]:
         out.print(f"setup:       {info['setup']}")
     for line in info["packages"]:
@@ -106,11 +108,13 @@ def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
 
 def _describe(request: BuildRequest) -> dict:
     """What `env show` prints for one repository."""
-    info = {"tag": None, "built": False, "base": request.base, "files": {}, "setup": request.setup, "packages": []}
+    info = {"tag": None, "built": False, "base": request.base, "files": {}, "setup": request.setup, "packages": [],
+            "releases": None}
     if not needs_environment(request):
         return info
     with contextlib.closing(docker_client()) as client:
         key, info["files"] = request_key(client, request)
+        info["releases"] = request_cutoff(request, info["files"]) or "today"
         info["tag"] = f"{ENV_REPOSITORY}:{key}"
         info["built"] = image_exists(client, info["tag"])
     found = next((e for e in list_environments() if e.tag == info["tag"]), None) if info["built"] else None

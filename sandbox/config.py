@@ -26,6 +26,9 @@ class SandboxConfig(BaseModel):
     setup: str | None = Field(None, description="shell command run once, as root, when the environment image is "
                               "built, in a copy of the repository at /workspace (install into the environment: "
                               "changes to /workspace itself are not kept)")
+    releases: Literal["commit", "today"] = Field(
+        "commit", description="commit: the environment resolves to what was released before the last commit "
+        "that changed a dependency file (an old commit gets the releases of its day); today: the newest releases")
     mount: Literal["copy", "bind", "image"] = Field(
         "copy", description="copy: the repo is copied into an in-memory /workspace; bind: the host directory "
         "itself is mounted read-write (for very large repos; commands then change the host files; set user= to "

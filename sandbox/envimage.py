@@ -46,6 +46,7 @@ from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_
 from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, key_files, key_files_at, pip_error,
                                     plan_environment, pretend_version, scm_version, wants_environment,
                                     wants_environment_at)
+from m3_agent.sandbox.releases import Releases, Sources, release_cutoff
 from m3_agent.sandbox.wheels import Requirements, download, download_step
 
 Progress = Callable[[str], None]
@@ -58,6 +59,7 @@ WORKSPACE = "/workspace"
 FILES_LABEL = "m3-agent.env.files"
 PACKAGES_LABEL = "m3-agent.env.packages"
 SOURCE_LABEL = "m3-agent.env.source"
+RELEASES_LABEL = "m3-agent.env.releases"  # the cut-off date its releases predate, or "today"
 PROBE = ("import platform, sys; print(platform.python_version(), platform.machine(), "
          "platform.libc_ver()[1] or '2.17')")
 
@@ -86,7 +88,8 @@ class BuildRequest:
     version: str | None = None  # the project's version, for builds that read it from git history
     source: str = ""  # what the environment is for (a repository's name), shown by `env show`
     derive: bool = True  # install what the repository's files declare (False: only the setup command)
-    history: tuple[Path, str] | None = None  # (repository, commit) `version` is read from when unset
+    history: tuple[Path, str] | None = None  # (repository, commit) `version` and the release date are read from
+    releases: Releases = "commit"  # resolve to releases before the last change of a dependency file, or today's
 
 
 def ensure_environment(request: BuildRequest, *, progress: Progress | None = None) -> EnvImage | None:
@@ -141,7 +144,15 @@ def request_key(client: docker.DockerClient, request: BuildRequest,
     if request.derive:
         files = key_files(request.repo) if request.repo is not None else key_files_at(*_history(request))
     base_id = base_image_id(client, request.base, progress)
-    return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), request.setup or "")[:16], files
+    cutoff = request_cutoff(request, files) or "today"
+    return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), request.setup or "", cutoff)[:16], files
+
+
+def request_cutoff(request: BuildRequest, files: dict[str, str]) -> str | None:
+    """The date the request's releases must predate (`sandbox.releases`): the last change of one of `files`
+    in the history the tree came from; None for today's (also when the request names no history: a copy's
+    own commit is a fixed one, not the project's)."""
+    return release_cutoff(request.releases, history=request.history, files=list(files))
 
 
 def environment_for(repo: Path, config: SandboxConfig, *, history: tuple[Path, str] | None = None, source: str = "",
@@ -163,7 +174,7 @@ def request_for(repo: Path | None, config: SandboxConfig, *, history: tuple[Path
     the default image, the setup command on any."""
     derive = config.project_env == "auto" and config.image == DEFAULT_IMAGE
     return BuildRequest(repo=repo, base=config.image, setup=config.setup, history=history, source=source,
-                        derive=derive)
+                        derive=derive, releases=config.releases)
 
 
 def build_environment(client: docker.DockerClient, request: BuildRequest, tag: str, key: str,
@@ -195,7 +206,8 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
         say(f"planning the environment for Python {target.python} ({target.machine})")
         plan = plan_environment(request.repo, target, version=request.version) if request.derive else None
         stage = Path(tmp)
-        _download(plan, stage, target, request.version, say)
+        cutoff = request_cutoff(request, plan.key_files if plan else {})
+        _download(plan, stage, target, request.version, Sources.for_cutoff(cutoff), say)
         say("copying the wheels and the repository into the build container")
         box.put(stage, STAGE)
         box.put(request.repo, WORKSPACE)
@@ -205,25 +217,27 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
         packages = box.run("list the installed packages", f"{ENV_PREFIX}/bin/python -m pip freeze --all").splitlines()
         box.run("remove the build files", f"rm -rf {STAGE} && find {WORKSPACE} -mindepth 1 -delete")
         labels = {IMAGE_LABEL: KIND, RECIPE_LABEL: key, FILES_LABEL: json.dumps(plan.key_files if plan else {}),
-                  PACKAGES_LABEL: json.dumps(packages), SOURCE_LABEL: request.source or request.repo.name}
+                  PACKAGES_LABEL: json.dumps(packages), SOURCE_LABEL: request.source or request.repo.name,
+                  RELEASES_LABEL: cutoff or "today"}
         say(f"committing {tag}")
         box.commit(tag, labels, User=f"{SANDBOX_UID}:{SANDBOX_UID}", WorkingDir=WORKSPACE,
                    Env=[f"VIRTUAL_ENV={ENV_PREFIX}", f"PATH={ENV_PREFIX}/bin:{SYSTEM_PATH}", "HOME=/home/sandbox",
                         "LANG=C.UTF-8", "LC_ALL=C.UTF-8"])
 
 
-def _download(plan: Plan | None, stage: Path, target: Target, version: str | None, say: Progress) -> None:
+def _download(plan: Plan | None, stage: Path, target: Target, version: str | None, sources: Sources,
+              say: Progress) -> None:
     """The wheels into `stage/wheels`, the requirement and constraint files beside them."""
     wheels = stage / "wheels"
     requirements = plan.requirements if plan else list(ALWAYS)
     (stage / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
     (stage / "constraints.txt").write_text("".join(f"{c}\n" for c in (plan.constraints if plan else [])))
-    say(f"downloading wheels for Python {target.short} on the host")
+    say(f"downloading wheels for Python {target.short} on the host: {sources.describe()}")
     download(["pip", *(plan.build_requires if plan and plan.editable else [])], into=wheels, target=target,
-             version=version, progress=say)  # the build backend, for pip's isolated build of the project
+             version=version, progress=say, sources=sources)  # the build backend, for pip's isolated build
     files = [plan.root / f for f in plan.requirement_files] if plan else []
     download(Requirements(requirements, files, stage / "constraints.txt"), into=wheels, target=target,
-             version=version, progress=say)
+             version=version, progress=say, sources=sources)
 
 
 def create_venv(prefix: str) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox.pyenv import Target, missing_package, pip_error, scm_environment
+from m3_agent.sandbox.releases import Sources
 
 Progress = Callable[[str], None]
 PIP_TIMEOUT_S = 1800.0
@@ -66,22 +67,25 @@ def download_step(target: Target) -> str:
 
 
 def download(requirements: Requirements | Sequence[str], *, into: Path, target: Target, no_deps: bool = False,
-             version: str | None = None, progress: Progress | None = None) -> None:
+             version: str | None = None, progress: Progress | None = None, sources: Sources | None = None) -> None:
     """Every wheel `requirements` need on `target` (with their dependencies unless `no_deps`), into `into`.
 
     `requirements`: a `Requirements`, or just requirement strings. `version` is the project's version
-    for the build backends that cannot read it from git (`pyenv.scm_environment`).
+    for the build backends that cannot read it from git (`pyenv.scm_environment`). `sources`: the cut-off
+    date and the package sources that honour it (`sandbox.releases`); pip's configuration as it is by default.
     Raises EnvironmentBuildError naming the requirement pip could not find.
     """
     if not isinstance(requirements, Requirements):
         requirements = Requirements(names=tuple(requirements))
     into.mkdir(parents=True, exist_ok=True)
-    args = ["download", "-d", str(into), "--find-links", str(into), *target_flags(target), *requirements.pip_args()]
+    sources = sources or Sources()
+    args = ["download", "-d", str(into), "--find-links", str(into), *target_flags(target), *sources.pip_args(),
+            *requirements.pip_args()]
     if no_deps:
         args.append("--no-deps")
     built: set[str] = set()
     while True:
-        proc = _pip(args, version, progress)
+        proc = _pip(args, version, progress, sources)
         if proc.returncode == 0:
             return
         missing = missing_package(proc.stderr)
@@ -90,19 +94,20 @@ def download(requirements: Requirements | Sequence[str], *, into: Path, target: 
         built.add(missing)
         if progress:  # no wheel of it fits the target: build one from its sdist on this host
             progress(f"no wheel of {missing} fits: building one from its sdist")
-        wheel = _pip(["wheel", "--no-deps", "-w", str(into), missing], version, progress)
+        wheel = _pip(["wheel", "--no-deps", "-w", str(into), *sources.pip_args(), missing], version, progress, sources)
         if wheel.returncode != 0:
             step = "download wheels" if missing_package(wheel.stderr) else f"build a wheel of {missing}"
             raise EnvironmentBuildError(pip_error(wheel.stderr), step=step)
 
 
-def _pip(args: list[str], version: str | None, progress: Progress | None) -> subprocess.CompletedProcess:
+def _pip(args: list[str], version: str | None, progress: Progress | None,
+         sources: Sources) -> subprocess.CompletedProcess:
     """Run pip with this interpreter; its progress lines go to `progress`."""
     cmd = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check", "--progress-bar", "off"]
     out: list[str] = []
     try:
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                              env=scm_environment(version)) as proc:
+                              env={**scm_environment(version), **sources.env}) as proc:
             assert proc.stdout is not None
             for line in proc.stdout:
                 out.append(line)

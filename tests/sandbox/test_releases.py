@@ -1,0 +1,195 @@
+"""Releases as of the commit: the cut-off date, and that it holds for every package source pip is configured with.
+
+The integration test serves a package index of its own on loopback (PEP 691 JSON, with upload times)
+and configures pip, as these machines do, with a local index and a find-links folder whose files carry
+no upload time, each holding a newer release: the environment must still get the release of the
+commit's day.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+import docker
+import pytest
+
+from m3_agent.errors import EnvironmentBuildError
+from m3_agent.sandbox import SandboxConfig
+from m3_agent.sandbox.envimage import ensure_environment, list_environments, prune_environments, request_for
+from m3_agent.sandbox.pyenv import Target
+from m3_agent.sandbox.releases import Sources, pip_configuration, release_cutoff
+from m3_agent.sandbox.wheels import download
+
+TARGET = Target("3.11.2", "x86_64", "2.36")
+OLD, NEW = "2020-01-01T00:00:00Z", "2025-06-01T00:00:00Z"  # upload times around the commit's 2024 date
+COMMIT_DATE = "2024-01-01T00:00:00+00:00"
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com"}
+
+
+def git(repo: Path, *args: str, date: str | None = None) -> str:
+    env = {**os.environ, **GIT_ENV, **({"GIT_COMMITTER_DATE": date, "GIT_AUTHOR_DATE": date} if date else {})}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def commit(repo: Path, files: dict[str, str], date: str) -> str:
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", f"at {date}", date=date)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def test_the_cutoff_is_the_last_change_of_a_dependency_file_not_of_the_commit(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commit(repo, {"requirements.txt": "attrs\n"}, "2023-03-01T12:00:00+02:00")
+    head = commit(repo, {"src/a.py": "x = 1\n"}, "2024-06-01T00:00:00+00:00")  # an ordinary commit
+    assert release_cutoff("commit", history=(repo, head), files=["requirements.txt"]) == "2023-03-01T10:00:00Z"
+    assert release_cutoff("today", history=(repo, head), files=["requirements.txt"]) is None
+    assert release_cutoff("commit", history=None, files=["requirements.txt"]) is None  # no history: today
+
+
+def test_sources_without_upload_times_are_left_out_under_a_cutoff():
+    config = {"extra-index-url": "file:///srv/simple https://mirror.example/simple", "find-links": "/srv/wheels"}
+    sources = Sources.for_cutoff("2024-01-01T00:00:00Z", config)
+    assert sources.env == {"PIP_EXTRA_INDEX_URL": "https://mirror.example/simple", "PIP_FIND_LINKS": " "}
+    assert sources.dropped == ("file:///srv/simple", "/srv/wheels")
+    assert sources.pip_args() == ["--uploaded-prior-to", "2024-01-01T00:00:00Z"]
+    assert Sources.for_cutoff(None, config) == Sources()  # today: pip's configuration as it is
+    with pytest.raises(EnvironmentBuildError, match="releases = \"today\"") as e:
+        Sources.for_cutoff("2024-01-01T00:00:00Z", {"index-url": "file:///srv/simple"})
+    assert e.value.step == "choose the package sources"
+
+
+# --- a package index of the test's own -------------------------------------------------------------------
+
+def make_wheel(folder: Path, name: str, version: str) -> Path:
+    """A pure-Python wheel of `name` whose module tells its version."""
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}.py": f"VERSION = {version!r}\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(t.encode())}\n" for p, t in files.items()) + f"{dist}/RECORD,,\n"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, t in {**files, f"{dist}/RECORD": record}.items():
+            z.writestr(p, t)
+    return path
+
+
+class Index(http.server.ThreadingHTTPServer):
+    """PEP 691 JSON simple index of `files` (filename -> (path, upload time)) on loopback."""
+
+    def __init__(self, files: dict[str, tuple[Path, str]]) -> None:
+        super().__init__(("127.0.0.1", 0), IndexHandler)
+        self.files = files
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/simple/"
+
+
+class IndexHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        files: dict[str, tuple[Path, str]] = self.server.files
+        parts = [p for p in self.path.split("?")[0].split("/") if p]
+        if parts[:1] == ["files"] and len(parts) == 2 and parts[1] in files:
+            return self.reply(files[parts[1]][0].read_bytes(), "application/octet-stream")
+        if parts[:1] != ["simple"] or len(parts) != 2:
+            return self.send_error(404)
+        project = parts[1]
+        listed = [{"filename": f, "url": f"/files/{f}", "upload-time": when,
+                   "hashes": {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()}}
+                  for f, (p, when) in sorted(files.items()) if norm(f.split("-")[0]) == project]
+        if not listed:
+            return self.send_error(404)
+        body = json.dumps({"meta": {"api-version": "1.1"}, "name": project, "files": listed}).encode()
+        self.reply(body, "application/vnd.pypi.simple.v1+json")
+
+    def reply(self, body: bytes, kind: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+@pytest.fixture(scope="module")
+def configured_pip(tmp_path_factory):
+    """pip configured with the test's dated index, a local index and a find-links folder (no upload times);
+    yields the index. The tools every environment gets (pip, pytest) are served as old releases."""
+    root = tmp_path_factory.mktemp("index")
+    tools = root / "tools"
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(tools), "--only-binary", ":all:",
+                    "--python-version", "3.11", "pip", "pytest"], check=True, capture_output=True)
+    served = {p.name: (p, OLD) for p in tools.glob("*.whl")}
+    for version, when in (("1.0", OLD), ("2.0", NEW)):
+        path = make_wheel(root, "m3probe", version)
+        served[path.name] = (path, when)
+    local = root / "local"
+    (local / "simple" / "m3probe").mkdir(parents=True)
+    newest = make_wheel(local, "m3probe", "3.0")  # in both undated sources: a local index and find-links
+    (local / "simple" / "m3probe" / "index.html").write_text(f'<a href="../../{newest.name}">{newest.name}</a>\n')
+    index = Index(served)
+    threading.Thread(target=index.serve_forever, daemon=True).start()
+    conf = root / "pip.conf"
+    conf.write_text(f"[global]\nindex-url = {index.url}\nextra-index-url = {(local / 'simple').as_uri()}\n"
+                    f"find-links = {local}\n")
+    saved = os.environ.get("PIP_CONFIG_FILE")
+    os.environ["PIP_CONFIG_FILE"] = str(conf)
+    try:
+        yield index
+    finally:
+        os.environ.pop("PIP_CONFIG_FILE") if saved is None else os.environ.__setitem__("PIP_CONFIG_FILE", saved)
+        index.shutdown()
+
+
+def test_without_a_cutoff_the_undated_sources_win_with_their_newer_release(configured_pip, tmp_path):
+    """The trap is real: pip as configured takes 3.0 from the sources that carry no upload time."""
+    assert pip_configuration()["index-url"] == configured_pip.url
+    download(["m3probe"], into=tmp_path, target=TARGET, no_deps=True)
+    assert [p.name for p in tmp_path.glob("m3probe-*")] == ["m3probe-3.0-py3-none-any.whl"]
+
+
+@pytest.mark.docker
+def test_an_environment_gets_the_releases_of_its_commit_from_every_source(configured_pip, tmp_path, sandbox_image):
+    repo = tmp_path / "probe-releases"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commit(repo, {"requirements.txt": f"m3probe  # {os.getpid()}: this run's own key\n"}, COMMIT_DATE)
+    head = commit(repo, {"src/probe.py": "x = 1\n"}, "2026-01-01T00:00:00+00:00")  # not a dependency change
+    messages: list[str] = []
+    request = request_for(None, SandboxConfig(), history=(repo, head), source=repo.name)
+    env = ensure_environment(request, progress=messages.append)
+    try:
+        info = next(e for e in list_environments() if e.tag == env.tag)
+        assert "m3probe==1.0" in info.packages
+        assert any("releases before 2024-01-01T00:00:00Z" in m and "left out" in m for m in messages)
+        client = docker.from_env()
+        try:
+            assert client.images.get(env.tag).labels["m3-agent.env.releases"] == "2024-01-01T00:00:00Z"
+        finally:
+            client.close()
+    finally:
+        prune_environments(keep=0, source=repo.name)
