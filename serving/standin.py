@@ -164,6 +164,11 @@ class Quirks(BaseModel):
 
     tool_choice_required: Literal["accept", "error_500"] = Field(
         "accept", description="error_500: answer `tool_choice: \"required\"` with HTTP 500, as llama-cpp-python does")
+    context_errors: Literal["vllm", "sglang", "llama_cpp"] = Field(
+        "vllm", description="whose context-length check and 400 text to play (`_overflow`)")
+    list_max_model_len: bool = Field(True, description="False: /v1/models gives no max_model_len (llama-cpp-python)")
+    reject_fields: list[str] = Field(default_factory=list, description="top-level request fields answered with a "
+                                     "400 that names them, as a server without M3's chat template may answer")
 
 
 class Script(BaseModel):
@@ -309,10 +314,12 @@ class StandinError(Exception):
         self.message = message
         self.err_type = err_type
         self.param = param
+        self.flat = False  # SGLang's shape: the ErrorResponse itself, not under "error"
 
     def body(self) -> dict[str, Any]:
-        """vLLM's ErrorResponse shape."""
-        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
+        """vLLM's ErrorResponse shape (SGLang's when `flat`)."""
+        error = {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}
+        return {"object": "error", **error} if self.flat else {"error": error}
 
 
 class _Dropped(Exception):
@@ -734,6 +741,8 @@ class _Handler(BaseHTTPRequestHandler):
                       "organization": "*", "group": None, "is_blocking": False}
         card = {"id": s.model, "object": "model", "created": created, "owned_by": OWNED_BY, "root": s.model,
                 "parent": None, "max_model_len": s.max_model_len, "permission": [permission]}
+        if not s.quirks.list_max_model_len:
+            del card["max_model_len"]
         self._json(200, {"object": "list", "data": [card]})
 
     def _metrics(self) -> None:
@@ -761,6 +770,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise StandinError(400, "When using `tool_choice`, `tools` must be set.", param="tool_choice")
         if choice == "required" and self.state.script.quirks.tool_choice_required == "error_500":
             raise _server_error(500, "Scripted quirk: this server cannot force a tool call (tool_choice 'required')")
+        for name in self.state.script.quirks.reject_fields:
+            if name in body:
+                raise StandinError(400, f"Unrecognized request argument supplied: {name}", param=name)
 
     def _prompt_ids(self, body: dict[str, Any], mode: str) -> list[int]:
         messages = body.get("messages")
@@ -804,8 +816,9 @@ class _Handler(BaseHTTPRequestHandler):
         max_out = body.get("max_completion_tokens") or body.get("max_tokens") or 0
         if not isinstance(max_out, int) or max_out < 0:
             raise StandinError(400, "max_tokens must be a non-negative integer", param="max_tokens")
-        if n + max_out > script.max_model_len:
-            raise _overflow(n, max_out, script.max_model_len)
+        overflow = _overflow(script.quirks.context_errors, n, max_out, script.max_model_len)
+        if overflow is not None:
+            raise overflow
 
         turn = state.next_turn(body["messages"], mode)
         if turn is None:
@@ -820,7 +833,7 @@ class _Handler(BaseHTTPRequestHandler):
             if turn.fault == "drop":
                 raise _Dropped()
             if turn.fault == "context_overflow":
-                raise _overflow(n, max_out, script.max_model_len)
+                raise _overflow(script.quirks.context_errors, n, max_out, script.max_model_len, forced=True)
             reply = build_reply(turn, script, body, mode)
 
         reply.prompt_tokens = n
@@ -847,16 +860,41 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def _overflow(n: int, max_out: int, max_model_len: int) -> StandinError:
-    """vLLM's context-length error, built from the real counts."""
-    return StandinError(
-        400,
-        f"You passed {n} input tokens and requested {max_out} output tokens. However, the model's "
-        f"context length is only {max_model_len} tokens, resulting in a maximum input length of "
-        f"{max(0, max_model_len - max_out)} tokens. Please reduce the length of the input prompt. "
-        f"(parameter=input_tokens, value={n})",
-        param="input_tokens",
-    )
+def _overflow(server: str, n: int, max_out: int, window: int, *, forced: bool = False) -> StandinError | None:
+    """The context-length 400 of `server` for a prompt of `n` tokens asking `max_out` more, built from the
+    real counts as each server's own code builds it; None when that server would take the request.
+
+    vLLM 0.33 refuses max_tokens over the window and a prompt over it, and clamps the rest; SGLang refuses a
+    prompt that reaches the window, then prompt + max_tokens over it; llama-cpp-python refuses a prompt that
+    reaches the window and reports prompt + max_tokens as the tokens "requested". `forced`: the text of the
+    first check whatever the counts (the `context_overflow` fault).
+    """
+    if server == "vllm":
+        if max_out > window and not forced:
+            return StandinError(400, f"max_tokens={max_out} cannot be greater than max_model_len={window}. "
+                                "Please request fewer output tokens.", param="max_tokens")
+        if n > window or forced:
+            return StandinError(400, f"This model's maximum context length is {window} tokens. However, your prompt "
+                                f"contains {n} input tokens, which exceeds this limit even without any output tokens. "
+                                "Please reduce the length of the input prompt.", param="input_tokens")
+    elif server == "sglang":
+        error = None
+        if n >= window or forced:
+            error = StandinError(400, f"The input ({n} tokens) is longer than the model's context length ({window} "
+                                 "tokens).")
+        elif n + max_out > window:
+            error = StandinError(400, f"Requested token count exceeds the model's maximum context length of {window} "
+                                 f"tokens. You requested a total of {n + max_out} tokens: {n} tokens from the input "
+                                 f"messages and {max_out} tokens for the completion. Please reduce the number of "
+                                 "tokens in the input messages or the completion to fit within the limit.")
+        if error is not None:
+            error.flat = True
+        return error
+    elif n >= window or forced:  # llama_cpp
+        return StandinError(400, f"This model's maximum context length is {window} tokens. However, you requested "
+                            f"{n + max_out} tokens ({n} in the messages, {max_out} in the completion). Please reduce "
+                            "the length of the messages or completion.", "invalid_request_error", "messages")
+    return None
 
 
 def _usage(reply: _Reply) -> dict[str, Any]:

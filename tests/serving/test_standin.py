@@ -22,10 +22,13 @@ from m3_agent.serving.standin import EXHAUSTED_TEXT, STANDIN_HEADER, Script, Sta
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
+# vLLM 0.33's texts (vllm/renderers/params.py): a prompt over the window; max_tokens over it
 OVERFLOW_RE = re.compile(
-    r"^You passed (\d+) input tokens and requested (\d+) output tokens\. However, the model's context "
-    r"length is only (\d+) tokens, resulting in a maximum input length of (\d+) tokens\."
+    r"^This model's maximum context length is (\d+) tokens\. However, your prompt contains (\d+) input tokens, "
+    r"which exceeds this limit even without any output tokens\. Please reduce the length of the input prompt\.$"
 )
+MAX_TOKENS_RE = re.compile(r"^max_tokens=(\d+) cannot be greater than max_model_len=(\d+)\. Please request fewer "
+                           r"output tokens\.$")
 
 
 @dataclass
@@ -337,21 +340,25 @@ def test_context_overflow_fault_uses_real_counts():
         assert srv.turns_served == 1
     err = info.value.body
     assert err["type"] == "BadRequestError" and err["param"] == "input_tokens" and err["code"] == 400
-    n, m, limit, max_in = map(int, OVERFLOW_RE.match(err["message"]).groups())
-    assert (n, m, limit, max_in) == (count, 100, 5000, 4900)
+    limit, n = map(int, OVERFLOW_RE.match(err["message"]).groups())
+    assert (limit, n) == (5000, count)
 
 
 def test_context_overflow_is_checked_before_the_script():
-    long_text = "word " * 300
-    with StandinServer({"max_model_len": 1000, "turns": [{"content": "never consumed"}]}) as srv:
+    long_text = "word " * 600
+    with StandinServer({"max_model_len": 1000, "turns": [{"content": "never consumed", "repeat": 2}]}) as srv:
         with pytest.raises(openai.BadRequestError) as info:
-            ask(srv, [{"role": "user", "content": long_text}], max_completion_tokens=500)
+            ask(srv, [{"role": "user", "content": long_text}], max_completion_tokens=10)
         assert srv.turns_served == 0 and len(srv.requests) == 1
-        n, m, limit, _ = map(int, OVERFLOW_RE.match(info.value.body["message"]).groups())
-        assert n > 500 and m == 500 and limit == 1000
-        assert re.search(r"context length|maximum context", info.value.body["message"])
-        # without max_tokens the same prompt fits and gets the turn
-        assert ask(srv, [{"role": "user", "content": long_text}]).choices[0].message.content == "never consumed"
+        limit, n = map(int, OVERFLOW_RE.match(info.value.body["message"]).groups())
+        assert n > 1000 and limit == 1000
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(srv, max_tokens=1001)  # max_tokens alone over the window
+        assert tuple(map(int, MAX_TOKENS_RE.match(info.value.body["message"]).groups())) == (1001, 1000)
+        assert info.value.body["param"] == "max_tokens" and srv.turns_served == 0
+        # prompt + max_tokens over the window: vLLM 0.33 clamps max_tokens and answers
+        short = [{"role": "user", "content": "word " * 300}]
+        assert ask(srv, short, max_tokens=900).choices[0].message.content == "never consumed"
 
 
 def test_literal_parameter_close_truncates_string_argument():
@@ -779,3 +786,48 @@ def test_a_tool_choice_without_tools_is_400_as_vllm_answers_it():
             ask(srv, tool_choice="required")
     assert info.value.body["message"] == "When using `tool_choice`, `tools` must be set."
     assert info.value.body["param"] == "tool_choice"
+
+
+@pytest.mark.parametrize(("server", "prompt_words", "max_tokens", "expected"), [
+    ("sglang", 600, 10, r"^The input \((\d+) tokens\) is longer than the model's context length \(1000 tokens\)\.$"),
+    ("sglang", 300, 900, r"^Requested token count exceeds the model's maximum context length of 1000 tokens\. You "
+                         r"requested a total of \d+ tokens: (\d+) tokens from the input messages and 900 tokens for "
+                         r"the completion\. Please reduce the number of tokens in the input messages or the completion "
+                         r"to fit within the limit\.$"),
+    ("llama_cpp", 600, 900, r"^This model's maximum context length is 1000 tokens\. However, you requested \d+ tokens "
+                            r"\((\d+) in the messages, 900 in the completion\)\. Please reduce the length of the "
+                            r"messages or completion\.$"),
+])
+def test_context_errors_in_sglang_s_and_llama_cpp_s_wording(server, prompt_words, max_tokens, expected):
+    script = {"max_model_len": 1000, "quirks": {"context_errors": server}, "turns": [{"content": "x"}]}
+    messages = [{"role": "user", "content": "word " * prompt_words}]
+    with StandinServer(script) as srv:
+        count = post(srv.root_url + "/tokenize", json={"messages": messages}).json()["count"]
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(srv, messages, max_tokens=max_tokens)
+        assert srv.turns_served == 0
+    message = info.value.body["message"]
+    assert int(re.match(expected, message).group(1)) == count
+    if server == "sglang":  # SGLang's ErrorResponse is the body itself, not under "error"
+        assert info.value.response.json()["object"] == "error" and "error" not in info.value.response.json()
+    else:
+        assert info.value.response.json()["error"]["code"] == 400
+
+
+def test_llama_cpp_takes_a_prompt_under_the_window_whatever_max_tokens_asks():
+    script = {"max_model_len": 1000, "quirks": {"context_errors": "llama_cpp"}, "turns": [{"content": "fits"}]}
+    with StandinServer(script) as srv:
+        assert ask(srv, max_tokens=5000).choices[0].message.content == "fits"
+
+
+def test_models_without_max_model_len_and_fields_rejected_by_name():
+    script = {"quirks": {"list_max_model_len": False, "reject_fields": ["chat_template_kwargs"]},
+              "turns": [{"content": "plain"}]}
+    with StandinServer(script) as srv:
+        card = get(srv.base_url + "/models").json()["data"][0]
+        assert "max_model_len" not in card and card["id"] == MODEL
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(srv, extra_body={"chat_template_kwargs": {"thinking_mode": "enabled"}})
+        assert info.value.body["message"] == "Unrecognized request argument supplied: chat_template_kwargs"
+        assert info.value.body["param"] == "chat_template_kwargs" and srv.turns_served == 0
+        assert ask(srv).choices[0].message.content == "plain"
