@@ -10,11 +10,14 @@ user callbacks are its subscribers.
 Kinds, in the order a run emits them (`data` holds the fields; the trajectory file writes them flat):
 
   run_start         repo, model, base_url, config, environment {kind, isolated}
-  model             model, max_model_len                          (the served model, discovered)
+  model             model, max_model_len, context_window, window_source (server | config | None), max_tokens
+                    (the served model, discovered; the window the run packs for and the reply budget)
   pack              tokens, files, skipped, counter, budget       (again after a repack)
-  request           thinking_mode, mode_reason, n_messages, new_messages, tool_choice (auto | required)
+  request           thinking_mode, mode_reason, n_messages, new_messages, tool_choice (auto | required), max_tokens
   tool_choice_fallback  message, tool_choice   (the server refused "required": "auto" from then on)
+  thinking_dropped  message   (the server rejected the thinking-mode parameter: none is sent from then on)
   context_overflow  message, input_tokens, limit
+  context_window    context_window, window_source (error), max_tokens   (a smaller window an overflow named)
   shrink            how (elided_tool_outputs | repacked), count | budget
   reply             content, reasoning, tool_calls, finish_reason, usage, total_usage,
                     cache_hit_share, latency_s, attempts

@@ -38,9 +38,17 @@ from pydantic import BaseModel, Field
 from m3_agent.agent.config import SYSTEM_PROMPT, AgentConfig  # noqa: F401 - re-exported: where callers look
 from m3_agent.agent.context import Pack
 from m3_agent.agent.context import pack as packing
-from m3_agent.agent.context.tokens import budget_for_window
+from m3_agent.agent.context.tokens import budget_for_window, reply_budget
 from m3_agent.agent.events import EventStream, Subscriber
-from m3_agent.agent.model import ContextOverflowError, ModelClient, ModelReply, ToolCall, ToolChoiceRefused, Usage
+from m3_agent.agent.model import (
+    ContextOverflowError,
+    ModelClient,
+    ModelReply,
+    ThinkingRejected,
+    ToolCall,
+    ToolChoiceRefused,
+    Usage,
+)
 from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model, Packer
 from m3_agent.agent.recovery import Recovery, SandboxLostError, Watched, notice, reason_of
 from m3_agent.agent.stall import Stall, StallDetector, Step, nudge_message
@@ -265,6 +273,9 @@ class _Run:
         self.finished = False
         self.tool_choice = "auto"  # the next request's; "required" after a re-prompt
         self.forcing = True  # the server takes tool_choice "required" (False once it refused it)
+        self.thinking = True  # the server takes the thinking-mode parameter (False once it rejected it)
+        self.window: int | None = None  # the context window: the server's, the configured one, or an error's
+        self.max_tokens = self.cfg.model.max_tokens  # per request: at most a quarter of a known window
 
     def emit(self, kind: str, **data: Any) -> None:
         self.events.emit(kind, self.turn, **data)
@@ -298,8 +309,17 @@ class _Run:
                   environment={"kind": getattr(env, "kind", type(env).__name__),
                                "isolated": getattr(env, "isolated", None)})
         model = self.model.model  # fails fast with EndpointError when the server is down
-        self.emit("model", model=model, max_model_len=self.model.max_model_len())
+        reported = self.model.max_model_len()
+        self._set_window(reported or cfg.model.context_window)
+        self.emit("model", model=model, max_model_len=reported, context_window=self.window,
+                  window_source="server" if reported else "config" if self.window else None, max_tokens=self.max_tokens)
         self.budget = self._budget()
+
+    def _set_window(self, window: int | None) -> None:
+        """Take `window` as the context window: the reply budget shrinks to a quarter of it if need be."""
+        self.window = window
+        if window:
+            self.max_tokens = reply_budget(window, self.cfg.model.max_tokens)
 
     def _issue_text(self) -> str:
         if isinstance(self.issue, str):
@@ -309,10 +329,9 @@ class _Run:
     def _budget(self) -> int | None:
         if self.cfg.context.budget is not None:
             return self.cfg.context.budget
-        window = self.model.max_model_len()
-        if not window:
+        if not self.window:
             return None
-        return budget_for_window(window, output_reserve=self.cfg.model.max_tokens,
+        return budget_for_window(self.window, output_reserve=self.max_tokens,
                                  growth_reserve=self.cfg.context.reserve_tokens)
 
     def _pack(self, budget: int | None) -> Pack:
@@ -387,12 +406,14 @@ class _Run:
         return None
 
     def _request(self) -> ModelReply:
-        mode, reason = self.policy.decide(self.state)
-        self.modes[mode] += 1
+        mode, reason = self.policy.decide(self.state) if self.thinking else (None, "the server takes no thinking mode")
         choice, self.tool_choice = self.tool_choice, "auto"
         self.emit("request", thinking_mode=mode, mode_reason=reason, n_messages=len(self.messages),
-                  new_messages=self.messages[-2:] if self.turn > 1 else None, tool_choice=choice)
+                  new_messages=self.messages[-2:] if self.turn > 1 else None, tool_choice=choice,
+                  max_tokens=self.max_tokens)
         reply = self._complete(mode, choice)
+        if self.thinking:  # the modes the server was sent
+            self.modes[mode] += 1
         usage = self.result.usage
         usage.add(reply.usage)
         self.result.first_prompt_tokens = self.result.first_prompt_tokens or reply.usage.prompt_tokens
@@ -404,17 +425,22 @@ class _Run:
                   attempts=reply.attempts)
         return reply
 
-    def _complete(self, mode: str, choice: str) -> ModelReply:
-        """The model's reply; a context overflow shrinks the conversation and asks again (at most 3 times),
-        a refused tool_choice asks again with "auto" (and so does every later request)."""
+    def _complete(self, mode: str | None, choice: str) -> ModelReply:
+        """The model's reply; a context overflow shrinks the conversation and asks again (at most 3 times);
+        a refused tool_choice asks again with "auto", a rejected thinking mode without one, and so does every
+        later request."""
         shrinks = 0
         while True:
             t = time.monotonic()
             try:
-                return self.model.complete(self.messages, tools=self.schemas, thinking_mode=mode, tool_choice=choice)
+                return self.model.complete(self.messages, tools=self.schemas, thinking_mode=mode if self.thinking else None,
+                                           tool_choice=choice, max_tokens=self.max_tokens)
             except ToolChoiceRefused as e:
                 self.forcing, choice = False, "auto"
                 self.emit("tool_choice_fallback", message=str(e), tool_choice=choice)
+            except ThinkingRejected as e:
+                self.thinking = False
+                self.emit("thinking_dropped", message=str(e))
             except ContextOverflowError as e:
                 self.emit("context_overflow", message=str(e), input_tokens=e.input_tokens, limit=e.limit)
                 shrinks += 1
@@ -425,7 +451,11 @@ class _Run:
                 self.result.timings.model_s += time.monotonic() - t
 
     def _shrink(self, e: ContextOverflowError, attempt: int) -> bool:
-        """Make the conversation fit after a context overflow: elide old tool outputs, then repack smaller."""
+        """Make the conversation fit after a context overflow: take a smaller window the error names (and
+        its reply budget), elide old tool outputs, then repack smaller."""
+        if e.limit is not None and (self.window is None or e.limit < self.window):
+            self._set_window(e.limit)
+            self.emit("context_window", context_window=self.window, window_source="error", max_tokens=self.max_tokens)
         elided = 0
         tool_msgs = [m for m in self.messages if m.get("role") == "tool"]
         for m in tool_msgs[:-2]:  # keep the latest results intact
@@ -435,11 +465,16 @@ class _Run:
         if elided and attempt == 1:
             self.emit("shrink", how="elided_tool_outputs", count=elided)
             return True
-        over = (e.input_tokens or 0) - (e.limit or 0) + self.cfg.model.max_tokens
-        current = self.budget if self.budget is not None else self.result.pack_tokens
-        new_budget = int(max(current - max(over, 0), 0) * 0.8)
+        target = self.budget if self.budget is not None else self.result.pack_tokens
+        if e.input_tokens is not None and e.limit is not None:  # the prompt alone, and the room it must leave
+            target -= max(e.input_tokens + self.max_tokens - e.limit, 0)
+        if self.window:
+            target = min(target, budget_for_window(self.window, output_reserve=self.max_tokens,
+                                                   growth_reserve=self.cfg.context.reserve_tokens))
+        new_budget = int(max(target, 0) * 0.8)
         if new_budget <= 0:
             return False
+        self.budget = new_budget
         first = self._first_messages(new_budget)
         self.messages[1] = first[1]
         self.emit("shrink", how="repacked", budget=new_budget)

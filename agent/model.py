@@ -30,14 +30,29 @@ from m3_agent.errors import EndpointError, M3AgentError, UsageError
 # the closer itself when whitespace precedes it or when the server runs without a reasoning parser
 _STRAY_THINK_CLOSE = re.compile(r"^\s*</mm:think>\s*|^\n+")
 _RAW_THINK = re.compile(r"^\s*<mm:think>(.*?)</mm:think>\s*", re.DOTALL)
-# vLLM (new and old wording) and SGLang context-overflow messages.
-_OVERFLOW = re.compile(r"context length|maximum context", re.IGNORECASE)
-_OVERFLOW_NUMBERS = re.compile(
-    r"passed (?P<inp>\d+) input tokens.*?context length is only (?P<limit>\d+)"
-    r"|maximum context length is (?P<limit2>\d+) tokens.*?requested (?P<inp2>\d+)"
-    r"|input \((?P<inp3>\d+) tokens\) is longer than the model's context length \((?P<limit3>\d+)",
-    re.IGNORECASE | re.DOTALL,
-)
+# The context-overflow 400s of vLLM, SGLang and llama-cpp-python (their texts, from their code).
+_OVERFLOW = re.compile(r"context length|maximum context|context window|context size"
+                       r"|cannot be greater than max_model_len", re.IGNORECASE)
+# Each gives the window (`limit`) and, where the text says it, the prompt alone (`inp`): never a total of
+# prompt and completion (llama-cpp-python and SGLang report that total as what was "requested").
+_OVERFLOW_NUMBERS = [re.compile(p, re.IGNORECASE | re.DOTALL) for p in (
+    # vLLM 0.33 (renderers/params.py); "at least" when the tokenizer stopped counting
+    r"maximum context length is (?P<limit>\d+) tokens\. However, your prompt contains (?:at least )?"
+    r"(?P<inp>\d+) input tokens",
+    # vLLM before 0.11
+    r"passed (?P<inp>\d+) input tokens.*?context length is only (?P<limit>\d+)",
+    # llama-cpp-python's server (server/errors.py) and vLLM before 0.6: the total, then the messages' share
+    r"maximum context length is (?P<limit>\d+) tokens.*?requested \d+ tokens \((?P<inp>\d+) in the messages",
+    # SGLang (managers/tokenizer_manager.py): the input alone, then input + max_new_tokens
+    r"input \((?P<inp>\d+) tokens\) is longer than the model's context length \((?P<limit>\d+)",
+    r"maximum context length of (?P<limit>\d+) tokens\. You requested a total of \d+ tokens: (?P<inp>\d+) tokens "
+    r"from the input",
+    # llama.cpp's own llama-server: the prompt's tokens
+    r"request \((?P<inp>\d+) tokens\) exceeds the available context size \((?P<limit>\d+) tokens",
+    # vLLM 0.33, max_tokens alone over the window; any other text that names the window (vLLM's character check)
+    r"cannot be greater than max_model_len=(?P<limit>\d+)",
+    r"(?:maximum )?context (?:length|window) (?:is |of )?\(?(?P<limit>\d+)",
+)]
 
 
 class ModelConfig(BaseModel):
@@ -53,7 +68,11 @@ class ModelConfig(BaseModel):
     temperature: float = 1.0  # model card defaults (seed 002)
     top_p: float = 0.95
     top_k: int = 40
-    max_tokens: int = Field(8192, ge=1, description="completion tokens per request")
+    max_tokens: int = Field(8192, ge=1, description="completion tokens per request; at most a quarter of the "
+                            "context window when the window is known")
+    context_window: int | None = Field(None, ge=1, description="the server's context window in tokens, when its "
+                                       "/v1/models does not say it (vLLM's max_model_len); None = from the server, "
+                                       "else from its first context-length error")
     request_timeout_s: float = Field(600.0, gt=0)
     retry_attempts: int = Field(8, ge=1)
     retry_max_s: float = Field(300.0, gt=0)
@@ -147,6 +166,18 @@ class ToolChoiceRefused(M3AgentError):
     """
 
 
+class ThinkingRejected(M3AgentError):
+    """The server rejected the thinking-mode parameter (`chat_template_kwargs`) with a 400 that names it."""
+
+
+THINKING_FIELDS = ("chat_template_kwargs", "thinking_mode")
+
+
+def rejects_thinking(status: int | None, message: str) -> bool:
+    """A 400/422 that names the thinking-mode field: a server without M3's chat template refuses it."""
+    return status in (400, 422) and any(field in (message or "") for field in THINKING_FIELDS)
+
+
 def refuses_tool_choice(status: int | None, message: str) -> bool:
     """A refused `tool_choice`: HTTP 500 (not retried; a 503 of a warming server still is), or a 400/422
     that names the field."""
@@ -158,13 +189,16 @@ def is_context_overflow(status: int | None, message: str) -> bool:
     return status == 400 and bool(_OVERFLOW.search(message or ""))
 
 
-def _overflow_from(message: str) -> ContextOverflowError:
-    m = _OVERFLOW_NUMBERS.search(message)
-    inp = limit = None
-    if m:
-        inp = int(m.group("inp") or m.group("inp2") or m.group("inp3"))
-        limit = int(m.group("limit") or m.group("limit2") or m.group("limit3"))
-    return ContextOverflowError(f"context window exceeded: {message}", input_tokens=inp, limit=limit)
+def overflow_from(message: str) -> ContextOverflowError:
+    """The overflow a server's 400 text describes: its window, and the prompt's own tokens where it says them."""
+    for pattern in _OVERFLOW_NUMBERS:
+        m = pattern.search(message)
+        if m:
+            fields = m.groupdict()
+            inp = int(fields["inp"]) if fields.get("inp") else None
+            return ContextOverflowError(f"context window exceeded: {message}", input_tokens=inp,
+                                        limit=int(fields["limit"]))
+    return ContextOverflowError(f"context window exceeded: {message}")
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -237,7 +271,7 @@ class ModelClient:
         except openai.BadRequestError as e:
             msg = _error_message(e)
             if is_context_overflow(e.status_code, msg):
-                raise _overflow_from(msg) from None
+                raise overflow_from(msg) from None
             raise EndpointError(f"{what} rejected by the server (400): {msg}") from None
         except openai.AuthenticationError:
             raise refused_key(self.config.base_url or "", self.config.api_key.get_secret_value(),
@@ -311,9 +345,7 @@ class ModelClient:
             try:
                 resp = self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
             except openai.APIStatusError as e:
-                if body.get("tool_choice", "auto") != "auto" and refuses_tool_choice(e.status_code, _error_message(e)):
-                    raise ToolChoiceRefused(f"the server at {c.base_url} refused tool_choice "
-                                            f"{body['tool_choice']!r} (HTTP {e.status_code}: {_error_message(e)})") from None
+                _refusal(e, body, c.base_url)
                 raise
             if not resp.choices:
                 raise _EmptyReply("the server returned no choices")
@@ -322,6 +354,16 @@ class ModelClient:
         t0 = time.monotonic()
         resp, attempts = self._call(send, "chat completion")
         return _reply_from(resp, latency_s=time.monotonic() - t0, attempts=attempts)
+
+
+def _refusal(e: Any, body: dict[str, Any], url: str | None) -> None:
+    """Raise what the loop works around: a refused tool_choice, a rejected thinking parameter (not retried)."""
+    message, status = _error_message(e), e.status_code
+    said = f"(HTTP {status}: {message})"
+    if body.get("tool_choice", "auto") != "auto" and refuses_tool_choice(status, message):
+        raise ToolChoiceRefused(f"the server at {url} refused tool_choice {body['tool_choice']!r} {said}") from None
+    if "chat_template_kwargs" in body and rejects_thinking(status, message) and not is_context_overflow(status, message):
+        raise ThinkingRejected(f"the server at {url} rejected the thinking-mode parameter {said}") from None
 
 
 def _reply_from(resp: Any, *, latency_s: float, attempts: int) -> ModelReply:

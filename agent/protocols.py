@@ -40,13 +40,16 @@ class Model(Protocol):
         ...
 
     def complete(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-                 thinking_mode: ThinkingMode | None = None, tool_choice: str = "auto") -> ModelReply:
+                 thinking_mode: ThinkingMode | None = None, tool_choice: str = "auto",
+                 max_tokens: int | None = None) -> ModelReply:
         """One request: the OpenAI-style history and tool schemas in, the reply (with usage) out.
 
-        `tool_choice` is "auto", or "required" after a reply without a tool call. Raise
-        `ContextOverflowError` when the history does not fit (the loop shrinks it and retries),
+        `tool_choice` is "auto", or "required" after a reply without a tool call; `max_tokens` the
+        completion tokens to ask for (None: the model's own setting); `thinking_mode` None sends none.
+        Raise `ContextOverflowError` when the history does not fit (the loop shrinks it and retries),
         `ToolChoiceRefused` when the server cannot force a tool call (the loop asks with "auto" from
-        then on) and `EndpointError` when the model cannot be reached.
+        then on), `ThinkingRejected` when it rejects the thinking-mode parameter (the loop sends none
+        from then on) and `EndpointError` when the model cannot be reached.
         """
         ...
 

@@ -181,15 +181,21 @@ class ServerCounter:
         return self._count_text(text)
 
 
+def reply_budget(max_model_len: int, configured: int) -> int:
+    """The completion tokens one request may ask for in a window: the configured count, at most a quarter
+    of the window (an 8k window asked for 8,192 would leave the prompt nothing)."""
+    return min(configured, max(1, max_model_len // 4))
+
+
 def budget_for_window(max_model_len: int, *, output_reserve: int = OUTPUT_RESERVE, growth_reserve: float | int = 0.15) -> int:
     """The default pack budget for a context window: the window less room for output and for the conversation.
 
-    `growth_reserve` is a share of the window when below 1, else a token count; either way at most a
-    quarter of the window, so that a small window still gets a pack. The loop and `m3-agent pack` both
-    use this one formula.
+    The output room is `reply_budget` of `output_reserve`; `growth_reserve` is a share of the window when
+    below 1, else a token count; each at most a quarter of the window, so that a small window still gets
+    a pack (half of it). The loop and `m3-agent pack` both use this one formula.
     """
     growth = int(max_model_len * growth_reserve) if growth_reserve < 1 else int(growth_reserve)
-    return max(0, max_model_len - output_reserve - min(growth, max_model_len // 4))
+    return max(0, max_model_len - reply_budget(max_model_len, output_reserve) - min(growth, max_model_len // 4))
 
 
 def budget_for_server(base_url: str, *, model: str | None = None, output_reserve: int = OUTPUT_RESERVE,

@@ -52,4 +52,14 @@ def test_default_budget_is_one_formula_for_the_loop_and_pack():
     assert budget == 1_048_576 - 8192 - 65_536
     # ... the reserve capped at a quarter of a small window, so that some repository still fits.
     assert budget_for_window(32_768, output_reserve=8192, growth_reserve=65_536) == 32_768 - 8192 - 8192
-    assert budget_for_window(4096, output_reserve=8192) == 0
+    # the output room too: a window smaller than the reply budget still gets a pack
+    assert budget_for_window(4096, output_reserve=8192) == 4096 - 1024 - int(4096 * 0.15)
+
+
+def test_a_small_window_keeps_half_for_the_pack_whatever_the_reserves_ask():
+    """budget_for_window(8192, output_reserve=8192) was 0: an 8k window got an empty pack."""
+    from m3_agent.agent.context.tokens import reply_budget
+
+    assert budget_for_window(8192, output_reserve=8192) == 8192 - 2048 - 1228  # growth: 15% of the window
+    assert budget_for_window(8192, output_reserve=8192, growth_reserve=65_536) == 4096
+    assert reply_budget(8192, 8192) == 2048 and reply_budget(8192, 1000) == 1000 and reply_budget(3, 8192) == 1

@@ -494,7 +494,7 @@ class ScriptedModel:
     def token_counter(self) -> EstimateCounter:
         return EstimateCounter()
 
-    def complete(self, messages, *, tools=None, thinking_mode=None, tool_choice="auto") -> ModelReply:
+    def complete(self, messages, *, tools=None, thinking_mode=None, tool_choice="auto", max_tokens=None) -> ModelReply:
         self.modes.append(thinking_mode)
         self.tool_choices.append(tool_choice)
         reply = self.replies.pop(0)
@@ -620,7 +620,8 @@ def test_a_context_overflow_that_cannot_be_shrunk_is_raised(git_repo, tmp_path):
     with pytest.raises(ContextOverflowError):
         run_scripted(git_repo, tmp_path, [overflow])
     traj = read_trajectory(tmp_path / "t.jsonl")
-    assert [e["kind"] for e in traj][-2:] == ["context_overflow", "finish"] and traj[-1]["status"] == "error"
+    assert [e["kind"] for e in traj][-3:] == ["context_overflow", "context_window", "finish"]
+    assert traj[-1]["status"] == "error"
 
 
 def test_callbacks_get_events_in_order_with_run_relative_times(git_repo, tmp_path):
@@ -681,3 +682,64 @@ def test_a_configured_test_cmd_decides_when_the_agent_ran_no_tests(git_repo, tmp
     broken = [{"tool_calls": [call("submit", summary="nothing")]}]
     unchanged, _, _ = run(git_repo, broken, tmp_path, test_cmd="python -m pytest -q tests")
     assert unchanged.verdict.source == "none" and "without a change" in unchanged.verdict.reason
+
+
+# ----- servers that are not M3's: the context window, the reply budget, the thinking parameter -----
+
+
+NOTES = {**BUGGY, "docs/notes.md": "".join(f"Note {i}: the calculator keeps its history in memory.\n" for i in range(400))}
+
+
+def run_against(git_repo, tmp_path, script, files=BUGGY, **cfg):
+    """`solve_turns` against a stand-in playing `script`'s server; its requests and trajectory."""
+    with StandinServer({"turns": solve_turns(), **script}) as srv:
+        agent = Agent(fast(base_url=srv.base_url, **cfg), env_factory=LocalEnvironment)
+        result = agent.run(git_repo(files), "add() subtracts instead of adding", trajectory_path=tmp_path / "t.jsonl")
+        return result, list(srv.requests), read_trajectory(tmp_path / "t.jsonl")
+
+
+def test_a_window_from_v1_models_caps_max_tokens_at_a_quarter_and_the_pack_gets_the_rest(git_repo, tmp_path):
+    """Every request carried max_tokens 8192, and an 8k window gave an empty pack (budget 0)."""
+    result, requests, traj = run_against(git_repo, tmp_path, {"max_model_len": 8192})
+    assert result.status == "submitted" and {r["max_tokens"] for r in requests} == {2048}
+    pack = next(e for e in traj if e["kind"] == "pack")
+    assert pack["budget"] == 8192 - 2048 - 2048 and pack["files"] == 3  # growth reserve: a quarter too
+    model = next(e for e in traj if e["kind"] == "model")
+    assert (model["context_window"], model["window_source"], model["max_tokens"]) == (8192, "server", 2048)
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang", "llama_cpp"])
+def test_a_window_no_one_said_is_read_from_the_server_s_overflow_error(git_repo, tmp_path, server):
+    """The issue's run against llama-cpp-python: /v1/models has no max_model_len, the whole repository goes,
+    the 400 counts prompt + max_tokens as "requested", and the shrink took max_tokens off again: budget 0,
+    exit 3 at turn 1. Now the error's window sets the reply budget and the pack, and the run goes on."""
+    script = {"max_model_len": 8000, "quirks": {"context_errors": server, "list_max_model_len": False}}
+    result, requests, traj = run_against(git_repo, tmp_path, script, files=NOTES)
+    assert result.status == "submitted" and "+    return a + b" in result.patch
+    assert requests[0]["max_tokens"] == 8192 and {r["max_tokens"] for r in requests[1:]} == {2000}
+    assert sum(e["kind"] == "context_overflow" for e in traj) == 1
+    learned = [e for e in traj if e["kind"] == "context_window"]
+    assert [(e["context_window"], e["window_source"], e["max_tokens"]) for e in learned] == [(8000, "error", 2000)]
+    packs = [e for e in traj if e["kind"] == "pack"]
+    assert packs[0]["budget"] is None and 0 < packs[1]["budget"] <= 8000 - 2000 - 2000
+    assert packs[1]["files"] < packs[0]["files"]  # the notes no longer fit
+
+
+def test_a_configured_context_window_is_used_when_the_server_does_not_say_it(git_repo, tmp_path):
+    script = {"max_model_len": 8000, "quirks": {"context_errors": "llama_cpp", "list_max_model_len": False}}
+    result, requests, traj = run_against(git_repo, tmp_path, script, files=NOTES, context_window=8000)
+    assert result.status == "submitted" and {r["max_tokens"] for r in requests} == {2000}
+    assert not any(e["kind"] in ("context_overflow", "context_window") for e in traj)
+    model = next(e for e in traj if e["kind"] == "model")
+    assert (model["max_model_len"], model["context_window"], model["window_source"]) == (None, 8000, "config")
+    assert next(e for e in traj if e["kind"] == "pack")["budget"] == 4000
+
+
+def test_a_rejected_thinking_parameter_is_dropped_for_the_rest_of_the_run_with_a_notice(git_repo, tmp_path):
+    script = {"quirks": {"reject_fields": ["chat_template_kwargs"]}}
+    result, requests, traj = run_against(git_repo, tmp_path, script)
+    assert result.status == "submitted" and len(requests) == 5  # the refused request, then the four turns
+    assert "chat_template_kwargs" in requests[0] and not any("chat_template_kwargs" in r for r in requests[1:])
+    dropped = [e for e in traj if e["kind"] == "thinking_dropped"]
+    assert len(dropped) == 1 and "chat_template_kwargs" in dropped[0]["message"]
+    assert result.mode_counts == {} and {e["thinking_mode"] for e in traj if e["kind"] == "request"} == {"enabled", None}

@@ -16,6 +16,7 @@ from m3_agent.agent.model import (
     ModelClient,
     ModelConfig,
     is_context_overflow,
+    overflow_from,
     split_reasoning,
 )
 from m3_agent.agent.endpoint import EndpointClient, ServedModel, served_models
@@ -216,13 +217,37 @@ def test_context_overflow_is_recognised_not_retried():
     assert err.value.input_tokens and err.value.input_tokens > 100
 
 
-def test_overflow_texts_of_vllm_and_sglang():
-    vllm_new = "You passed 2000 input tokens and requested 100 output tokens. However, the model's context length is only 1024 tokens"
-    vllm_old = "This model's maximum context length is 1024 tokens. However, you requested 2100 tokens"
-    sglang = "The input (2000 tokens) is longer than the model's context length (1024 tokens)."
-    for text in (vllm_new, vllm_old, sglang):
-        assert is_context_overflow(400, text)
-    assert not is_context_overflow(500, vllm_new)
+@pytest.mark.parametrize(("text", "prompt", "window"), [
+    # vLLM 0.33 (renderers/params.py): the prompt alone over the window
+    ("This model's maximum context length is 1024 tokens. However, your prompt contains 2000 input tokens, which "
+     "exceeds this limit even without any output tokens. Please reduce the length of the input prompt.", 2000, 1024),
+    ("This model's maximum context length is 1024 tokens. However, your prompt contains at least 1025 input tokens, "
+     "which exceeds this limit even without any output tokens.", 1025, 1024),
+    # vLLM 0.33: max_tokens over the window; a prompt over the character bound (no token count)
+    ("max_tokens=8192 cannot be greater than max_model_len=4096. Please request fewer output tokens.", None, 4096),
+    ("This model's maximum context length is 1024 tokens. However, your prompt contains 90000 characters (more than "
+     "40960 characters, which is the upper bound for 1024 input tokens).", None, 1024),
+    # vLLM before 0.11
+    ("You passed 2000 input tokens and requested 100 output tokens. However, the model's context length is only "
+     "1024 tokens, resulting in a maximum input length of 924 tokens.", 2000, 1024),
+    # llama-cpp-python's server: "requested" is prompt + max_tokens; the prompt is the messages' share
+    ("This model's maximum context length is 8192 tokens. However, you requested 16500 tokens (8308 in the messages, "
+     "8192 in the completion). Please reduce the length of the messages or completion.", 8308, 8192),
+    # SGLang: the input alone, then input + max_new_tokens
+    ("The input (2000 tokens) is longer than the model's context length (1024 tokens).", 2000, 1024),
+    ("Requested token count exceeds the model's maximum context length of 1024 tokens. You requested a total of "
+     "1100 tokens: 1000 tokens from the input messages and 100 tokens for the completion.", 1000, 1024),
+    # llama.cpp's own llama-server
+    ("request (4476 tokens) exceeds the available context size (4096 tokens), try increasing it", 4476, 4096),
+])
+def test_overflow_texts_give_the_prompt_alone_and_the_window(text, prompt, window):
+    assert is_context_overflow(400, text)
+    error = overflow_from(text)
+    assert (error.input_tokens, error.limit) == (prompt, window)
+
+
+def test_other_errors_are_not_overflows():
+    assert not is_context_overflow(500, "The input (2000 tokens) is longer than the model's context length (1024 tokens).")
     assert not is_context_overflow(400, "bad tool schema")
 
 
@@ -269,3 +294,23 @@ def test_a_refused_required_tool_choice_is_raised_once_not_retried():
 def test_a_500_to_an_auto_request_is_still_retried():
     with StandinServer([{"fault": "500"}, {"content": "second"}]) as srv:
         assert _client(srv).complete(_user(), tools=SUBMIT_TOOL).content == "second" and len(srv.requests) == 2
+
+
+def test_a_rejected_thinking_parameter_is_raised_once_and_a_request_without_it_is_served():
+    from m3_agent.agent.model import ThinkingRejected
+
+    script = {"quirks": {"reject_fields": ["chat_template_kwargs"]}, "turns": [{"content": "plain"}]}
+    with StandinServer(script) as srv:
+        client = _client(srv)
+        with pytest.raises(ThinkingRejected, match="rejected the thinking-mode parameter .HTTP 400: Unrecognized"):
+            client.complete(_user(), thinking_mode="enabled")
+        assert len(srv.requests) == 1
+        assert client.complete(_user()).content == "plain" and "chat_template_kwargs" not in srv.requests[-1]
+
+
+def test_max_tokens_of_a_request_overrides_the_setting():
+    with StandinServer({"turns": [{"content": "a"}, {"content": "b"}]}) as srv:
+        client = _client(srv, max_tokens=100)
+        client.complete(_user())
+        client.complete(_user(), max_tokens=25)
+        assert [r["max_tokens"] for r in srv.requests] == [100, 25]

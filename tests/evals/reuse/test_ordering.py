@@ -183,7 +183,7 @@ class Done:
     model = "scripted"
     def max_model_len(self): return None
     def token_counter(self): return EstimateCounter()
-    def complete(self, messages, *, tools=None, thinking_mode=None, tool_choice="auto"):
+    def complete(self, messages, *, tools=None, thinking_mode=None, tool_choice="auto", max_tokens=None):
         return ModelReply(tool_calls=[ToolCall(id="1", name="submit", arguments='{"summary": "ok"}')],
                           finish_reason="tool_calls")
 
