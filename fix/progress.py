@@ -121,6 +121,13 @@ class LiveProgress:
     def _on_tool_choice_fallback(self, turn: int, data: dict[str, Any]) -> None:
         self._line(f"  notice: {short(data.get('message'), 200)}; tool_choice \"auto\" from now on")
 
+    def _on_thinking_dropped(self, turn: int, data: dict[str, Any]) -> None:
+        self._line(f"  notice: {short(data.get('message'), 200)}; no thinking mode from now on")
+
+    def _on_context_window(self, turn: int, data: dict[str, Any]) -> None:
+        self._line(f"  notice: the server's context window is {data.get('context_window')} tokens (from its error): "
+                   f"the repository is packed again, replies get {data.get('max_tokens')} tokens")
+
     def _on_sandbox_restart(self, turn: int, data: dict[str, Any]) -> None:
         self.restarts = data.get("restarts", self.restarts + 1)
         self.restart_note = f"{data.get('restored_files', 0)} changed file(s) restored"

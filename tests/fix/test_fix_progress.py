@@ -99,7 +99,7 @@ def test_sandbox_restarts_show_in_the_panel_and_as_lines():
         "2 changed file(s) restored"]
 
 
-def test_re_prompts_and_a_tool_choice_fallback_are_plain_lines():
+def test_re_prompts_and_server_notices_are_plain_lines():
     sink = io.StringIO()
     progress = LiveProgress(Console(file=sink, width=200), max_turns=40, label="x")
     with progress:
@@ -108,7 +108,14 @@ def test_re_prompts_and_a_tool_choice_fallback_are_plain_lines():
                                                            "tool_choice": "required"}))
         progress(AgentEvent(kind="tool_choice_fallback", turn=2, data={
             "message": "the server at http://h/v1 refused tool_choice 'required' (HTTP 500: boom)", "tool_choice": "auto"}))
+        progress(AgentEvent(kind="thinking_dropped", turn=2, data={
+            "message": "the server at http://h/v1 rejected the thinking-mode parameter (HTTP 400: no)"}))
+        progress(AgentEvent(kind="context_window", turn=2, data={"context_window": 8192, "window_source": "error",
+                                                                 "max_tokens": 2048}))
     assert sink.getvalue().splitlines() == [
         "turn 1/40 [enabled] no tool call: asked again (1 in a row; next tool_choice required)",
         "  notice: the server at http://h/v1 refused tool_choice 'required' (HTTP 500: boom); tool_choice \"auto\" from now on",
+        "  notice: the server at http://h/v1 rejected the thinking-mode parameter (HTTP 400: no); no thinking mode from now on",
+        "  notice: the server's context window is 8192 tokens (from its error): the repository is packed again, "
+        "replies get 2048 tokens",
     ]
