@@ -62,6 +62,9 @@ def read_trajectory(path: Path) -> list[dict[str, Any]]:
             if n == len(lines):
                 break  # a torn final line: the run died mid-write
             raise UsageError(f"{path}:{n} is not JSON: is this a trajectory file?") from None
+        if not isinstance(events[-1], dict) or not isinstance(events[-1].get("kind"), str):
+            raise UsageError(f"{path}:{n} is not a trajectory event (it has no `kind`): pass the .jsonl file a "
+                             f"run wrote (.m3-agent/issue-*.jsonl, or an eval's trajectories/ID.jsonl)")
     return events
 
 

@@ -82,3 +82,11 @@ def test_show_of_a_missing_file_is_one_line_and_exit_2(tmp_path):
     proc = _show(tmp_path / "missing.jsonl")
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no trajectory" in proc.stderr
+
+
+def test_show_of_a_results_file_says_it_is_not_a_trajectory_and_exits_2(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"instance_id": "m3-agent__roman-1", "outcome": "resolved"}\n')
+    proc = _show(path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "results.jsonl:1 is not a trajectory event" in " ".join(proc.stderr.split())
