@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from m3_agent.errors import M3AgentError, SandboxUnavailable, UsageError
+from m3_agent.errors import EvalFailed, M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
 from m3_agent.evals.config import EvalConfig
@@ -58,7 +58,7 @@ class RunProgress:
                 self.tokens += r.agent.prompt_tokens + r.agent.completion_tokens
             if self.enabled:
                 mark = {"resolved": "[green]resolved", "error": "[red]error", "empty_patch": "[dim]empty patch"}
-                why = f" ({(r.error or r.report.error or '').splitlines()[0][:120]})" if r.outcome == "error" else ""
+                why = f" ({(r.error or r.report.error or '').splitlines()[0]})" if r.outcome == "error" else ""
                 # ids and errors may hold brackets (`test_x[a]`): escaped, they are not read as markup.
                 self.console.print(f"{'(earlier) ' if kind == 'skip' else ''}{escape(r.instance_id)}: "
                                    f"{mark.get(r.outcome, '[yellow]unresolved')}[/]{escape(why)} {r.wall_s:.1f}s")
@@ -75,6 +75,14 @@ def _cost(usd_per_m_input: float | None, usd_per_m_cached: float | None, usd_per
 def _ids(instance_ids: list[str] | None) -> list[str] | None:
     out = [i.strip() for chunk in instance_ids or [] for i in chunk.split(",") if i.strip()]
     return out or None
+
+
+def _check_inputs(workers: int, repos: Path | None) -> None:
+    """Refuse what would fail every instance later, before any progress is drawn."""
+    if workers < 1:
+        raise UsageError(f"--workers {workers}: give at least 1 (instances run at once)")
+    if repos is not None and not repos.is_dir():
+        raise UsageError(f"--repos {repos} is not a folder: give the folder of clones or mirrors named <owner>__<name>")
 
 
 def _default_output(kind: str, *parts: str) -> Path:
@@ -127,6 +135,11 @@ def execute(tasks: list[Task], predictions, config: EvalConfig, options: RunOpti
                       f"predictions: {config.output_dir / 'predictions.jsonl'}")
     if shown.json_out:
         print(report.summary.model_dump_json())
+    errors = [r for r in results if r.outcome == "error"]
+    if results and len(errors) == len(results):  # nothing was graded: a failure, whatever the reports say
+        first = (errors[0].error or errors[0].report.error or "no reason recorded").splitlines()[0]
+        raise EvalFailed(f"every instance ended in an error ({len(errors)} of {len(errors)}); the first, "
+                         f"{errors[0].instance_id}: {first}")
     return report
 
 
@@ -149,6 +162,7 @@ def grade_command(
     json_out: bool = typer.Option(False, "--json", help="End with the summary as one JSON object on stdout."),
 ) -> None:
     """Grade existing predictions: resolved = every FAIL_TO_PASS and PASS_TO_PASS test passes."""
+    _check_inputs(workers, repos)
     task_list = load_tasks(tasks, instance_ids=_ids(instance_ids), split=split)
     preds = load_predictions(predictions, task_list)
     # As SWE-bench does: only instances with a prediction are graded; the others count as incomplete.
@@ -200,6 +214,7 @@ def run_command(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (HOST:PORT); default: a one-machine Ray."),
 ) -> None:
     """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
+    _check_inputs(workers, repos)
     urls = base_url or []
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown --executor {executor!r}: use local or ray")

@@ -97,7 +97,8 @@ def ensure_image(name: str) -> str:
     finally:
         client.close()
     raise SandboxUnavailable(f"instance image {name} is not here and could not be pulled: `docker pull {name}` "
-                             "where a registry answers, or build it offline (docs/evals.md, 'offline images')")
+                             "where a registry answers, or build it here with `m3-agent eval images --tasks FILE` "
+                             "and pass --image-namespace m3-agent-offline (docs/evals.md, 'offline images')")
 
 
 def sandbox_for(base: SandboxConfig, image: str) -> SandboxConfig:

@@ -37,6 +37,10 @@ class M3AgentError(Exception):
         return self
 
 
+class EvalFailed(M3AgentError):
+    """An eval in which every instance ended in an error: nothing was graded (exit 1)."""
+
+
 class UsageError(M3AgentError):
     """Bad input from the user: a path, a file, a flag."""
 

@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -275,3 +276,26 @@ def test_standin_script_writes_the_suites_script_for_the_standin_command(tmp_pat
     assert _main_ok(capsys, "eval", "standin-script", "-o", str(out), "-i", "roman,m3-agent__slugify-1") == ""
     assert json.loads(out.read_text()) == builtin_standin_script(["roman", "slugify"])
     assert "no built-in task nope: the suite has " in _main_error(capsys, "eval", "standin-script", "-i", "nope")
+
+
+def test_workers_below_one_and_a_missing_repos_folder_are_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert "--workers 0: give at least 1" in _main_error(capsys, "eval", "grade", "--tasks", "builtin", "-p", "gold",
+                                                         "--workers", "0")
+    missing = tmp_path / "nonexistent"
+    for command in (["grade", "-p", "gold"], ["run", "--base-url", "http://127.0.0.1:9/v1"]):
+        assert f"--repos {missing} is not a folder" in _main_error(
+            capsys, "eval", *command, "--tasks", "builtin", "--repos", str(missing))
+    assert not (tmp_path / ".m3-agent").exists()  # nothing was started
+
+
+@pytest.mark.docker
+def test_a_grade_in_which_every_instance_errors_fails_with_the_first_reason(tmp_path, sandbox_image):
+    tasks = Path(__file__).parent / "data" / "swebench" / "tasks.jsonl"
+    r = m3("eval", "grade", "--tasks", str(tasks), "--predictions", "gold", "--image-namespace",
+           "m3-agent-nowhere", "-o", str(tmp_path / "out"), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    last = " ".join(r.stderr.split("m3-agent: error: ")[-1].split())
+    assert last.startswith("every instance ended in an error (2 of 2); the first, ")
+    assert "could not be pulled" in last and "--image-namespace m3-agent-offline" in last
+    assert "(docs/evals.md, 'offline images')" in r.stdout + r.stderr  # the per-instance line is whole too
