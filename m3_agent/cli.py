@@ -36,8 +36,13 @@ COMMANDS: dict[str, tuple[Callable[[], Any], str | None]] = {
 }
 
 
-def _root() -> None:
-    """Agentic coding assistant for self-hosted MiniMax-M3 (vLLM / SGLang)."""
+def _print_version(asked: bool) -> None:
+    if asked:
+        import typer
+        from importlib.metadata import version
+
+        typer.echo(f"m3-agent {version('m3-agent')}")
+        raise typer.Exit()
 
 
 def build_app(only: str | None = None) -> typer.Typer:
@@ -51,7 +56,13 @@ def build_app(only: str | None = None) -> typer.Typer:
         pretty_exceptions_enable=False,
         add_completion=False,
     )
-    app.callback()(_root)  # keeps `m3-agent NAME ...` a group even when only one command is registered
+
+    # A callback keeps `m3-agent NAME ...` a group even when only one command is registered.
+    @app.callback()
+    def root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                          help="Print the installed m3-agent's version and exit.")) -> None:
+        """Agentic coding assistant for self-hosted MiniMax-M3 (vLLM / SGLang)."""
+
     for name, (load, help_text) in COMMANDS.items():
         if only in COMMANDS and name != only:
             continue
