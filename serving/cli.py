@@ -13,12 +13,12 @@ from m3_agent.errors import UsageError
 from m3_agent.serving import launcher
 from m3_agent.serving.access import ENGINE_CAVEATS, KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access
 from m3_agent.serving.bench import run_bench, table
-from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, Launch, plan_request, prepare
+from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, Launch, plan_request, prepare, profile_plan, sized
 from m3_agent.serving.gpus import auto_profile, detect_gpus, summary
 from m3_agent.serving.loadgen import LoadConfig
 from m3_agent.serving.multinode import eval_pool_step, ray_tensor_parallel, replica_host, replicas_behind_router
 from m3_agent.serving.planner import BYTES_PER_PARAM, M3_PARAMS_B, PlanRequest, describe, gpu_memory_for, plan
-from m3_agent.serving.profiles import PROFILES, Overrides, Profile, build_command, get_profile
+from m3_agent.serving.profiles import PROFILES, SEEDS, Overrides, Profile, build_command, get_profile
 
 app = typer.Typer(no_args_is_help=True, help="Launch, plan and benchmark a self-hosted M3 endpoint.")
 # markup off: printed text is paths, commands and log lines, whose brackets are not rich markup
@@ -37,11 +37,26 @@ def _check_choice(value: str | None, choices: tuple[str, ...], flag: str) -> Non
         raise UsageError(f"{flag} must be one of: {', '.join(choices)} (got {value!r})")
 
 
+def _window(p: Profile) -> str:
+    """The window `serve start` takes on the profile's own machine, as `serve plan` says."""
+    fit = profile_plan(p, build_command(p, "native", Overrides()))
+    if not fit.fits:
+        return "does not fit"
+    return "1M" if fit.max_model_len >= 1_048_576 else f"{fit.max_model_len // 1024}K"
+
+
 @app.command("profiles")
 def profiles_command() -> None:
-    """List the hardware profiles and the seed each comes from."""
+    """List the hardware profiles, the window each gets on its machine, and the seed each comes from."""
+    row = "{:24} {:6} {:10} {:9} {:12} {}"
+    out.print(row.format("profile", "engine", "GPUs", "precision", "window", "what  [from]"))
     for p in PROFILES:
-        out.print(f"{p.name:24} {p.engine:6} {p.gpus}x {p.gpu:7} {p.precision:6} {p.summary}  [{p.source}]")
+        out.print(row.format(p.name, p.engine, f"{p.gpus}x {p.gpu}", p.precision, _window(p),
+                             f"{p.summary}  [{p.source}]"))
+    out.print("window: what `serve start` gives the model on the profile's GPUs: the profile's --max-model-len, or the "
+              "largest that fits (`m3-agent serve plan --profile NAME` shows why)")
+    for number, guide in SEEDS.items():
+        out.print(f"seed {number}: {guide}")
 
 
 @app.command("start")
@@ -70,7 +85,8 @@ def start_command(
     name: str = NameOpt,
     timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", help="Seconds to wait for the model to be listed."),
     skip_gpu_check: bool = typer.Option(False, "--skip-gpu-check", help="Launch without nvidia-smi/rocm-smi checks."),
-    force: bool = typer.Option(False, "--force", help="Launch even when the plan says it does not fit."),
+    force: bool = typer.Option(False, "--force", help="Launch (or with --dry-run print) even when the plan says it "
+                               "does not fit."),
 ) -> None:
     """Launch M3 and wait until it lists its model; `--dry-run` prints the command instead."""
     _check_choice(engine, ("vllm", "sglang"), "--engine")
@@ -82,7 +98,7 @@ def start_command(
                   extra_args=extra_arg)
     profile, gpus = _pick_profile(profile)
     if dry_run:
-        _dry_run(profile, engine, runner, o, nodes=nodes, replicas=replicas)
+        _dry_run(profile, engine, runner, o, nodes=nodes, replicas=replicas, force=force)
         return
     if nodes > 1 or replicas > 1:
         raise UsageError("--nodes and --replicas print multi-node commands: add --dry-run and run them per node")
@@ -139,7 +155,10 @@ def _access_notes(host: str, key: ApiKey | None, engine: str) -> list[str]:
     return notes
 
 
-def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nodes: int, replicas: int) -> None:
+def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nodes: int, replicas: int,
+             force: bool) -> None:
+    """Print what `serve start` would run on the profile's machine: its window, and no command the plan
+    says cannot fit unless --force (then with the plan's reason)."""
     p = get_profile(profile, engine)  # type: ignore[arg-type]
     note = _entry_point_note(p) if runner == "native" or nodes > 1 or replicas > 1 else None
     if nodes > 1 or replicas > 1:
@@ -155,8 +174,16 @@ def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nod
             out.print(f"# {step.where}")
             out.print(step.command)
         return
-    cmd = build_command(p, runner, o)  # type: ignore[arg-type]
+    fit = profile_plan(p, build_command(p, runner, o))  # type: ignore[arg-type]
+    if not fit.fits and not force:
+        raise UsageError(f"profile {p.name} does not fit its {p.gpus}x {p.gpu}: {fit.reason}; `serve start` refuses "
+                         f"it (--force prints it anyway; `m3-agent serve plan --profile {p.name}` shows the numbers)")
+    cmd, why = sized(p, runner, o, fit)  # type: ignore[arg-type]
     out.print(f"# {p.name} ({p.engine}, {runner}): {p.summary}; from {p.source}")
+    if not fit.fits:
+        out.print(f"# warning: does not fit its {p.gpus}x {p.gpu}: {fit.reason}; started only with --force")
+    if why:
+        out.print(f"# on its {p.gpus}x {p.gpu}, {why}")
     if note:
         out.print(note)
     if cmd.added:
@@ -303,7 +330,7 @@ def bench_command(
     timeout: float = typer.Option(3600.0, "--timeout", help="Bound on the whole run, seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON only."),
 ) -> None:
-    """Benchmark an endpoint with the seed 000 workload; a table next to the seed's B200 figures."""
+    """Benchmark an endpoint with the seed 000 workload (Lambda's deployment guide) next to its 8x B200 figures."""
     _check_choice(tool, ("auto", "vllm", "builtin"), "--tool")
     if base_url is None:
         state = launcher.load_state(name)

@@ -19,7 +19,7 @@ from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher
 from m3_agent.serving.access import LOOPBACK, ApiKey, choose_key
 from m3_agent.serving.gpus import GPU, detect_gpus, summary
-from m3_agent.serving.planner import AMD_NATIVE_CONTEXT, NATIVE_CONTEXT, Plan, PlanRequest, plan
+from m3_agent.serving.planner import AMD_NATIVE_CONTEXT, NATIVE_CONTEXT, Plan, PlanRequest, gpu_memory_for, plan
 from m3_agent.serving.profiles import Command, Engine, Overrides, Profile, Runner, build_command, flag_value, get_profile
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -74,12 +74,27 @@ def plan_request(profile: Profile, cmd: Command, gpu_count: int, gpu_memory_gb: 
                        text_only="--language-model-only" in args, native_context=native)
 
 
+def profile_plan(profile: Profile, cmd: Command) -> Plan:
+    """The plan for `cmd` on the machine the profile is written for (its GPU count and kind)."""
+    return plan(plan_request(profile, cmd, profile.gpus, gpu_memory_for(profile.gpu)))
+
+
+def sized(profile: Profile, runner: Runner, o: Overrides, p: Plan) -> tuple[Command, str | None]:
+    """The command with the window the plan chose, and why, when the profile and flags set none and the
+    full window does not fit (vLLM refuses to start when one full-length sequence cannot fit its KV cache)."""
+    if not p.fits or p.request.max_model_len is not None or p.max_model_len >= p.request.native_context:
+        return build_command(profile, runner, o), None
+    why = (f"the full {p.request.native_context}-token window does not fit; --max-model-len {p.max_model_len}, "
+           f"the largest that does (`m3-agent serve plan --profile {profile.name}`)")
+    return build_command(profile, runner, o.model_copy(update={"max_model_len": p.max_model_len})), why
+
+
 def preflight(profile: Profile, cmd: Command, gpus: list[GPU]) -> Plan:
     """Refuse a launch this machine cannot hold; the plan says what would fit."""
     if not gpus:
         raise UsageError(
-            f"{summary(gpus)}; profile {profile.name} needs {profile.gpus} GPUs "
-            f"(pass --skip-gpu-check to launch anyway)"
+            f"{summary(gpus)}; profile {profile.name} needs {profile.gpus} GPUs: to launch it anyway, "
+            f"`m3-agent serve start --profile {profile.name} --skip-gpu-check` (then --serve {profile.name} reuses it)"
         )
     if len(gpus) < profile.gpus:
         raise UsageError(f"profile {profile.name} needs {profile.gpus} GPUs, this machine has {summary(gpus)}")
@@ -114,21 +129,21 @@ def prepare(profile_name: str, launch: Launch | None = None, *, progress: launch
     if o.api_key is None:  # a host other machines reach gets a key (None on loopback)
         o = o.model_copy(update={"api_key": choose_key(o.host or LOOPBACK)})
     cmd = build_command(profile, runner, o)
-    if not launch.check_gpus:
-        return cmd
-    gpus = detect_gpus() if gpus is None else gpus
-    say("gpus", summary(gpus))
-    try:
-        p = preflight(profile, cmd, gpus)
-    except UsageError:
-        if launch.force:
-            say("warning", "the plan says this does not fit; launching anyway (--force)")
-            return cmd
-        raise
-    if p.request.max_model_len is None and p.max_model_len < p.request.native_context:
-        window = p.max_model_len // 4096 * 4096
-        say("plan", f"the full {p.request.native_context}-token window does not fit; --max-model-len {window}")
-        cmd = build_command(profile, runner, o.model_copy(update={"max_model_len": window}))
+    if not launch.check_gpus:  # no GPUs to ask: the window is the one the profile's own machine takes
+        p = profile_plan(profile, cmd)
+    else:
+        gpus = detect_gpus() if gpus is None else gpus
+        say("gpus", summary(gpus))
+        try:
+            p = preflight(profile, cmd, gpus)
+        except UsageError:
+            if launch.force:
+                say("warning", "the plan says this does not fit; launching anyway (--force)")
+                return cmd
+            raise
+    cmd, why = sized(profile, runner, o, p)
+    if why:
+        say("plan", why)
     return cmd
 
 

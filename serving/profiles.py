@@ -158,6 +158,16 @@ def _seed001(name: str, tp: int, summary: str) -> Profile:
 
 
 # fmt: off
+# What "seed NNN" in a profile's source names: the published deployment guides the profiles copy.
+SEEDS: dict[str, str] = {
+    "000": "Lambda's guide to deploying M3 with docker run (vLLM, SGLang); its 8x B200 figures are what "
+           "`serve bench` compares with",
+    "001": "a GPU-cloud self-hosting tutorial (2x / 4x H200 with FP8, memory and cost estimates)",
+    "002": "the model's own deployment recipe (NVIDIA and AMD commands, quantized variants, sampling)",
+    "003": "an article on M3 on NVIDIA with tensor parallel 8 and FlashInfer attention",
+    "004": "NVIDIA's developer blog post on deploying M3 with vLLM and SGLang",
+}
+
 PROFILES: list[Profile] = [
     _vllm("h200-tp8", "8x H200 / H20, tensor parallel 8 (BF16)", "seed 002: NVIDIA — TP8 (8x H200 / H20)", "H200",
           f"--tensor-parallel-size 8 --block-size 128 {_PARSERS}"),
@@ -193,7 +203,7 @@ PROFILES: list[Profile] = [
                         "--mm-attention-backend flashinfer_cudnn --moe-runner-backend deep_gemm "
                         "--chunked-prefill-size 8192 --reasoning-parser minimax-m3 --tool-call-parser minimax-m3"),
             docker_image=SGLANG_IMAGE, docker_command=["python", "-m", "sglang.launch_server"]),
-    _seed001("h200x2-fp8", 2, "2x H200, FP8 weights (on-the-fly), fp8 KV, 128K window"),
+    _seed001("h200x2-fp8", 2, "2x H200, FP8 weights (on-the-fly), fp8 KV; the seed's 128K window"),
     _seed001("h200x4-fp8", 4, "4x H200, FP8 weights (on-the-fly), fp8 KV; room for 1M"),
     _amd("amd-tp8", "AMD MI300X / MI325X / MI355X, TP8 (text or vision)", "seed 002: AMD ROCm — TP8 (Text or Vision)",
          f"--tensor-parallel-size 8 --block-size 128 {_AMD_ATTN} {_PARSERS}"),

@@ -21,7 +21,7 @@ def dry_run(*args: str) -> list[str]:
     code = 0
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
-            main(["serve", "start", "--dry-run", *args])
+            main(["serve", "start", "--dry-run", "--force", *args])  # --force: profiles that do not fit print too
         except SystemExit as e:
             code = e.code or 0
     if code == 2 and "--nodes" in args and "data parallel" in stderr.getvalue():

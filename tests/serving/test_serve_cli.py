@@ -9,7 +9,9 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
+from m3_agent.errors import UsageError
 from m3_agent.serving.cli import app
+from m3_agent.serving.planner import PlanRequest, plan
 from m3_agent.serving.multinode import ray_tensor_parallel, replicas_behind_router
 from m3_agent.serving.profiles import PROFILES, Overrides, build_command, flag_value, get_profile
 
@@ -21,10 +23,10 @@ def _run(*args: str):
 
 
 def test_dry_run_prints_the_exact_command_and_what_was_added():
-    res = _run("start", "--profile", "h200x2-fp8", "--dry-run")
+    res = _run("start", "--profile", "h200x4-fp8", "--dry-run")
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[0].startswith("# h200x2-fp8 (vllm, native)") and "seed 001" in lines[0]
+    assert lines[0].startswith("# h200x4-fp8 (vllm, native)") and "seed 001" in lines[0]
     assert lines[1] == (
         "# seed 001 starts vLLM with `python -m vllm.entrypoints.openai.api_server --model MODEL`, which vLLM marks "
         "deprecated; the same server starts here as `vllm serve MODEL`, with the seed's flags unchanged"
@@ -35,7 +37,36 @@ def test_dry_run_prints_the_exact_command_and_what_was_added():
     )
     assert lines[3].startswith("# loopback only (127.0.0.1): no other machine can reach it, so no key; "
                                "--host ADDR exposes it")
-    assert shlex.split(lines[4]) == build_command(get_profile("h200x2-fp8"), "native").argv
+    assert shlex.split(lines[4]) == build_command(get_profile("h200x4-fp8"), "native").argv
+
+
+def test_dry_run_refuses_a_profile_that_does_not_fit_its_machine_and_forced_warns_with_the_reason():
+    res = _run("start", "--profile", "h200x2-fp8", "--dry-run")
+    assert res.exit_code == 1 and isinstance(res.exception, UsageError) and res.output == ""
+    said = str(res.exception)
+    assert said.startswith("profile h200x2-fp8 does not fit its 2x H200: the weights do not fit") and "--force" in said
+    forced = _run("start", "--profile", "h200x2-fp8", "--dry-run", "--force")
+    assert forced.exit_code == 0, forced.output
+    warning = [line for line in forced.output.splitlines() if line.startswith("# warning: does not fit its 2x H200")]
+    assert warning and "the weights do not fit" in warning[0]
+    assert _commands(forced.output) == [build_command(get_profile("h200x2-fp8"), "native").argv]
+
+
+def test_dry_run_prints_the_window_a_start_on_the_profiles_gpus_chooses():
+    from m3_agent.serving.endpoint import prepare
+    from m3_agent.serving.gpus import GPU
+    from m3_agent.serving.planner import PlanRequest, plan
+
+    res = _run("start", "--profile", "h200-tp8", "--dry-run")
+    assert res.exit_code == 0, res.output
+    [argv] = _commands(res.output)
+    largest = plan(PlanRequest(gpus=8, gpu_memory_gb=141, precision="bf16")).max_model_len
+    assert flag_value(argv, "--max-model-len") == str(largest) and largest < 1_048_576
+    assert f"--max-model-len {largest}, the largest that does" in res.output
+    h200s = [GPU(index=i, name="NVIDIA H200", memory_gb=141, vendor="nvidia") for i in range(8)]
+    assert prepare("h200-tp8", gpus=h200s).argv == argv  # what a real start runs on 8x H200
+    assert "--max-model-len" not in _commands(_run("start", "-p", "h200-tp8", "--kv-cache-dtype", "fp8",
+                                                   "--dry-run").output)[0]  # fp8 KV: the full window fits
 
 
 SGLANG_LAUNCHERS = (["python", "-m", "sglang.launch_server"], ["python3", "-m", "sglang.launch_server"])
@@ -55,7 +86,7 @@ def _commands(output: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"{p.name}-{p.engine}")
 def test_dry_run_of_every_profile_starts_with_vllm_serve_or_sglangs_launcher(profile):
-    res = _run("start", "-p", profile.name, "--engine", profile.engine, "--dry-run")
+    res = _run("start", "-p", profile.name, "--engine", profile.engine, "--dry-run", "--force")
     assert res.exit_code == 0, res.output
     [argv] = _commands(res.output)
     if profile.engine == "vllm":
@@ -69,7 +100,7 @@ def test_dry_run_of_every_profile_starts_with_vllm_serve_or_sglangs_launcher(pro
 
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"{p.name}-{p.engine}")
 def test_docker_dry_run_never_uses_the_deprecated_vllm_module(profile):
-    res = _run("start", "-p", profile.name, "--engine", profile.engine, "--runner", "docker", "--dry-run")
+    res = _run("start", "-p", profile.name, "--engine", profile.engine, "--runner", "docker", "--dry-run", "--force")
     assert res.exit_code == 0, res.output
     [argv] = _commands(res.output)
     after_image = argv[argv.index(profile.docker_image) + 1 :]
@@ -93,14 +124,14 @@ def test_dry_run_docker_and_overrides():
         "--port",
         "30001",
         "--max-model-len",
-        "262144",
+        "131072",  # what SGLang's share of 8x B200 holds (`serve plan`): the dry run refuses more, as a start does
         "--text-only",
     )
     assert res.exit_code == 0, res.output
     argv = shlex.split(res.output.splitlines()[-1])
     assert argv[:3] == ["docker", "run", "-d"] and "lmsysorg/sglang:dev-cu13-minimax-m3" in argv
     assert flag_value(argv, "--port") == "30001" and argv[argv.index("-p") + 1] == "127.0.0.1:30001:30001"
-    assert flag_value(argv, "--context-length") == "262144"
+    assert flag_value(argv, "--context-length") == "131072"
 
 
 def test_bad_choices_are_one_line_usage_errors():
@@ -213,6 +244,15 @@ def test_profiles_lists_every_profile_with_its_seed():
     assert "mi355x-mxfp4" in res.output and "seed 002" in res.output and "seed 000" in res.output
 
 
+def test_profiles_has_a_header_the_window_plan_gives_and_says_what_the_seeds_are():
+    lines = _run("profiles").output.splitlines()
+    assert lines[0].split() == ["profile", "engine", "GPUs", "precision", "window", "what", "[from]"]
+    rows = {line.split()[0]: line for line in lines[1:len(PROFILES) + 1]}
+    assert " does not fit " in rows["h200x2-fp8"] and " 1M " in rows["mxfp8-tp8"]
+    assert f" {plan(PlanRequest(gpus=8, gpu_memory_gb=141, precision='bf16')).max_model_len // 1024}K " in rows["h200-tp8"]
+    assert [line.split(":")[0] for line in lines if line.startswith("seed ")] == [f"seed 00{n}" for n in range(5)]
+
+
 def test_start_without_profile_picks_one_for_the_gpus_found(fake_nvidia_smi):
     res = _run("start", "--dry-run")
     assert res.exit_code == 0, res.output
@@ -238,7 +278,7 @@ def _engine_line(output: str) -> list[str]:
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: f"{p.name}-{p.engine}")
 @pytest.mark.parametrize("form", ["native", "docker"])
 def test_every_dry_run_listens_on_loopback_or_shows_the_key_masked(profile, form):
-    args = ["start", "-p", profile.name, "--engine", profile.engine, "--runner", form, "--dry-run"]
+    args = ["start", "-p", profile.name, "--engine", profile.engine, "--runner", form, "--dry-run", "--force"]
     private = runner.invoke(app, args, env={"M3_AGENT_MODEL__API_KEY": KEY})
     assert private.exit_code == 0, private.output
     argv = _engine_line(private.output)

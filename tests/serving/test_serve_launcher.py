@@ -239,7 +239,27 @@ def test_prepare_refuses_what_the_gpus_cannot_hold_unless_the_launch_forces_it()
     said: list[str] = []
     forced = prepare("h200-tp8", Launch(force=True), progress=lambda phase, msg: said.append(phase), gpus=small)
     assert said == ["gpus", "warning"]
-    assert forced.argv == prepare("h200-tp8", Launch(check_gpus=False)).argv  # the profile's command, unchanged
+    assert forced.argv == build_command(get_profile("h200-tp8"), "native").argv  # the profile's command, unchanged
+
+
+def test_a_start_without_the_gpu_check_takes_the_window_of_the_profiles_own_machine():
+    said: list[str] = []
+    cmd = prepare("h200-tp8", Launch(check_gpus=False), progress=lambda phase, msg: said.append(msg))
+    h200s = [GPU(index=i, name="NVIDIA H200", memory_gb=141, vendor="nvidia", kind="H200") for i in range(8)]
+    assert cmd.argv == prepare("h200-tp8", Launch(), gpus=h200s).argv and "--max-model-len" in cmd.argv
+    assert "the full 1048576-token window does not fit" in said[0]
+
+
+def test_no_gpu_names_a_command_that_launches_anyway(capsys):
+    from m3_agent.cli import main
+
+    with pytest.raises(UsageError) as refused:
+        prepare("h200-tp8", Launch(), gpus=[])
+    advice = str(refused.value).split("`")[1]
+    assert advice == "m3-agent serve start --profile h200-tp8 --skip-gpu-check"
+    with pytest.raises(SystemExit) as done:  # the command it names takes those flags (shown as a dry run)
+        main([*advice.split()[1:], "--dry-run"])
+    assert done.value.code == 0 and "vllm serve" in capsys.readouterr().out
 
 
 def test_ensure_endpoint_starts_once_then_reuses(fake_bin, cleanup_endpoints):
