@@ -816,7 +816,8 @@ class _Handler(BaseHTTPRequestHandler):
         max_out = body.get("max_completion_tokens") or body.get("max_tokens") or 0
         if not isinstance(max_out, int) or max_out < 0:
             raise StandinError(400, "max_tokens must be a non-negative integer", param="max_tokens")
-        overflow = _overflow(script.quirks.context_errors, n, max_out, script.max_model_len)
+        out_field = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+        overflow = _overflow(script.quirks.context_errors, n, max_out, script.max_model_len, out_field=out_field)
         if overflow is not None:
             raise overflow
 
@@ -860,23 +861,27 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def _overflow(server: str, n: int, max_out: int, window: int, *, forced: bool = False) -> StandinError | None:
+def _overflow(server: str, n: int, max_out: int, window: int, *, out_field: str = "max_tokens",
+              forced: bool = False) -> StandinError | None:
     """The context-length 400 of `server` for a prompt of `n` tokens asking `max_out` more, built from the
     real counts as each server's own code builds it; None when that server would take the request.
 
     vLLM 0.33 refuses max_tokens over the window and a prompt over it, and clamps the rest; SGLang refuses a
     prompt that reaches the window, then prompt + max_tokens over it; llama-cpp-python refuses a prompt that
     reaches the window and reports prompt + max_tokens as the tokens "requested". `forced`: the text of the
-    first check whatever the counts (the `context_overflow` fault).
+    first check whatever the counts (the `context_overflow` fault). `out_field`: the request's name for
+    max_tokens, which vLLM's text uses.
     """
-    if server == "vllm":
+    if server == "vllm":  # a VLLMValidationError: its text ends with (parameter=..., value=...)
         if max_out > window and not forced:
-            return StandinError(400, f"max_tokens={max_out} cannot be greater than max_model_len={window}. "
-                                "Please request fewer output tokens.", param="max_tokens")
+            return StandinError(400, f"{out_field}={max_out} cannot be greater than max_model_len={window}. "
+                                f"Please request fewer output tokens. (parameter={out_field}, value={max_out})",
+                                param=out_field)
         if n > window or forced:
             return StandinError(400, f"This model's maximum context length is {window} tokens. However, your prompt "
                                 f"contains {n} input tokens, which exceeds this limit even without any output tokens. "
-                                "Please reduce the length of the input prompt.", param="input_tokens")
+                                f"Please reduce the length of the input prompt. (parameter=input_tokens, value={n})",
+                                param="input_tokens")
     elif server == "sglang":
         error = None
         if n >= window or forced:

@@ -304,8 +304,27 @@ def source_facts(q: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def context_errors(q: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's own length checks of each chat body (its TokenizeParams) for a prompt of `prompt` tokens in a
+    window of `window`: the 400 text and param vLLM answers, or None when it takes the request."""
+    from types import SimpleNamespace
+
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    answers = []
+    for case in q["cases"]:
+        try:
+            request = ChatCompletionRequest.model_validate(case["body"])
+            request.build_tok_params(SimpleNamespace(max_model_len=case["window"]))._token_len_check(
+                None, list(range(case["prompt"])))
+            answers.append(None)
+        except Exception as e:  # the VLLMValidationError vLLM turns into the 400 (str(e) is its message)
+            answers.append({"message": str(e), "param": getattr(e, "parameter", None)})
+    return {"answers": answers}
+
+
 TASKS = {f.__name__: f for f in (vllm_args, sglang_args, parse_output, validate_requests, tokenize_models, source_facts,
-                                  vllm_auth, sglang_auth, router_args)}
+                                  vllm_auth, sglang_auth, router_args, context_errors)}
 
 if __name__ == "__main__":
     question = json.load(sys.stdin)

@@ -25,10 +25,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 # vLLM 0.33's texts (vllm/renderers/params.py): a prompt over the window; max_tokens over it
 OVERFLOW_RE = re.compile(
     r"^This model's maximum context length is (\d+) tokens\. However, your prompt contains (\d+) input tokens, "
-    r"which exceeds this limit even without any output tokens\. Please reduce the length of the input prompt\.$"
+    r"which exceeds this limit even without any output tokens\. Please reduce the length of the input prompt\. "
+    r"\(parameter=input_tokens, value=\2\)$"
 )
 MAX_TOKENS_RE = re.compile(r"^max_tokens=(\d+) cannot be greater than max_model_len=(\d+)\. Please request fewer "
-                           r"output tokens\.$")
+                           r"output tokens\. \(parameter=max_tokens, value=\1\)$")
 
 
 @dataclass
