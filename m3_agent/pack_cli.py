@@ -149,7 +149,9 @@ def pack_command(
     where = _write(pack, output)
     print(summary_table(pack, time.perf_counter() - started, where), file=sys.stderr)
     if pack.counter_kind == "estimate":
-        print("token counts are estimates (no server /tokenize or tokenizer.json given)", file=sys.stderr)
+        why = (f"the server at {base_url} did not count them (see above): start it, or pass --tokenizer FILE"
+               if base_url else "no server /tokenize or tokenizer.json given")
+        print(f"token counts are estimates ({why})", file=sys.stderr)
 
 
 def _warn(msg: str) -> None:

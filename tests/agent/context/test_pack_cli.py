@@ -169,3 +169,17 @@ def test_pack_summary_counts_the_outline_tier_and_the_share_is_a_flag_and_a_sett
     assert wide.stdout.encode() == pack_repository(root, issue="step_3_1 is wrong", budget=budget, outline_share=0.2).data
     bad = run_pack("--repo", str(root), "--budget", str(budget), "--outline-share", "0.9")
     assert bad.returncode == 2 and "outline share" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_dead_base_url_is_named_as_the_reason_the_counts_are_estimates(repo, tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    proc = run_pack("--repo", str(repo(FILES)), "--base-url", dead, "-o", str(tmp_path / "pack.md"))
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"token counts are estimates (the server at {dead} did not count them (see above): start it, " \
+                   f"or pass --tokenizer FILE)"
+    assert "no server /tokenize or tokenizer.json given" not in proc.stderr
