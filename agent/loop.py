@@ -500,7 +500,9 @@ class _Run:
         state = self.state
         state.format_errors_in_row += 1
         if state.format_errors_in_row >= self.cfg.limits.max_format_errors:
-            last = "cut off at max_tokens" if cut else "without a tool call"
+            said = " ".join((reply.content or "").split())  # what the model said: a stand-in out of script says so
+            said = said if len(said) <= 200 else said[:199] + "…"
+            last = "cut off at max_tokens" if cut else "without a tool call" + (f", saying: {said}" if said else "")
             raise FormatError(f"{state.format_errors_in_row} turns in a row without a well-formed tool call "
                               f"(the last reply {last})")
         self.tool_choice = "required" if self.forcing else "auto"

@@ -743,3 +743,11 @@ def test_a_rejected_thinking_parameter_is_dropped_for_the_rest_of_the_run_with_a
     dropped = [e for e in traj if e["kind"] == "thinking_dropped"]
     assert len(dropped) == 1 and "chat_template_kwargs" in dropped[0]["message"]
     assert result.mode_counts == {} and {e["thinking_mode"] for e in traj if e["kind"] == "request"} == {"enabled", None}
+
+
+def test_an_exhausted_standin_script_is_named_in_the_runs_error(git_repo, tmp_path):
+    from m3_agent.serving.standin import EXHAUSTED_TEXT
+
+    turns = [{"tool_calls": [call("file_read", path="calc/ops.py")]}]
+    result, _, _ = run(git_repo, turns, tmp_path, script_extra={"on_exhausted": "final"}, max_format_errors=3)
+    assert result.status == "error" and result.error.endswith(f"without a tool call, saying: {EXHAUSTED_TEXT})")
