@@ -69,6 +69,18 @@ def build(repo: Path = REPO, config: Optional[Path] = CONFIG) -> None:
     typer.echo(env.tag)
 
 
+def environments_table(envs: list[dict]) -> Table:
+    """`env show --all`: one row per image; the tag whole, to copy (the other columns give way)."""
+    table = Table(title="m3-agent environment images", title_justify="left")
+    table.add_column("tag", no_wrap=True, min_width=max((len(e["tag"]) for e in envs), default=3))
+    for col in ("repository", "created", "size", "packages", "on current sandbox image"):
+        table.add_column(col)
+    for e in envs:
+        table.add_row(e["tag"], e["source"], e["created"], f"{e['size_mb']:.0f} MB", str(len(e["packages"])),
+                      "yes" if e["base_current"] else "no")
+    return table
+
+
 @app.command("show")
 def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
          all_: bool = typer.Option(False, "--all", help="Every environment image on this engine."),
@@ -79,13 +91,7 @@ def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
         if json_out:
             typer.echo(json.dumps(envs, indent=2))
             return
-        table = Table(title="m3-agent environment images", title_justify="left")
-        for col in ("tag", "repository", "created", "size", "packages", "on current sandbox image"):
-            table.add_column(col)
-        for e in envs:
-            table.add_row(e["tag"], e["source"], e["created"], f"{e['size_mb']:.0f} MB", str(len(e["packages"])),
-                          "yes" if e["base_current"] else "no")
-        Console(highlight=False).print(table)
+        Console(highlight=False).print(environments_table(envs))
         return
     info = _describe(_head_request(repo, config))
     if json_out:
