@@ -195,6 +195,29 @@ _COLUMNS = ["instance", "outcome", "agent", "turns", "tok in", "tok out", "cache
 
 
 _NO_AGENT = AgentStats(status="-")
+# What only an agent's run fills: left out of the terminal and Markdown reports of `eval grade`.
+_AGENT_COLUMNS = {"agent", "turns", "tok in", "tok out", "cached", "cache hit", "modes", "stalls", "agent s", "cost"}
+_AGENT_LINES = {"tokens in / out / cached", "cache-hit share", "prefill computed / reused", "thinking modes",
+                "turns / stalls", "sandbox restarts", "cost (sum over instances)", "cost per resolved instance"}
+
+
+def _agent_ran(report: Report) -> bool:
+    return any(row.agent is not None for row in report.instances)
+
+
+def _columns(report: Report) -> list[str]:
+    """The per-instance columns worth showing: no agent columns when no agent ran (a grade)."""
+    return _COLUMNS if _agent_ran(report) else [c for c in _COLUMNS if c not in _AGENT_COLUMNS]
+
+
+def _shown_cells(row: InstanceRow, columns: list[str]) -> list[str]:
+    cells = dict(zip(_COLUMNS, _cells(row)))
+    return [cells[c] for c in columns]
+
+
+def _shown_headline(report: Report) -> list[tuple[str, str]]:
+    lines = _headline(report.summary)
+    return lines if _agent_ran(report) else [(k, v) for k, v in lines if k not in _AGENT_LINES]
 
 
 def _agent(row: InstanceRow) -> AgentStats:
@@ -234,18 +257,19 @@ def print_table(report: Report, console: Console | None = None) -> None:
     if not console.is_terminal:
         console.width = max(console.width, 200)  # logs and pipes: no column cut to 80 characters
     table = Table(title="instances", show_lines=False)
-    for col in _COLUMNS:
+    columns = _columns(report)
+    for col in columns:
         # fold, never "…": a narrow terminal wraps an id or a number onto more lines instead of hiding part of it
         table.add_column(col, justify="left" if col in ("instance", "outcome", "agent", "modes") else "right",
                          overflow="fold")
     style = {"resolved": "green", "unresolved": "yellow", "error": "red", "empty_patch": "dim"}
     for row in report.instances:
-        table.add_row(*_cells(row), style=style.get(row.outcome))
+        table.add_row(*_shown_cells(row, columns), style=style.get(row.outcome))
     console.print(table)
     head = Table(title="summary", show_header=False)
     head.add_column(justify="left")
     head.add_column(justify="right")
-    for k, v in _headline(report.summary):
+    for k, v in _shown_headline(report):
         head.add_row(k, v)
     console.print(head)
 
@@ -258,10 +282,11 @@ def to_json(report: Report) -> str:
 def to_markdown(report: Report) -> str:
     """The report as Markdown: a summary list and a per-instance table."""
     lines = ["# m3-agent eval report", ""]
-    lines += [f"- **{k}**: {v}" for k, v in _headline(report.summary)]
-    lines += ["", "| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    columns = _columns(report)
+    lines += [f"- **{k}**: {v}" for k, v in _shown_headline(report)]
+    lines += ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in report.instances:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(row)) + " |")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _shown_cells(row, columns)) + " |")
     errors = [r for r in report.instances if r.error]
     if errors:
         lines += ["", "## Errors", ""] + [f"- `{r.instance_id}`: {r.error.splitlines()[0] if r.error else ''}"

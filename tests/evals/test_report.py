@@ -153,3 +153,18 @@ def test_plot_labels_are_whole_or_cut_in_the_middle_with_the_full_id_on_hover():
     assert len(cut) == 48 and cut == "instance_ansible__ansib\u2026-vba6da65a0f3baefda7a058"
     assert page.count(f"<title>{long}</title>{cut}</text>") == 3
     assert middle_cut(short) == short
+
+
+def test_a_grade_without_an_agent_shows_no_agent_columns_or_lines():
+    graded = build_report([_result("a-1", resolved=True), _result("b-1")])
+    out = io.StringIO()
+    print_table(graded, Console(file=out, width=200))
+    header = next(line for line in out.getvalue().splitlines() if "instance" in line and "outcome" in line)
+    assert "grade s" in header and not any(col in header for col in ("tok in", "turns", "modes", "agent s", "cached"))
+    assert "tokens in / out / cached" not in out.getvalue() and "turns / stalls" not in out.getvalue()
+    assert "resolved" in out.getvalue() and "1/2 (50.0%)" in out.getvalue()
+    md = to_markdown(graded)
+    assert "| instance | outcome | grade s |" in md and "tok in" not in md
+    ran = io.StringIO()
+    print_table(build_report([_result("a-1", resolved=True, agent=AGENT)]), Console(file=ran, width=200))
+    assert "tok in" in ran.getvalue() and "turns / stalls" in ran.getvalue()  # a run keeps them
