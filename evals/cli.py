@@ -366,5 +366,6 @@ def report_command(
     text = renderers[fmt](report)
     if out:
         out.write_text(text if text.endswith("\n") else text + "\n")
+        typer.echo(f"wrote {out}: the {fmt} report of {len(report.instances)} instances in {output}")
     else:
         print(text)

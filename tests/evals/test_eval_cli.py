@@ -104,7 +104,8 @@ def test_grade_json_ends_with_the_summary_and_report_renders_it(tmp_path, sandbo
 
     # In-process from here: the same entry point without another interpreter start.
     assert _main_ok(capsys, "eval", "report", str(out), "--format", "md").startswith("# m3-agent eval report")
-    _main_ok(capsys, "eval", "report", str(out), "--format", "html", "--out", str(tmp_path / "r.html"))
+    said = _main_ok(capsys, "eval", "report", str(out), "--format", "html", "--out", str(tmp_path / "r.html"))
+    assert said == f"wrote {tmp_path / 'r.html'}: the html report of 2 instances in {out}\n"
     assert (tmp_path / "r.html").read_text().count("<svg") == 3
     table = _main_ok(capsys, "eval", "report", str(out), "--format", "table", "--tasks", "builtin")
     assert "m3-agent__roman-1" in table and "2/10 (20.0%)" in table  # the whole suite counted: 8 never graded
