@@ -149,9 +149,14 @@ def pack_command(
     where = _write(pack, output)
     print(summary_table(pack, time.perf_counter() - started, where), file=sys.stderr)
     if pack.counter_kind == "estimate":
-        why = (f"the server at {base_url} did not count them (see above): start it, or pass --tokenizer FILE"
-               if base_url else "no server /tokenize or tokenizer.json given")
-        print(f"token counts are estimates ({why})", file=sys.stderr)
+        print(_estimated(base_url), file=sys.stderr)
+
+
+def _estimated(base_url: str | None) -> str:
+    """Why the counts are estimates: a server that did not count them, or none given."""
+    why = (f"the server at {base_url} did not count them (see above): start it, or pass --tokenizer FILE"
+           if base_url else "no server /tokenize or tokenizer.json given")
+    return f"token counts are estimates ({why})"
 
 
 def _warn(msg: str) -> None:
