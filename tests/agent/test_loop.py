@@ -612,7 +612,7 @@ def test_text_replies_and_malformed_calls_count_together_and_a_good_call_resets_
     assert model.tool_choices == ["auto", "required", "auto", "auto", "required", "required"]
     ended, _, _ = run_scripted(git_repo, tmp_path, [text, tool_reply("rm_rf", 1), text, text], max_format_errors=3)
     assert ended.status == "error" and "3 turns in a row without a well-formed tool call" in ended.error
-    assert "without a tool call)" in ended.error
+    assert ended.error.endswith("(the last reply without a tool call, saying: Looks fine to me.)")
 
 
 def test_a_context_overflow_that_cannot_be_shrunk_is_raised(git_repo, tmp_path):
