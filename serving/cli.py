@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from m3_agent.errors import UsageError
-from m3_agent.serving import launcher
+from m3_agent.serving import launcher, llamacpp
 from m3_agent.serving.access import ENGINE_CAVEATS, KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access
 from m3_agent.serving.bench import run_bench, table
 from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, Launch, plan_request, prepare, profile_plan, sized
@@ -18,7 +18,7 @@ from m3_agent.serving.gpus import auto_profile, detect_gpus, summary
 from m3_agent.serving.loadgen import LoadConfig
 from m3_agent.serving.multinode import eval_pool_step, ray_tensor_parallel, replica_host, replicas_behind_router
 from m3_agent.serving.planner import BYTES_PER_PARAM, M3_PARAMS_B, PlanRequest, describe, gpu_memory_for, plan
-from m3_agent.serving.profiles import PROFILES, SEEDS, Overrides, Profile, build_command, get_profile
+from m3_agent.serving.profiles import ALL_PROFILES, SEEDS, Overrides, Profile, build_command, flag_value, get_profile
 
 app = typer.Typer(no_args_is_help=True, help="Launch, plan and benchmark a self-hosted M3 endpoint.")
 # markup off: printed text is paths, commands and log lines, whose brackets are not rich markup
@@ -39,6 +39,8 @@ def _check_choice(value: str | None, choices: tuple[str, ...], flag: str) -> Non
 
 def _window(p: Profile) -> str:
     """The window `serve start` takes on the profile's own machine, as `serve plan` says."""
+    if p.gpus == 0:  # a CPU profile: the window its command sets
+        return f"{int(flag_value(p.args, '--n_ctx') or 0) // 1024}K"
     fit = profile_plan(p, build_command(p, "native", Overrides()))
     if not fit.fits:
         return "does not fit"
@@ -48,10 +50,10 @@ def _window(p: Profile) -> str:
 @app.command("profiles")
 def profiles_command() -> None:
     """List the hardware profiles, the window each gets on its machine, and the seed each comes from."""
-    row = "{:24} {:6} {:10} {:9} {:12} {}"
+    row = "{:24} {:9} {:10} {:9} {:12} {}"
     out.print(row.format("profile", "engine", "GPUs", "precision", "window", "what  [from]"))
-    for p in PROFILES:
-        out.print(row.format(p.name, p.engine, f"{p.gpus}x {p.gpu}", p.precision, _window(p),
+    for p in ALL_PROFILES:
+        out.print(row.format(p.name, p.engine, f"{p.gpus}x {p.gpu}" if p.gpus else p.gpu, p.precision, _window(p),
                              f"{p.summary}  [{p.source}]"))
     out.print("window: what `serve start` gives the model on the profile's GPUs: the profile's --max-model-len, or the "
               "largest that fits (`m3-agent serve plan --profile NAME` shows why)")
@@ -64,7 +66,7 @@ def start_command(
     profile: Optional[str] = typer.Option(
         None, "--profile", "-p", help="Hardware profile (`serve profiles`); default: picked from the GPUs found."
     ),
-    engine: Optional[str] = typer.Option(None, "--engine", help="vllm or sglang (default: the profile's first)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang or llama-cpp (default: the profile's first)."),
     runner: str = typer.Option("native", "--runner", help="native (engine installed here) or docker."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact command and exit."),
     nodes: int = typer.Option(1, "--nodes", help="With --dry-run: vLLM tensor parallel across N nodes on Ray."),
@@ -89,7 +91,7 @@ def start_command(
                                "does not fit."),
 ) -> None:
     """Launch M3 and wait until it lists its model; `--dry-run` prints the command instead."""
-    _check_choice(engine, ("vllm", "sglang"), "--engine")
+    _check_choice(engine, ("vllm", "sglang", "llama-cpp"), "--engine")
     _check_choice(runner, ("native", "docker"), "--runner")
     key = choose_key(host or LOOPBACK, api_key, shared=nodes > 1 or replicas > 1)
     o = Overrides(model=model, served_model_name=served_model_name, port=port, host=host, api_key=key,
@@ -144,6 +146,8 @@ def _entry_point_note(p: Profile) -> str | None:
 
 def _access_notes(host: str, key: ApiKey | None, engine: str) -> list[str]:
     """The dry run's comment on who can reach the server, what the key leaves open, how to fill it in."""
+    if engine == "llama-cpp":
+        return [f"# {describe_access(host, None)}"]  # cpu-tiny is refused off loopback
     if key is None:
         return [f"# {describe_access(host, None)}; --host ADDR exposes it, with an API key"]
     notes = [f"# {describe_access(host, key)}; shown masked", f"# {ENGINE_CAVEATS[engine]}"]
@@ -174,6 +178,9 @@ def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nod
             out.print(f"# {step.where}")
             out.print(step.command)
         return
+    if p.gpus == 0:
+        _cpu_dry_run(p, runner, o)
+        return
     fit = profile_plan(p, build_command(p, runner, o))  # type: ignore[arg-type]
     if not fit.fits and not force:
         raise UsageError(f"profile {p.name} does not fit its {p.gpus}x {p.gpu}: {fit.reason}; `serve start` refuses "
@@ -188,6 +195,18 @@ def _dry_run(profile: str, engine: str | None, runner: str, o: Overrides, *, nod
         out.print(note)
     if cmd.added:
         out.print(f"# added to the seed's flags (required for M3): {' '.join(cmd.added)}")
+    for line in _access_notes(cmd.host, cmd.api_key, cmd.engine):
+        out.print(line)
+    out.print(cmd.shell())
+
+
+def _cpu_dry_run(p: Profile, runner: str, o: Overrides) -> None:
+    """A CPU profile's command (no GPU to plan for), with what it is for and whether it is built."""
+    cmd = build_command(p, runner, o)  # type: ignore[arg-type]
+    out.print(f"# {p.name} ({p.engine}, {runner}): {p.summary}; from {p.source}")
+    out.print(f"# {llamacpp.TOY_NOTE}")
+    if not llamacpp.locate().built:
+        out.print(f"# not built yet: `serve start` builds it first (about 10 minutes, once), or run: bash {llamacpp.SCRIPT}")
     for line in _access_notes(cmd.host, cmd.api_key, cmd.engine):
         out.print(line)
     out.print(cmd.shell())
@@ -284,6 +303,8 @@ def plan_command(
     req: dict = {}
     if profile:
         p = get_profile(profile, engine)  # type: ignore[arg-type]
+        if p.gpus == 0:
+            raise UsageError(f"{p.name} runs on the CPU: there is no GPU memory to plan")
         o = Overrides(max_model_len=max_model_len, kv_cache_dtype=kv_dtype, text_only=text_only)
         req = plan_request(p, build_command(p, "native", o), p.gpus, gpu_memory_for(p.gpu)).model_dump()
     if detect:

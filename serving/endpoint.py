@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, SecretStr
 
 from m3_agent.agent.endpoint import NO_KEY, EndpointClient
 from m3_agent.errors import EndpointError, UsageError
-from m3_agent.serving import launcher
+from m3_agent.serving import launcher, llamacpp
 from m3_agent.serving.access import LOOPBACK, ApiKey, choose_key
 from m3_agent.serving.gpus import GPU, detect_gpus, summary
 from m3_agent.serving.planner import AMD_NATIVE_CONTEXT, NATIVE_CONTEXT, Plan, PlanRequest, gpu_memory_for, plan
@@ -128,6 +128,11 @@ def prepare(profile_name: str, launch: Launch | None = None, *, progress: launch
     profile, runner, o = get_profile(profile_name, launch.engine), launch.runner, launch.overrides
     if o.api_key is None:  # a host other machines reach gets a key (None on loopback)
         o = o.model_copy(update={"api_key": choose_key(o.host or LOOPBACK)})
+    if profile.engine == "llama-cpp":
+        build_command(profile, runner, o)  # refuses what a CPU profile cannot take before a long build
+        say("warning", llamacpp.TOY_NOTE)
+        llamacpp.ensure_built(say)
+        return build_command(profile, runner, o)  # no GPU to check
     cmd = build_command(profile, runner, o)
     if not launch.check_gpus:  # no GPUs to ask: the window is the one the profile's own machine takes
         p = profile_plan(profile, cmd)

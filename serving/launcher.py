@@ -30,6 +30,7 @@ from m3_agent.serving.profiles import Command
 Phase = Literal["launching", "loading", "healthy", "ready", "failed", "exited", "stopped"]
 Progress = Callable[[str, str], None]
 DEFAULT_NAME = "default"
+NO_HEALTH_ENGINES = {"llama-cpp"}  # llama-cpp-python's server: ready once /v1/models lists the model
 LOG_TAIL = 20
 
 
@@ -197,20 +198,33 @@ def is_running(state: ServeState) -> bool:
     return state.pid is not None and _pid_alive(state.pid, state.pid_started)
 
 
+def _health(endpoint: EndpointClient) -> bool | None:
+    """/health's answer: True (200), False (refused, 503 while loading), None (no such route: 404)."""
+    try:
+        status = endpoint.send("GET", "/health")[0]
+    except EndpointError:
+        return False
+    return None if status == 404 else status == 200  # llama-cpp-python's server has no /health
+
+
 def probe(
     base_url: str, served_model_name: str | None = None, timeout_s: float = 3.0, *, api_key: str | None = None
 ) -> tuple[Phase, list[str], int | None]:
     """One look at a server: loading (refused or 503), healthy, or ready (the model is listed).
 
     /health answers without a key on vLLM and SGLang; /v1/models needs `api_key` when the server has one.
+    A server without /health (llama-cpp-python's) is ready once /v1/models lists the model.
     """
     endpoint = EndpointClient(base_url, api_key=api_key, timeout=timeout_s)
-    if not endpoint.health():  # refused, or 503 while loading
+    health = _health(endpoint)
+    if health is False:
         return "loading", [], None
     try:
         served = endpoint.models()
     except EndpointError:
         served = []
+    if health is None and not served:
+        return "loading", [], None  # no /health: until it lists a model, the server is still coming up
     models = [m.id for m in served]
     max_len = next((m.max_model_len for m in served if m.max_model_len), None)
     listed = bool(models) if served_model_name is None else served_model_name in models
@@ -358,6 +372,7 @@ def wait_ready(
     deadline = time.monotonic() + timeout_s
     shown: Phase | None = None
     last_line = ""
+    health = state.engine not in NO_HEALTH_ENGINES
     say("launching", f"{state.engine} ({state.runner}), log: {state.log_path}")
     while True:
         if not is_running(state):
@@ -365,12 +380,12 @@ def wait_ready(
             with_code = f" (exit code {code})" if code is not None else ""
             raise _failure(state, f"the {state.engine} server exited during start-up{with_code}", code)
         phase, models, max_len = probe(state.base_url, state.served_model_name, api_key=state.key_value)
-        if phase == "ready" and shown == "loading":
+        if phase == "ready" and shown == "loading" and health:
             say("healthy", "/health answers 200")  # both came up between two polls
         if phase != shown:
             shown = phase
             detail = {
-                "loading": "waiting for /health (weights loading)",
+                "loading": f"waiting for {'/health' if health else 'the model in /v1/models'} (weights loading)",
                 "healthy": "/health answers 200; waiting for the model in /v1/models",
                 "ready": f"model listed: {', '.join(models)}" + (f" (max_model_len {max_len})" if max_len else ""),
             }[phase]

@@ -16,9 +16,10 @@ from pydantic import BaseModel, Field
 
 from m3_agent.errors import UsageError
 from m3_agent.redact import redact
+from m3_agent.serving import llamacpp
 from m3_agent.serving.access import ALL_INTERFACES, LOOPBACK, ApiKey, is_loopback
 
-Engine = Literal["vllm", "sglang"]
+Engine = Literal["vllm", "sglang", "llama-cpp"]
 Runner = Literal["native", "docker"]
 Precision = Literal["bf16", "fp8", "mxfp8", "mxfp4", "int4"]
 
@@ -45,9 +46,9 @@ _YARN_1M = (
 )
 # Flags that only make sense with the vision encoder loaded (seed 002: exclusive with --language-model-only).
 _ENCODER_FLAGS = {"--mm-encoder-tp-mode", "--mm-encoder-attn-backend", "--mm-processor-cache-type"}
-_ENGINE_PORT = {"vllm": 8000, "sglang": 30000}
+_ENGINE_PORT = {"vllm": 8000, "sglang": 30000, "llama-cpp": 8000}
 # vLLM reads its key from this variable (argv would show it in `ps`); SGLang takes only --api-key.
-_KEY_ENV = {"vllm": "VLLM_API_KEY", "sglang": None}
+_KEY_ENV = {"vllm": "VLLM_API_KEY", "sglang": None, "llama-cpp": None}
 
 
 class Profile(BaseModel):
@@ -58,8 +59,9 @@ class Profile(BaseModel):
     summary: str
     source: str = Field(description="the seed document and section the flags come from")
     platform: Literal["nvidia", "amd"] = "nvidia"
-    gpu: str = Field(description="GPU kind the seed targets, a key of agent.serving.planner.GPU_MEMORY_GB")
-    gpus: int
+    gpu: str = Field(description="GPU kind the seed targets, a key of agent.serving.planner.GPU_MEMORY_GB; "
+                     "CPU for a profile without GPUs")
+    gpus: int = Field(description="GPUs the profile needs; 0: it runs on the CPU")
     precision: Precision = "bf16"
     model: str = DEFAULT_MODEL
     launcher: list[str] = Field(description="the program and sub-command that start the engine natively")
@@ -168,6 +170,7 @@ SEEDS: dict[str, str] = {
     "004": "NVIDIA's developer blog post on deploying M3 with vLLM and SGLang",
 }
 
+# The M3 profiles, each a seed's command.
 PROFILES: list[Profile] = [
     _vllm("h200-tp8", "8x H200 / H20, tensor parallel 8 (BF16)", "seed 002: NVIDIA — TP8 (8x H200 / H20)", "H200",
           f"--tensor-parallel-size 8 --block-size 128 {_PARSERS}"),
@@ -231,17 +234,27 @@ PROFILES: list[Profile] = [
          f"{_PARSERS}",
          precision="mxfp4", model="amd/MiniMax-M3-MXFP4"),
 ]
+# Not M3: a 135M model on the CPU, to watch the whole loop work before pointing it at M3 (issue 42).
+# The launcher's python and the model file are the cached venv's (serving/llamacpp.py).
+CPU_PROFILES: list[Profile] = [
+    Profile(name="cpu-tiny", engine="llama-cpp", summary=f"CPU only: {llamacpp.MODEL_NAME} on llama-cpp-python, a toy "
+            "to watch the loop work", source="no seed: issue 42 (a real model in "
+            "the loop)", gpu="CPU", gpus=0, precision="int4", model=llamacpp.MODEL_NAME,
+            launcher=["python", "-m", "llama_cpp.server"], model_flag="--model", env=dict(llamacpp.SERVER_ENV),
+            args=["--model_alias", llamacpp.SERVED_NAME, *llamacpp.SERVER_ARGS, "--port", "8000"]),
+]
 # fmt: on
+ALL_PROFILES: list[Profile] = PROFILES + CPU_PROFILES
 
 
 def profile_names() -> list[str]:
     """Every profile name, in catalog order, once."""
-    return list(dict.fromkeys(p.name for p in PROFILES))
+    return list(dict.fromkeys(p.name for p in ALL_PROFILES))
 
 
 def get_profile(name: str, engine: Engine | None = None) -> Profile:
     """The profile called `name` for `engine` (the first engine listed when None)."""
-    matches = [p for p in PROFILES if p.name == name]
+    matches = [p for p in ALL_PROFILES if p.name == name]
     if not matches:
         raise UsageError(f"unknown profile {name!r}; choose one of: {', '.join(profile_names())}")
     if engine is None:
@@ -299,8 +312,11 @@ def remove_flag(args: list[str], flag: str) -> None:
 
 # Engine-specific spelling of the options a user can override.
 _NAMES = {
-    "vllm": {"tp": "--tensor-parallel-size", "len": "--max-model-len", "mem": "--gpu-memory-utilization"},
-    "sglang": {"tp": "--tp-size", "len": "--context-length", "mem": "--mem-fraction-static"},
+    "vllm": {"tp": "--tensor-parallel-size", "len": "--max-model-len", "mem": "--gpu-memory-utilization",
+             "name": "--served-model-name", "key": "--api-key"},
+    "sglang": {"tp": "--tp-size", "len": "--context-length", "mem": "--mem-fraction-static",
+               "name": "--served-model-name", "key": "--api-key"},
+    "llama-cpp": {"len": "--n_ctx", "name": "--model_alias", "key": "--api_key"},
 }
 # The flags every M3 launch must carry (MSA block size, M3 parsers, tool choice, cached tokens).
 REQUIRED_FLAGS: dict[str, list[tuple[str, str | None]]] = {
@@ -317,6 +333,7 @@ REQUIRED_FLAGS: dict[str, list[tuple[str, str | None]]] = {
         ("--tool-call-parser", "minimax-m3"),
         ("--enable-cache-report", None),
     ],
+    "llama-cpp": [],  # not an M3 server: the profile carries all it needs
 }
 
 
@@ -327,13 +344,15 @@ def _apply(profile: Profile, o: Overrides) -> tuple[list[str], list[str]]:
     """
     args = list(profile.args)
     n = _NAMES[profile.engine]
+    if profile.engine == "llama-cpp":
+        _refuse_gpu_overrides(profile, o)
     # SGLang accepts both spellings of tensor parallel; keep whichever the seed used.
-    tp_flag = "--tp" if profile.engine == "sglang" and _flag_index(args, "--tp") is not None else n["tp"]
+    tp_flag = "--tp" if profile.engine == "sglang" and _flag_index(args, "--tp") is not None else n.get("tp")
     port = None if o.port is None else str(o.port)
     memory = f"{o.gpu_memory_utilization:g}" if o.gpu_memory_utilization else None
-    for flag, value in (("--served-model-name", o.served_model_name), ("--port", port),
+    for flag, value in ((n["name"], o.served_model_name), ("--port", port),
                         (tp_flag, o.tensor_parallel_size), (n["len"], o.max_model_len),
-                        ("--kv-cache-dtype", o.kv_cache_dtype), (n["mem"], memory)):
+                        ("--kv-cache-dtype", o.kv_cache_dtype), (n.get("mem"), memory)):
         if value:  # in this order: a flag the seed lacks is appended
             set_flag(args, flag, str(value))
     if o.text_only:
@@ -350,6 +369,15 @@ def _apply(profile: Profile, o: Overrides) -> tuple[list[str], list[str]]:
     return args, added
 
 
+def _refuse_gpu_overrides(profile: Profile, o: Overrides) -> None:
+    """A CPU profile has no tensor parallel, GPU memory share, KV dtype or vision encoder to set."""
+    given = [flag for flag, value in (("--tp", o.tensor_parallel_size), ("--gpu-memory-utilization",
+             o.gpu_memory_utilization), ("--kv-cache-dtype", o.kv_cache_dtype), ("--text-only", o.text_only))
+             if value]
+    if given:
+        raise UsageError(f"{given[0]} does not apply to {profile.name}: it runs llama.cpp on the CPU")
+
+
 def container_name(profile: str, engine: Engine, port: int) -> str:
     """The docker container name the project gives a launch (how `stop` finds it again)."""
     return f"m3-agent-{profile}-{engine}-{port}"
@@ -362,7 +390,9 @@ def _access(profile: Profile, runner: Runner, o: Overrides, args: list[str]) -> 
     side is then limited by where `docker run -p` publishes the port.
     """
     host = o.host or LOOPBACK
-    given = [f for f in ("--host", "--api-key") if _flag_index(o.extra_args, f) is not None]
+    if profile.engine == "llama-cpp" and not is_loopback(host):
+        raise UsageError(f"{profile.name} listens on loopback only: it is for trying the loop on this machine")
+    given = [f for f in ("--host", "--api-key", _NAMES[profile.engine]["key"]) if _flag_index(o.extra_args, f) is not None]
     if given:
         raise UsageError(f"pass {given[0]} as an option of its own, not through --extra-arg: "
                          "m3-agent decides the bind address and the key together")
@@ -376,7 +406,7 @@ def _access(profile: Profile, runner: Runner, o: Overrides, args: list[str]) -> 
                          f"{workers}: drop it, or keep the server on loopback")
     set_flag(args, "--host", host if runner == "native" else ALL_INTERFACES)
     if o.api_key is not None and _KEY_ENV[profile.engine] is None:
-        set_flag(args, "--api-key", o.api_key.value.get_secret_value())
+        set_flag(args, _NAMES[profile.engine]["key"], o.api_key.value.get_secret_value())
     return host
 
 
@@ -408,14 +438,19 @@ def build_command(profile: Profile, runner: Runner = "native", overrides: Overri
     args, added = _apply(profile, o)
     host = _access(profile, runner, o, args)
     args += o.extra_args
-    model = o.model or profile.model
-    served = flag_value(args, "--served-model-name") or model
+    launcher, model = profile.launcher, o.model or profile.model
+    if profile.engine == "llama-cpp":
+        if runner != "native":
+            raise UsageError(f"{profile.name} runs natively only (llama-cpp-python in a cached venv): drop --runner")
+        server = llamacpp.locate()
+        launcher, model = [server.python, *profile.launcher[1:]], o.model or server.model
+    served = flag_value(args, _NAMES[profile.engine]["name"]) or model
     port = int(flag_value(args, "--port") or _ENGINE_PORT[profile.engine])
     common = dict(profile=profile.name, engine=profile.engine, runner=runner, added=added, port=port,
                   served_model_name=served, host=host, api_key=o.api_key,
                   key_env=_KEY_ENV[profile.engine] if o.api_key else None)
     if runner == "native":
         model_part = [model] if profile.model_flag is None else [profile.model_flag, model]
-        return Command(argv=[*profile.launcher, *model_part, *args], env=dict(profile.env), **common)
+        return Command(argv=[*launcher, *model_part, *args], env=dict(profile.env), **common)
     return Command(argv=_docker_argv(profile, o, args, port, host), env={},
                    container=container_name(profile.name, profile.engine, port), **common)
