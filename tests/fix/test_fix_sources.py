@@ -287,3 +287,15 @@ def _config(repo: Path, key: str) -> Path:
     path = repo.parent / f"{repo.name}-team.toml"
     path.write_text(f'[model]\napi_key = "{key}"\n')
     return path
+
+
+@pytest.mark.parametrize("command", [["fix", "--issue", "x"], ["eval", "run", "--tasks", "builtin"]])
+def test_serve_on_a_machine_without_gpus_names_a_command_that_exists(git_repo, cli_main, monkeypatch, command):
+    repo = git_repo(CALC)
+    monkeypatch.chdir(repo)
+    code, _, err = cli_main(*command, "--serve", "h200-tp8")
+    flat = " ".join(err.split())
+    assert code == 2 and "no GPU found" in flat, err
+    advice = flat.split("`")[1]
+    assert advice == "m3-agent serve start --profile h200-tp8 --skip-gpu-check"  # not a flag fix/eval run lack
+    assert cli_main(*advice.split()[1:], "--dry-run")[0] == 0
