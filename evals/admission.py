@@ -31,7 +31,7 @@ from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.estimate import EstimatedFile, estimate_tokens
 from m3_agent.agent.context.tokens import CHARS_PER_TOKEN, OUTPUT_RESERVE  # the pack's estimate and reserve
 from m3_agent.agent.endpoint import EndpointClient
-from m3_agent.evals.reuse.delta import MAX_DIFF_SHARE
+from m3_agent.evals.reuse import delta
 from m3_agent.evals.reuse.ordering import Run, diff_bytes, stored_run
 from m3_agent.errors import M3AgentError, UsageError
 from m3_agent.evals.tasks import Task, repo_source
@@ -378,34 +378,33 @@ class KvAdmit:
         if found is None or found[1] is None or found[1] / self._ratio(t.repo) > self.window - OUTPUT_RESERVE:
             return None
         source, size = found
-        mine = self._delta(source, t, 1.0)
+        mine = self.delta_size(source, t, 1.0)
         return mine.tokens if mine is not None else size / self._ratio(t.repo)
 
     def expected(self, t: Task) -> int:
         return expected_context(t, self.repos, self.window, per_token=self._ratio(t.repo) / self.scale(t.repo),
                                 growth=self.growth)
 
-    def _delta(self, source: str, t: Task, scale: float | None = None) -> DeltaSize | None:
-        """The sizes of `t`'s delta pack when it gets one, as the pack builds it: its root's files,
-        then the diffs from the root to its run's base and on to its commit, each at its own bytes
-        per token; when one of them passes MAX_DIFF_SHARE of the root, the base's files and one diff;
-        a diff over that share leaves the pack plain (None). Scaled by `scale` (default: learned)."""
+    def delta_size(self, source: str, t: Task, scale: float | None = None) -> DeltaSize | None:
+        """The sizes of `t`'s delta pack when it gets one, laid out as the batch packer lays it out
+        (`delta.choose_layout`), measured from git: the files of the chain's first commit, then each
+        diff along it, at its own bytes per token; None: the plain pack. Scaled by `scale` (default: learned)."""
         run = _run(source, self._batch(t), t.base_commit) if self.reuse.delta else None
         if run is None:
             return None
         scale = self.scale(t.repo) if scale is None else scale
         per_diff = self.reuse.per_diff_token.get(t.repo, self._ratio(t.repo)) / scale
-        base = run.base
-        for root in dict.fromkeys([run.root, base]):  # the root first; the base itself when that fails
-            root_bytes = _tree_bytes(source, root) or 0
+
+        def lay(chain: list[str]) -> DeltaSize | None:
+            root_bytes = _tree_bytes(source, chain[0]) or 0
+            diffs = [diff_bytes(source, a, b) for a, b in zip(chain, chain[1:])]
+            if None in diffs or not delta.diffs_fit(root_bytes, diffs):
+                return None
             files = root_bytes / self._ratio(t.repo) * scale
-            steps = list(dict.fromkeys([root, base, t.base_commit]))
-            diffs = [diff_bytes(source, a, b) for a, b in zip(steps, steps[1:])]
-            if None in diffs or max(diffs, default=0) > MAX_DIFF_SHARE * root_bytes:
-                continue
-            run_diff = diffs[0] if base != root else 0  # the diff from the root to the base
-            return DeltaSize(root, base, files, files + run_diff / per_diff, files + sum(diffs) / per_diff)
-        return None
+            run_diff = diffs[0] if run.base != chain[0] else 0  # the diff from the root to the base
+            return DeltaSize(chain[0], run.base, files, files + run_diff / per_diff, files + sum(diffs) / per_diff)
+
+        return delta.choose_layout(run, t.base_commit, lay)
 
     def need(self, t: Task, before: list[Task]) -> int:
         """What `t` adds to the cache beside `before`: its context less the prefix its pack shares with
@@ -420,15 +419,15 @@ class KvAdmit:
             shared = max((_shared_bytes(source, self._batch(t), t.base_commit, u.base_commit, self.reuse.delta)
                           for u in before if u.repo == t.repo), default=0) / ratio
             return max(0, self.expected(t) - int(min(shared, self.reuse.shared_share * room)))
-        mine = self._delta(source, t)
+        mine = self.delta_size(source, t)
         if mine is None:  # a plain pack: the head its files share with a running one's
             shared = max((_shared_bytes(source, self._batch(t), t.base_commit, u.base_commit)
-                          for u in before if u.repo == t.repo and self._delta(source, u) is None), default=0)
+                          for u in before if u.repo == t.repo and self.delta_size(source, u) is None), default=0)
             return max(0, self.expected(t) - int(shared / ratio))
         # a delta pack: what its run shows before its own diff is held once for the whole run, its
         # root's files once for every run under the root, and another root shares the head of files
         # the two roots have alike (stability._chain_order)
-        others = [d for u in before if u.repo == t.repo and (d := self._delta(source, u)) is not None]
+        others = [d for u in before if u.repo == t.repo and (d := self.delta_size(source, u)) is not None]
         if any((d.root, d.base) == (mine.root, mine.base) for d in others):
             shared = mine.run_tokens
         elif any(d.root == mine.root for d in others):
@@ -465,23 +464,25 @@ def _shared_bytes(source: str, batch: str, a: str, b: str, same_run: bool = Fals
     return _common_head(source, batch, a, b)
 
 
-_RUNS: dict[tuple[str, str, str], Run] = {}  # (source, batch, commit) -> what order_for_commits stored for it
-
-
 def _run(source: str, batch: str, commit: str) -> Run | None:
     """The order, base and root stored for a commit's run, read from the pack cache once it is
     there (admission asks for every pair of running instances at each decision)."""
     if not batch:
         return None
-    found = _RUNS.get((source, batch, commit))
-    if found is None:
-        from m3_agent.agent.context.cache import PackCache
+    try:
+        return _stored_run(source, batch, commit)
+    except LookupError:
+        return None
 
-        with PackCache() as store:
-            run = stored_run(source, batch, commit, store)
-        if run and run.order:
-            found = _RUNS[(source, batch, commit)] = run
-    return found
+
+@functools.lru_cache(maxsize=4096)
+def _stored_run(source: str, batch: str, commit: str) -> Run:
+    # raises when nothing is stored yet: lru_cache keeps no exception, so a later look reads the store again
+    with PackCache() as store:
+        run = stored_run(source, batch, commit, store)
+    if not (run and run.order):
+        raise LookupError(commit)
+    return run
 
 
 @functools.lru_cache(maxsize=4096)

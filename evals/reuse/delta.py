@@ -22,7 +22,9 @@ the issue and the plain pack stands.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import git
 
@@ -33,6 +35,29 @@ from m3_agent.agent.context.tokens import TokenCounter
 from m3_agent.errors import M3AgentError
 
 MAX_DIFF_SHARE = 0.25  # a diff larger than this share of the files shown: the plain pack is shorter to read
+Laid = TypeVar("Laid")
+
+
+def choose_layout(run, commit: str, lay: Callable[[list[str]], Laid | None]) -> Laid | None:
+    """How a whole pack of `commit` in its `run` (ordering.Run) is laid out: the first chain of commits
+    `lay` can lay it along, or None. The batch packer lays out the pack itself, admission its sizes.
+
+    A chain names the commit whose files the pack shows first and ends at `commit`, with a diff
+    along each step: the run's root, base and `commit`; else its base and `commit`. A chain of
+    `commit` alone is the plain pack: `commit` is its run's root or base, so its files are the
+    ones the run's delta packs show first. `lay` refuses a chain (None) whose diffs do not
+    `diffs_fit`, cannot be read, or (the packer) whose pack does not fit the budget.
+    """
+    steps = [commit] if commit == run.root else list(dict.fromkeys([run.root, run.base, commit]))
+    for chain in (steps[i:] for i, c in enumerate(steps) if c in (run.root, run.base)):
+        if (laid := lay(chain)) is not None:
+            return laid
+    return None
+
+
+def diffs_fit(files_bytes: float, diff_bytes: list[int]) -> bool:
+    """A delta pack stands only while each diff is at most MAX_DIFF_SHARE of the files shown before it."""
+    return max(diff_bytes, default=0) <= MAX_DIFF_SHARE * files_bytes
 
 
 def sections_end(pack) -> int:
@@ -104,8 +129,7 @@ def compose(plain, sections: list[bytes], steps: list[tuple[str, set[str]]], *, 
         if diff is None:
             return None
         diffs.append((a, b, diff))
-    base_bytes = sum(map(len, sections))
-    if max((len(d.encode("utf-8", "surrogateescape")) for _, _, d in diffs), default=0) > MAX_DIFF_SHARE * base_bytes:
+    if not diffs_fit(sum(map(len, sections)), [len(d.encode("utf-8", "surrogateescape")) for _, _, d in diffs]):
         return None
     parts = (*sections, changes_section(diffs, commit).encode("utf-8", "surrogateescape"),
              *plain.parts[sections_end(plain):])
@@ -117,11 +141,10 @@ def compose(plain, sections: list[bytes], steps: list[tuple[str, set[str]]], *, 
 
 
 def from_run(plain, run, *, history: str, commit: str, pack_at, budget: int | None, counter: TokenCounter):
-    """The delta pack of `plain` (a whole pack of `commit`'s tree) in its `run` (ordering.Run): the
-    root's sections and the diffs to the run's base and on to `commit`; when that is not the better
-    pack, the base's sections and one diff; else `plain`. `pack_at(c)` packs a tree as the task at
+    """The delta pack of `plain` (a whole pack of `commit`'s tree) in its `run` (ordering.Run), laid
+    out by `choose_layout`: the root's sections and the diffs to the run's base and on to `commit`;
+    else the base's sections and one diff; else `plain`. `pack_at(c)` packs a tree as the task at
     commit `c` packs its own."""
-    steps = list(dict.fromkeys([run.root, run.base, commit]))
     shown: dict[str, tuple[list[bytes], set[str]] | None] = {}  # commit -> its pack's sections and paths
 
     def sections(c: str) -> tuple[list[bytes], set[str]] | None:
@@ -129,13 +152,15 @@ def from_run(plain, run, *, history: str, commit: str, pack_at, budget: int | No
             shown[c] = base_sections(history, c, pack_at(c))
         return shown[c]
 
-    for chain in [steps] + ([steps[1:]] if len(steps) == 3 else []):
+    def lay(chain: list[str]):
+        if len(chain) == 1:
+            return plain
         found = [sections(c) for c in chain[:-1]]
         if any(f is None for f in found):
-            continue
-        pack = compose(plain, found[0][0], [(c, f[1]) for c, f in zip(chain, found)]
+            return None
+        return compose(plain, found[0][0], [(c, f[1]) for c, f in zip(chain, found)]
                        + [(commit, {f.path for f in plain.files})],
                        history=history, commit=commit, budget=budget, counter=counter)
-        if pack is not None:
-            return pack
-    return plain
+
+    laid = choose_layout(run, commit, lay)
+    return plain if laid is None else laid

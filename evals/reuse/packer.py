@@ -60,7 +60,7 @@ class BatchPacker:
             run = self.run(self.commit, store)
             plain = self.core.pack(repo, issue=issue, budget=budget, history=self.history,
                                    order=self.order(self.commit, run, store), store=store)
-            if not self.reuse.delta or run is None or run.root == self.commit or "budget" in plain.skipped_by_reason():
+            if not self.reuse.delta or run is None or "budget" in plain.skipped_by_reason():
                 return plain  # only a whole pack becomes a delta pack: a budgeted one's files depend on the issue
 
             def pack_at(commit: str):  # a tree packed as the instance at `commit` packs its own

@@ -9,10 +9,12 @@ from m3_agent import hostgit
 from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.context import EstimateCounter
 from m3_agent.agent.context.cache import PackCache
+from m3_agent.evals.admission import KvAdmit, KvCapacity, Reuse
 from m3_agent.evals.reuse import ordering
 from m3_agent.evals.reuse.delta import sections_end
 from m3_agent.evals.reuse.ordering import Cuts, order_for_commits, stored_run
 from m3_agent.evals.reuse.packer import BatchPacker
+from m3_agent.evals.tasks import Task
 from m3_agent.settings import ReuseConfig
 from tests.agent.context.history import commit_file
 
@@ -254,7 +256,20 @@ def test_diffs_from_the_root_too_large_fall_back_to_the_runs_own_base(repo, git,
     assert [p.delta_base for p in packs] == [commits[1], None, commits[1]]
     for n in (0, 2):
         assert packs[n].text.count("```diff\n") == 1 and packs[n].data.startswith(b"".join(packs[1].parts[:sections_end(packs[1])]))
+    # admission lays each pack out as the packer did: the base's files first (the base's own plain pack is those)
+    assert [d.root for d in _admission_layouts(source, commits[:3], ordered.batch)] == [commits[1]] * 3
+    monkeypatch.setattr(delta, "MAX_DIFF_SHARE", 0.5)  # now the diffs from the root fit: both take the root
+    packs = _packs(source, commits[:3], tmp_path / "again", ordered.batch)
+    roots = [d.root for d in _admission_layouts(source, commits[:3], ordered.batch)]
+    assert [p.delta_base for p in packs] == roots and commits[1] not in roots
 
+
+def _admission_layouts(source, commits, batch) -> list:
+    """The delta pack sizes admission reckons with for tasks at `commits` (`KvAdmit.delta_size`)."""
+    admit = KvAdmit(KvCapacity(tokens=10**7, block_size=16, source="test"), 4, repos=None, window=1_048_576,
+                    reuse=Reuse(True, 0.0, {"o/r": batch}, {}))
+    return [admit.delta_size(str(source), Task(instance_id=f"o__r-{n}", repo="o/r", base_commit=c, repo_source=str(source)))
+            for n, c in enumerate(commits)]
 
 def test_a_root_holds_the_runs_whose_bases_lie_within_its_share_of_it(repo, git, tmp_path):
     cuts = Cuts(delta_run_share=0.05, root_diff_share=0.15)  # one module's rewrite apart, not two
