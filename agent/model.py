@@ -61,7 +61,7 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
-    api_key: SecretStr = Field(SecretStr(NO_KEY), description="API key sent to the endpoint")
+    api_key: SecretStr = Field(SecretStr(NO_KEY), description="API key sent to the endpoint (better: M3_AGENT_MODEL__API_KEY; one `serve start` launched sends its own)")
     warn_plain_http: bool = Field(True, description="warn once per run when the repository goes to another "
                                   "machine over http:// (unencrypted)")
     name: str | None = Field(None, description="served model name; None = the first one /v1/models lists")

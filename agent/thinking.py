@@ -38,7 +38,8 @@ class ThinkingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    policy: Literal["enabled", "disabled", "adaptive", "controller"] = "controller"
+    policy: Literal["enabled", "disabled", "adaptive", "controller"] = Field(
+        "controller", description="thinking policy: controller | enabled | disabled | adaptive")
     plan_first_turn: bool = True
     after_test_failure: bool = True
     after_tool_error: bool = True

@@ -23,6 +23,7 @@ from m3_agent.evals.instance import InstanceResult, grader_for
 from m3_agent.evals.runner import Executor, RunOptions, run_eval
 from m3_agent.evals.tasks import Task, load_tasks
 from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig
+from m3_agent.settings import setting_flags
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -180,25 +181,20 @@ def grade_command(
 
 
 @app.command("run")
+@setting_flags("--api-key", "--serve", "--model", "--max-turns", "--thinking", "--image")
 def run_command(
     tasks: str = typer.Option(..., "--tasks", "-t", help=TASKS_HELP),
     split: str = typer.Option("test", "--split", help="Dataset split (hub datasets and dataset folders)."),
     image_namespace: str = typer.Option("swebench", help="Namespace of SWE-bench instance images ('' for none)."),
     image_tag: str = typer.Option("latest", help="Tag of SWE-bench instance images."),
     base_url: Optional[list[str]] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint of the M3 server (…/v1); repeat for a pool (--executor ray)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help="Key for the endpoint (better: M3_AGENT_MODEL__API_KEY; one `serve start` launched sends its own)."),
-    serve: Optional[str] = typer.Option(None, "--serve", help="Launch or reuse an M3 endpoint from this serving profile."),
-    model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
     model_name: str = typer.Option("m3-agent", help="model_name_or_path written into the predictions."),
     repos: Optional[Path] = typer.Option(None, "--repos", help="Folder of clones or mirrors named <owner>__<name>."),
     workers: int = typer.Option(1, "--workers", "-w", help="Instances run at once."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Results folder (rerun with it to resume)."),
     instance_ids: Optional[list[str]] = typer.Option(None, "--instance-ids", "-i", help="Only these ids (repeat or comma-separate)."),
-    max_turns: Optional[int] = typer.Option(None, help="Turn limit per instance."),
-    thinking: Optional[str] = typer.Option(None, help="controller | enabled | disabled | adaptive."),
     test_timeout: float = typer.Option(600.0, help="Seconds for one instance's tests."),
     instance_timeout: float = typer.Option(3600.0, help="Seconds for one whole instance (agent + grading)."),
-    image: Optional[str] = typer.Option(None, help="Sandbox image (default: the project image)."),
     usd_per_m_input: Optional[float] = typer.Option(None, help="Price: USD per 1M input tokens."),
     usd_per_m_cached: Optional[float] = typer.Option(None, help="Price: USD per 1M cached input tokens."),
     usd_per_m_output: Optional[float] = typer.Option(None, help="Price: USD per 1M output tokens."),
@@ -212,6 +208,8 @@ def run_command(
     json_out: bool = typer.Option(False, "--json", help="End with the summary as one JSON object on stdout."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) | ray (a Ray cluster)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (HOST:PORT); default: a one-machine Ray."),
+    *,
+    flags: dict[str, Any],  # the setting flags given (`setting_flags`); --base-url, a pool here, is declared above
 ) -> None:
     """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
     _check_inputs(workers, repos)
@@ -220,9 +218,8 @@ def run_command(
         raise UsageError(f"unknown --executor {executor!r}: use local or ray")
     if executor == "local" and (len(urls) > 1 or ray_address):
         raise UsageError("several --base-url and --ray-address need --executor ray")
-    flags = {"--base-url": urls[0] if urls else None, "--api-key": api_key, "--serve": serve, "--model": model,
-             "--max-turns": max_turns, "--thinking": thinking, "--image": image}
-    endpoint, agent, settings = _endpoint_and_agent(flags, config_file, quiet)
+    endpoint, agent, settings = _endpoint_and_agent({**flags, "--base-url": urls[0] if urls else None}, config_file,
+                                                    quiet)
     task_list = load_tasks(tasks, instance_ids=_ids(instance_ids), split=split)
     config = EvalConfig(output_dir=output or _default_output("run", tasks), repos=repos, sandbox=agent.sandbox,
                         test_timeout=test_timeout, instance_timeout=instance_timeout, model_name=model_name,

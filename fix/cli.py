@@ -21,7 +21,7 @@ from m3_agent.fix import gitwork
 from m3_agent.fix.flow import FixOptions, fix_issue
 from m3_agent.fix.result import FixResult
 from m3_agent.fix.progress import LiveProgress, short, summary
-from m3_agent.settings import load_settings
+from m3_agent.settings import load_settings, setting_flags
 
 
 # The command's own app; m3_agent/cli.py takes its one command, `fix`, into `m3-agent`.
@@ -38,55 +38,27 @@ class Display:
 
 
 @app.command("fix", help="Fix an issue in a repository; hands back a branch and a patch.")
+@setting_flags("--base-url", "--api-key", "--serve", "--model", "--max-turns", "--test-cmd", "--time-limit",
+               "--thinking", "--images", "--include-uncommitted", "--sandbox-image", "--github-api-url",
+               "--output-dir", "--push", "--remote", "--pr", "--ready", "--pr-anyway", "--comment", "--trajectory-url")
 def fix_command(
     issue_arg: Optional[str] = typer.Argument(
         None, metavar="ISSUE", help="Issue number (origin's GitHub repo), owner/repo#N, issue URL, file, or text."
     ),
     issue: Optional[str] = typer.Option(None, "--issue", "-i", help="The issue, as ISSUE (instead of the argument)."),
     repo: Path = typer.Option(Path("."), "--repo", "-C", help="The repository to fix."),
-    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint of the M3 server (…/v1)."),
-    api_key: Optional[str] = typer.Option(None, help="Key for that endpoint (better: M3_AGENT_MODEL__API_KEY; one "
-                                          "`serve start` launched sends its own)."),
-    serve: Optional[str] = typer.Option(None, help="Launch or reuse an M3 endpoint from this serving profile."),
-    model: Optional[str] = typer.Option(None, help="Served model name (default: the first /v1/models lists)."),
-    max_turns: Optional[int] = typer.Option(None, help="Turn limit."),
-    test_cmd: Optional[str] = typer.Option(None, help="Shell command whose exit status decides the verdict when "
-                                           "the agent ran no tests on its patch."),
-    time_limit_s: Optional[float] = typer.Option(None, "--time-limit", help="Wall-clock limit, seconds."),
-    thinking: Optional[str] = typer.Option(None, help="controller | enabled | disabled | adaptive."),
-    images: Optional[str] = typer.Option(None, help="Send issue images: auto | on | off."),
-    include_uncommitted: Optional[bool] = typer.Option(None, "--include-uncommitted/--no-include-uncommitted",
-                                                       help="Include the working tree's uncommitted changes "
-                                                       "(tracked and untracked) in the run."),
     apply: bool = typer.Option(False, "--apply", help="Also apply the patch to the working tree (must be clean)."),
     base: Optional[str] = typer.Option(None, help="Start from this commit instead of HEAD (e.g. on a detached HEAD)."),
-    sandbox_image: Optional[str] = typer.Option(None, help="Docker image the tools run in."),
-    github_api_url: Optional[str] = typer.Option(None, help="GitHub REST API base (Enterprise: https://HOST/api/v3)."),
-    output_dir: Optional[Path] = typer.Option(None, help="Where patches and trajectories go (default .m3-agent/)."),
-    push: Optional[bool] = typer.Option(None, "--push/--no-push", help="Push the fix branch to the remote (never forced)."),
-    remote: Optional[str] = typer.Option(None, help="The remote to push to (default origin)."),
-    pr: Optional[bool] = typer.Option(None, "--pr/--no-pr", help="Push, then open a pull request (a draft unless --ready)."),
-    ready: Optional[bool] = typer.Option(None, "--ready/--draft", help="Open the pull request ready for review."),
-    pr_anyway: Optional[bool] = typer.Option(
-        None, "--pr-anyway/--no-pr-anyway", help="Open the pull request for unverified or failing runs too."),
-    comment: Optional[bool] = typer.Option(
-        None, "--comment/--no-comment", help="Comment on the issue: the pull request or the branch, or why not."),
-    trajectory_url: Optional[str] = typer.Option(
-        None, help="Where the trajectory can be read, linked from the comment ({file}: its file name)."),
     config: Optional[Path] = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress, no diff: only the summary."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (FixResult) on stdout, nothing else."),
+    *,
+    flags: dict[str, Any],
 ) -> None:
     """Fix an issue; exit 0 when resolved (tests ran on the final patch and pass), 1 when not, 6 when no
-    test ran on the final patch and no test command is known (see docs/usage.md)."""
+    test ran on the final patch and no test command is known (see docs/usage.md). `flags`: the setting
+    flags given (`setting_flags`)."""
     display = Display(Console(stderr=True, highlight=False), quiet=quiet, json_out=json_out)
-    flags = {
-        "--base-url": base_url, "--api-key": api_key, "--serve": serve, "--model": model, "--max-turns": max_turns,
-        "--test-cmd": test_cmd, "--time-limit": time_limit_s, "--thinking": thinking, "--images": images,
-        "--include-uncommitted": include_uncommitted, "--sandbox-image": sandbox_image,
-        "--github-api-url": github_api_url, "--output-dir": output_dir, "--push": push, "--remote": remote,
-        "--pr": pr, "--ready": ready, "--pr-anyway": pr_anyway, "--comment": comment, "--trajectory-url": trajectory_url,
-    }
     try:
         if issue_arg and issue:
             raise UsageError("give the issue once: as the argument or with --issue")

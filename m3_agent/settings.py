@@ -25,9 +25,11 @@ import os
 import sys
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from collections.abc import Callable
+from typing import Any, Literal, Optional, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
 
 from m3_agent.agent.config import MOVED_TO_EVAL, AgentConfig
 from m3_agent.agent.model import NO_KEY
@@ -47,7 +49,8 @@ PYPROJECT_TABLE = "tool.m3-agent"
 # Checked in this order when M3_AGENT_FIX__GITHUB_TOKEN is unset; the first one set wins.
 GITHUB_TOKEN_ENVS = ("GITHUB_TOKEN", "GH_TOKEN")
 
-# The commands' flags and the setting each one sets (flags kept their names when settings nested).
+# The commands' flags and the setting each one sets (flags kept their names when settings nested);
+# `setting_flags` makes them typer options, each with its setting's type and description.
 FLAGS = {
     "--base-url": "model.base_url",
     "--api-key": "model.api_key",
@@ -71,6 +74,7 @@ FLAGS = {
     "--comment": "fix.comment",
     "--trajectory-url": "fix.trajectory_url",
 }
+OFF_SWITCHES = {"--ready": "--draft"}  # a yes/no flag's other half, when it is not --no-<flag>
 
 
 class FixConfig(BaseModel):
@@ -351,3 +355,49 @@ def _shown(value: Any) -> str:
 def display_rows(settings: Settings, sources: dict[str, str]) -> list[tuple[str, str, str]]:
     """(dotted path, shown value, source) for every setting, secrets masked."""
     return [(path, _shown(attrgetter(path)(settings)), sources.get(path, "default")) for path in PATHS]
+
+
+def _field(path: str, model: type[BaseModel] | None = None) -> FieldInfo:
+    """The pydantic field at a dotted path of `Settings`."""
+    head, _, rest = path.partition(".")
+    field = (model or Settings).model_fields[head]
+    return _field(rest, field.annotation) if rest else field
+
+
+def flag_parameter(flag: str) -> str:
+    """The Python parameter name a flag gets in a command: `--max-turns` -> `max_turns`."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def setting_flags(*flags: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare a typer command's setting flags once, here: each flag of `FLAGS` becomes an option with
+    its setting's type and field description. The command receives the values as `flags`
+    ({flag: value}, None: not given), ready for `load_settings`; a yes/no setting gets `--no-<flag>`.
+    """
+    import functools
+    import inspect
+
+    import typer
+
+    def option(flag: str) -> inspect.Parameter:
+        field = _field(FLAGS[flag])
+        kinds = [a for a in get_args(field.annotation) or (field.annotation,) if a is not type(None)]
+        kind = kinds[0] if len(kinds) == 1 and kinds[0] in (bool, int, float, Path) else str
+        names = f"{flag}/{OFF_SWITCHES.get(flag, '--no-' + flag[2:])}" if kind is bool else flag
+        return inspect.Parameter(flag_parameter(flag), inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
+                                 default=typer.Option(None, names, help=field.description, show_default=False))
+
+    def declare(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        params = [p for p in signature.parameters.values() if p.name != "flags"] + [option(f) for f in flags]
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            given = {f: values.pop(flag_parameter(f)) for f in flags}
+            return command(**values, flags=given)
+
+        run.__signature__ = signature.replace(parameters=params)  # what typer reads
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return declare

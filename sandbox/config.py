@@ -18,7 +18,7 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    image: str = DEFAULT_IMAGE
+    image: str = Field(DEFAULT_IMAGE, description="the Docker image the tools run in")
     project_env: Literal["auto", "off"] = Field(
         "auto", description="auto: on the default image, a repository that declares dependencies (pyproject.toml, "
         "setup.py, requirements*.txt, lock files) gets an environment image with them and the project installed "

@@ -289,3 +289,29 @@ def test_a_batch_knob_still_under_context_is_an_error_that_names_its_new_place(t
         load_settings(tmp_path, {f"context.{name}": value}, environ={})
     with pytest.raises(ValueError, match=rf"context.{name} moved.*eval.{name}"):
         AgentConfig.model_validate({"context": {name: value}})
+
+
+def test_setting_flags_are_typer_options_with_the_settings_type_and_description():
+    import typer
+    from typer.testing import CliRunner
+
+    from m3_agent.settings import setting_flags
+
+    app, seen = typer.Typer(), {}
+
+    @app.command()
+    @setting_flags("--max-turns", "--push", "--ready", "--output-dir")
+    def command(quiet: bool = typer.Option(False, "--quiet"), *, flags: dict) -> None:
+        seen.update(flags, quiet=quiet)
+
+    result = CliRunner().invoke(app, ["--max-turns", "7", "--push", "--draft", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"--max-turns": 7, "--push": True, "--ready": False, "--output-dir": None, "quiet": True}
+    settings, sources = load_settings(".", {k: v for k, v in seen.items() if k.startswith("--")}, environ={})
+    assert (settings.limits.max_turns, settings.fix.push, sources["limits.max_turns"]) == (7, True, "flag --max-turns")
+    assert CliRunner().invoke(app, ["--max-turns", "many"]).exit_code == 2  # typed as the setting is
+    help_text = " ".join(CliRunner().invoke(app, ["--help"], env={"COLUMNS": "300"}).output.split())
+    assert "--ready --draft" in help_text.replace("/", " ") and "--no-push" in help_text
+    for path in ("limits.max_turns", "fix.output_dir"):
+        description = Settings.model_fields[path.split(".")[0]].annotation.model_fields[path.split(".")[1]].description
+        assert description and description in help_text
