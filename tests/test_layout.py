@@ -2,14 +2,19 @@
 
 The modules are the ones the wheel installs (pyproject's `packages` and `package-dir`); every import
 in them counts, including those inside functions and `importlib.import_module("m3_agent....")`.
+Within a part too, no two modules import each other, however indirectly (imports under
+`TYPE_CHECKING` aside).
 """
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import re
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -269,3 +274,42 @@ def test_the_four_questions_name_functions_that_exist():
         defined |= {f.name for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
         missing += [f"{path}: {name}"] if name not in defined else []
     assert missing == []
+
+
+def module_imports(module: str, file: Path, modules: set[str]) -> set[str]:
+    """The product modules `module` imports, anywhere in its code but under `if TYPE_CHECKING:`;
+    `from pkg import mod` is an import of `pkg.mod`, `from pkg import name` one of `pkg`."""
+    package = module if file.stem == "__init__" else module.rpartition(".")[0]
+    tree = ast.parse(file.read_text(), str(file))
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+    return found & modules - {module}
+
+
+def test_no_import_circle_between_product_modules():
+    modules = product_modules()
+    graph = {module: module_imports(module, file, set(modules)) for module, file in modules.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        pytest.fail("import circle: " + " -> ".join(e.args[1]))
+
+
+def test_the_circle_check_sees_a_function_level_import_and_skips_type_checking_ones(tmp_path):
+    file = tmp_path / "a.py"
+    file.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from m3_agent.fix import flow\n"
+                    "def f():\n    from m3_agent.agent import model\n    from m3_agent.errors import UsageError\n")
+    modules = {"m3_agent.x.a", "m3_agent.fix.flow", "m3_agent.agent.model", "m3_agent.errors"}
+    assert module_imports("m3_agent.x.a", file, modules) == {"m3_agent.agent.model", "m3_agent.errors"}
