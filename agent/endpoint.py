@@ -64,13 +64,12 @@ def served_models(answer: Any) -> list[ServedModel]:
 
 
 def is_loopback(host: str) -> bool:
-    """`localhost`, 127.0.0.0/8 or ::1: this machine."""
-    if host.lower() == "localhost":
-        return True
+    """True when only this machine can reach `host`: 127.0.0.0/8, ::1 or `localhost`."""
+    name = host.strip().strip("[]").lower()
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return name == "localhost" or ipaddress.ip_address(name).is_loopback
     except ValueError:
-        return False
+        return False  # a host name (or "" / a wildcard someone spelled oddly): assume others reach it
 
 
 def proxy_for(url: str) -> str | None:

@@ -467,10 +467,8 @@ def _shared_bytes(source: str, batch: str, a: str, b: str, same_run: bool = Fals
 def _run(source: str, batch: str, commit: str) -> Run | None:
     """The order, base and root stored for a commit's run, read from the pack cache once it is
     there (admission asks for every pair of running instances at each decision)."""
-    if not batch:
-        return None
     try:
-        return _stored_run(source, batch, commit)
+        return _stored_run(source, batch, commit) if batch else None
     except LookupError:
         return None
 

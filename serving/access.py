@@ -10,7 +10,6 @@ from, so one variable serves both ends), else a new random one. The engine takes
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
 import urllib.parse
@@ -18,7 +17,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, FieldSerializationInfo, SecretStr, field_serializer
 
-from m3_agent.agent.endpoint import NO_KEY
+from m3_agent.agent.endpoint import NO_KEY, is_loopback
 from m3_agent.errors import UsageError
 from m3_agent.redact import mask
 
@@ -34,17 +33,6 @@ ENGINE_CAVEATS = {
             "your team reaches, or put a proxy that checks the key in front",
     "sglang": "SGLang 0.5.23 checks the key on every path but /health, /ready and /metrics",
 }
-
-
-def is_loopback(host: str) -> bool:
-    """True when only this machine can reach `host`: 127.0.0.0/8, ::1 or `localhost`."""
-    name = host.strip().strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False  # a host name (or "" / a wildcard someone spelled oddly): assume others reach it
 
 
 class ApiKey(BaseModel):
