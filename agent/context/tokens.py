@@ -156,7 +156,6 @@ class ServerCounter:
 
     def __init__(self, base_url: str, model: str | None = None, *, api_key: str | None = None,
                  timeout: float = 120.0, concurrency: int = 4, check: bool = True) -> None:
-        self.base_url = base_url
         self.endpoint = EndpointClient(base_url, api_key=api_key, timeout=timeout)
         self.concurrency = max(1, concurrency)
         self.model = model or self.endpoint.card().id
