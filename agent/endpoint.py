@@ -78,7 +78,8 @@ def proxy_for(url: str) -> str | None:
     host = parts.hostname or ""
     if is_loopback(host) or urllib.request.proxy_bypass_environment(parts.netloc.rpartition("@")[2]):
         return None
-    return urllib.request.getproxies_environment().get(parts.scheme)
+    proxy = urllib.request.getproxies_environment().get(parts.scheme)
+    return proxy if not proxy or "://" in proxy else f"http://{proxy}"  # `HTTP_PROXY=host:3128` is an http proxy
 
 
 class EndpointClient:

@@ -133,6 +133,8 @@ def test_the_proxy_policy_reads_http_proxy_https_proxy_and_no_proxy(monkeypatch)
     assert proxy_for("http://gpu-node:8000/v1") == "http://proxy.corp:3128"
     assert proxy_for("https://m3.example.com/v1") == "http://tls-proxy.corp:3128"
     assert proxy_for("http://gpu.internal:8000/v1") is None and proxy_for("http://10.1.2.3:8000") is None
+    monkeypatch.setenv("HTTP_PROXY", "proxy.corp:3128")  # no scheme: curl and httpx read it as http://
+    assert proxy_for("http://gpu-node:8000/v1") == "http://proxy.corp:3128"
     assert [is_loopback(h) for h in ("127.0.0.1", "127.8.0.1", "::1", "[::1]", "LOCALHOST", "10.0.0.1", "gpu")] == [
         True, True, True, True, True, False, False]
 
