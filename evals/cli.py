@@ -117,7 +117,11 @@ def execute(tasks: list[Task], predictions, config: EvalConfig, options: RunOpti
     image = config.sandbox.image
     if options.executor is None and any(grader_for(t).checks_out for t in tasks) and not image_here(image):
         raise SandboxUnavailable(f"sandbox image {image} not found: run `m3-agent sandbox build`")
-    config.output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        config.output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot make the results folder {config.output_dir}: {e.strerror or e}; "
+                         "pass --output DIR where you may write") from None
     started = time.monotonic()
     progress = RunProgress(len(tasks), console, enabled=not shown.quiet)
     with progress.progress:  # the live display, for as long as the run lasts
@@ -311,6 +315,14 @@ def images_command(
                                   progress=lambda line: console.print(escape(line), highlight=False)))
 
 
+def _write_out(path: Path, text: str) -> None:
+    """Write an --out file; a path that cannot be written is a usage error, not a traceback."""
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+
+
 @app.command("standin-script")
 def standin_script_command(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the script to this file (default: stdout)."),
@@ -331,7 +343,7 @@ def standin_script_command(
     if out is None:
         print(text, end="")
         return
-    out.write_text(text)
+    _write_out(out, text)
     Console(stderr=True).print(f"wrote {out}: serve it with `m3-agent standin --script {out}`", markup=False)
 
 
@@ -362,7 +374,7 @@ def report_command(
         return
     text = renderers[fmt](report)
     if out:
-        out.write_text(text if text.endswith("\n") else text + "\n")
+        _write_out(out, text if text.endswith("\n") else text + "\n")
         typer.echo(f"wrote {out}: the {fmt} report of {len(report.instances)} instances in {output}")
     else:
         print(text)

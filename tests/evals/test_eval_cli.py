@@ -300,3 +300,15 @@ def test_a_grade_in_which_every_instance_errors_fails_with_the_first_reason(tmp_
     assert last.startswith("every instance ended in an error (2 of 2); the first, ")
     assert "could not be pulled" in last and "--image-namespace m3-agent-offline" in last
     assert "(docs/evals.md, 'offline images')" in r.stdout + r.stderr  # the per-instance line is whole too
+
+
+@pytest.mark.docker
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, capsys, sandbox_image):
+    nowhere = tmp_path / "missing" / "dir" / "x.json"
+    (tmp_path / "missing").write_text("a file, not a folder")
+    assert f"cannot write {nowhere}: " in _main_error(capsys, "eval", "standin-script", "-o", str(nowhere))
+    assert f"cannot make the results folder {nowhere}: " in _main_error(
+        capsys, "eval", "grade", "--tasks", "builtin", "-p", "gold", "-o", str(nowhere))
+    (tmp_path / "results.jsonl").write_text("")
+    assert f"cannot write {nowhere}: " in _main_error(capsys, "eval", "report", str(tmp_path), "--format", "md",
+                                                      "--out", str(nowhere))
