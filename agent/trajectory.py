@@ -52,7 +52,10 @@ def read_trajectory(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise UsageError(f"no trajectory at {path}: pass the .jsonl file a run wrote")
     events = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not text: pass the .jsonl file a run wrote") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

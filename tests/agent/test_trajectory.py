@@ -90,3 +90,11 @@ def test_show_of_a_results_file_says_it_is_not_a_trajectory_and_exits_2(tmp_path
     proc = _show(path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert "results.jsonl:1 is not a trajectory event" in " ".join(proc.stderr.split())
+
+
+def test_show_of_a_binary_file_is_one_line_and_exit_2(tmp_path):
+    path = tmp_path / "blob.jsonl"
+    path.write_bytes(b"\x9e\xff\x00binary")
+    proc = _show(path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "blob.jsonl is not text" in " ".join(proc.stderr.split())
