@@ -224,7 +224,7 @@ def load_script(source: Script | dict | list | str | Path) -> Script:
             source = json.loads(path.read_text(encoding="utf-8"))
         except OSError as e:
             raise UsageError(f"cannot read stand-in script {path}: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UsageError(f"stand-in script {path} is not valid JSON: {e}") from None
     if isinstance(source, list):
         source = {"turns": source}

@@ -654,10 +654,13 @@ def test_load_script_forms_and_errors(tmp_path):
         "fault.json": json.dumps([{"fault": "explode"}]),
         "both.json": json.dumps([{"tool_calls": [{"name": "a", "arguments": {}, "arguments_raw": "{}"}]}]),
         "scalar.json": "3",
+        "binary.json": b"\x9e\xff\x00",
     }
     for name, text in bad_cases.items():
         p = tmp_path / name
-        if text is not None:
+        if isinstance(text, bytes):
+            p.write_bytes(text)
+        elif text is not None:
             p.write_text(text)
         with pytest.raises(UsageError) as info:
             load_script(p)
