@@ -7,9 +7,10 @@ import time
 from typing import Optional
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
-from m3_agent.errors import UsageError
+from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher, llamacpp
 from m3_agent.serving.access import ENGINE_CAVEATS, KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access
 from m3_agent.serving.bench import run_bench, table
@@ -17,7 +18,7 @@ from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, Launch, plan_request, p
 from m3_agent.serving.gpus import auto_profile, detect_gpus, summary
 from m3_agent.serving.loadgen import LoadConfig
 from m3_agent.serving.multinode import eval_pool_step, ray_tensor_parallel, replica_host, replicas_behind_router
-from m3_agent.serving.planner import BYTES_PER_PARAM, M3_PARAMS_B, PlanRequest, describe, gpu_memory_for, plan
+from m3_agent.serving.planner import BYTES_PER_PARAM, M3_PARAMS_B, Plan, PlanRequest, describe, gpu_memory_for, plan
 from m3_agent.serving.profiles import ALL_PROFILES, SEEDS, Overrides, Profile, build_command, flag_value, get_profile
 
 app = typer.Typer(no_args_is_help=True, help="Launch, plan and benchmark a self-hosted M3 endpoint.")
@@ -272,6 +273,17 @@ def stop_command(
     out.print(f"stopped {name}: {state.profile} ({what})")
 
 
+def _plan(req: dict) -> Plan:
+    """The plan for the flags given; a bad number is a usage error naming the field and the rule."""
+    try:
+        return plan(PlanRequest(**req))
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise UsageError(f"bad plan input: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    except ValueError as e:
+        raise UsageError(f"bad plan input: {e}".splitlines()[0]) from None
+
+
 @app.command("plan")
 def plan_command(
     profile: Optional[str] = typer.Option(
@@ -322,10 +334,7 @@ def plan_command(
     req.update(reserve_gb_per_gpu=reserve_gb, params_b=params_b, text_only=text_only or req.get("text_only", False))
     if input_len:
         req["request_tokens"] = input_len + output_len
-    try:
-        result = plan(PlanRequest(**req))
-    except ValueError as e:
-        raise UsageError(f"bad plan input: {e}".splitlines()[0]) from None
+    result = _plan(req)
     if as_json:
         out.print(result.model_dump_json(indent=2))
     else:
@@ -360,7 +369,10 @@ def bench_command(
         base_url, model = state.base_url, model or state.served_model_name
         api_key = state.key_value or api_key
     if model is None:
-        _, models, _ = launcher.probe(base_url, api_key=api_key)
+        phase, models, _ = launcher.probe(base_url, api_key=api_key)
+        if phase == "loading":
+            raise EndpointError(f"no model server is ready at {base_url} (nothing answers, or it is still loading): "
+                                "check --base-url, or `m3-agent serve status`")
         if not models:
             raise UsageError(f"{base_url} lists no model: pass --model")
         model = models[0]

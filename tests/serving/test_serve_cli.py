@@ -320,3 +320,21 @@ def test_multi_node_plans_carry_a_key_on_every_server_shown_masked(plan):
         router = next(shlex.split(line) for line in res.output.splitlines() if "sglang_router" in line)
         assert flag_value(router, "--api-key") == "****WXYZ"
         assert res.output.strip().splitlines()[-1].startswith("M3_AGENT_MODEL__API_KEY=****WXYZ m3-agent eval run")
+
+
+def test_a_bad_plan_number_names_the_field_and_the_rule():
+    res = _run("plan", "--gpus", "0", "--gpu", "H200")
+    assert str(res.exception) == "bad plan input: gpus: Input should be greater than 0"
+
+
+def test_bench_against_a_dead_url_says_nothing_answers_not_that_it_lists_no_model():
+    import socket
+
+    from m3_agent.errors import EndpointError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    res = _run("bench", "--base-url", dead)
+    assert isinstance(res.exception, EndpointError) and res.exception.exit_code == 3
+    assert str(res.exception).startswith(f"no model server is ready at {dead}")
