@@ -120,7 +120,7 @@ def pack_command(
     settings = _settings(repo)
     base_url = base_url or (settings.model.base_url if settings else None)
     model = model or (settings.model.name if settings else None)
-    api_key = _api_key(settings)
+    api_key = settings.model.api_key.get_secret_value() if settings else None  # (the client drops "EMPTY")
     includes = list(include) + (settings.context.include if settings else [])
     excludes = list(exclude) + (settings.context.exclude if settings else [])
     if max_file_bytes is None:
@@ -194,8 +194,3 @@ def _settings(repo: str):
 
     settings, _ = load_settings(Path(repo))
     return settings
-
-
-def _api_key(settings) -> str | None:
-    value = settings.model.api_key.get_secret_value() if settings else ""
-    return None if value in ("", "EMPTY") else value

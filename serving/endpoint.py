@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field, SecretStr
 
-from m3_agent.agent.endpoint import NO_KEY, EndpointClient
+from m3_agent.agent.endpoint import EndpointClient
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher, llamacpp
 from m3_agent.serving.access import LOOPBACK, ApiKey, choose_key
@@ -38,9 +38,8 @@ class Endpoint(BaseModel):
 
 
 def key_value(key: ApiKey | None) -> str | None:
-    """The key in clear, for a request header; None when there is none (or only the SDK's placeholder)."""
-    value = key.value.get_secret_value() if key else None
-    return value if value and value != NO_KEY else None
+    """The key in clear, for a request header (the endpoint client sends no SDK placeholder); None: none."""
+    return key.value.get_secret_value() if key else None
 
 
 def _same_server(a: str, b: str) -> bool:
