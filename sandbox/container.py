@@ -25,6 +25,7 @@ from m3_agent.sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, Shared
 from m3_agent.sandbox.config import ExecResult, SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 from m3_agent.sandbox.image import ENV_PREFIX, GENERATED, SYSTEM_PATH
+from m3_agent.sandbox.nodeenv import NODE_BIN, NODE_MODULES, WORKSPACE_BIN
 
 WORKSPACE = "/workspace"
 HOME = "/home/sandbox"
@@ -63,7 +64,8 @@ TESTBED_BIN = "/opt/miniconda3/envs/testbed/bin"  # a SWE-bench instance image's
 # Everything a command sees in its environment: nothing is inherited from the host.
 BASE_ENV = {
     # The repository's environment first (sandbox.envimage), then a SWE-bench image's testbed env.
-    "PATH": f"{ENV_PREFIX}/bin:{TESTBED_BIN}:{SYSTEM_PATH}",
+    "PATH": f"{ENV_PREFIX}/bin:{TESTBED_BIN}:{NODE_BIN}:{WORKSPACE_BIN}:{SYSTEM_PATH}",
+    "npm_config_cache": f"{HOME}/.npm",  # npm and npx write their cache and logs here, never in the image
     "HOME": HOME,
     "LANG": "C.UTF-8",
     "LC_ALL": "C.UTF-8",
@@ -90,6 +92,13 @@ printf '%s\n' '__pycache__/' '*.py[co]' '.pytest_cache/' > "$HOME/.config/git/ig
 if [ -d "$M3_GENERATED" ]; then
   cp -Rn "$M3_GENERATED/." .
   mkdir -p .git/info && (cd "$M3_GENERATED" && find . -type f | sed 's|^\.||') >> .git/info/exclude
+fi
+# Its node_modules (sandbox.nodeenv), kept outside the workspace: linked in, never in its diff.
+if [ -f "$M3_NODE_MODULES/.links" ]; then
+  while read -r d; do
+    if [ ! -e "$d/node_modules" ]; then mkdir -p "$d" && ln -s "$M3_NODE_MODULES/${d#./}/node_modules" "$d/node_modules"; fi
+  done < "$M3_NODE_MODULES/.links"
+  mkdir -p .git/info && echo node_modules >> .git/info/exclude
 fi
 git rev-parse HEAD
 """
@@ -166,7 +175,7 @@ class Sandbox:
                     raise SandboxUnavailable(f"copying {self.repo} into the sandbox failed: "
                                              f"{header.get('error', '')[-300:]}")
             init = self.exec(GIT_INIT, timeout=cfg.start_timeout,
-                             env={"M3_GENERATED": GENERATED, **({"M3_KEEP_BASE": "1"} if tar else {})})
+                             env={"M3_GENERATED": GENERATED, "M3_NODE_MODULES": NODE_MODULES, **({"M3_KEEP_BASE": "1"} if tar else {})})
             if init.exit_code != 0:
                 raise SandboxUnavailable(f"cannot prepare /workspace as a git repository: {init.stderr.strip()[-300:]}")
             self.base_commit = init.stdout.strip().splitlines()[-1]

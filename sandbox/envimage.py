@@ -39,6 +39,7 @@ from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError, SandboxUnavailable
 from m3_agent.sandbox import cleanup
 from m3_agent.sandbox.config import SandboxConfig
+from m3_agent.sandbox import nodeenv
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID,
                                     SUITE, SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock,
@@ -50,6 +51,9 @@ from m3_agent.sandbox.releases import Releases, Sources, release_cutoff
 from m3_agent.sandbox.wheels import Requirements, download, download_step
 
 Progress = Callable[[str], None]
+
+# The environment's venv, then Node and the project's own Node tools, then the system's.
+ENV_PATH = f"{ENV_PREFIX}/bin:{nodeenv.NODE_BIN}:{nodeenv.WORKSPACE_BIN}:{SYSTEM_PATH}"
 
 ENV_REPOSITORY = "m3-agent-env"
 KIND = "project-env"
@@ -133,7 +137,9 @@ def needs_environment(request: BuildRequest) -> bool:
         return True
     if not request.derive:
         return False
-    return wants_environment(request.repo) if request.repo is not None else wants_environment_at(*_history(request))
+    if request.repo is not None:
+        return wants_environment(request.repo) or nodeenv.wants_node(request.repo)
+    return wants_environment_at(*_history(request)) or nodeenv.wants_node_at(*_history(request))
 
 
 def request_key(client: docker.DockerClient, request: BuildRequest,
@@ -141,11 +147,14 @@ def request_key(client: docker.DockerClient, request: BuildRequest,
     """The request's cache key and the files (path -> git blob id) that went into it: a hash of the base
     image's id, the dependency files' blob ids and the setup command."""
     files = {}
-    if request.derive:
-        files = key_files(request.repo) if request.repo is not None else key_files_at(*_history(request))
+    if request.derive and request.repo is not None:
+        files = {**key_files(request.repo), **nodeenv.key_files(request.repo)}
+    elif request.derive:
+        files = {**key_files_at(*_history(request)), **nodeenv.key_files_at(*_history(request))}
     base_id = base_image_id(client, request.base, progress)
     cutoff = request_cutoff(request, files) or "today"
-    return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), request.setup or "", cutoff)[:16], files
+    node = [nodeenv.BUILDER] if "package.json" in files else []  # only Node environments change with it
+    return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), request.setup or "", cutoff, *node)[:16], files
 
 
 def request_cutoff(request: BuildRequest, files: dict[str, str]) -> str | None:
@@ -203,26 +212,54 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
     """The steps of `build_environment` in a container from `base`."""
     with BuildContainer(client, base, say) as box, tempfile.TemporaryDirectory(prefix="m3-agent-env-") as tmp:
         target = box.target()
-        say(f"planning the environment for Python {target.python} ({target.machine})")
-        plan = plan_environment(request.repo, target, version=request.version) if request.derive else None
+        node_files = nodeenv.key_files(request.repo) if request.derive else {}
+        python = not node_files or wants_environment(request.repo)  # a Node-only repository gets no venv
+        if python:
+            say(f"planning the environment for Python {target.python} ({target.machine})")
+        plan = plan_environment(request.repo, target, version=request.version) if request.derive and python else None
         stage = Path(tmp)
-        cutoff = request_cutoff(request, plan.key_files if plan else {})
-        _download(plan, stage, target, request.version, Sources.for_cutoff(cutoff), say)
-        say("copying the wheels and the repository into the build container")
+        files = {**(plan.key_files if plan else {}), **node_files}
+        cutoff = request_cutoff(request, files)
+        steps = install_steps(plan, request) if python else [("run the setup command", request.setup, {})] * bool(
+            request.setup)
+        if python:
+            _download(plan, stage, target, request.version, Sources.for_cutoff(cutoff), say)
+        packages = _stage_node(request.repo, stage, target, cutoff, steps, say) if node_files else []
+        say("copying the fetched files and the repository into the build container")
         box.put(stage, STAGE)
         box.put(request.repo, WORKSPACE)
-        for step, command, env in install_steps(plan, request):
+        for step, command, env in steps:
             say(step)
             box.run(step, command, env)
-        packages = box.run("list the installed packages", f"{ENV_PREFIX}/bin/python -m pip freeze --all").splitlines()
+        if python:
+            packages += box.run("list the installed packages",
+                                f"{ENV_PREFIX}/bin/python -m pip freeze --all").splitlines()
         box.run("remove the build files", f"rm -rf {STAGE} && find {WORKSPACE} -mindepth 1 -delete")
-        labels = {IMAGE_LABEL: KIND, RECIPE_LABEL: key, FILES_LABEL: json.dumps(plan.key_files if plan else {}),
+        labels = {IMAGE_LABEL: KIND, RECIPE_LABEL: key, FILES_LABEL: json.dumps(files),
                   PACKAGES_LABEL: json.dumps(packages), SOURCE_LABEL: request.source or request.repo.name,
                   RELEASES_LABEL: cutoff or "today"}
         say(f"committing {tag}")
         box.commit(tag, labels, User=f"{SANDBOX_UID}:{SANDBOX_UID}", WorkingDir=WORKSPACE,
-                   Env=[f"VIRTUAL_ENV={ENV_PREFIX}", f"PATH={ENV_PREFIX}/bin:{SYSTEM_PATH}", "HOME=/home/sandbox",
+                   Env=[f"VIRTUAL_ENV={ENV_PREFIX}", f"PATH={ENV_PATH}", "HOME=/home/sandbox",
                         "LANG=C.UTF-8", "LC_ALL=C.UTF-8"])
+
+
+def _stage_node(repo: Path, stage: Path, target: Target, cutoff: str | None,
+                steps: list[tuple[str, str, dict[str, str]]], say: Progress) -> list[str]:
+    """Fetch the repository's Node side into `stage/node` on the host and put its steps among `steps`
+    (before the setup command, which is last when there is one); returns what it installs, for the label.
+    Without a lock file the packages resolve to releases before `cutoff`, as pip's do."""
+    node = nodeenv.plan_node(repo, before=cutoff)
+    assert node is not None  # only called for a repository with a package.json
+    say(f"planning the Node environment ({node.manager}, Node {node.node_range} from {node.node_source})")
+    fetched = nodeenv.fetch_node(node, stage / "node", machine=target.machine, say=say)
+    env = nodeenv.node_environment()
+    at = len(steps) - (steps[-1][0] == "run the setup command" if steps else 0)
+    steps[at:at] = [("note the repository's files", f"{_FILES} > {STAGE}/before-node", {}),
+                    *((step, command, env) for step, command in nodeenv.node_steps(node, fetched)),
+                    ("keep the files its scripts generated",
+                     _KEEP_GENERATED.replace(f"{STAGE}/before ", f"{STAGE}/before-node "), {})]
+    return [f"node {fetched.node}", fetched.manager]
 
 
 def _download(plan: Plan | None, stage: Path, target: Target, version: str | None, sources: Sources,
@@ -271,7 +308,8 @@ def install_steps(plan: Plan | None, request: BuildRequest) -> list[tuple[str, s
 
 
 # The repository's files, minus what a build leaves that the runs never need (metadata, build trees).
-_FILES = (f"cd {WORKSPACE} && find . \\( -name '*.egg-info' -o -name build -o -name __pycache__ -o -name .git \\) "
+_FILES = (f"cd {WORKSPACE} && find . \\( -name '*.egg-info' -o -name build -o -name __pycache__ -o -name .git "
+          "-o -name node_modules \\) "
           "-prune -o -type f -print | sort")
 # Files the editable build wrote into the repository (setuptools_scm's _version.py): kept in the image,
 # copied back into each sandbox's workspace at start (sandbox.container.GIT_INIT), where its git ignores them.
@@ -349,7 +387,7 @@ class BuildContainer:
 
     def run(self, step: str, command: str, env: dict[str, str] | None = None) -> str:
         """Run `command` as root with the environment first on PATH; its output, or EnvironmentBuildError."""
-        path = f"{ENV_PREFIX}/bin:{SYSTEM_PATH}"
+        path = ENV_PATH
         exec_id = self.client.api.exec_create(self.id, ["sh", "-c", command], user="0:0", workdir=WORKSPACE,
                                               environment={"PATH": path, "HOME": "/root", "PIP_NO_INPUT": "1",
                                                            "PIP_DISABLE_PIP_VERSION_CHECK": "1", **(env or {})})["Id"]

@@ -1,0 +1,454 @@
+"""A repository's Node.js side: what `package.json` and its lock file ask for, read and fetched on the host,
+installed with no network in the environment's build container.
+
+    plan = plan_node(Path("repo"))                  # None: no package.json
+    fetch_node(plan, stage, machine="x86_64")       # host: Node, the package manager, every package tarball
+    for step, command in node_steps(plan): ...      # container: offline install, lifecycle scripts included
+
+What is chosen:
+  - Node: the newest release of the npm registry's `node-linux-<arch>` package (the `node` binary alone)
+    that satisfies `.nvmrc`, else `.node-version`, else `engines.node`; the newest even (LTS) major
+    otherwise;
+  - the package manager: `packageManager` in package.json, else the lock file's (`pnpm-lock.yaml`: pnpm,
+    `yarn.lock`: yarn 1, else npm), fetched as its registry package (each bundles its own dependencies);
+  - the packages: the host runs the manager with `--ignore-scripts` into a cache of tarballs (npm's cache,
+    yarn's cache folder, pnpm's store), from the lock file, or without one from package.json's ranges
+    as released before the commit's date (npm's `--before`); the container installs from that cache
+    offline, where the lifecycle scripts run. Nothing of the project runs on the host.
+
+`node_modules` does not stay in /workspace (the build empties it, and a sandbox's workspace is a fresh copy):
+each one moves to NODE_MODULES under the same relative path, and every sandbox links it back in at start
+(`sandbox.container.GIT_INIT`), ignored by git, so patches never hold it. Links from node_modules into the
+workspace (a monorepo's own packages) are made absolute before the move so they still resolve.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from m3_agent import hostgit
+from m3_agent.errors import EnvironmentBuildError
+from m3_agent.sandbox.pyenv import blob_id
+from m3_agent.redact import redact
+
+NODE_HOME = "/opt/m3-agent/node"  # node and the package manager
+NODE_BIN = f"{NODE_HOME}/bin"
+NODE_MODULES = "/opt/m3-agent/node-packages"  # each node_modules, at its path in the repository (a folder of that name would hide them from node)
+NODE_LINKS = f"{NODE_MODULES}/.links"  # the directories (relative) whose node_modules a sandbox links in
+STAGE = "/tmp/m3-env/node"  # the fetched files inside the build container
+WORKSPACE = "/workspace"
+# Where node finds the project's own tools (jest, tsc) in a sandbox; after NODE_BIN on PATH.
+WORKSPACE_BIN = f"{WORKSPACE}/node_modules/.bin"
+
+LOCKS = {"package-lock.json": "npm", "npm-shrinkwrap.json": "npm", "pnpm-lock.yaml": "pnpm", "yarn.lock": "yarn"}
+VERSION_FILES = (".nvmrc", ".node-version")
+# What keys the environment beside every package.json (.npmrc is left out: it may hold a token).
+KEY_FILES = (*LOCKS, *VERSION_FILES, "pnpm-workspace.yaml", ".yarnrc", ".yarnrc.yml")
+# nvm's names of the LTS lines, for `.nvmrc` files that say `lts/iron`.
+LTS = {"argon": 4, "boron": 6, "carbon": 8, "dubnium": 10, "erbium": 12, "fermium": 14, "gallium": 16,
+       "hydrogen": 18, "iron": 20, "jod": 22, "krypton": 24}
+DEFAULT_MANAGER = {"npm": "npm@^10", "yarn": "yarn@^1", "pnpm": "pnpm@^9"}
+FETCH_TIMEOUT_S = 900.0
+BUILDER = "1"  # bump when the Node steps change what an environment holds
+DEBIAN_LIBRARIES = ("libatomic1",)
+
+
+@dataclass
+class NodePlan:
+    """What one repository's Node side needs, read from its files on the host."""
+
+    root: Path
+    node_range: str  # an npm semver range
+    node_source: str  # where the range came from
+    manager: str  # npm | yarn | pnpm
+    manager_spec: str  # what `npm pack` fetches: npm@^10, pnpm@9.1.0
+    lock: str | None  # the lock file's name, None: resolve package.json's ranges
+    packages: list[str] = field(default_factory=list)  # directories with a package.json: "." then the workspaces
+    before: str | None = None  # ISO date: without a lock, releases before it
+
+
+def wants_node(root: Path) -> bool:
+    """The repository has a package.json at its root: it gets Node and its packages."""
+    return (root / "package.json").is_file()
+
+
+def package_json(path: Path) -> dict:
+    """The package.json at `path` ({} when absent); EnvironmentBuildError naming it when it cannot be read."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise EnvironmentBuildError(f"{path.name} cannot be read ({e}): fix it", step="read package.json") from None
+    return data if isinstance(data, dict) else {}
+
+
+def workspaces(root: Path) -> list[str]:
+    """The monorepo's package directories (relative, sorted): package.json `workspaces`, or pnpm-workspace.yaml."""
+    pnpm = root / "pnpm-workspace.yaml"
+    patterns = _patterns(package_json(root / "package.json"), pnpm.read_text(errors="replace") if pnpm.is_file() else "")
+    found = {Path(path).as_posix() for pattern in patterns for path in glob.glob(pattern, root_dir=root)
+             if (root / path / "package.json").is_file() and "node_modules" not in Path(path).parts}
+    return sorted(found - {"."})
+
+
+def _patterns(manifest: dict, pnpm_workspace: str) -> list[str]:
+    """The workspace globs of a package.json and a pnpm-workspace.yaml (its `packages:` list, read by lines:
+    the file is that list and little else); negations are not read."""
+    spec = manifest.get("workspaces", [])
+    patterns = spec.get("packages", []) if isinstance(spec, dict) else spec
+    patterns = [*(patterns if isinstance(patterns, list) else []),
+                *re.findall(r"^\s*-\s*['\"]?([^'\"#\n]+?)['\"]?\s*$", pnpm_workspace, re.M)]
+    return [p.rstrip("/") for p in patterns if isinstance(p, str) and p and not p.startswith("!")]
+
+
+def key_files(root: Path) -> dict[str, str]:
+    """The Node files of `root` that key the environment (relative path -> git blob id)."""
+    if not wants_node(root):
+        return {}
+    paths = [root / "package.json", *(root / name for name in KEY_FILES)]
+    paths += [root / ws / "package.json" for ws in workspaces(root)]
+    return {p.relative_to(root).as_posix(): blob_id(p.read_bytes()) for p in paths if p.is_file()}
+
+
+def wants_node_at(root: Path, commit: str) -> bool:
+    """`wants_node` of the repository at `root` as of `commit`, from git's objects."""
+    return "package.json" in hostgit.blob_ids(root, commit, ("",))
+
+
+def key_files_at(root: Path, commit: str) -> dict[str, str]:
+    """`key_files` of the repository at `root` as of `commit`, from git's objects: no checkout."""
+    top = hostgit.blob_ids(root, commit, ("",))
+    if "package.json" not in top:
+        return {}
+    found = {name: top[name] for name in ("package.json", *KEY_FILES) if name in top}
+    try:
+        manifest = json.loads(hostgit.read_blob(root, commit, "package.json") or b"{}")
+    except ValueError:
+        manifest = {}
+    pnpm = (hostgit.read_blob(root, commit, "pnpm-workspace.yaml") or b"").decode(errors="replace")
+    patterns = _patterns(manifest if isinstance(manifest, dict) else {}, pnpm)
+    if patterns:
+        with hostgit.repository(root) as repo:
+            listing = repo.git.ls_tree("-r", commit).splitlines()
+        for line in listing:  # "mode blob sha\tpath"
+            meta, _, path = line.partition("\t")
+            folder = path.rpartition("/")[0]
+            if (path.endswith("/package.json") and meta.split()[1] == "blob" and "node_modules" not in path.split("/")
+                    and any(_matches(folder, p) for p in patterns)):
+                found[path] = meta.split()[2]
+    return found
+
+
+def _matches(folder: str, pattern: str) -> bool:
+    """`folder` is one glob.glob would give for `pattern` (a `*` stays within one path segment)."""
+    if "**" in pattern:
+        return fnmatch.fnmatch(folder, pattern) or fnmatch.fnmatch(folder, pattern.replace("/**", ""))
+    return folder.count("/") == pattern.count("/") and fnmatch.fnmatch(folder, pattern)
+
+
+def node_range(root: Path) -> tuple[str, str]:
+    """(semver range, its source) for Node: `.nvmrc`, `.node-version`, `engines.node`, else the newest LTS line."""
+    for name in VERSION_FILES:
+        path = root / name
+        if path.is_file():
+            text = next((ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()), "")
+            if text:
+                return _nvm_range(text), name
+    engines = package_json(root / "package.json").get("engines") or {}
+    if isinstance(engines, dict) and isinstance(engines.get("node"), str) and engines["node"].strip():
+        return engines["node"].strip(), "package.json engines.node"
+    return "lts", "the newest LTS line (no .nvmrc, .node-version or engines.node)"
+
+
+def _nvm_range(text: str) -> str:
+    """An .nvmrc's word as an npm range: `v20.1` -> `20.1`, `lts/iron` -> `20`, `node` -> `*`."""
+    text = text.strip().lstrip("vV")
+    if text.lower().startswith("lts/"):
+        name = text[4:].lower()
+        return str(LTS[name]) if name in LTS else "lts"
+    return "*" if text.lower() in ("node", "latest", "current", "stable") else text
+
+
+def package_manager(root: Path) -> tuple[str, str, str | None]:
+    """(manager, what to fetch, lock file name) from `packageManager`, else the lock file; npm by default."""
+    lock = next((name for name in LOCKS if (root / name).is_file()), None)
+    declared = package_json(root / "package.json").get("packageManager")
+    if isinstance(declared, str) and "@" in declared:
+        name, _, version = declared.partition("@")
+        if name in DEFAULT_MANAGER:
+            version = version.split("+", 1)[0]  # corepack's `pnpm@9.1.0+sha512...`
+            lock = next((n for n, m in LOCKS.items() if m == name and (root / n).is_file()), None)
+            return name, f"{name}@{version}", lock
+    manager = LOCKS[lock] if lock else "npm"
+    return manager, DEFAULT_MANAGER[manager], lock
+
+
+def plan_node(root: Path, *, before: str | None = None) -> NodePlan | None:
+    """What `root`'s Node side needs; None without a package.json. Refuses, in one line, what cannot be
+    installed offline here: Yarn 2+ (its own cache and Plug'n'Play)."""
+    if not wants_node(root):
+        return None
+    manager, spec, lock = package_manager(root)
+    if manager == "yarn" and (_berry(root, spec) or (root / ".pnp.cjs").is_file()):
+        raise EnvironmentBuildError(
+            "Yarn 2+ (Berry, Plug'n'Play) is not supported yet: only yarn 1, npm and pnpm repositories get an "
+            "environment; use [sandbox] setup or an image of your own", step="read package.json")
+    node, source = node_range(root)
+    return NodePlan(root=root, node_range=node, node_source=source, manager=manager, manager_spec=spec, lock=lock,
+                    packages=[".", *workspaces(root)], before=before)
+
+
+def _berry(root: Path, spec: str) -> bool:
+    if (root / ".yarnrc.yml").is_file():
+        return True
+    version = spec.partition("@")[2].lstrip("^~=v")
+    return version[:1].isdigit() and not version.startswith("1")
+
+
+# --- on the host ---------------------------------------------------------------------------------------
+
+@dataclass
+class Fetched:
+    """What `fetch_node` put in the stage: the versions chosen, for the build's labels and progress."""
+
+    node: str
+    manager: str  # name@version
+    lock_written: bool  # the host resolved package.json's ranges into a lock: the container installs from it
+
+
+def fetch_node(plan: NodePlan, stage: Path, *, machine: str, say) -> Fetched:
+    """Fetch Node, the package manager and every package into `stage` on the host, running no script."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise EnvironmentBuildError("npm is not installed on the host, which fetches the packages: install "
+                                    "Node.js (apt-get install npm)", step="fetch Node")
+    stage.mkdir(parents=True, exist_ok=True)
+    package = f"node-linux-{'arm64' if machine in ('aarch64', 'arm64') else 'x64'}"
+    version = resolve_node(npm, package, plan)
+    say(f"fetching Node {version} and {plan.manager_spec} on the host")
+    _pack(npm, f"{package}@{version}", stage / "node.tgz")
+    _pack(npm, plan.manager_spec, stage / "manager.tgz")
+    manager_version = _tar_version(stage / "manager.tgz")
+    _debian_libraries(stage)
+    project = stage / "project"
+    _copy_manifests(plan, project)
+    say(f"fetching the packages with {plan.manager} on the host (no scripts run)")
+    _run_host(_fetch_command(plan, stage), project, step=f"fetch the packages ({plan.manager})")
+    lock_written = plan.lock is None and plan.manager == "npm"
+    if lock_written:
+        shutil.copy2(project / "package-lock.json", stage / "package-lock.json")
+    shutil.rmtree(project)  # the tarballs are in the cache; the host's unpacked copy is not needed
+    return Fetched(node=version, manager=f"{plan.manager}@{manager_version}", lock_written=lock_written)
+
+
+def resolve_node(npm: str, package: str, plan: NodePlan) -> str:
+    """The newest release of `package` in the plan's range; EnvironmentBuildError naming the range when none."""
+    spec = ">=0" if plan.node_range == "lts" else plan.node_range
+    out = _run_host([npm, "view", f"{package}@{spec}", "version", "--json"], None, step="resolve the Node version",
+                    quiet=True)
+    try:
+        found = json.loads(out or "[]")
+    except ValueError:
+        found = []
+    found = [found] if isinstance(found, str) else found if isinstance(found, list) else []  # {"error": ...}: none
+    versions = [v for v in found if isinstance(v, str) and re.match(r"\d+\.\d+\.\d+$", v)]
+    if plan.node_range == "lts":
+        versions = [v for v in versions if int(v.split(".")[0]) % 2 == 0]
+    if not versions:
+        raise EnvironmentBuildError(f"no Node release satisfies {plan.node_range!r} ({plan.node_source}): fix the "
+                                    "range", step="resolve the Node version")
+    return max(versions, key=lambda v: tuple(int(p) for p in re.findall(r"\d+", v)[:3]))
+
+
+def _pack(npm: str, spec: str, dest: Path) -> None:
+    """`npm pack spec` into `dest` (npm's cache makes the second time local)."""
+    out_dir = dest.parent / (dest.name + ".d")
+    out_dir.mkdir()
+    _run_host([npm, "pack", spec, "--pack-destination", str(out_dir), "--silent"], None, step=f"fetch {spec}")
+    tarball = next(out_dir.glob("*.tgz"), None)
+    if tarball is None:
+        raise EnvironmentBuildError(f"npm pack {spec} wrote no tarball", step=f"fetch {spec}")
+    tarball.rename(dest)
+    out_dir.rmdir()
+
+
+def _debian_libraries(stage: Path) -> None:
+    """Debian's packages of the libraries Node's binary needs beyond the sandbox image's (libatomic since
+    Node 26), downloaded on the host with apt, installed with dpkg in the container."""
+    apt = shutil.which("apt-get")
+    if apt is None:  # not Debian: the container says which library is missing, in one line
+        return
+    debs = stage / "debs"
+    debs.mkdir(exist_ok=True)
+    subprocess.run([apt, "download", *DEBIAN_LIBRARIES], cwd=debs, capture_output=True, timeout=FETCH_TIMEOUT_S)
+
+
+def _tar_version(tarball: Path) -> str:
+    import tarfile
+
+    with tarfile.open(tarball) as tar:
+        member = tar.extractfile("package/package.json")
+        return json.loads(member.read()).get("version", "?") if member else "?"
+
+
+def _copy_manifests(plan: NodePlan, project: Path) -> None:
+    """package.json files, the lock and the managers' settings, at their paths: all the fetch reads."""
+    for rel in plan.packages:
+        (project / rel).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(plan.root / rel / "package.json", project / rel / "package.json")
+    for name in (*LOCKS, "pnpm-workspace.yaml", ".npmrc", ".yarnrc"):
+        if (plan.root / name).is_file():
+            shutil.copy2(plan.root / name, project / name)
+
+
+def _fetch_command(plan: NodePlan, stage: Path) -> list[str]:
+    """The manager's command that fills the stage's cache from the lock (or the ranges), with no script."""
+    quiet = ["--ignore-scripts", "--no-audit", "--no-fund"]
+    if plan.manager == "npm":
+        cache = ["--cache", str(stage / "cache")]
+        if plan.lock:
+            return ["npm", "ci", *quiet, *cache]
+        return ["npm", "install", *quiet, *cache, *([f"--before={plan.before}"] if plan.before else [])]
+    tool = _manager_script(stage)
+    if plan.manager == "yarn":
+        return ["node", tool, "install", "--ignore-scripts", "--non-interactive", "--no-progress",
+                "--cache-folder", str(stage / "cache"), *(["--frozen-lockfile"] if plan.lock else [])]
+    if plan.lock:  # pnpm reads only the lock: the fastest fetch there is
+        return ["node", tool, "fetch", "--store-dir", str(stage / "cache")]
+    return ["node", tool, "install", "--ignore-scripts", "--store-dir", str(stage / "cache")]
+
+
+def _manager_script(stage: Path) -> str:
+    """The package manager's entry script, unpacked from its tarball on the host (yarn and pnpm run there)."""
+    import tarfile
+
+    out = stage / "manager"
+    with tarfile.open(stage / "manager.tgz") as tar:
+        tar.extractall(out, filter="data")
+    bins = package_json(out / "package" / "package.json").get("bin") or {}
+    entry = bins if isinstance(bins, str) else bins.get("pnpm") or bins.get("yarn") or next(iter(bins.values()), "")
+    return str(out / "package" / entry)
+
+
+def _run_host(cmd: list[str], cwd: Path | None, *, step: str, quiet: bool = False) -> str:
+    """Run a package manager on the host; EnvironmentBuildError with its first error line, tokens masked."""
+    env = {**os.environ, "npm_config_update_notifier": "false", "CI": "1"}
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, errors="replace", env=env,
+                              timeout=FETCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise EnvironmentBuildError(f"{shlex.join(cmd[:3])} took over {FETCH_TIMEOUT_S:.0f} s", step=step) from None
+    if proc.returncode != 0 and not (quiet and "E404" in proc.stderr):
+        raise EnvironmentBuildError(f"{manager_error(proc.stderr or proc.stdout)} (exit {proc.returncode})",
+                                    step=step)
+    return proc.stdout
+
+
+def manager_error(text: str) -> str:
+    """The line of npm's, yarn's or pnpm's output that says what went wrong, tokens masked."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [re.sub(r"^(npm (ERR!|error)|error|ERR_PNPM_\w+)\s*", "", ln) for ln in lines
+              if re.match(r"(npm (ERR!|error)|error |ERR_PNPM|\s*ERR_PNPM)", ln)]
+    errors = [e for e in errors if e and not re.match(r"(A complete log|Log files|code |errno |syscall )", e)]
+    return masked((errors or lines or ["no output"])[0])[:300]
+
+
+_SECRET = re.compile(r"(_authToken|_auth|_password|token)\s*=\s*(\S+)", re.I)
+
+
+def masked(text: str) -> str:
+    """`text` with the tokens of the user's .npmrc masked, and whatever follows any `_authToken=`."""
+    secrets = []
+    path = Path.home() / ".npmrc"
+    if path.is_file():
+        secrets += [m.group(2) for m in _SECRET.finditer(path.read_text(errors="replace"))]
+    return _SECRET.sub(lambda m: f"{m.group(1)}=****", redact(text, secrets))
+
+
+# --- in the build container -------------------------------------------------------------------------------
+
+def node_steps(plan: NodePlan, fetched: Fetched) -> list[tuple[str, str]]:
+    """(name, shell command) of each step run as root in the build container, from the fetched stage."""
+    wrappers = "".join(
+        f"printf '#!/bin/sh\\nexec {NODE_BIN}/node {NODE_HOME}/lib/{fetched.manager.split('@')[0]}/{entry} \"$@\"\\n'"
+        f" > {NODE_BIN}/{name} && chmod 755 {NODE_BIN}/{name} && "
+        for name, entry in _entries(plan.manager))
+    toolchain = (f"{{ ls {STAGE}/debs/*.deb >/dev/null 2>&1 && dpkg -i {STAGE}/debs/*.deb >/dev/null || true; }} && "
+                 f"mkdir -p {NODE_BIN} {NODE_HOME}/lib {STAGE}/x && tar xzf {STAGE}/node.tgz -C {STAGE}/x "
+                 f"&& cp {STAGE}/x/package/bin/node {NODE_BIN}/node && rm -rf {STAGE}/x "
+                 f"&& tar xzf {STAGE}/manager.tgz -C {NODE_HOME}/lib && mv {NODE_HOME}/lib/package "
+                 f"{NODE_HOME}/lib/{plan.manager} && {wrappers}node --version && {plan.manager} --version")
+    steps = [(f"install Node {fetched.node} and {fetched.manager}", toolchain)]
+    if fetched.lock_written:
+        steps.append(("use the lock file resolved on the host", f"cp {STAGE}/package-lock.json {WORKSPACE}/"))
+    steps.append((f"install the packages offline ({plan.manager}; their scripts run here)", _install(plan)))
+    steps.append(("move node_modules out of the workspace", MOVE_NODE_MODULES))
+    return steps
+
+
+def _entries(manager: str) -> list[tuple[str, str]]:
+    """(command, script in the package) of each command the manager's package provides."""
+    return {"npm": [("npm", "bin/npm-cli.js"), ("npx", "bin/npx-cli.js")],
+            "yarn": [("yarn", "bin/yarn.js"), ("yarnpkg", "bin/yarn.js")],
+            "pnpm": [("pnpm", "bin/pnpm.cjs"), ("pnpx", "bin/pnpx.cjs")]}[manager]
+
+
+def _install(plan: NodePlan) -> str:
+    cache = f"{STAGE}/cache"
+    if plan.manager == "npm":
+        return f"npm ci --offline --no-audit --no-fund --cache {cache}"
+    if plan.manager == "yarn":
+        return (f"yarn install --offline --non-interactive --no-progress --cache-folder {cache}"
+                f"{' --frozen-lockfile' if plan.lock else ''}")
+    return (f"pnpm install --offline --store-dir {cache} --package-import-method copy --config.confirmModulesPurge=false"
+            f"{' --frozen-lockfile' if plan.lock else ''}")
+
+
+def node_environment() -> dict[str, str]:
+    """The variables every package-manager step in the build container gets: no network, no user config."""
+    return {"npm_config_update_notifier": "false", "npm_config_userconfig": "/dev/null", "CI": "1",
+            "npm_config_unsafe_perm": "true", "npm_config_cache": f"{STAGE}/cache"}
+
+
+# Each top-level node_modules (not one inside another) moves to NODE_MODULES at the same relative path;
+# links inside that point into the workspace (a monorepo's own packages, `file:` dependencies) become
+# absolute first, since relative ones would point into NODE_MODULES after the move.
+MOVE_NODE_MODULES = f"""cd {WORKSPACE} && python3 - <<'EOF'
+import os, shutil
+ws, out = {WORKSPACE!r}, {NODE_MODULES!r}
+found = []
+for top, dirs, _ in os.walk(ws):
+    dirs[:] = [d for d in dirs if d != ".git"]
+    if "node_modules" in dirs:
+        dirs.remove("node_modules")
+        found.append(os.path.join(top, "node_modules"))
+for nm in found:
+    for top, dirs, files in os.walk(nm):
+        for name in dirs + files:
+            link = os.path.join(top, name)
+            if os.path.islink(link):
+                real = os.path.realpath(link)
+                if real.startswith(ws + "/") and "/node_modules/" not in real[len(ws):] + "/":
+                    os.unlink(link)
+                    os.symlink(real, link)
+os.makedirs(out, exist_ok=True)
+rels = []
+for nm in found:
+    rel = os.path.relpath(os.path.dirname(nm), ws)
+    os.makedirs(os.path.join(out, rel), exist_ok=True)
+    shutil.move(nm, os.path.join(out, rel, "node_modules"))
+    rels.append(rel)
+with open({NODE_LINKS!r}, "w") as f:
+    f.write("".join(r + chr(10) for r in rels))
+print(len(rels), "node_modules directories kept")
+EOF"""

