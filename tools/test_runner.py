@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
+from m3_agent.tools.js_runners import FRAMEWORKS, is_js_target, run_js, summary_of
 from m3_agent.tools.junit import TestSummary, parse_junit
 from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
 from m3_agent.tools.workspace import EXEC_ENV, SCRATCH, WORKSPACE, scratch_file, still_running, workspace_path
@@ -29,8 +30,11 @@ class TestRunnerArgs(ToolArgs):
     __test__ = False  # not a pytest test class despite the name
 
     test_file: str = Field(description="Path to the test file to run (also a directory or a test id such as "
-                           "tests/test_x.py::test_name; empty string: the whole suite)")
-    framework: Literal["pytest", "unittest"] = Field(default="pytest")
+                           "tests/test_x.py::test_name or test/a.test.js::describe > test name; empty string: the "
+                           "whole suite)")
+    framework: Literal["auto", "pytest", "unittest", *FRAMEWORKS] = Field(  # type: ignore[valid-type]
+        default="auto", description="auto: pytest for Python, and for JavaScript/TypeScript the runner the "
+        "package.json test script names (jest, vitest, mocha, node --test, ava, tap)")
 
 
 def targets(test_file: str) -> list[str]:
@@ -53,6 +57,19 @@ def targets(test_file: str) -> list[str]:
     return out
 
 
+# A repository whose root has a package.json and no Python project or test configuration.
+_JS_REPOSITORY = ("test -f package.json && ! { test -f pyproject.toml || test -f setup.py || test -f setup.cfg || "
+                  "test -f pytest.ini || test -f tox.ini || test -f conftest.py; }")
+
+
+def javascript(test_file: str, sandbox: Environment) -> bool:
+    """The test named is JavaScript or TypeScript: by its file's suffix, else by the repository's root."""
+    first = (test_file.split() or [""])[0].split("::", 1)[0]
+    if first.endswith(".py"):
+        return False
+    return is_js_target(first) or sandbox.exec(_JS_REPOSITORY, timeout=30, cwd=WORKSPACE).exit_code == 0
+
+
 def output_tail(stdout: str, stderr: str) -> str:
     """The last lines of a run's output: what explains a run that produced no report."""
     lines = [
@@ -67,7 +84,10 @@ class TestRunner(Tool):
     __test__ = False
 
     name = "test_runner"
-    description = "Run the test suite and return a summary of passes, failures, and error messages."
+    description = ("Run the test suite, a test file or one test id and return a summary of passes, failures, and "
+                   "error messages: pytest (or unittest) for Python; for JavaScript and TypeScript the runner the "
+                   "package.json test script names, from the package directory the file belongs to, without the "
+                   "script's lint and type-check steps.")
     Args = TestRunnerArgs
 
     def __init__(self, *, timeout: int = DEFAULT_TIMEOUT) -> None:
@@ -85,7 +105,11 @@ class TestRunner(Tool):
 
     def run(self, args: TestRunnerArgs, sandbox: Environment) -> ToolResult:
         """Run the tests named by `args.test_file` (all of them when empty) and summarise the outcome."""
+        if args.framework in FRAMEWORKS or (args.framework == "auto" and javascript(args.test_file, sandbox)):
+            return self.run_javascript(args, sandbox)
         names = targets(args.test_file)
+        if args.framework == "auto":
+            args = args.model_copy(update={"framework": "pytest"})
         if args.framework == "unittest":
             if len(names) > 1:
                 raise ToolCallError("unittest takes one test_file at a time.", kind="bad_args")
@@ -104,6 +128,17 @@ class TestRunner(Tool):
             tests=summary,
             running=still_running(result),
         )
+
+    def run_javascript(self, args: TestRunnerArgs, sandbox: Environment) -> ToolResult:
+        """The package's own runner (tools.js_runners), its report read into the same summary."""
+        path, sep, title = args.test_file.strip().partition("::")  # a title may hold spaces: not split like pytest's
+        target = workspace_path(path) + sep + title if path else ""
+        run = run_js(sandbox, target, args.framework, report=scratch_file(".report"), timeout=self.timeout)
+        summary = summary_of(run, args.test_file, self.timeout)
+        ok = summary.problem is None
+        return ToolResult(output=summary.render(), ok=ok,
+                          error_kind=None if ok else ("timeout" if summary.timed_out else "execution"),
+                          data=summary.model_dump(), tests=summary)
 
     def summarise(self, args: TestRunnerArgs, result: ExecResult, sandbox: Environment, report: str) -> TestSummary:
         """Parse the report when there is one; say why the run did not test what was asked."""

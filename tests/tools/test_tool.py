@@ -26,7 +26,9 @@ SEED_PARAMETERS = {
         "type": "object",
         "properties": {
             "test_file": {"type": "string"},
-            "framework": {"type": "string", "enum": ["pytest", "unittest"], "default": "pytest"},
+            # the seed's two, then "auto" (the default) and the JavaScript runners
+            "framework": {"type": "string", "enum": ["auto", "pytest", "unittest", "jest", "vitest", "mocha", "node",
+                                                     "ava", "tap"], "default": "auto"},
         },
         "required": ["test_file"],
     },
