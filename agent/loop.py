@@ -59,6 +59,7 @@ from m3_agent.errors import Interrupted, M3AgentError, SandboxDied, UsageError
 from m3_agent.sandbox import Sandbox
 from m3_agent.sandbox.output import head_tail
 from m3_agent.tools import Tool, ToolResult, default_tools, execute_call, read_text_call
+from m3_agent.tools.js_runners import repository_note
 
 RunStatus = Literal["submitted", "finished", "stalled", "turn_limit", "token_limit", "time_limit", "cost_limit", "error"]
 
@@ -358,7 +359,8 @@ class _Run:
         else:
             user = [{"type": "text", "text": pack.text + task.format(issue=self._issue_text())}]
             user += [p for p in self.issue if p.get("type") != "text"]
-        return [{"role": "system", "content": self.cfg.system_prompt}, {"role": "user", "content": user}]
+        system = self.cfg.system_prompt + repository_note(Path(self.repo))  # a JavaScript repository's runner
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     # ----- the loop -------------------------------------------------------------------------------
     def loop(self) -> RunEnded:
