@@ -13,7 +13,8 @@ The steps, each in a fresh sandbox per instance:
   2. the model patch is applied: `git apply`, else `patch --fuzz`, else "does not apply";
   3. the files the test patch touches are reset to base, then `test_patch` is applied;
   4. the task's `env_setup` commands run, then the tests (default: pytest on the files named by
-     FAIL_TO_PASS and PASS_TO_PASS, results read from JUnit XML), under a timeout that kills them
+     FAIL_TO_PASS and PASS_TO_PASS, results read from JUnit XML; JavaScript and TypeScript files: the
+     runner their package's test script names, `run_js_tests`), under a timeout that kills them
      inside the container;
   5. each test gets a status; the rules below (SWE-bench v5) turn them into a verdict.
 
@@ -46,6 +47,7 @@ from m3_agent.errors import M3AgentError
 from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.tasks import Task, checkout, source_repository, test_ids
 from m3_agent.sandbox import Sandbox, SandboxConfig
+from m3_agent.tools.js_runners import is_js_target, run_js
 from m3_agent.tools.junit import ERROR, FAILED, PASSED, SKIPPED, XFAIL, junit_cases
 
 EVAL_DIR = "/tmp/m3-eval"  # outside /workspace, so nothing here shows up in the repository's diff
@@ -314,6 +316,9 @@ def apply_test_patch(sb: Sandbox, test_patch: str) -> None:
 
 def run_tests(sb: Sandbox, task: Task, timeout: float) -> tuple[dict[str, str], int | None, bool, str]:
     """Run the task's tests; returns (statuses from JUnit XML, exit code, timed out?, output tail)."""
+    files = test_files(task)
+    if not task.test_cmd and files and all(is_js_target(f) for f in files):
+        return run_js_tests(sb, files, timeout)
     sb.exec(f"rm -f {JUNIT_PATH}", timeout=STEP_TIMEOUT_S)
     r = sb.exec(test_command(task), timeout=timeout)
     output = (r.stdout + r.stderr)[-20_000:]
@@ -325,6 +330,21 @@ def run_tests(sb: Sandbox, task: Task, timeout: float) -> tuple[dict[str, str], 
         return parse_junit(xml), r.exit_code, r.timed_out, output
     except ValueError as e:
         return {}, r.exit_code, r.timed_out, f"{output}\n[m3-agent: {e}]"
+
+
+def run_js_tests(sb: Sandbox, files: list[str], timeout: float) -> tuple[dict[str, str], int | None, bool, str]:
+    """A JavaScript task's test files, each with its package's own runner (tools.js_runners): ids are
+    `file::describe > test`, as test_runner reports them."""
+    statuses: dict[str, str] = {}
+    exit_code: int | None = 0
+    timed_out, output = False, ""
+    for file in files:
+        run = run_js(sb, file, "auto", report=f"{EVAL_DIR}/js-report", timeout=int(timeout))
+        statuses.update({case.id: case.status for case in run.cases})
+        exit_code = run.exit_code if run.exit_code else exit_code
+        timed_out = timed_out or run.timed_out
+        output += f"$ {run.command}\n{run.output}\n{run.problem or ''}\n"
+    return statuses, exit_code, timed_out, output[-20_000:]
 
 
 @contextmanager
