@@ -32,6 +32,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +59,7 @@ LTS = {"argon": 4, "boron": 6, "carbon": 8, "dubnium": 10, "erbium": 12, "fermiu
        "hydrogen": 18, "iron": 20, "jod": 22, "krypton": 24}
 DEFAULT_MANAGER = {"npm": "npm@^10", "yarn": "yarn@^1", "pnpm": "pnpm@^9"}
 FETCH_TIMEOUT_S = 900.0
-BUILDER = "1"  # bump when the Node steps change what an environment holds
+BUILDER = "2"  # bump when the Node steps change what an environment holds
 DEBIAN_LIBRARIES = ("libatomic1",)
 
 
@@ -247,7 +248,8 @@ def fetch_node(plan: NodePlan, stage: Path, *, machine: str, say) -> Fetched:
     lock_written = plan.lock is None and plan.manager == "npm"
     if lock_written:
         shutil.copy2(project / "package-lock.json", stage / "package-lock.json")
-    shutil.rmtree(project)  # the tarballs are in the cache; the host's unpacked copy is not needed
+    for done in (project, stage / "host-node", stage / "manager"):  # the cache holds what the container needs
+        shutil.rmtree(done, ignore_errors=True)
     return Fetched(node=version, manager=f"{plan.manager}@{manager_version}", lock_written=lock_written)
 
 
@@ -294,8 +296,6 @@ def _debian_libraries(stage: Path) -> None:
 
 
 def _tar_version(tarball: Path) -> str:
-    import tarfile
-
     with tarfile.open(tarball) as tar:
         member = tar.extractfile("package/package.json")
         return json.loads(member.read()).get("version", "?") if member else "?"
@@ -312,37 +312,50 @@ def _copy_manifests(plan: NodePlan, project: Path) -> None:
 
 
 def _fetch_command(plan: NodePlan, stage: Path) -> list[str]:
-    """The manager's command that fills the stage's cache from the lock (or the ranges), with no script."""
+    """The manager's command that fills the stage's cache from the lock (or the ranges), with no script. It
+    runs on the host with the Node and the manager fetched for the container: the same versions resolve,
+    whatever Node the host has."""
+    run = [_host_node(stage), _manager_script(stage)]
     quiet = ["--ignore-scripts", "--no-audit", "--no-fund"]
     if plan.manager == "npm":
         cache = ["--cache", str(stage / "cache")]
         if plan.lock:
-            return ["npm", "ci", *quiet, *cache]
-        return ["npm", "install", *quiet, *cache, *([f"--before={plan.before}"] if plan.before else [])]
-    tool = _manager_script(stage)
+            return [*run, "ci", *quiet, *cache]
+        return [*run, "install", *quiet, *cache, *([f"--before={plan.before}"] if plan.before else [])]
     if plan.manager == "yarn":
-        return ["node", tool, "install", "--ignore-scripts", "--non-interactive", "--no-progress",
+        return [*run, "install", "--ignore-scripts", "--non-interactive", "--no-progress",
                 "--cache-folder", str(stage / "cache"), *(["--frozen-lockfile"] if plan.lock else [])]
     if plan.lock:  # pnpm reads only the lock: the fastest fetch there is
-        return ["node", tool, "fetch", "--store-dir", str(stage / "cache")]
-    return ["node", tool, "install", "--ignore-scripts", "--store-dir", str(stage / "cache")]
+        return [*run, "fetch", "--store-dir", str(stage / "cache")]
+    return [*run, "install", "--ignore-scripts", "--store-dir", str(stage / "cache")]
+
+
+def _host_node(stage: Path) -> str:
+    """The fetched `node` binary, unpacked for the host."""
+    out = stage / "host-node"
+    with tarfile.open(stage / "node.tgz") as tar:
+        member = tar.getmember("package/bin/node")
+        member.name = "node"
+        tar.extract(member, out, filter="data")
+    (out / "node").chmod(0o755)
+    return str(out / "node")
 
 
 def _manager_script(stage: Path) -> str:
-    """The package manager's entry script, unpacked from its tarball on the host (yarn and pnpm run there)."""
-    import tarfile
-
+    """The package manager's entry script, unpacked from its tarball on the host."""
     out = stage / "manager"
     with tarfile.open(stage / "manager.tgz") as tar:
         tar.extractall(out, filter="data")
     bins = package_json(out / "package" / "package.json").get("bin") or {}
-    entry = bins if isinstance(bins, str) else bins.get("pnpm") or bins.get("yarn") or next(iter(bins.values()), "")
+    entry = bins if isinstance(bins, str) else next(iter(bins.values()), "")
     return str(out / "package" / entry)
 
 
 def _run_host(cmd: list[str], cwd: Path | None, *, step: str, quiet: bool = False) -> str:
     """Run a package manager on the host; EnvironmentBuildError with its first error line, tokens masked."""
-    env = {**os.environ, "npm_config_update_notifier": "false", "CI": "1"}
+    env = {**os.environ, "npm_config_update_notifier": "false", "CI": "1", "COREPACK_ENABLE_STRICT": "0"}
+    if cwd is not None:  # the fetched node first: a manager that calls `node` gets the same one
+        env["PATH"] = f"{cwd.parent / 'host-node'}{os.pathsep}{env.get('PATH', '')}"
     try:
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, errors="replace", env=env,
                               timeout=FETCH_TIMEOUT_S)
@@ -448,6 +461,9 @@ for nm in found:
     os.makedirs(os.path.join(out, rel), exist_ok=True)
     shutil.move(nm, os.path.join(out, rel, "node_modules"))
     rels.append(rel)
+    cache = os.path.join(out, rel, "node_modules", ".cache")
+    if not os.path.lexists(cache):  # tools cache there (AVA, babel): the image is read-only, /tmp is not
+        os.symlink("/tmp", cache)
 with open({NODE_LINKS!r}, "w") as f:
     f.write("".join(r + chr(10) for r in rels))
 print(len(rels), "node_modules directories kept")
