@@ -43,6 +43,7 @@ LINT_SCRIPT = re.compile(r"lint|typecheck|type-check|types|tsd|format|prettier|c
 # Words that start another command: the runner follows them.
 WRAPPERS = ("cross-env", "npx", "c8", "nyc", "dotenv", "env", "time", "nodemon", "ts-node", "tsx", "esno")
 MANAGERS = ("npm", "yarn", "pnpm")
+RUN_ALL = ("npm-run-all", "run-s", "run-p", "npm-run-all2")
 
 
 class ScriptError(Exception):
@@ -87,13 +88,25 @@ def _walk(scripts: dict, name: str, seen: set[str]) -> ScriptPlan | None:
         return None
     seen.add(name)
     before: list[str] = []
+    pre = scripts.get(f"pre{name}")
+    if isinstance(pre, str) and not LINT_SCRIPT.search(pre) and not _checks_only(_command_words(pre)[1] or [""]):
+        before.append(pre)  # npm runs `pretest` first: a build (uuid's), unless it only lints
     for segment in re.split(r"&&|\|\||;", script):
         env, words = _command_words(segment)
+        if words and words[0] in ("yarn", "pnpm", "npx") and len(words) > 1 and words[1] not in scripts:
+            words = words[2:] if words[1] in ("exec", "dlx") else words[1:]  # `pnpm vitest run`: a binary
         if not words:
             continue
         runner = _runner(words)
         if runner is not None:
             return ScriptPlan(runner[0], runner[1], before, env)
+        if words[0] in RUN_ALL:  # npm-run-all a b c: each script in turn
+            words = ["npm", "run", *(w for w in words[1:] if not w.startswith("-"))]
+            for sub in words[2:]:
+                inner = None if LINT_SCRIPT.search(sub) else _walk(scripts, sub, seen)
+                if inner is not None:
+                    return ScriptPlan(inner.runner, inner.argv, before + inner.before, env + inner.env)
+            continue
         if words[0] in MANAGERS and (sub := _script_name(words)) is not None:
             if LINT_SCRIPT.search(sub):
                 continue
@@ -225,18 +238,22 @@ def _without(argv: list[str], valued: tuple[str, ...]) -> list[str]:
 
 # --- the report --------------------------------------------------------------------------------------------
 
-def read_cases(runner: str, report: str | None, stdout: str, package: str, root: str) -> list[JUnitCase]:
+def read_cases(runner: str, report: str | None, stdout: str, package: str, root: str,
+               file: str | None = None) -> list[JUnitCase]:
     """The tests of one run, ids relative to the repository; `package` is the run's directory in it and
     `root` the absolute path of the repository (the reports' file paths are absolute or the package's).
-    Raises ValueError when the report cannot be read."""
+    A run of one `file` (relative to the package) names it in ids whose report left it out (node's
+    JUnit, AVA's TAP for one file). Raises ValueError when the report cannot be read."""
     if runner in ("jest", "vitest"):
         cases = _jest(report or "")
     elif runner in ("mocha", "node"):
         cases = _junit(report or "", runner)
     else:
         cases = tap_cases(stdout)
-    return [JUnitCase(id=_relative(c.id, package, root), status=c.status, message=c.message, detail=c.detail)
-            for c in cases]
+    named = [c if "::" in c.id or c.id.endswith(JS_SUFFIXES) or not file else
+             JUnitCase(f"{file}::{c.id}", c.status, c.message, c.detail, c.collected) for c in cases]
+    return [JUnitCase(id=_relative(c.id, package, root), status=c.status, message=c.message, detail=c.detail,
+                      collected=c.collected) for c in named]
 
 
 def _relative(test_id: str, package: str, root: str) -> str:
@@ -308,18 +325,18 @@ def _junit(text: str, runner: str) -> list[JUnitCase]:
 
 def _junit_case(case: ET.Element, titles: list[str], runner: str) -> JUnitCase:
     name = case.get("name", "")
-    if runner == "mocha":  # its name is the full title; its classname the enclosing suites' full title
+    if runner == "mocha":  # classname: the enclosing suites' full title; name: the test's (older mochas: the full)
         parent = case.get("classname", "")
-        title = (SEPARATOR.join([parent, name[len(parent):].strip()]) if parent and name.startswith(parent + " ")
-                 else name)
+        own = name[len(parent):].strip() if parent and name.startswith(parent + " ") else name
+        title = SEPARATOR.join([parent, own]) if parent else own
     else:
         title = SEPARATOR.join([*titles, name])
     test_id = f"{case.get('file', '')}::{title}" if case.get("file") else title
     for tag, status in (("error", ERROR), ("failure", FAILED)):
         element = case.find(tag)
         if element is not None:
-            body = element.text or element.get("message", "")
-            return JUnitCase(test_id, status, short_message(element.get("message"), body), tail(body))
+            body = _own_frames(element.text or element.get("message", ""))
+            return JUnitCase(test_id, status, short_message(element.get("message") or _first(body), body), tail(body))
     if case.find("skipped") is not None:
         return JUnitCase(test_id, SKIPPED)
     return JUnitCase(test_id, PASSED)
@@ -417,7 +434,8 @@ def run_js(sandbox: Environment, target: str, framework: str, *, report: str, ti
             report_text = None
     if report_text is not None or plan.runner in ("ava", "tap"):
         try:
-            run.cases = read_cases(plan.runner, report_text, result.stdout, package, "/workspace")
+            run.cases = read_cases(plan.runner, report_text, result.stdout, package, "/workspace",
+                                   files[0] if len(files) == 1 and files[0].endswith(JS_SUFFIXES) else None)
         except ValueError as e:
             run.problem = f"the {plan.runner} report could not be read ({e})"
     if not run.cases and not result.timed_out and run.problem is None:

@@ -21,11 +21,20 @@ from m3_agent.tools.junit import FAILED, PASSED, SKIPPED
     ("node --experimental-vm-modules node_modules/jest/bin/jest.js", "jest", []),
     ("tsx --test test/*.test.ts", "node", []),
     ("tap", "tap", []),
+    ("pnpm lint && pnpm test:types && pnpm vitest run", "vitest", []),  # unjs/defu: `pnpm vitest` is a binary
+    ("npm-run-all --silent typecheck lint mocha", "mocha", []),  # developit/mitt: scripts by name
 ])
 def test_the_runner_the_test_script_names_runs_and_its_checks_do_not(script, runner, before):
-    scripts = {"test": script, "lint": "eslint .", "build": "tsc -p .", "test:unit": "jest --coverage"}
+    scripts = {"test": script, "lint": "eslint .", "build": "tsc -p .", "test:unit": "jest --coverage",
+               "test:types": "tsc --noEmit", "typecheck": "tsc --noEmit", "mocha": "mocha test/*.ts"}
     plan = script_plan(scripts)
     assert (plan.runner, plan.before) == (runner, before)
+
+
+def test_npm_runs_pretest_first_so_it_runs_unless_it_only_lints():
+    plan = script_plan({"test": "node --test dist/test/*.js", "pretest": "npm run build", "build": "tsc"})
+    assert plan.before == ["npm run build"]
+    assert script_plan({"test": "jest", "pretest": "eslint ."}).before == []
 
 
 def test_environment_assignments_of_the_script_stay_with_the_runner():
@@ -87,7 +96,7 @@ def test_jest_and_vitest_reports_give_file_and_full_title_ids_relative_to_the_re
 
 
 MOCHA_XUNIT = """<testsuite name="Mocha Tests" tests="2" failures="1" errors="0" skipped="0">
-<testcase classname="strings" name="strings upper" time="0"/>
+<testcase classname="strings" name="upper" time="0"/>
 <testcase classname="strings nested" name="strings nested broken" time="0" file="/workspace/test/s.spec.js">
 <failure message="Expected values to be strictly equal:&#10;&#10;1 !== 2&#10;">AssertionError: 1 !== 2
     at Context.&lt;anonymous&gt; (test/s.spec.js:4:33)</failure></testcase>
@@ -112,11 +121,13 @@ def test_mocha_and_node_junit_reports_give_full_titles():
     mocha = read_cases("mocha", MOCHA_XUNIT, "", ".", "/workspace")
     assert [(c.id, c.status) for c in mocha] == [("strings > upper", PASSED),
                                                  ("test/s.spec.js::strings nested > broken", FAILED)]
-    node = read_cases("node", NODE_JUNIT, "", ".", "/workspace")
+    node = read_cases("node", NODE_JUNIT.replace(' file="/workspace/node/basic.test.mjs"', ""), "", "node",
+                      "/workspace", "basic.test.mjs")  # node 22 leaves the file out: the run's one file
     assert [(c.id, c.status) for c in node] == [("node/basic.test.mjs::numbers > adds", PASSED),
                                                 ("node/basic.test.mjs::numbers > breaks", FAILED),
                                                 ("node/basic.test.mjs::top level", PASSED)]
     assert node[1].message.startswith("Expected values to be strictly equal")
+    assert read_cases("node", NODE_JUNIT, "", ".", "/workspace")[0].id == "node/basic.test.mjs::numbers > adds"
 
 
 AVA_TAP = """TAP version 13
