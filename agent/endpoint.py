@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import json
+import ssl
 import threading
 import urllib.request
 from typing import Any
@@ -108,7 +109,8 @@ class EndpointClient:
         """The HTTP client for the openai SDK, on the same route (the SDK's own defaults otherwise)."""
         import openai
 
-        return openai.DefaultHttpxClient(proxy=self.proxy, trust_env=False)
+        # trust_env=False: the route is `proxy_for`'s; TLS trusts what `send` trusts (the system's CAs, SSL_CERT_FILE)
+        return openai.DefaultHttpxClient(proxy=self.proxy, trust_env=False, verify=ssl.create_default_context())
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
