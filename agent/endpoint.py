@@ -12,6 +12,7 @@ HTTPS_PROXY unless NO_PROXY names it. A 401 is `EndpointAuthError` (exit 8), nam
 
 from __future__ import annotations
 
+import base64
 import http.client
 import ipaddress
 import json
@@ -19,7 +20,7 @@ import ssl
 import threading
 import urllib.request
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel
 
@@ -101,8 +102,12 @@ class EndpointClient:
         self.timeout = timeout
         self.proxy = proxy_for(self.root)
         self._target, self._prefix = parts, parts.path
+        hop = urlsplit(self.proxy or "")  # `http://user:pass@proxy:3128`: the proxy's own credentials
+        login = f"{unquote(hop.username)}:{unquote(hop.password or '')}" if hop.username else None
+        self._proxy_auth = {"Proxy-Authorization": "Basic " + base64.b64encode(login.encode()).decode()} if login else {}
         self._headers = {"User-Agent": "m3-agent", "Content-Type": "application/json",
-                         **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})}
+                         **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}),
+                         **(self._proxy_auth if parts.scheme == "http" else {})}  # https: in the CONNECT
         self._local = threading.local()
 
     def sdk_http(self) -> Any:
@@ -119,7 +124,7 @@ class EndpointClient:
             cls = http.client.HTTPSConnection if self._target.scheme == "https" else http.client.HTTPConnection
             conn = cls(hop.hostname, hop.port, timeout=self.timeout)
             if self.proxy and self._target.scheme == "https":
-                conn.set_tunnel(self._target.hostname, self._target.port)  # CONNECT through the proxy
+                conn.set_tunnel(self._target.hostname, self._target.port, self._proxy_auth)  # CONNECT
             self._local.conn = conn
         return conn
 

@@ -11,7 +11,9 @@ admission (/metrics) and the pack budget.
 
 from __future__ import annotations
 
+import base64
 import http.client
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -28,6 +30,7 @@ from m3_agent.serving.endpoint import check_endpoint
 from m3_agent.serving.standin import StandinServer
 
 NAME = "m3-endpoint.invalid"
+LOGINS: list[str | None] = []  # the Proxy-Authorization header of each request the proxy relayed
 PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
 
@@ -36,10 +39,12 @@ class _Forward(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     seen: list[tuple[str, str, str]]
+    logins: list[str | None]
 
     def _relay(self) -> None:
         url = urlsplit(self.path)
         self.seen.append((self.command, url.hostname or "", url.path))
+        self.logins.append(self.headers.get("Proxy-Authorization"))
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         upstream = http.client.HTTPConnection("127.0.0.1", url.port, timeout=30)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "proxy-connection")}
@@ -63,7 +68,7 @@ class _Forward(BaseHTTPRequestHandler):
 def proxy(monkeypatch):
     """A forward proxy on loopback set as HTTP_PROXY (NO_PROXY empty); yields its log of (method, host, path)."""
     seen: list[tuple[str, str, str]] = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_Forward,), {"seen": seen}))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_Forward,), {"seen": seen, "logins": LOGINS}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     for var in PROXY_VARS:
         monkeypatch.delenv(var, raising=False)
@@ -92,6 +97,16 @@ def every_call(base_url: str) -> dict[str, object]:
         "metrics": capacity_from_metrics(base_url) is not None,
         "budget": outcome(lambda: budget_for_server(base_url) > 0),
     }
+
+
+def test_the_proxy_s_own_credentials_go_with_every_call(proxy, monkeypatch):
+    LOGINS.clear()
+    port = os.environ["HTTP_PROXY"].rsplit(":", 1)[1]
+    monkeypatch.setenv("HTTP_PROXY", f"http://m3%40team:s3cret@127.0.0.1:{port}")  # user m3@team, quoted
+    with StandinServer({"performance": {}, "turns": [{"content": "hello"}]}) as srv:
+        assert every_call(f"http://{NAME}:{srv.port}/v1")["chat"] == "hello"
+    assert len(LOGINS) == len(proxy) >= 8
+    assert set(LOGINS) == {"Basic " + base64.b64encode(b"m3@team:s3cret").decode()}
 
 
 def test_through_a_proxy_every_call_takes_the_proxy_and_with_no_proxy_every_call_goes_direct(proxy, monkeypatch):
