@@ -24,6 +24,7 @@ workspace (a monorepo's own packages) are made absolute before the move so they 
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import glob
 import json
@@ -97,7 +98,7 @@ def workspaces(root: Path) -> list[str]:
     """The monorepo's package directories (relative, sorted): package.json `workspaces`, or pnpm-workspace.yaml."""
     pnpm = root / "pnpm-workspace.yaml"
     patterns = _patterns(package_json(root / "package.json"), pnpm.read_text(errors="replace") if pnpm.is_file() else "")
-    found = {Path(path).as_posix() for pattern in patterns for path in glob.glob(pattern, root_dir=root)
+    found = {Path(path).as_posix() for pattern in patterns for path in glob.glob(pattern, root_dir=root, recursive=True)
              if (root / path / "package.json").is_file() and "node_modules" not in Path(path).parts}
     return sorted(found - {"."})
 
@@ -244,7 +245,15 @@ def fetch_node(plan: NodePlan, stage: Path, *, machine: str, say) -> Fetched:
     project = stage / "project"
     _copy_manifests(plan, project)
     say(f"fetching the packages with {plan.manager} on the host (no scripts run)")
-    _run_host(_fetch_command(plan, stage), project, step=f"fetch the packages ({plan.manager})")
+    try:
+        _run_host(_fetch_command(plan, stage), project, step=f"fetch the packages ({plan.manager})")
+    except EnvironmentBuildError as e:
+        if not plan.before or not _NO_RELEASE_BEFORE.search(str(e)):
+            raise
+        # A registry (a mirror) whose publish times are not the releases' own leaves nothing before the date.
+        say(f"no release before {plan.before} fits ({str(e).split(': ', 1)[-1]}): taking today's releases")
+        plan = dataclasses.replace(plan, before=None)
+        _run_host(_fetch_command(plan, stage), project, step=f"fetch the packages ({plan.manager})")
     lock_written = plan.lock is None and plan.manager == "npm"
     if lock_written:
         shutil.copy2(project / "package-lock.json", stage / "package-lock.json")
@@ -328,6 +337,9 @@ def _fetch_command(plan: NodePlan, stage: Path) -> list[str]:
     if plan.lock:  # pnpm reads only the lock: the fastest fetch there is
         return [*run, "fetch", "--store-dir", str(stage / "cache")]
     return [*run, "install", "--ignore-scripts", "--store-dir", str(stage / "cache")]
+
+
+_NO_RELEASE_BEFORE = re.compile(r"No versions available|No matching version|ETARGET|ENOVERSIONS")
 
 
 def _host_node(stage: Path) -> str:

