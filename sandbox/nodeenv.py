@@ -60,7 +60,7 @@ LTS = {"argon": 4, "boron": 6, "carbon": 8, "dubnium": 10, "erbium": 12, "fermiu
        "hydrogen": 18, "iron": 20, "jod": 22, "krypton": 24}
 DEFAULT_MANAGER = {"npm": "npm@^10", "yarn": "yarn@^1", "pnpm": "pnpm@^9"}
 FETCH_TIMEOUT_S = 900.0
-BUILDER = "3"  # bump when the Node steps change what an environment holds
+BUILDER = "4"  # bump when the Node steps change what an environment holds
 DEBIAN_LIBRARIES = ("libatomic1",)
 
 
@@ -330,7 +330,9 @@ def _fetch_command(plan: NodePlan, stage: Path) -> list[str]:
         cache = ["--cache", str(stage / "cache")]
         if plan.lock:
             return [*run, "ci", *quiet, *cache]
-        return [*run, "install", *quiet, *cache, *([f"--before={plan.before}"] if plan.before else [])]
+        # --package-lock: a project's .npmrc may turn the lock off (sindresorhus's do); the container installs from it
+        return [*run, "install", "--package-lock=true", *quiet, *cache,
+                *([f"--before={plan.before}"] if plan.before else [])]
     if plan.manager == "yarn":
         return [*run, "install", "--ignore-scripts", "--non-interactive", "--no-progress",
                 "--cache-folder", str(stage / "cache"), *(["--frozen-lockfile"] if plan.lock else [])]
@@ -431,7 +433,7 @@ def _entries(manager: str) -> list[tuple[str, str]]:
 def _install(plan: NodePlan) -> str:
     cache = f"{STAGE}/cache"
     if plan.manager == "npm":
-        command = f"npm ci --offline --no-audit --no-fund --cache {cache}"
+        command = f"npm ci --offline --package-lock=true --no-audit --no-fund --cache {cache}"
     elif plan.manager == "yarn":
         command = (f"yarn install --offline --non-interactive --no-progress --cache-folder {cache}"
                    f"{' --frozen-lockfile' if plan.lock else ''}")
