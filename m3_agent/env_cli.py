@@ -108,6 +108,8 @@ def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
     out.print(f"releases:    {'before ' if info['releases'] != 'today' else 'as of '}{info['releases']}")
     if info["setup"]:
         out.print(f"setup:       {info['setup']}")
+    for requirement, source in info["sources"].items():
+        out.print(f"asked for:   {requirement}  ({source})", markup=False)
     for line in info["packages"]:
         out.print(f"  {line}", markup=False)
 
@@ -115,7 +117,7 @@ def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
 def _describe(request: BuildRequest) -> dict:
     """What `env show` prints for one repository."""
     info = {"tag": None, "built": False, "base": request.base, "files": {}, "setup": request.setup, "packages": [],
-            "releases": None}
+            "releases": None, "sources": {}}
     if not needs_environment(request):
         return info
     with contextlib.closing(docker_client()) as client:
@@ -125,6 +127,7 @@ def _describe(request: BuildRequest) -> dict:
         info["built"] = image_exists(client, info["tag"])
     found = next((e for e in list_environments() if e.tag == info["tag"]), None) if info["built"] else None
     info["packages"] = found.packages if found else []
+    info["sources"] = found.sources if found else {}
     return info
 
 

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+import contextlib
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -226,6 +227,60 @@ def blob_ids(root: Path, commit: str, folders: tuple[str, ...]) -> dict[str, str
             # Regular files only (mode 100644/100755): a symlink's blob is its target's name, not its bytes.
             found.update({b.path: b.hexsha for b in sub.blobs if b.mode & 0o170000 == 0o100000})
     return found
+
+
+class CommitFiles:
+    """The files of a commit read from git's objects, no checkout: what `sandbox.testneeds` reads a
+    commit's test needs from. Use it as a context manager (the repository stays open inside)."""
+
+    def __init__(self, root: Path, commit: str) -> None:
+        self.root, self.commit = root, commit
+        self._repo: contextlib.AbstractContextManager[git.Repo] | None = None
+        self._tree: git.Tree | None = None
+        self._read: dict[str, str | None] = {}  # the rules read some files more than once
+
+    def __enter__(self) -> CommitFiles:
+        self._repo = repository(self.root)
+        self._tree = self._repo.__enter__().commit(self.commit).tree
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._repo is not None:
+            self._repo.__exit__(None, None, None)
+            self._repo = self._tree = None
+
+    def _blob(self, rel: str) -> git.Blob | None:
+        try:
+            item = self._tree[rel] if self._tree is not None else None
+        except KeyError:
+            return None
+        # Regular files only (mode 100644/100755): a symlink's blob is its target's name, not its bytes.
+        return item if item is not None and item.type == "blob" and item.mode & 0o170000 == 0o100000 else None
+
+    def read(self, rel: str) -> str | None:
+        """The text of the regular file `rel`, None when there is none (or it is not UTF-8)."""
+        if rel not in self._read:
+            blob = self._blob(rel)
+            try:
+                self._read[rel] = blob.data_stream.read().decode("utf-8") if blob is not None else None
+            except UnicodeDecodeError:
+                self._read[rel] = None
+        return self._read[rel]
+
+    def names(self, folder: str) -> list[str]:
+        """The regular files directly in `folder` ("" is the top), sorted."""
+        try:
+            sub = (self._tree[folder] if folder else self._tree) if self._tree is not None else None
+        except KeyError:
+            return []
+        if sub is None or sub.type != "tree":
+            return []
+        return sorted(b.path for b in sub.blobs if b.mode & 0o170000 == 0o100000)
+
+    def blob_id(self, rel: str) -> str | None:
+        """git's id of the regular file `rel`."""
+        blob = self._blob(rel)
+        return blob.hexsha if blob is not None else None
 
 
 def read_blob(root: Path, commit: str, path: str) -> bytes | None:

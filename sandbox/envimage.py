@@ -64,6 +64,7 @@ FILES_LABEL = "m3-agent.env.files"
 PACKAGES_LABEL = "m3-agent.env.packages"
 SOURCE_LABEL = "m3-agent.env.source"
 RELEASES_LABEL = "m3-agent.env.releases"  # the cut-off date its releases predate, or "today"
+SOURCES_LABEL = "m3-agent.env.sources"  # each requirement and requirement file -> the file that asked for it
 PROBE = ("import platform, sys; print(platform.python_version(), platform.machine(), "
          "platform.libc_ver()[1] or '2.17')")
 
@@ -237,7 +238,7 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
         box.run("remove the build files", f"rm -rf {STAGE} && find {WORKSPACE} -mindepth 1 -delete")
         labels = {IMAGE_LABEL: KIND, RECIPE_LABEL: key, FILES_LABEL: json.dumps(files),
                   PACKAGES_LABEL: json.dumps(packages), SOURCE_LABEL: request.source or request.repo.name,
-                  RELEASES_LABEL: cutoff or "today"}
+                  RELEASES_LABEL: cutoff or "today", SOURCES_LABEL: json.dumps(plan.sources if plan else {})}
         say(f"committing {tag}")
         box.commit(tag, labels, User=f"{SANDBOX_UID}:{SANDBOX_UID}", WorkingDir=WORKSPACE,
                    Env=[f"VIRTUAL_ENV={ENV_PREFIX}", f"PATH={ENV_PATH}", "HOME=/home/sandbox",
@@ -431,6 +432,7 @@ class EnvInfo:
     created: str
     size_mb: float
     base_current: bool
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # requirement -> the file that gave it
 
 
 def list_environments() -> list[EnvInfo]:
@@ -450,7 +452,8 @@ def list_environments() -> list[EnvInfo]:
             tag=(image.tags or [image.short_id])[0], source=labels.get(SOURCE_LABEL, "?"),
             files=json.loads(labels.get(FILES_LABEL, "{}")), packages=json.loads(labels.get(PACKAGES_LABEL, "[]")),
             created=image.attrs.get("Created", "")[:19], size_mb=image.attrs.get("Size", 0) / 1e6,
-            base_current=image.attrs.get("Parent", "") in current))
+            base_current=image.attrs.get("Parent", "") in current,
+            sources=json.loads(labels.get(SOURCES_LABEL, "{}"))))
     return sorted(found, key=lambda e: e.created, reverse=True)
 
 

@@ -5,13 +5,16 @@
 
 The rules, in the order they apply:
   - the files that key the environment are the dependency files at the repository's root
-    (`KEY_FILES`, `requirements*.txt`, `requirements/*.txt`) and the lock files beside them;
+    (`KEY_FILES`, `requirements.txt`), the lock files beside them, and the files that say what the
+    tests need (`sandbox.testneeds`: the CI's workflows, tox, nox, test requirement files);
   - an installable project (a `setup.py`, or a `pyproject.toml` with `[project]` or `[build-system]`)
     brings its own dependencies and those of its test extras (`TEST_NAMES`), read from its metadata
     as pip prepares it (`project_requirements`), so setup.py, setup.cfg, flit, hatch and poetry
     projects are read the same way; it is then installed in editable mode;
-  - PEP 735 dependency groups with a test name come from `pyproject.toml`;
-  - requirements files are passed to pip as they are (their `-r`, `-c` and `-e` lines too);
+  - PEP 735 dependency groups with a test name (or those the CI installs) come from `pyproject.toml`;
+  - what the tests need, where the project says so (`testneeds.read_test_needs`): requirements, the
+    lines of test requirement files, the project's extras and groups, the plugins pytest needs;
+  - `requirements.txt` is passed to pip as it is (its `-r`, `-c` and `-e` lines too);
   - a lock file (`uv.lock`, `poetry.lock`, `pylock.toml`) pins versions as constraints: pip still
     resolves (`wheels.download`), the lock only says which versions it may take;
   - pytest is always installed, so `pytest` and `python -m pytest` are the environment's.
@@ -40,6 +43,7 @@ from packaging.version import InvalidVersion, Version
 
 from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError
+from m3_agent.sandbox.testneeds import FolderFiles, TestNeeds, read_test_needs
 
 try:
     import tomllib
@@ -86,26 +90,26 @@ class Plan:
     constraints: list[str] = field(default_factory=list)  # name==version pins from a lock file
     build_requires: list[str] = field(default_factory=list)  # the project's build backend, for the editable install
     editable: bool = False  # the project itself, installed in editable mode
+    sources: dict[str, str] = field(default_factory=dict)  # requirement or requirement file -> the file that gave it
 
 
-def select_dependency_files(paths: Iterable[str]) -> list[str]:
-    """Of relative paths in `KEY_FOLDERS`, the dependency files, in key order: KEY_FILES, then the
-    requirements and pylock files (docs' requirements are not the tests')."""
+def select_dependency_files(paths: Iterable[str], needs: TestNeeds) -> list[str]:
+    """Of relative paths in `KEY_FOLDERS`, the dependency files, in key order: KEY_FILES, `requirements.txt`,
+    the files that say what the tests need (`needs.files`), then pylock files."""
     paths = set(paths)
-    top = sorted(p for p in paths if "/" not in p)
-    found = [name for name in KEY_FILES if name in paths]
-    found += [p for p in top if fnmatchcase(p, "requirements*.txt")]
-    found += sorted(p for p in paths if p.count("/") == 1 and fnmatchcase(p, "requirements/*.txt"))
-    found += [p for p in top if fnmatchcase(p, "pylock.*.toml")]
-    return [p for p in found if "doc" not in p.rsplit("/", 1)[-1].lower()]
+    found = [name for name in (*KEY_FILES, "requirements.txt") if name in paths]
+    found += needs.files
+    found += sorted(p for p in paths if "/" not in p and fnmatchcase(p, "pylock.*.toml"))
+    return list(dict.fromkeys(found))
 
 
-def dependency_files(root: Path) -> list[Path]:
+def dependency_files(root: Path, needs: TestNeeds | None = None) -> list[Path]:
     """The dependency files of `root`, in key order (`select_dependency_files`)."""
-    # Regular files only, as git's side (`hostgit.blob_ids`) lists them: the two must key alike.
-    listed = [str(p.relative_to(root)) for folder in KEY_FOLDERS if (root / folder).is_dir()
-              for p in (root / folder).iterdir() if p.is_file() and not p.is_symlink()]
-    return [root / p for p in select_dependency_files(listed)]
+    files = FolderFiles(root)
+    needs = read_test_needs(files) if needs is None else needs
+    # Regular files only, as git's side (`hostgit.CommitFiles`) lists them: the two must key alike.
+    listed = [p for folder in KEY_FOLDERS for p in files.names(folder)]
+    return [root / p for p in select_dependency_files(listed, needs) if files.read(p) is not None]
 
 
 def blob_id(data: bytes) -> str:
@@ -113,15 +117,23 @@ def blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def key_files(root: Path) -> dict[str, str]:
+def key_files(root: Path, needs: TestNeeds | None = None) -> dict[str, str]:
     """The dependency files of `root` (relative path -> git blob id): what keys the environment."""
-    return {str(p.relative_to(root)): blob_id(p.read_bytes()) for p in dependency_files(root)}
+    return {str(p.relative_to(root)): blob_id(p.read_bytes()) for p in dependency_files(root, needs)}
 
 
 def key_files_at(root: Path, commit: str) -> dict[str, str]:
     """`key_files` of the repository at `root` as of `commit`, from git's objects: no checkout, no export."""
-    blobs = hostgit.blob_ids(root, commit, KEY_FOLDERS)
-    return {p: blobs[p] for p in select_dependency_files(blobs)}
+    return _at(root, commit)[0]
+
+
+def _at(root: Path, commit: str) -> tuple[dict[str, str], TestNeeds]:
+    """The key files at `commit` and its test needs, read from git's objects."""
+    with hostgit.CommitFiles(root, commit) as files:
+        needs = read_test_needs(files)
+        listed = [p for folder in KEY_FOLDERS for p in files.names(folder)]
+        blobs = {p: files.blob_id(p) for p in select_dependency_files(listed, needs)}
+    return {p: b for p, b in blobs.items() if b is not None}, needs
 
 
 def installable(root: Path) -> bool:
@@ -147,27 +159,31 @@ def _toml(path: Path, hint: str = "") -> dict:
 
 
 def wants_environment(root: Path) -> bool:
-    """`root` declares something to install: a project pip can build, a requirements file, or a test
-    dependency group. Read from the files alone: the cheap check every `fix` makes first."""
-    return _wants([str(p.relative_to(root)) for p in dependency_files(root)], _pyproject(root))
+    """`root` declares something to install: a project pip can build, a requirements file, something its
+    tests need, or a test dependency group. Read from the files alone: the cheap check every `fix` makes first."""
+    needs = read_test_needs(root)
+    return _wants([str(p.relative_to(root)) for p in dependency_files(root, needs)], _pyproject(root), needs)
 
 
 def wants_environment_at(root: Path, commit: str) -> bool:
     """`wants_environment` of the repository at `root` as of `commit`, read from git's objects."""
-    files = list(key_files_at(root, commit))
+    keys, needs = _at(root, commit)
+    files = list(keys)
     data = hostgit.read_blob(root, commit, "pyproject.toml") if "pyproject.toml" in files else None
     try:
         pyproject = tomllib.loads(data.decode("utf-8")) if data else {}
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise EnvironmentBuildError(f"pyproject.toml cannot be read ({e}): fix it, or set [sandbox] setup",
                                     step="read pyproject.toml") from None
-    return _wants(files, pyproject)
+    return _wants(files, pyproject, needs)
 
 
-def _wants(files: list[str], pyproject: dict) -> bool:
+def _wants(files: list[str], pyproject: dict, needs: TestNeeds) -> bool:
     if "setup.py" in files or "project" in pyproject or "build-system" in pyproject:
         return True
-    return any(f.endswith(".txt") for f in files) or bool(test_names(list(pyproject.get("dependency-groups", {}))))
+    if "requirements.txt" in files or needs.items:
+        return True
+    return bool(test_names(list(pyproject.get("dependency-groups", {}))))
 
 
 def plan_environment(root: Path, target: Target, *, version: str | None = None) -> Plan | None:
@@ -176,28 +192,45 @@ def plan_environment(root: Path, target: Target, *, version: str | None = None) 
     `version`: the project's version for builds that take it from git (setuptools_scm, pbr), which a
     copy without history cannot tell.
     """
-    keys = key_files(root)
+    needs = read_test_needs(root)
+    keys = key_files(root, needs)
     if not keys:
         return None
     plan = Plan(root=root, key_files=keys)
     env = target.marker_environment()
     metadata = _pip_metadata(root, version) if installable(root) else {}
     me = canonicalize_name(metadata.get("name", ""))
-    groups = group_requirements(_pyproject(root), env)
+    groups = group_requirements(_pyproject(root), env, names=needs.of("group") or None)
     # A group that names the project itself (`xarray[complete]`) asks for the project's extras, not a release.
     group_extras = [e for line in groups if me and _name(line) == me for e in sorted(Requirement(line).extras)]
     if metadata:
         fits_python(metadata, target)
         plan.editable = True
         plan.build_requires = build_requires(root)
-        plan.requirements += project_requirements(metadata, env, extras=group_extras)
-    plan.requirements += [line for line in groups if not me or _name(line) != me]
-    plan.requirement_files = [p for p in keys if p.endswith(".txt")]
+        _add(plan, project_requirements(metadata, env, extras=[*group_extras, *needs.of("extra")]),
+             "the project's metadata")
+    _add(plan, [line for line in groups if not me or _name(line) != me], "pyproject.toml")
+    for need in needs.items:
+        if need.kind == "requirement":
+            _add(plan, judged([need.value], env, []), need.source)
+    # The test needs' requirement files come as their lines (testneeds reads them): requirements.txt as it is.
+    plan.requirement_files = [f for f in ["requirements.txt"] if f in keys]
+    plan.sources.update({f: f for f in plan.requirement_files})
     _, plan.constraints = lock_pins(root, env)
     if not (plan.editable or plan.requirements or plan.requirement_files):
         return None  # only a lock or a setup.cfg without a build: nothing pip would install
-    plan.requirements += [r for r in ALWAYS if r not in {_name(x) for x in plan.requirements}]
+    _add(plan, list(ALWAYS), "always")
     return plan
+
+
+def _add(plan: Plan, lines: list[str], source: str) -> None:
+    """Add the requirements of `lines` whose names the plan does not hold yet, noting where they came from."""
+    held = {_name(x) for x in plan.requirements}
+    for line in lines:
+        if _name(line) not in held or not _name(line):
+            plan.requirements.append(line)
+            plan.sources.setdefault(line, source)
+            held.add(_name(line))
 
 
 # What a build backend asks for beyond `[build-system] requires` to build a project editable (its
@@ -308,10 +341,11 @@ def _pip_metadata(root: Path, version: str | None) -> dict:
     return install[0].get("metadata", {}) if install else {}
 
 
-def group_requirements(pyproject: dict, env: dict[str, str]) -> list[str]:
-    """PEP 735 dependency groups with a test name, their `include-group`s followed."""
+def group_requirements(pyproject: dict, env: dict[str, str], *, names: list[str] | None = None) -> list[str]:
+    """PEP 735 dependency groups with a test name (or `names`, those the CI installs), their `include-group`s
+    followed."""
     groups = pyproject.get("dependency-groups", {})
-    wanted = test_names(list(groups))
+    wanted = [n for n in names if n in groups] if names else test_names(list(groups))
     lines: list[str] = []
     seen: set[str] = set()
 
