@@ -86,6 +86,19 @@ class LimitsConfig(BaseModel):
     )
 
 
+class TestsConfig(BaseModel):
+    """How the project's tests run: the `[tests]` section."""
+
+    __test__ = False  # not a pytest class
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | None = Field(
+        None, description="the project's own test command; test_runner runs it with the agent's test paths as "
+        "labels (after it, or where {tests} stands; `cd DIR && ...` runs it in DIR). Unset: the one the CI, tox or "
+        "nox runs when it is not pytest, or Django's tests/runtests.py; else pytest"
+    )
+
+
 class AgentConfig(BaseModel):
     """Everything a run needs, one section per part: model, sandbox, context, thinking, stall, limits."""
 
@@ -97,6 +110,7 @@ class AgentConfig(BaseModel):
     thinking: ThinkingConfig = Field(default_factory=ThinkingConfig)
     stall: StallConfig = Field(default_factory=StallConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    tests: TestsConfig = Field(default_factory=TestsConfig)
     output_cap_chars: int = Field(10_000, ge=100, description="tool output kept in history: head + tail")
     test_cmd: str | None = Field(
         None, description="shell command whose exit status decides the verdict when the agent ran no tests"

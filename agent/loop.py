@@ -58,7 +58,7 @@ from m3_agent.agent.verdict import TestWatch, Verdict, decide, unverified
 from m3_agent.errors import Interrupted, M3AgentError, SandboxDied, UsageError
 from m3_agent.sandbox import Sandbox
 from m3_agent.sandbox.output import head_tail
-from m3_agent.tools import Tool, ToolResult, default_tools, execute_call, read_text_call
+from m3_agent.tools import Tool, ToolResult, default_tools, execute_call, read_text_call, with_project_tests
 from m3_agent.tools.js_runners import repository_note
 
 RunStatus = Literal["submitted", "finished", "stalled", "turn_limit", "token_limit", "time_limit", "cost_limit", "error"]
@@ -267,7 +267,9 @@ class _Run:
         self.nudged = False
         self.budget: int | None = None
         self.messages: list[dict[str, Any]] = []
-        self.schemas = [t.schema() for t in agent.tools]
+        # test_runner runs the project's own test command where it has one that is not pytest.
+        self.tools = with_project_tests(agent.tools, repo, self.cfg.tests.command)
+        self.schemas = [t.schema() for t in self.tools]
         self.tests = TestWatch()
         self.env: Environment | None = None  # replaced when it dies (agent.recovery)
         self.recovery = Recovery(self.cfg.limits.max_sandbox_restarts)
@@ -484,7 +486,7 @@ class _Run:
 
     def _read_text_call(self, reply: ModelReply) -> ModelReply:
         """A tool call the model wrote as text becomes the reply's call, its reading named as a repair."""
-        found = read_text_call(reply.content, [t.name for t in self.agent.tools])
+        found = read_text_call(reply.content, [t.name for t in self.tools])
         if found is None:
             return reply
         call = ToolCall(id=f"text-call-{self.turn}", name=found.name, arguments=found.arguments, repair=found.repair)
@@ -510,7 +512,7 @@ class _Run:
         self.tool_choice = "required" if self.forcing else "auto"
         self.emit("reprompt", reason="cut_off" if cut else "no_tool_call", format_errors=state.format_errors_in_row,
                   tool_choice=self.tool_choice)
-        tools = ", ".join(t.name for t in self.agent.tools)
+        tools = ", ".join(t.name for t in self.tools)
         self.messages.append({"role": "user", "content": CUT_OFF if cut else REPROMPT.format(tools=tools)})
 
     def _run_tools(self, reply: ModelReply) -> list[ToolResult]:
@@ -543,7 +545,7 @@ class _Run:
         """
         watched = Watched(self.env)
         try:
-            result = execute_call(call.name, call.arguments, self.agent.tools, watched, truncated=truncated,
+            result = execute_call(call.name, call.arguments, self.tools, watched, truncated=truncated,
                                   repairs=[call.repair] if call.repair else None)
             # A test run's workspace decides the verdict; any other is kept only for a restart.
             if watched.touched and (self.recovery.limit or result.tests is not None):
@@ -591,7 +593,7 @@ class _Run:
             self.result.final_message = submitted.output
             raise Submitted()
         if state.format_errors_in_row >= self.cfg.limits.max_format_errors:
-            raise FormatError(unusable_calls(state.format_errors_in_row, reply, results, self.agent.tools))
+            raise FormatError(unusable_calls(state.format_errors_in_row, reply, results, self.tools))
 
     def _check_stall(self) -> None:
         """Nudge the model at the first stall; end the run at the next one."""
@@ -628,7 +630,7 @@ class _Run:
         patch = self.result.patch
         while True:
             try:
-                return decide(self.tests, patch, self.env, self.agent.tools, self.cfg.test_cmd)
+                return decide(self.tests, patch, self.env, self.tools, self.cfg.test_cmd)
             except SandboxDied as died:
                 self.recovery.saw(patch)  # the final workspace is the state to restore
                 try:

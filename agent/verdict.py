@@ -1,7 +1,8 @@
 """Whether a run's final workspace passes its tests: the verdict `fix` and the library report.
 
 A test run counts only if it saw the workspace as the run left it. The loop tells a `TestWatch`
-about every test run together with the workspace's diff at that moment; when the agent stops,
+about every test run, whichever tool made it (test_runner, or a bash command that ran pytest,
+unittest or a runtests.py and printed its summary), together with the workspace's diff at that moment; when the agent stops,
 `decide` compares that diff with the final one. If they differ (the agent edited after testing) or
 the agent never tested, the tests run once more on the final workspace: the agent's last test call,
 or else the configured `test_cmd`. With neither, the verdict is `unverified`, never `passed`.
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 from m3_agent.errors import UsageError
 from m3_agent.sandbox.environment import Environment, Restorable
 from m3_agent.sandbox.output import head_tail
-from m3_agent.tools import Tool, execute_call
+from m3_agent.tools import Tool, ToolResult, execute_call
 
 VERIFY_TIMEOUT_S = 900.0  # one whole-suite run on the final workspace
 OUTPUT_TAIL_CHARS = 2_000
@@ -117,9 +118,15 @@ def decide(watch: TestWatch, final_diff: str, env: Environment, tools: list[Tool
         result = execute_call(watch.name, watch.arguments, tools, env)
         why = (f"the agent changed the workspace after its last test run (turn {stale}): re-ran that test call"
                if stale is not None else "re-ran the agent's last test call")
-        verdict = Verdict(source="rerun", passed=suite_passed(result.data), tests=result.data or None,
+        tests = tests_of(result)
+        verdict = Verdict(source="rerun", passed=suite_passed(tests), tests=tests,
                           command=watch.arguments, after_last_change=True, stale_turn=stale, reason=why)
     return against_base(verdict, watch.name, final_diff, env, tools)
+
+
+def tests_of(result: ToolResult) -> dict[str, Any] | None:
+    """What a test call's re-run found: its test summary (a bash command that ran tests has one too)."""
+    return result.tests.model_dump() if result.tests is not None else None
 
 
 def against_base(verdict: Verdict, name: str, final_diff: str, env: Environment, tools: list[Tool]) -> Verdict:
@@ -136,7 +143,7 @@ def against_base(verdict: Verdict, name: str, final_diff: str, env: Environment,
     except UsageError:  # a bind-mounted workspace is the user's own files: never reset them
         return verdict
     try:
-        base = execute_call(name, verdict.command, tools, env).data
+        base = tests_of(execute_call(name, verdict.command, tools, env))
     finally:
         env.restore(final_diff)
     if not base or base.get("timed_out") or base.get("problem"):

@@ -14,14 +14,14 @@ from m3_agent.tools.file_read import FileRead
 from m3_agent.tools.file_write import FileWrite
 from m3_agent.tools.junit import FailingTest, TestSummary, parse_junit
 from m3_agent.tools.submit import Submit
-from m3_agent.tools.test_runner import DEFAULT_TIMEOUT, TestRunner
+from m3_agent.tools.test_runner import DEFAULT_TIMEOUT, TestRunner, with_project_tests
 from m3_agent.tools.text_calls import TextCall, read_text_call
 from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
 
 __all__ = [
     "Tool", "ToolArgs", "ToolCallError", "ToolResult", "default_tools", "execute_call",
     "Bash", "CodeExec", "FileEdit", "FileRead", "FileWrite", "Submit", "TestRunner",
-    "FailingTest", "TestSummary", "parse_junit", "TextCall", "read_text_call",
+    "FailingTest", "TestSummary", "parse_junit", "with_project_tests", "TextCall", "read_text_call",
 ]
 
 

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from m3_agent.tools.tool import Tool, ToolArgs, ToolCallError, ToolResult
-from m3_agent.tools.workspace import run_command
+from m3_agent.tools.runner_output import command_tests
+from m3_agent.tools.workspace import EXEC_ENV, MAX_TIMEOUT, WORKSPACE, clamp_timeout, exec_result
 
 if TYPE_CHECKING:
     from m3_agent.sandbox import Environment
@@ -33,4 +34,9 @@ class Bash(Tool):
         if not args.command.strip():
             raise ToolCallError("'command' is empty: give the shell command to run.", kind="bad_args")
         # The sandbox runs every command with bash.
-        return run_command(sandbox, args.command, timeout=args.timeout)
+        bounded, note = clamp_timeout(args.timeout, MAX_TIMEOUT)
+        result = sandbox.exec(args.command, timeout=bounded, cwd=WORKSPACE, env=EXEC_ENV)
+        out = exec_result(result, timeout=bounded, note=note)
+        # A command that ran the tests counts as a test run (the verdict takes the last one, whichever tool).
+        out.tests = command_tests(args.command, result)
+        return out

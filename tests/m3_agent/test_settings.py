@@ -30,7 +30,7 @@ def test_defaults_apply_when_nothing_is_configured(tmp_path):
 
 def test_every_section_of_the_agent_config_is_a_settings_section():
     sections = {p.split(".")[0] for p in PATHS if "." in p}
-    assert sections == {"model", "sandbox", "context", "thinking", "stall", "limits", "fix", "eval"}
+    assert sections == {"model", "sandbox", "context", "thinking", "stall", "limits", "tests", "fix", "eval"}
     assert {p for p in PATHS if "." not in p} == {"serve", "output_cap_chars", "system_prompt", "test_cmd"}
     assert all(path in PATHS for path in FLAGS.values())
 
