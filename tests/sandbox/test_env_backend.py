@@ -56,6 +56,7 @@ def test_a_hatchling_project_is_installed_editable_with_what_its_backend_asks_fo
         prune_environments(keep=0, source=SOURCE)
 
 
+@pytest.mark.timeout(1800)  # builds on one host wait for each other: the whole suite's may come first
 def test_an_offline_install_that_lacks_a_wheel_names_the_step_that_should_have_fetched_it(git_repo, sandbox_image):
     """An in-tree backend asks for a package no table can know of; `-e .` in requirements.txt (httpx's
     way) makes the dependencies' offline install build the project. Before: "no release of six on the
@@ -70,7 +71,7 @@ def test_an_offline_install_that_lacks_a_wheel_names_the_step_that_should_have_f
     repo = git_repo(files)
     # pip reads `-e .` from where it runs: the repository, as a user in their clone runs it.
     proc = subprocess.run([sys.executable, "-m", "m3_agent.cli", "env", "build", "--repo", "."], cwd=repo,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 7, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, proc.stderr

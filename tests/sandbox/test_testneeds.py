@@ -201,6 +201,7 @@ def test_the_plan_says_which_file_gave_each_requirement(tmp_path):
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(1800)  # builds on one host wait for each other: the whole suite's may come first
 @pytest.mark.parametrize(("name", "files", "command"), [
     ("tqdm-like", TQDM_LIKE, "pytest -q tests/tests_spin.py"),
     ("mypy-like", MYPY_LIKE, "pytest -q"),
