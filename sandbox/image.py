@@ -38,8 +38,13 @@ SANDBOX_UID = 1000
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what every image's PATH holds
 ENV_PREFIX = "/opt/m3-agent/env"  # a repository's environment (sandbox.envimage), first on every command's PATH
 GENERATED = "/opt/m3-agent/generated"  # files its build wrote into the repository (a setuptools_scm _version.py)
+GENERATED_EXCLUDE = GENERATED + ".exclude"  # their git exclude lines, where a whole build tree is one line
+BUILT_FROM = GENERATED + ".sources"  # a compiled project's files at its build: `sha256sum` lines (sandbox.toolchain)
+BUILT = GENERATED + ".built"  # the extensions a setuptools build put into the repository, one path a line
 IMAGE_LABEL = "m3-agent.image"
 RECIPE_LABEL = "m3-agent.recipe"
+SUITE_LABEL = "m3-agent.suite"
+EXTRA_LABEL = "m3-agent.extra"  # a JSON list: the Debian packages beyond PACKAGES
 
 APT_INSTALL = """RUN apt-get update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {packages} \\
@@ -89,9 +94,18 @@ def digest(*parts: str) -> str:
 
 @dataclass(frozen=True)
 class Recipe:
-    """The sandbox image of one Debian release: its base (pulled + apt, or debootstrap) and the sandbox layer."""
+    """The sandbox image of one Debian release: its base (pulled + apt, or debootstrap) and the sandbox layer.
+
+    `extra`: Debian packages beyond PACKAGES (a toolchain for builds, the packages a project's CI installs
+    with apt-get), in the base the same way, so an image that compiles is made offline like the default.
+    """
 
     suite: str
+    extra: tuple[str, ...] = ()
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        return PACKAGES + tuple(sorted(set(self.extra) - set(PACKAGES)))
 
     @property
     def pull_base(self) -> str:
@@ -99,11 +113,11 @@ class Recipe:
 
     @property
     def pull_recipe(self) -> str:
-        return PULL_RECIPE_OF.format(pull_base=self.pull_base, packages=" ".join(PACKAGES))
+        return PULL_RECIPE_OF.format(pull_base=self.pull_base, packages=" ".join(self.packages))
 
     @property
     def base_hash(self) -> str:
-        return digest(self.suite, *PACKAGES, self.pull_recipe)
+        return digest(self.suite, *self.packages, self.pull_recipe)
 
     @property
     def sandbox_hash(self) -> str:
@@ -115,8 +129,15 @@ class Recipe:
 
     @property
     def image(self) -> str:
-        """The sandbox image's tag: the recipe hash, after the release's name for all but the default."""
-        return f"m3-agent-sandbox:{'' if self.suite == SUITE else self.suite + '-'}{self.sandbox_hash[:12]}"
+        """The sandbox image's tag: the recipe hash, after the release's name for all but the default, and
+        `build-` for one with extra packages."""
+        name = ("" if self.suite == SUITE else self.suite + "-") + ("build-" if self.extra else "")
+        return f"m3-agent-sandbox:{name}{self.sandbox_hash[:12]}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """What `prune_images` reads back to tell whether an image is of a current recipe."""
+        return {SUITE_LABEL: self.suite, EXTRA_LABEL: json.dumps(sorted(set(self.extra) - set(PACKAGES)))}
 
 
 DEFAULT_RECIPE = Recipe(SUITE)
@@ -129,12 +150,13 @@ def _say(progress: Progress | None, message: str) -> None:
 
 
 def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, suite: str = SUITE,
-                progress: Progress | None = None) -> str:
+                progress: Progress | None = None, recipe: Recipe | None = None) -> str:
     """Build the sandbox image under `tag` and return the tag; returns at once when it already exists.
 
     `base`: an image (present or pullable) that already has bash, python3 (>= 3.9, with ctypes), pytest, git, patch,
     tar and procps; by default `debian:<suite>-slim` plus apt when a registry answers, else debootstrap +
     docker import (offline). Every new image is run once, offline, to check those tools are there.
+    `recipe`: the release and extra packages (default: `suite` alone).
     """
     with contextlib.closing(docker_client()) as client:
         if image_exists(client, tag):
@@ -142,7 +164,7 @@ def build_image(tag: str = DEFAULT_IMAGE, *, base: str | None = None, suite: str
         with build_lock(progress):
             if image_exists(client, tag):  # another process built it while we waited
                 return tag
-            _build_sandbox(client, tag, base, Recipe(suite), progress)
+            _build_sandbox(client, tag, base, recipe or Recipe(suite), progress)
         return tag
 
 
@@ -183,7 +205,7 @@ def _build_sandbox(client: docker.DockerClient, tag: str, base: str | None, reci
             raise SandboxUnavailable(f"base image {base!r} is neither present nor pullable: pull it or drop --base")
     _say(progress, f"building {tag} on {base}")
     _build(client, SANDBOX_LAYER.replace("{base}", base), tag,
-           {IMAGE_LABEL: "sandbox", RECIPE_LABEL: recipe.sandbox_hash}, progress)
+           {IMAGE_LABEL: "sandbox", RECIPE_LABEL: recipe.sandbox_hash, **recipe.labels}, progress)
     _verify(client, tag, progress)
 
 
@@ -195,7 +217,7 @@ def _default_base(client: docker.DockerClient, recipe: Recipe, progress: Progres
     if _try_pull(client, recipe.pull_base):
         try:
             _build(client, recipe.pull_recipe, recipe.base_image,
-                   {IMAGE_LABEL: "base", RECIPE_LABEL: recipe.base_hash}, progress)
+                   {IMAGE_LABEL: "base", RECIPE_LABEL: recipe.base_hash, **recipe.labels}, progress)
             return recipe.base_image
         except SandboxUnavailable as e:
             _say(progress, f"apt inside the build failed ({e}); falling back to the offline path")
@@ -227,7 +249,7 @@ def _debootstrap_base(client: docker.DockerClient, progress: Progress | None, re
     mirror = os.environ.get("M3_AGENT_DEBIAN_MIRROR")  # optional local mirror; debootstrap's default otherwise
     with tempfile.TemporaryDirectory(prefix="m3-agent-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        cmd = [exe, "--variant=minbase", f"--include={','.join(PACKAGES)}", f"--cache-dir={cache}", recipe.suite,
+        cmd = [exe, "--variant=minbase", f"--include={','.join(recipe.packages)}", f"--cache-dir={cache}", recipe.suite,
                str(rootfs)]
         if mirror:
             cmd.append(mirror)
@@ -245,7 +267,8 @@ def _debootstrap_base(client: docker.DockerClient, progress: Progress | None, re
         try:
             client.api.import_image_from_file(
                 str(tarball), repository=repo, tag=tag,
-                changes=[f"LABEL {IMAGE_LABEL}=base {RECIPE_LABEL}={recipe.base_hash}", "CMD [\"bash\"]"],
+                changes=[f"LABEL {IMAGE_LABEL}=base {RECIPE_LABEL}={recipe.base_hash}",
+                         *(f"LABEL {k}={json.dumps(v)}" for k, v in recipe.labels.items()), "CMD [\"bash\"]"],
             )
         except docker.errors.APIError as e:
             raise SandboxUnavailable(f"docker import of the offline base failed: {e.explanation or e}") from None
@@ -331,11 +354,24 @@ def prune_images() -> list[str]:
             for image in client.images.list(filters={"label": IMAGE_LABEL}):
                 labels = image.labels or {}
                 kind = labels.get(IMAGE_LABEL)
-                if kind in current and labels.get(RECIPE_LABEL) not in current[kind]:
+                if kind in current and labels.get(RECIPE_LABEL) not in current[kind] | _own_recipe(labels, kind):
                     removed += untag(client, image.tags)
         except docker.errors.DockerException as e:
             raise SandboxUnavailable(f"cannot list images: {e}") from None
     return removed
+
+
+def _own_recipe(labels: dict[str, str], kind: str) -> set[str]:
+    """The current hash of the recipe an image with extra packages says it was built from (a build toolchain's
+    image is current while its recipe's hash is)."""
+    try:
+        extra = tuple(json.loads(labels.get(EXTRA_LABEL) or "[]"))
+    except ValueError:
+        return set()
+    if not extra or labels.get(SUITE_LABEL) not in SUITE_PYTHON:
+        return set()
+    recipe = Recipe(labels[SUITE_LABEL], extra)
+    return {recipe.sandbox_hash if kind == "sandbox" else recipe.base_hash}
 
 
 def build_env_image(
