@@ -39,7 +39,8 @@ class Display:
 
 @app.command("fix", help="Fix an issue in a repository; hands back a branch and a patch.")
 @setting_flags("--base-url", "--api-key", "--serve", "--model", "--max-turns", "--test-cmd", "--time-limit",
-               "--thinking", "--images", "--include-uncommitted", "--sandbox-image", "--github-api-url",
+               "--thinking", "--images", "--include-uncommitted", "--sandbox-image", "--keep-broken-env",
+               "--github-api-url",
                "--output-dir", "--push", "--remote", "--pr", "--ready", "--pr-anyway", "--comment", "--trajectory-url")
 def fix_command(
     issue_arg: Optional[str] = typer.Argument(

@@ -318,6 +318,9 @@ def _with_environment(job: _Job, copy: Path) -> AgentConfig:
     if env is None:
         return job.config
     job.environment = env.tag
+    if env.notice:  # kept at the user's request although its own check failed: say so everywhere
+        progress(f"notice: {env.notice}")
+        job.notice(env.notice)
     if env.built:
         job.notice(f"built the repository's environment {env.tag} in {env.seconds:.0f} s; later runs reuse it "
                    "(m3-agent env show)")

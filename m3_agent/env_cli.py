@@ -32,7 +32,11 @@ REPO = typer.Option(Path("."), "--repo", "-C", help="The repository (its HEAD co
 CONFIG = typer.Option(None, "--config", help="Config file instead of m3-agent.toml / pyproject.")
 
 
-def _head_request(repo: Path, config: Optional[Path]) -> BuildRequest:
+KEEP_BROKEN = typer.Option(None, "--keep-broken-env/--no-keep-broken-env",
+                           help="Keep the environment even when its own check fails (a notice says what failed).")
+
+
+def _head_request(repo: Path, config: Optional[Path], keep_broken: Optional[bool] = None) -> BuildRequest:
     """The request `fix` would make for `repo`'s HEAD, with its [sandbox] settings. Its files are read from
     git's objects: the tree is exported only if a build is needed."""
     from m3_agent.settings import load_settings
@@ -41,15 +45,15 @@ def _head_request(repo: Path, config: Optional[Path]) -> BuildRequest:
         if git_repo.working_tree_dir is None or not git_repo.head.is_valid():
             raise UsageError(f"{repo} has no work tree or no commit yet: commit first")
         root, head = Path(git_repo.working_tree_dir), git_repo.head.commit.hexsha
-    settings, _ = load_settings(root, config_file=config)
+    settings, _ = load_settings(root, {"--keep-broken-env": keep_broken}, config_file=config)
     return request_for(None, settings.sandbox, history=(root, head), source=root.name)
 
 
 @app.command("build")
-def build(repo: Path = REPO, config: Optional[Path] = CONFIG) -> None:
+def build(repo: Path = REPO, config: Optional[Path] = CONFIG, keep_broken: Optional[bool] = KEEP_BROKEN) -> None:
     """Build the repository's environment image (nothing when it exists); prints its tag."""
     last = [0.0]
-    request = _head_request(repo, config)
+    request = _head_request(repo, config, keep_broken)
     with console.status("environment") as status:
 
         def progress(message: str) -> None:
@@ -66,6 +70,8 @@ def build(repo: Path = REPO, config: Optional[Path] = CONFIG) -> None:
         console.print("nothing to build: the repository declares no dependencies and no setup command is set")
         return
     console.print(f"{'built' if env.built else 'already built'}: {env.tag} ({env.seconds:.1f} s)")
+    if env.notice:
+        console.print(f"notice: {env.notice}", markup=False)
     typer.echo(env.tag)
 
 
@@ -110,6 +116,8 @@ def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
         out.print(f"setup:       {info['setup']}")
     for requirement, source in info["sources"].items():
         out.print(f"asked for:   {requirement}  ({source})", markup=False)
+    if info["check"]:
+        out.print(f"check:       {info['check']}", markup=False)
     for line in info["packages"]:
         out.print(f"  {line}", markup=False)
 
@@ -117,7 +125,7 @@ def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
 def _describe(request: BuildRequest) -> dict:
     """What `env show` prints for one repository."""
     info = {"tag": None, "built": False, "base": request.base, "files": {}, "setup": request.setup, "packages": [],
-            "releases": None, "sources": {}}
+            "releases": None, "sources": {}, "check": None}
     if not needs_environment(request):
         return info
     with contextlib.closing(docker_client()) as client:
@@ -128,6 +136,7 @@ def _describe(request: BuildRequest) -> dict:
     found = next((e for e in list_environments() if e.tag == info["tag"]), None) if info["built"] else None
     info["packages"] = found.packages if found else []
     info["sources"] = found.sources if found else {}
+    info["check"] = found.check if found else None
     return info
 
 

@@ -62,6 +62,7 @@ FLAGS = {
     "--thinking": "thinking.policy",
     "--sandbox-image": "sandbox.image",
     "--image": "sandbox.image",
+    "--keep-broken-env": "sandbox.keep_broken_env",
     "--images": "fix.images",
     "--include-uncommitted": "fix.include_uncommitted",
     "--github-api-url": "fix.github_api_url",

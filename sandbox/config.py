@@ -29,6 +29,9 @@ class SandboxConfig(BaseModel):
     releases: Literal["commit", "today"] = Field(
         "commit", description="commit: the environment resolves to what was released before the last commit "
         "that changed a dependency file (an old commit gets the releases of its day); today: the newest releases")
+    keep_broken_env: bool = Field(
+        False, description="keep and use an environment image whose own check failed (the project's packages do "
+        "not import, or its tests do not collect), with a notice saying what failed; false: the build stops (exit 7)")
     mount: Literal["copy", "bind", "image"] = Field(
         "copy", description="copy: the repo is copied into an in-memory /workspace; bind: the host directory "
         "itself is mounted read-write (for very large repos; commands then change the host files; set user= to "

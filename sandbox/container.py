@@ -90,8 +90,16 @@ mkdir -p "$HOME/.config/git"
 printf '%s\n' '__pycache__/' '*.py[co]' '.pytest_cache/' > "$HOME/.config/git/ignore"
 # An environment image's generated files (sandbox.envimage): back in the workspace, never in its diff.
 if [ -d "$M3_GENERATED" ]; then
-  cp -Rn "$M3_GENERATED/." .
-  mkdir -p .git/info && (cd "$M3_GENERATED" && find . -type f | sed 's|^\.||') >> .git/info/exclude
+  cp -Rn --preserve=timestamps "$M3_GENERATED/." .
+  mkdir -p .git/info
+  if [ -f "$M3_GENERATED.exclude" ]; then cat "$M3_GENERATED.exclude"; else
+    (cd "$M3_GENERATED" && find . -type f | sed 's|^\.||'); fi >> .git/info/exclude
+fi
+# A compiled project's build (sandbox.toolchain) rebuilds what is newer than its outputs: a file as it was
+# at the build gets an old time, any other the time of now, so a build tree of another commit is rebuilt.
+if [ -n "$M3_KEEP_BASE" ] && [ -f "$M3_GENERATED.sources" ]; then
+  cut -c67- "$M3_GENERATED.sources" | tr '\n' '\0' | xargs -0 -r touch -c
+  sha256sum -c "$M3_GENERATED.sources" 2>/dev/null | sed -n 's/: OK$//p' | tr '\n' '\0' | xargs -0 -r touch -c -d @1
 fi
 # Its node_modules (sandbox.nodeenv), kept outside the workspace: linked in, never in its diff.
 if [ -f "$M3_NODE_MODULES/.links" ]; then

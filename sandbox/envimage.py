@@ -43,11 +43,14 @@ from m3_agent.sandbox import nodeenv
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID,
                                     SUITE, SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock,
-                                    digest, untag)
+                                    current_toolchain_images, digest, untag)
 from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, key_files, key_files_at, pip_error,
                                     plan_environment, pretend_version, scm_version, wants_environment,
                                     wants_environment_at)
+from m3_agent.sandbox.envproof import PROOF_LABEL, Proof, proof_command, proof_of, read_proof
 from m3_agent.sandbox.releases import Releases, Sources, release_cutoff
+from m3_agent.sandbox.toolchain import (TOOLCHAIN, build_recipe, compiles, compiles_from, editable_settings,
+                                        keep_build_command)
 from m3_agent.sandbox.wheels import Requirements, download, download_step
 
 Progress = Callable[[str], None]
@@ -77,6 +80,7 @@ class EnvImage:
     key: str
     built: bool
     seconds: float
+    notice: str | None = None  # what the build's own check found wrong, for an environment kept anyway
 
 
 @dataclass
@@ -95,6 +99,7 @@ class BuildRequest:
     derive: bool = True  # install what the repository's files declare (False: only the setup command)
     history: tuple[Path, str] | None = None  # (repository, commit) `version` and the release date are read from
     releases: Releases = "commit"  # resolve to releases before the last change of a dependency file, or today's
+    keep_broken: bool = False  # keep (and use) an environment whose project does not import or tests do not collect
 
 
 def ensure_environment(request: BuildRequest, *, progress: Progress | None = None) -> EnvImage | None:
@@ -106,12 +111,36 @@ def ensure_environment(request: BuildRequest, *, progress: Progress | None = Non
     with closing(docker_client()) as client:
         key, _ = request_key(client, request, progress)
         tag = f"{ENV_REPOSITORY}:{key}"
-        if image_exists(client, tag):
-            return EnvImage(tag, key, False, time.monotonic() - t0)
-        with build_lock(progress), _checked_out(request) as request:
-            if not image_exists(client, tag):  # another process may have built it while we waited
-                build_environment(client, request, tag, key, progress)
-        return EnvImage(tag, key, True, time.monotonic() - t0)
+        labels = _labels(client, tag)
+        built = labels is None
+        if built:
+            with build_lock(progress), _checked_out(request) as request:
+                if not image_exists(client, tag):  # another process may have built it while we waited
+                    build_environment(client, request, tag, key, progress)
+            labels = _labels(client, tag) or {}
+        return EnvImage(tag, key, built, time.monotonic() - t0, notice=_checked(labels, tag, request))
+
+
+def _labels(client: docker.DockerClient, tag: str) -> dict[str, str] | None:
+    """The labels of the image `tag`; None when there is no such image (one engine call either way)."""
+    try:
+        return client.images.get(tag).labels or {}
+    except docker.errors.ImageNotFound:
+        return None
+    except docker.errors.DockerException as e:
+        raise SandboxUnavailable(f"cannot inspect {tag}: {e}") from None
+
+
+def _checked(labels: dict[str, str], tag: str, request: BuildRequest) -> str | None:
+    """The notice of an environment whose own check failed, kept at the user's request; EnvironmentBuildError
+    (exit 7) when the user did not ask to keep it (an image kept by an earlier run stays broken)."""
+    proof = proof_of(labels)
+    if proof is None or proof.ok:
+        return None
+    if not request.keep_broken:
+        raise EnvironmentBuildError(f"{proof.message()} (keep it anyway: --keep-broken-env, or [sandbox] "
+                                    "keep_broken_env = true)", step="check the project")
+    return f"environment {tag}: {proof.message()}"
 
 
 @contextlib.contextmanager
@@ -155,7 +184,21 @@ def request_key(client: docker.DockerClient, request: BuildRequest,
     base_id = base_image_id(client, request.base, progress)
     cutoff = request_cutoff(request, files) or "today"
     node = [nodeenv.BUILDER] if "package.json" in files else []  # only Node environments change with it
-    return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), request.setup or "", cutoff, *node)[:16], files
+    # A compiled project's image is built on a toolchain image: its packages are part of the key.
+    toolchain = [json.dumps(TOOLCHAIN)] if _compiled(request) else []
+    return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), request.setup or "", cutoff, *node,
+                  *toolchain)[:16], files
+
+
+def _compiled(request: BuildRequest) -> bool:
+    """The derived environment of a project that compiles its own extensions, on the default image (read from
+    the copy, or from git's objects at the history's commit)."""
+    if not request.derive or request.base != DEFAULT_IMAGE:
+        return False
+    if request.repo is not None:
+        return compiles(request.repo)
+    root, commit = _history(request)
+    return compiles_from(lambda name: hostgit.read_blob(root, commit, name))
 
 
 def request_cutoff(request: BuildRequest, files: dict[str, str]) -> str | None:
@@ -184,7 +227,7 @@ def request_for(repo: Path | None, config: SandboxConfig, *, history: tuple[Path
     the default image, the setup command on any."""
     derive = config.project_env == "auto" and config.image == DEFAULT_IMAGE
     return BuildRequest(repo=repo, base=config.image, setup=config.setup, history=history, source=source,
-                        derive=derive, releases=config.releases)
+                        derive=derive, releases=config.releases, keep_broken=config.keep_broken_env)
 
 
 def build_environment(client: docker.DockerClient, request: BuildRequest, tag: str, key: str,
@@ -198,14 +241,28 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
     if request.history is not None and request.version is None:  # only a build needs it: git describe is slow
         request = dataclasses.replace(request, version=scm_version(*request.history))
     try:
-        _build_on(client, request.base, request, tag, key, say)
+        _build_on(client, _base(request, SUITE, progress), request, tag, key, say)
     except PythonMismatch as e:
         suite = next((s for s, py in SUITE_PYTHON.items() if s != SUITE and e.accepts(py)), None)
         if request.base != DEFAULT_IMAGE or suite is None:
             raise
         say(f"{e.project} requires Python {e.requires}: building on Debian {suite} (Python {SUITE_PYTHON[suite]})")
-        base = build_image(Recipe(suite).image, suite=suite, progress=progress)
-        _build_on(client, base, request, tag, key, say)
+        _build_on(client, _base(request, suite, progress), request, tag, key, say)
+
+
+def _base(request: BuildRequest, suite: str, progress: Progress | None) -> str:
+    """The image the environment is built on: the request's, or for a compiled project the sandbox image of
+    `suite` with a toolchain and the Debian packages its CI installs (built once, offline like the default)."""
+    if not _compiled(request):
+        return request.base if suite == SUITE else build_image(Recipe(suite).image, suite=suite, progress=progress)
+    recipe, left_out = build_recipe(request.repo, suite)
+    say = progress or (lambda _: None)
+    from_ci = [p for p in recipe.extra if p not in TOOLCHAIN]
+    say(f"the project compiles: building on the {suite} image with a toolchain"
+        + (f" and {', '.join(from_ci)} from its CI" if from_ci else ""))
+    if left_out:
+        say(f"  left out of what its CI installs (not a library or build tool Debian has): {', '.join(left_out)}")
+    return build_image(recipe.image, recipe=recipe, progress=progress)
 
 
 def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag: str, key: str,
@@ -218,11 +275,14 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
         if python:
             say(f"planning the environment for Python {target.python} ({target.machine})")
         plan = plan_environment(request.repo, target, version=request.version) if request.derive and python else None
+        compiled = plan is not None and plan.editable and _compiled(request)
+        if compiled:  # its build runs again in the sandbox: the backend and its needs live in the environment
+            plan.requirements += [r for r in plan.build_requires if r not in plan.requirements]
         stage = Path(tmp)
         files = {**(plan.key_files if plan else {}), **node_files}
         cutoff = request_cutoff(request, files)
-        steps = install_steps(plan, request) if python else [("run the setup command", request.setup, {})] * bool(
-            request.setup)
+        steps = (install_steps(plan, request, compiled=compiled) if python
+                 else [("run the setup command", request.setup, {})] * bool(request.setup))
         if python:
             _download(plan, stage, target, request.version, Sources.for_cutoff(cutoff), say)
         packages = _stage_node(request.repo, stage, target, cutoff, steps, say) if node_files else []
@@ -232,17 +292,33 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
         for step, command, env in steps:
             say(step)
             box.run(step, command, env)
+        proof = _prove(box, plan, request, say)
         if python:
             packages += box.run("list the installed packages",
                                 f"{ENV_PREFIX}/bin/python -m pip freeze --all").splitlines()
         box.run("remove the build files", f"rm -rf {STAGE} && find {WORKSPACE} -mindepth 1 -delete")
         labels = {IMAGE_LABEL: KIND, RECIPE_LABEL: key, FILES_LABEL: json.dumps(files),
                   PACKAGES_LABEL: json.dumps(packages), SOURCE_LABEL: request.source or request.repo.name,
-                  RELEASES_LABEL: cutoff or "today", SOURCES_LABEL: json.dumps(plan.sources if plan else {})}
+                  RELEASES_LABEL: cutoff or "today", SOURCES_LABEL: json.dumps(plan.sources if plan else {}),
+                  **({PROOF_LABEL: proof.model_dump_json()} if proof else {})}
         say(f"committing {tag}")
         box.commit(tag, labels, User=f"{SANDBOX_UID}:{SANDBOX_UID}", WorkingDir=WORKSPACE,
                    Env=[f"VIRTUAL_ENV={ENV_PREFIX}", f"PATH={ENV_PATH}", "HOME=/home/sandbox",
                         "LANG=C.UTF-8", "LC_ALL=C.UTF-8"])
+
+
+def _prove(box: BuildContainer, plan: Plan | None, request: BuildRequest, say: Progress) -> Proof | None:
+    """The build's own check (sandbox.envproof) of an installed project; EnvironmentBuildError when it fails
+    and the user did not ask to keep such an environment."""
+    if plan is None or not plan.editable:
+        return None
+    say("check that the project imports and its tests collect")
+    proof = read_proof(box.run("check the project", proof_command(request.repo, f"{ENV_PREFIX}/bin/python")))
+    say(f"check: {proof.message()}")
+    if not proof.ok and not request.keep_broken:
+        raise EnvironmentBuildError(f"{proof.message()} (keep it anyway: --keep-broken-env, or [sandbox] "
+                                    "keep_broken_env = true)", step="check the project")
+    return proof
 
 
 def _stage_node(repo: Path, stage: Path, target: Target, cutoff: str | None,
@@ -289,14 +365,23 @@ def pip_install(prefix: str) -> str:
     return f"{prefix}/bin/python -m pip install --no-index --find-links {STAGE}/wheels --no-warn-script-location"
 
 
-def install_steps(plan: Plan | None, request: BuildRequest) -> list[tuple[str, str, dict[str, str]]]:
-    """(name, shell command, extra environment) of each step run as root in the build container."""
+def install_steps(plan: Plan | None, request: BuildRequest, *,
+                  compiled: bool = False) -> list[tuple[str, str, dict[str, str]]]:
+    """(name, shell command, extra environment) of each step run as root in the build container; a `compiled`
+    project is built in place, outside pip's isolation, and its build tree is kept (sandbox.toolchain)."""
     pip = pip_install(ENV_PREFIX)
     steps = [("create the environment", create_venv(ENV_PREFIX), {})]
     files = " ".join(f"-r {shlex.quote(f)}" for f in (plan.requirement_files if plan else []))
     steps.append(("install the dependencies", f"{pip} -r {STAGE}/requirements.txt {files} -c {STAGE}/constraints.txt",
                   {}))
-    if plan and plan.editable:
+    if plan and plan.editable and compiled:
+        settings = "".join(f" -C{shlex.quote(c)}" for c in editable_settings(request.repo))
+        steps += [("note the repository's files", f"{_FILES_ALL} > {STAGE}/before", {}),
+                  ("build the project in place (editable)",
+                   f"{pip} --no-deps --no-build-isolation{settings} -e {WORKSPACE} || {_PATH_FALLBACK}",
+                   {**pretend_version(request.version), **BUILD_JOBS}),
+                  ("keep the build in the image", keep_build_command(f"{STAGE}/before", request.repo), {})]
+    elif plan and plan.editable:
         # Its build backend in pip's isolated build env (from the staged wheels): never in the environment,
         # where a lock's pins could break it or it could move the project's own pins.
         steps += [("note the repository's files", f"{_FILES} > {STAGE}/before", {}),
@@ -308,6 +393,11 @@ def install_steps(plan: Plan | None, request: BuildRequest) -> list[tuple[str, s
     return steps
 
 
+# A compiled project's files: what its build writes (a build tree included) is told apart from them later.
+_FILES_ALL = (f"cd {WORKSPACE} && find . \\( -name '*.egg-info' -o -name __pycache__ -o -name .git \\) "
+              "-prune -o \\( -type f -o -type l \\) -print | sort")
+BUILD_JOBS = {"MAKEFLAGS": "-j2", "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
+
 # The repository's files, minus what a build leaves that the runs never need (metadata, build trees).
 _FILES = (f"cd {WORKSPACE} && find . \\( -name '*.egg-info' -o -name build -o -name __pycache__ -o -name .git "
           "-o -name node_modules \\) "
@@ -318,8 +408,8 @@ _KEEP_GENERATED = (f"{_FILES} > {STAGE}/after && comm -13 {STAGE}/before {STAGE}
                    f"mkdir -p \"{GENERATED}/$(dirname \"$f\")\" && cp -p \"$f\" \"{GENERATED}/$f\"; done")
 
 
-# A project pip cannot install in editable mode (it compiles, and the image has no compiler): its source
-# directory goes on the path instead, and the tests see the agent's edits all the same.
+# A project pip cannot install in editable mode (its build fails): its source directory goes on the path
+# instead; the build's check then says what does not import (sandbox.envproof).
 _PATH_FALLBACK = (f"{{ echo 'editable install failed: putting the source on the path instead' >&2; "
                   f"d={WORKSPACE}; [ -d {WORKSPACE}/src ] && d={WORKSPACE}/src; "
                   f"echo $d > $({ENV_PREFIX}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
@@ -433,15 +523,17 @@ class EnvInfo:
     size_mb: float
     base_current: bool
     sources: dict[str, str] = dataclasses.field(default_factory=dict)  # requirement -> the file that gave it
+    check: str | None = None  # what the build's own check found (sandbox.envproof); None for older images
 
 
 def list_environments() -> list[EnvInfo]:
     """Every environment image on this engine, newest first."""
     with closing(docker_client()) as client:
         try:
-            # The current sandbox image of each release (a project may have moved to a newer one's Python).
+            # The current sandbox image of each release (a project may have moved to a newer one's Python),
+            # and the current toolchain images compiled projects are built on.
             current = {client.images.get(t).id for t in (Recipe(s).image for s in SUITE_PYTHON)
-                       if image_exists(client, t)}
+                       if image_exists(client, t)} | current_toolchain_images(client)
             images = client.images.list(filters={"label": f"{IMAGE_LABEL}={KIND}"})
         except docker.errors.DockerException as e:
             raise SandboxUnavailable(f"cannot list images: {e}") from None
@@ -453,7 +545,8 @@ def list_environments() -> list[EnvInfo]:
             files=json.loads(labels.get(FILES_LABEL, "{}")), packages=json.loads(labels.get(PACKAGES_LABEL, "[]")),
             created=image.attrs.get("Created", "")[:19], size_mb=image.attrs.get("Size", 0) / 1e6,
             base_current=image.attrs.get("Parent", "") in current,
-            sources=json.loads(labels.get(SOURCES_LABEL, "{}"))))
+            sources=json.loads(labels.get(SOURCES_LABEL, "{}")),
+            check=(proof.message() if (proof := proof_of(labels)) else None)))
     return sorted(found, key=lambda e: e.created, reverse=True)
 
 

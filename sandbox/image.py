@@ -374,6 +374,13 @@ def _own_recipe(labels: dict[str, str], kind: str) -> set[str]:
     return {recipe.sandbox_hash if kind == "sandbox" else recipe.base_hash}
 
 
+def current_toolchain_images(client: docker.DockerClient) -> set[str]:
+    """The ids of the sandbox images with extra packages whose recipe is current (what compiled projects'
+    environments are built on)."""
+    images = client.images.list(filters={"label": [f"{IMAGE_LABEL}=sandbox", EXTRA_LABEL]})
+    return {i.id for i in images if (i.labels or {}).get(RECIPE_LABEL) in _own_recipe(i.labels or {}, "sandbox")}
+
+
 def build_env_image(
     packages: Sequence[str] = (),
     setup: Sequence[str] = (),

@@ -1,0 +1,81 @@
+"""A build that proves itself, on the real engine: the project's packages import and its tests collect, or the
+build stops with exit 7 naming what failed, unless the user asked to keep such an environment."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import docker
+import pytest
+
+from m3_agent.errors import EnvironmentBuildError
+from m3_agent.sandbox.envimage import BuildRequest, ensure_environment, list_environments, prune_environments
+from tests.conftest import make_git_repo
+from tests.fix.test_fix_sources import assert_one_line_error, cli_main  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.docker
+
+SESSION = uuid.uuid4().hex[:12]
+
+
+def project(init: str, conftest: str = "") -> dict[str, str]:
+    """A pure project (no compiler needed) whose package's __init__ is `init`, with one test."""
+    return {
+        "pyproject.toml": f'# {SESSION}\n[build-system]\nrequires = ["setuptools>=64"]\n'
+                          'build-backend = "setuptools.build_meta"\n\n[project]\nname = "proofpkg"\nversion = "0.1"\n',
+        "proofpkg/__init__.py": init,
+        "tests/test_proof.py": "def test_nothing():\n    assert True\n",
+        **({"tests/conftest.py": conftest} if conftest else {}),
+    }
+
+
+@pytest.fixture
+def source(sandbox_image):
+    name = f"proof-{uuid.uuid4().hex[:10]}"
+    yield name
+    prune_environments(keep=0, source=name)
+
+
+def builds_left() -> list:
+    client = docker.from_env()
+    try:
+        return client.containers.list(all=True, filters={"label": [
+            "m3-agent.image=env-build", f"m3-agent.owner-pid={os.getpid()}"]})
+    finally:
+        client.close()
+
+
+def test_a_package_that_does_not_import_stops_the_build_naming_it_and_leaves_nothing(tmp_path, source):
+    repo = make_git_repo(tmp_path / source, project("import no_such_module_m3_agent\n"))
+    with pytest.raises(EnvironmentBuildError) as e:
+        ensure_environment(BuildRequest(repo=repo, source=source))
+    assert e.value.exit_code == 7 and e.value.step == "check the project"
+    assert ("the project's package proofpkg does not import: ModuleNotFoundError: No module named "
+            "'no_such_module_m3_agent'") in str(e.value)
+    assert [x for x in list_environments() if x.source == source] == [] and builds_left() == []
+
+
+def test_tests_that_do_not_collect_stop_the_build_naming_the_conftest(tmp_path, source):
+    repo = make_git_repo(tmp_path / source, project("", conftest="import no_such_plugin_m3_agent\n"))
+    with pytest.raises(EnvironmentBuildError) as e:
+        ensure_environment(BuildRequest(repo=repo, source=source))
+    assert "the tests do not collect" in str(e.value) and "no_such_plugin_m3_agent" in str(e.value), str(e.value)
+
+
+@pytest.mark.timeout(1800)  # two builds on a shared machine
+def test_a_broken_environment_kept_on_request_carries_its_notice_everywhere(tmp_path, source, cli_main):
+    repo = make_git_repo(tmp_path / source, project("import no_such_module_m3_agent\n"))
+    code, out, err = cli_main("env", "build", "--repo", str(repo), "--keep-broken-env")
+    assert code == 0, err
+    notice = "the project's package proofpkg does not import: ModuleNotFoundError"
+    assert "notice: environment m3-agent-env:" in err and notice in err, err
+    (kept,) = [x for x in list_environments() if x.source == source]
+    assert kept.check.startswith(notice) and out.strip() == kept.tag
+
+    code, out, _ = cli_main("env", "show", "--repo", str(repo))
+    assert code == 0 and f"check:       {notice}" in out, out
+    again = ensure_environment(BuildRequest(repo=repo, source=source, keep_broken=True))
+    assert again.built is False and notice in again.notice
+    # Without the request, the same image (found, not rebuilt) stops the run as the build would have.
+    assert_one_line_error(cli_main("env", "build", "--repo", str(repo)), 7, notice)

@@ -1,0 +1,98 @@
+"""What a compiled project needs, read from its files on the host: no Docker, no code of the project run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from m3_agent.sandbox import toolchain
+from m3_agent.sandbox.envproof import Proof, read_proof, where_tests_are, top_packages
+from m3_agent.sandbox.image import Recipe
+from m3_agent.sandbox.toolchain import TOOLCHAIN, build_recipe, ci_apt_packages, compiles, editable_settings
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+BACKEND = '[build-system]\nrequires = ["{req}"]\nbuild-backend = "{backend}"\n'
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"pyproject.toml": BACKEND.format(req="meson-python", backend="mesonpy")}, True),
+    ({"pyproject.toml": BACKEND.format(req="scikit-build-core", backend="scikit_build_core.build")}, True),
+    ({"setup.py": "from setuptools import Extension, setup\nsetup(ext_modules=[Extension('a', ['a.c'])])\n"}, True),
+    ({"setup.py": "from Cython.Build import cythonize\nfrom setuptools import setup\nsetup(ext_modules=cythonize('*.pyx'))\n"},
+     True),
+    ({"pyproject.toml": BACKEND.format(req="setuptools", backend="setuptools.build_meta")
+      + '[[tool.setuptools.ext-modules]]\nname = "a._b"\nsources = ["a/b.c"]\n'}, True),
+    ({"pyproject.toml": BACKEND.format(req="hatchling", backend="hatchling.build")}, False),
+    ({"setup.py": "from setuptools import setup\nsetup(name='plain')\n"}, False),
+    ({"requirements.txt": "attrs\n"}, False),
+])
+def test_a_project_compiles_when_its_backend_or_setup_declares_extensions(tmp_path, files, expected):
+    assert compiles(tree(tmp_path, files)) is expected
+
+
+def test_the_ci_apt_packages_are_read_from_workflows_and_ci_scripts_with_debian_names(tmp_path):
+    root = tree(tmp_path, {
+        ".github/workflows/test.yml": "jobs:\n  t:\n    steps:\n      - run: |\n"
+                                      "          sudo apt-get update\n"
+                                      "          sudo apt-get install -y --no-install-recommends libzmq3-dev \\\n"
+                                      "            libjpeg-turbo8-dev  # the images\n      - run: pip install .\n",
+        ".ci/install.sh": "apt install -qq liblcms2-dev && echo done\n",
+        "docs/notes.sh": "apt-get install -y not-read-here\n",
+    })
+    assert ci_apt_packages(root) == ["libzmq3-dev", "libjpeg62-turbo-dev", "liblcms2-dev"]
+
+
+def test_the_recipe_keeps_the_toolchain_and_the_ci_libraries_and_build_tools_debian_has(tmp_path, monkeypatch):
+    root = tree(tmp_path, {".github/workflows/t.yml": "run: apt-get install -y libzmq3-dev nasm "
+                                                      "libnot-in-debian-dev sway\n"})
+    monkeypatch.setattr(toolchain, "debian_names", lambda: frozenset({"libzmq3-dev", "nasm", "sway", *TOOLCHAIN}))
+    recipe, left_out = build_recipe(root, "bookworm")
+    assert recipe == Recipe("bookworm", tuple(sorted({*TOOLCHAIN, "libzmq3-dev", "nasm"})))
+    assert left_out == ["libnot-in-debian-dev", "sway"]
+    assert recipe.image.startswith("m3-agent-sandbox:build-") and recipe.image != Recipe("bookworm").image
+    assert "libzmq3-dev" in recipe.pull_recipe and recipe.base_hash != Recipe("bookworm").base_hash
+
+
+def test_meson_and_scikit_build_get_a_build_directory_in_the_repository_and_rebuild_on_import(tmp_path):
+    meson = tree(tmp_path / "m", {"pyproject.toml": BACKEND.format(req="meson-python", backend="mesonpy")})
+    skbuild = tree(tmp_path / "s", {"pyproject.toml": BACKEND.format(req="x", backend="scikit_build_core.build")})
+    assert editable_settings(meson) == ["build-dir=build/m3-agent"]
+    assert "editable.rebuild=true" in editable_settings(skbuild)
+    assert editable_settings(tree(tmp_path / "p", {"setup.py": "x"})) == []
+
+
+def test_the_check_imports_the_project_packages_not_its_tests_or_docs(tmp_path):
+    flat = tree(tmp_path / "flat", {"pkg/__init__.py": "", "tests/__init__.py": "", "docs/__init__.py": "",
+                                    "other/__init__.py": "", "setup.py": ""})
+    src = tree(tmp_path / "src", {"src/lib/__init__.py": "", "pkg/__init__.py": ""})
+    single = tree(tmp_path / "single", {"pyproject.toml": '[project]\nname = "one-mod"\n', "one_mod.py": "",
+                                        "noxfile.py": ""})
+    assert top_packages(flat) == ["other", "pkg"]
+    assert top_packages(src) == ["lib"]
+    assert top_packages(single) == ["one_mod"]
+
+
+def test_the_tests_are_where_pytest_is_told_else_in_the_usual_folder(tmp_path):
+    configured = tree(tmp_path / "c", {"pyproject.toml": '[tool.pytest.ini_options]\ntestpaths = ["t1", "gone"]\n',
+                                       "t1/test_a.py": "", "tests/test_b.py": ""})
+    ini = tree(tmp_path / "i", {"setup.cfg": "[tool:pytest]\ntestpaths = checks\n", "checks/test_a.py": ""})
+    usual = tree(tmp_path / "u", {"test/test_a.py": ""})
+    assert where_tests_are(configured) == ["t1"]
+    assert where_tests_are(ini) == ["checks"]
+    assert where_tests_are(usual) == ["test"]
+    assert where_tests_are(tree(tmp_path / "none", {"pkg/__init__.py": ""})) == []
+
+
+def test_the_proof_says_what_failed_in_one_line():
+    failed = read_proof('noise\n{"ok": false, "what": "import", "module": "sk", "error": "ModuleNotFoundError: x"}\n')
+    assert failed.message() == "the project's package sk does not import: ModuleNotFoundError: x"
+    assert Proof(ok=True, collected=3).message() == "the project imports; 3 tests collect"
+    assert read_proof("Traceback\nKilled\n") == Proof(ok=False, what="collect", error="Killed")
