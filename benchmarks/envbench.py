@@ -207,8 +207,9 @@ def main() -> None:
     p.add_argument("--which", default="head,old", help="head, old or both (default)")
     p.add_argument("--markdown", type=Path, help="also write the table here")
     p.add_argument("--keep-images", action="store_true", help="do not remove an image found before the cold build")
+    p.add_argument("--corpus", type=Path, default=CORPUS, help="another corpus file of the same form")
     a = p.parse_args()
-    entries = json.loads(CORPUS.read_text())["repositories"]
+    entries = json.loads(a.corpus.read_text())["repositories"]
     only = {n for n in a.only.split(",") if n}
     if only - {e["name"] for e in entries}:
         raise SystemExit(f"not in the corpus: {', '.join(sorted(only - {e['name'] for e in entries}))}")

@@ -1,0 +1,72 @@
+"""benchmarks/envbench.py: how it reads each runner's summary, and one corpus entry end to end on the real engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from m3_agent.sandbox.envimage import prune_environments
+from tests.conftest import make_git_repo
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "envbench.py"
+spec = importlib.util.spec_from_file_location("envbench", BENCH)
+envbench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(envbench)
+
+
+def test_pytest_summary_counts_and_network_failures_apart():
+    out = ("FAILED tests/test_a.py::test_get - urllib3.exceptions.NewConnectionError: Failed to establish\n"
+           "FAILED tests/test_a.py::test_math - assert 1 == 2\n3 failed, 40 passed, 2 errors in 1.2s\n")
+    assert envbench.count("pytest", out, 1) == {"passed": 40, "failed": 3, "errors": 2, "network": 1}
+
+
+def test_unittest_summary_counts_failures_errors_and_skips():
+    out = "...\n" + "=" * 70 + "\nFAIL: test_x (m.T)\n" + "-" * 70 + "\nAssertionError\n\nRan 12 tests in 0.1s\n\n" \
+          "FAILED (failures=1, errors=2, skipped=3)\n"
+    assert envbench.count("unittest", out, 1) == {"passed": 6, "failed": 1, "errors": 2, "network": 0}
+    assert envbench.count("unittest", "Ran 7 tests in 0.0s\n\nOK\n", 0)["passed"] == 7
+
+
+def test_a_plain_script_passes_by_its_exit_code():
+    assert envbench.count("script", "", 0)["passed"] == 1 and envbench.count("script", "boom", 1)["failed"] == 1
+
+
+def test_the_command_names_the_test_file_or_its_module():
+    assert envbench.command_for({}, "tests/test_a.py").endswith("tests/test_a.py")
+    assert envbench.command_for({"command": "python -m unittest {module}"}, "pkg/tests/test_a.py") == \
+        "python -m unittest pkg.tests.test_a"
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(1800)  # two builds on a shared machine
+def test_one_entry_end_to_end_prints_its_row_and_the_summary_last(tmp_path, sandbox_image):
+    name = f"envbenchtiny{tmp_path.name[-6:].replace('_', '')}"
+    repo = make_git_repo(tmp_path / "clones" / name, {
+        "pyproject.toml": f'[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n'
+                          f'[project]\nname = "{name}"\nversion = "0.1"\ndependencies = ["iniconfig"]\n',
+        f"{name}/__init__.py": "import iniconfig\n\n\ndef one():\n    return 1\n",
+        "tests/test_one.py": f"from {name} import one\n\n\ndef test_one():\n    assert one() == 1\n"})
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    at = {"commit": head, "date": "2026-12-05", "test": "tests/test_one.py"}
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(json.dumps({"repositories": [{"name": name, "github": f"example/{name}", "backend": "setuptools",
+                                                    "compiles": False, "runner": "pytest", "head": at, "old": at}]}))
+    try:
+        r = subprocess.run([sys.executable, str(BENCH), "--clones", str(tmp_path / "clones"), "--corpus", str(corpus),
+                            "--which", "head", "--markdown", str(tmp_path / "t.md")],
+                           capture_output=True, text=True, timeout=1700)
+    finally:
+        prune_environments(keep=0, source=name)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    (row,) = out["runs"]
+    assert row["build_exit"] == 0 and row["cold_s"] > row["warm_s"] > 0 and row["size_mb"] > 0, row
+    assert row["tests"] == {"passed": 1, "failed": 0, "errors": 0, "network": 0, "runs": True}
+    assert row["floor"]["runs"] is False  # the plain image has no iniconfig: the floor is really measured apart
+    assert out["summary"]["heads_run"] == 1.0 and out["summary"]["floor_heads_run"] == 0.0
+    assert f"| {name} | head 2026-12-05 | setuptools |" in (tmp_path / "t.md").read_text()
