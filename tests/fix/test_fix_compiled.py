@@ -17,7 +17,7 @@ from tests.fix.test_fix_environment import fix_json
 from tests.fix.test_fix_sources import assert_one_line_error, cli_main, fix_cli  # noqa: F401, F811 - fixtures
 from tests.sandbox.test_envcompiled import PROJECT
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]  # builds on one host wait for each other
 
 TEST_FILE = "tests/test_cext.py"
 
@@ -43,7 +43,6 @@ def source(sandbox_image):
     prune_environments(keep=0, source=name)
 
 
-@pytest.mark.timeout(1800)  # a toolchain build on a shared machine
 def test_fix_edits_python_then_c_and_each_test_run_sees_the_change(source, tmp_path, fix_cli):
     repo = make_git_repo(tmp_path / source, {**PROJECT, "pyproject.toml": PROJECT["pyproject.toml"] + f"# {source}\n"})
     before = user_view(repo)
@@ -64,7 +63,6 @@ def test_fix_edits_python_then_c_and_each_test_run_sees_the_change(source, tmp_p
     assert containers_of(os.getpid()) == []
 
 
-@pytest.mark.timeout(1800)  # a build and three runs on a shared machine
 def test_a_broken_environment_kept_on_request_is_a_notice_in_json_and_otherwise_exit_7(source, tmp_path, fix_cli):
     files = {"pyproject.toml": f'# {source}\n[build-system]\nrequires = ["setuptools>=64"]\n'
                                'build-backend = "setuptools.build_meta"\n\n[project]\nname = "brk"\nversion = "0.1"\n',

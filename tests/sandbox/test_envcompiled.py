@@ -15,7 +15,7 @@ from m3_agent.sandbox.envimage import BuildRequest, ensure_environment, list_env
 from m3_agent.sandbox.image import BUILT, GENERATED
 from tests.conftest import make_git_repo
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]  # builds on one host wait for each other
 
 SESSION = uuid.uuid4().hex[:12]
 SOURCE = f"cext-{SESSION}"

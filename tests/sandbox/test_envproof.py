@@ -14,7 +14,7 @@ from m3_agent.sandbox.envimage import BuildRequest, ensure_environment, list_env
 from tests.conftest import make_git_repo
 from tests.fix.test_fix_sources import assert_one_line_error, cli_main  # noqa: F401 - a fixture
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]  # builds on one host wait for each other
 
 SESSION = uuid.uuid4().hex[:12]
 
@@ -63,7 +63,6 @@ def test_tests_that_do_not_collect_stop_the_build_naming_the_conftest(tmp_path, 
     assert "the tests do not collect" in str(e.value) and "no_such_plugin_m3_agent" in str(e.value), str(e.value)
 
 
-@pytest.mark.timeout(1800)  # two builds on a shared machine
 def test_a_broken_environment_kept_on_request_carries_its_notice_everywhere(tmp_path, source, cli_main):
     repo = make_git_repo(tmp_path / source, project("import no_such_module_m3_agent\n"))
     code, out, err = cli_main("env", "build", "--repo", str(repo), "--keep-broken-env")
