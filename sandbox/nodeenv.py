@@ -60,7 +60,7 @@ LTS = {"argon": 4, "boron": 6, "carbon": 8, "dubnium": 10, "erbium": 12, "fermiu
        "hydrogen": 18, "iron": 20, "jod": 22, "krypton": 24}
 DEFAULT_MANAGER = {"npm": "npm@^10", "yarn": "yarn@^1", "pnpm": "pnpm@^9"}
 FETCH_TIMEOUT_S = 900.0
-BUILDER = "4"  # bump when the Node steps change what an environment holds
+BUILDER = "5"  # bump when the Node steps change what an environment holds
 DEBIAN_LIBRARIES = ("libatomic1",)
 
 
@@ -327,6 +327,9 @@ def _fetch_command(plan: NodePlan, stage: Path) -> list[str]:
     run = [_host_node(stage), _manager_script(stage)]
     quiet = ["--ignore-scripts", "--no-audit", "--no-fund"]
     if plan.manager == "npm":
+        # A lock with each tarball's URL: the container then needs no registry metadata, which a fetch with
+        # --before stores in another form than an install without it asks for.
+        quiet.append("--omit-lockfile-registry-resolved=false")
         cache = ["--cache", str(stage / "cache")]
         if plan.lock:
             return [*run, "ci", *quiet, *cache]
@@ -452,6 +455,7 @@ WITHOUT_AUTH = ("for f in .npmrc .yarnrc; do if [ -f $f ]; then grep -viE '_auth
 def node_environment() -> dict[str, str]:
     """The variables every package-manager step in the build container gets: no network, no user config."""
     return {"npm_config_update_notifier": "false", "npm_config_userconfig": "/dev/null", "CI": "1",
+            "npm_config_logs_max": "0",  # no "A complete log of this run ..." line in place of the error
             "npm_config_unsafe_perm": "true", "npm_config_cache": f"{STAGE}/cache"}
 
 
