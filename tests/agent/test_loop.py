@@ -172,6 +172,16 @@ def test_a_text_reply_after_a_passing_test_run_of_the_current_change_finishes(gi
     assert not any(e["kind"] == "reprompt" for e in traj)
 
 
+def test_a_passing_test_run_through_bash_lets_a_text_reply_finish_too(git_repo, tmp_path):
+    """"The last test run, by any tool": a bash command that ran the tests counts like test_runner."""
+    turns = [{"tool_calls": [call("file_edit", **FIX)]},
+             {"tool_calls": [call("bash", command="python -m pytest -q tests")]},
+             {"content": "Fixed."}]
+    result, requests, traj = run(git_repo, turns, tmp_path)
+    assert result.status == "finished" and len(requests) == 3 and not any(e["kind"] == "reprompt" for e in traj)
+    assert result.verdict.source == "agent" and result.verdict.passed is True and result.verdict.test_turn == 2
+
+
 def test_a_text_reply_after_an_edit_that_no_test_run_saw_is_re_prompted(git_repo, tmp_path):
     later_edit = {"tool_calls": [call("file_edit", path="calc/ops.py", old_str="return a + b",
                                       new_str="return b + a")]}
