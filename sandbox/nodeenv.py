@@ -387,8 +387,8 @@ def _run_host(cmd: list[str], cwd: Path | None, *, step: str, quiet: bool = Fals
 def manager_error(text: str) -> str:
     """The line of npm's, yarn's or pnpm's output that says what went wrong, tokens masked."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errors = [re.sub(r"^(npm (ERR!|error)|error|ERR_PNPM_\w+)\s*", "", ln) for ln in lines
-              if re.match(r"(npm (ERR!|error)|error |ERR_PNPM|\s*ERR_PNPM)", ln)]
+    errors = [re.sub(r"^(npm (ERR!|error)|error|\[?ERR_PNPM_\w+\]?)\s*", "", ln) for ln in lines
+              if re.match(r"(npm (ERR!|error)|error |\[?ERR_PNPM)", ln)]
     errors = [e for e in errors if e and not re.match(r"(A complete log|Log files|code |errno |syscall )", e)]
     return masked((errors or lines or ["no output"])[0])[:300]
 

@@ -111,3 +111,12 @@ def test_the_builds_copy_of_npmrc_loses_its_credentials_and_keeps_its_settings(t
                                      "legacy-peer-deps=true\n_auth=dXNlcjpwYXNz\n")
     subprocess.run(["sh", "-c", nodeenv.WITHOUT_AUTH], cwd=tmp_path, check=True)
     assert (tmp_path / ".npmrc").read_text() == "registry=https://npm.example/\nlegacy-peer-deps=true\n"
+
+
+def test_the_managers_error_line_is_the_one_that_says_what_went_wrong():
+    pnpm = ("Progress: resolved 1\n✗ Lockfile failed supply-chain policy check (484 entries in 49.5s)\n"
+            "[ERR_PNPM_FETCH_404] GET https://registry.npmjs.org/@pnpm%2Fx: Not Found - 404\n\nmore\n")
+    assert nodeenv.manager_error(pnpm) == "GET https://registry.npmjs.org/@pnpm%2Fx: Not Found - 404"
+    npm = ("npm error code ENOTCACHED\nnpm error request to https://registry.npmjs.org/y failed: cache mode\n"
+           "npm error A complete log of this run can be found in: /x.log\n")
+    assert nodeenv.manager_error(npm) == "request to https://registry.npmjs.org/y failed: cache mode"
