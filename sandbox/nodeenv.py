@@ -60,7 +60,7 @@ LTS = {"argon": 4, "boron": 6, "carbon": 8, "dubnium": 10, "erbium": 12, "fermiu
        "hydrogen": 18, "iron": 20, "jod": 22, "krypton": 24}
 DEFAULT_MANAGER = {"npm": "npm@^10", "yarn": "yarn@^1", "pnpm": "pnpm@^9"}
 FETCH_TIMEOUT_S = 900.0
-BUILDER = "5"  # bump when the Node steps change what an environment holds
+BUILDER = "6"  # bump when the Node steps change what an environment holds
 DEBIAN_LIBRARIES = ("libatomic1",)
 
 
@@ -443,7 +443,14 @@ def _install(plan: NodePlan) -> str:
     else:
         command = (f"pnpm install --offline --store-dir {cache} --package-import-method copy "
                    f"--config.confirmModulesPurge=false{' --frozen-lockfile' if plan.lock else ''}")
-    return f"{WITHOUT_AUTH} && {command}"
+    return f"{WITHOUT_AUTH} && {{ {command}; }} > {STAGE}/install.log 2>&1; {SAY_ERROR}"
+
+
+# The install's output, then, when it failed, the manager's own error line last, as `error: ...` (the line
+# a failed build step reports), not npm's trailing notes about its log files.
+SAY_ERROR = (f"s=$?; cat {STAGE}/install.log; if [ $s -ne 0 ]; then grep -E '^(npm (ERR!|error)|\\[?ERR_PNPM|error )' "
+             f"{STAGE}/install.log | grep -vE 'A complete log|Log files|npm (ERR!|error) (code|errno|syscall) ' | head -1 "
+             "| sed -E 's/^(npm (ERR!|error) |error )?/error: /'; exit $s; fi")
 
 
 # The project's .npmrc keeps its settings in the build, not its credentials: an offline install needs none,
