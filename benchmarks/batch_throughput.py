@@ -77,8 +77,8 @@ from m3_agent.evals.reuse.ordering import order_for_commits
 from m3_agent.evals.reuse.packer import BatchPacker
 from m3_agent.evals.tasks import Task
 from m3_agent.settings import ReuseConfig
-from m3_agent.serving.simclock import VirtualClock
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.simclock import VirtualClock
+from m3_agent.standin.server import StandinServer
 from m3_agent.tools import default_tools
 
 WINDOW = 1_048_576

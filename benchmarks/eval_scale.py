@@ -48,7 +48,7 @@ from m3_agent.evals.config import EvalConfig  # noqa: E402
 from m3_agent.evals.runner import RunOptions, run_eval  # noqa: E402
 from m3_agent.evals.tasks import SUITE_DIR, Task, builtin_names, builtin_tasks  # noqa: E402
 from m3_agent.sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
-from m3_agent.serving.standin import StandinServer  # noqa: E402
+from m3_agent.standin.server import StandinServer  # noqa: E402
 
 TARGET_S, TARGET_SHARE = 0.2, 0.10
 

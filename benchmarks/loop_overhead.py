@@ -192,7 +192,7 @@ def start_standin(script: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
     path = tmp / "script.json"
     path.write_text(json.dumps(script))
     code = ("import socketserver, sys; socketserver.StreamRequestHandler.disable_nagle_algorithm = True; "
-            "from m3_agent.serving.standin import StandinServer; "
+            "from m3_agent.standin.server import StandinServer; "
             "s = StandinServer(sys.argv[1]).start(); print(s.base_url, flush=True); sys.stdin.read(); s.stop()")
     proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, cwd=ROOT)

@@ -104,7 +104,7 @@ def start_standin(port: int, script_path: Path) -> subprocess.Popen:
     # A real server's is in the thousands (uvicorn: 2048), so the benchmark's server gets 128.
     code = (
         "import time; from http.server import ThreadingHTTPServer; ThreadingHTTPServer.request_queue_size = 128; "
-        "from m3_agent.serving.standin import StandinServer; "
+        "from m3_agent.standin.server import StandinServer; "
         f"s = StandinServer({str(script_path)!r}, port={port}).start(); "
         "print('ready', flush=True); time.sleep(10**6)"
     )

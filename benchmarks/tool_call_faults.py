@@ -2,7 +2,7 @@
 
 Each case is one `bash` tool call as the server hands it over, with what should happen: the command
 the model meant, or a rejection (when what was meant cannot be known, the call must not run). The
-`m3` cases come from the M3 fault catalogue (serving/m3_faults.py): raw M3 output passed through
+`m3` cases come from the M3 fault catalogue (standin/m3_faults.py): raw M3 output passed through
 the server's minimax_m3 parse (the conformance tier proves ours equals vLLM's), so the client sees
 valid JSON with missing, extra, repeated or coerced parameters. The `m2-compat` cases are the older
 MiniMax-M2 parser's faults (arguments that are not valid JSON, a `</parameter>` tail), kept as
@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from m3_agent.sandbox import ExecResult  # noqa: E402
-from m3_agent.serving.m3_faults import CASES as M3_CATALOGUE  # noqa: E402
-from m3_agent.serving.m3_output import parse_output  # noqa: E402
+from m3_agent.standin.m3_faults import CASES as M3_CATALOGUE  # noqa: E402
+from m3_agent.standin.m3_output import parse_output  # noqa: E402
 from m3_agent.tools import default_tools, execute_call  # noqa: E402
 
 CACHE = Path(os.environ.get("M3_BENCH_CACHE", Path.home() / ".cache" / "m3-agent" / "bench-peers"))

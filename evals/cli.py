@@ -241,7 +241,7 @@ def run_command(
 def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quiet: bool) -> tuple[str, Any, Any]:
     """The settings, the endpoint they name (checked: exit 3 or 8 now, not one error per instance) and the
     agent config with its URL and key."""
-    from m3_agent.serving.access import plain_http_warning
+    from m3_agent.agent.access import plain_http_warning
     from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
     from m3_agent.settings import load_settings
 
@@ -290,7 +290,7 @@ def _ray_executor(address: Optional[str], endpoints: list[str], agent) -> Execut
     """The Ray executor over a pool of the endpoints (the first one was checked already); one key for all."""
     from m3_agent.evals.endpoints import EndpointPool
     from m3_agent.evals.ray_executor import RayExecutor
-    from m3_agent.serving.access import ApiKey
+    from m3_agent.agent.access import ApiKey
     from m3_agent.serving.endpoint import check_endpoint
 
     key = ApiKey(value=agent.model.api_key, source="the key of the first --base-url")

@@ -40,7 +40,7 @@ from m3_agent.fix.result import EXIT_CODES, FixResult, FixStatus
 from m3_agent.hostgit import export_tree, submodules
 from m3_agent.sandbox.cleanup import claim, prune_scratch
 from m3_agent.sandbox.envimage import environment_for
-from m3_agent.serving.access import plain_http_warning
+from m3_agent.agent.access import plain_http_warning
 from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
 from m3_agent.settings import Settings, load_settings
 from m3_agent.tools import Tool

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 COMMANDS: dict[str, tuple[Callable[[], Any], str | None]] = {
     "fix": (lambda: import_module("m3_agent.fix.cli").app, None),
     "pack": (lambda: import_module("m3_agent.pack_cli").app, None),
-    "standin": (lambda: import_module("m3_agent.serving.standin").standin_command,
+    "standin": (lambda: import_module("m3_agent.standin.server").standin_command,
                 "Run the M3 stand-in server (a scripted TEST DOUBLE, not a model)."),
     "show": (lambda: import_module("m3_agent.agent.trajectory").show_command, "Render a trajectory (JSONL) file."),
     "eval": (lambda: import_module("m3_agent.evals.cli").app,

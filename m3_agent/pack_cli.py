@@ -129,7 +129,7 @@ def pack_command(
         outline_share = settings.context.outline_share if settings else DEFAULT_OUTLINE_SHARE
     tok = choose_counter(counter.value, base_url, model, tokenizer, api_key, repo)
     if tok.kind == "server" and (settings is None or settings.model.warn_plain_http):
-        from m3_agent.serving.access import plain_http_warning
+        from m3_agent.agent.access import plain_http_warning
 
         if warning := plain_http_warning(base_url or ""):
             _warn(warning)  # every file goes to /tokenize there

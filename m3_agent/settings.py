@@ -35,7 +35,7 @@ from m3_agent.agent.config import MOVED_TO_EVAL, AgentConfig
 from m3_agent.agent.model import NO_KEY
 from m3_agent.errors import UsageError
 from m3_agent.redact import mask
-from m3_agent.serving.access import ApiKey
+from m3_agent.agent.access import ApiKey
 
 if sys.version_info >= (3, 11):
     import tomllib

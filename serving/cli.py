@@ -12,7 +12,7 @@ from rich.console import Console
 
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher, llamacpp
-from m3_agent.serving.access import ENGINE_CAVEATS, KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access
+from m3_agent.agent.access import ENGINE_CAVEATS, KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access
 from m3_agent.serving.bench import run_bench, table
 from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, Launch, plan_request, prepare, profile_plan, sized
 from m3_agent.serving.gpus import auto_profile, detect_gpus, summary

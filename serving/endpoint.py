@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, SecretStr
 from m3_agent.agent.endpoint import EndpointClient
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher, llamacpp
-from m3_agent.serving.access import LOOPBACK, ApiKey, choose_key
+from m3_agent.agent.access import LOOPBACK, ApiKey, choose_key
 from m3_agent.serving.gpus import GPU, detect_gpus, summary
 from m3_agent.serving.planner import AMD_NATIVE_CONTEXT, NATIVE_CONTEXT, Plan, PlanRequest, gpu_memory_for, plan
 from m3_agent.serving.profiles import Command, Engine, Overrides, Profile, Runner, build_command, flag_value, get_profile

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, FieldSerializationInfo, field_serializer
 from m3_agent.agent.endpoint import EndpointClient
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.redact import redact
-from m3_agent.serving.access import ApiKey, client_host
+from m3_agent.agent.access import ApiKey, client_host
 from m3_agent.serving.profiles import Command
 
 Phase = Literal["launching", "loading", "healthy", "ready", "failed", "exited", "stopped"]

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from m3_agent.errors import UsageError
 from m3_agent.redact import mask
 from m3_agent.agent.endpoint import is_loopback
-from m3_agent.serving.access import ALL_INTERFACES, KEY_ENV, LOOPBACK, choose_key
+from m3_agent.agent.access import ALL_INTERFACES, KEY_ENV, LOOPBACK, choose_key
 from m3_agent.serving.profiles import Overrides, Profile, build_command, flag_value, set_flag
 
 RAY_PORT = 6379

@@ -18,7 +18,7 @@ from m3_agent.errors import UsageError
 from m3_agent.redact import redact
 from m3_agent.agent.endpoint import is_loopback
 from m3_agent.serving import llamacpp
-from m3_agent.serving.access import ALL_INTERFACES, LOOPBACK, ApiKey
+from m3_agent.agent.access import ALL_INTERFACES, LOOPBACK, ApiKey
 
 Engine = Literal["vllm", "sglang", "llama-cpp"]
 Runner = Literal["native", "docker"]

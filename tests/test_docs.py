@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from tests.conftest import make_git_repo
 from tests.fix.test_fix import CALC, READ, TEST, edit
 from tests.fix.test_github import FakeGitHub

@@ -26,14 +26,16 @@ LAYERS: list[tuple[str, ...]] = [
     ("m3_agent.sandbox",),  # Docker: images, containers, exec
     ("m3_agent.tools",),  # each tool runs against a sandbox
     ("m3_agent.agent",),  # the loop: model <-> tools <-> sandbox, and the repository context
-    ("m3_agent.serving",),  # launching and benchmarking M3 servers, the stand-in
-    ("m3_agent.settings",),  # the layered config: the parts' own config models, from files, env and flags
+    # the layered config (the parts' own config models, from files, env and flags); launching, planning
+    # and benchmarking M3 servers. Neither needs the other.
+    ("m3_agent.settings", "m3_agent.serving"),
+    ("m3_agent.standin",),  # the scripted test double and its simulators (its KV model asks the planner)
     # the ways to run the agent, and the commands `pack`, `env` and `config` (they read settings)
     ("m3_agent.fix", "m3_agent.evals", "m3_agent.pack_cli", "m3_agent.env_cli", "m3_agent.config_cli"),
     ("m3_agent.cli", "m3_agent.api", "m3_agent"),  # the command and the library API over all of it
 ]
 RANK = {part: rank for rank, layer in enumerate(LAYERS) for part in layer}
-PARTS_OUTSIDE_THE_ROOT = ("agent", "tools", "sandbox", "evals", "fix", "serving")
+PARTS_OUTSIDE_THE_ROOT = ("agent", "tools", "sandbox", "evals", "fix", "serving", "standin")
 
 
 def product_modules() -> dict[str, Path]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from tests.conftest import make_git_repo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_wheel_holds_one_import_root_and_no_generic_top_level_package(wheel):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"m3_agent"}, tops
     for sub in ("agent/loop.py", "tools/dispatch.py", "sandbox/container.py", "evals/grading.py", "fix/flow.py",
-                "serving/standin.py", "cli.py"):
+                "standin/server.py", "standin/kvsim.py", "cli.py"):
         assert f"m3_agent/{sub}" in names, sub
     assert any(n.startswith("m3_agent/evals/suite/") for n in names), "the built-in eval suite ships in the wheel"
 
@@ -90,6 +90,8 @@ def test_installed_cli_runs_beside_the_embedding_programs_own_packages(fresh_env
     assert helped.returncode == 0, helped.stderr
     for command in ("fix", "pack", "eval", "serve", "sandbox", "standin"):
         assert command in helped.stdout
+    standin = run_in(fresh_env, embedding_repo, m3, "standin", "--help")  # the stand-in's own package installed
+    assert standin.returncode == 0 and "--script" in standin.stdout, standin.stderr
     out = tmp_path / "pack.txt"
     packed = run_in(fresh_env, embedding_repo, m3, "pack", "--repo", ".", "-o", str(out))
     assert packed.returncode == 0, packed.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE.parents[1] / ".demo"

@@ -27,7 +27,7 @@ from m3_agent.errors import EndpointAuthError, EndpointError
 from m3_agent.evals.admission import capacity_from_metrics
 from m3_agent.serving import launcher
 from m3_agent.serving.endpoint import check_endpoint
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 NAME = "m3-endpoint.invalid"
 LOGINS: list[str | None] = []  # the Proxy-Authorization header of each request the proxy relayed

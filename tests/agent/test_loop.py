@@ -27,7 +27,7 @@ from m3_agent.agent.thinking import ThinkingConfig
 from m3_agent.agent.trajectory import read_trajectory, render
 from m3_agent.errors import EndpointError, Interrupted, UsageError
 from m3_agent.sandbox import LocalEnvironment, SandboxConfig
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 
 @pytest.fixture(autouse=True)
@@ -756,7 +756,7 @@ def test_a_rejected_thinking_parameter_is_dropped_for_the_rest_of_the_run_with_a
 
 
 def test_an_exhausted_standin_script_is_named_in_the_runs_error(git_repo, tmp_path):
-    from m3_agent.serving.standin import EXHAUSTED_TEXT
+    from m3_agent.standin.server import EXHAUSTED_TEXT
 
     turns = [{"tool_calls": [call("file_read", path="calc/ops.py")]}]
     result, _, _ = run(git_repo, turns, tmp_path, script_extra={"on_exhausted": "final"}, max_format_errors=3)

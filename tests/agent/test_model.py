@@ -20,7 +20,7 @@ from m3_agent.agent.model import (
     split_reasoning,
 )
 from m3_agent.agent.endpoint import EndpointClient, ServedModel, served_models
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 FAST_RETRY = dict(retry_initial_s=0.01, retry_max_wait_s=0.05, retry_attempts=4, retry_max_s=10)
 

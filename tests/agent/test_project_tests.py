@@ -9,7 +9,7 @@ import pytest
 
 from m3_agent.agent.loop import Agent, AgentConfig
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from m3_agent.tools import default_tools, execute_call, with_project_tests
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("sandbox_image")]

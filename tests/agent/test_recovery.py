@@ -21,7 +21,7 @@ from m3_agent.agent.loop import Agent
 from m3_agent.agent.trajectory import read_trajectory
 from m3_agent.errors import SandboxDied
 from m3_agent.sandbox import LocalEnvironment, Recoverable
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from tests.agent.test_loop import BUGGY, FIX, call, fast
 
 NOTICE = "The sandbox died during this tool call"

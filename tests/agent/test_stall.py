@@ -522,7 +522,7 @@ def test_agent_loop_nudges_once_then_stops_a_run_that_keeps_the_same_failure(git
     """Real loop, real sandbox, stand-in model over HTTP: each 'fix' leaves the same test failing."""
     from m3_agent.agent.config import AgentConfig, LimitsConfig, ModelConfig
     from m3_agent.agent.loop import Agent
-    from m3_agent.serving.standin import StandinServer
+    from m3_agent.standin.server import StandinServer
     from m3_agent.sandbox import SandboxConfig
 
     repo = git_repo({"calc.py": "def add(a, b):\n    return a - b\n",

@@ -10,7 +10,7 @@ from m3_agent.agent.loop import Agent, AgentConfig
 from m3_agent.agent.trajectory import read_trajectory
 from m3_agent.agent.verdict import TestWatch, Verdict, decide, describe_verdict
 from m3_agent.sandbox import LocalEnvironment
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from m3_agent.tools import TestRunner, execute_call
 
 # add() subtracts; test_offline needs a network the sandbox does not have, so it fails with or without a change

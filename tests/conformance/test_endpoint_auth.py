@@ -16,10 +16,10 @@ import time
 import urllib.error
 import urllib.request
 
-from m3_agent.serving.access import ApiKey
+from m3_agent.agent.access import ApiKey
 from m3_agent.serving.multinode import replicas_behind_router
 from m3_agent.serving.profiles import Overrides, build_command, get_profile
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 KEY = "m3-conformance-key-0123456789WXYZ"
 KEYED = Overrides(host="0.0.0.0", api_key=ApiKey.model_validate({"value": KEY, "source": "flag --api-key"}))

@@ -11,8 +11,8 @@ import pytest
 from m3_agent.agent.context.tokens import ServerCounter
 from m3_agent.agent.model import ModelClient, ModelConfig
 from m3_agent.serving.loadgen import LoadConfig, run_load
-from m3_agent.serving.m3_faults import BASH, READ
-from m3_agent.serving.standin import CACHE_CONFIG_INFO, COUNTERS, GAUGES, StandinServer
+from m3_agent.standin.m3_faults import BASH, READ
+from m3_agent.standin.server import CACHE_CONFIG_INFO, COUNTERS, GAUGES, StandinServer
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="

@@ -6,7 +6,7 @@ import json
 import urllib.error
 import urllib.request
 
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 WINDOW = 1000

@@ -11,9 +11,9 @@ import json
 import openai
 import pytest
 
-from m3_agent.serving.m3_faults import CASES, FaultCase
-from m3_agent.serving.m3_output import render_tool_calls
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.m3_faults import CASES, FaultCase
+from m3_agent.standin.m3_output import render_tool_calls
+from m3_agent.standin.server import StandinServer
 
 HISTORY = [{"role": "user", "content": "fix it"}]
 

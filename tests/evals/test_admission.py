@@ -28,8 +28,8 @@ from m3_agent.evals.reuse.ordering import batch_id
 from m3_agent.evals.runner import EvalConfig, RunOptions, run_eval
 from m3_agent.evals.tasks import Task
 from m3_agent.serving.planner import GB, plan
-from m3_agent.serving.kvsim import B200X8_KV_TOKENS
-from m3_agent.serving.standin import StandinServer, toy_pieces
+from m3_agent.standin.kvsim import B200X8_KV_TOKENS
+from m3_agent.standin.server import StandinServer, toy_pieces
 
 
 def _task(iid: str, repo: str = "o/r", created_at: str = "", base_commit: str = "0" * 40, **kw) -> Task:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.serving.kvsim import B200X8_KV_TOKENS
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.kvsim import B200X8_KV_TOKENS
+from m3_agent.standin.server import StandinServer
 from m3_agent.evals.tasks import builtin_standin_script, builtin_task
 from tests.conftest import lan_address, secrets_found
 

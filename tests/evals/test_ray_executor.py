@@ -20,7 +20,7 @@ import pytest
 from m3_agent.evals.results import RESULTS_FILE, load_results
 from m3_agent.evals.tasks import builtin_names, builtin_standin_script
 from m3_agent.sandbox.cleanup import LABEL_PID
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from tests.conftest import wait_for
 
 pytest.importorskip("ray")

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image, ImageStat
 
 from m3_agent.evals.tasks import builtin_standin_script, builtin_task
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 WINDOW = (1280, 1600)
 # No network here: without these, Chromium keeps trying to reach its update and sync services.

@@ -307,7 +307,7 @@ def test_the_sandbox_in_an_instance_image_keeps_its_hardening(offline):
 
 @pytest.mark.docker
 def test_eval_run_resolves_the_tasks_with_the_standin_replaying_the_gold_patch(offline, tmp_path):
-    from m3_agent.serving.standin import StandinServer
+    from m3_agent.standin.server import StandinServer
 
     tasks = [t for t, _ in offline.values()]
     out = tmp_path / "run"

@@ -12,7 +12,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 pytestmark = pytest.mark.docker
 
@@ -102,7 +102,7 @@ PAGER = {
 
 
 def test_the_fix_off_by_one_script_fixes_a_pager_through_the_agents_tools(git_repo, sandbox_image, tmp_path):
-    from m3_agent.serving.standin import load_script
+    from m3_agent.standin.server import load_script
 
     pager = git_repo(PAGER)
     with StandinServer(load_script(EXAMPLES / "scripts" / "fix-off-by-one.json")) as srv:

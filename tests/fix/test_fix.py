@@ -23,7 +23,7 @@ import docker
 import pytest
 
 from m3_agent.serving import launcher
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from tests.conftest import lan_address, secrets_found
 from tests.fix.test_fix_sources import cli_main, fix_cli  # noqa: F401, F811 - the in-process CLI fixtures
 from tests.fix.test_github import PNG, FakeGitHub

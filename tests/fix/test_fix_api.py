@@ -5,7 +5,7 @@ from __future__ import annotations
 import m3_agent.api as api
 from m3_agent.settings import load_settings
 from m3_agent.serving.endpoint import resolve_endpoint
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 
 def test_every_public_name_resolves():

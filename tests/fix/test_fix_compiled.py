@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from m3_agent.sandbox.envimage import prune_environments
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from tests.conftest import make_git_repo
 from tests.fix.test_fix import containers_of, user_view
 from tests.fix.test_fix_environment import fix_json

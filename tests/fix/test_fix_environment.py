@@ -17,7 +17,7 @@ import pytest
 from m3_agent.sandbox import SandboxConfig
 from m3_agent.sandbox.envimage import ENV_REPOSITORY, environment_for, list_environments, prune_environments
 from m3_agent.sandbox.image import ENV_PREFIX
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from tests.conftest import make_git_repo
 from tests.fix.test_fix import CALC, FIXING, containers_of, git, user_view
 from tests.fix.test_fix_sources import assert_one_line_error, cli_main, fix_cli  # noqa: F401, F811 - fixtures

@@ -20,7 +20,7 @@ from m3_agent.fix.flow import commit_message, resolve_issue
 from m3_agent.serving.endpoint import resolve_endpoint
 from m3_agent.fix.github import Issue
 from m3_agent.agent.loop import RunResult
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 CALC = {"calc.py": "def add(a, b):\n    return a - b\n", "tests/test_calc.py": "from calc import add\n"}
 

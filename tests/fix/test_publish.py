@@ -18,7 +18,7 @@ import pytest
 
 from m3_agent.fix.flow import fix_issue
 from m3_agent.fix.github import GitHubClient
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from m3_agent.settings import load_settings
 from tests.fix.test_fix import CALC, FIXING, READ, SUBMIT, TEST, edit, git, user_view
 from tests.fix.test_fix_sources import assert_one_line_error, cli_main, fix_cli  # noqa: F401, F811 - CLI fixtures

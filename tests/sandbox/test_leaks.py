@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from m3_agent.sandbox.cleanup import LABEL_PID
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from tests.conftest import descendants, wait_for
 
 pytestmark = pytest.mark.docker

@@ -41,7 +41,7 @@ FAKE_ENGINE = textwrap.dedent('''\
         sys.exit(1)
     positional = args[1] if len(args) > 1 and args[0] == "serve" and not args[1].startswith("--") else None
     served = flag("--served-model-name") or positional or flag("--model")
-    from m3_agent.serving.standin import StandinServer
+    from m3_agent.standin.server import StandinServer
     turns = [{{"content": "word " * 40, "repeat": 100000}}]
     if os.environ.get("FAKE_ENGINE_TURNS"):
         import json

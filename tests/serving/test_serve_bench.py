@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from m3_agent.serving.bench import SEED_B200, from_vllm_result, run_bench, vllm_bench_argv
 from m3_agent.serving.cli import app
 from m3_agent.serving.loadgen import LoadConfig, _Sample, percentile, run_load, summarize
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 pytestmark = pytest.mark.timeout(120)
 REPLY = "alpha beta gamma delta " * 10  # 80 toy tokens, streamed in pieces of 3

@@ -17,11 +17,11 @@ import pytest
 
 from m3_agent.errors import EndpointAuthError, EndpointError, UsageError
 from m3_agent.serving import launcher
-from m3_agent.serving.access import ApiKey
+from m3_agent.agent.access import ApiKey
 from m3_agent.serving.endpoint import Launch, check_endpoint, ensure_endpoint, prepare, resolve_endpoint
 from m3_agent.serving.gpus import GPU
 from m3_agent.serving.profiles import Overrides, build_command, get_profile
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 pytestmark = pytest.mark.timeout(120)
 

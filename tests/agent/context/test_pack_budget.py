@@ -8,7 +8,7 @@ from m3_agent.agent.context import EstimateCounter, ServerCounter, TokenizerJson
 from m3_agent.agent.context.relevance import rank
 from m3_agent.agent.context.selection import Entry, Facts
 from m3_agent.errors import UsageError
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 
 
 def _module(name: str, n: int) -> str:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from m3_agent.agent.context import StableOrder, ServerCounter, pack_repository
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 from tests.conftest import lan_address
 
 FILES = {"src/app.py": "def main():\n    return 'hi'\n", "logo.png": b"\x89PNG\0\0\0", "yarn.lock": "lock\n",

@@ -14,7 +14,7 @@ from m3_agent.agent.context import (
     budget_for_window,
 )
 from m3_agent.errors import EndpointError, UsageError
-from m3_agent.serving.standin import StandinServer, toy_pieces
+from m3_agent.standin.server import StandinServer, toy_pieces
 
 TEXTS = ["def f(x):\n    return x + 1\n", "", "日本語のテキスト ✓\n", "a" * 50, "x = [1, 2, 3]  # list\n" * 30]
 

@@ -5,7 +5,7 @@ minimax_m3 --enable-auto-tool-choice --enable-prompt-tokens-details` answers, wi
 from a script instead of a model, so the agent, its client and the evals can be tested for real
 over HTTP without a GPU:
 
-    from m3_agent.serving.standin import StandinServer
+    from m3_agent.standin.server import StandinServer
 
     script = {"turns": [
         {"reasoning": "Read the file first.", "tool_calls": [{"name": "read", "arguments": {"path": "a.py"}}]},
@@ -22,10 +22,10 @@ turns or an object with server settings (`model`, `max_model_len`, `block_size`,
 and `conversations` (`{"match": "substring", "turns": [...]}`). Each chat-completions request
 consumes the next turn of its conversation: the first whose `match` occurs in the request's first
 user message, else the top-level turns. A turn is either `raw` model output, parsed as vLLM's
-minimax_m3 parsers parse it (`serving/m3_output.py`; the conformance tier proves they agree), or
+minimax_m3 parsers parse it (`standin/m3_output.py`; the conformance tier proves they agree), or
 `reasoning`, `content` and `tool_calls`; it may carry a `fault` (`Fault`), a `delay_s` and a
 `repeat` count. A fault turn is consumed by the request it fails, so a retrying client gets the next.
-M3's own faults are raw text: the catalogue is `serving/m3_faults.py`.
+M3's own faults are raw text: the catalogue is `standin/m3_faults.py`.
 
 The wire follows the vLLM version M3 is served with: reasoning is `message.reasoning` only (vLLM
 removed the `reasoning_content` alias, vllm PR #33402); incoming assistant reasoning is rendered
@@ -43,7 +43,7 @@ full `block_size` block of prompt tokens; `cached_tokens` counts the leading blo
 What runs a request is an engine, the seam between this wire double and a performance model: it
 says how long a request takes and how many of its prompt tokens were cached. Without `performance`
 it is `InstantEngine` (every answer at once, a prefix cache that never forgets). With
-`"performance": {...}` (a `serving.kvsim.Performance`) it is `serving.kvsim.KVSimulator`, loaded
+`"performance": {...}` (a `standin.kvsim.Performance`) it is `standin.kvsim.KVSimulator`, loaded
 only then: a KV cache with LRU eviction of free blocks, one serialized prefill lane, decode per
 sequence, on a clock `time_scale` times faster than real time. `/metrics` exports the engine's
 cache gauges and `vllm:cache_config_info` (num_gpu_blocks, block_size), so a client can learn the
@@ -74,11 +74,11 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from m3_agent.errors import UsageError, first_validation_error
-from m3_agent.serving.m3_output import parse_output, split_reasoning, tool_properties
+from m3_agent.standin.m3_output import parse_output, split_reasoning, tool_properties
 
 if TYPE_CHECKING:  # the performance model is imported only by a script that has one (`StandinState`)
-    from m3_agent.serving.kvsim import KVSimulator
-    from m3_agent.serving.simclock import ScaledClock, VirtualClock
+    from m3_agent.standin.kvsim import KVSimulator
+    from m3_agent.standin.simclock import ScaledClock, VirtualClock
 
 STANDIN_HEADER = "X-M3-Standin"
 # vLLM 0.33's AuthenticationMiddleware guards these path prefixes only: /health, /metrics, /tokenize stay open.
@@ -186,14 +186,14 @@ class Script(BaseModel):
     stray_think_close: bool = False
     reasoning_content_alias: bool = False
     quirks: Quirks = Field(default_factory=Quirks)
-    performance: Any = Field(None, description="a serving.kvsim.Performance; None: no performance model")
+    performance: Any = Field(None, description="a standin.kvsim.Performance; None: no performance model")
 
     @field_validator("performance", mode="before")
     @classmethod
     def _performance_model(cls, value: Any) -> Any:
         if value is None:
             return None
-        from m3_agent.serving.kvsim import Performance  # only a script with a performance model loads it
+        from m3_agent.standin.kvsim import Performance  # only a script with a performance model loads it
 
         try:
             return Performance.model_validate(value)
@@ -352,7 +352,7 @@ class _Reply:
 class InstantEngine:
     """No performance model: every request is done at once, and the prefix cache never forgets.
 
-    An engine is the seam between the wire double and a performance model (`serving.kvsim.KVSimulator`
+    An engine is the seam between the wire double and a performance model (`standin.kvsim.KVSimulator`
     has the same three methods): it says how long a request takes and how many of its prompt tokens
     were cached. Handler threads call it at once.
     """
@@ -410,7 +410,7 @@ class StandinState:
         self._chains: OrderedDict[tuple[int, bytes], list[bytes]] = OrderedDict()  # prompt blocks -> chain hashes
         self.engine: InstantEngine | KVSimulator = InstantEngine(script.block_size)
         if script.performance is not None:
-            from m3_agent.serving.kvsim import KVSimulator  # only a script with a performance model loads it
+            from m3_agent.standin.kvsim import KVSimulator  # only a script with a performance model loads it
 
             self.engine = KVSimulator(script.performance, script.block_size, clock)
         self.metrics = {"prompt_tokens": 0, "generation_tokens": 0}  # the engine counts the prefix cache
@@ -1001,7 +1001,7 @@ class StandinServer:
     `script` is a Script, a dict, a list of turns, or a path to a JSON script. Port 0 picks a
     free port. The server runs in a background thread until `stop()` (or the end of the `with`).
     `clock` times the performance model: default real time times its `time_scale`; a
-    `serving.simclock.VirtualClock` for in-process simulations that real work must not slow.
+    `standin.simclock.VirtualClock` for in-process simulations that real work must not slow.
     `api_key`: answer 401 without it on the paths vLLM guards (`vllm serve --api-key`).
     """
 

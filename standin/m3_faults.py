@@ -2,7 +2,7 @@
 
 Each case is the raw text a model could write and the tools of the request; what the server makes of
 it is not written here: the conformance tier asks vLLM's own parsers, and the stand-in must give the
-same (`serving.m3_output.parse_output`). `expect` says in words what a client then sees. Cases
+same (`standin.m3_output.parse_output`). `expect` says in words what a client then sees. Cases
 labelled `m2-compat` are MiniMax-M2's `<parameter name=...>` syntax, kept only to show what an M3
 server does with them; `benchmarks/tool_call_faults.py` runs the client over every case.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from m3_agent.serving.m3_output import INVOKE_CLOSE, INVOKE_OPEN, NS, TOOL_CLOSE, TOOL_OPEN, render_tool_calls
+from m3_agent.standin.m3_output import INVOKE_CLOSE, INVOKE_OPEN, NS, TOOL_CLOSE, TOOL_OPEN, render_tool_calls
 
 
 def _tool(name: str, **props: dict[str, Any]) -> dict[str, Any]:

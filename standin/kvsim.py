@@ -1,6 +1,6 @@
 """The stand-in's performance model: a simulated M3 server's KV cache, prefill lane and clock.
 
-Timing of a test double, calibrated, not a measurement. The wire double (`serving/standin.py`) loads
+Timing of a test double, calibrated, not a measurement. The wire double (`standin/server.py`) loads
 this module only when its script has a `performance` section, and asks it one thing per request:
 how long the request takes and how many of its prompt tokens were cached.
 
@@ -13,7 +13,7 @@ What it models (formulas and their sources: docs/standin.md, "The performance mo
 - vLLM's eviction order (`PrefixCache`): a finished request's blocks stay cached, free, until space
   is needed; the least recently freed goes first, tail blocks before the prefix others share;
 - one serialized prefill lane for the uncached prompt tokens, decode per sequence beside it;
-- a clock (`serving/simclock.py`): real time times `time_scale`, or virtual time.
+- a clock (`standin/simclock.py`): real time times `time_scale`, or virtual time.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from m3_agent.serving.planner import GB, PlanRequest, plan
-from m3_agent.serving.simclock import ScaledClock, VirtualClock
+from m3_agent.standin.simclock import ScaledClock, VirtualClock
 
 # Seed 000's 8x B200 run (vLLM, 8192 in / 2048 out, 32 concurrent): 8,097.56 tok/s total of which
 # 1,619.51 output, so the engine sustained 6,478 prompt tok/s while decoding; mean ITL 19.06 ms.

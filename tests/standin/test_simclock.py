@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from m3_agent.serving.simclock import VirtualClock
+from m3_agent.standin.simclock import VirtualClock
 
 
 def test_time_jumps_to_the_next_wake_up_when_everyone_waits():

@@ -8,7 +8,7 @@ import pytest
 
 from m3_agent.errors import UsageError
 from m3_agent.agent.endpoint import is_loopback
-from m3_agent.serving.access import ApiKey, choose_key, client_host, describe_access, plain_http_warning
+from m3_agent.agent.access import ApiKey, choose_key, client_host, describe_access, plain_http_warning
 from m3_agent.serving.profiles import Overrides, build_command, flag_value, get_profile
 
 KEY = "m3-team-key-0123456789WXYZ"

@@ -13,15 +13,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from m3_agent.errors import UsageError
-from m3_agent.serving.kvsim import (
+from m3_agent.standin.kvsim import (
     B200X8_DECODE_TOK_S,
     B200X8_KV_TOKENS,
     B200X8_PREFILL_TOK_S,
     Performance,
     PrefixCache,
 )
-from m3_agent.serving.simclock import VirtualClock
-from m3_agent.serving.standin import StandinServer, load_script
+from m3_agent.standin.simclock import VirtualClock
+from m3_agent.standin.server import StandinServer, load_script
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 
@@ -190,13 +190,13 @@ def test_metrics_of_an_unbounded_standin_say_the_block_count_is_unknown():
 LOADED = """
 import sys
 import openai
-from m3_agent.serving.standin import StandinServer
+from m3_agent.standin.server import StandinServer
 script = {{"turns": [{{"content": "ok"}}], **{perf}}}
 with StandinServer(script) as srv:
     r = openai.OpenAI(base_url=srv.base_url, api_key="x").chat.completions.create(
         model="MiniMaxAI/MiniMax-M3", messages=[{{"role": "user", "content": "hi"}}])
     assert r.choices[0].message.content == "ok"
-print(sorted(m for m in ("m3_agent.serving.kvsim", "m3_agent.serving.planner", "m3_agent.serving.simclock")
+print(sorted(m for m in ("m3_agent.standin.kvsim", "m3_agent.serving.planner", "m3_agent.standin.simclock")
              if m in sys.modules))
 """
 
@@ -209,8 +209,8 @@ def test_without_a_performance_model_the_double_does_not_load_the_simulator():
         return proc.stdout.strip()
 
     assert loaded("{}") == "[]"
-    assert loaded('{"performance": {}}') == "['m3_agent.serving.kvsim', 'm3_agent.serving.planner', " \
-                                             "'m3_agent.serving.simclock']"
+    assert loaded('{"performance": {}}') == "['m3_agent.serving.planner', 'm3_agent.standin.kvsim', " \
+                                             "'m3_agent.standin.simclock']"
 
 
 def test_a_bad_performance_model_is_told_in_one_line_with_its_field():

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from m3_agent.errors import UsageError
-from m3_agent.serving.standin import EXHAUSTED_TEXT, STANDIN_HEADER, Script, StandinServer, load_script, toy_pieces
+from m3_agent.standin.server import EXHAUSTED_TEXT, STANDIN_HEADER, Script, StandinServer, load_script, toy_pieces
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
