@@ -79,7 +79,7 @@ def test_wheel_holds_one_import_root_and_no_generic_top_level_package(wheel):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"m3_agent"}, tops
     for sub in ("agent/loop.py", "tools/dispatch.py", "sandbox/container.py", "evals/grading.py", "fix/flow.py",
-                "standin/server.py", "standin/kvsim.py", "cli.py"):
+                "standin/server.py", "standin/kvsim.py", "serving/standin.py", "cli.py"):
         assert f"m3_agent/{sub}" in names, sub
     assert any(n.startswith("m3_agent/evals/suite/") for n in names), "the built-in eval suite ships in the wheel"
 
