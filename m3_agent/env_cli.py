@@ -71,7 +71,7 @@ def build(repo: Path = REPO, config: Optional[Path] = CONFIG, keep_broken: Optio
         return
     console.print(f"{'built' if env.built else 'already built'}: {env.tag} ({env.seconds:.1f} s)")
     if env.notice:
-        console.print(f"notice: {env.notice}", markup=False)
+        console.print(f"notice: {env.notice}", markup=False, soft_wrap=True)
     typer.echo(env.tag)
 
 
@@ -117,7 +117,7 @@ def show(repo: Path = REPO, config: Optional[Path] = CONFIG,
     for requirement, source in info["sources"].items():
         out.print(f"asked for:   {requirement}  ({source})", markup=False)
     if info["check"]:
-        out.print(f"check:       {info['check']}", markup=False)
+        out.print(f"check:       {info['check']}", markup=False, soft_wrap=True)
     for line in info["packages"]:
         out.print(f"  {line}", markup=False)
 

@@ -1,7 +1,7 @@
 """What a project that compiles its own extensions needs from Debian, and how it is built in place.
 
     if compiles(Path("repo")):
-        recipe = build_recipe(Path("repo"), suite="bookworm")   # sandbox image + TOOLCHAIN + the CI's apt packages
+        recipe, left_out = build_recipe(Path("repo"), suite="bookworm")  # sandbox image + TOOLCHAIN + CI packages
 
 Read from the repository's files on the host, no code run:
   - a project compiles when its build backend is one that always does (meson-python, scikit-build-core,
