@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian machine (as root, or with sudo):
 #   bash run.sh demo   set everything up, then run `m3-agent fix` on the bundled demo repo
-#   bash run.sh test   set everything up (with the conformance oracles), then run the whole test suite
+#   bash run.sh test   set everything up (with the conformance oracles and the real-model tier's
+#                      llama.cpp server), then run the whole test suite
 # Each step is idempotent: a second run skips what is done.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -93,6 +94,16 @@ ensure_oracle() {
   export M3_ORACLE_PYTHON="$py"
 }
 
+# The real-model tier's server (llama-cpp-python serving SmolLM2-135M, compiled for the CPU with
+# Debian's gcc and cmake) in a cached venv outside the repo: about 10 minutes the first time,
+# under a second once built. `serve start --profile cpu-tiny` uses the same venv.
+ensure_llama() {
+  if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
+    apt_install cmake g++ make
+  fi
+  bash serving/llama-server-venv.sh >/dev/null || die "could not build the llama.cpp server venv (see above)" 4
+}
+
 setup() {
   ensure_python
   ensure_venv
@@ -109,6 +120,7 @@ case "${1:-}" in
     setup
     ensure_browser
     ensure_oracle
+    ensure_llama
     shift
     exec .venv/bin/python -m pytest -q "$@"
     ;;
