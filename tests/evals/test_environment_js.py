@@ -16,7 +16,7 @@ from m3_agent.sandbox.envimage import prune_environments
 from tests.evals.test_environment import git
 from tests.sandbox.test_node_environment import CALC_TEST, javascript_project, locked
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]  # builds on one host wait for each other
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from tests.conftest import make_git_repo
 from tests.fix.test_fix_environment import fix_json
 from tests.fix.test_fix_sources import cli_main, fix_cli  # noqa: F401, F811 - fixtures
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]  # builds on one host wait for each other
 
 CALC_TEST = """const { add } = require("../src/calc");
 describe("add", () => {
