@@ -1,0 +1,36 @@
+"""benchmarks/real_model.py end to end against the stand-in playing the scripted solutions (the real
+server's runs are the benchmark's own business): the rows, the floor and the JSON line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from m3_agent.evals.tasks import builtin_standin_script
+from m3_agent.standin.server import StandinServer
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "real_model.py"
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
+
+
+def test_runs_and_floor_are_counted_by_how_they_ended_and_the_last_line_is_json(sandbox_image):
+    with StandinServer(builtin_standin_script(["calendar_utils", "chunks"])) as srv:
+        r = subprocess.run([sys.executable, str(BENCH), "--runs", "3", "--max-turns", "6", "--base-url", srv.base_url,
+                            "--time-budget", "0.001"], capture_output=True, text=True, timeout=800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    # the budget is spent once the first run ends: no other run starts, and the output says so
+    assert out["runs"] == 1 and out["runs_asked"] == 3 and "1 of 3 runs done" in r.stdout
+    (row,) = out["rows"]
+    assert row["task"] == "calendar_utils" and r.stdout.startswith("run 1: {")
+    # the scripted solution submits a passing fix: the run ends submitted, with a diff, resolved
+    assert out["ends"] == {"submitted": 1} and out["with_diff"] == 1 and out["resolved"] == 1
+    assert out["finished_without_diff"] == 0
+    assert row["turns"] >= 2 and row["tool_calls"] >= 2 and row["toolless_replies"] == 0 and row["reprompts"] == 0
+    assert row["completion_tokens"] > 0 and row["model_s_per_turn"] is not None
+    assert out["floor"]["runs"] == 1 and out["floor"]["resolved"] == 1
+    assert "| 1 | calendar_utils | submitted |" in r.stdout
