@@ -216,9 +216,19 @@ def _pattern(title: str) -> str:
 
 
 def _without_targets(argv: list[str]) -> list[str]:
-    """The script's argv without its own test paths and globs (the named files replace them)."""
-    return [argv[0], *(w for w in argv[1:]
-                       if w.startswith("-") or "node_modules" in w or not re.search(r"[/*]|\.[cm]?[jt]sx?$", w))]
+    """The script's argv without its own test paths and globs (the named files replace them); an option's
+    value stays (mocha's `--require test/support/env`)."""
+    kept = [argv[0]]
+    for before, word in zip(argv, argv[1:]):
+        if (word.startswith("-") or "node_modules" in word or before in VALUED
+                or not re.search(r"[/*]|\.[cm]?[jt]sx?$", word)):
+            kept.append(word)
+    return kept
+
+
+# Runner options whose value is a path: never taken for a test path of the script's.
+VALUED = ("--require", "-r", "--config", "-c", "--file", "--ignore", "--import", "--loader", "--setupFiles",
+          "--rootDir", "--extension", "--spec", "--root", "--dir")
 
 
 def _without(argv: list[str], valued: tuple[str, ...]) -> list[str]:

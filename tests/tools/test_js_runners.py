@@ -64,6 +64,10 @@ def test_a_file_replaces_the_scripts_own_paths_and_a_title_selects_one_test():
     assert "'test/**/*.js'" not in command and command.endswith("test/a.spec.js")
     assert "--reporter xunit --reporter-option output=/tmp/r.xml" in command and "--timeout 5000" in command
     assert "'--grep=^group\\ does\\ x$'" in command
+    express = run_command(script_plan({"test": "mocha --require test/support/env --check-leaks test/ test/acc/"}),
+                          ["test/Router.js"], None, "/tmp/r.xml")  # expressjs/express
+    assert express.startswith("mocha --require test/support/env --check-leaks --reporter xunit")
+    assert express.endswith(" test/Router.js") and "test/acc/" not in express
     jest = run_command(script_plan({"test": "jest"}), ["src/a.test.ts"], None, "/tmp/r.json")
     assert jest == "jest --ci --watchAll=false --json --outputFile=/tmp/r.json --runTestsByPath src/a.test.ts"
     vitest = run_command(script_plan({"test": "vitest"}), [], None, "/tmp/r.json")
