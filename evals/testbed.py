@@ -25,8 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -34,14 +32,14 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from m3_agent import hostgit
-from m3_agent.errors import SandboxUnavailable, UsageError, first_validation_error
+from m3_agent.errors import EnvironmentBuildError, SandboxUnavailable, UsageError, first_validation_error
 from m3_agent.evals.harness import instance_image_name
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox.engine import docker_client, image_exists
 from m3_agent.sandbox.envimage import BUILDER, STAGE, BuildContainer, create_venv, pip_install
 from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, SYSTEM_PATH, build_image
-from m3_agent.sandbox.pyenv import scm_environment
-from m3_agent.sandbox.wheels import download
+from m3_agent.sandbox.releases import Sources
+from m3_agent.sandbox.wheels import download, fetch_sdist
 
 ENV_PREFIX = "/opt/miniconda3/envs/testbed"
 NAMESPACE = "m3-agent-offline"  # offline images are named as the harness names them, in a namespace of their own
@@ -123,7 +121,8 @@ def build_testbed_image(task: Task, *, namespace: str | None = NAMESPACE, tag: s
 
 def _install(box: BuildContainer, recipe: TestbedRecipe, tree: Path, stage: Path) -> None:
     """/testbed, the `testbed` venv with the pinned wheels (console scripts too), the activate shim."""
-    download(["pip", *recipe.packages], into=stage / "wheels", target=box.target(), no_deps=True)
+    download(["pip", *recipe.packages], into=stage / "wheels", target=box.target(), no_deps=True,
+             build=box.build_wheel)
     (stage / "bin").mkdir()
     (stage / "bin" / "activate").write_text(ACTIVATE_SHIM)
     box.put(stage, STAGE)
@@ -153,22 +152,17 @@ def make_testbed_tree(instance_id: str, recipe: TestbedRecipe, dest: Path) -> st
 
 
 def _download_sdist(requirement: str) -> Path:
-    """The release sdist from the package index, kept in the cache (a pinned release never changes)."""
+    """The release sdist from the package index, kept in the cache (a pinned release never changes). Fetched
+    as a file: nothing of it runs on the host (its build backend runs in the build container, if at all)."""
     where = cache_dir() / "testbed" / "sdists" / requirement.replace("=", "_")
     found = sorted(where.glob("*.tar.gz")) if where.is_dir() else []
     if not found:
-        # The sdist's own build backend comes from the index (setuptools_scm: xarray, pytest, astropy), with
-        # the pinned version as the one git would tell; only the package itself must be an sdist.
-        name, _, version = requirement.partition("==")
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name.strip(),
-                               "-d", str(where), requirement, "-q", "--disable-pip-version-check"],
-                              capture_output=True, text=True, env=scm_environment(version.strip() or None))
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-            raise SandboxUnavailable(f"pip download failed for the offline testbed: {tail[0][:300]}")
-        found = sorted(where.glob("*.tar.gz"))
-    if not found:
-        raise SandboxUnavailable(f"pip download of {requirement} gave no .tar.gz sdist")
+        try:
+            found = [p for p in [fetch_sdist(requirement, into=where, sources=Sources())] if p is not None]
+        except EnvironmentBuildError as e:
+            raise SandboxUnavailable(f"the offline testbed's sdist cannot be fetched: {e}") from None
+    if not found or not found[0].name.endswith(".tar.gz"):
+        raise SandboxUnavailable(f"the package index has no .tar.gz sdist of {requirement}")
     return found[0]
 
 

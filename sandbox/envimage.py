@@ -44,14 +44,14 @@ from m3_agent.sandbox.engine import docker_client, image_exists, remove_containe
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID,
                                     SUITE, SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock,
                                     current_toolchain_images, digest, untag)
-from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, key_files, key_files_at, pip_error,
-                                    plan_environment, pretend_version, scm_version, wants_environment,
-                                    wants_environment_at)
+from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, build_requires, host_requirement_files,
+                                    installable, key_files, key_files_at, pip_error, plan_environment,
+                                    pretend_version, scm_version, wants_environment, wants_environment_at)
 from m3_agent.sandbox.envproof import PROOF_LABEL, Proof, proof_command, proof_of, read_proof
 from m3_agent.sandbox.releases import Releases, Sources, release_cutoff
 from m3_agent.sandbox.toolchain import (TOOLCHAIN, build_recipe, compiles, compiles_from, editable_settings,
                                         keep_build_command)
-from m3_agent.sandbox.wheels import Requirements, download, download_step
+from m3_agent.sandbox.wheels import Requirements, SdistBuilder, download, download_step
 
 Progress = Callable[[str], None]
 
@@ -62,6 +62,8 @@ ENV_REPOSITORY = "m3-agent-env"
 KIND = "project-env"
 BUILDER = "2"  # bump when the build steps change what an image holds
 STAGE = "/tmp/m3-env"  # the wheels and requirement files inside the build container
+META_COPY = "/tmp/m3-env-meta"  # the workspace copy pip prepares the project's metadata in
+_STAGED_PIP = f"$(ls {STAGE}/wheels/pip-*.whl | head -1)/pip"  # pip run from its staged wheel: the image's may be old
 WORKSPACE = "/workspace"
 FILES_LABEL = "m3-agent.env.files"
 PACKAGES_LABEL = "m3-agent.env.packages"
@@ -114,7 +116,7 @@ def ensure_environment(request: BuildRequest, *, progress: Progress | None = Non
         labels = _labels(client, tag)
         built = labels is None
         if built:
-            with build_lock(progress), _checked_out(request) as request:
+            with build_lock(progress, key), _checked_out(request) as request:
                 if not image_exists(client, tag):  # another process may have built it while we waited
                     build_environment(client, request, tag, key, progress)
             labels = _labels(client, tag) or {}
@@ -270,25 +272,24 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
     """The steps of `build_environment` in a container from `base`."""
     with BuildContainer(client, base, say) as box, tempfile.TemporaryDirectory(prefix="m3-agent-env-") as tmp:
         target = box.target()
+        stage = Path(tmp)
         node_files = nodeenv.key_files(request.repo) if request.derive else {}
         python = not node_files or wants_environment(request.repo)  # a Node-only repository gets no venv
-        if python:
-            say(f"planning the environment for Python {target.python} ({target.machine})")
-        plan = plan_environment(request.repo, target, version=request.version) if request.derive and python else None
+        cutoff = request_cutoff(request, {**(key_files(request.repo) if request.derive else {}), **node_files})
+        fetch = Fetch(stage / "wheels", target, Sources.for_cutoff(cutoff), box.build_wheel)
+        box.put(request.repo, WORKSPACE)
+        plan = _plan(box, request, fetch, say) if python else None
         compiled = plan is not None and plan.editable and _compiled(request)
         if compiled:  # its build runs again in the sandbox: the backend and its needs live in the environment
             plan.requirements += [r for r in plan.build_requires if r not in plan.requirements]
-        stage = Path(tmp)
         files = {**(plan.key_files if plan else {}), **node_files}
-        cutoff = request_cutoff(request, files)
         steps = (install_steps(plan, request, compiled=compiled) if python
                  else [("run the setup command", request.setup, {})] * bool(request.setup))
         if python:
-            _download(plan, stage, target, request.version, Sources.for_cutoff(cutoff), say)
+            _download(plan, stage, fetch, say)
         packages = _stage_node(request.repo, stage, target, cutoff, steps, say) if node_files else []
-        say("copying the fetched files and the repository into the build container")
+        say("copying the fetched files into the build container")
         box.put(stage, STAGE)
-        box.put(request.repo, WORKSPACE)
         for step, command, env in steps:
             say(step)
             box.run(step, command, env)
@@ -339,25 +340,71 @@ def _stage_node(repo: Path, stage: Path, target: Target, cutoff: str | None,
     return [f"node {fetched.node}", fetched.manager]
 
 
-def _download(plan: Plan | None, stage: Path, target: Target, version: str | None, sources: Sources,
-              say: Progress) -> None:
-    """The wheels into `stage/wheels`, the requirement and constraint files beside them."""
-    wheels = stage / "wheels"
+@dataclass(frozen=True)
+class Fetch:
+    """Where and how the host downloads for one build: the wheels folder, the target, the sources, and the
+    build container's sdist builder."""
+
+    wheels: Path
+    target: Target
+    sources: Sources
+    build: SdistBuilder
+
+    def download(self, requirements: Requirements | list[str], say: Progress) -> None:
+        download(requirements, into=self.wheels, target=self.target, progress=say, sources=self.sources,
+                 build=self.build)
+
+
+def _plan(box: BuildContainer, request: BuildRequest, fetch: Fetch, say: Progress) -> Plan | None:
+    """What the derived environment installs (None without `derive`); an installable project's metadata is
+    read in the build container first (`_project_metadata`)."""
+    if not request.derive:
+        return None
+    say(f"planning the environment for Python {fetch.target.python} ({fetch.target.machine}); "
+        f"{fetch.sources.describe()}")
+    metadata = _project_metadata(box, request, fetch, say) if installable(request.repo) else None
+    return plan_environment(request.repo, fetch.target, metadata=metadata)
+
+
+def _project_metadata(box: BuildContainer, request: BuildRequest, fetch: Fetch, say: Progress) -> dict:
+    """The project's core metadata, prepared by pip in the build container (its build backend runs there,
+    never on the host) from the backend's wheels, downloaded first; in a copy of the workspace, since
+    setuptools writes its egg-info into the tree it reads."""
+    say(f"downloading pip and the project's build backend for Python {fetch.target.short} on the host")
+    fetch.download(["pip", *build_requires(request.repo)], say)
+    box.put(fetch.wheels, f"{STAGE}/wheels")
+    step = "read the project's dependencies"
+    say(step)
+    # --ignore-requires-python: pyenv.fits_python judges the range itself, and says so in one line.
+    box.run(step, f"rm -rf {META_COPY} && cp -a {WORKSPACE} {META_COPY} && python3 {_STAGED_PIP} install --dry-run "
+                  f"--no-deps --ignore-installed --ignore-requires-python -q --no-index --find-links {STAGE}/wheels "
+                  f"--report {STAGE}/report.json {META_COPY} && rm -rf {META_COPY}", pretend_version(request.version))
+    try:
+        install = json.loads(box.read(f"{STAGE}/report.json")).get("install", [])
+    except ValueError:
+        raise EnvironmentBuildError("pip's install report cannot be read", step=step) from None
+    return install[0].get("metadata", {}) if install else {}
+
+
+def _download(plan: Plan | None, stage: Path, fetch: Fetch, say: Progress) -> None:
+    """The wheels into `stage/wheels`, the requirement and constraint files beside them. The host's pip reads
+    the repository's requirements files as copies without the lines that build code
+    (`pyenv.host_requirement_files`); the build container installs from the files themselves."""
     requirements = plan.requirements if plan else list(ALWAYS)
     (stage / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
     (stage / "constraints.txt").write_text("".join(f"{c}\n" for c in (plan.constraints if plan else [])))
-    say(f"downloading wheels for Python {target.short} on the host: {sources.describe()}")
-    download(["pip", *(plan.build_requires if plan and plan.editable else [])], into=wheels, target=target,
-             version=version, progress=say, sources=sources)  # the build backend, for pip's isolated build
-    files = [plan.root / f for f in plan.requirement_files] if plan else []
-    download(Requirements(requirements, files, stage / "constraints.txt"), into=wheels, target=target,
-             version=version, progress=say, sources=sources)
+    say(f"downloading wheels for Python {fetch.target.short} on the host")
+    fetch.download(["pip", *(plan.build_requires if plan and plan.editable else [])], say)  # the build backend
+    files, dropped = host_requirement_files(plan.root, plan.requirement_files, stage / "reqs") if plan else ([], [])
+    for line in dropped:
+        say(f"not read on the host (it builds code; the build container installs it): {line}")
+    fetch.download(Requirements(requirements, files, stage / "constraints.txt"), say)
 
 
 def create_venv(prefix: str) -> str:
     """The command that makes a venv at `prefix` with pip, from the staged wheels (no index, no network)."""
-    return (f"python3 -m venv --without-pip {prefix} && {prefix}/bin/python $(ls {STAGE}/wheels/pip-*.whl | head -1)"
-            f"/pip install --no-index --find-links {STAGE}/wheels -q pip")
+    return (f"python3 -m venv --without-pip {prefix} && {prefix}/bin/python {_STAGED_PIP} install --no-index "
+            f"--find-links {STAGE}/wheels -q pip")
 
 
 def pip_install(prefix: str) -> str:
@@ -475,6 +522,52 @@ class BuildContainer:
             except docker.errors.APIError as e:
                 raise EnvironmentBuildError(f"copy into the container failed: {e.explanation or e}",
                                             step=f"copy to {dest}") from None
+
+    def read(self, path: str) -> bytes:
+        """The bytes of the file at `path` in the container (the engine's archive of it)."""
+        with self._archive(path) as tar:
+            member = next((m for m in tar.getmembers() if m.isfile()), None)
+            reader = tar.extractfile(member) if member is not None else None
+            if reader is None:
+                raise EnvironmentBuildError(f"{path} is not a file in the build container", step=f"read {path}")
+            return reader.read()
+
+    def get(self, folder: str, dest: Path) -> list[Path]:
+        """Copy the files of the container's `folder` (not its subfolders') into the host's `dest`; returns them."""
+        got = []
+        with self._archive(folder) as tar:
+            for member in tar.getmembers():
+                if member.isfile() and member.name.count("/") == 1:
+                    member.name = Path(member.name).name
+                    tar.extract(member, dest, filter="data")
+                    got.append(dest / member.name)
+        return got
+
+    @contextlib.contextmanager
+    def _archive(self, path: str) -> Iterator[tarfile.TarFile]:
+        try:
+            stream, _ = self.client.api.get_archive(self.id, path)
+            with tempfile.TemporaryFile() as buf:
+                for chunk in stream:
+                    buf.write(chunk)
+                buf.seek(0)
+                with tarfile.open(fileobj=buf) as tar:
+                    yield tar
+        except docker.errors.APIError as e:
+            raise EnvironmentBuildError(f"copy out of the container failed: {e.explanation or e}",
+                                        step=f"copy {path}") from None
+
+    def build_wheel(self, sdist: Path, wheels: Path) -> None:
+        """Build `sdist` into a wheel in this container (its build backend runs here, from the wheels in
+        `wheels`, offline) and copy the wheel into the host's `wheels` (`wheels.SdistBuilder`)."""
+        self.put(wheels, f"{STAGE}/wheels")
+        self.put(sdist.parent, f"{STAGE}/sdists")
+        step = f"build a wheel of {sdist.name}"
+        self.progress(step)
+        self.run(step, f"rm -rf {STAGE}/built && python3 -m pip wheel -q --no-deps --no-index --find-links "
+                       f"{STAGE}/wheels -w {STAGE}/built {STAGE}/sdists/{shlex.quote(sdist.name)}")
+        if not self.get(f"{STAGE}/built", wheels):
+            raise EnvironmentBuildError(f"pip built no wheel of {sdist.name}", step=step)
 
     def run(self, step: str, command: str, env: dict[str, str] | None = None) -> str:
         """Run `command` as root with the environment first on PATH; its output, or EnvironmentBuildError."""

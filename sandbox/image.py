@@ -172,26 +172,32 @@ _lock_held = threading.local()  # build_lock is re-entrant in a thread: an envir
 
 
 @contextlib.contextmanager
-def build_lock(progress: Progress | None) -> Iterator[None]:
-    """One image build at a time on this host: parallel test runs would otherwise all debootstrap.
+def build_lock(progress: Progress | None, key: str | None = None) -> Iterator[None]:
+    """One build of a thing at a time on this host: the sandbox image (no `key`: parallel test runs would
+    otherwise all debootstrap), or the environment image of one `key` (parallel `eval run` workers build
+    it once), while builds of other keys go on.
 
     The lock file is in the shared temp dir (not a home) so root and users wait for each other; it is
     opened read-only, which flock allows, so a file another user created serves as well.
     """
-    if getattr(_lock_held, "yes", False):  # held already: a second flock on a new descriptor would wait for itself
+    name = f"env-{key}" if key else "image"
+    held = getattr(_lock_held, "names", None)
+    if held is None:
+        held = _lock_held.names = set()
+    if name in held:  # held already: a second flock on a new descriptor would wait for itself
         yield
         return
-    fd = os.open(Path(tempfile.gettempdir()) / "m3-agent-image-build.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    fd = os.open(Path(tempfile.gettempdir()) / f"m3-agent-{name}-build.lock", os.O_RDONLY | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            _say(progress, "another process is building the image; waiting for it")
+            _say(progress, f"another process is building {'this environment' if key else 'the image'}; waiting for it")
             fcntl.flock(fd, fcntl.LOCK_EX)
-        _lock_held.yes = True
+        held.add(name)
         yield
     finally:
-        _lock_held.yes = False
+        held.discard(name)
         os.close(fd)  # closing releases the lock
 
 
@@ -407,7 +413,7 @@ def build_env_image(
             dockerfile += APT_INSTALL.format(packages=" ".join(sorted(set(packages))))
         dockerfile += "".join(f"RUN {json.dumps(['sh', '-c', cmd])}\n" for cmd in setup)
         dockerfile += f"USER {SANDBOX_UID}:{SANDBOX_UID}\n"
-        with build_lock(progress):
+        with build_lock(progress, key):
             if not image_exists(client, tag):
                 _say(progress, f"building {tag} on {base}")
                 _build(client, dockerfile, tag, {IMAGE_LABEL: "env", RECIPE_LABEL: key}, progress, network)

@@ -23,13 +23,9 @@ The rules, in the order they apply:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -55,7 +51,6 @@ KEY_FOLDERS = ("", "requirements")  # where dependency files are looked for: the
 TEST_NAMES = ("test", "tests", "testing")  # extras and dependency groups that hold what the tests need
 DEV_NAME = "dev"  # taken only where none of TEST_NAMES is declared: it often holds linters and docs too
 ALWAYS = ("pytest",)
-METADATA_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -186,11 +181,12 @@ def _wants(files: list[str], pyproject: dict, needs: TestNeeds) -> bool:
     return bool(test_names(list(pyproject.get("dependency-groups", {}))))
 
 
-def plan_environment(root: Path, target: Target, *, version: str | None = None) -> Plan | None:
+def plan_environment(root: Path, target: Target, *, metadata: dict | None = None) -> Plan | None:
     """What `root` needs installed for `target`; None when it declares nothing (use the sandbox image as it is).
 
-    `version`: the project's version for builds that take it from git (setuptools_scm, pbr), which a
-    copy without history cannot tell.
+    `metadata`: the project's core metadata, as pip's install report gives it (`install[0].metadata`),
+    for an `installable` project; prepared in a build container from the downloaded build backend
+    (`sandbox.envimage`), since preparing it runs the project's code.
     """
     needs = read_test_needs(root)
     keys = key_files(root, needs)
@@ -198,11 +194,13 @@ def plan_environment(root: Path, target: Target, *, version: str | None = None) 
         return None
     plan = Plan(root=root, key_files=keys)
     env = target.marker_environment()
-    metadata = _pip_metadata(root, version) if installable(root) else {}
+    metadata = (metadata or {}) if installable(root) else {}
     me = canonicalize_name(metadata.get("name", ""))
     groups = group_requirements(_pyproject(root), env, names=needs.of("group") or None)
-    # A group that names the project itself (`xarray[complete]`) asks for the project's extras, not a release.
+    # A group that names the project itself (`xarray[complete]`) asks for the project's extras, not a release;
+    # so does a requirements file's `-e .[full]` (starlette).
     group_extras = [e for line in groups if me and _name(line) == me for e in sorted(Requirement(line).extras)]
+    group_extras += [e for f in keys if f.endswith(".txt") for e in local_extras(root, f)]
     if metadata:
         fits_python(metadata, target)
         plan.editable = True
@@ -264,7 +262,7 @@ def hatch_build_dependencies(build: dict) -> list[str]:
 
 def project_requirements(metadata: dict, env: dict[str, str], *, extras: list[str] = ()) -> list[str]:
     """The project's dependencies and its test extras' (and `extras`), from the metadata pip prepared
-    (`_pip_metadata`: no build, no install)."""
+    (prepared in a build container: no build, no install)."""
     requires = metadata.get("requires_dist", [])
     wanted = test_names(metadata.get("provides_extra", []))
     me = canonicalize_name(metadata.get("name", ""))
@@ -317,28 +315,89 @@ def self_extras(me: str, requires: list[str], extras: list[str], env: dict[str, 
     return wanted if wanted == extras else self_extras(me, requires, wanted, env)
 
 
-def _pip_metadata(root: Path, version: str | None) -> dict:
-    """The project's core metadata as pip's install report gives it (`pip install --dry-run --report`),
-    prepared in a copy: setuptools writes its egg-info into the tree it reads."""
-    with tempfile.TemporaryDirectory(prefix="m3-agent-meta-") as tmp:
-        report = Path(tmp) / "report.json"
-        copy = Path(tmp) / "project"
-        shutil.copytree(root, copy, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-        # --ignore-requires-python: this host's Python is not the image's; fits_python judges the image's.
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "-q",
-               "--ignore-requires-python", "--disable-pip-version-check", "--report", str(report), str(copy)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=scm_environment(version),
-                                  timeout=METADATA_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise EnvironmentBuildError("reading the project's metadata took over 10 minutes",
-                                        step="read the project's dependencies") from None
-        if proc.returncode != 0 or not report.is_file():
-            raise EnvironmentBuildError(f"pip could not read the project's dependencies ({pip_error(proc.stderr)}): "
-                                        "set [sandbox] setup, or project_env = \"off\"",
-                                        step="read the project's dependencies")
-        install = json.loads(report.read_text()).get("install", [])
-    return install[0].get("metadata", {}) if install else {}
+_INCLUDE = re.compile(r"^(-r|--requirement|-c|--constraint)(?:\s+|=)(\S+)")
+_EDITABLE = re.compile(r"^(-e|--editable)(?:\s+|=)")
+_VCS = ("git+", "hg+", "svn+", "bzr+")
+
+
+def _logical_lines(text: str) -> list[str]:
+    """A requirements file's lines, continuations joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", text)
+    return [re.sub(r"(^|\s)#.*$", "", line).strip() for line in joined.splitlines()]
+
+
+def _local_target(line: str) -> str | None:
+    """The path a requirement line installs from the repository itself (`-e .[full]`, `./pkg`), else None."""
+    target = _EDITABLE.sub("", line).strip()
+    path = target.split(";")[0].strip()
+    if path.startswith("file:"):
+        path = path[5:]
+    base = path.split("[")[0]
+    return path if base in (".", "..") or base.startswith(("./", "../", "/")) else None
+
+
+def _inside(root: Path, path: Path) -> str | None:
+    """`path` relative to `root` when it lies inside it (links resolved), else None."""
+    path, top = path.resolve(), root.resolve()
+    return str(path.relative_to(top)) if path == top or path.is_relative_to(top) else None
+
+
+def host_line(line: str) -> bool:
+    """Whether the host's download may read a requirements line: not one that builds code to be read
+    (the repository's own paths, VCS checkouts, archive URLs); the build container installs those."""
+    if not line or _INCLUDE.match(line):
+        return True
+    target = _EDITABLE.sub("", line).strip()
+    if _local_target(line) is not None or target.startswith(_VCS):
+        return False
+    url = target.split("@", 1)[1].strip() if " @ " in target or "@ " in target else ""
+    return not url or url.split(";")[0].strip().endswith(".whl")
+
+
+def local_extras(root: Path, rel: str, seen: set[str] | None = None) -> list[str]:
+    """The extras a requirements file (and those it includes) asks of the project itself (`-e .[full]`)."""
+    seen = seen if seen is not None else set()
+    path = root / rel
+    if rel in seen or not path.is_file() or _inside(root, path) is None:
+        return []
+    seen.add(rel)
+    extras: list[str] = []
+    for line in _logical_lines(path.read_text(encoding="utf-8", errors="replace")):
+        include = _INCLUDE.match(line)
+        nested = _inside(root, path.parent / include.group(2)) if include else None
+        if nested is not None:
+            extras += local_extras(root, nested, seen)
+        target = _local_target(line)
+        if target is not None and "[" in target and _inside(root, path.parent / target.split("[")[0]) == ".":
+            extras += [e.strip() for e in target.split("[", 1)[1].split("]")[0].split(",") if e.strip()]
+    return extras
+
+
+def host_requirement_files(root: Path, files: list[str], dest: Path) -> tuple[list[Path], list[str]]:
+    """Copies under `dest` of the requirements files `files` (and those they include, at the same relative
+    paths) without the lines the host must not read (`host_line`); the copies and the lines left out."""
+    dropped: list[str] = []
+    done: set[str] = set()
+
+    def copy(rel: str) -> None:
+        path = root / rel
+        if rel in done or not path.is_file() or _inside(root, path) is None:
+            return
+        done.add(rel)
+        kept = []
+        for line in _logical_lines(path.read_text(encoding="utf-8", errors="replace")):
+            include = _INCLUDE.match(line)
+            nested = _inside(root, path.parent / include.group(2)) if include else None
+            if nested is not None:
+                copy(nested)
+            outside = include is not None and nested is None  # a file outside the repository is none of its own
+            (kept if host_line(line) and not outside else dropped).append(line)
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text("".join(f"{line}\n" for line in kept))
+
+    for rel in files:
+        copy(rel)
+    return [dest / rel for rel in files], dropped
 
 
 def group_requirements(pyproject: dict, env: dict[str, str], *, names: list[str] | None = None) -> list[str]:

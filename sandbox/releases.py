@@ -73,6 +73,7 @@ class Sources:
     cutoff: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     dropped: tuple[str, ...] = ()  # the sources left out, for the progress line
+    config: dict[str, str] | None = None  # pip's configuration, when it was read
 
     @classmethod
     def for_cutoff(cls, cutoff: str | None, config: dict[str, str] | None = None) -> Sources:
@@ -91,7 +92,16 @@ class Sources:
         dropped = tuple([url for url in extras if url not in kept] + config.get("find-links", "").split())
         # A space, not "": pip ignores an empty variable and would fall back to its configuration files.
         env = {"PIP_EXTRA_INDEX_URL": " ".join(kept) or " ", "PIP_FIND_LINKS": " "}
-        return cls(cutoff, env, dropped)
+        return cls(cutoff, env, dropped, config)
+
+    def locations(self) -> tuple[str, list[str], list[str]]:
+        """(index, extra indexes, find-links) pip reads under these sources, for a finder other than pip;
+        the index is "" where pip's default applies."""
+        config = self.config if self.config is not None else pip_configuration()
+        if self.cutoff is None:
+            return (config.get("index-url", ""), config.get("extra-index-url", "").split(),
+                    config.get("find-links", "").split())
+        return config.get("index-url", ""), self.env.get("PIP_EXTRA_INDEX_URL", "").split(), []
 
     def pip_args(self) -> list[str]:
         """The arguments that apply the cut-off to a pip command that reads an index."""

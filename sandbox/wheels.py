@@ -4,26 +4,40 @@
 
 pip resolves (never this module): `pip download --only-binary :all:` with the target's Python
 version, ABI and manylinux tags, so a host of another Python or distribution fetches what the image
-can install. A requirement published only as an sdist is built into a wheel here (`pip wheel`), once,
-and the download is asked again with that wheel beside the others; a pure-Python sdist so becomes a
-`py3-none-any` wheel any image takes.
+can install. Only wheels: pip runs no build backend for them, so no package's code runs on the host.
+A requirement published only as an sdist is fetched as a file (`fetch_sdist`: unearth finds it on
+the same sources, and nothing is built), with the wheels of its build backend; the caller's
+`SdistBuilder` builds it into a wheel in a build container, and the download is asked again with
+that wheel beside the others.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tarfile
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.pyenv import Target, missing_package, pip_error, scm_environment
+from m3_agent.sandbox.pyenv import Target, missing_package, pip_error
 from m3_agent.sandbox.releases import Sources
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 Progress = Callable[[str], None]
 PIP_TIMEOUT_S = 1800.0
-MAX_SDIST_BUILDS = 8  # sdist-only requirements built here before the download gives up
+MAX_SDIST_BUILDS = 8  # sdist-only requirements built in the build container before the download gives up
 
 
 def platforms(target: Target) -> list[str]:
@@ -66,14 +80,18 @@ def download_step(target: Target) -> str:
     return f"download wheels for Python {target.short}"
 
 
+SdistBuilder = Callable[[Path, Path], None]  # (sdist, wheels folder): build the sdist into a wheel there, isolated
+
+
 def download(requirements: Requirements | Sequence[str], *, into: Path, target: Target, no_deps: bool = False,
-             version: str | None = None, progress: Progress | None = None, sources: Sources | None = None) -> None:
+             progress: Progress | None = None, sources: Sources | None = None,
+             build: SdistBuilder | None = None) -> None:
     """Every wheel `requirements` need on `target` (with their dependencies unless `no_deps`), into `into`.
 
-    `requirements`: a `Requirements`, or just requirement strings. `version` is the project's version
-    for the build backends that cannot read it from git (`pyenv.scm_environment`). `sources`: the cut-off
-    date and the package sources that honour it (`sandbox.releases`); pip's configuration as it is by default.
-    Raises EnvironmentBuildError naming the requirement pip could not find.
+    `requirements`: a `Requirements`, or just requirement strings. `sources`: the cut-off date and the
+    package sources that honour it (`sandbox.releases`); pip's configuration as it is by default.
+    `build`: how a requirement published only as an sdist becomes a wheel (in a build container); without
+    it such a requirement fails. Raises EnvironmentBuildError naming the requirement pip could not find.
     """
     if not isinstance(requirements, Requirements):
         requirements = Requirements(names=tuple(requirements))
@@ -85,29 +103,79 @@ def download(requirements: Requirements | Sequence[str], *, into: Path, target: 
         args.append("--no-deps")
     built: set[str] = set()
     while True:
-        proc = _pip(args, version, progress, sources)
+        proc = _pip(args, progress, sources)
         if proc.returncode == 0:
             return
         missing = missing_package(proc.stderr)
-        if missing is None or missing in built or len(built) >= MAX_SDIST_BUILDS:
+        if missing is None or build is None or missing in built or len(built) >= MAX_SDIST_BUILDS:
             raise EnvironmentBuildError(pip_error(proc.stderr), step=download_step(target))
         built.add(missing)
-        if progress:  # no wheel of it fits the target: build one from its sdist on this host
-            progress(f"no wheel of {missing} fits: building one from its sdist")
-        wheel = _pip(["wheel", "--no-deps", "-w", str(into), *sources.pip_args(), missing], version, progress, sources)
-        if wheel.returncode != 0:
-            step = "download wheels" if missing_package(wheel.stderr) else f"build a wheel of {missing}"
-            raise EnvironmentBuildError(pip_error(wheel.stderr), step=step)
+        sdist = fetch_sdist(missing, into=into.parent / "sdists", sources=sources)
+        if sdist is None:  # no sdist either: pip's own line says what it looked for
+            raise EnvironmentBuildError(pip_error(proc.stderr), step=download_step(target))
+        if progress:  # no wheel of it fits the target: its sdist is built in the build container
+            progress(f"no wheel of {missing} fits: building its sdist {sdist.name} in the build container")
+        download(sdist_build_requires(sdist), into=into, target=target, progress=progress, sources=sources)
+        build(sdist, into)
 
 
-def _pip(args: list[str], version: str | None, progress: Progress | None,
-         sources: Sources) -> subprocess.CompletedProcess:
+def fetch_sdist(requirement: str, *, into: Path, sources: Sources) -> Path | None:
+    """The newest sdist of `requirement` on `sources` (within their cut-off), downloaded into `into` as a
+    file: found by unearth, which reads the index and runs nothing of the package (pip would prepare its
+    metadata, running its build backend). None when there is none; EnvironmentBuildError when the fetch fails."""
+    from unearth import PackageFinder  # only a build that meets an sdist-only requirement needs it
+
+    step = f"fetch the sdist of {requirement}"
+    index, extras, find_links = sources.locations()
+    cutoff = datetime.fromisoformat(sources.cutoff.replace("Z", "+00:00")) if sources.cutoff else None
+    name = _requirement_name(requirement)
+    try:
+        # No index configured: unearth's default, the public index pip defaults to too; the extra ones after it.
+        finder = PackageFinder(index_urls=[index] if index else [], no_binary=[name], exclude_newer_than=cutoff)
+        for url in extras:
+            finder.add_index_url(url)
+        for location in find_links:
+            finder.add_find_links(location)
+        best = finder.find_best_match(requirement).best
+        if best is None:
+            return None
+        into.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="m3-agent-sdist-") as unpacked:
+            finder.download_and_unpack(best.link, unpacked, into)
+    except Exception as e:  # unearth's network and archive errors have no common base
+        raise EnvironmentBuildError(f"{type(e).__name__}: {str(e)[:200]}", step=step) from None
+    return into / best.link.filename
+
+
+def sdist_build_requires(sdist: Path) -> list[str]:
+    """The `[build-system] requires` an sdist declares, read from its archive (setuptools and wheel when it
+    declares none)."""
+    default = ["setuptools>=40.8.0", "wheel"]
+    try:
+        with tarfile.open(sdist) as tar:
+            member = next((m for m in tar.getmembers() if m.name.count("/") == 1 and
+                           m.name.endswith("/pyproject.toml") and m.isfile()), None)
+            text = tar.extractfile(member).read().decode() if member is not None else ""
+        data = tomllib.loads(text) if text else {}
+    except (tarfile.TarError, OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return default
+    return [str(r) for r in data.get("build-system", {}).get("requires", default)]
+
+
+def _requirement_name(requirement: str) -> str:
+    try:
+        return canonicalize_name(Requirement(requirement).name)
+    except InvalidRequirement:
+        return requirement
+
+
+def _pip(args: list[str], progress: Progress | None, sources: Sources) -> subprocess.CompletedProcess:
     """Run pip with this interpreter; its progress lines go to `progress`."""
     cmd = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check", "--progress-bar", "off"]
     out: list[str] = []
     try:
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                              env={**scm_environment(version), **sources.env}) as proc:
+                              env={**os.environ, **sources.env}) as proc:
             assert proc.stdout is not None
             for line in proc.stdout:
                 out.append(line)

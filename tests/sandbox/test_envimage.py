@@ -151,7 +151,8 @@ def test_a_commit_finds_its_environment_from_git_objects_without_exporting_the_t
         raise AssertionError("the tree was exported for a warm lookup")
 
     monkeypatch.setattr(hostgit, "export_tree", no_export)
-    request = request_for(None, SandboxConfig(), history=(repo, head), source=SOURCE)
+    # `today`: the fixture's build named no history, so its releases are today's, and its key says so.
+    request = request_for(None, SandboxConfig(releases="today"), history=(repo, head), source=SOURCE)
     found = ensure_environment(request)
     assert found is not None and found.tag == env.tag and not found.built
 

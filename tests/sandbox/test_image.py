@@ -170,6 +170,32 @@ def test_image_builds_wait_for_each_other():
     assert messages == ["another process is building the image; waiting for it"]
 
 
+def test_builds_of_different_environments_do_not_wait_for_each_other():
+    """An environment build waits only for another build of the same key, not for another repository's
+    environment (a 5-minute compiled build blocked every other one)."""
+    import threading
+
+    from m3_agent.sandbox.image import build_lock
+
+    held, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with build_lock(None, "other-key"):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    held.wait(5)
+    messages: list[str] = []
+    try:
+        with build_lock(messages.append, "this-key"):
+            assert messages == []  # in at once
+    finally:
+        release.set()
+        t.join()
+
+
 def _labelled_image(client, base: str, tag: str, labels: dict[str, str]) -> str:
     """A one-layer image on `base` with these labels (no network, nothing to download)."""
     image, _ = client.images.build(fileobj=io.BytesIO(f"FROM {base}\n".encode()), tag=tag, labels=labels, rm=True)

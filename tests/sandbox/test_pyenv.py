@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.pyenv import (Target, group_requirements, judged, key_files, key_files_at, lock_pins, pip_error,
-                                    plan_environment, wants_environment, wants_environment_at)
+from m3_agent.sandbox.pyenv import (Target, group_requirements, host_requirement_files, judged, key_files, key_files_at,
+                                    lock_pins, pip_error, plan_environment, wants_environment, wants_environment_at)
 from m3_agent.sandbox.wheels import Requirements, platforms, target_flags
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
@@ -175,25 +175,53 @@ def test_pip_failures_are_told_in_one_line_naming_the_package():
     assert pip_error("noise\nERROR: something else broke\n") == "ERROR: something else broke"
 
 
-def test_a_setup_py_project_is_read_through_pip_with_its_test_extra_and_its_tree_left_clean(tmp_path):
-    """setup.py dependencies are dynamic: pip prepares the metadata (its build backend from the index)."""
+def test_a_project_is_planned_from_its_metadata_with_its_test_extra(tmp_path):
+    """setup.py dependencies are dynamic: the metadata comes from pip in the build container (the real
+    engine's tests); the plan reads it, and runs nothing."""
     write(tmp_path, {
-        "setup.py": ("from setuptools import setup\nsetup(name='legacy', version='1.0', packages=['legacy'],\n"
-                     "      install_requires=['attrs>=22', 'tomli; python_version < \"3.11\"'],\n"
-                     "      extras_require={'test': ['pytest-timeout'], 'docs': ['sphinx']})\n"),
+        "setup.py": "raise SystemExit('the plan must not run setup.py')\n",
         "legacy/__init__.py": "",
         "pyproject.toml": "[dependency-groups]\ndev = ['legacy[test]', 'hypothesis']\n",
     })
-    plan = plan_environment(tmp_path, TARGET)
+    metadata = {"name": "legacy", "provides_extra": ["test", "docs"],
+                "requires_dist": ["attrs>=22", "tomli; python_version < '3.11'", "pytest-timeout; extra == 'test'",
+                                  "sphinx; extra == 'docs'"]}
+    plan = plan_environment(tmp_path, TARGET, metadata=metadata)
     assert plan is not None and plan.editable
     assert plan.requirements == ["attrs>=22", "pytest-timeout", "hypothesis", "pytest"]  # no `legacy` release
     assert plan.build_requires == ["setuptools>=40.8.0", "wheel"]
-    assert not list(tmp_path.glob("*.egg-info"))  # pip prepared the metadata in a copy
+
+
+def test_requirements_files_reach_the_host_without_the_lines_that_would_run_code(tmp_path):
+    """`-e .[full]` (starlette), VCS checkouts and archive URLs are built to be read: not on the host. The
+    extras the project's own line asks for join the plan instead."""
+    write(tmp_path, {
+        "requirements.txt": "-e .[full]\n-r requirements/test.txt\nattrs>=1  # why\ngit+https://example.com/y.git\n"
+                            "foo @ https://example.com/foo-1.tar.gz\nbar @ https://example.com/bar-1-py3-none-any.whl\n"
+                            "-r ../outside.txt\n",
+        "requirements/test.txt": "-e ..[test]\npytest-xdist\n",
+        "setup.py": "",
+    })
+    out = tmp_path.parent / "host-copies"
+    files, dropped = host_requirement_files(tmp_path, ["requirements.txt"], out)
+    assert files == [out / "requirements.txt"]
+    assert files[0].read_text() == ("-r requirements/test.txt\nattrs>=1\n"
+                                    "bar @ https://example.com/bar-1-py3-none-any.whl\n")
+    assert (out / "requirements/test.txt").read_text() == "pytest-xdist\n"
+    assert dropped == ["-e .[full]", "-e ..[test]", "git+https://example.com/y.git",
+                       "foo @ https://example.com/foo-1.tar.gz", "-r ../outside.txt"]
+    plan = plan_environment(tmp_path, TARGET, metadata={
+        "name": "star", "provides_extra": ["full", "test"],
+        "requires_dist": ["anyio", "httpx; extra == 'full'", "trio; extra == 'test'"]})
+    assert plan.requirements == ["anyio", "httpx", "trio", "pytest-xdist", "pytest"]  # test.txt: a test need
 
 
 def test_a_repository_with_only_configuration_plans_nothing(tmp_path):
     write(tmp_path, {"pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-q'\n", "setup.cfg": "[flake8]\n"})
     assert plan_environment(tmp_path, TARGET) is None
+
+
+NEWER = {"name": "newer", "requires_python": ">=3.12"}
 
 
 def test_a_project_whose_python_range_excludes_the_images_says_so_before_any_download(tmp_path):
@@ -202,6 +230,6 @@ def test_a_project_whose_python_range_excludes_the_images_says_so_before_any_dow
                                        "version = '1.0'\nrequires-python = '>=3.12'\n"})
     with pytest.raises(EnvironmentBuildError, match=r"check the project's Python.*newer requires Python >=3.12 and "
                                                     r"the sandbox image has 3.11.2") as e:
-        plan_environment(tmp_path, TARGET)
+        plan_environment(tmp_path, TARGET, metadata=NEWER)
     assert e.value.exit_code == 7
-    assert plan_environment(tmp_path, Target("3.12.1", "x86_64", "2.36")) is not None  # this host's Python aside
+    assert plan_environment(tmp_path, Target("3.12.1", "x86_64", "2.36"), metadata=NEWER) is not None

@@ -8,15 +8,9 @@ commit's day.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import http.server
-import json
 import os
 import subprocess
 import sys
-import threading
-import zipfile
 from pathlib import Path
 
 import docker
@@ -28,6 +22,7 @@ from m3_agent.sandbox.envimage import ensure_environment, list_environments, pru
 from m3_agent.sandbox.pyenv import Target
 from m3_agent.sandbox.releases import Sources, pip_configuration, release_cutoff
 from m3_agent.sandbox.wheels import download
+from tests.sandbox.package_index import Index, make_wheel, pip_configured
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
 OLD, NEW = "2020-01-01T00:00:00Z", "2025-06-01T00:00:00Z"  # upload times around the commit's 2024 date
@@ -74,67 +69,6 @@ def test_sources_without_upload_times_are_left_out_under_a_cutoff():
     assert e.value.step == "choose the package sources"
 
 
-# --- a package index of the test's own -------------------------------------------------------------------
-
-def make_wheel(folder: Path, name: str, version: str) -> Path:
-    """A pure-Python wheel of `name` whose module tells its version."""
-    dist = f"{name}-{version}.dist-info"
-    files = {f"{name}.py": f"VERSION = {version!r}\n",
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()},"
-                     f"{len(t.encode())}\n" for p, t in files.items()) + f"{dist}/RECORD,,\n"
-    path = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for p, t in {**files, f"{dist}/RECORD": record}.items():
-            z.writestr(p, t)
-    return path
-
-
-class Index(http.server.ThreadingHTTPServer):
-    """PEP 691 JSON simple index of `files` (filename -> (path, upload time)) on loopback."""
-
-    def __init__(self, files: dict[str, tuple[Path, str]]) -> None:
-        super().__init__(("127.0.0.1", 0), IndexHandler)
-        self.files = files
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/simple/"
-
-
-class IndexHandler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        files: dict[str, tuple[Path, str]] = self.server.files
-        parts = [p for p in self.path.split("?")[0].split("/") if p]
-        if parts[:1] == ["files"] and len(parts) == 2 and parts[1] in files:
-            return self.reply(files[parts[1]][0].read_bytes(), "application/octet-stream")
-        if parts[:1] != ["simple"] or len(parts) != 2:
-            return self.send_error(404)
-        project = parts[1]
-        listed = [{"filename": f, "url": f"/files/{f}", "upload-time": when,
-                   "hashes": {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()}}
-                  for f, (p, when) in sorted(files.items()) if norm(f.split("-")[0]) == project]
-        if not listed:
-            return self.send_error(404)
-        body = json.dumps({"meta": {"api-version": "1.1"}, "name": project, "files": listed}).encode()
-        self.reply(body, "application/vnd.pypi.simple.v1+json")
-
-    def reply(self, body: bytes, kind: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-def norm(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
-
-
 @pytest.fixture(scope="module")
 def configured_pip(tmp_path_factory):
     """pip configured with the test's dated index, a local index and a find-links folder (no upload times);
@@ -151,18 +85,10 @@ def configured_pip(tmp_path_factory):
     (local / "simple" / "m3probe").mkdir(parents=True)
     newest = make_wheel(local, "m3probe", "3.0")  # in both undated sources: a local index and find-links
     (local / "simple" / "m3probe" / "index.html").write_text(f'<a href="../../{newest.name}">{newest.name}</a>\n')
-    index = Index(served)
-    threading.Thread(target=index.serve_forever, daemon=True).start()
-    conf = root / "pip.conf"
-    conf.write_text(f"[global]\nindex-url = {index.url}\nextra-index-url = {(local / 'simple').as_uri()}\n"
-                    f"find-links = {local}\n")
-    saved = os.environ.get("PIP_CONFIG_FILE")
-    os.environ["PIP_CONFIG_FILE"] = str(conf)
-    try:
+    with Index(served) as index, pip_configured(f"index-url = {index.url}\n"
+                                                f"extra-index-url = {(local / 'simple').as_uri()}\n"
+                                                f"find-links = {local}\n", root):
         yield index
-    finally:
-        os.environ.pop("PIP_CONFIG_FILE") if saved is None else os.environ.__setitem__("PIP_CONFIG_FILE", saved)
-        index.shutdown()
 
 
 def test_without_a_cutoff_the_undated_sources_win_with_their_newer_release(configured_pip, tmp_path):

@@ -193,7 +193,9 @@ def test_the_plan_says_which_file_gave_each_requirement(tmp_path):
     files = {**MYPY_LIKE, "test-requirements.txt": "-r base-requirements.txt\npytest-xdist>=3 \\\n    --hash=sha256:00\n",
              "base-requirements.txt": "attrs\n-e .[yaml]\n", "requirements.txt": "six\n"}
     files["pyproject.toml"] += "[project.optional-dependencies]\nyaml = ['pyyaml']\n"
-    plan = plan_environment(write(tmp_path, files), TARGET)
+    # The metadata as pip prepares it in the build container (the host runs no build backend).
+    metadata = {"name": "checker", "provides_extra": ["yaml"], "requires_dist": ["pyyaml; extra == 'yaml'"]}
+    plan = plan_environment(write(tmp_path, files), TARGET, metadata=metadata)
     assert plan is not None and plan.requirement_files == ["requirements.txt"]
     assert plan.sources == {"pyyaml": "the project's metadata",  # orjson's marker is not the image's Python
                             "attrs": "base-requirements.txt", "pytest-xdist>=3": "test-requirements.txt",
