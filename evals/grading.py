@@ -470,7 +470,8 @@ def with_environment(task: Task, config: EvalConfig, tree: Path) -> EvalConfig:
     if task.environment is not None:
         from m3_agent.sandbox import build_env_image
 
-        image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image)
+        image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image,
+                                source=task.repo.replace("/", "__"))
     else:
         from m3_agent.sandbox.envimage import environment_for
 

@@ -37,7 +37,8 @@ from m3_agent.evals.harness import instance_image_name
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox.engine import docker_client, image_exists
 from m3_agent.sandbox.envimage import BUILDER, STAGE, BuildContainer, create_venv, pip_install
-from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, SYSTEM_PATH, build_image
+from m3_agent.sandbox.image import (BASE_IMAGE, BUILDER_LABEL, IMAGE_LABEL, RECIPE_LABEL, SYSTEM_PATH, build_image,
+                                    env_labels)
 from m3_agent.sandbox.releases import Sources
 from m3_agent.sandbox.wheels import download, fetch_sdist
 
@@ -100,7 +101,7 @@ def build_testbed_image(task: Task, *, namespace: str | None = NAMESPACE, tag: s
             labels = client.images.get(name).labels or {}
             if labels.get(RECIPE_LABEL) == digest:
                 return name
-            if labels.get(IMAGE_LABEL) != "testbed":
+            if labels.get(BUILDER_LABEL) != "testbed" and labels.get(IMAGE_LABEL) != "testbed":
                 raise SandboxUnavailable(f"{name} exists and was not built by m3-agent (a pulled official image?): "
                                          "use it as it is, or remove it to build the offline one")
         build_image()  # the sandbox image, and with it the offline base
@@ -112,7 +113,9 @@ def build_testbed_image(task: Task, *, namespace: str | None = NAMESPACE, tag: s
                                  f"task's base_commit {task.base_commit}: the recipe or the release changed")
             with BuildContainer(client, BASE_IMAGE, progress or (lambda _: None)) as box:
                 _install(box, recipe, tree, Path(tmp) / "stage")
-                box.commit(name, {IMAGE_LABEL: "testbed", RECIPE_LABEL: digest}, User="0:0", WorkingDir="/testbed",
+                labels = {**env_labels("testbed", client.images.get(BASE_IMAGE).id, task.instance_id),
+                          RECIPE_LABEL: digest}
+                box.commit(name, labels, User="0:0", WorkingDir="/testbed",
                            Env=[f"PATH={SYSTEM_PATH}", "LANG=C.UTF-8"])
         return name
     finally:

@@ -79,11 +79,11 @@ def environments_table(envs: list[dict]) -> Table:
     """`env show --all`: one row per image; the tag whole, to copy (the other columns give way)."""
     table = Table(title="m3-agent environment images", title_justify="left")
     table.add_column("tag", no_wrap=True, min_width=max((len(e["tag"]) for e in envs), default=3))
-    for col in ("repository", "created", "size", "packages", "on current sandbox image"):
+    for col in ("for", "builder", "created", "size", "packages", "on current sandbox image"):
         table.add_column(col)
     for e in envs:
-        table.add_row(e["tag"], e["source"], e["created"], f"{e['size_mb']:.0f} MB", str(len(e["packages"])),
-                      "yes" if e["base_current"] else "no")
+        table.add_row(e["tag"], e["source"], e["builder"], e["created"], f"{e['size_mb']:.0f} MB",
+                      str(len(e["packages"])), "yes" if e["base_current"] else "no")
     return table
 
 
@@ -144,7 +144,8 @@ def _describe(request: BuildRequest) -> dict:
 def prune(all_: bool = typer.Option(False, "--all", help="Remove every environment image."),
           keep: int = typer.Option(1, min=0, help="Newest images kept per repository."),
           source: Optional[str] = typer.Option(None, "--source", help="Only this repository's (its folder name).")) -> None:
-    """Remove environment images built on an older sandbox image, and all but the newest per repository."""
+    """Remove environment images (a repository's, a task recipe's, an offline testbed's) built on an older
+    image, and all but the newest per repository, task or instance."""
     removed = prune_environments(keep=keep, all=all_, source=source)
     for tag in removed:
         typer.echo(tag)

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from m3_agent.sandbox.cleanup import prune, prune_scratch
+from m3_agent.sandbox.envimage import prune_environments
 from m3_agent.sandbox.image import DEFAULT_IMAGE, build_image, prune_images
 
 app = typer.Typer(no_args_is_help=True)
@@ -39,14 +40,17 @@ def build(
 @app.command("prune")
 def prune_command(
     all_: bool = typer.Option(False, "--all", help="Remove every sandbox container, not only orphans."),
-    images: bool = typer.Option(False, "--images", help="Also remove the images of older sandbox recipes."),
+    images: bool = typer.Option(False, "--images", help="Also remove the images of older sandbox recipes, and the "
+                                "environment images built on them (any builder's)."),
 ) -> None:
     """Remove sandbox containers left by processes that no longer run (all of them with --all), the
     checkouts and copies those processes left in the temp folder, and with --images the images older
-    recipes left."""
+    recipes left, with the environment images (of every builder) built on an image no longer current."""
     _report(prune(all=all_), "sandbox container(s)")
     _report(prune_scratch(), "scratch folder(s) of killed runs")
     if images:
+        # Environments first: an image that others were built on cannot be removed before them.
+        _report(prune_environments(stale_only=True), "environment image(s) built on older images")
         _report(prune_images(), "image tag(s) of older recipes")
 
 

@@ -45,6 +45,13 @@ IMAGE_LABEL = "m3-agent.image"
 RECIPE_LABEL = "m3-agent.recipe"
 SUITE_LABEL = "m3-agent.suite"
 EXTRA_LABEL = "m3-agent.extra"  # a JSON list: the Debian packages beyond PACKAGES
+# Environment images, whichever builder made them, carry one label scheme: IMAGE_LABEL=ENV_KIND, the builder,
+# the image they were built on and what they are for. `env prune` and `sandbox prune --images` read it.
+ENV_KIND = "env"
+LEGACY_ENV_KINDS = ("project-env", "testbed")  # what earlier releases labelled theirs: still listed and pruned
+BUILDER_LABEL = "m3-agent.env.builder"  # "project" (sandbox.envimage), "recipe" (build_env_image), "testbed"
+BASE_LABEL = "m3-agent.env.base"  # the id of the image it was built on: stale once that is no current one
+SOURCE_LABEL = "m3-agent.env.source"  # what it is for: a repository's name, a task's, an instance id
 
 APT_INSTALL = """RUN apt-get update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {packages} \\
@@ -387,6 +394,11 @@ def current_toolchain_images(client: docker.DockerClient) -> set[str]:
     return {i.id for i in images if (i.labels or {}).get(RECIPE_LABEL) in _own_recipe(i.labels or {}, "sandbox")}
 
 
+def env_labels(builder: str, base_id: str, source: str) -> dict[str, str]:
+    """The labels every environment image carries (the scheme above)."""
+    return {IMAGE_LABEL: ENV_KIND, BUILDER_LABEL: builder, BASE_LABEL: base_id, SOURCE_LABEL: source}
+
+
 def build_env_image(
     packages: Sequence[str] = (),
     setup: Sequence[str] = (),
@@ -394,13 +406,15 @@ def build_env_image(
     base: str = DEFAULT_IMAGE,
     network: str | None = "host",
     progress: Progress | None = None,
+    source: str = "a task's environment recipe",
 ) -> str:
     """Build (or reuse) a per-task image on top of `base` and return its tag.
 
     `packages` are Debian packages installed with apt; `setup` are shell commands run as root, in
     order, in `/workspace`. Recipes come from task files, not from the model, so the build may use the
     network (`network="host"` by default; None for the engine's default, "none" to forbid it). The tag
-    is `m3-agent-env:<hash of base image id + recipe>`, so an unchanged recipe is never rebuilt.
+    is `m3-agent-env:<hash of base image id + recipe>`, so an unchanged recipe is never rebuilt. `source`:
+    what it is for (`env show --all` and `env prune --source` name it so).
     """
     with contextlib.closing(docker_client()) as client:
         base_id = base_image_id(client, base, progress)
@@ -416,5 +430,6 @@ def build_env_image(
         with build_lock(progress, key):
             if not image_exists(client, tag):
                 _say(progress, f"building {tag} on {base}")
-                _build(client, dockerfile, tag, {IMAGE_LABEL: "env", RECIPE_LABEL: key}, progress, network)
+                _build(client, dockerfile, tag, {**env_labels("recipe", base_id, source), RECIPE_LABEL: key}, progress,
+                       network)
         return tag
