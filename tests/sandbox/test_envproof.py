@@ -4,6 +4,7 @@ build stops with exit 7 naming what failed, unless the user asked to keep such a
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 
 import docker
@@ -74,7 +75,9 @@ def test_a_broken_environment_kept_on_request_carries_its_notice_everywhere(tmp_
 
     code, out, _ = cli_main("env", "show", "--repo", str(repo))
     assert code == 0 and f"check:       {notice}" in out, out
-    again = ensure_environment(BuildRequest(repo=repo, source=source, keep_broken=True))
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # the request `env build` made: the commit read from git, its releases' date from the history
+    again = ensure_environment(BuildRequest(repo=None, history=(repo, head), source=source, keep_broken=True))
     assert again.built is False and notice in again.notice
     # Without the request, the same image (found, not rebuilt) stops the run as the build would have.
     assert_one_line_error(cli_main("env", "build", "--repo", str(repo)), 7, notice)
