@@ -286,12 +286,11 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
                  else [("run the setup command", request.setup, {})] * bool(request.setup))
         if python:
             _download(plan, stage, fetch, say)
-        packages = _stage_node(request.repo, stage, target, cutoff, steps, say) if node_files else []
+        packages, optional = (_stage_node(request.repo, stage, target, cutoff, steps, say, optional=python)
+                              if node_files else ([], set()))
         say("copying the fetched files into the build container")
         box.put(stage, STAGE)
-        for step, command, env in steps:
-            say(step)
-            box.run(step, command, env)
+        packages = _run_steps(box, steps, optional, say) or packages  # a note replaces what was left out
         proof = _prove(box, plan, request, say)
         if python:
             packages += box.run("list the installed packages",
@@ -322,21 +321,55 @@ def _prove(box: BuildContainer, plan: Plan | None, request: BuildRequest, say: P
 
 
 def _stage_node(repo: Path, stage: Path, target: Target, cutoff: str | None,
-                steps: list[tuple[str, str, dict[str, str]]], say: Progress) -> list[str]:
+                steps: list[tuple[str, str, dict[str, str]]], say: Progress, *,
+                optional: bool) -> tuple[list[str], set[str]]:
     """Fetch the repository's Node side into `stage/node` on the host and put its steps among `steps`
-    (before the setup command, which is last when there is one); returns what it installs, for the label.
-    Without a lock file the packages resolve to releases before `cutoff`, as pip's do."""
+    (before the setup command, which is last when there is one); returns what it installs, for the label,
+    and the names of its steps when they are `optional` (a Python project's: its JavaScript tooling must
+    not cost it the Python environment). Without a lock file the packages resolve to releases before
+    `cutoff`, as pip's do."""
     node = nodeenv.plan_node(repo, before=cutoff)
     assert node is not None  # only called for a repository with a package.json
     say(f"planning the Node environment ({node.manager}, Node {node.node_range} from {node.node_source})")
-    fetched = nodeenv.fetch_node(node, stage / "node", machine=target.machine, say=say)
+    try:
+        fetched = nodeenv.fetch_node(node, stage / "node", machine=target.machine, say=say)
+    except EnvironmentBuildError as e:
+        if not optional:
+            raise
+        return [_left_out(e, say)], set()
     env = nodeenv.node_environment()
     at = len(steps) - (steps[-1][0] == "run the setup command" if steps else 0)
-    steps[at:at] = [("note the repository's files", f"{_FILES} > {STAGE}/before-node", {}),
-                    *((step, command, env) for step, command in nodeenv.node_steps(node, fetched)),
-                    ("keep the files its scripts generated",
-                     _KEEP_GENERATED.replace(f"{STAGE}/before ", f"{STAGE}/before-node "), {})]
-    return [f"node {fetched.node}", fetched.manager]
+    added = [("note the repository's files", f"{_FILES} > {STAGE}/before-node", {}),
+             *((step, command, env) for step, command in nodeenv.node_steps(node, fetched)),
+             ("keep the files its scripts generated",
+              _KEEP_GENERATED.replace(f"{STAGE}/before ", f"{STAGE}/before-node "), {})]
+    steps[at:at] = added
+    return [f"node {fetched.node}", fetched.manager], {step for step, _, _ in added} if optional else set()
+
+
+def _run_steps(box: BuildContainer, steps: list[tuple[str, str, dict[str, str]]], optional: set[str],
+               say: Progress) -> list[str]:
+    """Run the build's steps in order; the first failing `optional` step skips the rest of them and
+    becomes a note for the label, any other failure ends the build."""
+    notes: list[str] = []
+    for step, command, env in steps:
+        if notes and step in optional:
+            continue
+        say(step)
+        try:
+            box.run(step, command, env)
+        except EnvironmentBuildError as e:
+            if step not in optional:
+                raise
+            notes.append(_left_out(e, say))
+    return notes
+
+
+def _left_out(error: EnvironmentBuildError, say: Progress) -> str:
+    """The note of a Python project's Node side that could not be installed: said, and kept in the label."""
+    note = f"node: left out, the Python environment is built without it ({error})"
+    say(f"notice: {note}")
+    return note
 
 
 @dataclass(frozen=True)

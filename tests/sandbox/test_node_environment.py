@@ -148,3 +148,33 @@ def test_a_node_version_no_release_satisfies_fails_in_one_line_with_exit_7(sourc
         "package.json": json.dumps({"name": source, "engines": {"node": ">=99"}, "scripts": {"test": "node --test"}})})
     assert_build_error(cli_main("env", "build", "--repo", str(repo)),
                        "at step 'resolve the Node version': no Node release satisfies '>=99' (package.json engines.node)")
+
+
+def test_a_python_project_whose_javascript_install_fails_keeps_its_python_environment(source, tmp_path):
+    # Django-like: a Python project whose package.json holds JavaScript tooling that cannot install offline.
+    repo = make_git_repo(tmp_path / source, {
+        "pyproject.toml": (f'[project]\nname = "{source}"\nversion = "1.0"\n\n[build-system]\n'
+                           'requires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'),
+        f"{source}/__init__.py": "VALUE = 42\n",
+        "package.json": json.dumps({"name": source, "version": "1.0.0", "private": True,
+                                    "scripts": {"postinstall": "node -e \"process.exit(3)\""}}),
+    })
+    said: list[str] = []
+    config, env = environment_for(repo, SandboxConfig(image=DEFAULT_IMAGE), source=source, progress=said.append)
+    assert env is not None and env.built
+    assert any(line.startswith("notice: node: left out, the Python environment is built without it") for line in said)
+    [info] = [e for e in list_environments() if e.source == source]
+    [note] = [p for p in info.packages if p.startswith("node")]  # the note, not the Node that was left out
+    assert note.startswith("node: left out") and "npm" not in info.packages
+    with Sandbox(config, repo=repo) as sb:
+        ran = sb.exec(f"python -c 'import {source}; print({source}.VALUE)'")
+        assert ran.exit_code == 0 and ran.stdout.strip() == "42", ran
+
+
+def test_a_javascript_project_whose_install_script_fails_still_fails_the_build(source, tmp_path, cli_main):
+    repo = make_git_repo(tmp_path / source, {
+        "package.json": json.dumps({"name": source, "version": "1.0.0", "private": True,
+                                    "scripts": {"postinstall": "node -e \"process.exit(3)\"", "test": "node --test"}})})
+    assert_build_error(cli_main("env", "build", "--repo", str(repo)),
+                       "environment build failed at step 'install the packages offline")
+    assert [e for e in list_environments() if e.source == source] == []
