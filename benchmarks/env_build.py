@@ -166,11 +166,14 @@ def run_fix(repo: Repo, issue: Path) -> tuple[Fix, FixResult]:
 
 
 def lookup_ms(repo: Repo, tag: str, n: int) -> float:
-    """Median ms of `environment_for` on the warm cache (the call `fix` makes before its loop)."""
+    """Median ms of `environment_for` on the warm cache (the call `fix` makes before its loop, keyed as fix
+    keys it: by the commit the copy came from, whose history gives the releases' date)."""
+    head = subprocess.run(["git", "-C", str(repo.path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
     times = []
     for _ in range(n):
         t = time.perf_counter()
-        _, env = environment_for(repo.path, SandboxConfig(), source=repo.path.name)
+        _, env = environment_for(repo.path, SandboxConfig(), history=(repo.path, head), source=repo.path.name)
         times.append(time.perf_counter() - t)
         if env is None or env.built or env.tag != tag:
             raise RuntimeError(f"the warm lookup did not find {tag}: {env}")
