@@ -48,8 +48,8 @@ def test_one_entry_end_to_end_prints_its_row_and_the_summary_last(tmp_path, sand
     name = f"envbenchtiny{tmp_path.name[-6:].replace('_', '')}"
     repo = make_git_repo(tmp_path / "clones" / name, {
         "pyproject.toml": f'[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n'
-                          f'[project]\nname = "{name}"\nversion = "0.1"\ndependencies = ["iniconfig"]\n',
-        f"{name}/__init__.py": "import iniconfig\n\n\ndef one():\n    return 1\n",
+                          f'[project]\nname = "{name}"\nversion = "0.1"\ndependencies = ["six"]\n',
+        f"{name}/__init__.py": "import six\n\n\ndef one():\n    return 1\n",
         "tests/test_one.py": f"from {name} import one\n\n\ndef test_one():\n    assert one() == 1\n"})
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     at = {"commit": head, "date": "2026-12-05", "test": "tests/test_one.py"}
@@ -67,6 +67,6 @@ def test_one_entry_end_to_end_prints_its_row_and_the_summary_last(tmp_path, sand
     (row,) = out["runs"]
     assert row["build_exit"] == 0 and row["cold_s"] > row["warm_s"] > 0 and row["size_mb"] > 0, row
     assert row["tests"] == {"passed": 1, "failed": 0, "errors": 0, "network": 0, "runs": True}
-    assert row["floor"]["runs"] is False  # the plain image has no iniconfig: the floor is really measured apart
+    assert row["floor"]["runs"] is False  # the plain image has no six: the floor is really measured apart
     assert out["summary"]["heads_run"] == 1.0 and out["summary"]["floor_heads_run"] == 0.0
     assert f"| {name} | head 2026-12-05 | setuptools |" in (tmp_path / "t.md").read_text()
