@@ -21,7 +21,8 @@ def test_env_show_all_prints_every_tag_whole_on_a_narrow_terminal():
 
     from m3_agent.env_cli import environments_table
 
-    envs = [{"tag": f"m3-agent-env:{n}42a2f217c0de5b9e", "source": "a-repository-with-a-long-name", "files": {},
+    envs = [{"tag": f"m3-agent-env:{n}42a2f217c0de5b9e", "source": "a-repository-with-a-long-name", "builder": "project",
+             "files": {},
              "packages": ["attrs==25.1.0"], "created": "2026-12-05T08:00:00Z", "size_mb": 319.0, "base_current": True}
             for n in range(2)]
     out = io.StringIO()
