@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import uuid
 
@@ -122,8 +123,9 @@ def test_first_fix_builds_the_environment_and_runs_the_real_tests_and_a_second_f
     assert "+        return self.n + self.n\n" in result["patch"]
 
     # Same dependency files: the image is found at once and the second fix builds nothing.
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     t0 = time.perf_counter()
-    config, env = environment_for(repo, SandboxConfig())
+    config, env = environment_for(repo, SandboxConfig(), history=(repo, head))  # keyed as fix keys it
     assert time.perf_counter() - t0 < 0.5 and config.image == tag and env.built is False
     code, again, _, warm_s = fix_json(fix_cli, repo, "doubled() is still off by one", script(source))
     assert code == 0, again
