@@ -3,16 +3,15 @@ build stops with exit 7 naming what failed, unless the user asked to keep such a
 
 from __future__ import annotations
 
-import os
 import subprocess
 import uuid
 
-import docker
 import pytest
 
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox.envimage import BuildRequest, ensure_environment, list_environments, prune_environments
 from tests.conftest import make_git_repo
+from tests.fix.test_fix_environment import env_builds
 from tests.fix.test_fix_sources import assert_one_line_error, cli_main  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]  # builds on one host wait for each other
@@ -38,13 +37,6 @@ def source(sandbox_image):
     prune_environments(keep=0, source=name)
 
 
-def builds_left() -> list:
-    client = docker.from_env()
-    try:
-        return client.containers.list(all=True, filters={"label": [
-            "m3-agent.image=env-build", f"m3-agent.owner-pid={os.getpid()}"]})
-    finally:
-        client.close()
 
 
 def test_a_package_that_does_not_import_stops_the_build_naming_it_and_leaves_nothing(tmp_path, source):
@@ -54,7 +46,7 @@ def test_a_package_that_does_not_import_stops_the_build_naming_it_and_leaves_not
     assert e.value.exit_code == 7 and e.value.step == "check the project"
     assert ("the project's package proofpkg does not import: ModuleNotFoundError: No module named "
             "'no_such_module_m3_agent'") in str(e.value)
-    assert [x for x in list_environments() if x.source == source] == [] and builds_left() == []
+    assert [x for x in list_environments() if x.source == source] == [] and env_builds() == []
 
 
 def test_tests_that_do_not_collect_stop_the_build_naming_the_conftest(tmp_path, source):
