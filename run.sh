@@ -89,22 +89,64 @@ ensure_image() {
 }
 
 # The conformance tier's oracles (vLLM's and SGLang's own code) in a cached venv outside the repo:
-# a few minutes the first time, milliseconds once built. Its python is handed to the tests.
+# a few minutes the first time, milliseconds once built. It is built in the background (bg_start
+# oracle, mostly downloads) while the rest of the set-up runs; its python is handed to the tests.
 ensure_oracle() {
-  local py
-  py=$(bash tests/conformance/oracle-venv.sh) || die "could not build the conformance oracle venv (see above)" 4
-  export M3_ORACLE_PYTHON="$py"
+  bg_wait oracle "could not build the conformance oracle venv" || exit 4
+  M3_ORACLE_PYTHON=$(cat "$BG_DIR/oracle.out")
+  export M3_ORACLE_PYTHON
 }
 
 # The real-model tier's server (llama-cpp-python serving SmolLM2-135M, compiled for the CPU with
 # Debian's gcc and cmake) in a cached venv outside the repo: about 10 minutes the first time,
 # under a second once built. `serve start --profile cpu-tiny` uses the same venv.
-ensure_llama() {
+ensure_build_tools() {
   if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
     apt_install cmake g++ make
   fi
-  bash serving/llama-server-venv.sh >/dev/null || die "could not build the llama.cpp server venv (see above)" 4
 }
+
+# Steps that run in the background while the rest of the set-up (and, for the llama.cpp build, the test
+# suite) goes on. Each writes its output and its log to $BG_DIR and its exit status last (renamed into
+# place, so a reader never sees half of it): a failure is reported with its log, never lost.
+BG_DIR=""
+declare -A BG_PID=()
+bg_start() {  # bg_start NAME COMMAND...
+  local name=$1
+  shift
+  [ -n "$BG_DIR" ] || BG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/m3-agent-setup.XXXXXX")
+  # job control on: the step gets a process group of its own, which bg_stop_all can end whole
+  set -m
+  ( set +e; "$@" >"$BG_DIR/$name.out" 2>"$BG_DIR/$name.log"; echo $? >"$BG_DIR/$name.rc.tmp"
+    mv "$BG_DIR/$name.rc.tmp" "$BG_DIR/$name.rc" ) &
+  BG_PID[$name]=$!
+  set +m
+  log "started in the background: $name (log: $BG_DIR/$name.log)"
+}
+
+# bg_wait NAME WHAT: wait for a background step; on failure print WHAT, its exit status and its log's
+# last lines, and return 1.
+bg_wait() {
+  local name=$1 what=$2 rc
+  wait "${BG_PID[$name]}" || true
+  unset "BG_PID[$name]"
+  rc=$(cat "$BG_DIR/$name.rc" 2>/dev/null || echo "lost")
+  [ "$rc" = 0 ] && return 0
+  BG_KEEP=1
+  printf 'm3-agent setup: error: %s (exit %s); its log, %s, ends:\n' "$what" "$rc" "$BG_DIR/$name.log" >&2
+  tail -n 25 "$BG_DIR/$name.log" | sed 's/^/  | /' >&2
+  return 1
+}
+
+# A set-up step that dies leaves no background build running (a half-built venv is rebuilt next time);
+# the logs go too, unless a step failed.
+BG_KEEP=0
+bg_stop_all() {
+  local pid
+  for pid in "${BG_PID[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  if [ -n "$BG_DIR" ] && [ "$BG_KEEP" = 0 ]; then rm -rf "$BG_DIR"; fi
+}
+trap bg_stop_all EXIT
 
 setup() {
   ensure_python
@@ -119,12 +161,25 @@ case "${1:-}" in
     exec .venv/bin/python examples/demo/run_demo.py
     ;;
   test)
-    setup
+    # Cold, the llama.cpp build (CPU, about 10 minutes) and the oracle venv (downloads) start first and
+    # overlap the rest of the set-up; the build goes on, at low priority, while the suite runs. The
+    # real-model tier runs last and waits for it (M3_LLAMA_BUILD_STATUS; the script's lock too).
+    ensure_python
+    ensure_build_tools
+    bg_start llama nice -n 10 bash serving/llama-server-venv.sh
+    bg_start oracle bash tests/conformance/oracle-venv.sh
+    export M3_LLAMA_BUILD_STATUS="$BG_DIR/llama.rc" M3_LLAMA_BUILD_LOG="$BG_DIR/llama.log"
+    ensure_venv
+    ensure_docker
+    ensure_image
     ensure_browser
     ensure_oracle
-    ensure_llama
     shift
-    exec .venv/bin/python -m pytest -q "$@"
+    rc=0
+    .venv/bin/python -m pytest -q "$@" || rc=$?
+    [ -e "$M3_LLAMA_BUILD_STATUS" ] || log "waiting for the llama.cpp server build to finish"
+    bg_wait llama "could not build the llama.cpp server venv" || { [ "$rc" = 0 ] && rc=4; }
+    exit "$rc"
     ;;
   setup)
     setup

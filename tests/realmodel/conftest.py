@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,10 +44,32 @@ NAME = "realmodel"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if Path(str(item.fspath)).resolve().is_relative_to(HERE):
-            item.add_marker(pytest.mark.realmodel)
-            item.add_marker(pytest.mark.docker)
+    ours = [item for item in items if Path(str(item.fspath)).resolve().is_relative_to(HERE)]
+    for item in ours:
+        item.add_marker(pytest.mark.realmodel)
+        item.add_marker(pytest.mark.docker)
+    # The tier runs last: `run.sh test` builds its server in the background meanwhile (cold, ~10 min)
+    chosen = set(ours)
+    items[:] = [item for item in items if item not in chosen] + ours
+
+
+def wait_for_background_build() -> None:
+    """Where `run.sh test` builds the server in the background, wait for that build and fail with its
+    log if it failed (rather than build again in `serve start`); without it, nothing to wait for."""
+    status = os.environ.get("M3_LLAMA_BUILD_STATUS")
+    if not status:
+        return
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not Path(status).is_file():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the background llama.cpp server build did not finish in {START_TIMEOUT_S}s")
+        time.sleep(2)
+    rc = Path(status).read_text().strip()
+    if rc != "0":
+        log = Path(os.environ.get("M3_LLAMA_BUILD_LOG", ""))
+        tail = log.read_text(errors="replace").splitlines()[-15:] if log.is_file() else []
+        pytest.fail(f"the llama.cpp server build that run.sh started failed (exit {rc}); its log {log} ends:\n"
+                    + "\n".join(tail))
 
 
 def _free_port() -> int:
@@ -73,6 +96,7 @@ class RealServer:
 def real_server(tmp_path_factory) -> Iterator[RealServer]:
     """`serve start --profile cpu-tiny` on a free loopback port, one per test module (a fresh server
     replays its seed from the start, so a module's runs do not depend on what ran before it)."""
+    wait_for_background_build()
     env = {**os.environ, "M3_AGENT_STATE_DIR": str(tmp_path_factory.mktemp("serve-state"))}
     port = _free_port()
     argv = [sys.executable, "-m", "m3_agent.serving", "start", "--profile", "cpu-tiny", "--port", str(port),
