@@ -27,7 +27,9 @@ def _run_sh_test(tmp_path: Path, *tests: str) -> subprocess.CompletedProcess:
     broken = tmp_path / "python-without-venv"
     broken.write_text("#!/bin/sh\necho 'no venv module in this python' >&2\nexit 1\n")
     broken.chmod(0o755)
-    env = {**os.environ, "M3_LLAMA_CACHE": str(tmp_path / "cache"), "M3_LLAMA_BASE_PYTHON": str(broken)}
+    # TMPDIR: the failed step's log, which run.sh keeps, stays in the test's folder
+    env = {**os.environ, "M3_LLAMA_CACHE": str(tmp_path / "cache"), "M3_LLAMA_BASE_PYTHON": str(broken),
+           "TMPDIR": str(tmp_path)}
     for name in ("M3_LLAMA_BUILD_STATUS", "M3_LLAMA_BUILD_LOG"):
         env.pop(name, None)  # the outer run's, when this suite itself runs under run.sh
     return subprocess.run(["bash", "run.sh", "test", "--basetemp", str(tmp_path / "t"), *tests],
@@ -42,7 +44,7 @@ def test_a_failed_background_build_fails_the_run_with_its_log_though_the_tests_p
     error = [line for line in lines if line.startswith("m3-agent setup: error: could not build the llama.cpp")]
     assert len(error) == 1 and "(exit 1)" in error[0], r.stderr[-2000:]
     log = Path(error[0].split("its log, ")[1].split(", ends:")[0])
-    assert log.is_file(), error[0]  # a failed step's log is kept for reading
+    assert log.is_file() and log.is_relative_to(tmp_path), error[0]  # a failed step's log is kept for reading
     assert "  | no venv module in this python" in lines[lines.index(error[0]) + 1:]
 
 
