@@ -36,7 +36,7 @@ ensure_python() {
     apt_install python3-venv
   fi
   command -v git >/dev/null 2>&1 || apt_install git
-  # JavaScript repositories' packages are fetched on the host with npm (sandbox/nodeenv.py)
+  # JavaScript repositories' packages are fetched on the host with npm (sandbox/env/nodeenv.py)
   command -v npm >/dev/null 2>&1 || apt_install npm
 }
 

@@ -44,7 +44,7 @@ import docker.errors
 from m3_agent.errors import M3AgentError
 from m3_agent.sandbox import DEFAULT_IMAGE, Sandbox, SandboxConfig
 from m3_agent.sandbox.engine import docker_client
-from m3_agent.sandbox.envimage import (ENV_REPOSITORY, build_environment, ensure_environment, prune_environments,
+from m3_agent.sandbox.env.build import (ENV_REPOSITORY, build_environment, ensure_environment, prune_environments,
                                        request_for, request_key)
 from m3_agent.tools.test_runner import TestRunner, TestRunnerArgs
 

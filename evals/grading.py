@@ -465,7 +465,7 @@ class JUnitGrader:
 
 def with_environment(task: Task, config: EvalConfig, tree: Path) -> EvalConfig:
     """The config with the task's own image: built from its `environment` recipe when it names one, else
-    the environment its repository's files declare at the task's commit (`sandbox.envimage`), built once
+    the environment its repository's files declare at the task's commit (`sandbox.env.build`), built once
     per dependency state; the grader and the agent both run in it."""
     if task.environment is not None:
         from m3_agent.sandbox import build_env_image
@@ -473,7 +473,7 @@ def with_environment(task: Task, config: EvalConfig, tree: Path) -> EvalConfig:
         image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image,
                                 source=task.repo.replace("/", "__"))
     else:
-        from m3_agent.sandbox.envimage import environment_for
+        from m3_agent.sandbox.env.build import environment_for
 
         history = (source_repository(task, config.repos), task.base_commit)
         sandbox, env = environment_for(tree, config.sandbox, history=history, source=task.repo.replace("/", "__"))

@@ -12,8 +12,8 @@ What such an image holds, as the official ones do:
   - `/opt/miniconda3/bin/activate`: a small shim, not conda, so the official eval script's
     `source /opt/miniconda3/bin/activate && conda activate testbed` works unchanged.
 
-The image is built by the same machinery as a repository's environment (`sandbox.envimage`'s
-BuildContainer, `sandbox.wheels.download`): a container from the offline sandbox base (debootstrap,
+The image is built by the same machinery as a repository's environment (`sandbox.env.build`'s
+BuildContainer, `sandbox.env.wheels.download`): a container from the offline sandbox base (debootstrap,
 see sandbox/image.py) installs the wheels with pip, so the environment has its console scripts and
 `pytest -rA` after `conda activate testbed` is the environment's pytest; nothing is committed unless
 every step passed. It is tagged with the name the official harness gives the instance's image; a
@@ -36,11 +36,11 @@ from m3_agent.errors import EnvironmentBuildError, SandboxUnavailable, UsageErro
 from m3_agent.evals.harness import instance_image_name
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox.engine import docker_client, image_exists
-from m3_agent.sandbox.envimage import BUILDER, STAGE, BuildContainer, create_venv, pip_install
+from m3_agent.sandbox.env.build import BUILDER, STAGE, BuildContainer, create_venv, pip_install
 from m3_agent.sandbox.image import (BASE_IMAGE, BUILDER_LABEL, IMAGE_LABEL, RECIPE_LABEL, SYSTEM_PATH, build_image,
                                     env_labels)
-from m3_agent.sandbox.releases import Sources
-from m3_agent.sandbox.wheels import download, fetch_sdist
+from m3_agent.sandbox.env.releases import Sources
+from m3_agent.sandbox.env.wheels import download, fetch_sdist
 
 ENV_PREFIX = "/opt/miniconda3/envs/testbed"
 NAMESPACE = "m3-agent-offline"  # offline images are named as the harness names them, in a namespace of their own

@@ -39,7 +39,7 @@ from m3_agent.fix.publish import Publisher, kept
 from m3_agent.fix.result import EXIT_CODES, FixResult, FixStatus
 from m3_agent.hostgit import export_tree, submodules
 from m3_agent.sandbox.cleanup import claim, prune_scratch
-from m3_agent.sandbox.envimage import environment_for
+from m3_agent.sandbox.env.build import environment_for
 from m3_agent.agent.access import plain_http_warning
 from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
 from m3_agent.settings import Settings, load_settings
@@ -307,7 +307,7 @@ def _run_on_copy(job: _Job, content: str | list[dict]) -> tuple[RunResult, str |
 
 
 def _with_environment(job: _Job, copy: Path) -> AgentConfig:
-    """The run's config with the repository's environment image (built on first use; see sandbox.envimage)."""
+    """The run's config with the repository's environment image (built on first use; see sandbox.env.build)."""
 
     def progress(message: str) -> None:
         for cb in job.callbacks:

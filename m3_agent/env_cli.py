@@ -21,7 +21,7 @@ from rich.table import Table
 from m3_agent.errors import UsageError
 from m3_agent.hostgit import repository
 from m3_agent.sandbox.engine import docker_client, image_exists
-from m3_agent.sandbox.envimage import (ENV_REPOSITORY, BuildRequest, ensure_environment, list_environments,
+from m3_agent.sandbox.env.build import (ENV_REPOSITORY, BuildRequest, ensure_environment, list_environments,
                                        needs_environment, prune_environments, request_cutoff, request_for,
                                        request_key)
 

@@ -230,7 +230,7 @@ def blob_ids(root: Path, commit: str, folders: tuple[str, ...]) -> dict[str, str
 
 
 class CommitFiles:
-    """The files of a commit read from git's objects, no checkout: what `sandbox.testneeds` reads a
+    """The files of a commit read from git's objects, no checkout: what `sandbox.env.testneeds` reads a
     commit's test needs from. Use it as a context manager (the repository stays open inside)."""
 
     def __init__(self, root: Path, commit: str) -> None:

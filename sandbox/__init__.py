@@ -23,6 +23,7 @@ Where things happen:
   cleanup.py      owner labels, close at exit and on SIGINT / SIGTERM, `prune` for what a SIGKILL left
   image.py        the sandbox image (registry or debootstrap + docker import), per-task env images,
                   `prune_images` for the images of older recipes
+  env/            a repository's environment image: planned, fetched, built, verified, listed, pruned
   cli.py          `m3-agent sandbox build|prune [--images]`
 """
 

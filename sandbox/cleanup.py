@@ -174,7 +174,7 @@ def prune(*, all: bool = False, labels: dict[str, str] | None = None) -> list[st
     `labels` narrows the search to containers that also carry these labels. Returns the short ids removed.
     """
     removed = []
-    # `=1`: an image committed from a build container carries these labels emptied (sandbox.envimage)
+    # `=1`: an image committed from a build container carries these labels emptied (sandbox.env.build)
     wanted = [f"{LABEL}=1"] + [f"{k}={v}" for k, v in (labels or {}).items()]
     with contextlib.closing(docker_client()) as client:
         # One list call: containers.list() inspects each one after listing it, and one removed in

@@ -25,7 +25,7 @@ from m3_agent.sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, Shared
 from m3_agent.sandbox.config import ExecResult, SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 from m3_agent.sandbox.image import ENV_PREFIX, GENERATED, SYSTEM_PATH
-from m3_agent.sandbox.nodeenv import NODE_BIN, NODE_MODULES, WORKSPACE_BIN
+from m3_agent.sandbox.env.nodeenv import NODE_BIN, NODE_MODULES, WORKSPACE_BIN
 
 WORKSPACE = "/workspace"
 HOME = "/home/sandbox"
@@ -63,7 +63,7 @@ TESTBED_BIN = "/opt/miniconda3/envs/testbed/bin"  # a SWE-bench instance image's
 
 # Everything a command sees in its environment: nothing is inherited from the host.
 BASE_ENV = {
-    # The repository's environment first (sandbox.envimage), then a SWE-bench image's testbed env.
+    # The repository's environment first (sandbox.env.build), then a SWE-bench image's testbed env.
     "PATH": f"{ENV_PREFIX}/bin:{TESTBED_BIN}:{NODE_BIN}:{WORKSPACE_BIN}:{SYSTEM_PATH}",
     "npm_config_cache": f"{HOME}/.npm",  # npm and npx write their cache and logs here, never in the image
     "HOME": HOME,
@@ -88,20 +88,20 @@ fi
 if [ -n "$M3_KEEP_BASE" ]; then git update-ref refs/m3-agent/base HEAD; fi
 mkdir -p "$HOME/.config/git"
 printf '%s\n' '__pycache__/' '*.py[co]' '.pytest_cache/' > "$HOME/.config/git/ignore"
-# An environment image's generated files (sandbox.envimage): back in the workspace, never in its diff.
+# An environment image's generated files (sandbox.env.build): back in the workspace, never in its diff.
 if [ -d "$M3_GENERATED" ]; then
   cp -Rn --preserve=timestamps "$M3_GENERATED/." .
   mkdir -p .git/info
   if [ -f "$M3_GENERATED.exclude" ]; then cat "$M3_GENERATED.exclude"; else
     (cd "$M3_GENERATED" && find . -type f | sed 's|^\.||'); fi >> .git/info/exclude
 fi
-# A compiled project's build (sandbox.toolchain) rebuilds what is newer than its outputs: a file as it was
+# A compiled project's build (sandbox.env.toolchain) rebuilds what is newer than its outputs: a file as it was
 # at the build gets an old time, any other the time of now, so a build tree of another commit is rebuilt.
 if [ -n "$M3_KEEP_BASE" ] && [ -f "$M3_GENERATED.sources" ]; then
   cut -c67- "$M3_GENERATED.sources" | tr '\n' '\0' | xargs -0 -r touch -c
   sha256sum -c "$M3_GENERATED.sources" 2>/dev/null | sed -n 's/: OK$//p' | tr '\n' '\0' | xargs -0 -r touch -c -d @1
 fi
-# Its node_modules (sandbox.nodeenv), kept outside the workspace: linked in, never in its diff.
+# Its node_modules (sandbox.env.nodeenv), kept outside the workspace: linked in, never in its diff.
 if [ -f "$M3_NODE_MODULES/.links" ]; then
   while read -r d; do
     if [ ! -e "$d/node_modules" ]; then mkdir -p "$d" && ln -s "$M3_NODE_MODULES/${d#./}/node_modules" "$d/node_modules"; fi

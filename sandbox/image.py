@@ -36,10 +36,10 @@ SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}  # the releases an image c
 PACKAGES = ("python3", "python3-pytest", "python3-pip", "git", "patch", "procps")
 SANDBOX_UID = 1000
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what every image's PATH holds
-ENV_PREFIX = "/opt/m3-agent/env"  # a repository's environment (sandbox.envimage), first on every command's PATH
+ENV_PREFIX = "/opt/m3-agent/env"  # a repository's environment (sandbox.env.build), first on every command's PATH
 GENERATED = "/opt/m3-agent/generated"  # files its build wrote into the repository (a setuptools_scm _version.py)
 GENERATED_EXCLUDE = GENERATED + ".exclude"  # their git exclude lines, where a whole build tree is one line
-BUILT_FROM = GENERATED + ".sources"  # a compiled project's files at its build: `sha256sum` lines (sandbox.toolchain)
+BUILT_FROM = GENERATED + ".sources"  # a compiled project's files at its build: `sha256sum` lines (sandbox.env.toolchain)
 BUILT = GENERATED + ".built"  # the extensions a setuptools build put into the repository, one path a line
 IMAGE_LABEL = "m3-agent.image"
 RECIPE_LABEL = "m3-agent.recipe"
@@ -49,7 +49,7 @@ EXTRA_LABEL = "m3-agent.extra"  # a JSON list: the Debian packages beyond PACKAG
 # the image they were built on and what they are for. `env prune` and `sandbox prune --images` read it.
 ENV_KIND = "env"
 LEGACY_ENV_KINDS = ("project-env", "testbed")  # what earlier releases labelled theirs: still listed and pruned
-BUILDER_LABEL = "m3-agent.env.builder"  # "project" (sandbox.envimage), "recipe" (build_env_image), "testbed"
+BUILDER_LABEL = "m3-agent.env.builder"  # "project" (sandbox.env.build), "recipe" (build_env_image), "testbed"
 BASE_LABEL = "m3-agent.env.base"  # the id of the image it was built on: stale once that is no current one
 SOURCE_LABEL = "m3-agent.env.source"  # what it is for: a repository's name, a task's, an instance id
 

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from m3_agent.sandbox.testneeds import command_lines, runnable
+from m3_agent.sandbox.env.testneeds import command_lines, runnable
 from m3_agent.tools.junit import FailingTest, TestSummary, short_message, tail
 
 if TYPE_CHECKING:

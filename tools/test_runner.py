@@ -3,7 +3,7 @@
 pytest writes a JUnit XML report, and so does the bundled unittest runner; JavaScript and TypeScript
 run with their package's runner (`tools.js_runners`). A Python project whose own test command is not
 pytest (Django's `tests/runtests.py`, `python -m unittest`: found by
-`sandbox.testneeds.own_test_command` or set as `[tests] command`) is run with that command when the
+`sandbox.env.testneeds.own_test_command` or set as `[tests] command`) is run with that command when the
 framework is `auto`, the agent's test paths given as its labels, and read from the runner's own
 summary (`tools.runner_output`).
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from m3_agent.errors import UsageError
-from m3_agent.sandbox.testneeds import TestCommand, own_test_command
+from m3_agent.sandbox.env.testneeds import TestCommand, own_test_command
 from m3_agent.tools.js_runners import FRAMEWORKS, is_js_target, run_js, summary_of
 from m3_agent.tools.junit import TestSummary, parse_junit
 from m3_agent.tools.runner_output import read_summary, runner_of
@@ -255,7 +255,7 @@ def configured_command(command: str) -> TestCommand:
 
 def with_project_tests(tools: list[Tool], repo: Path, configured: str | None) -> list[Tool]:
     """`tools` for a run on `repo`: its test_runner runs the project's own test command, the configured one
-    or the one the repository declares (`sandbox.testneeds.own_test_command`), where there is one."""
+    or the one the repository declares (`sandbox.env.testneeds.own_test_command`), where there is one."""
     if not any(isinstance(t, TestRunner) for t in tools):
         return tools
     project = configured_command(configured) if configured else own_test_command(repo)

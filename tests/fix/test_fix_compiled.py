@@ -9,13 +9,13 @@ import uuid
 
 import pytest
 
-from m3_agent.sandbox.envimage import prune_environments
+from m3_agent.sandbox.env.build import prune_environments
 from m3_agent.standin.server import StandinServer
 from tests.conftest import make_git_repo
 from tests.fix.test_fix import containers_of, user_view
 from tests.fix.test_fix_environment import fix_json
 from tests.fix.test_fix_sources import assert_one_line_error, cli_main, fix_cli  # noqa: F401, F811 - fixtures
-from tests.sandbox.test_envcompiled import PROJECT
+from tests.sandbox.env.test_compiled import PROJECT
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]  # builds on one host wait for each other
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox import nodeenv
-from m3_agent.sandbox.nodeenv import key_files, masked, plan_node, resolve_node
+from m3_agent.sandbox.env import nodeenv
+from m3_agent.sandbox.env.nodeenv import key_files, masked, plan_node, resolve_node
 
 
 def write(root: Path, files: dict[str, str | dict]) -> Path:

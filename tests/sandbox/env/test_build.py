@@ -15,7 +15,7 @@ import pytest
 
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.envimage import (ENV_REPOSITORY, BuildRequest, ensure_environment, environment_for,
+from m3_agent.sandbox.env.build import (ENV_REPOSITORY, BuildRequest, ensure_environment, environment_for,
                                        list_environments, prune_environments, request_for, request_key)
 from m3_agent.sandbox.image import ENV_PREFIX
 from tests.conftest import wait_for

@@ -6,7 +6,7 @@
 The rules, in the order they apply:
   - the files that key the environment are the dependency files at the repository's root
     (`KEY_FILES`, `requirements.txt`), the lock files beside them, and the files that say what the
-    tests need (`sandbox.testneeds`: the CI's workflows, tox, nox, test requirement files);
+    tests need (`sandbox.env.testneeds`: the CI's workflows, tox, nox, test requirement files);
   - an installable project (a `setup.py`, or a `pyproject.toml` with `[project]` or `[build-system]`)
     brings its own dependencies and those of its test extras (`TEST_NAMES`), read from its metadata
     as pip prepares it (`project_requirements`), so setup.py, setup.cfg, flit, hatch and poetry
@@ -39,7 +39,7 @@ from packaging.version import InvalidVersion, Version
 
 from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.testneeds import FolderFiles, TestNeeds, read_test_needs
+from m3_agent.sandbox.env.testneeds import FolderFiles, TestNeeds, read_test_needs
 
 try:
     import tomllib
@@ -186,7 +186,7 @@ def plan_environment(root: Path, target: Target, *, metadata: dict | None = None
 
     `metadata`: the project's core metadata, as pip's install report gives it (`install[0].metadata`),
     for an `installable` project; prepared in a build container from the downloaded build backend
-    (`sandbox.envimage`), since preparing it runs the project's code.
+    (`sandbox.env.build`), since preparing it runs the project's code.
     """
     needs = read_test_needs(root)
     keys = key_files(root, needs)

@@ -27,8 +27,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.pyenv import Target, missing_package, pip_error
-from m3_agent.sandbox.releases import Sources
+from m3_agent.sandbox.env.pyenv import Target, missing_package, pip_error
+from m3_agent.sandbox.env.releases import Sources
 
 try:
     import tomllib
@@ -89,7 +89,7 @@ def download(requirements: Requirements | Sequence[str], *, into: Path, target: 
     """Every wheel `requirements` need on `target` (with their dependencies unless `no_deps`), into `into`.
 
     `requirements`: a `Requirements`, or just requirement strings. `sources`: the cut-off date and the
-    package sources that honour it (`sandbox.releases`); pip's configuration as it is by default.
+    package sources that honour it (`sandbox.env.releases`); pip's configuration as it is by default.
     `build`: how a requirement published only as an sdist becomes a wheel (in a build container); without
     it such a requirement fails. Raises EnvironmentBuildError naming the requirement pip could not find.
     """

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.pyenv import blob_id
+from m3_agent.sandbox.env.pyenv import blob_id
 from m3_agent.redact import redact
 
 NODE_HOME = "/opt/m3-agent/node"  # node and the package manager

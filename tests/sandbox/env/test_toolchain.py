@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.sandbox import toolchain
-from m3_agent.sandbox.envproof import Proof, read_proof, where_tests_are, top_packages
+from m3_agent.sandbox.env import toolchain
+from m3_agent.sandbox.env.proof import Proof, read_proof, where_tests_are, top_packages
 from m3_agent.sandbox.image import Recipe
-from m3_agent.sandbox.toolchain import TOOLCHAIN, build_recipe, ci_apt_packages, compiles, editable_settings
+from m3_agent.sandbox.env.toolchain import TOOLCHAIN, build_recipe, ci_apt_packages, compiles, editable_settings
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:

@@ -11,7 +11,7 @@ import docker
 import pytest
 
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.envimage import BuildRequest, ensure_environment, list_environments, prune_environments
+from m3_agent.sandbox.env.build import BuildRequest, ensure_environment, list_environments, prune_environments
 from m3_agent.sandbox.image import BUILT, GENERATED
 from tests.conftest import make_git_repo
 

@@ -57,7 +57,7 @@ def _toml(data: bytes | None) -> dict:
     try:
         return tomllib.loads(data.decode("utf-8")) if data else {}
     except (UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return {}  # sandbox.pyenv reports a pyproject.toml it cannot read
+        return {}  # sandbox.env.pyenv reports a pyproject.toml it cannot read
 
 
 def _reader(root: Path) -> Callable[[str], bytes | None]:
@@ -147,7 +147,7 @@ BUILD_SCRIPTS = ("setup.py", "setup.cfg", "pyproject.toml")
 # Installed as a .pth file's module in a setuptools project's environment: at each interpreter start, a source
 # newer than the oldest extension it built (BUILT) means `build_ext --inplace` runs first, whichever tool
 # started Python. The sources are those of BUILT_FROM with a compiled suffix, and the build scripts.
-REBUILD_HOOK = """\"\"\"m3-agent: rebuild the project's extensions in place when a source changed (sandbox.toolchain).\"\"\"
+REBUILD_HOOK = """\"\"\"m3-agent: rebuild the project's extensions in place when a source changed (sandbox.env.toolchain).\"\"\"
 import os, subprocess, sys
 
 

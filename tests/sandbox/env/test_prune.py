@@ -1,5 +1,5 @@
 """`env prune` and `sandbox prune --images` cover every environment image, whichever builder made it: a
-repository's (`sandbox.envimage`), a task's recipe (`build_env_image`); the offline testbed's is in
+repository's (`sandbox.env.build`), a task's recipe (`build_env_image`); the offline testbed's is in
 tests/evals/test_testbed.py. On the real engine."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from m3_agent.sandbox import build_env_image
-from m3_agent.sandbox.envimage import BuildRequest, ensure_environment, list_environments, prune_environments
+from m3_agent.sandbox.env.build import BuildRequest, ensure_environment, list_environments, prune_environments
 from tests.conftest import make_git_repo
 
 pytestmark = pytest.mark.docker

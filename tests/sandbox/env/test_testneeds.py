@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.envimage import BuildRequest, ensure_environment, list_environments, prune_environments
-from m3_agent.sandbox.pyenv import Target, key_files, plan_environment
-from m3_agent.sandbox.testneeds import Need, TestCommand, poetry_requirement, read_test_needs
+from m3_agent.sandbox.env.build import BuildRequest, ensure_environment, list_environments, prune_environments
+from m3_agent.sandbox.env.pyenv import Target, key_files, plan_environment
+from m3_agent.sandbox.env.testneeds import Need, TestCommand, poetry_requirement, read_test_needs
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
 SESSION = uuid.uuid4().hex[:12]
@@ -226,7 +226,7 @@ def test_the_tests_run_with_what_the_project_declares_where_it_does(git_repo, sa
 
 def test_a_commit_is_keyed_from_git_objects_as_its_files_are_on_disk(git_repo):
     """Warm runs key from git's objects without exporting the tree: the test needs' files key alike there."""
-    from m3_agent.sandbox.pyenv import key_files_at, wants_environment_at
+    from m3_agent.sandbox.env.pyenv import key_files_at, wants_environment_at
 
     repo = git_repo(MYPY_LIKE)
     on_disk = key_files(repo)

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.envimage import BuildRequest, ensure_environment, prune_environments
+from m3_agent.sandbox.env.build import BuildRequest, ensure_environment, prune_environments
 
 pytestmark = pytest.mark.docker
 

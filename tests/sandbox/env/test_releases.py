@@ -18,11 +18,11 @@ import pytest
 
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox import SandboxConfig
-from m3_agent.sandbox.envimage import ensure_environment, list_environments, prune_environments, request_for
-from m3_agent.sandbox.pyenv import Target
-from m3_agent.sandbox.releases import Sources, pip_configuration, release_cutoff
-from m3_agent.sandbox.wheels import download
-from tests.sandbox.package_index import Index, make_wheel, pip_configured
+from m3_agent.sandbox.env.build import ensure_environment, list_environments, prune_environments, request_for
+from m3_agent.sandbox.env.pyenv import Target
+from m3_agent.sandbox.env.releases import Sources, pip_configuration, release_cutoff
+from m3_agent.sandbox.env.wheels import download
+from tests.sandbox.env.package_index import Index, make_wheel, pip_configured
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
 OLD, NEW = "2020-01-01T00:00:00Z", "2025-06-01T00:00:00Z"  # upload times around the commit's 2024 date

@@ -5,7 +5,7 @@
 
 How it is built (`build_environment`), so that a build that fails leaves nothing behind:
   1. a container from the base image, as root, tells its Python version, machine and glibc;
-  2. on the host, `sandbox.pyenv` plans what to install and `sandbox.wheels` downloads every wheel for
+  2. on the host, `sandbox.env.pyenv` plans what to install and `sandbox.env.wheels` downloads every wheel for
      that Python: only this step uses the network, and it is the host's;
   3. the wheels and the repository are copied into the container, which makes a venv at `ENV_PREFIX`
      and installs from the wheels with no index: the dependencies, then the project in editable mode
@@ -39,20 +39,20 @@ from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError, SandboxUnavailable
 from m3_agent.sandbox import cleanup
 from m3_agent.sandbox.config import SandboxConfig
-from m3_agent.sandbox import nodeenv
+from m3_agent.sandbox.env import nodeenv
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 from m3_agent.sandbox.image import (BASE_LABEL, BUILDER_LABEL, DEFAULT_IMAGE, ENV_KIND, ENV_PREFIX, GENERATED,
                                     IMAGE_LABEL, LEGACY_ENV_KINDS, RECIPE_LABEL, SANDBOX_UID, SOURCE_LABEL, SUITE,
                                     SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock,
                                     current_toolchain_images, digest, env_labels, untag)
-from m3_agent.sandbox.pyenv import (ALWAYS, Plan, PythonMismatch, Target, build_requires, host_requirement_files,
+from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, build_requires, host_requirement_files,
                                     installable, key_files, key_files_at, pip_error, plan_environment,
                                     pretend_version, scm_version, wants_environment, wants_environment_at)
-from m3_agent.sandbox.envproof import PROOF_LABEL, Proof, proof_command, proof_of, read_proof
-from m3_agent.sandbox.releases import Releases, Sources, release_cutoff
-from m3_agent.sandbox.toolchain import (TOOLCHAIN, build_recipe, compiles, compiles_from, editable_settings,
+from m3_agent.sandbox.env.proof import PROOF_LABEL, Proof, proof_command, proof_of, read_proof
+from m3_agent.sandbox.env.releases import Releases, Sources, release_cutoff
+from m3_agent.sandbox.env.toolchain import (TOOLCHAIN, build_recipe, compiles, compiles_from, editable_settings,
                                         keep_build_command)
-from m3_agent.sandbox.wheels import Requirements, SdistBuilder, download, download_step
+from m3_agent.sandbox.env.wheels import Requirements, SdistBuilder, download, download_step
 
 Progress = Callable[[str], None]
 
@@ -203,7 +203,7 @@ def _compiled(request: BuildRequest) -> bool:
 
 
 def request_cutoff(request: BuildRequest, files: dict[str, str]) -> str | None:
-    """The date the request's releases must predate (`sandbox.releases`): the last change of one of `files`
+    """The date the request's releases must predate (`sandbox.env.releases`): the last change of one of `files`
     in the history the tree came from; None for today's (also when the request names no history: a copy's
     own commit is a fixed one, not the project's)."""
     return release_cutoff(request.releases, history=request.history, files=list(files))
@@ -307,7 +307,7 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
 
 
 def _prove(box: BuildContainer, plan: Plan | None, request: BuildRequest, say: Progress) -> Proof | None:
-    """The build's own check (sandbox.envproof) of an installed project; EnvironmentBuildError when it fails
+    """The build's own check (sandbox.env.proof) of an installed project; EnvironmentBuildError when it fails
     and the user did not ask to keep such an environment."""
     if plan is None or not plan.editable:
         return None
@@ -447,7 +447,7 @@ def pip_install(prefix: str) -> str:
 def install_steps(plan: Plan | None, request: BuildRequest, *,
                   compiled: bool = False) -> list[tuple[str, str, dict[str, str]]]:
     """(name, shell command, extra environment) of each step run as root in the build container; a `compiled`
-    project is built in place, outside pip's isolation, and its build tree is kept (sandbox.toolchain)."""
+    project is built in place, outside pip's isolation, and its build tree is kept (sandbox.env.toolchain)."""
     pip = pip_install(ENV_PREFIX)
     steps = [("create the environment", create_venv(ENV_PREFIX), {})]
     files = " ".join(f"-r {shlex.quote(f)}" for f in (plan.requirement_files if plan else []))
@@ -488,7 +488,7 @@ _KEEP_GENERATED = (f"{_FILES} > {STAGE}/after && comm -13 {STAGE}/before {STAGE}
 
 
 # A project pip cannot install in editable mode (its build fails): its source directory goes on the path
-# instead; the build's check then says what does not import (sandbox.envproof).
+# instead; the build's check then says what does not import (sandbox.env.proof).
 _PATH_FALLBACK = (f"{{ echo 'editable install failed: putting the source on the path instead' >&2; "
                   f"d={WORKSPACE}; [ -d {WORKSPACE}/src ] && d={WORKSPACE}/src; "
                   f"echo $d > $({ENV_PREFIX}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
@@ -649,7 +649,7 @@ class EnvInfo:
     size_mb: float
     base_current: bool
     sources: dict[str, str] = dataclasses.field(default_factory=dict)  # requirement -> the file that gave it
-    check: str | None = None  # what the build's own check found (sandbox.envproof); None for older images
+    check: str | None = None  # what the build's own check found (sandbox.env.proof); None for older images
 
 
 _LEGACY_BUILDERS = {ENV_KIND: "recipe", "project-env": "project", "testbed": "testbed"}  # before BUILDER_LABEL

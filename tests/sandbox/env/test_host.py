@@ -13,9 +13,9 @@ import docker
 import pytest
 
 from m3_agent.sandbox import SandboxConfig
-from m3_agent.sandbox.envimage import ensure_environment, list_environments, prune_environments, request_for
+from m3_agent.sandbox.env.build import ensure_environment, list_environments, prune_environments, request_for
 from tests.conftest import make_git_repo
-from tests.sandbox.package_index import Index, make_sdist, pip_configured
+from tests.sandbox.env.package_index import Index, make_sdist, pip_configured
 
 pytestmark = pytest.mark.docker
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.envimage import environment_for, list_environments, prune_environments
+from m3_agent.sandbox.env.build import environment_for, list_environments, prune_environments
 from m3_agent.sandbox.image import DEFAULT_IMAGE
-from m3_agent.sandbox.nodeenv import NODE_BIN, NODE_MODULES
+from m3_agent.sandbox.env.nodeenv import NODE_BIN, NODE_MODULES
 from m3_agent.tools.test_runner import TestRunner, TestRunnerArgs
 from tests.conftest import make_git_repo
 from tests.fix.test_fix_environment import fix_json

@@ -1,0 +1,13 @@
+"""A repository's environment: planned and fetched on the host, built and verified in a container, listed and pruned.
+
+    pyenv.py      what its Python files declare (read on the host, no code run)
+    testneeds.py  what its tests need and the command that runs them (CI, tox, nox, pytest configuration)
+    releases.py   the release date it resolves at, and the package sources that honour it
+    nodeenv.py    a `package.json` repository's Node side: planned and fetched on the host, installed offline
+    wheels.py     the wheels for the image's Python, downloaded on the host (sdists are built in the container)
+    toolchain.py  a project that compiles: its toolchain image and its in-place build
+    proof.py      the build's own check: the project imports, its tests collect
+    build.py      the build container, the image committed once per dependency state, and the catalogue
+
+`fix`, `eval run` / `grade` and the SWE-bench testbed (`evals/testbed.py`) all build through this package.
+"""
