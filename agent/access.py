@@ -1,5 +1,6 @@
 """Who can reach a launched M3 endpoint: loopback by default, a key whenever other machines can;
-and what crosses the network when a client sends the repository to an endpoint elsewhere.
+what crosses the network when a client sends the repository to an endpoint elsewhere; and which
+endpoint, with which key, a command talks to (`resolve_endpoint`).
 
 `serve start` (and `--serve` on `fix` / `eval run`) binds 127.0.0.1 unless told `--host`. A host
 other machines can reach, and the multi-node plans (whose servers answer other machines), need an
@@ -14,10 +15,11 @@ import os
 import secrets
 import urllib.parse
 from collections.abc import Mapping
+from typing import Protocol
 
 from pydantic import BaseModel, FieldSerializationInfo, SecretStr, field_serializer
 
-from m3_agent.agent.endpoint import NO_KEY, is_loopback
+from m3_agent.agent.endpoint import NO_KEY, EndpointClient, is_loopback
 from m3_agent.errors import UsageError
 from m3_agent.redact import mask
 
@@ -99,3 +101,54 @@ def plain_http_warning(base_url: str) -> str | None:
     return (f"the repository goes to {u.hostname} over plain http:// ({base_url}): unencrypted, anyone on the "
             "network path can read it and the API key; use https:// or a tunnel, or silence this with "
             "warn_plain_http = false in [model] (M3_AGENT_MODEL__WARN_PLAIN_HTTP=false)")
+
+
+def key_value(key: ApiKey | None) -> str | None:
+    """The key in clear, for a request header (the endpoint client sends no SDK placeholder); None: none."""
+    return key.value.get_secret_value() if key else None
+
+
+class Endpoint(BaseModel):
+    """Where the model is, and the key requests to it carry (None: no key)."""
+
+    base_url: str
+    key: ApiKey | None = None
+
+    @property
+    def key_secret(self) -> SecretStr | None:
+        """The key as a config field takes it (`Settings.agent_config(api_key=...)`)."""
+        return self.key.value if self.key else None
+
+    def check(self, *, timeout: float = 5.0) -> None:
+        """Fail fast when nothing listens here (EndpointError) or the key is refused (EndpointAuthError,
+        exit 8); a server still loading (503) passes."""
+        EndpointClient(self.base_url, api_key=key_value(self.key), key_source=self.key.source if self.key else None,
+                       timeout=timeout).check()
+
+
+class Launcher(Protocol):
+    """What resolution asks of serving, which sits above the agent (`m3_agent.serving.endpoint.Served`)."""
+
+    def ensure(self, base_url: str | None, key: ApiKey | None) -> str | None:
+        """A healthy base URL of the profile `--serve` names (`base_url` reused when it answers); without a
+        profile, `base_url` as it is."""
+
+    def recorded_key(self, base_url: str) -> ApiKey | None:
+        """The key `m3-agent serve start` recorded for the running server at `base_url`, if it has one."""
+
+
+def resolve_endpoint(base_url: str | None, *, key: ApiKey | None = None, serving: Launcher | None = None) -> Endpoint:
+    """The endpoint to talk to: `base_url`, or the one `serving` launches or reuses.
+
+    Its key: the serve state's when `m3-agent serve start` launched the server there, else `key` (the
+    configured one). UsageError when there is no URL.
+    """
+    if serving is not None:
+        base_url = serving.ensure(base_url, key)
+    if not base_url:
+        raise UsageError(
+            "no model endpoint: pass --base-url URL (e.g. http://gpu-node:8000/v1) or --serve PROFILE, "
+            "or set base_url in the [model] table of m3-agent.toml / M3_AGENT_MODEL__BASE_URL"
+        )
+    url = base_url.rstrip("/")
+    return Endpoint(base_url=url, key=(serving.recorded_key(url) if serving else None) or key)

@@ -241,14 +241,14 @@ def run_command(
 def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quiet: bool) -> tuple[str, Any, Any]:
     """The settings, the endpoint they name (checked: exit 3 or 8 now, not one error per instance) and the
     agent config with its URL and key."""
-    from m3_agent.agent.access import plain_http_warning
-    from m3_agent.serving.endpoint import check_endpoint, resolve_endpoint
+    from m3_agent.agent.access import plain_http_warning, resolve_endpoint
+    from m3_agent.serving.endpoint import Served
     from m3_agent.settings import load_settings
 
     settings, _ = load_settings(".", flags, config_file=config_file)
-    resolved = resolve_endpoint(settings.model.base_url, settings.serve, key=settings.model_key(),
-                                notice=None if quiet else lambda msg: typer.echo(msg, err=True))
-    check_endpoint(resolved.base_url, key=resolved.key)
+    resolved = resolve_endpoint(settings.model.base_url, key=settings.model_key(), serving=Served(
+        settings.serve, None if quiet else lambda msg: typer.echo(msg, err=True)))
+    resolved.check()
     if settings.model.warn_plain_http and (warning := plain_http_warning(resolved.base_url)):
         typer.echo(f"m3-agent: warning: {warning}", err=True)  # once for the run, not per instance
     agent = settings.agent_config(base_url=resolved.base_url, api_key=resolved.key_secret)
@@ -290,12 +290,11 @@ def _ray_executor(address: Optional[str], endpoints: list[str], agent) -> Execut
     """The Ray executor over a pool of the endpoints (the first one was checked already); one key for all."""
     from m3_agent.evals.endpoints import EndpointPool
     from m3_agent.evals.ray_executor import RayExecutor
-    from m3_agent.agent.access import ApiKey
-    from m3_agent.serving.endpoint import check_endpoint
+    from m3_agent.agent.access import ApiKey, Endpoint
 
     key = ApiKey(value=agent.model.api_key, source="the key of the first --base-url")
     for url in endpoints[1:]:
-        check_endpoint(url, key=key)  # exit 3 or 8 now, as for the first
+        Endpoint(base_url=url, key=key).check()  # exit 3 or 8 now, as for the first
     return RayExecutor(address=address, pool=EndpointPool(endpoints))
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from m3_agent.agent.access import resolve_endpoint
 from m3_agent.agent.config import AgentConfig, ContextConfig, LimitsConfig, ModelConfig, StallConfig, ThinkingConfig
 from m3_agent.errors import (EndpointAuthError, EndpointError, GitError, GitHubRateLimited, GitHubTokenMissing,
                              GitHubTokenScope, Interrupted, M3AgentError, PullRequestExists, PushRejected,
@@ -53,7 +54,7 @@ from m3_agent.evals.instance import InstanceResult
 from m3_agent.evals.runner import RunOptions, run_eval
 from m3_agent.evals.tasks import Task, load_tasks
 from m3_agent.sandbox import DEFAULT_IMAGE, ExecResult, LocalEnvironment, SandboxConfig, build_image
-from m3_agent.serving.endpoint import resolve_endpoint
+from m3_agent.serving.endpoint import Served
 from m3_agent.settings import Settings, load_settings
 from m3_agent.tools import Tool, ToolArgs, ToolCallError, ToolResult, default_tools
 
@@ -77,7 +78,7 @@ __all__ = [
 
 def config_from_settings(settings: Settings) -> AgentConfig:
     """The AgentConfig for `settings` (`model.base_url`, or the endpoint `serve` brings up, with its key)."""
-    endpoint = resolve_endpoint(settings.model.base_url, settings.serve, key=settings.model_key())
+    endpoint = resolve_endpoint(settings.model.base_url, key=settings.model_key(), serving=Served(settings.serve))
     return settings.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret)
 
 

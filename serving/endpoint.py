@@ -1,45 +1,27 @@
-"""From a profile name or a URL to a healthy M3 base URL: check the machine, launch, or reuse what runs.
+"""From a profile name to a healthy M3 base URL: check the machine, plan, launch, or reuse what runs.
 
-`resolve_endpoint` is what `m3-agent fix` and `m3-agent eval run` call: the `--base-url` given, or
-with `--serve PROFILE` the base URL (ending in /v1) of a server that lists its model
-(`ensure_endpoint`), with the key to send there: the serve state's when `m3-agent serve start`
-launched that server, else the configured one. `check_endpoint` then fails fast when nothing
-listens there or the key is refused.
+`Served` is serving's part in endpoint resolution (`m3_agent.agent.access.resolve_endpoint`, which
+`m3-agent fix` and `m3-agent eval run` call): with `--serve PROFILE` the base URL (ending in /v1) of a
+server that lists its model (`ensure_endpoint`), and for any URL the key the serve state recorded
+when `m3-agent serve start` launched the server there.
 """
 
 from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field
 
-from m3_agent.agent.endpoint import EndpointClient
+from m3_agent.agent.access import LOOPBACK, ApiKey, choose_key, key_value
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher, llamacpp
-from m3_agent.agent.access import LOOPBACK, ApiKey, choose_key
 from m3_agent.serving.gpus import GPU, detect_gpus, summary
 from m3_agent.serving.planner import AMD_NATIVE_CONTEXT, NATIVE_CONTEXT, Plan, PlanRequest, gpu_memory_for, plan
 from m3_agent.serving.profiles import Command, Engine, Overrides, Profile, Runner, build_command, flag_value, get_profile
 
 DEFAULT_TIMEOUT_S = 1800.0
-
-
-class Endpoint(BaseModel):
-    """Where the model is, and the key requests to it carry (None: no key)."""
-
-    base_url: str
-    key: ApiKey | None = None
-
-    @property
-    def key_secret(self) -> SecretStr | None:
-        """The key as a config field takes it (`Settings.agent_config(api_key=...)`)."""
-        return self.key.value if self.key else None
-
-
-def key_value(key: ApiKey | None) -> str | None:
-    """The key in clear, for a request header (the endpoint client sends no SDK placeholder); None: none."""
-    return key.value.get_secret_value() if key else None
 
 
 def _same_server(a: str, b: str) -> bool:
@@ -188,29 +170,23 @@ def ensure_endpoint(
     return launcher.start(cmd, name=name, timeout_s=timeout_s, progress=progress).base_url
 
 
-def resolve_endpoint(base_url: str | None, serve: str | None = None,
-                     notice: Callable[[str], None] | None = None, *, key: ApiKey | None = None) -> Endpoint:
-    """The endpoint to talk to; with `serve`, the profile's (`base_url` reused if healthy, else launched).
+@dataclass
+class Served:
+    """Serving's answers to endpoint resolution (`agent.access.Launcher`): the serve states' keys and, for
+    `profile` (`--serve`), its server launched or reused; `notice` hears what serving does."""
 
-    Its key: the serve state's when `m3-agent serve start` launched the server there, else `key`
-    (the configured one). UsageError when neither URL is set; `notice` hears what serving does.
-    """
-    if serve:
+    profile: str | None = None
+    notice: Callable[[str], None] | None = None
+
+    def ensure(self, base_url: str | None, key: ApiKey | None) -> str | None:
+        """The profile's healthy base URL (`base_url` reused if it answers); `base_url` without a profile."""
+        if not self.profile:
+            return base_url
+
         def progress(phase: str, message: str) -> None:
-            if notice:
-                notice(f"serve: {message}")
+            if self.notice:
+                self.notice(f"serve: {message}")
 
-        base_url = ensure_endpoint(serve, base_url=base_url, progress=progress, key=key)
-    if not base_url:
-        raise UsageError(
-            "no model endpoint: pass --base-url URL (e.g. http://gpu-node:8000/v1) or --serve PROFILE, "
-            "or set base_url in the [model] table of m3-agent.toml / M3_AGENT_MODEL__BASE_URL"
-        )
-    url = base_url.rstrip("/")
-    return Endpoint(base_url=url, key=recorded_key(url) or key)
+        return ensure_endpoint(self.profile, base_url=base_url, progress=progress, key=key)
 
-
-def check_endpoint(base_url: str, *, timeout: float = 5.0, key: ApiKey | None = None) -> None:
-    """Fail fast when nothing listens at `base_url` (EndpointError) or it refuses `key`
-    (EndpointAuthError, exit 8); a server still loading (503) passes."""
-    EndpointClient(base_url, api_key=key_value(key), key_source=key.source if key else None, timeout=timeout).check()
+    recorded_key = staticmethod(recorded_key)

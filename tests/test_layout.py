@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("m3_agent.hostgit",),  # host-side git (GitPython), for fix and evals
     ("m3_agent.sandbox",),  # Docker: images, containers, exec
     ("m3_agent.tools",),  # each tool runs against a sandbox
-    ("m3_agent.agent",),  # the loop: model <-> tools <-> sandbox, and the repository context
+    ("m3_agent.agent",),  # the loop: model <-> tools <-> sandbox, the repository context, the endpoint client
     # the layered config (the parts' own config models, from files, env and flags); launching, planning
     # and benchmarking M3 servers. Neither needs the other.
     ("m3_agent.settings", "m3_agent.serving"),

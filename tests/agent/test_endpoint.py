@@ -26,7 +26,7 @@ from m3_agent.agent.model import ModelClient, ModelConfig
 from m3_agent.errors import EndpointAuthError, EndpointError
 from m3_agent.evals.admission import capacity_from_metrics
 from m3_agent.serving import launcher
-from m3_agent.serving.endpoint import check_endpoint
+from m3_agent.agent.access import Endpoint
 from m3_agent.standin.server import StandinServer
 
 NAME = "m3-endpoint.invalid"
@@ -92,7 +92,7 @@ def every_call(base_url: str) -> dict[str, object]:
         "chat": outcome(lambda: client.complete([{"role": "user", "content": "hi"}]).content),
         "tokenize": outcome(lambda: client.endpoint.tokenize("MiniMaxAI/MiniMax-M3", "def f(): pass")),
         "token counter": outcome(lambda: client.token_counter().kind),
-        "check": outcome(lambda: check_endpoint(base_url)),
+        "check": outcome(lambda: Endpoint(base_url=base_url).check()),
         "probe": launcher.probe(base_url)[0],
         "metrics": capacity_from_metrics(base_url) is not None,
         "budget": outcome(lambda: budget_for_server(base_url) > 0),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import m3_agent.api as api
 from m3_agent.settings import load_settings
-from m3_agent.serving.endpoint import resolve_endpoint
+from m3_agent.agent.access import resolve_endpoint
+from m3_agent.serving.endpoint import Served
 from m3_agent.standin.server import StandinServer
 
 
@@ -55,5 +56,5 @@ def test_serve_reuses_a_healthy_endpoint_and_says_so(tmp_path):
     notices = []
     with StandinServer({"turns": []}) as srv:
         settings, _ = load_settings(tmp_path, {"--serve": "h200-tp8", "--base-url": srv.base_url + "/"}, environ={})
-        assert resolve_endpoint(settings.model.base_url, settings.serve, notices.append).base_url == srv.base_url
+        assert resolve_endpoint(settings.model.base_url, serving=Served(settings.serve, notices.append)).base_url == srv.base_url
     assert notices and notices[0].startswith("serve: ") and srv.base_url in notices[0]

@@ -17,7 +17,8 @@ from m3_agent.settings import load_settings
 from m3_agent.errors import GitError, UsageError
 from m3_agent.agent.verdict import suite_passed
 from m3_agent.fix.flow import commit_message, resolve_issue
-from m3_agent.serving.endpoint import resolve_endpoint
+from m3_agent.agent.access import resolve_endpoint
+from m3_agent.serving.endpoint import Served
 from m3_agent.fix.github import Issue
 from m3_agent.agent.loop import RunResult
 from m3_agent.standin.server import StandinServer
@@ -139,7 +140,7 @@ def test_bad_agent_table_is_a_usage_error_naming_the_file(tmp_path):
 def test_no_endpoint_is_a_usage_error(tmp_path):
     settings = load_settings(tmp_path, environ={})[0]
     with pytest.raises(UsageError, match="no model endpoint: pass --base-url"):
-        resolve_endpoint(settings.model.base_url, settings.serve)
+        resolve_endpoint(settings.model.base_url, serving=Served(settings.serve))
 
 
 def run_fix_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:

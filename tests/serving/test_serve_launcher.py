@@ -18,7 +18,8 @@ import pytest
 from m3_agent.errors import EndpointAuthError, EndpointError, UsageError
 from m3_agent.serving import launcher
 from m3_agent.agent.access import ApiKey
-from m3_agent.serving.endpoint import Launch, check_endpoint, ensure_endpoint, prepare, resolve_endpoint
+from m3_agent.agent.access import Endpoint, resolve_endpoint
+from m3_agent.serving.endpoint import Launch, Served, ensure_endpoint, prepare
 from m3_agent.serving.gpus import GPU
 from m3_agent.serving.profiles import Overrides, build_command, get_profile
 from m3_agent.standin.server import StandinServer
@@ -140,18 +141,18 @@ def test_clients_take_the_key_of_an_endpoint_serve_started_and_theirs_elsewhere(
     assert r.returncode == 0, r.stderr
     state = launcher.load_state()
     for url in (state.base_url, state.base_url + "/", state.base_url.replace("127.0.0.1", "localhost")):
-        endpoint = resolve_endpoint(url, key=mine)
+        endpoint = resolve_endpoint(url, key=mine, serving=Served())
         assert endpoint.key.value.get_secret_value() == state.key_value
         assert endpoint.key.source == f"the serve state of endpoint 'default' ({launcher.state_path('default')})"
-        check_endpoint(endpoint.base_url, key=endpoint.key)  # accepted
+        endpoint.check()  # accepted
     with pytest.raises(EndpointAuthError, match=r"sent the key \*\*\*\*6789 \(from env M3_AGENT_MODEL__API_KEY\)"):
-        check_endpoint(state.base_url, key=mine)
-    served = resolve_endpoint(None, "h200-tp8", key=mine)  # --serve: the recorded endpoint, with its key
+        Endpoint(base_url=state.base_url, key=mine).check()
+    served = resolve_endpoint(None, key=mine, serving=Served("h200-tp8"))  # --serve: the recorded endpoint, with its key
     assert served.base_url == state.base_url and served.key_secret.get_secret_value() == state.key_value
-    other = resolve_endpoint(f"http://127.0.0.1:{free_port()}/v1", key=mine)
+    other = resolve_endpoint(f"http://127.0.0.1:{free_port()}/v1", key=mine, serving=Served())
     assert other.key == mine
     launcher.stop(grace_s=5)
-    assert resolve_endpoint(state.base_url, key=mine).key == mine  # not running any more: not its key
+    assert resolve_endpoint(state.base_url, key=mine, serving=Served()).key == mine  # not running any more: not its key
 
 
 def test_logs_and_failures_mask_a_key_the_engine_wrote_into_its_own_log(fake_bin, cleanup_endpoints, monkeypatch):
