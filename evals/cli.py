@@ -185,13 +185,13 @@ def grade_command(
 
 
 @app.command("run")
-@setting_flags("--api-key", "--serve", "--model", "--max-turns", "--thinking", "--image")
+@setting_flags("--base-url", "--api-key", "--serve", "--model", "--max-turns", "--thinking", "--image",
+               repeated={"--base-url": "repeat for a pool (--executor ray)"})
 def run_command(
     tasks: str = typer.Option(..., "--tasks", "-t", help=TASKS_HELP),
     split: str = typer.Option("test", "--split", help="Dataset split (hub datasets and dataset folders)."),
     image_namespace: str = typer.Option("swebench", help="Namespace of SWE-bench instance images ('' for none)."),
     image_tag: str = typer.Option("latest", help="Tag of SWE-bench instance images."),
-    base_url: Optional[list[str]] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint of the M3 server (…/v1); repeat for a pool (--executor ray)."),
     model_name: str = typer.Option("m3-agent", help="model_name_or_path written into the predictions."),
     repos: Optional[Path] = typer.Option(None, "--repos", help="Folder of clones or mirrors named <owner>__<name>."),
     workers: int = typer.Option(1, "--workers", "-w", help="Instances run at once."),
@@ -213,11 +213,11 @@ def run_command(
     executor: str = typer.Option("local", "--executor", help="local (a process pool) | ray (a Ray cluster)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (HOST:PORT); default: a one-machine Ray."),
     *,
-    flags: dict[str, Any],  # the setting flags given (`setting_flags`); --base-url, a pool here, is declared above
+    flags: dict[str, Any],  # the setting flags given (`setting_flags`); --base-url is a list: a pool
 ) -> None:
     """Run the agent on each task, then grade its patch; predictions are written in SWE-bench's format."""
     _check_inputs(workers, repos)
-    urls = base_url or []
+    urls = flags["--base-url"] or []
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown --executor {executor!r}: use local or ray")
     if executor == "local" and (len(urls) > 1 or ray_address):

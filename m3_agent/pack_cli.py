@@ -7,6 +7,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -18,6 +19,7 @@ from m3_agent.agent.context.stability import StableOrder
 from m3_agent.agent.context.tokens import (EstimateCounter, ServerCounter, TokenCounter, TokenizerJsonCounter,
                                            budget_for_server)
 from m3_agent.errors import EndpointError, UsageError
+from m3_agent.settings import load_settings, setting_flags
 
 
 class Counter(str, Enum):
@@ -90,6 +92,7 @@ app = typer.Typer()  # m3_agent/cli.py takes the command in from here
 
 
 @app.command("pack", help="Pack a repository into one prompt for the 1M window.")
+@setting_flags("--base-url", "--model")
 def pack_command(
     repo: str = typer.Option(".", "--repo", help="Repository (or any directory) to pack."),
     issue: str | None = typer.Option(
@@ -99,8 +102,6 @@ def pack_command(
     output: str | None = typer.Option(None, "--output", "-o", help="Write the pack here (default: stdout)."),
     include: list[str] = typer.Option([], help="Only files matching this glob (gitignore syntax); repeatable."),
     exclude: list[str] = typer.Option([], help="Leave out files matching this glob; repeatable."),
-    base_url: str | None = typer.Option(None, help="Model server (vLLM) for exact counts and the default budget."),
-    model: str | None = typer.Option(None, help="Served model name (default: the first listed)."),
     tokenizer: str | None = typer.Option(None, help="A local tokenizer.json for exact counts."),
     counter: Counter = typer.Option(
         Counter.AUTO, help="auto (the server when one answers, else a given tokenizer.json, else the estimate) | server | "
@@ -111,15 +112,17 @@ def pack_command(
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the token-count cache."),
     outline_share: float | None = typer.Option(
         None, help=f"Share of the budget for outlines of the files left out (default {DEFAULT_OUTLINE_SHARE}; 0: none)."),
+    *,
+    flags: dict[str, Any],  # --base-url (the server for exact counts and the default budget) and --model
 ) -> None:
     """Pack a repository into one prompt: header, tree of all files, then files in a stable order.
     Exit codes: 0 done, 2 bad input, 3 endpoint error, 130 interrupted."""
     started = time.perf_counter()
     if not os.path.isdir(repo):
         raise UsageError(f"repository not found: {repo}")
-    settings = _settings(repo)
-    base_url = base_url or (settings.model.base_url if settings else None)
-    model = model or (settings.model.name if settings else None)
+    settings = _settings(repo, flags)
+    base_url = settings.model.base_url if settings else flags["--base-url"]
+    model = settings.model.name if settings else flags["--model"]
     api_key = settings.model.api_key.get_secret_value() if settings else None  # (the client drops "EMPTY")
     includes = list(include) + (settings.context.include if settings else [])
     excludes = list(exclude) + (settings.context.exclude if settings else [])
@@ -181,8 +184,9 @@ def _write(pack: Pack, output: str | None) -> str:
     return str(output)
 
 
-def _settings(repo: str):
-    """The project's layered settings for `repo`, read only when a config file or variable may set them."""
+def _settings(repo: str, flags: dict[str, Any]):
+    """The project's layered settings for `repo` under `flags`, read only when a config file or variable may
+    set them."""
     pyproject = os.path.join(repo, "pyproject.toml")
     if not (
         os.path.isfile(os.path.join(repo, "m3-agent.toml"))
@@ -190,7 +194,5 @@ def _settings(repo: str):
         or any(k.startswith("M3_AGENT_") and k != "M3_AGENT_CACHE_DIR" for k in os.environ)
     ):
         return None  # nothing to set
-    from m3_agent.settings import load_settings
-
-    settings, _ = load_settings(Path(repo))
+    settings, _ = load_settings(Path(repo), flags)
     return settings

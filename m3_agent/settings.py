@@ -25,7 +25,7 @@ import os
 import sys
 from operator import attrgetter
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Optional, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
@@ -370,10 +370,11 @@ def flag_parameter(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def setting_flags(*flags: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def setting_flags(*flags: str, repeated: Mapping[str, str] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare a typer command's setting flags once, here: each flag of `FLAGS` becomes an option with
     its setting's type and field description. The command receives the values as `flags`
     ({flag: value}, None: not given), ready for `load_settings`; a yes/no setting gets `--no-<flag>`.
+    A flag of `repeated` may be given more than once (its value a list; the text says what for).
     """
     import functools
     import inspect
@@ -385,8 +386,11 @@ def setting_flags(*flags: str) -> Callable[[Callable[..., Any]], Callable[..., A
         kinds = [a for a in get_args(field.annotation) or (field.annotation,) if a is not type(None)]
         kind = kinds[0] if len(kinds) == 1 and kinds[0] in (bool, int, float, Path) else str
         names = f"{flag}/{OFF_SWITCHES.get(flag, '--no-' + flag[2:])}" if kind is bool else flag
-        return inspect.Parameter(flag_parameter(flag), inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
-                                 default=typer.Option(None, names, help=field.description, show_default=False))
+        many = (repeated or {}).get(flag)
+        return inspect.Parameter(flag_parameter(flag), inspect.Parameter.KEYWORD_ONLY,
+                                 annotation=Optional[list[kind] if many else kind], default=typer.Option(
+                                     None, names, help=f"{field.description}; {many}" if many else field.description,
+                                     show_default=False))
 
     def declare(command: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(command, eval_str=True)
