@@ -60,7 +60,7 @@ LTS = {"argon": 4, "boron": 6, "carbon": 8, "dubnium": 10, "erbium": 12, "fermiu
        "hydrogen": 18, "iron": 20, "jod": 22, "krypton": 24}
 DEFAULT_MANAGER = {"npm": "npm@^10", "yarn": "yarn@^1", "pnpm": "pnpm@^9"}
 FETCH_TIMEOUT_S = 900.0
-BUILDER = "6"  # bump when the Node steps change what an environment holds
+BUILDER = "7"  # bump when the Node steps change what an environment holds
 DEBIAN_LIBRARIES = ("libatomic1",)
 
 
@@ -389,7 +389,7 @@ def manager_error(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [re.sub(r"^(npm (ERR!|error)|error|\[?ERR_PNPM_\w+\]?)\s*", "", ln) for ln in lines
               if re.match(r"(npm (ERR!|error)|error |\[?ERR_PNPM)", ln)]
-    errors = [e for e in errors if e and not re.match(r"(A complete log|Log files|code |errno |syscall )", e)]
+    errors = [e for e in errors if e and not re.match(rf"(A complete log|Log files|({NOT_THE_ERROR})( |$))", e)]
     return masked((errors or lines or ["no output"])[0])[:300]
 
 
@@ -443,13 +443,24 @@ def _install(plan: NodePlan) -> str:
     else:
         command = (f"pnpm install --offline --store-dir {cache} --package-import-method copy "
                    f"--config.confirmModulesPurge=false{' --frozen-lockfile' if plan.lock else ''}")
-    return f"{WITHOUT_AUTH} && {{ {command}; }} > {STAGE}/install.log 2>&1; {SAY_ERROR}"
+    return f"{WITHOUT_AUTH} && {WITH_GIT} {{ {command}; }} > {STAGE}/install.log 2>&1; {SAY_ERROR}"
+
+
+# A `prepare` script that installs git hooks (lefthook, husky, simple-git-hooks) fails outside a git
+# repository, and the build's copy of the repository has no .git: it gets an empty one for the install,
+# removed after it (SAY_ERROR), so the image's workspace holds none.
+WITH_GIT = "{ [ -e .git ] || { git init -q . && touch .git/m3-made; }; } 2>/dev/null;"
+
+
+# npm's lines around an error that do not say it: a failed script's own line is `command sh -c ...`.
+NOT_THE_ERROR = "code|errno|syscall|path|command failed"
 
 
 # The install's output, then, when it failed, the manager's own error line last, as `error: ...` (the line
 # a failed build step reports), not npm's trailing notes about its log files.
-SAY_ERROR = (f"s=$?; cat {STAGE}/install.log; if [ $s -ne 0 ]; then grep -E '^(npm (ERR!|error)|\\[?ERR_PNPM|error )' "
-             f"{STAGE}/install.log | grep -vE 'A complete log|Log files|npm (ERR!|error) (code|errno|syscall) ' | head -1 "
+SAY_ERROR = (f"s=$?; [ -e .git/m3-made ] && rm -rf .git; cat {STAGE}/install.log; if [ $s -ne 0 ]; then "
+             f"grep -E '^(npm (ERR!|error)|\\[?ERR_PNPM|error )' "
+             f"{STAGE}/install.log | grep -vE 'A complete log|Log files|npm (ERR!|error) ({NOT_THE_ERROR})( |$)' | head -1 "
              "| sed -E 's/^(npm (ERR!|error) |error )?/error: /'; exit $s; fi")
 
 

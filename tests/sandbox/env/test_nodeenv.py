@@ -120,3 +120,10 @@ def test_the_managers_error_line_is_the_one_that_says_what_went_wrong():
     npm = ("npm error code ENOTCACHED\nnpm error request to https://registry.npmjs.org/y failed: cache mode\n"
            "npm error A complete log of this run can be found in: /x.log\n")
     assert nodeenv.manager_error(npm) == "request to https://registry.npmjs.org/y failed: cache mode"
+
+
+def test_a_failed_script_is_named_by_its_command_not_by_npms_path_line():
+    # npm's lines for a lifecycle script that failed: the first two say nothing about which (uuid's `prepare`).
+    out = ("npm error code 1\nnpm error path /workspace\nnpm error command failed\n"
+           "npm error command sh -c lefthook install\nnpm error Error: exit status 128\n")
+    assert nodeenv.manager_error(out) == "command sh -c lefthook install"
