@@ -88,14 +88,10 @@ ensure_image() {
   .venv/bin/m3-agent sandbox build
 }
 
-# The conformance tier's oracles (vLLM's and SGLang's own code) in a cached venv outside the repo:
-# a few minutes the first time, milliseconds once built. It is built in the background (bg_start
-# oracle, mostly downloads) while the rest of the set-up runs; its python is handed to the tests.
-ensure_oracle() {
-  bg_wait oracle "could not build the conformance oracle venv" || exit 4
-  M3_ORACLE_PYTHON=$(cat "$BG_DIR/oracle.out")
-  export M3_ORACLE_PYTHON
-}
+# The conformance tier's oracles (vLLM's and SGLang's own code) are a cached venv outside the repo
+# (tests/conformance/oracle-venv.sh): a few minutes the first time, milliseconds once built. run.sh
+# builds it in the background, and the tier, which runs late, asks the script for it: the script's
+# lock makes it wait for that build.
 
 # The real-model tier's server (llama-cpp-python serving SmolLM2-135M, compiled for the CPU with
 # Debian's gcc and cmake) in a cached venv outside the repo: about 10 minutes the first time,
@@ -161,23 +157,24 @@ case "${1:-}" in
     exec .venv/bin/python examples/demo/run_demo.py
     ;;
   test)
-    # Cold, the llama.cpp build (CPU, about 10 minutes) and the oracle venv (downloads) start first and
-    # overlap the rest of the set-up; the build goes on, at low priority, while the suite runs. The
-    # real-model tier runs last and waits for it (M3_LLAMA_BUILD_STATUS; the script's lock too).
+    # Cold, the llama.cpp build (CPU, about 10 minutes) and the oracle venv (a few minutes) start first,
+    # at low priority, and overlap the rest of the set-up and the suite. The conformance and real-model
+    # tiers run last (tests/conftest.py) and wait for them: the scripts' locks, and for the server's
+    # build M3_LLAMA_BUILD_STATUS, which fails the tier at once with the build's log if it failed.
     ensure_python
     ensure_build_tools
     bg_start llama nice -n 10 bash serving/llama-server-venv.sh
-    bg_start oracle bash tests/conformance/oracle-venv.sh
+    bg_start oracle nice -n 10 bash tests/conformance/oracle-venv.sh
     export M3_LLAMA_BUILD_STATUS="$BG_DIR/llama.rc" M3_LLAMA_BUILD_LOG="$BG_DIR/llama.log"
     ensure_venv
     ensure_docker
     ensure_image
     ensure_browser
-    ensure_oracle
     shift
     rc=0
     .venv/bin/python -m pytest -q "$@" || rc=$?
     [ -e "$M3_LLAMA_BUILD_STATUS" ] || log "waiting for the llama.cpp server build to finish"
+    bg_wait oracle "could not build the conformance oracle venv" || { [ "$rc" = 0 ] && rc=4; }
     bg_wait llama "could not build the llama.cpp server venv" || { [ "$rc" = 0 ] && rc=4; }
     exit "$rc"
     ;;

@@ -16,6 +16,22 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# Tiers that wait for what `run.sh test` builds in the background while the rest of the suite runs (the
+# oracle venv, the llama.cpp server): they run last, in this order, whatever order the paths were given in.
+LAST_TIERS = ("conformance", "realmodel")
+TESTS = Path(__file__).resolve().parent
+
+
+def _tier_rank(item: pytest.Item) -> int:
+    path = Path(str(item.fspath)).resolve()
+    top = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
+    return LAST_TIERS.index(top) + 1 if top in LAST_TIERS else 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_tier_rank)  # a stable sort: the order within each group is kept
+
+
 def _docker_error() -> str | None:
     try:
         import docker

@@ -44,13 +44,11 @@ NAME = "realmodel"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    ours = [item for item in items if Path(str(item.fspath)).resolve().is_relative_to(HERE)]
-    for item in ours:
-        item.add_marker(pytest.mark.realmodel)
-        item.add_marker(pytest.mark.docker)
-    # The tier runs last: `run.sh test` builds its server in the background meanwhile (cold, ~10 min)
-    chosen = set(ours)
-    items[:] = [item for item in items if item not in chosen] + ours
+    # the tier runs last (tests/conftest.py: LAST_TIERS): `run.sh test` builds its server meanwhile
+    for item in items:
+        if Path(str(item.fspath)).resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.realmodel)
+            item.add_marker(pytest.mark.docker)
 
 
 def wait_for_background_build() -> None:
