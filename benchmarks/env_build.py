@@ -57,7 +57,8 @@ from m3_agent.agent.events import AgentEvent
 from m3_agent.fix.flow import fix_issue
 from m3_agent.fix.result import FixResult
 from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig, build_image
-from m3_agent.sandbox.env.build import environment_for, prune_environments
+from m3_agent.sandbox.env.build import environment_for
+from m3_agent.sandbox.env.catalogue import prune_environments
 from m3_agent.standin.server import StandinServer
 from m3_agent.settings import load_settings
 

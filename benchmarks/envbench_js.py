@@ -44,8 +44,8 @@ import docker.errors
 from m3_agent.errors import M3AgentError
 from m3_agent.sandbox import DEFAULT_IMAGE, Sandbox, SandboxConfig
 from m3_agent.sandbox.engine import docker_client
-from m3_agent.sandbox.env.build import (ENV_REPOSITORY, build_environment, ensure_environment, prune_environments,
-                                       request_for, request_key)
+from m3_agent.sandbox.env.build import ENV_REPOSITORY, build_environment, ensure_environment, request_for, request_key
+from m3_agent.sandbox.env.catalogue import prune_environments
 from m3_agent.tools.test_runner import TestRunner, TestRunnerArgs
 
 CORPUS = Path(__file__).with_name("envbench_js_corpus.json")

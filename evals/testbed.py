@@ -37,10 +37,10 @@ from m3_agent.evals.harness import instance_image_name
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox.engine import docker_client, image_exists
 from m3_agent.sandbox.env.build import BUILDER, STAGE, BuildContainer, create_venv, pip_install
-from m3_agent.sandbox.image import (BASE_IMAGE, BUILDER_LABEL, IMAGE_LABEL, RECIPE_LABEL, SYSTEM_PATH, build_image,
-                                    env_labels)
+from m3_agent.sandbox.env.catalogue import BUILDER_LABEL, env_labels
 from m3_agent.sandbox.env.releases import Sources
 from m3_agent.sandbox.env.wheels import download, fetch_sdist
+from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, SYSTEM_PATH, build_image
 
 ENV_PREFIX = "/opt/miniconda3/envs/testbed"
 NAMESPACE = "m3-agent-offline"  # offline images are named as the harness names them, in a namespace of their own

@@ -21,9 +21,9 @@ from rich.table import Table
 from m3_agent.errors import UsageError
 from m3_agent.hostgit import repository
 from m3_agent.sandbox.engine import docker_client, image_exists
-from m3_agent.sandbox.env.build import (ENV_REPOSITORY, BuildRequest, ensure_environment, list_environments,
-                                       needs_environment, prune_environments, request_cutoff, request_for,
-                                       request_key)
+from m3_agent.sandbox.env.build import (ENV_REPOSITORY, BuildRequest, ensure_environment, needs_environment,
+                                        request_cutoff, request_for, request_key)
+from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 
 app = typer.Typer(no_args_is_help=True)
 console = Console(stderr=True, highlight=False, soft_wrap=True)  # a log is not wrapped at 80 columns

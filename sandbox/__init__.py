@@ -21,7 +21,7 @@ Where things happen:
                   cannot signal it (`drop_privileges`)
   channel.py      the host end of the server's pipe (a shared Unix socket, or the engine's attach stream)
   cleanup.py      owner labels, close at exit and on SIGINT / SIGTERM, `prune` for what a SIGKILL left
-  image.py        the sandbox image (registry or debootstrap + docker import), per-task env images,
+  image.py        the sandbox image (registry or debootstrap + docker import),
                   `prune_images` for the images of older recipes
   env/            a repository's environment image: planned, fetched, built, verified, listed, pruned
   cli.py          `m3-agent sandbox build|prune [--images]`
@@ -32,7 +32,8 @@ from m3_agent.sandbox.cleanup import prune
 from m3_agent.sandbox.config import ExecResult, SandboxConfig
 from m3_agent.sandbox.container import Sandbox
 from m3_agent.sandbox.environment import Environment, EnvironmentFactory, Recoverable, Restorable
-from m3_agent.sandbox.image import DEFAULT_IMAGE, build_env_image, build_image, prune_images
+from m3_agent.sandbox.env.recipe import build_env_image
+from m3_agent.sandbox.image import DEFAULT_IMAGE, build_image, prune_images
 from m3_agent.sandbox.local import LocalEnvironment
 
 __all__ = ["DEFAULT_IMAGE", "Environment", "EnvironmentFactory", "ExecResult", "LocalEnvironment", "Recoverable",

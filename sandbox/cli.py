@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from m3_agent.sandbox.cleanup import prune, prune_scratch
-from m3_agent.sandbox.env.build import prune_environments
+from m3_agent.sandbox.env.catalogue import prune_environments
 from m3_agent.sandbox.image import DEFAULT_IMAGE, build_image, prune_images
 
 app = typer.Typer(no_args_is_help=True)

@@ -1,4 +1,4 @@
-"""Building the sandbox image and per-task environment images on top of it.
+"""Building the sandbox image (environment images on top of it: `sandbox.env`).
 
 The sandbox image is Debian bookworm with python3, pytest, git, patch, procps, bash and coreutils,
 plus a thin layer that adds the uid-1000 `sandbox` user, `/workspace` and a system git config. Its
@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,13 +45,6 @@ IMAGE_LABEL = "m3-agent.image"
 RECIPE_LABEL = "m3-agent.recipe"
 SUITE_LABEL = "m3-agent.suite"
 EXTRA_LABEL = "m3-agent.extra"  # a JSON list: the Debian packages beyond PACKAGES
-# Environment images, whichever builder made them, carry one label scheme: IMAGE_LABEL=ENV_KIND, the builder,
-# the image they were built on and what they are for. `env prune` and `sandbox prune --images` read it.
-ENV_KIND = "env"
-LEGACY_ENV_KINDS = ("project-env", "testbed")  # what earlier releases labelled theirs: still listed and pruned
-BUILDER_LABEL = "m3-agent.env.builder"  # "project" (sandbox.env.build), "recipe" (build_env_image), "testbed"
-BASE_LABEL = "m3-agent.env.base"  # the id of the image it was built on: stale once that is no current one
-SOURCE_LABEL = "m3-agent.env.source"  # what it is for: a repository's name, a task's, an instance id
 
 APT_INSTALL = """RUN apt-get update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {packages} \\
@@ -217,7 +210,7 @@ def _build_sandbox(client: docker.DockerClient, tag: str, base: str | None, reci
         if not _try_pull(client, base):
             raise SandboxUnavailable(f"base image {base!r} is neither present nor pullable: pull it or drop --base")
     _say(progress, f"building {tag} on {base}")
-    _build(client, SANDBOX_LAYER.replace("{base}", base), tag,
+    docker_build(client, SANDBOX_LAYER.replace("{base}", base), tag,
            {IMAGE_LABEL: "sandbox", RECIPE_LABEL: recipe.sandbox_hash, **recipe.labels}, progress)
     _verify(client, tag, progress)
 
@@ -229,7 +222,7 @@ def _default_base(client: docker.DockerClient, recipe: Recipe, progress: Progres
     _say(progress, f"trying the registry: {recipe.pull_base}")
     if _try_pull(client, recipe.pull_base):
         try:
-            _build(client, recipe.pull_recipe, recipe.base_image,
+            docker_build(client, recipe.pull_recipe, recipe.base_image,
                    {IMAGE_LABEL: "base", RECIPE_LABEL: recipe.base_hash, **recipe.labels}, progress)
             return recipe.base_image
         except SandboxUnavailable as e:
@@ -303,7 +296,7 @@ def _stream(cmd: list[str], progress: Progress | None, what: str) -> None:
         raise SandboxUnavailable(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)[-400:]}")
 
 
-def _build(client: docker.DockerClient, dockerfile: str, tag: str, labels: dict[str, str],
+def docker_build(client: docker.DockerClient, dockerfile: str, tag: str, labels: dict[str, str],
            progress: Progress | None, network: str | None = None) -> None:
     """`docker build` of a context-free Dockerfile, its log lines to `progress`; any failure is one SandboxUnavailable."""
     try:
@@ -392,44 +385,3 @@ def current_toolchain_images(client: docker.DockerClient) -> set[str]:
     environments are built on)."""
     images = client.images.list(filters={"label": [f"{IMAGE_LABEL}=sandbox", EXTRA_LABEL]})
     return {i.id for i in images if (i.labels or {}).get(RECIPE_LABEL) in _own_recipe(i.labels or {}, "sandbox")}
-
-
-def env_labels(builder: str, base_id: str, source: str) -> dict[str, str]:
-    """The labels every environment image carries (the scheme above)."""
-    return {IMAGE_LABEL: ENV_KIND, BUILDER_LABEL: builder, BASE_LABEL: base_id, SOURCE_LABEL: source}
-
-
-def build_env_image(
-    packages: Sequence[str] = (),
-    setup: Sequence[str] = (),
-    *,
-    base: str = DEFAULT_IMAGE,
-    network: str | None = "host",
-    progress: Progress | None = None,
-    source: str = "a task's environment recipe",
-) -> str:
-    """Build (or reuse) a per-task image on top of `base` and return its tag.
-
-    `packages` are Debian packages installed with apt; `setup` are shell commands run as root, in
-    order, in `/workspace`. Recipes come from task files, not from the model, so the build may use the
-    network (`network="host"` by default; None for the engine's default, "none" to forbid it). The tag
-    is `m3-agent-env:<hash of base image id + recipe>`, so an unchanged recipe is never rebuilt. `source`:
-    what it is for (`env show --all` and `env prune --source` name it so).
-    """
-    with contextlib.closing(docker_client()) as client:
-        base_id = base_image_id(client, base, progress)
-        key = digest(base_id, json.dumps(sorted(set(packages))), json.dumps(list(setup)))[:16]
-        tag = f"m3-agent-env:{key}"
-        if image_exists(client, tag):
-            return tag
-        dockerfile = f"FROM {base}\nUSER root\n"
-        if packages:
-            dockerfile += APT_INSTALL.format(packages=" ".join(sorted(set(packages))))
-        dockerfile += "".join(f"RUN {json.dumps(['sh', '-c', cmd])}\n" for cmd in setup)
-        dockerfile += f"USER {SANDBOX_UID}:{SANDBOX_UID}\n"
-        with build_lock(progress, key):
-            if not image_exists(client, tag):
-                _say(progress, f"building {tag} on {base}")
-                _build(client, dockerfile, tag, {**env_labels("recipe", base_id, source), RECIPE_LABEL: key}, progress,
-                       network)
-        return tag

@@ -41,10 +41,9 @@ from m3_agent.sandbox import cleanup
 from m3_agent.sandbox.config import SandboxConfig
 from m3_agent.sandbox.env import nodeenv
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
-from m3_agent.sandbox.image import (BASE_LABEL, BUILDER_LABEL, DEFAULT_IMAGE, ENV_KIND, ENV_PREFIX, GENERATED,
-                                    IMAGE_LABEL, LEGACY_ENV_KINDS, RECIPE_LABEL, SANDBOX_UID, SOURCE_LABEL, SUITE,
-                                    SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock,
-                                    current_toolchain_images, digest, env_labels, untag)
+from m3_agent.sandbox.env.catalogue import FILES_LABEL, PACKAGES_LABEL, RELEASES_LABEL, SOURCES_LABEL, env_labels
+from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID, SUITE,
+                                    SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock, digest)
 from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, build_requires, host_requirement_files,
                                     installable, key_files, key_files_at, pip_error, plan_environment,
                                     pretend_version, scm_version, wants_environment, wants_environment_at)
@@ -65,10 +64,6 @@ STAGE = "/tmp/m3-env"  # the wheels and requirement files inside the build conta
 META_COPY = "/tmp/m3-env-meta"  # the workspace copy pip prepares the project's metadata in
 _STAGED_PIP = f"$(ls {STAGE}/wheels/pip-*.whl | head -1)/pip"  # pip run from its staged wheel: the image's may be old
 WORKSPACE = "/workspace"
-FILES_LABEL = "m3-agent.env.files"
-PACKAGES_LABEL = "m3-agent.env.packages"
-RELEASES_LABEL = "m3-agent.env.releases"  # the cut-off date its releases predate, or "today"
-SOURCES_LABEL = "m3-agent.env.sources"  # each requirement and requirement file -> the file that asked for it
 PROBE = ("import platform, sys; print(platform.python_version(), platform.machine(), "
          "platform.libc_ver()[1] or '2.17')")
 
@@ -632,70 +627,3 @@ class BuildContainer:
             self.client.api.commit(self.id, repository=repository, tag=name, conf=conf)
         except docker.errors.APIError as e:
             raise EnvironmentBuildError(f"docker commit failed: {e.explanation or e}", step="commit") from None
-
-
-# --- what is built -------------------------------------------------------------------------------------
-
-@dataclass
-class EnvInfo:
-    """One environment image as `env show` and `env prune` see it, whichever builder made it."""
-
-    tag: str
-    source: str
-    builder: str  # "project", "recipe", "testbed" (image.BUILDER_LABEL)
-    files: dict[str, str]
-    packages: list[str]
-    created: str
-    size_mb: float
-    base_current: bool
-    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # requirement -> the file that gave it
-    check: str | None = None  # what the build's own check found (sandbox.env.proof); None for older images
-
-
-_LEGACY_BUILDERS = {ENV_KIND: "recipe", "project-env": "project", "testbed": "testbed"}  # before BUILDER_LABEL
-
-
-def list_environments() -> list[EnvInfo]:
-    """Every environment image on this engine, whichever builder made it, newest first."""
-    with closing(docker_client()) as client:
-        try:
-            # The current sandbox and base images of each release (a project may have moved to a newer
-            # one's Python; an offline testbed is built on the base), and the current toolchain images
-            # compiled projects are built on.
-            current = {client.images.get(t).id for r in (Recipe(s) for s in SUITE_PYTHON)
-                       for t in (r.image, r.base_image) if image_exists(client, t)} | current_toolchain_images(client)
-            images = [i for i in client.images.list(filters={"label": IMAGE_LABEL})
-                      if (i.labels or {}).get(IMAGE_LABEL) in (ENV_KIND, *LEGACY_ENV_KINDS)]
-        except docker.errors.DockerException as e:
-            raise SandboxUnavailable(f"cannot list images: {e}") from None
-    found = []  # read from what the listing returned: no more engine calls
-    for image in images:
-        labels = image.labels or {}
-        builder = labels.get(BUILDER_LABEL) or _LEGACY_BUILDERS.get(labels.get(IMAGE_LABEL, ""), "?")
-        found.append(EnvInfo(
-            tag=(image.tags or [image.short_id])[0], source=labels.get(SOURCE_LABEL, "?"), builder=builder,
-            files=json.loads(labels.get(FILES_LABEL, "{}")), packages=json.loads(labels.get(PACKAGES_LABEL, "[]")),
-            created=image.attrs.get("Created", "")[:19], size_mb=image.attrs.get("Size", 0) / 1e6,
-            base_current=(labels.get(BASE_LABEL) or image.attrs.get("Parent", "")) in current,
-            sources=json.loads(labels.get(SOURCES_LABEL, "{}")),
-            check=(proof.message() if (proof := proof_of(labels)) else None)))
-    return sorted(found, key=lambda e: e.created, reverse=True)
-
-
-def prune_environments(*, keep: int = 1, all: bool = False, source: str | None = None,
-                       stale_only: bool = False) -> list[str]:
-    """Remove environment images, whichever builder made them: those built on an older sandbox image, and
-    beyond the `keep` newest of each source (every one with `all`); only `source`'s when given; only the
-    stale ones with `stale_only` (what `sandbox prune --images` removes). An image a container uses stays.
-    Returns the tags removed."""
-    doomed: list[str] = []
-    kept: dict[str, int] = {}
-    for env in list_environments():
-        if source is not None and env.source != source:
-            continue
-        kept[env.source] = kept.get(env.source, 0) + 1
-        crowded = kept[env.source] > keep and not stale_only
-        if all or not env.base_current or crowded:
-            doomed.append(env.tag)
-    with closing(docker_client()) as client:
-        return untag(client, doomed)

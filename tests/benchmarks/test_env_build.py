@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.sandbox.env.build import list_environments
+from m3_agent.sandbox.env.catalogue import list_environments
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "env_build.py"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from m3_agent.sandbox.env.build import prune_environments
+from m3_agent.sandbox.env.catalogue import prune_environments
 from tests.conftest import make_git_repo
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "envbench.py"

@@ -12,7 +12,7 @@ from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.predictions import Prediction
 from m3_agent.evals.runner import run_eval
 from m3_agent.evals.tasks import Task
-from m3_agent.sandbox.env.build import list_environments, prune_environments
+from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 
 pytestmark = pytest.mark.docker
 

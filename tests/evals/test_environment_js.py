@@ -12,7 +12,7 @@ from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.predictions import Prediction
 from m3_agent.evals.runner import run_eval
 from m3_agent.evals.tasks import Task
-from m3_agent.sandbox.env.build import prune_environments
+from m3_agent.sandbox.env.catalogue import prune_environments
 from tests.evals.test_environment import git
 from tests.sandbox.env.test_node_environment import CALC_TEST, javascript_project, locked
 

@@ -50,7 +50,7 @@ def test_pytest_ra_runs_the_environments_pytest_with_its_console_script(pluggy_i
 def test_env_prune_lists_and_removes_the_offline_testbed_image_too(pluggy_image):
     """One label scheme for every builder: `env show --all` lists the testbed, `env prune` removes it.
     Last in the module: it removes the image the tests above share."""
-    from m3_agent.sandbox.env.build import list_environments, prune_environments
+    from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 
     info = next(e for e in list_environments() if e.tag == pluggy_image)
     # Built by this run, or reused from an earlier release's build (labelled `testbed`, no source label).

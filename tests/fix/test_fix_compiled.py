@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from m3_agent.sandbox.env.build import prune_environments
+from m3_agent.sandbox.env.catalogue import prune_environments
 from m3_agent.standin.server import StandinServer
 from tests.conftest import make_git_repo
 from tests.fix.test_fix import containers_of, user_view

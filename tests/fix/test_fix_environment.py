@@ -16,7 +16,8 @@ import docker
 import pytest
 
 from m3_agent.sandbox import SandboxConfig
-from m3_agent.sandbox.env.build import ENV_REPOSITORY, environment_for, list_environments, prune_environments
+from m3_agent.sandbox.env.build import ENV_REPOSITORY, environment_for
+from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from m3_agent.sandbox.image import ENV_PREFIX
 from m3_agent.standin.server import StandinServer
 from tests.conftest import make_git_repo

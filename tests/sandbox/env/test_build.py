@@ -15,8 +15,9 @@ import pytest
 
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.env.build import (ENV_REPOSITORY, BuildRequest, ensure_environment, environment_for,
-                                       list_environments, prune_environments, request_for, request_key)
+from m3_agent.sandbox.env.build import (ENV_REPOSITORY, BuildRequest, ensure_environment, environment_for, request_for,
+                                        request_key)
+from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from m3_agent.sandbox.image import ENV_PREFIX
 from tests.conftest import wait_for
 

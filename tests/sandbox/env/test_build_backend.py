@@ -11,7 +11,8 @@ import uuid
 import pytest
 
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.env.build import BuildRequest, ensure_environment, prune_environments
+from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
+from m3_agent.sandbox.env.catalogue import prune_environments
 
 pytestmark = pytest.mark.docker
 

@@ -13,7 +13,8 @@ import docker
 import pytest
 
 from m3_agent.sandbox import SandboxConfig
-from m3_agent.sandbox.env.build import ensure_environment, list_environments, prune_environments, request_for
+from m3_agent.sandbox.env.build import ensure_environment, request_for
+from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from tests.conftest import make_git_repo
 from tests.sandbox.env.package_index import Index, make_sdist, pip_configured
 

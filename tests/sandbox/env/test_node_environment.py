@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.env.build import environment_for, list_environments, prune_environments
+from m3_agent.sandbox.env.build import environment_for
+from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from m3_agent.sandbox.image import DEFAULT_IMAGE
 from m3_agent.sandbox.env.nodeenv import NODE_BIN, NODE_MODULES
 from m3_agent.tools.test_runner import TestRunner, TestRunnerArgs

@@ -13,7 +13,8 @@ import uuid
 import pytest
 
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.env.build import environment_for, prune_environments
+from m3_agent.sandbox.env.build import environment_for
+from m3_agent.sandbox.env.catalogue import prune_environments
 from m3_agent.sandbox.image import DEFAULT_IMAGE
 from tests.conftest import make_git_repo
 from tests.fix.test_fix_sources import cli_main  # noqa: F401 - a fixture

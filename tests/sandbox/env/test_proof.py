@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.env.build import BuildRequest, ensure_environment, list_environments, prune_environments
+from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
+from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from tests.conftest import make_git_repo
 from tests.fix.test_fix_environment import env_builds
 from tests.fix.test_fix_sources import assert_one_line_error, cli_main  # noqa: F401 - a fixture

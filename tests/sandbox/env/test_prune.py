@@ -15,7 +15,8 @@ import pytest
 from m3_agent.evals.tasks import Task
 from m3_agent.evals.testbed import make_testbed_tree
 from m3_agent.sandbox import build_env_image
-from m3_agent.sandbox.env.build import BuildRequest, ensure_environment, list_environments, prune_environments
+from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
+from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from m3_agent.standin.server import StandinServer
 from tests.conftest import make_git_repo
 from tests.evals.test_testbed import RECIPE

@@ -18,7 +18,8 @@ import pytest
 
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox import SandboxConfig
-from m3_agent.sandbox.env.build import ensure_environment, list_environments, prune_environments, request_for
+from m3_agent.sandbox.env.build import ensure_environment, request_for
+from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from m3_agent.sandbox.env.pyenv import Target
 from m3_agent.sandbox.env.releases import Sources, pip_configuration, release_cutoff
 from m3_agent.sandbox.env.wheels import download

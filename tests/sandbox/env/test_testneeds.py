@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.env.build import BuildRequest, ensure_environment, list_environments, prune_environments
+from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
+from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from m3_agent.sandbox.env.pyenv import Target, key_files, plan_environment
 from m3_agent.sandbox.env.testneeds import Need, TestCommand, poetry_requirement, read_test_needs
 
