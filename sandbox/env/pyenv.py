@@ -23,7 +23,6 @@ The rules, in the order they apply:
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import subprocess
 from collections.abc import Iterable
@@ -494,11 +493,6 @@ def pretend_version(version: str | None) -> dict[str, str]:
     """What setuptools_scm, hatch-vcs and pbr read instead of git history (a copy has none)."""
     pretend = version or "0.0.0"
     return {"SETUPTOOLS_SCM_PRETEND_VERSION": pretend, "PBR_VERSION": pretend}
-
-
-def scm_environment(version: str | None) -> dict[str, str]:
-    """This process's environment plus `pretend_version`, for pip run on the host."""
-    return {**os.environ, **pretend_version(version)}
 
 
 _PIP_NO_DIST = re.compile(r"(?:No matching distribution found for|satisfies the requirement) ([^\s;(]+)")
