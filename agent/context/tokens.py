@@ -163,7 +163,8 @@ class ServerCounter:
         if check:
             self.endpoint.tokenize(self.model, "m3-agent")
 
-    def _count_text(self, text: str) -> int:
+    def count(self, text: str) -> int:
+        """Exact token count of one text (a long one in pieces the server takes)."""
         if not text:
             return 0
         return sum(self.endpoint.tokenize(self.model, piece) for piece in _split_long(text, MAX_REQUEST_CHARS))
@@ -171,13 +172,9 @@ class ServerCounter:
     def count_many(self, texts: list[str]) -> list[int]:
         """Exact counts, `concurrency` requests in flight over keep-alive connections."""
         if len(texts) <= 1 or self.concurrency == 1:
-            return [self._count_text(t) for t in texts]
+            return [self.count(t) for t in texts]
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="tokenize") as pool:
-            return list(pool.map(self._count_text, texts))
-
-    def count(self, text: str) -> int:
-        """Exact token count of one text."""
-        return self._count_text(text)
+            return list(pool.map(self.count, texts))
 
 
 def reply_budget(max_model_len: int, configured: int) -> int:
