@@ -370,7 +370,8 @@ def flag_parameter(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def setting_flags(*flags: str, repeated: Mapping[str, str] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def setting_flags(*flags: str, repeated: Mapping[str, str] | None = None,
+                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare a typer command's setting flags once, here: each flag of `FLAGS` becomes an option with
     its setting's type and field description. The command receives the values as `flags`
     ({flag: value}, None: not given), ready for `load_settings`; a yes/no setting gets `--no-<flag>`.

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.serving import launcher, llamacpp
-from m3_agent.agent.access import ENGINE_CAVEATS, KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access
+from m3_agent.agent.access import ENGINE_CAVEATS, KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access, key_value
 from m3_agent.serving.bench import run_bench, table
 from m3_agent.serving.endpoint import DEFAULT_TIMEOUT_S, Launch, plan_request, prepare, profile_plan, sized
 from m3_agent.serving.gpus import auto_profile, detect_gpus, summary
@@ -367,7 +367,7 @@ def bench_command(
         if state is None:
             raise UsageError("no endpoint recorded: pass --base-url, or start one with `m3-agent serve start`")
         base_url, model = state.base_url, model or state.served_model_name
-        api_key = state.key_value or api_key
+        api_key = key_value(state.api_key) or api_key
     if model is None:
         phase, models, _ = launcher.probe(base_url, api_key=api_key)
         if phase == "loading":

@@ -160,7 +160,7 @@ def ensure_endpoint(
                 f"endpoint {name!r} runs profile {state.profile}, not {profile}: "
                 f"`m3-agent serve stop --name {name}` it, or use --serve {state.profile}"
             )
-        if launcher.probe(state.base_url, state.served_model_name, api_key=state.key_value)[0] != "ready":
+        if launcher.probe(state.base_url, state.served_model_name, api_key=key_value(state.api_key))[0] != "ready":
             say("wait", f"endpoint {name!r} is still starting; waiting for it")
             launcher.wait_ready(state, timeout_s=timeout_s, progress=progress)
         else:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, FieldSerializationInfo, field_serializer
 from m3_agent.agent.endpoint import EndpointClient
 from m3_agent.errors import EndpointError, UsageError
 from m3_agent.redact import redact
-from m3_agent.agent.access import ApiKey, client_host
+from m3_agent.agent.access import ApiKey, client_host, key_value
 from m3_agent.serving.profiles import Command
 
 Phase = Literal["launching", "loading", "healthy", "ready", "failed", "exited", "stopped"]
@@ -54,14 +54,9 @@ class ServeState(BaseModel):
     host: str | None = Field(None, description="the address the server listens on; None: an older record")
     api_key: ApiKey | None = Field(None, description="the key it requires (clients read it from here)")
 
-    @property
-    def key_value(self) -> str | None:
-        """The key in clear, for the requests that must carry it; None: loopback only."""
-        return self.api_key.value.get_secret_value() if self.api_key else None
-
     def redacted(self, text: str) -> str:
         """`text` with this endpoint's key masked (SGLang writes its --api-key into its own log)."""
-        return redact(text, [self.key_value])
+        return redact(text, [key_value(self.api_key)])
 
     @field_serializer("argv", when_used="json")
     def _argv(self, argv: list[str], info: FieldSerializationInfo) -> list[str]:
@@ -379,7 +374,7 @@ def wait_ready(
             code = _exit_code(state)
             with_code = f" (exit code {code})" if code is not None else ""
             raise _failure(state, f"the {state.engine} server exited during start-up{with_code}", code)
-        phase, models, max_len = probe(state.base_url, state.served_model_name, api_key=state.key_value)
+        phase, models, max_len = probe(state.base_url, state.served_model_name, api_key=key_value(state.api_key))
         if phase == "ready" and shown == "loading" and health:
             say("healthy", "/health answers 200")  # both came up between two polls
         if phase != shown:
@@ -436,7 +431,7 @@ def status(name: str = DEFAULT_NAME) -> EndpointStatus:
             phase="exited",
             detail=f"the server is not running; last log line: {state.redacted(' '.join(tail(state.log_path, 1)))}",
         )
-    phase, models, max_len = probe(state.base_url, state.served_model_name, api_key=state.key_value)
+    phase, models, max_len = probe(state.base_url, state.served_model_name, api_key=key_value(state.api_key))
     return EndpointStatus(state=state, running=True, phase=phase, models=models, max_model_len=max_len)
 
 

@@ -429,7 +429,7 @@ def test_fix_serve_sends_the_key_of_the_endpoint_serve_started_without_being_tol
     # the URL `serve start` printed, with no key given: the same key, from the same state
     code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", keyed_endpoint.base_url)
     assert code == 0, err
-    assert secrets_found([keyed_endpoint.key_value], out, err, under=[repo / ".m3-agent"]) == []
+    assert secrets_found([keyed_endpoint.api_key.value.get_secret_value()], out, err, under=[repo / ".m3-agent"]) == []
 
 
 def test_a_plain_http_endpoint_on_another_address_warns_once_and_a_setting_silences_it(repo, fix_cli):

@@ -18,7 +18,7 @@ import pytest
 from m3_agent.errors import EndpointAuthError, EndpointError, UsageError
 from m3_agent.serving import launcher
 from m3_agent.agent.access import ApiKey
-from m3_agent.agent.access import Endpoint, resolve_endpoint
+from m3_agent.agent.access import Endpoint, key_value, resolve_endpoint
 from m3_agent.serving.endpoint import Launch, Served, ensure_endpoint, prepare
 from m3_agent.serving.gpus import GPU
 from m3_agent.serving.profiles import Overrides, build_command, get_profile
@@ -104,7 +104,7 @@ def test_a_reachable_start_requires_a_new_key_kept_0600_and_never_shown(fake_bin
                "--timeout", "30")
     assert r.returncode == 0, r.stderr
     state = launcher.load_state()
-    key = state.key_value
+    key = key_value(state.api_key)
     assert key and state.api_key.source == "generated" and state.host == "0.0.0.0"
     assert key not in r.stdout + r.stderr and f"key: {state.api_key.shown}, kept in " in r.stdout
     assert "access: keyed: listens on 0.0.0.0; requests need the key ****" in r.stderr
@@ -131,7 +131,7 @@ def test_a_key_in_the_environment_is_the_one_a_reachable_server_requires(fake_bi
                "--skip-gpu-check", "--timeout", "30", env={"M3_AGENT_MODEL__API_KEY": key})
     assert r.returncode == 0, r.stderr
     assert "key: ****WXYZ (env M3_AGENT_MODEL__API_KEY)" in r.stdout and key not in r.stdout + r.stderr
-    assert launcher.load_state().key_value == key and not _unauthorized(launcher.load_state().base_url, key)
+    assert key_value(launcher.load_state().api_key) == key and not _unauthorized(launcher.load_state().base_url, key)
 
 
 def test_clients_take_the_key_of_an_endpoint_serve_started_and_theirs_elsewhere(fake_bin, cleanup_endpoints):
@@ -142,13 +142,13 @@ def test_clients_take_the_key_of_an_endpoint_serve_started_and_theirs_elsewhere(
     state = launcher.load_state()
     for url in (state.base_url, state.base_url + "/", state.base_url.replace("127.0.0.1", "localhost")):
         endpoint = resolve_endpoint(url, key=mine, serving=Served())
-        assert endpoint.key.value.get_secret_value() == state.key_value
+        assert endpoint.key.value.get_secret_value() == key_value(state.api_key)
         assert endpoint.key.source == f"the serve state of endpoint 'default' ({launcher.state_path('default')})"
         endpoint.check()  # accepted
     with pytest.raises(EndpointAuthError, match=r"sent the key \*\*\*\*6789 \(from env M3_AGENT_MODEL__API_KEY\)"):
         Endpoint(base_url=state.base_url, key=mine).check()
     served = resolve_endpoint(None, key=mine, serving=Served("h200-tp8"))  # --serve: the recorded endpoint, with its key
-    assert served.base_url == state.base_url and served.key_secret.get_secret_value() == state.key_value
+    assert served.base_url == state.base_url and served.key_secret.get_secret_value() == key_value(state.api_key)
     other = resolve_endpoint(f"http://127.0.0.1:{free_port()}/v1", key=mine, serving=Served())
     assert other.key == mine
     launcher.stop(grace_s=5)
