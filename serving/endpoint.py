@@ -182,11 +182,8 @@ class Served:
         """The profile's healthy base URL (`base_url` reused if it answers); `base_url` without a profile."""
         if not self.profile:
             return base_url
-
-        def progress(phase: str, message: str) -> None:
-            if self.notice:
-                self.notice(f"serve: {message}")
-
-        return ensure_endpoint(self.profile, base_url=base_url, progress=progress, key=key)
+        notice = self.notice or (lambda message: None)
+        return ensure_endpoint(self.profile, base_url=base_url, key=key,
+                               progress=lambda phase, message: notice(f"serve: {message}"))
 
     recorded_key = staticmethod(recorded_key)
