@@ -418,6 +418,8 @@ def _download(plan: Plan | None, stage: Path, fetch: Fetch, say: Progress) -> No
     the repository's requirements files as copies without the lines that build code
     (`pyenv.host_requirement_files`); the build container installs from the files themselves."""
     requirements = plan.requirements if plan else list(ALWAYS)
+    for line, source in (plan.left_out if plan else {}).items():
+        say(f"left out (a URL no package index serves; an offline build cannot fetch it): {line} ({source})")
     (stage / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
     (stage / "constraints.txt").write_text("".join(f"{c}\n" for c in (plan.constraints if plan else [])))
     say(f"downloading wheels for Python {fetch.target.short} on the host")

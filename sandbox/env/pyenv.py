@@ -85,6 +85,7 @@ class Plan:
     build_requires: list[str] = field(default_factory=list)  # the project's build backend, for the editable install
     editable: bool = False  # the project itself, installed in editable mode
     sources: dict[str, str] = field(default_factory=dict)  # requirement or requirement file -> the file that gave it
+    left_out: dict[str, str] = field(default_factory=dict)  # a URL requirement no index serves -> the file that gave it
 
 
 def select_dependency_files(paths: Iterable[str], needs: TestNeeds) -> list[str]:
@@ -221,10 +222,14 @@ def plan_environment(root: Path, target: Target, *, metadata: dict | None = None
 
 
 def _add(plan: Plan, lines: list[str], source: str) -> None:
-    """Add the requirements of `lines` whose names the plan does not hold yet, noting where they came from."""
+    """Add the requirements of `lines` whose names the plan does not hold yet, noting where they came from.
+    One that points at a VCS checkout or a source archive (`psleak @ git+https://...`) is left out, noted:
+    the host would have to build it to read it, and the offline install could not fetch it."""
     held = {_name(x) for x in plan.requirements}
     for line in lines:
-        if _name(line) not in held or not _name(line):
+        if not host_line(line):
+            plan.left_out.setdefault(line, source)
+        elif _name(line) not in held or not _name(line):
             plan.requirements.append(line)
             plan.sources.setdefault(line, source)
             held.add(_name(line))

@@ -185,6 +185,23 @@ def test_a_dependency_that_does_not_exist_fails_naming_it_and_leaves_nothing(git
     assert left_of(request) == ([], [])
 
 
+def test_a_test_group_naming_a_git_url_builds_without_it_and_says_so(git_repo, sandbox_image):
+    """psutil's case: its test group names a package by git URL, which stopped the download (exit 7). The
+    rest of the group is installed, and the progress names what was left out."""
+    files = dict(PROJECT)
+    files["pyproject.toml"] += ("\n[dependency-groups]\ntest = ['six', 'nothere @ git+https://example.invalid/"
+                                "nothere.git@main']\n")
+    messages: list[str] = []
+    env = ensure_environment(BuildRequest(repo=git_repo(files), source=SOURCE, version="1.0"),
+                             progress=messages.append)
+    try:
+        assert any("left out" in m and "nothere @ git+https://example.invalid" in m for m in messages), messages
+        with Sandbox(SandboxConfig(image=env.tag), repo=git_repo(files)) as sb:
+            assert "1 passed" in sb.exec("python -m pytest -q tests").stdout
+    finally:
+        prune_environments(keep=0, source=SOURCE)
+
+
 def test_a_failing_setup_command_names_the_step_and_leaves_nothing(git_repo, sandbox_image):
     request = BuildRequest(repo=git_repo({"app.py": "x = 1\n"}), setup=f"echo preparing; exit 3  # {SESSION}")
     with pytest.raises(EnvironmentBuildError, match="run the setup command"):

@@ -216,6 +216,20 @@ def test_requirements_files_reach_the_host_without_the_lines_that_would_run_code
     assert plan.requirements == ["anyio", "httpx", "trio", "pytest-xdist", "pytest"]  # test.txt: a test need
 
 
+def test_a_url_requirement_of_a_group_or_the_metadata_is_left_out_and_noted(tmp_path):
+    """psutil's test group names `psleak @ git+https://...`: no index serves it, an offline build cannot fetch
+    it, and the host must not build it to read it. The rest of the group is planned."""
+    write(tmp_path, {"pyproject.toml": "[dependency-groups]\ntest = ['leak @ git+https://example.com/leak@master', "
+                                       "'arc @ https://example.com/arc/main.tar.gz', 'pytest-xdist', "
+                                       "'whl @ https://example.com/whl-1-py3-none-any.whl']\n",
+                     "setup.py": ""})
+    plan = plan_environment(tmp_path, TARGET, metadata={"name": "ps", "requires_dist": ["vcs @ git+https://e.com/v"]})
+    assert plan.requirements == ["pytest-xdist", "whl @ https://example.com/whl-1-py3-none-any.whl", "pytest"]
+    assert plan.left_out == {"vcs @ git+https://e.com/v": "the project's metadata",
+                             "leak @ git+https://example.com/leak@master": "pyproject.toml",
+                             "arc @ https://example.com/arc/main.tar.gz": "pyproject.toml"}
+
+
 def test_a_repository_with_only_configuration_plans_nothing(tmp_path):
     write(tmp_path, {"pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-q'\n", "setup.cfg": "[flake8]\n"})
     assert plan_environment(tmp_path, TARGET) is None
