@@ -44,9 +44,10 @@ from m3_agent.sandbox.engine import docker_client, image_exists, remove_containe
 from m3_agent.sandbox.env.catalogue import FILES_LABEL, PACKAGES_LABEL, RELEASES_LABEL, SOURCES_LABEL, env_labels
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID, SUITE,
                                     SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock, digest)
-from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, build_requires, host_requirement_files,
-                                    installable, key_files, key_files_at, pip_error, plan_environment,
-                                    pretend_version, scm_version, wants_environment, wants_environment_at)
+from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, build_requires, declared_python,
+                                        fits_python, host_requirement_files, installable, key_files, key_files_at,
+                                        pip_error, plan_environment, pretend_version, scm_version, wants_environment,
+                                        wants_environment_at)
 from m3_agent.sandbox.env.proof import PROOF_LABEL, Proof, proof_command, proof_of, read_proof
 from m3_agent.sandbox.env.releases import Releases, Sources, release_cutoff
 from m3_agent.sandbox.env.toolchain import (TOOLCHAIN, build_recipe, compiles, compiles_from, editable_settings,
@@ -389,6 +390,7 @@ def _plan(box: BuildContainer, request: BuildRequest, fetch: Fetch, say: Progres
         return None
     say(f"planning the environment for Python {fetch.target.python} ({fetch.target.machine}); "
         f"{fetch.sources.describe()}")
+    fits_python(declared_python(request.repo), fetch.target)  # another image's Python may fit: before any backend runs
     metadata = _project_metadata(box, request, fetch, say) if installable(request.repo) else None
     return plan_environment(request.repo, fetch.target, metadata=metadata)
 

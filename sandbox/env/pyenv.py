@@ -298,6 +298,16 @@ def fits_python(metadata: dict, target: Target) -> None:
         raise PythonMismatch(metadata.get("name", "the project"), wanted, target.python)
 
 
+def declared_python(root: Path) -> dict:
+    """The name and `Requires-Python` that pyproject.toml's `[project]` states itself (not `dynamic`), as
+    metadata fields: judged before the build backend runs, since some (meson-python) refuse to prepare the
+    metadata of a project whose range excludes the interpreter they run on."""
+    project = _pyproject(root).get("project", {})
+    if not isinstance(project, dict) or "requires-python" in project.get("dynamic", []):
+        return {}
+    return {"name": str(project.get("name", "the project")), "requires_python": str(project.get("requires-python", ""))}
+
+
 def test_names(names: list[str]) -> list[str]:
     """The names among extras or groups that hold the tests' needs: the test ones, else `dev`."""
     tests = [n for n in names if canonicalize_name(n) in TEST_NAMES]

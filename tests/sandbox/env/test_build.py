@@ -253,6 +253,52 @@ def test_a_project_that_needs_a_newer_python_is_built_on_a_newer_debian(git_repo
     assert prune_environments(keep=0, source=SOURCE) == [env.tag]
 
 
+# A build backend that refuses an interpreter outside the project's range, as meson-python does when it
+# prepares metadata (contourpy and PyWavelets at their heads: `requires-python = ">=3.12"`).
+STRICT_BACKEND = """\
+import sys
+
+from setuptools import build_meta as _meta
+from setuptools.build_meta import *  # noqa: F403
+
+
+def _refuse():
+    if sys.version_info < (3, 12):
+        raise SystemExit("strict: this project requires Python >=3.12, running on %d.%d" % sys.version_info[:2])
+
+
+def prepare_metadata_for_build_wheel(*args, **kwargs):
+    _refuse()
+    return _meta.prepare_metadata_for_build_wheel(*args, **kwargs)
+
+
+def prepare_metadata_for_build_editable(*args, **kwargs):
+    _refuse()
+    return _meta.prepare_metadata_for_build_editable(*args, **kwargs)
+"""
+
+
+def test_a_backend_that_refuses_the_images_python_moves_the_build_to_a_newer_debian(git_repo, sandbox_image):
+    """The range stated in pyproject.toml is judged before the backend runs: the build did stop at 'read the
+    project's dependencies' (exit 7) where the backend refused 3.11, before the trixie image was tried."""
+    repo = git_repo({
+        "pyproject.toml": (f"# {SESSION}\n[build-system]\nrequires = ['setuptools>=64']\n"
+                           "build-backend = 'strict_backend'\nbackend-path = ['_build']\n\n[project]\n"
+                           "name = 'strict'\nversion = '1.0'\nrequires-python = '>=3.12'\ndependencies = ['iniconfig']\n"),
+        "_build/strict_backend.py": STRICT_BACKEND,
+        "strict.py": "import iniconfig\n",
+        "tests/test_strict.py": "import sys\n\nimport strict\n\n\ndef test_strict():\n    assert sys.version_info >= (3, 12)\n",
+    })
+    messages: list[str] = []
+    try:
+        config, env = environment_for(repo, SandboxConfig(), source=SOURCE, progress=messages.append)
+        assert env is not None and any("building on Debian trixie" in m for m in messages), messages[-5:]
+        with Sandbox(config, repo=repo) as sb:
+            assert "1 passed" in sb.exec("python -m pytest -q tests").stdout
+    finally:
+        prune_environments(keep=0, source=SOURCE)
+
+
 def test_ctrl_c_during_a_build_leaves_no_container_and_no_image(git_repo, sandbox_image):
     """`m3-agent env build` interrupted while its setup command runs: exit 130, and nothing of it is left."""
     setup = f"sleep 300  # {SESSION}"
