@@ -19,22 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from m3_agent.agent.context.outline import DEFAULT_OUTLINE_MAX_TOKENS, DEFAULT_OUTLINE_SHARE
 from m3_agent.agent.context.selection import DEFAULT_MAX_FILE_BYTES
 from m3_agent.agent.model import ModelConfig
+from m3_agent.agent.prompts import Prompts
 from m3_agent.agent.stall import StallConfig
 from m3_agent.agent.thinking import ThinkingConfig
 from m3_agent.sandbox.config import SandboxConfig
 
-__all__ = ["SYSTEM_PROMPT", "AgentConfig", "ContextConfig", "LimitsConfig", "ModelConfig", "SandboxConfig",
-           "StallConfig", "ThinkingConfig"]
+__all__ = ["AgentConfig", "ContextConfig", "LimitsConfig", "ModelConfig", "SandboxConfig",
+           "Prompts", "StallConfig", "ThinkingConfig"]
 
 # Batch knobs that were `[context]` settings and are now `[eval]` ones (m3_agent.settings.ReuseConfig).
 MOVED_TO_EVAL = frozenset({"shared_share", "delta"})
 
-SYSTEM_PROMPT = """\
-You are m3-agent, an autonomous software engineer working on a code repository.
-The whole repository (or as much of it as fits) is in the first user message, followed by an issue.
-Work only through the tools: read and edit files, run commands and tests in the sandbox
-(the repository is at /workspace; there is no network). Make the smallest correct change that
-resolves the issue, run the relevant tests to confirm it, then call `submit`."""
 
 
 class ContextConfig(BaseModel):
@@ -100,7 +95,7 @@ class TestsConfig(BaseModel):
 
 
 class AgentConfig(BaseModel):
-    """Everything a run needs, one section per part: model, sandbox, context, thinking, stall, limits."""
+    """Everything a run needs, one section per part: model, sandbox, context, thinking, stall, limits, prompts."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -115,4 +110,4 @@ class AgentConfig(BaseModel):
     test_cmd: str | None = Field(
         None, description="shell command whose exit status decides the verdict when the agent ran no tests"
     )
-    system_prompt: str = SYSTEM_PROMPT
+    prompts: Prompts = Field(default_factory=Prompts)

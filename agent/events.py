@@ -13,12 +13,13 @@ Kinds, in the order a run emits them (`data` holds the fields; the trajectory fi
   model             model, max_model_len, context_window, window_source (server | config | None), max_tokens
                     (the served model, discovered; the window the run packs for and the reply budget)
   pack              tokens, files, skipped, counter, budget       (again after a repack)
-  request           thinking_mode, mode_reason, n_messages, new_messages, tool_choice (auto | required), max_tokens
+  message           index, message   (a message as it joins the conversation: recorded once, agent.conversation)
+  request           thinking_mode, mode_reason, n_messages, tool_choice (auto | required), max_tokens
   tool_choice_fallback  message, tool_choice   (the server refused "required": "auto" from then on)
   thinking_dropped  message   (the server rejected the thinking-mode parameter: none is sent from then on)
   context_overflow  message, input_tokens, limit
   context_window    context_window, window_source (error), max_tokens   (a smaller window an overflow named)
-  shrink            how (elided_tool_outputs | repacked), count | budget
+  shrink            how: elided_tool_outputs (count, indices, content) | repacked (budget, index, message)
   reply             content, reasoning, tool_calls, finish_reason, usage, total_usage,
                     cache_hit_share, latency_s, attempts
   text_tool_call    name, arguments, repair   (a tool call the reply wrote as text, read as its call)

@@ -9,17 +9,16 @@ defaults: the M3 client, the Docker sandbox, a `context.Packer` counting with th
 `token_counter()`, and a `StallDetector` of the config's rules). `_Run.loop` is a plain step loop:
 whatever ends the run raises a `RunEnded` (Submitted, Finished, LimitsExceeded, FormatError,
 Stalled). Each event is emitted once on one stream (`agent.events`); the trajectory writer and the
-callbacks subscribe to it.
+callbacks subscribe to it. The messages live in the run's `Conversation` (`agent.conversation`, its
+texts `agent.prompts`), usage and timings in its `Ledger` (`agent.ledger`, which `RunResult` extends).
 
 A reply without a tool call ends the run (Finished) only when the last test run saw the current,
 non-empty change and passed. A tool call written as text is read as one (`tools.text_calls`); any
 other such reply is re-prompted, counted like a format error, and the next request asks for a tool
 call with `tool_choice: "required"` ("auto" for the rest of the run where the server refuses it).
 
-One request per turn. History is append-only so the server's prefix cache keeps hitting: the first
-user message is the packed repository (byte-identical for the same commit) followed by the issue;
-every later request extends the previous one. The thinking mode is chosen per request by
-`agent.thinking`; stalls are caught by `agent.stall`.
+One request per turn; each extends the previous one (but for shrinking), so the server's prefix cache
+keeps hitting. The thinking mode is chosen per request by `agent.thinking`; stalls are caught by `agent.stall`.
 """
 
 from __future__ import annotations
@@ -27,19 +26,20 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from m3_agent.agent.config import SYSTEM_PROMPT, AgentConfig  # noqa: F401 - re-exported: where callers look
+from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.context import Pack
 from m3_agent.agent.context import pack as packing
 from m3_agent.agent.context.tokens import budget_for_window, reply_budget
+from m3_agent.agent.conversation import Conversation, IssueInput, issue_text
 from m3_agent.agent.events import EventStream, Subscriber
+from m3_agent.agent.ledger import Ledger
 from m3_agent.agent.model import (
     ContextOverflowError,
     ModelClient,
@@ -47,11 +47,10 @@ from m3_agent.agent.model import (
     ThinkingRejected,
     ToolCall,
     ToolChoiceRefused,
-    Usage,
 )
 from m3_agent.agent.protocols import Environment, EnvironmentFactory, Model, Packer
 from m3_agent.agent.recovery import Recovery, SandboxLostError, Watched, notice, reason_of
-from m3_agent.agent.stall import Stall, StallDetector, Step, nudge_message
+from m3_agent.agent.stall import Stall, StallDetector, Step
 from m3_agent.agent.thinking import LoopState, ThinkingPolicy
 from m3_agent.agent.trajectory import TrajectoryWriter
 from m3_agent.agent.verdict import TestWatch, Verdict, decide, unverified
@@ -64,11 +63,6 @@ from m3_agent.tools.js_runners import repository_note
 RunStatus = Literal["submitted", "finished", "stalled", "turn_limit", "token_limit", "time_limit", "cost_limit", "error"]
 
 FORMAT_ERROR_KINDS = {"unknown_tool", "bad_json", "bad_args", "truncated"}
-
-# The re-prompts after a reply without a tool call (the run goes on; `_answer_without_tools`).
-REPROMPT = ("Your reply made no tool call, so nothing happened. Work only through tool calls: {tools}. "
-            "A reply without one does not end the task: when the change is made and its tests pass, call `submit`.")
-CUT_OFF = "Your reply was cut off (max_tokens reached). Reply more briefly, and make one tool call at a time."
 
 
 def unusable_calls(turns: int, reply: ModelReply, results: list[ToolResult], tools: list[Tool]) -> str:
@@ -84,41 +78,21 @@ def unusable_calls(turns: int, reply: ModelReply, results: list[ToolResult], too
     return f"{turns} turns in a row with only malformed tool calls (bad JSON, bad arguments or cut off)"
 
 
-class Timings(BaseModel):
-    """Where a run's wall time went."""
-
-    wall_s: float = 0.0
-    pack_s: float = 0.0
-    sandbox_start_s: float = 0.0
-    model_s: float = 0.0
-    tools_s: float = 0.0
-
-
-class RunResult(BaseModel):
-    """The outcome of one run."""
+class RunResult(Ledger):
+    """The outcome of one run, with its ledger (usage, modes, timings, cost)."""
 
     status: RunStatus
     patch: str = ""
     turns: int = 0
-    usage: Usage = Field(default_factory=Usage)
-    cache_hit_share: float = 0.0
-    mode_counts: dict[str, int] = Field(default_factory=dict)
     stalls: list[Stall] = Field(default_factory=list)
     sandbox_restarts: int = 0  # fresh environments started after the one in use died (agent.recovery)
-    timings: Timings = Field(default_factory=Timings)
-    cost_usd: float | None = None
     final_message: str = ""
     final_tests: dict[str, Any] | None = None  # the tests that ran on the final workspace (verdict.tests)
     verdict: Verdict | None = None  # which test run decides, and when it ran relative to the last change
     pack_tokens: int = 0
     pack_files: int = 0
-    first_prompt_tokens: int = 0  # the first request's prompt: what the run started with in the KV cache
-    peak_context_tokens: int = 0  # the largest prompt + completion of one request: what it came to hold
     error: str | None = None
     trajectory_path: Path | None = None
-
-
-IssueInput = str | list[dict[str, Any]]  # text, or OpenAI content parts (text + image_url)
 
 
 # ----- how a run ends: raised from wherever the loop is, caught once in `_Run.loop` ----------------
@@ -252,7 +226,6 @@ class _Run:
         self.agent = agent
         self.cfg = agent.config
         self.repo = repo
-        self.issue = issue
         self.events = events
         self.owns_model = agent.model is None
         self.model: Model = agent.model if agent.model is not None else ModelClient(self.cfg.model)
@@ -260,13 +233,9 @@ class _Run:
         self.stall = agent.stall if agent.stall is not None else StallDetector(self.cfg.stall)
         self.packer: Packer | None = agent.packer  # made at the first pack when not injected
         self.result = RunResult(status="error", trajectory_path=trajectory_path)
-        self.state = LoopState(turn=0)
-        self.modes: Counter[str] = Counter()
-        self.t0 = time.monotonic()
-        self.turn = 0
-        self.nudged = False
+        self.state = LoopState(turn=0)  # the turn number's one home
         self.budget: int | None = None
-        self.messages: list[dict[str, Any]] = []
+        self.conversation = Conversation(self.cfg.prompts, issue, self.emit)
         # test_runner runs the project's own test command where it has one that is not pytest.
         self.tools = with_project_tests(agent.tools, repo, self.cfg.tests.command)
         self.schemas = [t.schema() for t in self.tools]
@@ -281,7 +250,7 @@ class _Run:
         self.max_tokens = self.cfg.model.max_tokens  # per request: at most a quarter of a known window
 
     def emit(self, kind: str, **data: Any) -> None:
-        self.events.emit(kind, self.turn, **data)
+        self.events.emit(kind, self.state.turn, **data)
 
     # ----- set-up ---------------------------------------------------------------------------------
     def execute(self) -> RunResult:
@@ -292,7 +261,8 @@ class _Run:
             t = time.monotonic()
             with first:
                 self.result.timings.sandbox_start_s = time.monotonic() - t
-                self.messages = self._first_messages(self.budget, packing.result())
+                self.conversation.start(self._packed(self.budget, packing.result()).text,
+                                        repository_note(Path(self.repo)))  # a JavaScript repository's runner
                 end = self.loop()
                 try:
                     self.result.patch = self._final_patch()
@@ -324,45 +294,27 @@ class _Run:
         if window:
             self.max_tokens = reply_budget(window, self.cfg.model.max_tokens)
 
-    def _issue_text(self) -> str:
-        if isinstance(self.issue, str):
-            return self.issue
-        return "\n".join(p.get("text", "") for p in self.issue if p.get("type") == "text")
-
-    def _budget(self) -> int | None:
-        if self.cfg.context.budget is not None:
+    def _budget(self, configured: bool = True) -> int | None:
+        """The pack's budget: the configured one, else what the window leaves (None without one)."""
+        if configured and self.cfg.context.budget is not None:
             return self.cfg.context.budget
-        if not self.window:
-            return None
         return budget_for_window(self.window, output_reserve=self.max_tokens,
-                                 growth_reserve=self.cfg.context.reserve_tokens)
+                                 growth_reserve=self.cfg.context.reserve_tokens) if self.window else None
 
     def _pack(self, budget: int | None) -> Pack:
-        t = time.monotonic()
-        if self.packer is None:
-            self.packer = packing.Packer.from_config(self.cfg.context, counter=self.model.token_counter())
-        pack = self.packer.pack(self.repo, issue=self._issue_text(), budget=budget, history=self.cfg.context.history)
-        self.result.timings.pack_s += time.monotonic() - t
-        return pack
+        with self.result.timed("pack_s"):
+            if self.packer is None:
+                self.packer = packing.Packer.from_config(self.cfg.context, counter=self.model.token_counter())
+            return self.packer.pack(self.repo, issue=issue_text(self.conversation.issue), budget=budget,
+                                    history=self.cfg.context.history)
 
-    def _first_messages(self, budget: int | None, pack: Pack | None = None) -> list[dict[str, Any]]:
-        if pack is None:
-            pack = self._pack(budget)
+    def _packed(self, budget: int | None, pack: Pack | None = None) -> Pack:
+        """`pack` (else a new one for `budget`), counted and announced."""
+        pack = pack or self._pack(budget)
         self.result.pack_tokens, self.result.pack_files = pack.tokens, len(pack.files)
         self.emit("pack", tokens=pack.tokens, files=len(pack.files), skipped=len(pack.skipped),
                   counter=pack.counter_kind, budget=budget, delta_base=pack.delta_base)
-        # The repository comes first and the issue after it, so the prefix is shared across issues.
-        task = (
-            "\n\n<issue>\n{issue}\n</issue>\n\nResolve the issue above in /workspace. "
-            "Use the tools; run the tests; call `submit` when the fix is done."
-        )
-        if isinstance(self.issue, str):
-            user: Any = pack.text + task.format(issue=self.issue)
-        else:
-            user = [{"type": "text", "text": pack.text + task.format(issue=self._issue_text())}]
-            user += [p for p in self.issue if p.get("type") != "text"]
-        system = self.cfg.system_prompt + repository_note(Path(self.repo))  # a JavaScript repository's runner
-        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return pack
 
     # ----- the loop -------------------------------------------------------------------------------
     def loop(self) -> RunEnded:
@@ -375,14 +327,16 @@ class _Run:
 
     def step(self) -> None:
         """One turn: check the limits, ask the model, run its tool calls, look for a stall."""
-        if self.turn >= self.cfg.limits.max_turns:
+        if self.state.turn >= self.cfg.limits.max_turns:
             raise LimitsExceeded(status="turn_limit")
-        self.turn = self.state.turn = self.result.turns = self.turn + 1
-        self._check_limits()
+        self.state.turn += 1
+        limit = self.result.limit_reached(self.cfg.limits)
+        if limit:
+            raise LimitsExceeded(status=limit)
         reply = self._request()
         if not reply.tool_calls:
             reply = self._read_text_call(reply)
-        self.messages.append(reply.as_message())
+        self.conversation.add(reply.as_message())
         self.state.stalled = False
         if not reply.tool_calls:
             self._answer_without_tools(reply)
@@ -391,37 +345,14 @@ class _Run:
         self._observe(reply, results)
         self._check_stall()
 
-    def _check_limits(self) -> None:
-        cfg, u = self.cfg.limits, self.result.usage
-        if cfg.max_total_tokens is not None and u.total_tokens >= cfg.max_total_tokens:
-            raise LimitsExceeded(status="token_limit")
-        if cfg.max_wall_s is not None and time.monotonic() - self.t0 >= cfg.max_wall_s:
-            raise LimitsExceeded(status="time_limit")
-        cost = self._cost()
-        if cfg.max_cost_usd is not None and cost is not None and cost >= cfg.max_cost_usd:
-            raise LimitsExceeded(status="cost_limit")
-
-    def _cost(self) -> float | None:
-        cfg, u = self.cfg.limits, self.result.usage
-        if cfg.usd_per_m_input is not None or cfg.usd_per_m_output is not None:
-            return (u.prompt_tokens * (cfg.usd_per_m_input or 0) + u.completion_tokens * (cfg.usd_per_m_output or 0)) / 1e6
-        if cfg.gpu_usd_per_hour is not None:
-            return cfg.gpu_usd_per_hour * (time.monotonic() - self.t0) / 3600
-        return None
-
     def _request(self) -> ModelReply:
         mode, reason = self.policy.decide(self.state) if self.thinking else (None, "the server takes no thinking mode")
         choice, self.tool_choice = self.tool_choice, "auto"
-        self.emit("request", thinking_mode=mode, mode_reason=reason, n_messages=len(self.messages),
-                  new_messages=self.messages[-2:] if self.turn > 1 else None, tool_choice=choice,
-                  max_tokens=self.max_tokens)
+        self.emit("request", thinking_mode=mode, mode_reason=reason, n_messages=len(self.conversation.messages),
+                  tool_choice=choice, max_tokens=self.max_tokens)
         reply = self._complete(mode, choice)
-        if self.thinking:  # the modes the server was sent
-            self.modes[mode] += 1
+        self.result.account(reply, mode if self.thinking else None)  # the modes the server was sent
         usage = self.result.usage
-        usage.add(reply.usage)
-        self.result.first_prompt_tokens = self.result.first_prompt_tokens or reply.usage.prompt_tokens
-        self.result.peak_context_tokens = max(self.result.peak_context_tokens, reply.usage.total_tokens)
         self.emit("reply", content=reply.content, reasoning=reply.reasoning,
                   tool_calls=[c.model_dump() for c in reply.tool_calls], finish_reason=reply.finish_reason,
                   usage=reply.usage.model_dump(), total_usage=usage.model_dump(),
@@ -435,10 +366,10 @@ class _Run:
         later request."""
         shrinks = 0
         while True:
-            t = time.monotonic()
             try:
-                return self.model.complete(self.messages, tools=self.schemas, thinking_mode=mode if self.thinking else None,
-                                           tool_choice=choice, max_tokens=self.max_tokens)
+                with self.result.timed("model_s"):
+                    return self.model.complete(self.conversation.messages, tools=self.schemas, tool_choice=choice,
+                                               thinking_mode=mode if self.thinking else None, max_tokens=self.max_tokens)
             except ToolChoiceRefused as e:
                 self.forcing, choice = False, "auto"
                 self.emit("tool_choice_fallback", message=str(e), tool_choice=choice)
@@ -450,9 +381,7 @@ class _Run:
                 shrinks += 1
                 if shrinks > 3 or not self._shrink(e, shrinks):
                     raise
-                self.stall.record_condensation(self.turn)
-            finally:
-                self.result.timings.model_s += time.monotonic() - t
+                self.stall.record_condensation(self.state.turn)
 
     def _shrink(self, e: ContextOverflowError, attempt: int) -> bool:
         """Make the conversation fit after a context overflow: take a smaller window the error names (and
@@ -460,28 +389,18 @@ class _Run:
         if e.limit is not None and (self.window is None or e.limit < self.window):
             self._set_window(e.limit)
             self.emit("context_window", context_window=self.window, window_source="error", max_tokens=self.max_tokens)
-        elided = 0
-        tool_msgs = [m for m in self.messages if m.get("role") == "tool"]
-        for m in tool_msgs[:-2]:  # keep the latest results intact
-            if not str(m["content"]).startswith("[elided"):
-                m["content"] = "[elided by m3-agent to fit the context window; re-run the tool if needed]"
-                elided += 1
-        if elided and attempt == 1:
-            self.emit("shrink", how="elided_tool_outputs", count=elided)
+        if self.conversation.elide() and attempt == 1:  # the latest two results stay intact
             return True
         target = self.budget if self.budget is not None else self.result.pack_tokens
         if e.input_tokens is not None and e.limit is not None:  # the prompt alone, and the room it must leave
             target -= max(e.input_tokens + self.max_tokens - e.limit, 0)
         if self.window:
-            target = min(target, budget_for_window(self.window, output_reserve=self.max_tokens,
-                                                   growth_reserve=self.cfg.context.reserve_tokens))
+            target = min(target, self._budget(configured=False))
         new_budget = int(max(target, 0) * 0.8)
         if new_budget <= 0:
             return False
         self.budget = new_budget
-        first = self._first_messages(new_budget)
-        self.messages[1] = first[1]
-        self.emit("shrink", how="repacked", budget=new_budget)
+        self.conversation.repack(self._packed(new_budget).text, new_budget)
         return True
 
     def _read_text_call(self, reply: ModelReply) -> ModelReply:
@@ -489,14 +408,14 @@ class _Run:
         found = read_text_call(reply.content, [t.name for t in self.tools])
         if found is None:
             return reply
-        call = ToolCall(id=f"text-call-{self.turn}", name=found.name, arguments=found.arguments, repair=found.repair)
+        call = ToolCall(id=f"text-call-{self.state.turn}", name=found.name, arguments=found.arguments, repair=found.repair)
         self.emit("text_tool_call", name=call.name, arguments=call.arguments, repair=call.repair)
         return reply.model_copy(update={"tool_calls": [call]})
 
     def _answer_without_tools(self, reply: ModelReply) -> None:
         """A reply without tool calls ends the run if the last test run saw the current change and passed;
         any other (a cut-off one too) is re-prompted, counted like a format error."""
-        self.stall.record(Step(turn=self.turn, tool=None, args=None, output=reply.content))
+        self.stall.record(Step(turn=self.state.turn, tool=None, args=None, output=reply.content))
         cut = reply.finish_reason == "length"
         if not cut and self.tests.passed_on(self._final_patch()):
             self.result.final_message = reply.content
@@ -512,8 +431,7 @@ class _Run:
         self.tool_choice = "required" if self.forcing else "auto"
         self.emit("reprompt", reason="cut_off" if cut else "no_tool_call", format_errors=state.format_errors_in_row,
                   tool_choice=self.tool_choice)
-        tools = ", ".join(t.name for t in self.tools)
-        self.messages.append({"role": "user", "content": CUT_OFF if cut else REPROMPT.format(tools=tools)})
+        self.conversation.say("cut_off" if cut else "reprompt", tools=", ".join(t.name for t in self.tools))
 
     def _run_tools(self, reply: ModelReply) -> list[ToolResult]:
         truncated = reply.finish_reason == "length"
@@ -521,17 +439,17 @@ class _Run:
         for call in reply.tool_calls:
             self.emit("tool_call", id=call.id, name=call.name, arguments=call.arguments)
             t = time.monotonic()
-            result = self._call(call, truncated)
+            with self.result.timed("tools_s"):
+                result = self._call(call, truncated)
             took = time.monotonic() - t
-            self.result.timings.tools_s += took
             output = head_tail(result.output, self.cfg.output_cap_chars)
-            self.messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+            self.conversation.add({"role": "tool", "tool_call_id": call.id, "content": output})
             self.emit("tool_result", id=call.id, name=call.name, ok=result.ok, error_kind=result.error_kind,
                       output=output, data=result.data, changed_files=result.changed_files,
                       tests=result.tests.model_dump() if result.tests else None, duration_s=round(took, 4))
-            self.stall.record(_step_of(self.turn, call.name, call.arguments, result, output))
+            self.stall.record(_step_of(self.state.turn, call.name, call.arguments, result, output))
             if result.tests is not None:  # a test run: remember the workspace it saw (diffed by _call)
-                self.tests.saw(call.name, call.arguments, result.tests.model_dump(), self.turn,
+                self.tests.saw(call.name, call.arguments, result.tests.model_dump(), self.state.turn,
                                self.recovery.last_diff)
             results.append(result)
             if result.submitted:
@@ -575,7 +493,7 @@ class _Run:
         n = self.result.sandbox_restarts = self.recovery.restarts
         self.emit("sandbox_restart", reason=reason, restored_diff_bytes=len(patch.encode()),
                   restored_files=patch.count("diff --git "), restarts=n)
-        return ToolResult(output=notice(reason, patch, n, self.recovery.limit), ok=False, error_kind="execution",
+        return ToolResult(output=notice(self.cfg.prompts.restart, reason, patch, n, self.recovery.limit), ok=False, error_kind="execution",
                           data={"sandbox_restart": n, "reason": reason})
 
     def _observe(self, reply: ModelReply, results: list[ToolResult]) -> None:
@@ -597,17 +515,17 @@ class _Run:
 
     def _check_stall(self) -> None:
         """Nudge the model at the first stall; end the run at the next one."""
-        self.stall.end_turn(self.turn)
+        self.stall.end_turn(self.state.turn)
         stall = self.stall.check()
         if stall is None:
             return
         self.result.stalls.append(stall)
-        self.emit("stall", rule=stall.rule, evidence=stall.evidence, nudged=self.nudged)
-        if self.nudged:
+        nudged = len(self.result.stalls) > 1  # the first stall was nudged
+        self.emit("stall", rule=stall.rule, evidence=stall.evidence, nudged=nudged)
+        if nudged:
             raise Stalled(f"stalled: {stall.rule}: {stall.evidence}")
-        self.nudged = True
         self.state.stalled = True
-        self.messages.append({"role": "user", "content": nudge_message(stall)})
+        self.conversation.say("nudge", rule=stall.rule, evidence=stall.evidence, advice=self.cfg.prompts.advice(stall.rule))
         self.stall.user_message()
 
     # ----- the end --------------------------------------------------------------------------------
@@ -617,9 +535,8 @@ class _Run:
             verdict = unverified(f"not verified: the run ended {end.status}"
                                  + ("" if self.result.patch.strip() else " without a change"))
         else:
-            t = time.monotonic()
-            verdict = self._decide()
-            self.result.timings.tools_s += time.monotonic() - t
+            with self.result.timed("tools_s"):
+                verdict = self._decide()
         self.result.verdict = verdict
         self.result.final_tests = verdict.tests if verdict.after_last_change else None
         self.emit("verify", **verdict.model_dump())
@@ -645,11 +562,8 @@ class _Run:
             return
         self.finished = True
         r = self.result
-        r.status, r.error = status, error
-        r.mode_counts = dict(self.modes)
-        r.cache_hit_share = round(r.usage.cache_hit_share, 4)
-        r.cost_usd = self._cost()
-        r.timings.wall_s = time.monotonic() - self.t0
+        r.status, r.error, r.turns = status, error, self.state.turn
+        r.close(self.cfg.limits)
         self.emit("finish", status=status, error=error, turns=r.turns, usage=r.usage.model_dump(),
                   cache_hit_share=r.cache_hit_share, mode_counts=r.mode_counts,
                   stalls=[s.model_dump() for s in r.stalls], sandbox_restarts=r.sandbox_restarts,

@@ -104,14 +104,9 @@ def fresh_environment(env: Environment, factory: EnvironmentFactory, repo: Path,
     return fresh
 
 
-def notice(reason: str, patch: str, restarts: int, limit: int) -> str:
-    """The tool result the model reads for the call the environment died under."""
+def notice(template: str, reason: str, patch: str, restarts: int, limit: int) -> str:
+    """The tool result the model reads for the call the environment died under (`template`: prompts.restart)."""
     files = patch.count("diff --git ")
     restored = (f"your changes as of the last completed tool call ({files} file(s), {len(patch.encode())} "
                 "bytes of diff)" if patch else "the base commit (no change had been made yet)")
-    return (
-        f"The sandbox died during this tool call ({reason}). m3-agent started a fresh sandbox and restored "
-        f"/workspace to {restored}. This call's own effects are lost, and so are running processes, files "
-        "outside /workspace and anything installed. Re-run what you still need, and avoid what killed it "
-        f"(memory, processes, output). Restart {restarts} of at most {limit}."
-    )
+    return template.format(reason=reason, restored=restored, restarts=restarts, limit=limit)

@@ -8,7 +8,7 @@ marks the end of each turn, and asks `check()` after each turn:
                          output="1 failed in 0.03s", exit_code=1, failing_tests=["t.py::test_x"]))
     detector.end_turn(4)
     if (stall := detector.check()) is not None:
-        messages.append({"role": "user", "content": nudge_message(stall)})
+        conversation.say("nudge", rule=stall.rule, evidence=stall.evidence, advice=...)  # agent.prompts
         detector.user_message()          # the window restarts; a second detection means "stop"
 
 Rules, all looking only at history since the last user message (OpenHands' window):
@@ -35,7 +35,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Stall", "StallConfig", "StallDetector", "Step", "normalize", "nudge_message"]
+__all__ = ["Stall", "StallConfig", "StallDetector", "Step", "normalize"]
 
 
 class StallConfig(BaseModel):
@@ -320,24 +320,3 @@ class StallDetector:
         if not k or self._idle_turns < k:
             return None
         return f"no file changed in {self._idle_turns} turns (turns {self._idle_since}-{self._last_ended})"
-
-
-_ADVICE = {
-    "same_failing_tests": "Your recent changes did not change which tests fail. Re-read the failure "
-    "output and the code under test, question your assumption about the cause, and try a different fix.",
-    "repeated_action": "Repeating the same action gives the same result. Do something different.",
-    "repeated_error": "This action keeps failing. Read the error, change the command or its "
-    "arguments, or take another route.",
-    "monologue": "You keep sending the same message. Call a tool to make progress, or submit.",
-    "alternation": "You are going back and forth between two actions. Stop and decide on one "
-    "concrete next step.",
-    "condensation": "The context keeps being condensed. Work in smaller steps and keep outputs short.",
-    "no_file_change": "Nothing has been edited for a while. Make a concrete change, or submit if done.",
-}
-
-
-def nudge_message(stall: Stall) -> str:
-    """The user message the loop adds on first detection: the stall, its evidence, and what to do."""
-    advice = _ADVICE.get(stall.rule, "Step back and try a different approach.")
-    return (f"Stall detected ({stall.rule}): {stall.evidence}.\n{advice}\n"
-            "Think before you act. If this continues, the run will be stopped as stalled.")

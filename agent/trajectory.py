@@ -1,9 +1,9 @@
 """JSONL trajectories: every request, reply, tool call, result, mode, usage and timing, as it happens.
 
 The writer is a subscriber of the run's event stream (`agent.events`): one JSON object per event,
-flushed at once, so a crash or Ctrl-C leaves a readable file. Each line has `kind` (run_start, model,
-pack, request, reply, tool_call, tool_result, stall, context_overflow, shrink, finish), `t` (seconds
-since the run started), `turn`, and the event's fields. `m3-agent show FILE` renders one.
+flushed at once, so a crash or Ctrl-C leaves a readable file. Each line has `kind` (`agent.events`),
+`t` (seconds since the run started), `turn`, and the event's fields. `m3-agent show FILE` renders one;
+`--messages [--turn N]` rebuilds what the model saw (`messages_at`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -97,6 +97,10 @@ def render(events: list[dict[str, Any]], console: Console) -> None:
             detail = f"{e.get('name')}({_short(e.get('arguments'), 80)})"
         elif kind == "tool_result":
             detail = f"{'ok' if e.get('ok') else 'ERR'} {_short(e.get('output'), 90)}"
+        elif kind == "message" and (e.get("message") or {}).get("role") in ("assistant", "tool"):
+            continue  # the reply and tool_result rows show them
+        elif kind == "message":
+            detail = f"{e['message'].get('role')}: {_short(e['message'].get('content'), 100)}"
         elif kind == "stall":
             detail = f"[yellow]{e.get('rule')}[/]: {_short(e.get('evidence'))}"
         elif kind == "finish":
@@ -117,6 +121,38 @@ def render(events: list[dict[str, Any]], console: Console) -> None:
         )
 
 
-def show_command(path: Path = typer.Argument(..., help="A trajectory .jsonl file written by a run.")) -> None:
-    """Render a trajectory (JSONL) file with rich."""
-    render(read_trajectory(path), Console())
+def messages_at(events: list[dict[str, Any]], turn: int | None = None) -> list[dict[str, Any]]:
+    """The messages the model answered at `turn` (default: the last request), rebuilt from the trajectory:
+    each `message` event in order, with each `shrink` applied, up to that turn's reply."""
+    asked = [e["turn"] for e in events if e["kind"] == "request"]
+    if not any(e["kind"] == "message" for e in events):
+        raise UsageError("this trajectory was written before runs recorded their messages: `m3-agent show FILE` "
+                         "renders it, but what the model saw cannot be rebuilt")
+    turn = turn if turn is not None else asked[-1] if asked else 0
+    if turn not in asked:
+        raise UsageError(f"no request at turn {turn}: this run's requests are turns {min(asked, default=0)}-"
+                         f"{max(asked, default=0)}")
+    messages: list[dict[str, Any]] = []
+    for e in events:
+        if e["turn"] > turn or e["turn"] == turn and e["kind"] == "reply":
+            break
+        if e["kind"] == "message":
+            messages[e["index"]:e["index"] + 1] = [e["message"]]
+        elif e["kind"] == "shrink" and "message" in e:  # a repack
+            messages[e["index"]] = e["message"]
+        elif e["kind"] == "shrink":  # old tool outputs elided
+            for i in e.get("indices", []):
+                messages[i] = {**messages[i], "content": e["content"]}
+    return messages
+
+
+def show_command(
+    path: Path = typer.Argument(..., help="A trajectory .jsonl file written by a run."),
+    messages: bool = typer.Option(False, "--messages", help="Print, as JSON, the messages the model saw."),
+    turn: Optional[int] = typer.Option(None, "--turn", help="With --messages: at this turn's request (default: the last)."),
+) -> None:
+    """Render a trajectory (JSONL) file with rich, or the exact messages of one request."""
+    if messages:
+        typer.echo(json.dumps(messages_at(read_trajectory(path), turn), ensure_ascii=False, indent=2))
+    else:
+        render(read_trajectory(path), Console())

@@ -172,7 +172,7 @@ def instances(repo: Path, commits: list[tuple[str, str]], budget: int,
     """Per shared share, one instance per commit (the issue: the message of the commit after it), packed
     as the agent packs in `batch` (the id `order_files` returned)."""
     name = repo.resolve().name if repo.name not in ("repo", ".git") else repo.resolve().parent.name
-    system = AgentConfig().system_prompt
+    system = AgentConfig().prompts.system
     out: list[list[Instance]] = [[] for _ in shares]
     for base, child in commits:
         iid = f"{name}-{base[:10]}"

@@ -24,7 +24,7 @@ from m3_agent.agent.model import ContextOverflowError, ModelReply, ToolCall, Usa
 from m3_agent.agent.protocols import Environment, Model
 from m3_agent.agent.stall import StallConfig, StallDetector
 from m3_agent.agent.thinking import ThinkingConfig
-from m3_agent.agent.trajectory import read_trajectory, render
+from m3_agent.agent.trajectory import messages_at, read_trajectory, render
 from m3_agent.errors import EndpointError, Interrupted, UsageError
 from m3_agent.sandbox import LocalEnvironment, SandboxConfig
 from m3_agent.standin.server import StandinServer
@@ -95,7 +95,7 @@ def test_scripted_fix_is_submitted_with_a_patch(git_repo, tmp_path):
     assert [t["function"]["name"] for t in requests[0]["tools"]][:3] == ["code_exec", "file_write", "test_runner"]
     assert requests[0]["tool_choice"] == "auto"
     kinds = [e.kind for e in events]
-    assert kinds[:4] == ["run_start", "model", "pack", "request"] and kinds[-1] == "finish"
+    assert kinds[:6] == ["run_start", "model", "pack", "message", "message", "request"] and kinds[-1] == "finish"
     assert "tool_call" in kinds and "tool_result" in kinds
     replies = [e for e in events if e.kind == "reply"]
     assert len(replies) == 4 and replies[-1].data["total_usage"] == result.usage.model_dump()
@@ -278,6 +278,38 @@ def test_context_overflow_shrinks_and_retries(git_repo, tmp_path):
     assert result.status == "submitted"
     assert any(e["kind"] == "context_overflow" for e in traj)
     assert any(e["kind"] == "shrink" for e in traj)
+
+
+def answered(requests: list[dict], traj: list[dict]) -> dict[int, list[dict]]:
+    """The messages of the request each turn's reply answered: the last of its attempts (one more per overflow)."""
+    out, k = {}, 0
+    for turn in [e["turn"] for e in traj if e["kind"] == "request"]:
+        k += 1 + sum(e["kind"] == "context_overflow" and e["turn"] == turn for e in traj)
+        out[turn] = requests[k - 1]["messages"]
+    return out
+
+
+def test_the_trajectory_alone_rebuilds_every_request_the_model_saw(git_repo, tmp_path):
+    look = [{"tool_calls": [call("bash", command=f"echo look {i}")]} for i in range(2)]
+    turns = [solve_turns()[0], *look, {"fault": "context_overflow"},  # elides the oldest tool output
+             {"content": "Done, I think."},  # no tool call, no passing test: re-prompted
+             {"content": "Let me expl", "finish_reason": "length"},  # cut off: re-prompted
+             {"fault": "context_overflow"},  # nothing left to elide: the repository is repacked
+             *solve_turns()[1:]]
+    result, requests, traj = run(git_repo, turns, tmp_path)
+    assert result.status == "submitted"
+    assert [e["how"] for e in traj if e["kind"] == "shrink"] == ["elided_tool_outputs", "repacked"]
+    assert [e["reason"] for e in traj if e["kind"] == "reprompt"] == ["no_tool_call", "cut_off"]
+    seen = answered(requests, traj)
+    assert len(seen) == result.turns == 8
+    for turn, messages in seen.items():
+        assert messages_at(traj, turn) == messages, turn
+    assert messages_at(traj) == requests[-1]["messages"]  # the final request, from the trajectory alone
+    # each message is recorded once, when it joins; the pack is in the first user message and the repack
+    joined = [e for e in traj if e["kind"] == "message"]
+    assert [e["index"] for e in joined] == list(range(len(requests[-1]["messages"]) + 2))  # + submit's call, result
+    pack_head = json.dumps(requests[0]["messages"][1]["content"][:300])[1:-1]
+    assert sum(pack_head in json.dumps(e) for e in traj) == 2  # the first user message, and its repack
 
 
 def test_stall_nudges_once_then_stops(git_repo, tmp_path):
@@ -639,8 +671,8 @@ def test_callbacks_get_events_in_order_with_run_relative_times(git_repo, tmp_pat
     model = ScriptedModel([tool_reply("submit", 1, summary="done")])
     Agent(AgentConfig(), model=model, env_factory=LocalEnvironment, callbacks=[seen.append]).run(
         git_repo(BUGGY), "x")
-    assert [e.kind for e in seen] == ["run_start", "model", "pack", "request", "reply", "tool_call", "tool_result",
-                                      "verify", "finish"]
+    assert [e.kind for e in seen] == ["run_start", "model", "pack", "message", "message", "request", "reply",
+                                      "message", "tool_call", "message", "tool_result", "verify", "finish"]
     assert [e.t for e in seen] == sorted(e.t for e in seen)
     assert seen[-1].data["status"] == "submitted" and seen[-1].turn == 1
 

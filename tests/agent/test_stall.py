@@ -7,7 +7,7 @@ import json
 import pydantic
 import pytest
 
-from m3_agent.agent.stall import Stall, StallConfig, StallDetector, Step, normalize, nudge_message
+from m3_agent.agent.stall import Stall, StallConfig, StallDetector, Step, normalize
 
 
 def pytest_output(*, seconds: str = "0.03", tmp: str = "tmpk3j2h1ab", addr: str = "0x7f3a2c1d9e50",
@@ -495,24 +495,6 @@ def test_persisting_stall_fires_again_after_the_nudge():
                 break
             d.user_message()
     assert [(s.rule, s.turn) for s in detections] == [("same_failing_tests", 6), ("same_failing_tests", 12)]
-
-
-# ----- nudge -------------------------------------------------------------------------------------
-
-def test_nudge_names_the_stall_and_its_evidence():
-    stall = Stall(rule="same_failing_tests", evidence="the same 1 failing test(s) in the last 3 test runs", turn=6)
-    text = nudge_message(stall)
-    assert "same_failing_tests" in text and stall.evidence in text
-    assert "stopped" in text
-    assert nudge_message(Stall(rule="no_file_change", evidence="e", turn=1)) != text
-
-
-def test_every_rule_has_its_own_advice():
-    rules = ["same_failing_tests", "repeated_action", "repeated_error", "monologue", "alternation",
-             "condensation", "no_file_change"]
-    texts = {nudge_message(Stall(rule=r, evidence="e", turn=1)) for r in rules}
-    assert len(texts) == len(rules)
-    assert "Stall detected (mystery)" in nudge_message(Stall(rule="mystery", evidence="e", turn=1))
 
 
 # ----- with the real agent loop --------------------------------------------------------------------

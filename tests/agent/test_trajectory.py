@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,53 @@ def test_show_of_a_binary_file_is_one_line_and_exit_2(tmp_path):
     proc = _show(path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "blob.jsonl is not text" in " ".join(proc.stderr.split())
+
+
+OLD = Path(__file__).parent / "fixtures" / "trajectory-v1.jsonl"  # written before runs recorded their messages
+
+
+def _show_args(*args) -> subprocess.CompletedProcess:
+    code = "from m3_agent.cli import main; main()"
+    return subprocess.run([sys.executable, "-c", code, "show", *map(str, args)], capture_output=True, text=True,
+                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+def test_a_trajectory_written_before_message_records_still_shows():
+    proc = _show_args(OLD)
+    assert proc.returncode == 0, proc.stderr
+    for text in ("mode=enabled (plan the first turn)", "repacked", "status submitted, turns 4"):
+        assert text in proc.stdout
+
+
+def test_messages_of_an_old_trajectory_are_refused_in_one_line_with_exit_2():
+    proc = _show_args(OLD, "--messages")
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert "written before runs recorded their messages" in " ".join(proc.stderr.split())
+
+
+def recorded(path) -> None:
+    """A two-turn run's events: the first messages, a reply, a tool result, an elision, a nudge."""
+    w, stream = writer_stream(path)
+    stream.emit("message", 0, index=0, message={"role": "system", "content": "sys"})
+    stream.emit("message", 0, index=1, message={"role": "user", "content": "PACK issue"})
+    stream.emit("request", 1, n_messages=2)
+    stream.emit("reply", 1, content="")
+    stream.emit("message", 1, index=2, message={"role": "assistant", "content": "", "tool_calls": [{"id": "a"}]})
+    stream.emit("message", 1, index=3, message={"role": "tool", "tool_call_id": "a", "content": "out"})
+    stream.emit("message", 1, index=4, message={"role": "user", "content": "Stall detected"})
+    stream.emit("request", 2, n_messages=5)
+    stream.emit("shrink", 2, how="elided_tool_outputs", count=1, indices=[3], content="[elided]")
+    stream.emit("shrink", 2, how="repacked", budget=10, index=1, message={"role": "user", "content": "PAC issue"})
+    stream.emit("reply", 2, content="done")
+    w.close()
+
+
+def test_show_messages_prints_what_the_model_saw_at_a_turn(tmp_path):
+    path = tmp_path / "t.jsonl"
+    recorded(path)
+    first = json.loads(_show_args(path, "--messages", "--turn", "1").stdout)
+    assert [m["content"] for m in first] == ["sys", "PACK issue"]
+    last = json.loads(_show_args(path, "--messages").stdout)
+    assert [m["content"] for m in last] == ["sys", "PAC issue", "", "[elided]", "Stall detected"]
+    proc = _show_args(path, "--messages", "--turn", "7")
+    assert proc.returncode == 2 and "no request at turn 7: this run's requests are turns 1-2" in proc.stderr

@@ -30,8 +30,8 @@ def test_defaults_apply_when_nothing_is_configured(tmp_path):
 
 def test_every_section_of_the_agent_config_is_a_settings_section():
     sections = {p.split(".")[0] for p in PATHS if "." in p}
-    assert sections == {"model", "sandbox", "context", "thinking", "stall", "limits", "tests", "fix", "eval"}
-    assert {p for p in PATHS if "." not in p} == {"serve", "output_cap_chars", "system_prompt", "test_cmd"}
+    assert sections == {"model", "sandbox", "context", "thinking", "stall", "limits", "tests", "prompts", "fix", "eval"}
+    assert {p for p in PATHS if "." not in p} == {"serve", "output_cap_chars", "test_cmd"}
     assert all(path in PATHS for path in FLAGS.values())
 
 
@@ -236,6 +236,36 @@ def test_config_show_bad_file_is_a_one_line_usage_error(tmp_path, cli_main):
     assert code == 2
     assert "m3-agent.toml: unknown setting 'nonsense'" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_config_show_lists_the_prompts_and_a_file_changes_one(tmp_path, cli_main):
+    write(tmp_path / "m3-agent.toml", '[prompts]\nreprompt = "No call. Use one of {tools}."\n'
+          '[prompts.stall_advice]\nmonologue = "Stop repeating yourself."\n')
+    code, out, err = cli_main("config", "show", "--repo", str(tmp_path), "--json")
+    assert code == 0, err
+    shown = {row["name"]: row for row in json.loads(out)}
+    assert {n for n in shown if n.startswith("prompts.")} == {
+        "prompts.system", "prompts.instance", "prompts.reprompt", "prompts.cut_off", "prompts.nudge",
+        "prompts.stall_advice", "prompts.restart"}
+    assert shown["prompts.reprompt"] == {"name": "prompts.reprompt", "value": "No call. Use one of {tools}.",
+                                         "source": "m3-agent.toml"}
+    assert shown["prompts.system"]["value"].startswith("You are m3-agent") and shown["prompts.system"]["source"] == "default"
+    settings, _ = load_settings(tmp_path)
+    assert settings.agent_config().prompts.advice("monologue") == "Stop repeating yourself."
+
+
+@pytest.mark.parametrize("layer", ["file", "env"])
+def test_a_prompt_with_an_unknown_placeholder_is_refused_when_the_config_is_read(tmp_path, cli_main, layer):
+    env = {}
+    if layer == "file":
+        write(tmp_path / "m3-agent.toml", '[prompts]\nnudge = "Stalled: {rule} at turn {turn}"\n')
+    else:
+        env["M3_AGENT_PROMPTS__NUDGE"] = "Stalled: {rule} at turn {turn}"
+    code, _, err = cli_main("config", "show", "--repo", str(tmp_path), env=env)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    where = "m3-agent.toml" if layer == "file" else "env M3_AGENT_PROMPTS__NUDGE"
+    assert f"{where}: prompts.nudge: Value error, unknown placeholder {{turn}}" in err
+    assert "{rule}, {evidence}, {advice}" in err
 
 
 def test_table_setting_from_the_environment_is_json(tmp_path):
