@@ -178,12 +178,14 @@ class EndpointClient:
             raise EndpointError(f"{self.root}/tokenize answered without a count")
         return answer["count"]
 
-    def health(self) -> bool:
-        """`GET /health` answers 200 (it needs no key on vLLM and SGLang); False while loading or unreachable."""
+    def health(self) -> bool | None:
+        """`GET /health` answers 200 (it needs no key on vLLM and SGLang); False while loading or unreachable;
+        None when the server has no such route (404: llama-cpp-python's)."""
         try:
-            return self.send("GET", "/health")[0] == 200
+            status = self.send("GET", "/health")[0]
         except EndpointError:
             return False
+        return None if status == 404 else status == 200
 
     def metrics(self) -> str | None:
         """The Prometheus text of `GET /metrics`; None when the server has no such page or does not answer."""

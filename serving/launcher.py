@@ -193,15 +193,6 @@ def is_running(state: ServeState) -> bool:
     return state.pid is not None and _pid_alive(state.pid, state.pid_started)
 
 
-def _health(endpoint: EndpointClient) -> bool | None:
-    """/health's answer: True (200), False (refused, 503 while loading), None (no such route: 404)."""
-    try:
-        status = endpoint.send("GET", "/health")[0]
-    except EndpointError:
-        return False
-    return None if status == 404 else status == 200  # llama-cpp-python's server has no /health
-
-
 def probe(
     base_url: str, served_model_name: str | None = None, timeout_s: float = 3.0, *, api_key: str | None = None
 ) -> tuple[Phase, list[str], int | None]:
@@ -211,7 +202,7 @@ def probe(
     A server without /health (llama-cpp-python's) is ready once /v1/models lists the model.
     """
     endpoint = EndpointClient(base_url, api_key=api_key, timeout=timeout_s)
-    health = _health(endpoint)
+    health = endpoint.health()
     if health is False:
         return "loading", [], None
     try:
