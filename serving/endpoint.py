@@ -184,6 +184,7 @@ class Served:
             return base_url
         notice = self.notice or (lambda message: None)
         return ensure_endpoint(self.profile, base_url=base_url, key=key,
-                               progress=lambda phase, message: notice(f"serve: {message}"))
+                               progress=lambda phase, message: notice(
+                                   f"serve: {'model listed: ' if phase == 'model listed' else ''}{message}"))
 
     recorded_key = staticmethod(recorded_key)

@@ -373,7 +373,7 @@ def wait_ready(
             detail = {
                 "loading": f"waiting for {'/health' if health else 'the model in /v1/models'} (weights loading)",
                 "healthy": "/health answers 200; waiting for the model in /v1/models",
-                "ready": f"model listed: {', '.join(models)}" + (f" (max_model_len {max_len})" if max_len else ""),
+                "ready": ", ".join(models) + (f" (max_model_len {max_len})" if max_len else ""),  # after "model listed: "
             }[phase]
             say("model listed" if phase == "ready" else phase, detail)
         if phase == "ready":

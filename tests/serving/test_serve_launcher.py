@@ -296,6 +296,8 @@ def test_cli_start_checks_gpus_and_caps_the_window_the_plan_allows(fake_nvidia_s
     argv = launcher.load_state().argv
     window = int(argv[argv.index("--max-model-len") + 1])
     assert 262_144 < window < 1_048_576  # BF16 on 8x H200 cannot hold the full 1M window (see the planner)
+    listed = [line.split("] ", 1)[1] for line in r.stderr.splitlines() if "model listed" in line]
+    assert listed == [f"model listed: MiniMaxAI/MiniMax-M3 (max_model_len {window})"]  # once, not "model listed: model listed:"
     st = json.loads(_serve("status", "--json").stdout)
     assert st["max_model_len"] == window
 
