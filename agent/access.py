@@ -17,7 +17,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Protocol
 
-from pydantic import BaseModel, FieldSerializationInfo, SecretStr, field_serializer
+from pydantic import BaseModel, Field, FieldSerializationInfo, SecretStr, field_serializer
 
 from m3_agent.agent.endpoint import NO_KEY, EndpointClient, is_loopback
 from m3_agent.errors import UsageError
@@ -113,6 +113,8 @@ class Endpoint(BaseModel):
 
     base_url: str
     key: ApiKey | None = None
+    window: int | None = Field(None, description="the context window `serve start` gave the server there (None: "
+                                                 "none recorded), for servers whose /v1/models does not say it")
 
     @property
     def key_secret(self) -> SecretStr | None:
@@ -136,6 +138,9 @@ class Launcher(Protocol):
     def recorded_key(self, base_url: str) -> ApiKey | None:
         """The key `m3-agent serve start` recorded for the running server at `base_url`, if it has one."""
 
+    def recorded_window(self, base_url: str) -> int | None:
+        """The context window `m3-agent serve start` gave the running server at `base_url`, if it set one."""
+
 
 def resolve_endpoint(base_url: str | None, *, key: ApiKey | None = None, serving: Launcher | None = None) -> Endpoint:
     """The endpoint to talk to: `base_url`, or the one `serving` launches or reuses.
@@ -151,4 +156,5 @@ def resolve_endpoint(base_url: str | None, *, key: ApiKey | None = None, serving
             "or set base_url in the [model] table of m3-agent.toml / M3_AGENT_MODEL__BASE_URL"
         )
     url = base_url.rstrip("/")
-    return Endpoint(base_url=url, key=(serving.recorded_key(url) if serving else None) or key)
+    return Endpoint(base_url=url, key=(serving.recorded_key(url) if serving else None) or key,
+                    window=serving.recorded_window(url) if serving else None)

@@ -72,7 +72,8 @@ class ModelConfig(BaseModel):
                             "context window when the window is known")
     context_window: int | None = Field(None, ge=1, description="the server's context window in tokens, when its "
                                        "/v1/models does not say it (vLLM's max_model_len); None = from the server, "
-                                       "else from its first context-length error")
+                                       "else the window `serve start` gave it, else from its first "
+                                       "context-length error")
     request_timeout_s: float = Field(600.0, gt=0)
     retry_attempts: int = Field(8, ge=1)
     retry_max_s: float = Field(300.0, gt=0)

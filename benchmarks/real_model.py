@@ -11,7 +11,8 @@ that other work on a shared machine does not starve the model (a first reply too
 20 without it). Runs go through the built-in tasks in order (the 11th run is the first task again), one `eval run`
 each, one at a time (the server has the CPU); each prints its row as it ends, and with --time-budget no
 run starts after that many seconds (the JSON says how many ran of those asked). Sampling: temperature
-0.2, at most 512 tokens a reply, the window 8,192 tokens.
+0.2, at most 512 tokens a reply, the profile's window (4,096 tokens), which the agent takes from the
+serve state.
 
 Per run, from its trajectory: how it ended (submitted, stalled, turn_limit, token_limit, time_limit,
 format_errors, finished_with_diff, finished_without_diff, error), turns, prompt and completion
@@ -43,14 +44,15 @@ from typing import Any
 
 from m3_agent.agent.trajectory import read_trajectory
 from m3_agent.evals.tasks import SUITE_DIR, builtin_names, builtin_standin_script
+from m3_agent.serving import llamacpp
 from m3_agent.serving.launcher import probe
 from m3_agent.standin.server import StandinServer
 
 TEMPERATURE = 0.2
 MAX_TOKENS = 512
-# the server's --n_ctx, which its /v1/models does not say; small because llama-cpp-python ignores max_tokens
-# when the model may choose a tool (a reply can run to the window's end)
-WINDOW = 4096
+# the profile's --n_ctx (small: llama-cpp-python ignores max_tokens when the model may choose a tool, so a
+# reply can run to the window's end); the agent reads it from the serve state, or with --base-url from here
+WINDOW = llamacpp.WINDOW
 SERVER_SEED = 42
 FORMAT_ERROR_TEXT = ("in a row",)  # how FormatError words its bound ("3 turns in a row ...")
 
@@ -80,7 +82,7 @@ def start_cpu_tiny(state_dir: Path, nice: int | None) -> tuple[str, dict[str, st
     env = {**os.environ, "M3_AGENT_STATE_DIR": str(state_dir)}
     port = _free_port()
     argv = [sys.executable, "-m", "m3_agent.serving", "start", "--profile", "cpu-tiny", "--port", str(port),
-            "--name", "bench", "--max-model-len", str(WINDOW), "--extra-arg=--seed", f"--extra-arg={SERVER_SEED}", "--extra-arg=--n_threads",
+            "--name", "bench", "--extra-arg=--seed", f"--extra-arg={SERVER_SEED}", "--extra-arg=--n_threads",
             "--extra-arg=2"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env=env)
     if proc.returncode != 0:
@@ -107,8 +109,7 @@ def instance_id(name: str) -> str:
 def eval_pass(base_url: str, names: list[str], out: Path, max_turns: int, env: dict[str, str]) -> list[dict[str, Any]]:
     """One `eval run` over the built-in tasks `names`; its results, one per task, in that order."""
     ids = [instance_id(n) for n in names]
-    run_env = {**env, "M3_AGENT_MODEL__TEMPERATURE": str(TEMPERATURE), "M3_AGENT_MODEL__MAX_TOKENS": str(MAX_TOKENS),
-               "M3_AGENT_MODEL__CONTEXT_WINDOW": str(WINDOW)}
+    run_env = {**env, "M3_AGENT_MODEL__TEMPERATURE": str(TEMPERATURE), "M3_AGENT_MODEL__MAX_TOKENS": str(MAX_TOKENS)}
     argv = [sys.executable, "-m", "m3_agent.cli", "eval", "run", "--tasks", "builtin", "-i", ",".join(ids),
             "--base-url", base_url, "--max-turns", str(max_turns), "-o", str(out)]
     idle(base_url)
@@ -202,7 +203,7 @@ def main() -> None:
     order = [names[i % len(names)] for i in range(args.runs)]
     with tempfile.TemporaryDirectory(prefix="m3-real-model-") as tmp:
         root = Path(tmp)
-        env = dict(os.environ)
+        env = {**os.environ, "M3_AGENT_MODEL__CONTEXT_WINDOW": str(WINDOW)}  # a server started elsewhere
         base_url = args.base_url
         if base_url is None:
             base_url, env = start_cpu_tiny(root / "state", args.server_nice)

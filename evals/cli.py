@@ -251,7 +251,8 @@ def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quie
     resolved.check()
     if settings.model.warn_plain_http and (warning := plain_http_warning(resolved.base_url)):
         typer.echo(f"m3-agent: warning: {warning}", err=True)  # once for the run, not per instance
-    agent = settings.agent_config(base_url=resolved.base_url, api_key=resolved.key_secret)
+    agent = settings.agent_config(base_url=resolved.base_url, api_key=resolved.key_secret,
+                                  context_window=resolved.window)
     return resolved.base_url, agent, settings
 
 

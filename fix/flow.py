@@ -262,7 +262,8 @@ def _prepare(issue: str | Issue, repo: Path | str, settings: Settings | None, op
     endpoint.check()  # a refused key: exit 8 before any work
     if settings.model.warn_plain_http and (warning := plain_http_warning(endpoint.base_url)):
         notice(f"warning: {warning}")
-    config = settings.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret)
+    config = settings.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret,
+                                   context_window=endpoint.window)
 
     out_dir = settings.fix.output_dir if settings.fix.output_dir.is_absolute() else root / settings.fix.output_dir
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,8 @@ __all__ = [
 def config_from_settings(settings: Settings) -> AgentConfig:
     """The AgentConfig for `settings` (`model.base_url`, or the endpoint `serve` brings up, with its key)."""
     endpoint = resolve_endpoint(settings.model.base_url, key=settings.model_key(), serving=Served(settings.serve))
-    return settings.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret)
+    return settings.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret,
+                                 context_window=endpoint.window)
 
 
 def build_agent(

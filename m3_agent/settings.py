@@ -148,9 +148,15 @@ class Settings(AgentConfig):
         """The configured API key with where it came from (a 401 names both, the key masked)."""
         return ApiKey(value=self.model.api_key, source=self.source_of("model.api_key"))
 
-    def agent_config(self, *, base_url: str | None = None, api_key: SecretStr | None = None) -> AgentConfig:
-        """The `AgentConfig` part, with the resolved endpoint (`base_url`) and its key in place of the settings'."""
+    def agent_config(self, *, base_url: str | None = None, api_key: SecretStr | None = None,
+                     context_window: int | None = None) -> AgentConfig:
+        """The `AgentConfig` part, with the resolved endpoint (`base_url`) and its key in place of the settings'.
+
+        `context_window` (the window `serve start` recorded for that endpoint) applies when
+        `[model] context_window` is unset."""
         values = self.model_dump(include=set(AgentConfig.model_fields))  # a copy: settings stay as loaded
+        if context_window is not None and values["model"].get("context_window") is None:
+            values["model"]["context_window"] = context_window
         if base_url is not None:
             values["model"]["base_url"] = base_url
         if api_key is not None:

@@ -3,7 +3,8 @@
 `Served` is serving's part in endpoint resolution (`m3_agent.agent.access.resolve_endpoint`, which
 `m3-agent fix` and `m3-agent eval run` call): with `--serve PROFILE` the base URL (ending in /v1) of a
 server that lists its model (`ensure_endpoint`), and for any URL the key the serve state recorded
-when `m3-agent serve start` launched the server there.
+when `m3-agent serve start` launched the server there, and the window that launch gave it (for a
+server whose /v1/models does not say it).
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ def recorded_key(base_url: str) -> ApiKey | None:
         if state.api_key is not None and _same_server(state.base_url, base_url) and launcher.is_running(state):
             path = launcher.state_path(state.name)
             return state.api_key.model_copy(update={"source": f"the serve state of endpoint {state.name!r} ({path})"})
+    return None
+
+
+# the flag that sets the window, per engine: vLLM, SGLang, llama-cpp-python
+WINDOW_FLAGS = ("--max-model-len", "--context-length", "--n_ctx")
+
+
+def recorded_window(base_url: str) -> int | None:
+    """The context window `m3-agent serve start` gave the running server at `base_url` (its window flag),
+    None when no launch is recorded there or it set none: llama-cpp-python's /v1/models does not say it."""
+    for state in launcher.recorded():
+        if _same_server(state.base_url, base_url) and launcher.is_running(state):
+            value = next((v for v in (flag_value(state.argv, f) for f in WINDOW_FLAGS) if v), None)
+            return int(value) if value and value.isdigit() and int(value) > 0 else None
     return None
 
 
@@ -188,3 +203,4 @@ class Served:
                                    f"serve: {'model listed: ' if phase == 'model listed' else ''}{message}"))
 
     recorded_key = staticmethod(recorded_key)
+    recorded_window = staticmethod(recorded_window)

@@ -23,8 +23,15 @@ SMOLLM2 = "0.1.2"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVED_NAME = "smollm2-135m-instruct"
+# The window: 0.3.36's chatml-function-calling handler generates with max_tokens=None (a request's
+# max_tokens is dropped when the model may choose a tool), so only the window ends a runaway reply,
+# and the single-slot server answers nothing until it does. At 4,096 tokens the agent's pack and
+# reply budget leave a runaway about 1,000 tokens (a few minutes at worst on two busy cores, inside
+# the 600-second request timeout); at 8,192 one outlasted it. `serve start` records the window and the
+# agent takes it from there (this server's /v1/models does not say it).
+WINDOW = 4096
 # chatml-function-calling is the chat format that turns the request's tools into tool calls
-SERVER_ARGS = ["--chat_format", "chatml-function-calling", "--n_ctx", "8192"]
+SERVER_ARGS = ["--chat_format", "chatml-function-calling", "--n_ctx", str(WINDOW)]
 # OpenMP threads that spin while they wait starve each other on a busy CPU (a turn took 20x longer on
 # two shared cores); sleeping threads cost little when the CPU is free
 SERVER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}

@@ -420,6 +420,39 @@ def keyed_endpoint(fix_cli, tmp_path, monkeypatch):
         launcher.stop(grace_s=2)
 
 
+def test_fix_takes_the_window_serve_start_gave_a_server_whose_models_do_not_say_it(repo, fix_cli, tmp_path,
+                                                                                   monkeypatch):
+    # as llama-cpp-python's server: /v1/models has no max_model_len, so only the serve state knows the window
+    bin_dir = tmp_path / "bin"
+    install_fake_engine(bin_dir)
+    turns = tmp_path / "turns.json"
+    turns.write_text(json.dumps(FIXING))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("M3_AGENT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("FAKE_ENGINE_TURNS", str(turns))
+    monkeypatch.setenv("FAKE_ENGINE_QUIRKS", json.dumps({"list_max_model_len": False}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = subprocess.run([sys.executable, "-m", "m3_agent.cli", "serve", "start", "--profile", "h200-tp8",
+                              "--port", str(port), "--host", "127.0.0.1", "--skip-gpu-check", "--max-model-len", "6000",
+                              "--timeout", "60"], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    try:
+        state = launcher.load_state()
+        assert launcher.probe(state.base_url)[2] is None  # the server does not say its window
+        code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--base-url", state.base_url)
+    finally:
+        launcher.stop(grace_s=2)
+    assert code == 0, err
+    (trajectory,) = (repo / ".m3-agent").glob("issue-*.jsonl")
+    events = [json.loads(line) for line in trajectory.read_text().splitlines()]
+    (model,) = [e for e in events if e["kind"] == "model"]
+    assert model["context_window"] == 6000 and model["max_tokens"] == 1500  # a quarter of it, not 8,192
+    requests = [e for e in events if e["kind"] == "request"]
+    assert requests and {r["max_tokens"] for r in requests} == {1500}
+
+
 def test_fix_serve_sends_the_key_of_the_endpoint_serve_started_without_being_told(repo, keyed_endpoint, fix_cli):
     assert keyed_endpoint.api_key.source == "generated" and _unauthorized(keyed_endpoint.base_url)
     code, out, err = fix_cli("--repo", str(repo), "--issue", "add() subtracts", "--serve", "h200-tp8")

@@ -30,13 +30,14 @@ import docker
 import pytest
 
 from m3_agent.sandbox import cleanup
+from m3_agent.serving import llamacpp
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SERVER_SEED = 42
 TEMPERATURE = 0.2
 MAX_TOKENS = 512  # per reply (llama-cpp-python ignores it when the model may choose a tool: docs/real-model.md)
-WINDOW = 8192  # the server's --n_ctx, which its /v1/models does not say
+WINDOW = llamacpp.WINDOW  # the profile's --n_ctx: its /v1/models does not say it, the serve state does
 MAX_TOTAL_TOKENS = 60_000  # per run
 MAX_WALL_S = 600.0  # per run
 START_TIMEOUT_S = 2400  # a cold start builds the server first (about 10 minutes on two cores)
@@ -98,7 +99,7 @@ def real_server(tmp_path_factory) -> Iterator[RealServer]:
     env = {**os.environ, "M3_AGENT_STATE_DIR": str(tmp_path_factory.mktemp("serve-state"))}
     port = _free_port()
     argv = [sys.executable, "-m", "m3_agent.serving", "start", "--profile", "cpu-tiny", "--port", str(port),
-            "--name", NAME, "--timeout", "600", "--max-model-len", str(WINDOW),
+            "--name", NAME, "--timeout", "600",
             "--extra-arg=--seed", f"--extra-arg={SERVER_SEED}", "--extra-arg=--n_threads", "--extra-arg=2"]
     try:
         started = subprocess.run(argv, capture_output=True, text=True, timeout=START_TIMEOUT_S, env=env)
@@ -123,7 +124,7 @@ def run_label() -> str:
 def agent_env(server: RealServer, label: str) -> dict[str, str]:
     """The environment of a `fix` / `eval run` against the real server: fixed sampling, capped tokens."""
     return {**server.env, "M3_AGENT_MODEL__TEMPERATURE": str(TEMPERATURE),
-            "M3_AGENT_MODEL__MAX_TOKENS": str(MAX_TOKENS), "M3_AGENT_MODEL__CONTEXT_WINDOW": str(WINDOW),
+            "M3_AGENT_MODEL__MAX_TOKENS": str(MAX_TOKENS),  # the window: from the serve state
             "M3_AGENT_LIMITS__MAX_TOTAL_TOKENS": str(MAX_TOTAL_TOKENS), "M3_AGENT_LIMITS__MAX_WALL_S": str(MAX_WALL_S),
             "M3_AGENT_SANDBOX__LABELS": json.dumps({"m3-agent.test-run": label})}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_git_repo
-from tests.realmodel.conftest import ROOT, WINDOW, agent_env, left_containers, utc_now
+from tests.realmodel.conftest import MAX_TOKENS, ROOT, WINDOW, agent_env, left_containers, utc_now
 from tests.realmodel.invariants import check_end, check_trajectory, check_verdict
 
 pytestmark = pytest.mark.timeout(2400)  # the first test may build the server (conftest)
@@ -41,6 +41,9 @@ def test_fix_on_the_demo_ends_for_a_stated_reason_with_a_whole_trajectory_and_no
     check_end(run["status"], run["error"], result["patch"], run["verdict"])
     events = check_trajectory(Path(run["trajectory_path"]), run["status"], run["turns"])
     check_verdict(run["verdict"], result["patch"], result["status"])
+    # the window `serve start` gave the server, from the serve state: no context_window was configured
+    (model,) = [e for e in events if e["kind"] == "model"]
+    assert (model["context_window"], model["max_tokens"]) == (WINDOW, min(MAX_TOKENS, WINDOW // 4))
     assert result["resolved"] == (result["status"] == "resolved")
     # the model under test is a real one: its replies came from the server, not from a script
     replies = [e for e in events if e["kind"] == "reply"]

@@ -2,7 +2,8 @@
 the key it was given (as vLLM does), or crashes with a log line. tests/serving's fixtures put it on
 PATH; tests elsewhere (`fix --serve`) install it with `install_fake_engine`.
 
-FAKE_ENGINE_TURNS names a JSON file of stand-in turns to serve instead of endless filler text.
+FAKE_ENGINE_TURNS names a JSON file of stand-in turns to serve instead of endless filler text;
+FAKE_ENGINE_QUIRKS a JSON object of the stand-in's quirks (e.g. no max_model_len in /v1/models).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ FAKE_ENGINE = textwrap.dedent('''\
     script = {{"model": served, "max_model_len": int(flag("--max-model-len", "1048576")),
               "loading_s": float(os.environ.get("FAKE_ENGINE_LOADING_S", "0.5")),
               "turns": turns}}
+    if os.environ.get("FAKE_ENGINE_QUIRKS"):  # a server that is not vLLM (the stand-in's quirks table)
+        import json
+        script["quirks"] = json.loads(os.environ["FAKE_ENGINE_QUIRKS"])
     if mode == "never-ready":
         script["loading_s"] = 3600
     # vLLM's key: --api-key first, else VLLM_API_KEY (vllm/entrypoints/serve/middleware/register.py)

@@ -42,7 +42,7 @@ def test_dry_run_prints_the_llama_cpp_server_command_on_loopback_and_says_it_is_
     assert command[:5] == ["OMP_WAIT_POLICY=PASSIVE", str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model"]
     assert command[5].startswith(str(venv / "lib")) and command[5].endswith(llamacpp.MODEL_FILE)
     rest = " ".join(command[6:])
-    assert rest == ("--model_alias smollm2-135m-instruct --chat_format chatml-function-calling --n_ctx 8192 "
+    assert rest == ("--model_alias smollm2-135m-instruct --chat_format chatml-function-calling --n_ctx 4096 "
                     "--port 8000 --host 127.0.0.1")
     assert "will not fix real issues" in r.stdout
     assert "not built yet" in r.stdout and str(SCRIPT) in r.stdout
