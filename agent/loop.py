@@ -60,7 +60,8 @@ from m3_agent.sandbox.output import head_tail
 from m3_agent.tools import Tool, ToolResult, default_tools, execute_call, read_text_call, with_project_tests
 from m3_agent.tools.js_runners import repository_note
 
-RunStatus = Literal["submitted", "finished", "stalled", "turn_limit", "token_limit", "time_limit", "cost_limit", "error"]
+RunStatus = Literal["submitted", "finished", "stalled", "turn_limit", "token_limit", "time_limit", "cost_limit",
+                    "context_limit", "error"]
 
 FORMAT_ERROR_KINDS = {"unknown_tool", "bad_json", "bad_args", "truncated"}
 
@@ -123,7 +124,8 @@ class Finished(RunEnded):
 
 
 class LimitsExceeded(RunEnded):
-    """A turn, token, time or cost limit was reached (the status names which)."""
+    """A turn, token, time, cost or context-window limit was reached (the status names which; a context
+    limit says in `error` which window the conversation outgrew)."""
 
 
 class FormatError(RunEnded):
@@ -380,7 +382,7 @@ class _Run:
                 self.emit("context_overflow", message=str(e), input_tokens=e.input_tokens, limit=e.limit)
                 shrinks += 1
                 if shrinks > 3 or not self._shrink(e, shrinks):
-                    raise
+                    raise self._outgrown(e, shrinks) from None
                 self.stall.record_condensation(self.state.turn)
 
     def _shrink(self, e: ContextOverflowError, attempt: int) -> bool:
@@ -399,9 +401,23 @@ class _Run:
         new_budget = int(max(target, 0) * 0.8)
         if new_budget <= 0:
             return False
+        try:
+            packed = self._packed(new_budget)
+        except UsageError:  # the packer: not even the repository's header and tree fit that budget
+            self.budget = new_budget
+            return False
         self.budget = new_budget
-        self.conversation.repack(self._packed(new_budget).text, new_budget)
+        self.conversation.repack(packed.text, new_budget)
         return True
+
+    def _outgrown(self, e: ContextOverflowError, shrinks: int) -> LimitsExceeded:
+        """The end of a run whose conversation no longer fits the window however it shrinks: a limit that
+        names the window, not the packer's or the server's words alone."""
+        window = f"the model's {self.window:,}-token window" if self.window else "the model's context window"
+        packed = f", the repository packed down to a {self.budget:,}-token budget" if self.budget else ""
+        tried = "after 3 shrinks" if shrinks > 3 else f"with old tool outputs elided{packed}"
+        return LimitsExceeded(f"the conversation no longer fits {window} ({tried}; the server said: "
+                              f"{' '.join(str(e).split())[:200]})", status="context_limit")
 
     def _read_text_call(self, reply: ModelReply) -> ModelReply:
         """A tool call the model wrote as text becomes the reply's call, its reading named as a repair."""

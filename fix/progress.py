@@ -177,7 +177,7 @@ def summary(result: FixResult) -> Group:
                  "comment": result.comment_url}
     lines += [Text(f"{name}: {value}") for name, value in published.items() if value]
     if run.error:
-        lines.append(Text(f"error: {run.error}", style="red"))
+        lines.append(Text(f"{'error' if run.status == 'error' else 'ended'}: {run.error}", style="red"))
     if run.trajectory_path:
         lines.append(Text(f"trajectory: {run.trajectory_path}  (m3-agent show FILE)"))
     return Group(*lines)

@@ -29,7 +29,7 @@ from m3_agent.settings import FixConfig
 
 SHOWN_FAILURES = 5
 LIMITS = {"turn_limit": "its turn limit", "token_limit": "its token limit", "time_limit": "its time limit",
-          "cost_limit": "its cost limit"}
+          "cost_limit": "its cost limit", "context_limit": "the model's context window"}
 
 
 class Plan(NamedTuple):
@@ -89,7 +89,8 @@ def why_not(result: FixResult) -> list[str]:
         stall = run.stalls[-1]
         reasons = [f"the run stalled at turn {stall.turn}: {stall.rule} ({stall.evidence[:200]})"]
     elif run.status in LIMITS:
-        reasons = [f"the run reached {LIMITS[run.status]} after {run.turns} turns"]
+        reasons = [f"the run reached {LIMITS[run.status]} after {run.turns} turns"
+                   + (f": {run.error[:300]}" if run.error else "")]
     elif run.status == "error":
         reasons = [f"the run failed: {(run.error or 'unknown error')[:300]}"]
     elif not result.patch.strip():

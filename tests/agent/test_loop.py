@@ -657,13 +657,27 @@ def test_text_replies_and_malformed_calls_count_together_and_a_good_call_resets_
     assert ended.error.endswith("(the last reply without a tool call, saying: Looks fine to me.)")
 
 
-def test_a_context_overflow_that_cannot_be_shrunk_is_raised(git_repo, tmp_path):
+def test_a_context_overflow_that_cannot_be_shrunk_ends_at_a_limit_that_names_the_window(git_repo, tmp_path):
     overflow = ContextOverflowError("too long", input_tokens=10**9, limit=1000)
-    with pytest.raises(ContextOverflowError):
-        run_scripted(git_repo, tmp_path, [overflow])
+    result, _, _ = run_scripted(git_repo, tmp_path, [overflow])
     traj = read_trajectory(tmp_path / "t.jsonl")
-    assert [e["kind"] for e in traj][-3:] == ["context_overflow", "context_window", "finish"]
-    assert traj[-1]["status"] == "error"
+    assert [e["kind"] for e in traj][-4:] == ["context_overflow", "context_window", "verify", "finish"]
+    assert result.status == traj[-1]["status"] == "context_limit"
+    assert traj[-1]["error"] == result.error
+    assert result.error.startswith("the conversation no longer fits the model's 1,000-token window (")
+    assert result.error.endswith("the server said: too long)")
+
+
+def test_a_window_too_small_for_the_repository_tree_ends_at_a_limit_not_the_packers_error(git_repo, tmp_path):
+    """SmolLM2 in a 4,096-token window: the history outgrew it, the repacks went down to 820 tokens, and
+    the run ended `error` with "a budget of 165 tokens cannot hold even the header and tree"."""
+    files = {**BUGGY, **{f"calc/plugins/plugin_{i:03d}.py": "X = 1\n" for i in range(300)}}
+    script = {"max_model_len": 3000, "quirks": {"context_errors": "llama_cpp", "list_max_model_len": False}}
+    result, requests, traj = run_against(git_repo, tmp_path, script, files=files)
+    assert result.status == "context_limit" and traj[-1]["status"] == "context_limit"
+    assert result.error.startswith("the conversation no longer fits the model's 3,000-token window (")
+    assert "cannot hold" not in result.error and result.turns == 1 and result.patch == ""
+    assert [e["context_window"] for e in traj if e["kind"] == "context_window"] == [3000]
 
 
 def test_callbacks_get_events_in_order_with_run_relative_times(git_repo, tmp_path):
