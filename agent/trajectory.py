@@ -130,8 +130,8 @@ def messages_at(events: list[dict[str, Any]], turn: int | None = None) -> list[d
                          "renders it, but what the model saw cannot be rebuilt")
     turn = turn if turn is not None else asked[-1] if asked else 0
     if turn not in asked:
-        raise UsageError(f"no request at turn {turn}: this run's requests are turns {min(asked, default=0)}-"
-                         f"{max(asked, default=0)}")
+        raise UsageError(f"no request at turn {turn}: " + (f"this run's requests are turns {asked[0]}-{asked[-1]}"
+                                                           if asked else "the run made none"))
     messages: list[dict[str, Any]] = []
     for e in events:
         if e["turn"] > turn or e["turn"] == turn and e["kind"] == "reply":
