@@ -172,7 +172,8 @@ case "${1:-}" in
     ensure_browser
     shift
     rc=0
-    .venv/bin/python -m pytest -q "$@" || rc=$?
+    # the slowest tests, listed in every CI log, are where the suite's time goes (a later --durations wins)
+    .venv/bin/python -m pytest -q --durations=30 "$@" || rc=$?
     [ -e "$M3_LLAMA_BUILD_STATUS" ] || log "waiting for the llama.cpp server build to finish"
     bg_wait oracle "could not build the conformance oracle venv" || { [ "$rc" = 0 ] && rc=4; }
     bg_wait llama "could not build the llama.cpp server venv" || { [ "$rc" = 0 ] && rc=4; }
