@@ -464,22 +464,16 @@ class JUnitGrader:
 
 
 def with_environment(task: Task, config: EvalConfig, tree: Path) -> EvalConfig:
-    """The config with the task's own image: built from its `environment` recipe when it names one, else
-    the environment its repository's files declare at the task's commit (`sandbox.env.build`), built once
-    per dependency state; the grader and the agent both run in it."""
-    if task.environment is not None:
-        from m3_agent.sandbox import build_env_image
+    """The config with the task's own image (`sandbox.env.build.image_for` picks the builder): its `environment`
+    recipe when it names one, else the environment its repository's files declare at the task's commit, built
+    once per dependency state; the grader and the agent both run in it."""
+    from m3_agent.sandbox.env.build import image_for
 
-        image = build_env_image(task.environment.packages, task.environment.setup, base=config.sandbox.image,
-                                source=task.repo.replace("/", "__"))
-    else:
-        from m3_agent.sandbox.env.build import environment_for
-
-        history = (source_repository(task, config.repos), task.base_commit)
-        sandbox, env = environment_for(tree, config.sandbox, history=history, source=task.repo.replace("/", "__"))
-        if env is None:
-            return config
-        image = sandbox.image
+    recipe = (task.environment.packages, task.environment.setup) if task.environment is not None else None
+    image = image_for(tree, config.sandbox, recipe=recipe, history=(source_repository(task, config.repos),
+                      task.base_commit), source=task.repo.replace("/", "__"))
+    if image is None:
+        return config
     sandbox = config.sandbox.model_copy(update={"image": image})
     agent = None
     if config.agent is not None:

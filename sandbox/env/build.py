@@ -27,7 +27,7 @@ import shlex
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +42,7 @@ from m3_agent.sandbox.config import SandboxConfig
 from m3_agent.sandbox.env import nodeenv
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 from m3_agent.sandbox.env.catalogue import FILES_LABEL, PACKAGES_LABEL, RELEASES_LABEL, SOURCES_LABEL, env_labels
+from m3_agent.sandbox.env.recipe import build_env_image
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID, SUITE,
                                     SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock, digest)
 from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, build_requires, declared_python,
@@ -216,6 +217,16 @@ def environment_for(repo: Path, config: SandboxConfig, *, history: tuple[Path, s
     request = request_for(repo, config, history=history, source=source)
     env = ensure_environment(request, progress=progress)
     return (config.model_copy(update={"image": env.tag}) if env else config), env
+
+
+def image_for(repo: Path, config: SandboxConfig, *, recipe: tuple[Sequence[str], Sequence[str]] | None = None,
+              history: tuple[Path, str] | None = None, source: str = "") -> str | None:
+    """The image a task runs in: its `recipe` (Debian packages, root commands) built on `config.image` when it
+    has one (`recipe.py`), else the environment `repo`'s files declare (`environment_for`); None: `config.image`."""
+    if recipe is not None:
+        return build_env_image(*recipe, base=config.image, source=source)
+    _, env = environment_for(repo, config, history=history, source=source)
+    return env.tag if env else None
 
 
 def request_for(repo: Path | None, config: SandboxConfig, *, history: tuple[Path, str] | None = None,
