@@ -433,7 +433,9 @@ def run_js(sandbox: Environment, target: str, framework: str, *, report: str, ti
     cwd = "/workspace" if package == "." else f"/workspace/{package}"
     setup = f'mkdir -p {shlex.quote(report.rsplit("/", 1)[0])} && rm -f {shlex.quote(report)}; PATH="$PWD/node_modules/.bin:$PATH"'
     result = sandbox.exec(f"{setup}; {command}", timeout=timeout, cwd=cwd,
-                          env={"CI": "1", "FORCE_COLOR": "0", "NO_COLOR": "1"})
+                          env={"CI": "1", "FORCE_COLOR": "0", "NO_COLOR": "1",
+                               # tap stops a file after 30 s of its own; test_runner's timeout is the bound
+                               "TAP_TIMEOUT": str(timeout)})
     output = result.stdout + "\n" + result.stderr
     run = JsRun(package, command, plan.runner, [], result.exit_code, result.timed_out, output)
     report_text = None
