@@ -76,6 +76,7 @@ class NodePlan:
     lock: str | None  # the lock file's name, None: resolve package.json's ranges
     packages: list[str] = field(default_factory=list)  # directories with a package.json: "." then the workspaces
     before: str | None = None  # ISO date: without a lock, releases before it
+    legacy_peers: bool = False  # npm: peer dependencies as npm 6 took them (not checked, not installed)
 
 
 def wants_node(root: Path) -> bool:
@@ -226,6 +227,7 @@ class Fetched:
     node: str
     manager: str  # name@version
     lock_written: bool  # the host resolved package.json's ranges into a lock: the container installs from it
+    legacy_peers: bool = False  # npm resolved with --legacy-peer-deps: the container installs with it too
 
 
 def fetch_node(plan: NodePlan, stage: Path, *, machine: str, say) -> Fetched:
@@ -245,21 +247,38 @@ def fetch_node(plan: NodePlan, stage: Path, *, machine: str, say) -> Fetched:
     project = stage / "project"
     _copy_manifests(plan, project)
     say(f"fetching the packages with {plan.manager} on the host (no scripts run)")
-    try:
-        _run_host(_fetch_command(plan, stage), project, step=f"fetch the packages ({plan.manager})")
-    except EnvironmentBuildError as e:
-        if not plan.before or not _NO_RELEASE_BEFORE.search(str(e)):
-            raise
-        # A registry (a mirror) whose publish times are not the releases' own leaves nothing before the date.
-        say(f"no release before {plan.before} fits ({str(e).split(': ', 1)[-1]}): taking today's releases")
-        plan = dataclasses.replace(plan, before=None)
-        _run_host(_fetch_command(plan, stage), project, step=f"fetch the packages ({plan.manager})")
+    plan = _fetch_packages(plan, stage, project, say)
     lock_written = plan.lock is None and plan.manager == "npm"
     if lock_written:
         shutil.copy2(project / "package-lock.json", stage / "package-lock.json")
     for done in (project, stage / "host-node", stage / "manager"):  # the cache holds what the container needs
         shutil.rmtree(done, ignore_errors=True)
-    return Fetched(node=version, manager=f"{plan.manager}@{manager_version}", lock_written=lock_written)
+    return Fetched(node=version, manager=f"{plan.manager}@{manager_version}", lock_written=lock_written,
+                   legacy_peers=plan.legacy_peers)
+
+
+def _fetch_packages(plan: NodePlan, stage: Path, project: Path, say) -> NodePlan:
+    """Run the manager's fetch on the host, again where a retry can succeed; the plan that did."""
+    step = f"fetch the packages ({plan.manager})"
+    for _ in range(3):
+        try:
+            _run_host(_fetch_command(plan, stage), project, step=step)
+            return plan
+        except EnvironmentBuildError as e:
+            said = str(e).split(": ", 1)[-1]
+            if plan.before and _NO_RELEASE_BEFORE.search(str(e)):
+                # A registry (a mirror) whose publish times are not the releases' own leaves nothing before the date.
+                say(f"no release before {plan.before} fits ({said}): taking today's releases")
+                plan = dataclasses.replace(plan, before=None)
+            elif plan.manager == "npm" and not plan.legacy_peers and "ERESOLVE" in str(e):
+                # npm 7+ refuses peer-dependency conflicts that npm 6, which many projects' CI used, never
+                # checked (mitt's eslint 7 beside plugins asking for 8): resolve as npm 6 did.
+                say(f"{said}: resolving again with --legacy-peer-deps, as npm 6 did")
+                plan = dataclasses.replace(plan, legacy_peers=True)
+            else:
+                raise
+    _run_host(_fetch_command(plan, stage), project, step=step)
+    return plan
 
 
 def resolve_node(npm: str, package: str, plan: NodePlan) -> str:
@@ -330,6 +349,7 @@ def _fetch_command(plan: NodePlan, stage: Path) -> list[str]:
         # A lock with each tarball's URL: the container then needs no registry metadata, which a fetch with
         # --before stores in another form than an install without it asks for.
         quiet.append("--omit-lockfile-registry-resolved=false")
+        quiet += ["--legacy-peer-deps"] if plan.legacy_peers else []
         cache = ["--cache", str(stage / "cache")]
         if plan.lock:
             return [*run, "ci", *quiet, *cache]
@@ -421,7 +441,8 @@ def node_steps(plan: NodePlan, fetched: Fetched) -> list[tuple[str, str]]:
     steps = [(f"install Node {fetched.node} and {fetched.manager}", toolchain)]
     if fetched.lock_written:
         steps.append(("use the lock file resolved on the host", f"cp {STAGE}/package-lock.json {WORKSPACE}/"))
-    steps.append((f"install the packages offline ({plan.manager}; their scripts run here)", _install(plan)))
+    steps.append((f"install the packages offline ({plan.manager}; their scripts run here)",
+                  _install(dataclasses.replace(plan, legacy_peers=fetched.legacy_peers))))
     steps.append(("move node_modules out of the workspace", MOVE_NODE_MODULES))
     return steps
 
@@ -436,7 +457,8 @@ def _entries(manager: str) -> list[tuple[str, str]]:
 def _install(plan: NodePlan) -> str:
     cache = f"{STAGE}/cache"
     if plan.manager == "npm":
-        command = f"npm ci --offline --package-lock=true --no-audit --no-fund --cache {cache}"
+        command = (f"npm ci --offline --package-lock=true --no-audit --no-fund --cache {cache}"
+                   f"{' --legacy-peer-deps' if plan.legacy_peers else ''}")
     elif plan.manager == "yarn":
         command = (f"yarn install --offline --non-interactive --no-progress --cache-folder {cache}"
                    f"{' --frozen-lockfile' if plan.lock else ''}")

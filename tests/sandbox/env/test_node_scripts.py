@@ -61,3 +61,22 @@ def test_a_yarn_berry_repository_is_refused_in_one_line_with_exit_7(source, tmp_
         ".yarnrc.yml": "nodeLinker: pnp\n", "yarn.lock": "__metadata:\n  version: 8\n"})
     assert_build_error(cli_main("env", "build", "--repo", str(repo)),
                        "Yarn 2+ (Berry, Plug'n'Play) is not supported yet: only yarn 1, npm and pnpm repositories")
+
+
+def test_a_peer_dependency_conflict_npm_6_let_pass_resolves_as_npm_6_did(source, tmp_path):
+    # mitt: eslint 7 beside plugins whose peer range wants 8; npm 7+ refuses the tree (ERESOLVE).
+    repo = make_git_repo(tmp_path / source, {
+        "package.json": json.dumps({"name": source, "version": "1.0.0", "private": True,
+                                    "scripts": {"test": "node --test"},
+                                    "dependencies": {"react": "^17.0.2", "react-dom": "^18.3.1"}}),
+        "test/a.test.js": ("const test = require('node:test');\nconst assert = require('node:assert');\n"
+                           "test('versions', () => {\n  assert.strictEqual(require('react/package.json').version[0], '1');\n"
+                           "  assert.ok(require('react-dom/package.json').version.startsWith('18.'));\n});\n"),
+    })
+    said: list[str] = []
+    config, env = environment_for(repo, SandboxConfig(image=DEFAULT_IMAGE), source=source, progress=said.append)
+    assert env is not None and env.built
+    assert any("ERESOLVE" in line and "--legacy-peer-deps" in line for line in said), said
+    with Sandbox(config, repo=repo) as sb:
+        ran = run_tests(sb, "test/a.test.js")
+        assert (ran.data["passed"], ran.data["failed"]) == (1, 0), ran.output
