@@ -516,37 +516,72 @@ def nox_sessions(root: Files, named: list[str] | None) -> list[str]:
 
 
 def _nox_calls(root: Files) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
-    """Each session of noxfile.py (parsed, not run): its `session.install` / `session.run` calls' literal words."""
+    """Each session of noxfile.py (parsed, not run): its `session.install` / `session.run` /
+    `session.run_install` calls' words, with those of the noxfile's own functions it calls."""
     text = root.read("noxfile.py")
     try:
         tree = ast.parse(text) if text else None
     except (SyntaxError, ValueError):
         tree = None
+    functions = [n for n in (tree.body if tree is not None else []) if isinstance(n, ast.FunctionDef)]
+    helpers = {n.name: n for n in functions if not _session_decorator(n)}
     sessions: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-    for node in tree.body if tree is not None else []:
-        if not isinstance(node, ast.FunctionDef):
-            continue
-        decorator = next((d for d in node.decorator_list if "session" in ast.unparse(d)), None)
+    for node in functions:
+        decorator = _session_decorator(node)
         if decorator is None:
             continue
         name = node.name
         for kw in decorator.keywords if isinstance(decorator, ast.Call) else []:
             if kw.arg == "name" and isinstance(kw.value, ast.Constant):
                 name = str(kw.value.value)
-        calls = []
-        for call in ast.walk(node):
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and \
-                    call.func.attr in ("install", "run"):
-                words = tuple(a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
-                calls.append((call.func.attr, words))
-        sessions[name] = calls
+        sessions[name] = _session_calls(node, helpers, {}, 0)
     return sessions
+
+
+def _session_decorator(node: ast.FunctionDef) -> ast.expr | None:
+    return next((d for d in node.decorator_list if "session" in ast.unparse(d)), None)
+
+
+def _session_calls(function: ast.FunctionDef, helpers: dict[str, ast.FunctionDef], bound: dict[str, str],
+                   depth: int) -> list[tuple[str, tuple[str, ...]]]:
+    """The install and run calls of `function` and of the helpers it calls (urllib3's sessions call
+    `tests_impl(session)`, whose `dependency_group="dev"` names the group): a name among their words is
+    the string its parameter was given or defaults to; other words that are not literals are left out."""
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    for call in ast.walk(function):
+        if not isinstance(call, ast.Call):
+            continue
+        if isinstance(call.func, ast.Attribute) and call.func.attr in ("install", "run", "run_install"):
+            words = tuple(w for w in (_word(a, bound) for a in call.args) if w is not None)
+            calls.append(("install" if call.func.attr == "install" else "run", words))
+        elif isinstance(call.func, ast.Name) and call.func.id in helpers and depth < 3:
+            helper = helpers[call.func.id]
+            calls += _session_calls(helper, helpers, _bindings(helper, call, bound), depth + 1)
+    return calls
+
+
+def _word(node: ast.expr, bound: dict[str, str]) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return bound.get(node.id) if isinstance(node, ast.Name) else None
+
+
+def _bindings(function: ast.FunctionDef, call: ast.Call, bound: dict[str, str]) -> dict[str, str]:
+    """The string values `call` gives `function`'s parameters, or their defaults."""
+    spec = function.args
+    values = {a.arg: _word(d, {}) for a, d in zip(spec.args[len(spec.args) - len(spec.defaults):], spec.defaults)}
+    values.update({a.arg: _word(d, {}) for a, d in zip(spec.kwonlyargs, spec.kw_defaults) if d is not None})
+    values.update({a.arg: _word(v, bound) for a, v in zip(spec.args, call.args)})
+    values.update({kw.arg: _word(kw.value, bound) for kw in call.keywords if kw.arg})
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _take_nox(root: Files, name: str, found: TestNeeds) -> None:
     for what, words in _nox_calls(root).get(name, []):
         if what == "install":
             found.items += _install_needs(root, words, "", "noxfile.py", found)
+        elif _unwrap(words)[:2] in (("uv", "sync"), ("pip", "install"), ("uv", "pip")):
+            _take_runs(root, [Run(words, "", "noxfile.py")], found)  # `session.run_install("uv", "sync", ...)`
         elif words and is_test_command(words):
             found.commands.append(TestCommand(runnable(words), "", "noxfile.py"))
 

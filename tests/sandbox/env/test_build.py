@@ -185,6 +185,28 @@ def test_a_dependency_that_does_not_exist_fails_naming_it_and_leaves_nothing(git
     assert left_of(request) == ([], [])
 
 
+def test_the_group_a_nox_sessions_helper_installs_is_the_one_built(git_repo, sandbox_image):
+    """urllib3: the `test` group lacks what the conftest imports (trustme); the CI's nox session installs the
+    `dev` group through a helper's default argument. The build stopped at its check (exit 7) with `test`."""
+    repo = git_repo({
+        "pyproject.toml": (f"# {SESSION}\n[build-system]\nrequires = ['setuptools>=64']\n"
+                           "build-backend = 'setuptools.build_meta'\n\n[project]\nname = 'noxy'\nversion = '1.0'\n\n"
+                           "[dependency-groups]\ntest = ['iniconfig']\ndev = [{include-group = 'test'}, 'six']\n"),
+        "noxfile.py": ("import nox\n\n\ndef tests_impl(session, dependency_group='dev'):\n"
+                       "    session.run_install('uv', 'sync', '--frozen', '--group', dependency_group)\n"
+                       "    session.run('pytest')\n\n\n@nox.session\ndef test(session):\n    tests_impl(session)\n"),
+        "noxy.py": "import iniconfig\n",
+        "tests/conftest.py": "import six\n",
+        "tests/test_noxy.py": "import noxy\n\n\ndef test_noxy():\n    assert noxy.iniconfig\n",
+    })
+    try:
+        config, env = environment_for(repo, SandboxConfig(), source=SOURCE)
+        with Sandbox(config, repo=repo) as sb:
+            assert "1 passed" in sb.exec("python -m pytest -q tests").stdout
+    finally:
+        prune_environments(keep=0, source=SOURCE)
+
+
 def test_a_test_group_naming_a_git_url_builds_without_it_and_says_so(git_repo, sandbox_image):
     """psutil's case: its test group names a package by git URL, which stopped the download (exit 7). The
     rest of the group is installed, and the progress names what was left out."""

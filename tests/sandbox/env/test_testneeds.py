@@ -175,6 +175,33 @@ def lint(session):
     assert needs.commands == [TestCommand(("python", "-m", "pytest"), "", "noxfile.py")]
 
 
+def test_a_nox_session_that_installs_through_a_helper_names_the_helpers_group(tmp_path):
+    """urllib3: `test` calls `tests_impl(session)`, whose `session.run_install("uv", "sync", "--group",
+    dependency_group)` takes the group from the parameter's default; another session passes its own."""
+    root = write(tmp_path, {"noxfile.py": """\
+import nox
+
+
+def tests_impl(session, extras=None, dependency_group: str = "dev", *, marker="slow"):
+    session.run_install("uv", "sync", "--frozen", *(("--no-default-groups",) if extras else ()),
+                        "--group", dependency_group, *(f"--extra={e}" for e in extras or ()))
+    session.run("python", "-m", "pytest", "-m", marker)
+
+
+@nox.session
+def test(session):
+    tests_impl(session)
+
+
+@nox.session
+def test_min(session):
+    tests_impl(session, None, dependency_group="dev-min")
+"""})
+    needs = read_test_needs(root)
+    assert needs.of("group") == ["dev", "dev-min"]
+    assert needs.commands[0] == TestCommand(("python", "-m", "pytest", "-m", "slow"), "", "noxfile.py")
+
+
 def test_tool_tables_and_environment_yml_give_test_needs_when_no_ci_says(tmp_path):
     root = write(tmp_path, {
         "pyproject.toml": ("[tool.poetry.group.test.dependencies]\npytest-mock = '^3.10'\nfreezegun = '*'\n"
