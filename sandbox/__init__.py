@@ -27,14 +27,21 @@ Where things happen:
   cli.py          `m3-agent sandbox build|prune [--images]`
 """
 
-from m3_agent.errors import SandboxDied
-from m3_agent.sandbox.cleanup import prune
-from m3_agent.sandbox.config import ExecResult, SandboxConfig
-from m3_agent.sandbox.container import Sandbox
-from m3_agent.sandbox.environment import Environment, EnvironmentFactory, Recoverable, Restorable
-from m3_agent.sandbox.env.recipe import build_env_image
-from m3_agent.sandbox.image import DEFAULT_IMAGE, build_image, prune_images
-from m3_agent.sandbox.local import LocalEnvironment
+from importlib import import_module
+from typing import Any
 
-__all__ = ["DEFAULT_IMAGE", "Environment", "EnvironmentFactory", "ExecResult", "LocalEnvironment", "Recoverable",
-           "Restorable", "Sandbox", "SandboxConfig", "SandboxDied", "build_env_image", "build_image", "prune", "prune_images"]
+# Each name is imported on first use, so that a part that needs only `sandbox.config` (the settings models,
+# `m3-agent pack`) does not load Docker, the image recipes and the environment builders.
+_HOME = {"SandboxDied": "m3_agent.errors", "prune": "m3_agent.sandbox.cleanup", "ExecResult": "m3_agent.sandbox.config",
+         "SandboxConfig": "m3_agent.sandbox.config", "Sandbox": "m3_agent.sandbox.container",
+         **dict.fromkeys(["Environment", "EnvironmentFactory", "Recoverable", "Restorable"], "m3_agent.sandbox.environment"),
+         "build_env_image": "m3_agent.sandbox.env.recipe", "LocalEnvironment": "m3_agent.sandbox.local",
+         **dict.fromkeys(["DEFAULT_IMAGE", "build_image", "prune_images"], "m3_agent.sandbox.image")}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    """`from m3_agent.sandbox import Sandbox`: the name from its module, imported now."""
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_HOME[name]), name)
