@@ -157,6 +157,19 @@ def test_a_text_reply_before_any_change_is_re_prompted_with_a_required_tool_call
     assert [e["tool_choice"] for e in traj if e["kind"] == "request"][:2] == ["auto", "required"]
 
 
+def test_the_prompts_the_model_reads_come_from_the_configured_templates(git_repo, tmp_path):
+    prompts = {"system": "SYSTEM ONLY", "instance": "ISSUE FIRST: {issue}\n\n{pack}",
+               "reprompt": "CALL ONE OF {tools}", "cut_off": "SHORTER"}
+    turns = [{"content": "Nothing to do."}, {"content": "Let me expl", "finish_reason": "length"}] + solve_turns()
+    result, requests, _ = run(git_repo, turns, tmp_path, prompts=prompts)
+    assert result.status == "submitted"
+    first = requests[0]["messages"]
+    assert first[0]["content"] == "SYSTEM ONLY" and first[1]["content"].startswith("ISSUE FIRST: add() subtracts")
+    assert "calc/ops.py" in first[1]["content"]
+    assert requests[1]["messages"][-1]["content"].startswith("CALL ONE OF code_exec, file_write, test_runner")
+    assert requests[2]["messages"][-1]["content"] == "SHORTER"
+
+
 def test_replies_without_a_tool_call_end_the_run_after_max_format_errors(git_repo, tmp_path):
     result, requests, traj = run(git_repo, [{"content": "I think it is fine."}] * 5, tmp_path, max_format_errors=3)
     assert result.status == "error" and "3 turns in a row without a well-formed tool call" in result.error
