@@ -45,6 +45,7 @@ BUILD_DIR = "build/m3-agent"  # meson-python's and scikit-build-core's build tre
 MAX_CI_PACKAGES = 40
 BUILD_TOOLS = {"nasm", "yasm", "swig", "bison", "flex", "gettext", "libtool", "autoconf", "automake", "patchelf"}
 _EXTENSIONS = re.compile(r"\bExtension\(|\bext_modules\b|\bcythonize\(|\bbuild_ext\b|\bPybind11Extension\b")
+_COMMENT = re.compile(r"(^|\s)#.*$", re.M)  # a shell or YAML comment, to the end of its line
 _APT = re.compile(r"\bapt(?:-get)?\s+(?:-\S+\s+)*install\s+([^\n;&|#]*)")
 _CI_GLOBS = (".github/workflows/*.yml", ".github/workflows/*.yaml", ".github/*.sh", ".ci/*.sh", "ci/*.sh",
              "tools/ci/*.sh", "scripts/ci/*.sh", ".circleci/config.yml", "azure-pipelines.yml")
@@ -98,6 +99,7 @@ def ci_apt_packages(root: Path) -> list[str]:
     for pattern in _CI_GLOBS:
         for path in sorted(root.glob(pattern)):
             text = path.read_text(encoding="utf-8", errors="replace").replace("\\\n", " ")
+            text = _COMMENT.sub("", text)  # PyWavelets keeps `# sudo apt-get install libatlas-base-dev`
             for match in _APT.finditer(text):
                 for word in match.group(1).split():
                     name = _DEBIAN_NAMES.get(word, word)

@@ -50,6 +50,15 @@ def test_the_ci_apt_packages_are_read_from_workflows_and_ci_scripts_with_debian_
     assert ci_apt_packages(root) == ["libzmq3-dev", "libjpeg62-turbo-dev", "liblcms2-dev"]
 
 
+def test_an_apt_get_line_in_a_comment_installs_nothing(tmp_path):
+    """PyWavelets' workflow keeps `# sudo apt-get install libatlas-base-dev`: read, it went into the toolchain
+    image's recipe, and trixie has no such package, so debootstrap failed and the build with it."""
+    root = tree(tmp_path, {".github/workflows/t.yml": "run: |\n  # sudo apt-get install libatlas-base-dev\n"
+                                                      "  sudo apt-get install -y libzmq3-dev  # the library\n"
+                                                      "  apt install nasm\n"})
+    assert ci_apt_packages(root) == ["libzmq3-dev", "nasm"]
+
+
 def test_the_recipe_keeps_the_toolchain_and_the_ci_libraries_and_build_tools_debian_has(tmp_path, monkeypatch):
     root = tree(tmp_path, {".github/workflows/t.yml": "run: apt-get install -y libzmq3-dev nasm "
                                                       "libnot-in-debian-dev sway\n"})
