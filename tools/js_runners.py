@@ -260,10 +260,19 @@ def read_cases(runner: str, report: str | None, stdout: str, package: str, root:
         cases = _junit(report or "", runner)
     else:
         cases = tap_cases(stdout)
+    cases = [_file_subtest(c) for c in cases]  # tap: each file is a subtest named by its path
     named = [c if "::" in c.id or c.id.endswith(JS_SUFFIXES) or not file else
              JUnitCase(f"{file}::{c.id}", c.status, c.message, c.detail, c.collected) for c in cases]
     return [JUnitCase(id=_relative(c.id, package, root), status=c.status, message=c.message, detail=c.detail,
                       collected=c.collected) for c in named]
+
+
+def _file_subtest(case: JUnitCase) -> JUnitCase:
+    """`test/a.js > group > test` (a TAP runner's file subtest leading the title) as `test/a.js::group > test`."""
+    first, sep, rest = case.id.partition(SEPARATOR)
+    if "::" in case.id or not sep or not first.endswith(JS_SUFFIXES):
+        return case
+    return JUnitCase(f"{first}::{rest}", case.status, case.message, case.detail, case.collected)
 
 
 def _relative(test_id: str, package: str, root: str) -> str:
@@ -352,7 +361,8 @@ def _junit_case(case: ET.Element, titles: list[str], runner: str) -> JUnitCase:
     return JUnitCase(test_id, PASSED)
 
 
-_TAP_POINT = re.compile(r"^(\s*)(not ok|ok)\b\s*\d*\s*(?:-\s*)?(.*?)(?:\s+#\s*(SKIP|TODO)\b.*)?$", re.I)
+# A point's name, then its directive (SKIP, TODO) or tap's own `# time=12.3ms`, which is no part of the name.
+_TAP_POINT = re.compile(r"^(\s*)(not ok|ok)\b\s*\d*\s*(?:-\s*)?(.*?)(?:\s+#\s*(SKIP|TODO)\b.*|\s+#\s*time=\S+)?$", re.I)
 
 
 def tap_cases(text: str) -> list[JUnitCase]:

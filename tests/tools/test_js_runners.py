@@ -173,3 +173,13 @@ def test_the_model_is_told_the_language_and_runner_of_a_javascript_repository_on
     assert "This repository is JavaScript" in note and "with ava" in note
     (tmp_path / "tsconfig.json").write_text("{}")
     assert "This repository is TypeScript" in repository_note(tmp_path)
+
+
+def test_tap_file_subtests_become_the_file_of_the_id_and_its_timings_are_no_part_of_the_title():
+    # tap 21's own output for one file of a workspace package (packages/t): each point carries `# time=`.
+    tap21 = ("TAP version 14\n# Subtest: test/shared.js\n    # Subtest: numbers\n        ok 1 - doubles\n"
+             "        not ok 2 - halves\n        1..2\n    not ok 1 - numbers # time=80.458ms\n    1..1\n"
+             "not ok 1 - test/shared.js # time=173.627ms\n1..1\n# { total: 1, pass: 0, fail: 1 }\n")
+    cases = read_cases("tap", None, tap21, "packages/t", "/workspace", "test/shared.js")
+    assert [(c.id, c.status) for c in cases] == [("packages/t/test/shared.js::numbers > doubles", PASSED),
+                                                 ("packages/t/test/shared.js::numbers > halves", FAILED)]
