@@ -179,7 +179,7 @@ def _checks_only(words: list[str]) -> bool:
 def run_command(plan: ScriptPlan, files: list[str], title: str | None, report: str) -> str:
     """The shell command (run in the package's directory) that runs `files` (all: empty), only the tests
     whose title matches `title`, writing the runner's report to `report` (TAP runners: stdout)."""
-    argv = _without_targets(plan.argv) if files else list(plan.argv)
+    argv = _without_targets(plan.argv, every_word=runner_takes_paths(plan)) if files else list(plan.argv)
     full = _pattern(" ".join(title.split(SEPARATOR))) if title else None  # jest, vitest, mocha: the full title
     last = title.split(SEPARATOR)[-1] if title else None  # node, ava, tap: the test's own name
     runner = plan.runner
@@ -215,20 +215,27 @@ def _pattern(title: str) -> str:
     return "^" + re.escape(title) + "$"
 
 
-def _without_targets(argv: list[str]) -> list[str]:
+def runner_takes_paths(plan: ScriptPlan) -> bool:
+    """Every word of the runner's that is neither an option nor an option's value is a test path (Mocha's
+    `mocha test`: a directory with no slash); other runners' words may be subcommands or filters."""
+    return plan.runner == "mocha" and plan.argv[0].rsplit("/", 1)[-1] in ("mocha", "_mocha")
+
+
+def _without_targets(argv: list[str], *, every_word: bool = False) -> list[str]:
     """The script's argv without its own test paths and globs (the named files replace them); an option's
-    value stays (mocha's `--require test/support/env`)."""
+    value stays (mocha's `--require test/support/env`). With `every_word`, a bare word is a path too."""
     kept = [argv[0]]
     for before, word in zip(argv, argv[1:]):
         if (word.startswith("-") or "node_modules" in word or before in VALUED
-                or not re.search(r"[/*]|\.[cm]?[jt]sx?$", word)):
+                or not (every_word or re.search(r"[/*]|\.[cm]?[jt]sx?$", word))):
             kept.append(word)
     return kept
 
 
 # Runner options whose value is a path: never taken for a test path of the script's.
 VALUED = ("--require", "-r", "--config", "-c", "--file", "--ignore", "--import", "--loader", "--setupFiles",
-          "--rootDir", "--extension", "--spec", "--root", "--dir")
+          "--rootDir", "--extension", "--spec", "--root", "--dir", "--timeout", "-t", "--slow", "-s", "--ui", "-u",
+          "--reporter", "-R", "--grep", "-g", "--reporter-option", "-O", "--package", "--jobs", "-j", "--retries")
 
 
 def _without(argv: list[str], valued: tuple[str, ...]) -> list[str]:

@@ -183,3 +183,10 @@ def test_tap_file_subtests_become_the_file_of_the_id_and_its_timings_are_no_part
     cases = read_cases("tap", None, tap21, "packages/t", "/workspace", "test/shared.js")
     assert [(c.id, c.status) for c in cases] == [("packages/t/test/shared.js::numbers > doubles", PASSED),
                                                  ("packages/t/test/shared.js::numbers > halves", FAILED)]
+
+
+def test_mochas_bare_directory_word_is_replaced_by_the_named_file_and_option_values_stay():
+    # mitt's `mocha test`: `test` is a directory with no slash, and ran beside the chosen file.
+    mitt = run_command(script_plan({"test": "mocha --timeout 5000 -u bdd test"}), ["test/index_test.ts"], None, "/r")
+    assert mitt.startswith("mocha --timeout 5000 -u bdd --reporter xunit") and mitt.endswith(" test/index_test.ts")
+    assert " test " not in mitt
