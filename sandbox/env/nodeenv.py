@@ -496,7 +496,16 @@ def node_environment() -> dict[str, str]:
     """The variables every package-manager step in the build container gets: no network, no user config."""
     return {"npm_config_update_notifier": "false", "npm_config_userconfig": "/dev/null", "CI": "1",
             "npm_config_logs_max": "0",  # no "A complete log of this run ..." line in place of the error
-            "npm_config_unsafe_perm": "true", "npm_config_cache": f"{STAGE}/cache"}
+            "npm_config_unsafe_perm": "true", "npm_config_cache": f"{STAGE}/cache", **NO_DOWNLOADS}
+
+
+# Packages whose install script downloads a browser or a binary from the network, which the build
+# container has not (yargs-parser's puppeteer: `node install.mjs` failed the build). Browser tests are not
+# run here, so each is told to skip it, by the variable its own documentation names.
+NO_DOWNLOADS = {"PUPPETEER_SKIP_DOWNLOAD": "1", "PUPPETEER_SKIP_CHROMIUM_DOWNLOAD": "1",
+                "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "CYPRESS_INSTALL_BINARY": "0",
+                "ELECTRON_SKIP_BINARY_DOWNLOAD": "1", "CHROMEDRIVER_SKIP_DOWNLOAD": "true",
+                "GECKODRIVER_SKIP_DOWNLOAD": "true", "SAUCECTL_INSTALL_BINARY": "0"}
 
 
 # Each top-level node_modules (not one inside another) moves to NODE_MODULES at the same relative path;

@@ -80,3 +80,19 @@ def test_a_peer_dependency_conflict_npm_6_let_pass_resolves_as_npm_6_did(source,
     with Sandbox(config, repo=repo) as sb:
         ran = run_tests(sb, "test/a.test.js")
         assert (ran.data["passed"], ran.data["failed"]) == (1, 0), ran.output
+
+
+def test_a_package_whose_install_script_downloads_a_browser_installs_without_it(source, tmp_path):
+    # yargs-parser's devDependencies hold puppeteer, whose `node install.mjs` fetches Chrome: no network here.
+    repo = make_git_repo(tmp_path / source, {
+        "package.json": json.dumps({"name": source, "version": "1.0.0", "private": True,
+                                    "scripts": {"test": "node --test"}, "devDependencies": {"puppeteer": "^24.6.1"}}),
+        "test/a.test.js": ("const test = require('node:test');\nconst assert = require('node:assert');\n"
+                           "test('puppeteer is installed', () => {\n"
+                           "  assert.ok(require('puppeteer/package.json').version.startsWith('24.'));\n});\n"),
+    })
+    config, env = environment_for(repo, SandboxConfig(image=DEFAULT_IMAGE), source=source)
+    assert env is not None and env.built
+    with Sandbox(config, repo=repo) as sb:
+        ran = run_tests(sb, "test/a.test.js")
+        assert (ran.data["passed"], ran.data["failed"]) == (1, 0), ran.output
