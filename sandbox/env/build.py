@@ -52,7 +52,7 @@ from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, bu
 from m3_agent.sandbox.env.proof import PROOF_LABEL, Proof, proof_command, proof_of, read_proof
 from m3_agent.sandbox.env.releases import Releases, Sources, release_cutoff
 from m3_agent.sandbox.env.toolchain import (TOOLCHAIN, build_recipe, compiles, compiles_from, editable_settings,
-                                        keep_build_command)
+                                            keep_build_command)
 from m3_agent.sandbox.env.wheels import Requirements, SdistBuilder, download, download_step
 
 Progress = Callable[[str], None]

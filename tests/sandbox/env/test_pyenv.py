@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.env.pyenv import (Target, group_requirements, host_requirement_files, judged, key_files, key_files_at,
-                                    lock_pins, pip_error, plan_environment, wants_environment, wants_environment_at)
+from m3_agent.sandbox.env.pyenv import (Target, group_requirements, host_requirement_files, judged, key_files,
+                                        key_files_at, lock_pins, pip_error, plan_environment, wants_environment,
+                                        wants_environment_at)
 from m3_agent.sandbox.env.wheels import Requirements, platforms, target_flags
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
