@@ -7,7 +7,8 @@
     wheels.py     the wheels for the image's Python, downloaded on the host (sdists are built in the container)
     toolchain.py  a project that compiles: its toolchain image and its in-place build
     proof.py      the build's own check: the project imports, its tests collect
-    build.py      the build container, and the image committed once per dependency state
+    build.py      the build container, the image committed once per dependency state, and `image_for`: the
+                  builder a task's image comes from (its recipe, else what its repository declares)
     recipe.py     a task's environment recipe (Debian packages, root commands) as a `docker build`
     catalogue.py  the one label scheme every builder's image carries, read to list and prune them
 
