@@ -2,8 +2,9 @@
 rest of the set-up and the suite, and a failure in one of them still fails the run with a clear line.
 
 The checks run `run.sh test` itself, nested, on a few fast tests: the set-up it repeats is done already
-(each step is idempotent), and the llama.cpp build is made to fail at once through the script's own
-`M3_LLAMA_BASE_PYTHON` (a "python" that cannot make a venv), in a cache folder of the test's own.
+(each step is idempotent), and the llama.cpp and oracle builds are made to fail at once through their
+scripts' own `M3_LLAMA_BASE_PYTHON` and `M3_ORACLE_BASE_PYTHON` (a "python" that cannot make a venv), in
+cache folders of the test's own.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
 
 def _run_sh_test(tmp_path: Path, *tests: str) -> subprocess.CompletedProcess:
-    """`bash run.sh test TESTS` with a llama.cpp build that fails: its base python cannot make a venv."""
+    """`bash run.sh test TESTS` with llama.cpp and oracle builds that fail: their python cannot make a venv."""
     broken = tmp_path / "python-without-venv"
     broken.write_text("#!/bin/sh\necho 'no venv module in this python' >&2\nexit 1\n")
     broken.chmod(0o755)
-    # TMPDIR: the failed step's log, which run.sh keeps, stays in the test's folder
-    env = {**os.environ, "M3_LLAMA_CACHE": str(tmp_path / "cache"), "M3_LLAMA_BASE_PYTHON": str(broken),
+    # Both builds fail, in caches of the test's own (so neither waits for the outer run's builds); TMPDIR:
+    # the failed steps' logs, which run.sh keeps, stay in the test's folder.
+    env = {**os.environ, "M3_LLAMA_CACHE": str(tmp_path / "llama"), "M3_LLAMA_BASE_PYTHON": str(broken),
+           "M3_ORACLE_CACHE": str(tmp_path / "oracle"), "M3_ORACLE_BASE_PYTHON": str(broken),
            "TMPDIR": str(tmp_path)}
     for name in ("M3_LLAMA_BUILD_STATUS", "M3_LLAMA_BUILD_LOG"):
         env.pop(name, None)  # the outer run's, when this suite itself runs under run.sh
@@ -36,16 +39,19 @@ def _run_sh_test(tmp_path: Path, *tests: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=280)
 
 
-def test_a_failed_background_build_fails_the_run_with_its_log_though_the_tests_passed(docker_ready, tmp_path):
+def test_failed_background_builds_fail_the_run_with_their_logs_though_the_tests_passed(docker_ready, tmp_path):
     r = _run_sh_test(tmp_path, FAST_TEST)
     assert "1 passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert r.returncode == 4, r.stderr[-2000:]
     lines = r.stderr.splitlines()
-    error = [line for line in lines if line.startswith("m3-agent setup: error: could not build the llama.cpp")]
-    assert len(error) == 1 and "(exit 1)" in error[0], r.stderr[-2000:]
-    log = Path(error[0].split("its log, ")[1].split(", ends:")[0])
-    assert log.is_file() and log.is_relative_to(tmp_path), error[0]  # a failed step's log is kept for reading
-    assert "  | no venv module in this python" in lines[lines.index(error[0]) + 1:]
+    for what in ("the conformance oracle venv", "the llama.cpp server venv"):
+        error = [line for line in lines if line.startswith(f"m3-agent setup: error: could not build {what}")]
+        assert len(error) == 1 and "(exit 1)" in error[0], r.stderr[-2000:]
+        log = Path(error[0].split("its log, ")[1].split(", ends:")[0])
+        assert log.is_file() and log.is_relative_to(tmp_path), error[0]  # a failed step's log is kept for reading
+        tail = lines[lines.index(error[0]) + 1:]
+        tail = tail[:next((i for i, line in enumerate(tail) if not line.startswith("  | ")), len(tail))]
+        assert "  | no venv module in this python" in tail, r.stderr[-2000:]
 
 
 def test_the_real_model_tier_fails_at_once_on_the_failed_build_instead_of_building_again(docker_ready, tmp_path):
