@@ -88,6 +88,20 @@ ensure_image() {
   .venv/bin/m3-agent sandbox build
 }
 
+# Images the suite builds on first use when they are missing: a newer Debian's sandbox (a project that needs a
+# newer Python) and the toolchain image (projects that compile). Cold, each is a debootstrap of its own,
+# mostly downloads: built in the background once the default image is there (they share its build lock),
+# so the tests that need them find them built.
+prebuild_images() {
+  nice -n 10 .venv/bin/python - <<'PY'
+from m3_agent.sandbox.env.toolchain import TOOLCHAIN
+from m3_agent.sandbox.image import Recipe, build_image
+
+for recipe in (Recipe("trixie"), Recipe("bookworm", TOOLCHAIN)):
+    print(build_image(recipe.image, recipe=recipe))
+PY
+}
+
 # The conformance tier's oracles (vLLM's and SGLang's own code) are a cached venv outside the repo
 # (tests/conformance/oracle-venv.sh): a few minutes the first time, milliseconds once built. run.sh
 # builds it in the background, and the tier, which runs late, asks the script for it: the script's
@@ -169,12 +183,14 @@ case "${1:-}" in
     ensure_venv
     ensure_docker
     ensure_image
+    bg_start images prebuild_images
     ensure_browser
     shift
     rc=0
     # the slowest tests, listed in every CI log, are where the suite's time goes (a later --durations wins)
     .venv/bin/python -m pytest -q --durations=30 "$@" || rc=$?
     [ -e "$M3_LLAMA_BUILD_STATUS" ] || log "waiting for the llama.cpp server build to finish"
+    bg_wait images "could not build the trixie and toolchain sandbox images" || { [ "$rc" = 0 ] && rc=4; }
     bg_wait oracle "could not build the conformance oracle venv" || { [ "$rc" = 0 ] && rc=4; }
     bg_wait llama "could not build the llama.cpp server venv" || { [ "$rc" = 0 ] && rc=4; }
     exit "$rc"

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from m3_agent.sandbox.env import toolchain
+from m3_agent.sandbox.image import SUITE, Recipe
+
 ROOT = Path(__file__).resolve().parents[1]
 FAST_TEST = "tests/serving/test_serve_cpu_tiny.py::test_python_constants_match_the_build_script_defaults"
 REAL_TEST = "tests/realmodel/test_fix_real_model.py::test_serve_status_and_logs_see_the_cpu_tiny_server"
@@ -73,3 +76,16 @@ def test_the_tiers_that_wait_for_background_builds_are_collected_last_whatever_t
     tops = [test.split("/")[1] for test in ids]
     groups = [top for i, top in enumerate(tops) if i == 0 or tops[i - 1] != top]
     assert groups == ["serving", "conformance", "realmodel"], tops
+
+
+def test_the_images_built_in_the_background_are_the_ones_environment_builds_ask_for(docker_ready, tmp_path):
+    # run.sh's own step, against this engine, where they are built already (on a cold engine it builds them)
+    script = f'source <(sed -n "/^prebuild_images()/,/^}}/p" {ROOT / "run.sh"}); prebuild_images'
+    r = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    compiling = tmp_path / "ext"
+    compiling.mkdir()
+    (compiling / "setup.py").write_text("from setuptools import Extension, setup\nsetup(ext_modules=[Extension('m', ['m.c'])])\n")
+    assert toolchain.compiles(compiling)
+    # a project that compiles (its CI installing nothing more), and one that needs a newer Debian's Python
+    assert r.stdout.split() == [Recipe("trixie").image, toolchain.build_recipe(compiling, SUITE)[0].image]
