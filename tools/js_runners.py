@@ -184,9 +184,11 @@ def run_command(plan: ScriptPlan, files: list[str], title: str | None, report: s
     last = title.split(SEPARATOR)[-1] if title else None  # node, ava, tap: the test's own name
     runner = plan.runner
     if runner == "jest":
-        argv += ["--ci", "--watchAll=false", "--json", f"--outputFile={report}"]
+        # --ci and --watchAll=false are left out: CI=1 already sets both, and Jest before 20 refuses them
+        argv += ["--json", f"--outputFile={report}"]
         argv += [f"--testNamePattern={full}"] if full else []
-        argv += ["--runTestsByPath"] if files and all(f.endswith(JS_SUFFIXES) for f in files) else []
+        by_path = bool(files) and all(f.endswith(JS_SUFFIXES) for f in files)
+        return " && ".join([*plan.before, shlex.join(plan.env + argv + files) + (JEST_BY_PATH if by_path else "")])
     elif runner == "vitest":
         if len(argv) < 2 or argv[1] not in ("run", "test"):
             argv.insert(1, "run")
@@ -208,6 +210,12 @@ def run_command(plan: ScriptPlan, files: list[str], title: str | None, report: s
         argv = _without(argv, ("--reporter", "-R"))
         argv += ["--reporter=tap"] + ([f"--grep={_pattern(last)}"] if last else [])
     return " && ".join([*plan.before, shlex.join(plan.env + argv + files)])
+
+
+# --runTestsByPath (a file is a path, not a pattern) where the project's Jest has it (21 and later; Jest 19
+# and 20 refuse options they do not know, and take the path as a pattern, which matches it too).
+JEST_BY_PATH = (""" $(node -e "process.exit(parseInt(require('jest/package.json').version) >= 21 ? 0 : 1)" """
+                """2>/dev/null && echo --runTestsByPath)""")
 
 
 def _pattern(title: str) -> str:
@@ -417,6 +425,20 @@ while [ "$p" != "." ] && [ "$p" != "/" ] && [ ! -f "$p/package.json" ]; do p=$(d
 echo "$p"; cat "$p/package.json" 2>/dev/null"""
 
 
+# What the runners write beside the tests about their own runs (tap 18+'s `.tap/` process info, nyc's
+# output): listed in the workspace git's exclude file, so a patch never holds it.
+RUN_DATA = (".tap/", ".nyc_output/")
+KEEP_OUT_OF_GIT = "; ".join(
+    f"{{ grep -qxF '{p}' /workspace/.git/info/exclude || echo '{p}' >> /workspace/.git/info/exclude; }} 2>/dev/null"
+    for p in RUN_DATA)
+
+
+# pnpm 10+ checks before `pnpm run` that node_modules matches the lock, and finding it moved out of the
+# workspace and linked back (the environment's layout) runs `pnpm install`, which fails with no network and
+# no TTY (magic-string's `pnpm run build` before vitest). The environment's packages are the lock's.
+NO_INSTALL_CHECK = {"pnpm_config_verify_deps_before_run": "false", "npm_config_verify_deps_before_run": "false"}
+
+
 @dataclass
 class JsRun:
     """One JavaScript test run: where it ran, what it ran, its outcome."""
@@ -448,11 +470,12 @@ def run_js(sandbox: Environment, target: str, framework: str, *, report: str, ti
     files = [] if not path or path == package else [path if package == "." else path[len(package) + 1:]]
     command = run_command(plan, files, title, report)
     cwd = "/workspace" if package == "." else f"/workspace/{package}"
-    setup = f'mkdir -p {shlex.quote(report.rsplit("/", 1)[0])} && rm -f {shlex.quote(report)}; PATH="$PWD/node_modules/.bin:$PATH"'
+    setup = (f'mkdir -p {shlex.quote(report.rsplit("/", 1)[0])} && rm -f {shlex.quote(report)}; {KEEP_OUT_OF_GIT}; '
+             'PATH="$PWD/node_modules/.bin:$PATH"')
     result = sandbox.exec(f"{setup}; {command}", timeout=timeout, cwd=cwd,
                           env={"CI": "1", "FORCE_COLOR": "0", "NO_COLOR": "1",
                                # tap stops a file after 30 s of its own; test_runner's timeout is the bound
-                               "TAP_TIMEOUT": str(timeout)})
+                               "TAP_TIMEOUT": str(timeout), **NO_INSTALL_CHECK})
     output = result.stdout + "\n" + result.stderr
     run = JsRun(package, command, plan.runner, [], result.exit_code, result.timed_out, output)
     report_text = None

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from m3_agent.tools.js_runners import (ScriptError, ScriptPlan, read_cases, repository_note, run_command,
-                                       script_plan, tap_cases)
+from m3_agent.tools.js_runners import (JEST_BY_PATH, ScriptError, ScriptPlan, read_cases, repository_note,
+                                       run_command, script_plan, tap_cases)
 from m3_agent.tools.junit import FAILED, PASSED, SKIPPED
 
 
@@ -69,7 +69,7 @@ def test_a_file_replaces_the_scripts_own_paths_and_a_title_selects_one_test():
     assert express.startswith("mocha --require test/support/env --check-leaks --reporter xunit")
     assert express.endswith(" test/Router.js") and "test/acc/" not in express
     jest = run_command(script_plan({"test": "jest"}), ["src/a.test.ts"], None, "/tmp/r.json")
-    assert jest == "jest --ci --watchAll=false --json --outputFile=/tmp/r.json --runTestsByPath src/a.test.ts"
+    assert jest == "jest --json --outputFile=/tmp/r.json src/a.test.ts" + JEST_BY_PATH
     vitest = run_command(script_plan({"test": "vitest"}), [], None, "/tmp/r.json")
     assert vitest.startswith("vitest run ") and "--outputFile.json=/tmp/r.json" in vitest
     node = run_command(script_plan({"test": "tsc && node --test dist/"}), [], "a > b", "/tmp/r.xml")
