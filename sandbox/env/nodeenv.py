@@ -60,7 +60,7 @@ LTS = {"argon": 4, "boron": 6, "carbon": 8, "dubnium": 10, "erbium": 12, "fermiu
        "hydrogen": 18, "iron": 20, "jod": 22, "krypton": 24}
 DEFAULT_MANAGER = {"npm": "npm@^10", "yarn": "yarn@^1", "pnpm": "pnpm@^9"}
 FETCH_TIMEOUT_S = 900.0
-BUILDER = "7"  # bump when the Node steps change what an environment holds
+BUILDER = "8"  # bump when the Node steps change what an environment holds
 DEBIAN_LIBRARIES = ("libatomic1",)
 
 
@@ -536,9 +536,12 @@ for nm in found:
     os.makedirs(os.path.join(out, rel), exist_ok=True)
     shutil.move(nm, os.path.join(out, rel, "node_modules"))
     rels.append(rel)
-    cache = os.path.join(out, rel, "node_modules", ".cache")
-    if not os.path.lexists(cache):  # tools cache there (AVA, babel): the image is read-only, /tmp is not
-        os.symlink("/tmp", cache)
+    for name in (".cache", ".vite-temp", ".vite", ".vitest"):
+        # tools write there (AVA's and babel's caches, vite's bundled TypeScript config): the image is
+        # read-only to the sandbox's user, /tmp is not
+        cache = os.path.join(out, rel, "node_modules", name)
+        if not os.path.lexists(cache):
+            os.symlink("/tmp", cache)
 with open({NODE_LINKS!r}, "w") as f:
     f.write("".join(r + chr(10) for r in rels))
 print(len(rels), "node_modules directories kept")

@@ -55,6 +55,8 @@ def typescript_project(name: str) -> dict[str, str]:
             "devDependencies": {"vitest": "^3.2.0", "typescript": "^5.6.0"}}),
         "tsconfig.json": json.dumps({"compilerOptions": {"target": "ES2022", "module": "ESNext", "strict": True,
                                                          "moduleResolution": "Bundler", "noEmit": True}}),
+        # vite bundles a TypeScript config into node_modules/.vite-temp first (magic-string has one)
+        "vitest.config.ts": 'import { defineConfig } from "vitest/config";\nexport default defineConfig({ test: {} });\n',
         "src/math.ts": "export function mul(a: number, b: number): number {\n  return a + b;\n}\n",
         "test/math.test.ts": ('import { describe, expect, it } from "vitest";\nimport { mul } from "../src/math";\n'
                               'describe("mul", () => {\n  it("multiplies", () => { expect(mul(3, 4)).toBe(12); });\n'
