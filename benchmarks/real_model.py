@@ -20,8 +20,8 @@ tokens, the replies without a tool call and the re-prompts they got, the tool ca
 ones, model seconds per turn, whether it left a diff and whether grading resolved it.
 
 The floor, in the same run: the stand-in (a scripted TEST DOUBLE, not a model) plays each task's
-scripted solution through the same `eval run` once: what the loop costs when the model answers
-perfectly and at once.
+scripted solution through the same `eval run` once (up to 8 turns, whatever --max-turns: the
+solutions take 4): what the loop costs when the model answers perfectly and at once.
 
 Prints a Markdown table per run and one JSON object as the last line: runs, ends (counts), the
 per-run rows, means, the floor's, and finished_without_diff (the issue's target: 0).
@@ -54,6 +54,8 @@ MAX_TOKENS = 512
 # reply can run to the window's end); the agent reads it from the serve state, or with --base-url from here
 WINDOW = llamacpp.WINDOW
 SERVER_SEED = 42
+# the floor's scripted solutions take 4 turns each: a model's smaller --max-turns would cut them off
+FLOOR_MAX_TURNS = 8
 FORMAT_ERROR_TEXT = ("in a row",)  # how FormatError words its bound ("3 turns in a row ...")
 
 
@@ -216,7 +218,7 @@ def main() -> None:
         floor_tasks = sorted({r["task"] for r in rows})
         with StandinServer(builtin_standin_script(floor_tasks)) as srv:
             floor = [row(task, r) for task, r in zip(floor_tasks, eval_pass(srv.base_url, floor_tasks, root / "floor",
-                                                                            args.max_turns, env))]
+                                                                            FLOOR_MAX_TURNS, env))]
     print(table(rows))
     print()
     print("floor (the stand-in playing each task's scripted solution):")

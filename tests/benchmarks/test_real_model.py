@@ -34,3 +34,14 @@ def test_runs_and_floor_are_counted_by_how_they_ended_and_the_last_line_is_json(
     assert row["completion_tokens"] > 0 and row["model_s_per_turn"] is not None
     assert out["floor"]["runs"] == 1 and out["floor"]["resolved"] == 1
     assert "| 1 | calendar_utils | submitted |" in r.stdout
+
+
+def test_the_floor_is_not_cut_off_by_a_turn_cap_its_scripted_solution_exceeds(sandbox_image):
+    # the scripted solution takes 4 turns: the model's arm stops at 2, the floor still resolves the task
+    with StandinServer(builtin_standin_script(["calendar_utils"])) as srv:
+        r = subprocess.run([sys.executable, str(BENCH), "--runs", "1", "--max-turns", "2", "--base-url", srv.base_url],
+                           capture_output=True, text=True, timeout=800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ends"] == {"turn_limit": 1} and out["rows"][0]["turns"] == 2
+    assert out["floor"]["ends"] == {"submitted": 1} and out["floor"]["resolved"] == 1
