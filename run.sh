@@ -2,7 +2,8 @@
 # One entry point for a fresh Debian machine (as root, or with sudo):
 #   bash run.sh demo   set everything up, then run `m3-agent fix` on the bundled demo repo
 #   bash run.sh test   set everything up (with the conformance oracles and the real-model tier's
-#                      llama.cpp server), then run the whole test suite
+#                      llama.cpp server) and run the whole test suite; the slow builds go on in
+#                      the background while the suite runs, and the tiers that need them run last
 # Each step is idempotent: a second run skips what is done.
 set -euo pipefail
 cd "$(dirname "$0")"
