@@ -234,10 +234,15 @@ def _yaml_loader() -> type:
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+_SUBSTITUTION = re.compile(r"\$\([^()]*\)|`[^`]*`")  # a command substitution, innermost first
+
+
 def command_lines(script: str) -> list[tuple[str, ...]]:
     """The simple commands of a shell script: continuations joined, split at `&&`, `||`, `;` and pipes."""
     out = []
     for line in script.replace("\\\n", " ").splitlines():
+        while _SUBSTITUTION.search(line):  # its words are another command's: `$(git show ...)` names no package
+            line = _SUBSTITUTION.sub("$SUBSTITUTED", line)
         for part in re.split(r"&&|\|\||;|\|", line.split(" #")[0]):
             try:
                 words = shlex.split(part, comments=True)

@@ -12,7 +12,7 @@ from m3_agent.sandbox import Sandbox, SandboxConfig
 from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
 from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from m3_agent.sandbox.env.pyenv import Target, key_files, plan_environment
-from m3_agent.sandbox.env.testneeds import Need, TestCommand, poetry_requirement, read_test_needs
+from m3_agent.sandbox.env.testneeds import Need, TestCommand, command_lines, poetry_requirement, read_test_needs
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
 SESSION = uuid.uuid4().hex[:12]
@@ -173,6 +173,15 @@ def lint(session):
     assert needs.of("requirement") == ["pytest-mock", "coverage"] and needs.of("extra") == ["tests"]
     assert needs.of("file") == ["dev.txt"]
     assert needs.commands == [TestCommand(("python", "-m", "pytest"), "", "noxfile.py")]
+
+
+def test_the_words_of_a_command_substitution_are_not_install_targets():
+    """typing_extensions' CI: `uv pip install ... --exclude-newer $(git show -s --format=%cd HEAD)` made `show`
+    a requirement, and the download stopped at ResolutionImpossible (show needs readline)."""
+    lines = command_lines("uv pip install --system -r test-requirements.txt --exclude-newer "
+                          "$(git show -s --date=format:'%Y' --format=%cd HEAD)\npip install `echo six` $(a $(b c)) x\n")
+    assert lines == [("uv", "pip", "install", "--system", "-r", "test-requirements.txt", "--exclude-newer",
+                      "$SUBSTITUTED"), ("pip", "install", "$SUBSTITUTED", "$SUBSTITUTED", "x")]
 
 
 def test_a_nox_session_that_installs_through_a_helper_names_the_helpers_group(tmp_path):
