@@ -49,7 +49,7 @@ CORPUS = Path(__file__).with_name("envbench_corpus.json")
 PASS_SHARE = 0.9
 TEST_TIMEOUT_S = 1800.0
 BUILD_TIMEOUT_S = 3600.0
-PYTEST = "python -m pytest -q -rfE -p no:cacheprovider {test}"
+PYTEST = "python -m pytest -rfE -p no:cacheprovider {test}"  # no -q: a project whose addopts say -q would lose the counts
 NETWORK = re.compile(r"Network is unreachable|Temporary failure in name resolution|Name or service not known|"
                      r"NewConnectionError|ConnectionRefused|nodename nor servname", re.I)
 M3 = [str(Path(sys.executable).with_name("m3-agent"))]  # the console script, as a user runs it

@@ -38,6 +38,8 @@ def test_a_plain_script_passes_by_its_exit_code():
 
 def test_the_command_names_the_test_file_or_its_module():
     assert envbench.command_for({}, "tests/test_a.py").endswith("tests/test_a.py")
+    # cleo's addopts hold -q: one more would be -qq, which prints no summary line to count from
+    assert "-q" not in envbench.command_for({}, "tests/test_a.py").split()
     assert envbench.command_for({"command": "python -m unittest {module}"}, "pkg/tests/test_a.py") == \
         "python -m unittest pkg.tests.test_a"
 
