@@ -109,7 +109,7 @@ PY
 # lock makes it wait for that build.
 
 # The real-model tier's server (llama-cpp-python serving SmolLM2-135M, compiled for the CPU with
-# Debian's gcc and cmake) in a cached venv outside the repo: about 10 minutes the first time,
+# Debian's gcc and cmake) in a cached venv outside the repo: about 4 minutes the first time,
 # under a second once built. `serve start --profile cpu-tiny` uses the same venv.
 ensure_build_tools() {
   if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
@@ -172,7 +172,7 @@ case "${1:-}" in
     exec .venv/bin/python examples/demo/run_demo.py
     ;;
   test)
-    # Cold, the llama.cpp build (CPU, about 10 minutes) and the oracle venv (a few minutes) start first,
+    # Cold, the llama.cpp build (CPU, about 4 minutes) and the oracle venv (a few minutes) start first,
     # at low priority, and overlap the rest of the set-up and the suite. The conformance and real-model
     # tiers run last (tests/conftest.py) and wait for them: the scripts' locks, and for the server's
     # build M3_LLAMA_BUILD_STATUS, which fails the tier at once with the build's log if it failed.

