@@ -11,13 +11,17 @@ Kinds, in the order a run emits them (`data` holds the fields; the trajectory fi
 
   run_start         repo, model, base_url, config, environment {kind, isolated}
   model             model, max_model_len, context_window, window_source (server | config | None), max_tokens
-                    (the served model, discovered; the window the run packs for and the reply budget)
+                    (the served model, discovered; the window the run packs for and the reply budget; `config`
+                    is `AgentConfig.model.context_window`, which `fix` and `eval run` fill from the window
+                    `serve start` recorded for the endpoint when `[model] context_window` is unset)
   pack              tokens, files, skipped, counter, budget       (again after a repack)
   message           index, message   (a message as it joins the conversation: recorded once, agent.conversation)
   request           thinking_mode, mode_reason, n_messages, tool_choice (auto | required), max_tokens
   tool_choice_fallback  message, tool_choice   (the server refused "required": "auto" from then on)
   thinking_dropped  message   (the server rejected the thinking-mode parameter: none is sent from then on)
   context_overflow  message, input_tokens, limit
+  ran_on            input_tokens, limit, sent_estimate   (that overflow was the reply running on to the window's
+                    end, not the prompt: the reply counts as cut off at max_tokens and is re-prompted)
   context_window    context_window, window_source (error), max_tokens   (a smaller window an overflow named)
   shrink            how: elided_tool_outputs (count, indices, content) | repacked (budget, index, message)
   reply             content, reasoning, tool_calls, finish_reason, usage, total_usage,

@@ -36,7 +36,7 @@ from pydantic import Field
 from m3_agent.agent.config import AgentConfig
 from m3_agent.agent.context import Pack
 from m3_agent.agent.context import pack as packing
-from m3_agent.agent.context.tokens import budget_for_window, reply_budget
+from m3_agent.agent.context.tokens import EstimateCounter, budget_for_window, reply_budget
 from m3_agent.agent.conversation import Conversation, IssueInput, issue_text
 from m3_agent.agent.events import EventStream, Subscriber
 from m3_agent.agent.ledger import Ledger
@@ -250,6 +250,7 @@ class _Run:
         self.thinking = True  # the server takes the thinking-mode parameter (False once it rejected it)
         self.window: int | None = None  # the context window: the server's, the configured one, or an error's
         self.max_tokens = self.cfg.model.max_tokens  # per request: at most a quarter of a known window
+        self.ran_on_turn = 0  # the last turn whose reply ran on to the window's end (`_ran_on`)
 
     def emit(self, kind: str, **data: Any) -> None:
         self.events.emit(kind, self.state.turn, **data)
@@ -380,10 +381,30 @@ class _Run:
                 self.emit("thinking_dropped", message=str(e))
             except ContextOverflowError as e:
                 self.emit("context_overflow", message=str(e), input_tokens=e.input_tokens, limit=e.limit)
+                if not shrinks and self._ran_on(e):
+                    return ModelReply(finish_reason="length")  # re-prompted as a reply cut off at max_tokens
                 shrinks += 1
                 if shrinks > 3 or not self._shrink(e, shrinks):
                     raise self._outgrown(e, shrinks) from None
                 self.stall.record_condensation(self.state.turn)
+
+    def _ran_on(self, e: ContextOverflowError) -> bool:
+        """Whether an overflow is the reply running on, not the prompt: llama-cpp-python's tool-call handler
+        generates a call's arguments without `max_tokens`, to the window's end, then fails its next step with a
+        context-length error that counts what it generated "in the messages". Such an error's prompt fills the
+        window (a few tokens over at most) while the estimate of what was sent is far below it. Shrinking would
+        not help, a shorter reply would. Not twice in a row: a second one is taken at its word, in case the
+        estimate is wrong."""
+        if e.input_tokens is None or e.limit is None or not 0 <= e.input_tokens - e.limit <= 64:
+            return False
+        if self.ran_on_turn == self.state.turn - 1 and self.ran_on_turn:
+            return False
+        sent = EstimateCounter().count(json.dumps([self.conversation.messages, self.schemas]))
+        if sent >= 0.75 * e.input_tokens:
+            return False
+        self.ran_on_turn = self.state.turn
+        self.emit("ran_on", input_tokens=e.input_tokens, limit=e.limit, sent_estimate=sent)
+        return True
 
     def _shrink(self, e: ContextOverflowError, attempt: int) -> bool:
         """Make the conversation fit after a context overflow: take a smaller window the error names (and

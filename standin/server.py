@@ -106,7 +106,7 @@ MEMO_MIN_CHARS = 4096  # prompt segments at least this long are tokenized once p
 MEMO_SEGMENTS = 256
 
 # what each fault does: docs/standin.md, "Script format"
-Fault = Literal["500", "503", "drop", "malformed_arguments", "truncate", "context_overflow",
+Fault = Literal["500", "503", "drop", "malformed_arguments", "truncate", "context_overflow", "run_on",
                 "literal_parameter_close", "null_nullable"]
 
 
@@ -835,6 +835,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Dropped()
             if turn.fault == "context_overflow":
                 raise _overflow(script.quirks.context_errors, n, max_out, script.max_model_len, forced=True)
+            if turn.fault == "run_on":  # llama-cpp-python's reply ran to the window's end, then its next step
+                raise _overflow("llama_cpp", script.max_model_len, max_out, script.max_model_len, forced=True)
             reply = build_reply(turn, script, body, mode)
 
         reply.prompt_tokens = n

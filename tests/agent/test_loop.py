@@ -820,3 +820,43 @@ def test_an_exhausted_standin_script_is_named_in_the_runs_error(git_repo, tmp_pa
     turns = [{"tool_calls": [call("file_read", path="calc/ops.py")]}]
     result, _, _ = run(git_repo, turns, tmp_path, script_extra={"on_exhausted": "final"}, max_format_errors=3)
     assert result.status == "error" and result.error.endswith(f"without a tool call, saying: {EXHAUSTED_TEXT})")
+
+
+LLAMA_CPP = {"max_model_len": 16384, "quirks": {"context_errors": "llama_cpp"}}
+
+
+def test_a_reply_that_ran_on_to_the_windows_end_is_re_prompted_not_shrunk(git_repo, tmp_path):
+    """llama-cpp-python generated a call's arguments to the window's end and answered "4096 in the messages"
+    for a prompt of about 2,100 tokens: the loop repacked the repository and asked again, twice the cost."""
+    turns = solve_turns()
+    turns.insert(1, {"fault": "run_on"})
+    with StandinServer({"turns": turns, **LLAMA_CPP}) as srv:
+        agent = Agent(fast(base_url=srv.base_url), env_factory=LocalEnvironment)
+        result = agent.run(git_repo(BUGGY), "add() subtracts instead of adding", trajectory_path=tmp_path / "t.jsonl")
+        requests = list(srv.requests)
+    traj = read_trajectory(tmp_path / "t.jsonl")
+    assert result.status == "submitted"
+    ran_on = [e for e in traj if e["kind"] == "ran_on"]
+    assert len(ran_on) == 1 and ran_on[0]["input_tokens"] == ran_on[0]["limit"] == 16384
+    assert ran_on[0]["sent_estimate"] < 16384 * 0.75
+    assert not any(e["kind"] in ("shrink", "context_window") for e in traj)
+    assert sum(e["kind"] == "pack" for e in traj) == 1  # never repacked
+    assert [e["reason"] for e in traj if e["kind"] == "reprompt"] == ["cut_off"]
+    after = requests[2]["messages"]  # the request after the one that ran on
+    assert after[-2] == {"role": "assistant", "content": ""} and "cut off" in after[-1]["content"]
+
+
+def test_a_second_run_on_in_a_row_is_taken_at_its_word_and_shrinks(git_repo, tmp_path):
+    turns = solve_turns()
+    turns[1:1] = [{"fault": "run_on"}, {"fault": "run_on"}]
+    result, _, traj = run_against(git_repo, tmp_path, {"turns": turns, **LLAMA_CPP})
+    assert result.status == "submitted"
+    assert [e["kind"] for e in traj if e["kind"] in ("ran_on", "shrink")] == ["ran_on", "shrink"]
+
+
+def test_an_overflow_at_the_window_when_about_that_much_was_sent_is_a_prompt_overflow(git_repo, tmp_path):
+    at_the_window = ContextOverflowError("too long", input_tokens=1000, limit=1000)  # the tools' schemas alone ~1,200
+    result, _, traj = run_scripted(git_repo, tmp_path, [at_the_window, tool_reply("submit", 1, summary="x")])
+    assert not any(e["kind"] == "ran_on" for e in traj)
+    assert [e["kind"] for e in traj if e["kind"] in ("context_overflow", "context_window")] == [
+        "context_overflow", "context_window"]
