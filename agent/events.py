@@ -24,13 +24,14 @@ Kinds, in the order a run emits them (`data` holds the fields; the trajectory fi
                     end, not the prompt: the reply counts as cut off at max_tokens and is re-prompted)
   context_window    context_window, window_source (error), max_tokens   (a smaller window an overflow named)
   shrink            how: elided_tool_outputs (count, indices, content) | repacked (budget, index, message)
-  reply             content, reasoning, tool_calls, finish_reason, usage, total_usage,
-                    cache_hit_share, latency_s, attempts
+  reply             finish_reason, usage, total_usage, cache_hit_share, latency_s, attempts
+                    (its content, reasoning and tool calls: the assistant `message` after it)
   text_tool_call    name, arguments, repair   (a tool call the reply wrote as text, read as its call)
   reprompt          reason (no_tool_call | cut_off), format_errors, tool_choice
                     (a reply without a tool call that does not end the run: the loop asks again)
   tool_call         id, name, arguments
-  tool_result       id, name, ok, error_kind, output, data, changed_files, duration_s
+  tool_result       id, name, ok, error_kind, data, changed_files, tests, duration_s
+                    (its output, as the model reads it: the tool `message` before it)
   stall             rule, evidence, nudged
   sandbox_restart   reason, restored_diff_bytes, restored_files, restarts
                     (the environment died under a tool call, before the final diff or under the verdict's

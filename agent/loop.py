@@ -356,11 +356,10 @@ class _Run:
         reply = self._complete(mode, choice)
         self.result.account(reply, mode if self.thinking else None)  # the modes the server was sent
         usage = self.result.usage
-        self.emit("reply", content=reply.content, reasoning=reply.reasoning,
-                  tool_calls=[c.model_dump() for c in reply.tool_calls], finish_reason=reply.finish_reason,
-                  usage=reply.usage.model_dump(), total_usage=usage.model_dump(),
-                  cache_hit_share=round(usage.cache_hit_share, 4), latency_s=round(reply.latency_s, 4),
-                  attempts=reply.attempts)
+        # the reply's text and calls are in the assistant `message` that follows: this event carries the rest
+        self.emit("reply", finish_reason=reply.finish_reason, usage=reply.usage.model_dump(),
+                  total_usage=usage.model_dump(), cache_hit_share=round(usage.cache_hit_share, 4),
+                  latency_s=round(reply.latency_s, 4), attempts=reply.attempts)
         return reply
 
     def _complete(self, mode: str | None, choice: str) -> ModelReply:
@@ -482,7 +481,7 @@ class _Run:
             output = head_tail(result.output, self.cfg.output_cap_chars)
             self.conversation.add({"role": "tool", "tool_call_id": call.id, "content": output})
             self.emit("tool_result", id=call.id, name=call.name, ok=result.ok, error_kind=result.error_kind,
-                      output=output, data=result.data, changed_files=result.changed_files,
+                      data=result.data, changed_files=result.changed_files,  # the output: the `message` before
                       tests=result.tests.model_dump() if result.tests else None, duration_s=round(took, 4))
             self.stall.record(_step_of(self.state.turn, call.name, call.arguments, result, output))
             if result.tests is not None:  # a test run: remember the workspace it saw (diffed by _call)

@@ -76,40 +76,52 @@ def _short(text: Any, n: int = 120) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
+def _detail(e: dict[str, Any], legacy: bool, outputs: dict[str, Any]) -> str | None:
+    """One event's detail column; None: no row (a message another row already shows)."""
+    kind, message = e.get("kind"), e.get("message") or {}
+    if kind == "request":
+        return f"mode={e.get('thinking_mode')} ({e.get('mode_reason', '')}) messages={e.get('n_messages')}"
+    if kind == "reply":
+        u = e.get("usage") or {}
+        tokens = f"tokens in/out/cached={u.get('prompt_tokens')}/{u.get('completion_tokens')}/{u.get('cached_tokens')}"
+        if not legacy:  # its text and calls: the assistant message's row
+            return f"finish={e.get('finish_reason')} {tokens}"
+        return (f"finish={e.get('finish_reason')} tool_calls={len(e.get('tool_calls') or [])} {tokens} "
+                f"{_short(e.get('content'), 60)}")
+    if kind == "tool_call":
+        return f"{e.get('name')}({_short(e.get('arguments'), 80)})"
+    if kind == "tool_result":
+        return f"{'ok' if e.get('ok') else 'ERR'} {_short(e.get('output', outputs.get(e.get('id'))), 90)}"
+    if kind == "message" and (message.get("role") == "tool" or legacy and message.get("role") == "assistant"):
+        return None  # the tool_result row (and in an older file the reply row) shows it
+    if kind == "message" and message.get("role") == "assistant":
+        return f"assistant: tool_calls={len(message.get('tool_calls') or [])} {_short(message.get('content'), 60)}"
+    if kind == "message":
+        return f"{message.get('role')}: {_short(message.get('content'), 100)}"
+    if kind == "stall":
+        return f"[yellow]{e.get('rule')}[/]: {_short(e.get('evidence'))}"
+    if kind == "finish":
+        return f"[bold]{e.get('status')}[/] {_short(e.get('error') or '', 80)}"
+    return _short({k: v for k, v in e.items() if k not in ("kind", "t", "turn")})
+
+
 def render(events: list[dict[str, Any]], console: Console) -> None:
-    """Print a trajectory as a table of turns, then the run's outcome."""
+    """Print a trajectory as a table of turns, then the run's outcome.
+
+    Files written before a reply's text and a tool's output lived only in `message` events (their
+    `reply` has `content`, their `tool_result` an `output`) render as they did."""
     table = Table(title="trajectory", show_lines=False)
     for col in ("t (s)", "turn", "kind", "detail"):
         table.add_column(col)
-    finish = None
+    legacy = any("content" in e for e in events if e.get("kind") == "reply")
+    said = [e.get("message") or {} for e in events if e.get("kind") == "message"]
+    outputs = {m.get("tool_call_id"): m.get("content") for m in said if m.get("role") == "tool"}
     for e in events:
-        kind = e.get("kind")
-        if kind == "request":
-            detail = f"mode={e.get('thinking_mode')} ({e.get('mode_reason', '')}) messages={e.get('n_messages')}"
-        elif kind == "reply":
-            u = e.get("usage") or {}
-            detail = (
-                f"finish={e.get('finish_reason')} tool_calls={len(e.get('tool_calls') or [])} "
-                f"tokens in/out/cached={u.get('prompt_tokens')}/{u.get('completion_tokens')}/{u.get('cached_tokens')} "
-                f"{_short(e.get('content'), 60)}"
-            )
-        elif kind == "tool_call":
-            detail = f"{e.get('name')}({_short(e.get('arguments'), 80)})"
-        elif kind == "tool_result":
-            detail = f"{'ok' if e.get('ok') else 'ERR'} {_short(e.get('output'), 90)}"
-        elif kind == "message" and (e.get("message") or {}).get("role") in ("assistant", "tool"):
-            continue  # the reply and tool_result rows show them
-        elif kind == "message":
-            detail = f"{e['message'].get('role')}: {_short(e['message'].get('content'), 100)}"
-        elif kind == "stall":
-            detail = f"[yellow]{e.get('rule')}[/]: {_short(e.get('evidence'))}"
-        elif kind == "finish":
-            finish = e
-            detail = f"[bold]{e.get('status')}[/] {_short(e.get('error') or '', 80)}"
-        else:
-            detail = _short({k: v for k, v in e.items() if k not in ("kind", "t", "turn")})
-        table.add_row(f"{e.get('t', 0):.2f}", str(e.get("turn") or ""), str(kind), detail)
+        detail = _detail(e, legacy, outputs)
+        if detail is not None:
+            table.add_row(f"{e.get('t', 0):.2f}", str(e.get("turn") or ""), str(e.get("kind")), detail)
     console.print(table)
+    finish = next((e for e in reversed(events) if e.get("kind") == "finish"), None)
     if finish is None:
         console.print("[yellow]no finish event: the run was interrupted or is still going[/]")
     else:

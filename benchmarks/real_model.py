@@ -141,7 +141,7 @@ def row(task: str, result: dict[str, Any]) -> dict[str, Any]:
     agent = result.get("agent") or {}
     patch = result.get("model_patch") or ""
     events = read_trajectory(Path(agent["trajectory_path"])) if agent.get("trajectory_path") else []
-    replies = [e for e in events if e["kind"] == "reply"]
+    said = [e["message"] for e in events if e["kind"] == "message" and e["message"].get("role") == "assistant"]
     results = [e for e in events if e["kind"] == "tool_result"]
     turns = agent.get("turns", 0)
     return {
@@ -151,7 +151,9 @@ def row(task: str, result: dict[str, Any]) -> dict[str, Any]:
         "turns": turns,
         "prompt_tokens": agent.get("prompt_tokens", 0),
         "completion_tokens": agent.get("completion_tokens", 0),
-        "toolless_replies": sum(1 for e in replies if not e.get("tool_calls")),
+        # replies that came without a tool call: their message has none, or its call was read from the text
+        "toolless_replies": sum(1 for m in said if not m.get("tool_calls"))
+        + sum(1 for e in events if e["kind"] == "text_tool_call"),
         "reprompts": sum(1 for e in events if e["kind"] == "reprompt"),
         "tool_calls": len(results),
         "malformed_calls": sum(1 for e in results if e.get("error_kind") in ("unknown_tool", "bad_json", "bad_args")),

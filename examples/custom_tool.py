@@ -61,9 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-url", default=os.environ.get("M3_AGENT_MODEL__BASE_URL"))
     args = parser.parse_args(argv)
 
+    outputs: dict[str, str] = {}
+
     def show(event) -> None:
-        if event.kind == "tool_result" and event.data.get("name") == FindDefinition.name:
-            print(f"find_definition -> {event.data.get('output', '')}", file=sys.stderr)
+        message = event.data.get("message") or {}
+        if event.kind == "message" and message.get("role") == "tool":  # a tool's output as the model reads it
+            outputs[message["tool_call_id"]] = message["content"]
+        elif event.kind == "tool_result" and event.data.get("name") == FindDefinition.name:
+            print(f"find_definition -> {outputs.get(event.data['id'], '')}", file=sys.stderr)
 
     try:
         agent = build_agent(args.repo, overrides={"--base-url": args.base_url},

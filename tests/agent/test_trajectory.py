@@ -72,6 +72,24 @@ def test_show_renders_turns_and_outcome(tmp_path):
         assert text in proc.stdout
 
 
+def test_show_renders_a_reply_and_a_tool_output_from_their_messages(tmp_path):
+    path = tmp_path / "t.jsonl"
+    w, stream = writer_stream(path)
+    stream.emit("request", 1, thinking_mode="enabled", mode_reason="plan the first turn", n_messages=2)
+    stream.emit("reply", 1, finish_reason="tool_calls", usage={"prompt_tokens": 900, "completion_tokens": 20,
+                                                                "cached_tokens": 768})
+    stream.emit("message", 1, index=2, message={"role": "assistant", "content": "let me run them",
+                                                "tool_calls": [{"id": "c1"}]})
+    stream.emit("tool_call", 1, id="c1", name="bash", arguments='{"command": "pytest"}')
+    stream.emit("message", 1, index=3, message={"role": "tool", "tool_call_id": "c1", "content": "1 failed"})
+    stream.emit("tool_result", 1, id="c1", name="bash", ok=False)
+    w.close()
+    proc = _show(path)
+    assert proc.returncode == 0, proc.stderr
+    assert "tool_calls=1 let me run them" in proc.stdout and "in/out/cached=900/20/768" in proc.stdout
+    assert "ERR 1 failed" in proc.stdout and proc.stdout.count("1 failed") == 1  # one row: the result's
+
+
 def test_show_of_an_interrupted_run_says_so(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"kind": "request", "t": 0, "turn": 1, "thinking_mode": "disabled"}\n')

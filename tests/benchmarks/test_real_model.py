@@ -3,6 +3,7 @@ server's runs are the benchmark's own business): the rows, the floor and the JSO
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,6 +16,22 @@ from m3_agent.standin.server import StandinServer
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "real_model.py"
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
+spec = importlib.util.spec_from_file_location("real_model", BENCH)
+real_model = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(real_model)
+
+
+def test_a_row_counts_replies_without_a_tool_call_from_the_messages_and_the_calls_read_from_text(tmp_path):
+    path = tmp_path / "t.jsonl"
+    events = [{"kind": "message", "turn": 1, "message": {"role": "assistant", "content": "hm"}},
+              {"kind": "text_tool_call", "turn": 2, "name": "bash"},
+              {"kind": "message", "turn": 2, "message": {"role": "assistant", "content": "bash {}",
+                                                         "tool_calls": [{"id": "text-call-2"}]}},
+              {"kind": "message", "turn": 3, "message": {"role": "assistant", "content": "", "tool_calls": [{"id": "a"}]}},
+              {"kind": "tool_result", "turn": 3, "error_kind": "bad_args"}]
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    row = real_model.row("t", {"agent": {"trajectory_path": str(path), "turns": 3}, "report": {}})
+    assert (row["toolless_replies"], row["tool_calls"], row["malformed_calls"]) == (2, 1, 1)
 
 
 def test_runs_and_floor_are_counted_by_how_they_ended_and_the_last_line_is_json(sandbox_image):
