@@ -107,8 +107,7 @@ def decide(watch: TestWatch, final_diff: str, env: Environment, tools: list[Tool
             tests = run_test_cmd(env, test_cmd)
             return Verdict(source="test_cmd", passed=suite_passed(tests), tests=tests, command=test_cmd,
                            after_last_change=True, reason="the agent ran no tests: ran the configured test_cmd")
-        return Verdict(source="none", passed=None,
-                       reason="no test ran on the final workspace and no test command is known (set test_cmd)")
+        return unverified("no test ran on the final workspace and no test command is known (set test_cmd)")
     if watch.tests is not None and watch.diff == final_diff:
         verdict = Verdict(source="agent", passed=suite_passed(watch.tests), tests=watch.tests, command=watch.arguments,
                           test_turn=watch.turn, after_last_change=True,

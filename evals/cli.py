@@ -67,12 +67,6 @@ class RunProgress:
         self.progress.update(self.task_id, running=self.running, resolved=self.resolved, tokens=f"{self.tokens:,}")
 
 
-def _cost(usd_per_m_input: float | None, usd_per_m_cached: float | None, usd_per_m_output: float | None,
-          gpu_usd_per_hour: float | None) -> CostModel:
-    return CostModel(usd_per_m_input=usd_per_m_input, usd_per_m_cached=usd_per_m_cached,
-                     usd_per_m_output=usd_per_m_output, gpu_usd_per_hour=gpu_usd_per_hour)
-
-
 def _ids(instance_ids: list[str] | None) -> list[str] | None:
     out = [i.strip() for chunk in instance_ids or [] for i in chunk.split(",") if i.strip()]
     return out or None
@@ -234,7 +228,8 @@ def run_command(
     run = RunOptions(workers=workers, retry_errors=retry_errors, admit=admit,
                      executor=_ray_executor(ray_address, [endpoint, *urls[1:]], agent) if executor == "ray" else None)
     execute(run_order, None, config, run, ReportOptions(
-        cost=_cost(usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour), meta=meta,
+        cost=CostModel(usd_per_m_input=usd_per_m_input, usd_per_m_cached=usd_per_m_cached,
+                       usd_per_m_output=usd_per_m_output, gpu_usd_per_hour=gpu_usd_per_hour), meta=meta,
         all_tasks=task_list, quiet=quiet, json_out=json_out))  # the report keeps the tasks' own order
 
 
@@ -364,8 +359,9 @@ def report_command(
     renderers = {"json": to_json, "md": to_markdown, "markdown": to_markdown, "html": to_html}
     if fmt != "table" and fmt not in renderers:
         raise UsageError(f"unknown --format {fmt!r}: use table, json, md or html")
-    prices = (usd_per_m_input, usd_per_m_cached, usd_per_m_output, gpu_usd_per_hour)
-    cost = _cost(*prices) if any(p is not None for p in prices) else None
+    cost = CostModel(usd_per_m_input=usd_per_m_input, usd_per_m_cached=usd_per_m_cached,
+                     usd_per_m_output=usd_per_m_output, gpu_usd_per_hour=gpu_usd_per_hour)
+    cost = cost if cost.model_dump(exclude_none=True) else None
     report = report_from_dir(output, tasks=load_tasks(tasks) if tasks else None, cost=cost)
     if fmt == "table":
         if out:

@@ -164,14 +164,14 @@ class Settings(AgentConfig):
         return AgentConfig.model_validate(values)
 
 
-def setting_paths(model: type[BaseModel] = Settings, prefix: str = "") -> dict[str, Any]:
-    """Every setting of `model` by dotted path (sections walked), with its annotation, in field order."""
-    paths: dict[str, Any] = {}
+def setting_paths(model: type[BaseModel] = Settings, prefix: str = "") -> dict[str, FieldInfo]:
+    """Every setting of `model` by dotted path (sections walked), with its pydantic field, in field order."""
+    paths: dict[str, FieldInfo] = {}
     for name, field in model.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):  # a section
             paths.update(setting_paths(field.annotation, f"{prefix}{name}."))
         else:
-            paths[prefix + name] = field.annotation
+            paths[prefix + name] = field
     return paths
 
 
@@ -243,7 +243,8 @@ def env_name(path: str) -> str:
 
 def _env_value(path: str, given: str, value: str) -> Any:
     """A variable's value: JSON for list- and dict-valued settings, else the text as it is."""
-    kinds = {get_origin(a) or a for a in (PATHS[path], *get_args(PATHS[path]))}
+    annotation = PATHS[path].annotation
+    kinds = {get_origin(a) or a for a in (annotation, *get_args(annotation))}
     if not kinds & {list, dict}:
         return value
     try:
@@ -364,13 +365,6 @@ def display_rows(settings: Settings, sources: dict[str, str]) -> list[tuple[str,
     return [(path, _shown(attrgetter(path)(settings)), sources.get(path, "default")) for path in PATHS]
 
 
-def _field(path: str, model: type[BaseModel] | None = None) -> FieldInfo:
-    """The pydantic field at a dotted path of `Settings`."""
-    head, _, rest = path.partition(".")
-    field = (model or Settings).model_fields[head]
-    return _field(rest, field.annotation) if rest else field
-
-
 def flag_parameter(flag: str) -> str:
     """The Python parameter name a flag gets in a command: `--max-turns` -> `max_turns`."""
     return flag.lstrip("-").replace("-", "_")
@@ -389,7 +383,7 @@ def setting_flags(*flags: str, repeated: Mapping[str, str] | None = None,
     import typer
 
     def option(flag: str) -> inspect.Parameter:
-        field = _field(FLAGS[flag])
+        field = PATHS[FLAGS[flag]]
         kinds = [a for a in get_args(field.annotation) or (field.annotation,) if a is not type(None)]
         kind = kinds[0] if len(kinds) == 1 and kinds[0] in (bool, int, float, Path) else str
         names = f"{flag}/{OFF_SWITCHES.get(flag, '--no-' + flag[2:])}" if kind is bool else flag
