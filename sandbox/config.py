@@ -7,10 +7,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from m3_agent.sandbox.image import DEFAULT_IMAGE
-
 _SIZE = re.compile(r"^\d+([kmg]b?)?$", re.IGNORECASE)
 _USER = re.compile(r"^(\d+)(:\d+)?$")
+
+
+def _default_image() -> str:
+    # On first use: the image module loads the Docker SDK, which `m3-agent pack` and the settings never need.
+    from m3_agent.sandbox.image import DEFAULT_IMAGE
+    return DEFAULT_IMAGE
 
 
 class SandboxConfig(BaseModel):
@@ -18,7 +22,7 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    image: str = Field(DEFAULT_IMAGE, description="the Docker image the tools run in")
+    image: str = Field(default_factory=_default_image, description="the Docker image the tools run in")
     project_env: Literal["auto", "off"] = Field(
         "auto", description="auto: on the default image, a repository that declares dependencies (pyproject.toml, "
         "setup.py, requirements*.txt, lock files) gets an environment image with them and the project installed "

@@ -1,5 +1,8 @@
 """SandboxConfig: hardened defaults and input validation."""
 
+import subprocess
+import sys
+
 import pytest
 from pydantic import ValidationError
 
@@ -50,3 +53,10 @@ def test_a_runtime_the_engine_lacks_is_a_clear_sandbox_error(git_repo, sandbox_i
         with Sandbox(SandboxConfig(runtime="runsc-missing"), repo=repo):
             pass
     assert SandboxConfig().runtime is None  # the engine's default runtime unless asked
+
+
+def test_the_settings_and_pack_load_no_docker_sdk(tmp_path):
+    # `m3-agent pack` reads the settings, whose sandbox section must not pay for the Docker SDK's import.
+    code = ("import sys; import m3_agent.settings, m3_agent.pack_cli; "
+            "sys.exit(1 if 'docker' in sys.modules or 'm3_agent.sandbox.image' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0
