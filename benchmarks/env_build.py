@@ -3,6 +3,7 @@ a dependency-free repository in the same run.
 
     .venv/bin/python benchmarks/env_build.py [--runs 5] [--lookups 30]
     .venv/bin/python benchmarks/env_build.py --tree ../django --tree ../mypy [--runs 5]   # real trees
+    .venv/bin/python benchmarks/env_build.py --tree ../django --before ../old/.venv/bin/python   # and the code before
 
 Two git repositories are made in a temporary directory, each with one failing test:
   project          pyproject.toml ([build-system] setuptools; [project] depending on attrs and iniconfig, a
@@ -36,7 +37,10 @@ warm `m3-agent env build` is measured, as a user runs it: the command, a new pro
 PATH's HEAD, next to `m3-agent --help` in the same rounds (the floor: the command's own start-up). Its
 environment is built first when it has none (that build is reported, not timed against the target), and
 left in place. Per tree: files (tracked), warm_build_s and help_s (medians of N), overhead_s (the
-target: <= 0.5 s) and target_met; the JSON line holds them under "trees".
+target: <= 0.5 s) and target_met; the JSON line holds them under "trees", with the machine's load average
+at the start and the end of the run (`os.getloadavg`: the figures move with it).
+`--before PYTHON` (another install's interpreter, e.g. a venv of the code before a change) adds its warm
+`env build` to the same rounds: before_build_s and before_overhead_s per tree.
 """
 
 from __future__ import annotations
@@ -224,22 +228,33 @@ def timed(argv: list[str]) -> float:
     return time.perf_counter() - t
 
 
-def measure_tree(tree: Path, runs: int) -> dict:
-    """The warm `m3-agent env build` on `tree`, next to `m3-agent --help`, interleaved, medians of `runs`."""
+def measure_tree(tree: Path, runs: int, before: Path | None = None) -> dict:
+    """The warm `m3-agent env build` on `tree`, next to `m3-agent --help` (and the `before` install's warm
+    `env build`), alternated, medians of `runs`."""
     cli = [sys.executable, "-m", "m3_agent.cli"]
+    arms = {"build": [*cli, "env", "build", "--repo", str(tree)], "help": [*cli, "--help"]}
+    if before is not None:
+        arms["before"] = [str(before), "-m", "m3_agent.cli", "env", "build", "--repo", str(tree)]
     files = len(subprocess.run(["git", "-C", str(tree), "ls-files"], check=True, capture_output=True,
                                text=True).stdout.splitlines())
-    first = timed([*cli, "env", "build", "--repo", str(tree)])  # builds when there is no environment yet
+    first = timed(arms["build"])  # builds when there is no environment yet
+    if before is not None:
+        timed(arms["before"])  # and when the other install keys it otherwise: outside the rounds too
     print(f"{tree.name}: {files} files; first env build {first:.1f} s", file=sys.stderr)
-    build, help_ = [], []
-    for _ in range(runs):
-        build.append(timed([*cli, "env", "build", "--repo", str(tree)]))
-        help_.append(timed([*cli, "--help"]))
-    warm, floor = statistics.median(build), statistics.median(help_)
-    print(f"{tree.name}: warm env build {warm:.2f} s, --help {floor:.2f} s, overhead {warm - floor:+.2f} s",
-          file=sys.stderr)
-    return {"tree": tree.name, "files": files, "first_build_s": round(first, 2), "warm_build_s": round(warm, 3),
-            "help_s": round(floor, 3), "overhead_s": round(warm - floor, 3), "target_met": warm - floor <= TARGET_S}
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
+    for i in range(runs):
+        order = list(arms) if i % 2 == 0 else list(reversed(arms))  # no arm always runs first
+        for arm in order:
+            times[arm].append(timed(arms[arm]))
+    med = {arm: statistics.median(t) for arm, t in times.items()}
+    warm, floor = med["build"], med["help"]
+    print(f"{tree.name}: warm env build {warm:.2f} s, --help {floor:.2f} s, overhead {warm - floor:+.2f} s"
+          + (f"; before: {med['before']:.2f} s ({med['before'] - floor:+.2f} s)" if before else ""), file=sys.stderr)
+    out = {"tree": tree.name, "files": files, "first_build_s": round(first, 2), "warm_build_s": round(warm, 3),
+           "help_s": round(floor, 3), "overhead_s": round(warm - floor, 3), "target_met": warm - floor <= TARGET_S}
+    if before is not None:
+        out.update(before_build_s=round(med["before"], 3), before_overhead_s=round(med["before"] - floor, 3))
+    return out
 
 
 def main() -> None:
@@ -248,12 +263,14 @@ def main() -> None:
     ap.add_argument("--lookups", type=int, default=30, help="environment_for calls on the warm cache")
     ap.add_argument("--tree", type=Path, action="append", default=[],
                     help="measure the warm `env build` on this repository instead (repeatable)")
+    ap.add_argument("--before", type=Path, help="with --tree: another install's python, measured in the same rounds")
     a = ap.parse_args()
     build_image(DEFAULT_IMAGE)
     if a.tree:
-        trees = [measure_tree(t.resolve(), a.runs) for t in a.tree]
-        print(json.dumps({"trees": trees, "runs": a.runs, "target_s": TARGET_S,
-                          "target_met": all(t["target_met"] for t in trees)}))
+        load = os.getloadavg()[0]
+        trees = [measure_tree(t.resolve(), a.runs, a.before) for t in a.tree]
+        print(json.dumps({"trees": trees, "runs": a.runs, "target_s": TARGET_S, "load_start": round(load, 2),
+                          "load_end": round(os.getloadavg()[0], 2), "target_met": all(t["target_met"] for t in trees)}))
         return
     name = f"envbench-{uuid.uuid4().hex[:8]}"  # a new project name: a new environment key, a cold build
     t0 = time.perf_counter()

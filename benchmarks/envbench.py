@@ -1,7 +1,7 @@
 """Environments for the repositories users bring: `m3-agent env build` and one test file, on a fixed corpus.
 
     .venv/bin/python benchmarks/envbench.py --clones DIR [--only pillow,tomli] [--which head,old]
-                                            [--markdown table.md] [--keep-images]
+                                            [--markdown table.md] [--keep-images] [--logs DIR]
 
 The corpus is `benchmarks/envbench_corpus.json` (28 public repositories, each at its head and at its last
 commit before 2024-12-05, one chosen test file per commit; fixed before the builder was tuned on it). The
@@ -12,6 +12,8 @@ are there).
 For each repository and commit, in a fresh checkout of that commit (a git repository, as `fix` sees it):
   cold_s    `m3-agent env build` with no environment image for that key (one this benchmark finds is
             removed first, so the build is cold; wheels the host's pip has cached are not downloaded again)
+  steps_s   where the cold build's time went: [step, seconds] per `> step` line of its progress (`--logs DIR`
+            keeps the progress, each line with the second it came at)
   warm_s    `m3-agent env build` again: the image is found
   help_s    `m3-agent --help` in the same run, the floor warm_s is held against (warm_over_help_s)
   size_mb   the environment image's size
@@ -35,9 +37,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import IO
 
 import docker.errors
 
@@ -64,21 +68,59 @@ def find_clone(clones: Path, github: str, name: str) -> Path:
     raise SystemExit(f"no clone of {github} under {clones}: expected {flat}/repo, {flat} or {name}")
 
 
-def checkout(clone: Path, commit: str, dest: Path) -> Path:
-    """A fresh git repository at `dest` with `commit` checked out (history kept: builds may ask git)."""
+def checkout(clone: Path, commit: str, dest: Path) -> tuple[Path, list[str]]:
+    """A fresh git repository at `dest` with `commit` checked out (history kept: builds may ask git), and the
+    files the clone lacks the contents of (a mirror that left out its largest blobs). git checks out the rest
+    and exits 0; their removal is committed on top (no dependency file: the key and the releases' date stay
+    the commit's), so what exports the tree from git finds every blob; the row names them."""
     subprocess.run(["git", "clone", "-q", "--no-checkout", str(clone), str(dest)], check=True)
-    subprocess.run(["git", "-C", str(dest), "checkout", "-q", "--detach", commit], check=True)
-    return dest
+    proc = subprocess.run(["git", "-C", str(dest), "checkout", "-q", "--detach", commit], capture_output=True,
+                          text=True, check=True)
+    missing = re.findall(r"^error: unable to read sha1 file of (.+) \([0-9a-f]+\)$", proc.stderr, re.M)
+    if missing:
+        git = ["git", "-C", str(dest), "-c", "user.name=envbench", "-c", "user.email=envbench@example.invalid"]
+        subprocess.run([*git, "rm", "-q", "--cached", "--", *missing], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", "envbench: files the clone lacks"], check=True)
+    return dest, missing
 
 
-def m3(*args: str, timeout: float = BUILD_TIMEOUT_S) -> tuple[float, subprocess.CompletedProcess]:
-    """Run `m3-agent ARGS`; its wall time and result."""
+def m3(*args: str, timeout: float = BUILD_TIMEOUT_S,
+       log: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """Run `m3-agent ARGS`; its wall time and result. `log`: also write its lines there, each with the seconds
+    since the start it was printed at (where a cold build's time goes)."""
     t0 = time.perf_counter()
+    lines: dict[str, list[tuple[float, str]]] = {"out": [], "err": []}
+    proc = subprocess.Popen([*M3, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def drain(stream: IO[str], into: list[tuple[float, str]]) -> None:
+        for line in stream:
+            into.append((time.perf_counter() - t0, line))
+
+    readers = [threading.Thread(target=drain, args=(proc.stdout, lines["out"]), daemon=True),
+               threading.Thread(target=drain, args=(proc.stderr, lines["err"]), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
-        proc = subprocess.run([*M3, *args], capture_output=True, text=True, timeout=timeout)
+        code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc = subprocess.CompletedProcess(args, 124, "", f"timed out after {timeout:.0f} s")
-    return time.perf_counter() - t0, proc
+        proc.kill()
+        code = 124
+        lines["err"].append((timeout, f"timed out after {timeout:.0f} s\n"))
+    for reader in readers:
+        reader.join()
+    elapsed = time.perf_counter() - t0
+    if log is not None:
+        log.write_text("".join(f"{t:8.1f} s  {line}" for t, line in sorted(lines["out"] + lines["err"])))
+    return elapsed, subprocess.CompletedProcess(args, code, "".join(x for _, x in lines["out"]),
+                                                "".join(x for _, x in lines["err"]))
+
+
+def steps(log: str) -> list[list]:
+    """[step, seconds] for each `> step` line of a build's log (`m3`'s): the time until the next line of its kind
+    or the end, the last step's included."""
+    marks = [(float(m.group(1)), m.group(2)[:80]) for m in re.finditer(r"^\s*([\d.]+) s  > (.*)$", log, re.M)]
+    end = [float(t) for t in re.findall(r"^\s*([\d.]+) s  ", log, re.M)][-1:] or [0.0]
+    return [[name, round(nxt - t, 1)] for (t, name), nxt in zip(marks, [t for t, _ in marks[1:]] + end)]
 
 
 def last_line(text: str) -> str:
@@ -86,15 +128,17 @@ def last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def build(repo: Path, keep: bool) -> dict:
-    """Cold build (after removing an image already there for its key), warm build, the image's size."""
+def build(repo: Path, keep: bool, log: Path) -> dict:
+    """Cold build (after removing an image already there for its key; its progress timed into `log`, and the
+    seconds of each step in the row), warm build, the image's size."""
     _, shown = m3("env", "show", "--json", "--repo", str(repo))
     info = json.loads(shown.stdout) if shown.returncode == 0 else {}
     if info.get("built") and not keep:
         with closing(docker_client()) as client:
             client.images.remove(info["tag"], force=True)
-    cold, proc = m3("env", "build", "--repo", str(repo))
-    out = {"cold_s": round(cold, 1), "build_exit": proc.returncode, "tag": last_line(proc.stdout) or None}
+    cold, proc = m3("env", "build", "--repo", str(repo), log=log)
+    out = {"cold_s": round(cold, 1), "build_exit": proc.returncode, "tag": last_line(proc.stdout) or None,
+           "steps_s": steps(log.read_text())}
     if proc.returncode != 0:
         return {**out, "tag": None, "cause": last_line(proc.stderr)}
     warm, _ = m3("env", "build", "--repo", str(repo))
@@ -126,11 +170,21 @@ def count(runner: str, output: str, exit_code: int) -> dict:
                        and NETWORK.search(b)])
         return {"passed": total - failed - errors - bad.get("skipped", 0), "failed": failed, "errors": errors,
                 "network": min(network, failed + errors)}
-    tail = "\n".join(output.splitlines()[-3:])
-    got = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|errors?)\b", tail)}
+    # pytest's last summary line, wherever it is: a plugin's warning on stderr can follow it (pytest-asyncio 0.24's)
+    summary = [ln for ln in output.splitlines() if re.search(r"\d+ (passed|failed|errors?)\b.* in [\d.]+s", ln)]
+    got = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|errors?)\b", summary[-1] if summary else
+                                             _pretty_summary(output))}
     network = sum(1 for ln in output.splitlines() if ln.startswith(("FAILED ", "ERROR ")) and NETWORK.search(ln))
     return {"passed": got.get("passed", 0), "failed": got.get("failed", 0),
             "errors": got.get("error", 0) + got.get("errors", 0), "network": network}
+
+
+def _pretty_summary(output: str) -> str:
+    """pytest-pretty's summary (scikit-image's test extra has it): the count lines after its last `Results (1.2s):`."""
+    lines = output.splitlines()
+    starts = [i for i, ln in enumerate(lines) if re.fullmatch(r"Results \([\d.]+s\):", ln.strip())]
+    block = lines[starts[-1] + 1:starts[-1] + 8] if starts else []
+    return "\n".join(ln for ln in block if re.fullmatch(r"\s*\d+ \w+", ln))
 
 
 def run_tests(repo: Path, image: str, command: str, runner: str) -> dict:
@@ -154,14 +208,15 @@ def first_error(output: str) -> str:
     return ""
 
 
-def bench_one(entry: dict, which: str, clone: Path, work: Path, keep: bool) -> dict:
-    """Build and test one repository at one of its commits."""
+def bench_one(entry: dict, which: str, clone: Path, work: Path, keep: bool, logs: Path) -> dict:
+    """Build and test one repository at one of its commits; the cold build's timed progress into `logs`."""
     at = entry[which]
-    repo = checkout(clone, at["commit"], work / f"{entry['name']}")
+    repo, missing = checkout(clone, at["commit"], work / f"{entry['name']}")
     row = {"name": entry["name"], "which": which, "commit": at["commit"][:12], "date": at["date"],
-           "backend": entry["backend"], "compiles": entry["compiles"], "runner": entry["runner"]}
+           "backend": entry["backend"], "compiles": entry["compiles"], "runner": entry["runner"],
+           **({"missing_files": missing} if missing else {})}
     try:
-        row.update(build(repo, keep))
+        row.update(build(repo, keep, logs / f"{entry['name']}-{which}.log"))
         command = command_for(entry, at["test"])
         row["floor"] = run_tests(repo, DEFAULT_IMAGE, command, entry["runner"])
         if row["build_exit"] == 0:
@@ -195,6 +250,8 @@ def markdown(rows: list[dict]) -> str:
         size = f"{r['size_mb']} MB" if r.get("size_mb") else "-"
         warm = f"{r['warm_s']:.2f} s" if "warm_s" in r else "-"
         cause = r.get("cause") or t.get("cause") or ""
+        if r.get("missing_files"):
+            cause = f"{cause} (not in the clone: {', '.join(r['missing_files'])})".strip()
         out.append(f"| {r['name']} | {r['which']} {r['date']} | {r['backend']}{' (C)' if r['compiles'] else ''} "
                    f"| {r['cold_s']} s | {warm} | {size} | {tests} | {floor} | {cause.replace('|', '/')[:160]} |")
     return "\n".join(out) + "\n"
@@ -208,11 +265,14 @@ def main() -> None:
     p.add_argument("--markdown", type=Path, help="also write the table here")
     p.add_argument("--keep-images", action="store_true", help="do not remove an image found before the cold build")
     p.add_argument("--corpus", type=Path, default=CORPUS, help="another corpus file of the same form")
+    p.add_argument("--logs", type=Path, help="keep each cold build's progress here, timed (NAME-head.log)")
     a = p.parse_args()
     entries = json.loads(a.corpus.read_text())["repositories"]
     only = {n for n in a.only.split(",") if n}
     if only - {e["name"] for e in entries}:
         raise SystemExit(f"not in the corpus: {', '.join(sorted(only - {e['name'] for e in entries}))}")
+    if a.logs:
+        a.logs.mkdir(parents=True, exist_ok=True)
     help_s, _ = m3("--help")
     rows = []
     with tempfile.TemporaryDirectory(prefix="m3-agent-envbench-") as tmp:
@@ -220,7 +280,7 @@ def main() -> None:
             clone = find_clone(a.clones, entry["github"], entry["name"])
             for which in a.which.split(","):
                 try:
-                    row = bench_one(entry, which, clone, Path(tmp), a.keep_images)
+                    row = bench_one(entry, which, clone, Path(tmp), a.keep_images, a.logs or Path(tmp))
                 except (subprocess.CalledProcessError, docker.errors.DockerException, M3AgentError) as e:
                     row = {"name": entry["name"], "which": which, "cause": f"benchmark error: {e}"[:300]}
                 rows.append(row)

@@ -33,3 +33,21 @@ def test_one_round_measures_a_cold_build_and_a_warm_lookup_and_leaves_no_image(s
     assert out["cold_fix_s"] > out["warm_fix_s"] > 0 and out["baseline_fix_s"] > 0
     assert 0 < out["warm_lookup_ms"] < 500  # the image found by its key, well inside the target
     assert bench_images() <= before  # the environment image it built is removed
+
+
+def test_tree_mode_alternates_the_warm_build_the_floor_and_another_install_and_says_the_load(sandbox_image, tmp_path):
+    from tests.conftest import make_git_repo
+
+    # A dependency-free tree: `env build` finds nothing to build, so the run costs no image.
+    tree = make_git_repo(tmp_path / "plain", {"plain.py": "N = 1\n", "tests/test_plain.py": "def test_n():\n    pass\n"})
+    r = subprocess.run([sys.executable, str(BENCH), "--tree", str(tree), "--runs", "2", "--before", sys.executable],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    (row,) = out["trees"]
+    assert row["tree"] == "plain" and row["files"] == 2 and out["runs"] == 2
+    assert row["warm_build_s"] > 0 and row["help_s"] > 0 and row["before_build_s"] > 0
+    assert row["overhead_s"] == pytest.approx(row["warm_build_s"] - row["help_s"], abs=0.002)  # each rounded apart
+    assert row["before_overhead_s"] == pytest.approx(row["before_build_s"] - row["help_s"], abs=0.002)
+    assert row["target_met"] == (row["overhead_s"] <= out["target_s"]) and out["target_met"] == row["target_met"]
+    assert out["load_start"] >= 0 and out["load_end"] >= 0

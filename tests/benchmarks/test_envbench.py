@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,23 @@ def test_pytest_summary_counts_and_network_failures_apart():
     assert envbench.count("pytest", out, 1) == {"passed": 40, "failed": 3, "errors": 2, "network": 1}
 
 
+def test_pytest_summary_is_found_when_a_plugins_warning_on_stderr_follows_it():
+    """pyzmq's old commit: pytest-asyncio 0.24 warns on stderr, which the benchmark reads after stdout; the counts were
+    read from the last three lines, the warning's, and its 19 passing tests counted as none."""
+    out = ("tests/test_message.py ...s....\n=== 19 passed, 1 skipped in 6.29s ===\n\n"
+           "plugin.py:208: PytestDeprecationWarning: unset.\nThe event loop scope for asynchronous fixtures ...\n\n"
+           "  warnings.warn(PytestDeprecationWarning(_DEFAULT_FIXTURE_LOOP_SCOPE_UNSET))\n")
+    assert envbench.count("pytest", out, 0) == {"passed": 19, "failed": 0, "errors": 0, "network": 0}
+
+
+def test_pytest_prettys_summary_counts_when_stderr_follows_it():
+    """scikit-image's test extra has pytest-pretty, and pooch's download retries go to stderr after it."""
+    out = ("FAILED t.py::test_a\nERROR t.py::test_b\nResults (195.70s):\n         1 failed\n       315 passed\n"
+           "        30 errors\n\nFailed to download 'x.npz'. Will attempt the download again 3 more times.\n"
+           "Failed to download 'x.npz'. Will attempt the download again 2 more times.\n")
+    assert envbench.count("pytest", out, 1) == {"passed": 315, "failed": 1, "errors": 30, "network": 0}
+
+
 def test_unittest_summary_counts_failures_errors_and_skips():
     out = "...\n" + "=" * 70 + "\nFAIL: test_x (m.T)\n" + "-" * 70 + "\nAssertionError\n\nRan 12 tests in 0.1s\n\n" \
           "FAILED (failures=1, errors=2, skipped=3)\n"
@@ -42,6 +60,32 @@ def test_the_command_names_the_test_file_or_its_module():
     assert "-q" not in envbench.command_for({}, "tests/test_a.py").split()
     assert envbench.command_for({"command": "python -m unittest {module}"}, "pkg/tests/test_a.py") == \
         "python -m unittest pkg.tests.test_a"
+
+
+def test_a_builds_progress_is_timed_into_its_log_and_its_steps(tmp_path):
+    log = tmp_path / "build.log"
+    took, proc = envbench.m3("--help", log=log)
+    assert proc.returncode == 0 and "env" in proc.stdout and took > 0
+    assert re.match(r"^\s+\d+\.\d s  ", log.read_text())
+    timed = "   0.5 s  > planning\n   0.9 s    detail\n  12.0 s  > install the dependencies\n  40.5 s  built: x\n"
+    assert envbench.steps(timed) == [["planning", 11.5], ["install the dependencies", 28.5]]
+
+
+def test_a_clone_without_a_blob_checks_out_the_rest_and_names_the_missing_file(tmp_path):
+    clone = make_git_repo(tmp_path / "clone", {"pkg/a.py": "A = 1\n", "Tests/big.otf": "a large font\n"})
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    blob = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD:Tests/big.otf"], capture_output=True,
+                          text=True).stdout.strip()
+    (clone / ".git" / "objects" / blob[:2] / blob[2:]).unlink()  # as a mirror that left out its largest blobs
+    repo, missing = envbench.checkout(clone, head, tmp_path / "work")
+    assert missing == ["Tests/big.otf"]
+    assert (repo / "pkg" / "a.py").read_text() == "A = 1\n" and not (repo / "Tests" / "big.otf").exists()
+    # committed without it, so an export of the tree from git (env build's) finds every blob
+    listed = subprocess.run(["git", "-C", str(repo), "ls-tree", "-r", "--name-only", "HEAD"], capture_output=True,
+                            text=True).stdout.split()
+    assert listed == ["pkg/a.py"]
+    with pytest.raises(subprocess.CalledProcessError):  # any other failure still stops the row
+        envbench.checkout(clone, "0" * 40, tmp_path / "work2")
 
 
 @pytest.mark.docker
