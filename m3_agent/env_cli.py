@@ -22,7 +22,7 @@ from m3_agent.errors import UsageError
 from m3_agent.hostgit import repository
 from m3_agent.sandbox.engine import docker_client, image_exists
 from m3_agent.sandbox.env.build import (ENV_REPOSITORY, BuildRequest, ensure_environment, needs_environment,
-                                        request_cutoff, request_for, request_key)
+                                        read_request, request_for, request_key)
 from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 
 app = typer.Typer(no_args_is_help=True)
@@ -126,11 +126,12 @@ def _describe(request: BuildRequest) -> dict:
     """What `env show` prints for one repository."""
     info = {"tag": None, "built": False, "base": request.base, "files": {}, "setup": request.setup, "packages": [],
             "releases": None, "sources": {}, "check": None}
-    if not needs_environment(request):
+    read = read_request(request)
+    if not needs_environment(request, read):
         return info
     with contextlib.closing(docker_client()) as client:
-        key, info["files"] = request_key(client, request)
-        info["releases"] = request_cutoff(request, info["files"]) or "today"
+        key, info["files"] = request_key(client, request, read=read)
+        info["releases"] = read.cutoff or "today"
         info["tag"] = f"{ENV_REPOSITORY}:{key}"
         info["built"] = image_exists(client, info["tag"])
     found = next((e for e in list_environments() if e.tag == info["tag"]), None) if info["built"] else None

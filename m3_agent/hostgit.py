@@ -13,6 +13,7 @@ Every git failure leaves here as a one-line `GitError` (exit code 5), never a Gi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -236,18 +237,21 @@ class CommitFiles:
     def __init__(self, root: Path, commit: str) -> None:
         self.root, self.commit = root, commit
         self._repo: contextlib.AbstractContextManager[git.Repo] | None = None
+        self._git: git.Git | None = None
         self._tree: git.Tree | None = None
         self._read: dict[str, str | None] = {}  # the rules read some files more than once
 
     def __enter__(self) -> CommitFiles:
         self._repo = repository(self.root)
-        self._tree = self._repo.__enter__().commit(self.commit).tree
+        repo = self._repo.__enter__()
+        self._git = repo.git
+        self._tree = repo.commit(self.commit).tree
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._repo is not None:
             self._repo.__exit__(None, None, None)
-            self._repo = self._tree = None
+            self._repo = self._git = self._tree = None
 
     def _blob(self, rel: str) -> git.Blob | None:
         try:
@@ -260,12 +264,17 @@ class CommitFiles:
     def read(self, rel: str) -> str | None:
         """The text of the regular file `rel`, None when there is none (or it is not UTF-8)."""
         if rel not in self._read:
-            blob = self._blob(rel)
+            data = self.read_bytes(rel)
             try:
-                self._read[rel] = blob.data_stream.read().decode("utf-8") if blob is not None else None
+                self._read[rel] = data.decode("utf-8") if data is not None else None
             except UnicodeDecodeError:
                 self._read[rel] = None
         return self._read[rel]
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        """The bytes of the regular file `rel`, None when there is none."""
+        blob = self._blob(rel)
+        return blob.data_stream.read() if blob is not None else None
 
     def names(self, folder: str) -> list[str]:
         """The regular files directly in `folder` ("" is the top), sorted."""
@@ -282,21 +291,30 @@ class CommitFiles:
         blob = self._blob(rel)
         return blob.hexsha if blob is not None else None
 
+    def last_change(self, paths: list[str]) -> str:
+        """`last_change` of `paths` at this commit, through the repository already open."""
+        if self._git is None:
+            raise ValueError("CommitFiles is read inside its `with` block")
+        return _last_change(self._git, self.commit, paths)
 
-def read_blob(root: Path, commit: str, path: str) -> bytes | None:
-    """The bytes of `path` at `commit`, None when the commit has no such file."""
-    with repository(root) as repo:
-        try:
-            item = repo.commit(commit).tree[path]
-        except KeyError:
-            return None
-        return item.data_stream.read() if item.type == "blob" else None
+
+def blob_id(data: bytes) -> str:
+    """git's id of a blob holding `data` (what `git hash-object` prints): a file's key on disk is the one git
+    gives it at a commit."""
+    h = hashlib.sha1(b"blob %d\0" % len(data))
+    h.update(data)
+    return h.hexdigest()
 
 
 def last_change(root: Path, commit: str, paths: list[str]) -> str:
     """The committer date (ISO 8601, UTC) of the last commit up to `commit` that changed one of `paths`;
     the date of `commit` itself when none did (or no paths are given)."""
     with repository(root) as repo:
-        stamp = repo.git.log("-1", "--format=%ct", commit, "--", *paths) if paths else ""
-        seconds = int(stamp.strip() or repo.commit(commit).committed_date)
+        return _last_change(repo.git, commit, paths)
+
+
+def _last_change(git_cmd: git.Git, commit: str, paths: list[str]) -> str:
+    stamp = git_cmd.log("-1", "--format=%ct", commit, "--", *paths) if paths else ""
+    # No commit up to `commit` changed the paths (or none are given): the commit's own date.
+    seconds = int(stamp.strip() or git_cmd.log("-1", "--format=%ct", commit).strip())
     return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -186,7 +186,9 @@ def run_command(plan: ScriptPlan, files: list[str], title: str | None, report: s
     if runner == "jest":
         # --ci and --watchAll=false are left out: CI=1 already sets both, and Jest before 20 refuses them
         argv += ["--json", f"--outputFile={report}"]
-        argv += [f"--testNamePattern={full}"] if full else []
+        # Jest 19's report has no describe titles, so its ids are the test's own title: the pattern matches a
+        # full name that ends with the id's (after a space), not only one that equals it
+        argv += [f"--testNamePattern=(^| ){full[1:]}"] if full else []
         by_path = bool(files) and all(f.endswith(JS_SUFFIXES) for f in files)
         return " && ".join([*plan.before, shlex.join(plan.env + argv + files) + (JEST_BY_PATH if by_path else "")])
     elif runner == "vitest":
@@ -433,12 +435,6 @@ KEEP_OUT_OF_GIT = "; ".join(
     for p in RUN_DATA)
 
 
-# pnpm 10+ checks before `pnpm run` that node_modules matches the lock, and finding it moved out of the
-# workspace and linked back (the environment's layout) runs `pnpm install`, which fails with no network and
-# no TTY (magic-string's `pnpm run build` before vitest). The environment's packages are the lock's.
-NO_INSTALL_CHECK = {"pnpm_config_verify_deps_before_run": "false", "npm_config_verify_deps_before_run": "false"}
-
-
 @dataclass
 class JsRun:
     """One JavaScript test run: where it ran, what it ran, its outcome."""
@@ -475,7 +471,7 @@ def run_js(sandbox: Environment, target: str, framework: str, *, report: str, ti
     result = sandbox.exec(f"{setup}; {command}", timeout=timeout, cwd=cwd,
                           env={"CI": "1", "FORCE_COLOR": "0", "NO_COLOR": "1",
                                # tap stops a file after 30 s of its own; test_runner's timeout is the bound
-                               "TAP_TIMEOUT": str(timeout), **NO_INSTALL_CHECK})
+                               "TAP_TIMEOUT": str(timeout)})
     output = result.stdout + "\n" + result.stderr
     run = JsRun(package, command, plan.runner, [], result.exit_code, result.timed_out, output)
     report_text = None

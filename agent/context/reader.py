@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-from m3_agent.agent.context.selection import Entry, Facts, blob_id, content_reason, decode, path_rule
+from m3_agent.agent.context.selection import Entry, Facts, content_reason, decode, path_rule
+from m3_agent.hostgit import blob_id
 
 FIRST_READ = 65536  # most source files fit in one read of this size
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)

@@ -138,13 +138,6 @@ class Listing(namedtuple("Listing", "root entries git head index_key", defaults=
     __slots__ = ()
 
 
-def blob_id(data: bytes) -> str:
-    """The git blob id of `data` (what `git hash-object` prints)."""
-    h = hashlib.sha1(b"blob %d\0" % len(data))
-    h.update(data)
-    return h.hexdigest()
-
-
 def decode(data: bytes) -> tuple[bytes | None, Facts]:
     """The UTF-8 content to pack and the facts of a file's bytes; content is None for binary files.
 

@@ -4,6 +4,8 @@
     testneeds.py  what its tests need and the command that runs them (CI, tox, nox, pytest configuration)
     releases.py   the release date it resolves at, and the package sources that honour it
     nodeenv.py    a `package.json` repository's Node side: planned and fetched on the host, installed offline
+    nodeversion.py which Node it asks for: .nvmrc, .node-version, engines.node, else its CI's setup-node
+    tapplugins.py  tap 18+'s plugins its tap config names and its lock lacks: fetched and built into tap
     wheels.py     the wheels for the image's Python, downloaded on the host (sdists are built in the container)
     toolchain.py  a project that compiles: its toolchain image and its in-place build
     proof.py      the build's own check: the project imports, its tests collect

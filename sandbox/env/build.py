@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import platform
 import shlex
 import tarfile
 import tempfile
@@ -45,14 +46,16 @@ from m3_agent.sandbox.env.catalogue import FILES_LABEL, PACKAGES_LABEL, RELEASES
 from m3_agent.sandbox.env.recipe import build_env_image
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID, SUITE,
                                     SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock, digest)
-from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, build_requires, declared_python,
-                                        fits_python, host_requirement_files, installable, key_files, key_files_at,
-                                        pip_error, plan_environment, pretend_version, scm_version, wants_environment,
-                                        wants_environment_at)
+from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, build_requires, declared_in,
+                                        declared_python, fits_python, host_requirement_files, installable, key_files,
+                                        pip_error, plan_environment, pretend_version, scm_version, static_metadata,
+                                        wants_environment)
 from m3_agent.sandbox.env.proof import PROOF_LABEL, Proof, proof_command, proof_of, read_proof
 from m3_agent.sandbox.env.releases import Releases, Sources, release_cutoff
-from m3_agent.sandbox.env.toolchain import (TOOLCHAIN, build_recipe, compiles, compiles_from, editable_settings,
-                                            keep_build_command)
+from m3_agent.sandbox.env.testneeds import read_test_needs
+from m3_agent.sandbox.env.toolchain import (TOOLCHAIN, build_jobs, build_recipe, compiles, compiles_from, cython_command,
+                                            cython_outputs, editable_settings, keep_build_command,
+                                            link_installed_command)
 from m3_agent.sandbox.env.wheels import Requirements, SdistBuilder, download, download_step
 
 Progress = Callable[[str], None]
@@ -61,7 +64,7 @@ Progress = Callable[[str], None]
 ENV_PATH = f"{ENV_PREFIX}/bin:{nodeenv.NODE_BIN}:{nodeenv.WORKSPACE_BIN}:{SYSTEM_PATH}"
 
 ENV_REPOSITORY = "m3-agent-env"
-BUILDER = "2"  # bump when the build steps change what an image holds
+BUILDER = "3"  # bump when the build steps change what an image holds
 STAGE = "/tmp/m3-env"  # the wheels and requirement files inside the build container
 META_COPY = "/tmp/m3-env-meta"  # the workspace copy pip prepares the project's metadata in
 _STAGED_PIP = f"$(ls {STAGE}/wheels/pip-*.whl | head -1)/pip"  # pip run from its staged wheel: the image's may be old
@@ -98,16 +101,18 @@ class BuildRequest:
     history: tuple[Path, str] | None = None  # (repository, commit) `version` and the release date are read from
     releases: Releases = "commit"  # resolve to releases before the last change of a dependency file, or today's
     keep_broken: bool = False  # keep (and use) an environment whose project does not import or tests do not collect
+    node: nodeenv.NodeRelease | None = None  # the Node its package.json's range takes, chosen when a build starts
 
 
 def ensure_environment(request: BuildRequest, *, progress: Progress | None = None) -> EnvImage | None:
     """The environment image for `request.repo`, built when its key has none; None when there is nothing to
     build (no dependency file declares anything and no setup command is given)."""
     t0 = time.monotonic()
-    if not needs_environment(request):
+    read = read_request(request)
+    if not needs_environment(request, read):
         return None
     with closing(docker_client()) as client:
-        key, _ = request_key(client, request, progress)
+        key, _ = request_key(client, request, progress, read)
         tag = f"{ENV_REPOSITORY}:{key}"
         labels = _labels(client, tag)
         built = labels is None
@@ -159,44 +164,67 @@ def _history(request: BuildRequest) -> tuple[Path, str]:
     return request.history
 
 
-def needs_environment(request: BuildRequest) -> bool:
-    """A setup command is given, or the repository's files declare something to install."""
+@dataclass(frozen=True)
+class RequestFiles:
+    """What a request's repository declares, read once per lookup: the files that key its environment (path
+    -> git blob id), whether they ask for an environment, whether the project compiles, the release date."""
+
+    files: dict[str, str]
+    wanted: bool
+    compiled: bool
+    cutoff: str | None
+
+
+def read_request(request: BuildRequest) -> RequestFiles:
+    """`RequestFiles` of `request`: from its copy on disk, or from git's objects at the history's commit
+    through one open repository (no checkout, no export, no walk of the tree: the files the key names)."""
+    if not request.derive:  # only the setup command: no file of the repository is read
+        return RequestFiles({}, False, False, request_cutoff(request, {}) if request.setup else None)
+    if request.repo is not None:
+        needs = read_test_needs(request.repo)  # once, for the key and the wish alike
+        files = {**key_files(request.repo, needs), **nodeenv.key_files(request.repo)}
+        wanted = wants_environment(request.repo, needs) or nodeenv.wants_node(request.repo)
+        return RequestFiles(files, wanted, _compiled(request), request_cutoff(request, files))
+    root, commit = _history(request)
+    with hostgit.CommitFiles(root, commit) as tree:
+        python, node = declared_in(tree), nodeenv.key_files_in(tree)
+        files = {**python.files, **node}
+        compiled = request.base == DEFAULT_IMAGE and compiles_from(tree.read_bytes)
+        cutoff = release_cutoff(request.releases, history=request.history, files=list(files),
+                                changed=tree.last_change)
+    return RequestFiles(files, python.wanted or bool(node), compiled, cutoff)
+
+
+def needs_environment(request: BuildRequest, read: RequestFiles | None = None) -> bool:
+    """A setup command is given, or the repository's files declare something to install (`read`: what
+    `read_request` gave, when it was read already)."""
     if request.setup:
         return True
     if not request.derive:
         return False
-    if request.repo is not None:
-        return wants_environment(request.repo) or nodeenv.wants_node(request.repo)
-    return wants_environment_at(*_history(request)) or nodeenv.wants_node_at(*_history(request))
+    return (read_request(request) if read is None else read).wanted
 
 
-def request_key(client: docker.DockerClient, request: BuildRequest,
-                progress: Progress | None = None) -> tuple[str, dict[str, str]]:
+def request_key(client: docker.DockerClient, request: BuildRequest, progress: Progress | None = None,
+                read: RequestFiles | None = None) -> tuple[str, dict[str, str]]:
     """The request's cache key and the files (path -> git blob id) that went into it: a hash of the base
-    image's id, the dependency files' blob ids and the setup command."""
-    files = {}
-    if request.derive and request.repo is not None:
-        files = {**key_files(request.repo), **nodeenv.key_files(request.repo)}
-    elif request.derive:
-        files = {**key_files_at(*_history(request)), **nodeenv.key_files_at(*_history(request))}
+    image's id, the dependency files' blob ids, the release date and the setup command (`read`: what
+    `read_request` gave, when it was read already)."""
+    read = read_request(request) if read is None else read
     base_id = base_image_id(client, request.base, progress)
-    cutoff = request_cutoff(request, files) or "today"
-    node = [nodeenv.BUILDER] if "package.json" in files else []  # only Node environments change with it
+    node = [nodeenv.BUILDER] if "package.json" in read.files else []  # only Node environments change with it
     # A compiled project's image is built on a toolchain image: its packages are part of the key.
-    toolchain = [json.dumps(TOOLCHAIN)] if _compiled(request) else []
-    return digest(BUILDER, base_id, json.dumps(files, sort_keys=True), request.setup or "", cutoff, *node,
-                  *toolchain)[:16], files
+    toolchain = [json.dumps(TOOLCHAIN)] if read.compiled else []
+    return digest(BUILDER, base_id, json.dumps(read.files, sort_keys=True), request.setup or "",
+                  read.cutoff or "today", *node, *toolchain)[:16], read.files
 
 
 def _compiled(request: BuildRequest) -> bool:
     """The derived environment of a project that compiles its own extensions, on the default image (read from
-    the copy, or from git's objects at the history's commit)."""
-    if not request.derive or request.base != DEFAULT_IMAGE:
+    the copy on disk)."""
+    if not request.derive or request.base != DEFAULT_IMAGE or request.repo is None:
         return False
-    if request.repo is not None:
-        return compiles(request.repo)
-    root, commit = _history(request)
-    return compiles_from(lambda name: hostgit.read_blob(root, commit, name))
+    return compiles(request.repo)
 
 
 def request_cutoff(request: BuildRequest, files: dict[str, str]) -> str | None:
@@ -248,6 +276,7 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
     say = progress or (lambda _: None)
     if request.history is not None and request.version is None:  # only a build needs it: git describe is slow
         request = dataclasses.replace(request, version=scm_version(*request.history))
+    request = _with_node(request, SUITE, say)
     try:
         _build_on(client, _base(request, SUITE, progress), request, tag, key, say)
     except PythonMismatch as e:
@@ -255,16 +284,40 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
         if request.base != DEFAULT_IMAGE or suite is None:
             raise
         say(f"{e.project} requires Python {e.requires}: building on Debian {suite} (Python {SUITE_PYTHON[suite]})")
+        if request.node is not None and request.node.debian:  # that release's nodejs, if its version fits
+            request = _with_node(dataclasses.replace(request, node=None), suite, say)
         _build_on(client, _base(request, suite, progress), request, tag, key, say)
+
+
+def _with_node(request: BuildRequest, suite: str, say: Progress) -> BuildRequest:
+    """`request` with the Node release its package.json's range takes (`nodeenv.choose_node`): the npm
+    registry's, else Debian `suite`'s nodejs, which the image the build starts from must then hold. A Python
+    project whose range nothing satisfies keeps `node` None: its Node side is left out with the reason."""
+    if not request.derive or not nodeenv.wants_node(request.repo):
+        return request
+    plan = nodeenv.plan_node(request.repo)
+    try:
+        release = nodeenv.choose_node(plan, machine=platform.machine(), suite=suite, say=say)
+    except EnvironmentBuildError:
+        if wants_environment(request.repo):
+            return request
+        raise
+    return dataclasses.replace(request, node=release)
 
 
 def _base(request: BuildRequest, suite: str, progress: Progress | None) -> str:
     """The image the environment is built on: the request's, or for a compiled project the sandbox image of
-    `suite` with a toolchain and the Debian packages its CI installs (built once, offline like the default)."""
+    `suite` with a toolchain and the Debian packages its CI installs, and with Debian's nodejs when the
+    request's Node is that (each built once, offline like the default)."""
+    say = progress or (lambda _: None)
+    node = (nodeenv.DEBIAN_NODE,) if request.node is not None and request.node.debian else ()
     if not _compiled(request):
+        if node:
+            say(f"building on the {suite} image with Debian's nodejs")
+            return build_image(Recipe(suite, node).image, recipe=Recipe(suite, node), progress=progress)
         return request.base if suite == SUITE else build_image(Recipe(suite).image, suite=suite, progress=progress)
     recipe, left_out = build_recipe(request.repo, suite)
-    say = progress or (lambda _: None)
+    recipe = Recipe(recipe.suite, (*recipe.extra, *node))
     from_ci = [p for p in recipe.extra if p not in TOOLCHAIN]
     say(f"the project compiles: building on the {suite} image with a toolchain"
         + (f" and {', '.join(from_ci)} from its CI" if from_ci else ""))
@@ -288,13 +341,14 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
         compiled = plan is not None and plan.editable and _compiled(request)
         if compiled:  # its build runs again in the sandbox: the backend and its needs live in the environment
             plan.requirements += [r for r in plan.build_requires if r not in plan.requirements]
+            plan.requirements += ["cython"] * bool(cython_outputs(request.repo))  # to generate what the tree lacks
         files = {**(plan.key_files if plan else {}), **node_files}
         steps = (install_steps(plan, request, compiled=compiled) if python
                  else [("run the setup command", request.setup, {})] * bool(request.setup))
         if python:
             _download(plan, stage, fetch, say)
-        packages, optional = (_stage_node(request.repo, stage, target, cutoff, steps, say, optional=python)
-                              if node_files else ([], set()))
+        packages, optional, node_sources = (_stage_node(request, stage, target, cutoff, steps, say,
+                                                        optional=python) if node_files else ([], set(), {}))
         say("copying the fetched files into the build container")
         box.put(stage, STAGE)
         packages = _run_steps(box, steps, optional, say) or packages  # a note replaces what was left out
@@ -305,12 +359,15 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
         box.run("remove the build files", f"rm -rf {STAGE} && find {WORKSPACE} -mindepth 1 -delete")
         labels = {**env_labels("project", client.images.get(base).id, request.source or request.repo.name),
                   RECIPE_LABEL: key, FILES_LABEL: json.dumps(files), PACKAGES_LABEL: json.dumps(packages),
-                  RELEASES_LABEL: cutoff or "today", SOURCES_LABEL: json.dumps(plan.sources if plan else {}),
+                  RELEASES_LABEL: cutoff or "today",
+                  SOURCES_LABEL: json.dumps({**(plan.sources if plan else {}), **node_sources}),
                   **({PROOF_LABEL: proof.model_dump_json()} if proof else {})}
         say(f"committing {tag}")
         box.commit(tag, labels, User=f"{SANDBOX_UID}:{SANDBOX_UID}", WorkingDir=WORKSPACE,
                    Env=[f"VIRTUAL_ENV={ENV_PREFIX}", f"PATH={ENV_PATH}", "HOME=/home/sandbox",
-                        "LANG=C.UTF-8", "LC_ALL=C.UTF-8"])
+                        "LANG=C.UTF-8", "LC_ALL=C.UTF-8",
+                        *(f"{k}={v}" for k, v in
+                          (nodeenv.image_environment(request.repo) if node_files else {}).items())])
 
 
 def _prove(box: BuildContainer, plan: Plan | None, request: BuildRequest, say: Progress) -> Proof | None:
@@ -327,23 +384,26 @@ def _prove(box: BuildContainer, plan: Plan | None, request: BuildRequest, say: P
     return proof
 
 
-def _stage_node(repo: Path, stage: Path, target: Target, cutoff: str | None,
+def _stage_node(request: BuildRequest, stage: Path, target: Target, cutoff: str | None,
                 steps: list[tuple[str, str, dict[str, str]]], say: Progress, *,
-                optional: bool) -> tuple[list[str], set[str]]:
+                optional: bool) -> tuple[list[str], set[str], dict[str, str]]:
     """Fetch the repository's Node side into `stage/node` on the host and put its steps among `steps`
     (before the setup command, which is last when there is one); returns what it installs, for the label,
-    and the names of its steps when they are `optional` (a Python project's: its JavaScript tooling must
-    not cost it the Python environment). Without a lock file the packages resolve to releases before
-    `cutoff`, as pip's do."""
-    node = nodeenv.plan_node(repo, before=cutoff)
+    the names of its steps when they are `optional` (a Python project's: its JavaScript tooling must
+    not cost it the Python environment), and where Node's version came from (`env show`'s "asked for").
+    Without a lock file the packages resolve to releases before `cutoff`, as pip's do."""
+    node = nodeenv.plan_node(request.repo, before=cutoff)
     assert node is not None  # only called for a repository with a package.json
     say(f"planning the Node environment ({node.manager}, Node {node.node_range} from {node.node_source})")
     try:
-        fetched = nodeenv.fetch_node(node, stage / "node", machine=target.machine, say=say)
+        # None: nothing satisfies the range (`_with_node`), which this Python project's build notes here; Debian's
+        # nodejs is not asked again, since the image it would need is not the one this build is on
+        release = request.node or nodeenv.choose_node(node, machine=target.machine, suite=None, say=say)
+        fetched = nodeenv.fetch_node(node, stage / "node", release, machine=target.machine, say=say)
     except EnvironmentBuildError as e:
         if not optional:
             raise
-        return [_left_out(e, say)], set()
+        return [_left_out(e, say)], set(), {}
     env = nodeenv.node_environment()
     at = len(steps) - (steps[-1][0] == "run the setup command" if steps else 0)
     added = [("note the repository's files", f"{_FILES} > {STAGE}/before-node", {}),
@@ -351,7 +411,8 @@ def _stage_node(repo: Path, stage: Path, target: Target, cutoff: str | None,
              ("keep the files its scripts generated",
               _KEEP_GENERATED.replace(f"{STAGE}/before ", f"{STAGE}/before-node "), {})]
     steps[at:at] = added
-    return [f"node {fetched.node}", fetched.manager], {step for step, _, _ in added} if optional else set()
+    return ([fetched.node_label, fetched.manager], {step for step, _, _ in added} if optional else set(),
+            {fetched.node_label: f"Node {node.node_range}: {node.node_source}"})
 
 
 def _run_steps(box: BuildContainer, steps: list[tuple[str, str, dict[str, str]]], optional: set[str],
@@ -409,7 +470,13 @@ def _plan(box: BuildContainer, request: BuildRequest, fetch: Fetch, say: Progres
 def _project_metadata(box: BuildContainer, request: BuildRequest, fetch: Fetch, say: Progress) -> dict:
     """The project's core metadata, prepared by pip in the build container (its build backend runs there,
     never on the host) from the backend's wheels, downloaded first; in a copy of the workspace, since
-    setuptools writes its egg-info into the tree it reads."""
+    setuptools writes its egg-info into the tree it reads. A backend that would compile the whole project to
+    report it (meson-python) is not asked: pyproject.toml states it (`pyenv.static_metadata`)."""
+    static = static_metadata(request.repo)
+    if static is not None:
+        say("read the project's dependencies from pyproject.toml (its build backend would compile the project "
+            "to report them)")
+        return static
     say(f"downloading pip and the project's build backend for Python {fetch.target.short} on the host")
     fetch.download(["pip", *build_requires(request.repo)], say)
     box.put(fetch.wheels, f"{STAGE}/wheels")
@@ -444,8 +511,9 @@ def _download(plan: Plan | None, stage: Path, fetch: Fetch, say: Progress) -> No
 
 
 def create_venv(prefix: str) -> str:
-    """The command that makes a venv at `prefix` with pip, from the staged wheels (no index, no network)."""
-    return (f"python3 -m venv --without-pip {prefix} && {prefix}/bin/python {_STAGED_PIP} install --no-index "
+    """The command that makes a venv at `prefix` with pip, from the staged wheels (no index, no network). Its
+    python is a copy, not a link: a test that starts `os.path.realpath(sys.executable)` (psutil's) stays in it."""
+    return (f"python3 -m venv --copies --without-pip {prefix} && {prefix}/bin/python {_STAGED_PIP} install --no-index "
             f"--find-links {STAGE}/wheels -q pip")
 
 
@@ -464,12 +532,7 @@ def install_steps(plan: Plan | None, request: BuildRequest, *,
     steps.append(("install the dependencies", f"{pip} -r {STAGE}/requirements.txt {files} -c {STAGE}/constraints.txt",
                   {}))
     if plan and plan.editable and compiled:
-        settings = "".join(f" -C{shlex.quote(c)}" for c in editable_settings(request.repo))
-        steps += [("note the repository's files", f"{_FILES_ALL} > {STAGE}/before", {}),
-                  ("build the project in place (editable)",
-                   f"{pip} --no-deps --no-build-isolation{settings} -e {WORKSPACE} || {_PATH_FALLBACK}",
-                   {**pretend_version(request.version), **BUILD_JOBS}),
-                  ("keep the build in the image", keep_build_command(f"{STAGE}/before", request.repo), {})]
+        steps += _in_place_steps(request)
     elif plan and plan.editable:
         # Its build backend in pip's isolated build env (from the staged wheels): never in the environment,
         # where a lock's pins could break it or it could move the project's own pins.
@@ -482,10 +545,26 @@ def install_steps(plan: Plan | None, request: BuildRequest, *,
     return steps
 
 
+def _in_place_steps(request: BuildRequest) -> list[tuple[str, str, dict[str, str]]]:
+    """The steps that build a compiled project in place, outside pip's isolation, and keep its build tree: the C
+    its setup.py names that Cython makes first, the extensions scikit-build-core installs linked to the tree."""
+    pip = pip_install(ENV_PREFIX)
+    settings = "".join(f" -C{shlex.quote(c)}" for c in editable_settings(request.repo))
+    cython = cython_outputs(request.repo)
+    link = link_installed_command(request.repo)
+    return [("note the repository's files", f"{_FILES_ALL} > {STAGE}/before", {}),
+            *[("generate the C sources setup.py names from Cython",
+               cython_command(f"{ENV_PREFIX}/bin/python", cython), {})] * bool(cython),
+            ("build the project in place (editable)",
+             f"{build_jobs(f'{STAGE}/build-jobs.cfg')}{pip} --no-deps --no-build-isolation{settings} "
+             f"-e {WORKSPACE} || {_PATH_FALLBACK}", pretend_version(request.version)),
+            *[("link the installed extensions to the build tree", link or "", {})] * bool(link),
+            ("keep the build in the image", keep_build_command(f"{STAGE}/before", request.repo, cython), {})]
+
+
 # A compiled project's files: what its build writes (a build tree included) is told apart from them later.
 _FILES_ALL = (f"cd {WORKSPACE} && find . \\( -name '*.egg-info' -o -name __pycache__ -o -name .git \\) "
               "-prune -o \\( -type f -o -type l \\) -print | sort")
-BUILD_JOBS = {"MAKEFLAGS": "-j2", "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
 
 # The repository's files, minus what a build leaves that the runs never need (metadata, build trees).
 _FILES = (f"cd {WORKSPACE} && find . \\( -name '*.egg-info' -o -name build -o -name __pycache__ -o -name .git "
@@ -494,7 +573,8 @@ _FILES = (f"cd {WORKSPACE} && find . \\( -name '*.egg-info' -o -name build -o -n
 # Files the editable build wrote into the repository (setuptools_scm's _version.py): kept in the image,
 # copied back into each sandbox's workspace at start (sandbox.container.GIT_INIT), where its git ignores them.
 _KEEP_GENERATED = (f"{_FILES} > {STAGE}/after && comm -13 {STAGE}/before {STAGE}/after | while read -r f; do "
-                   f"mkdir -p \"{GENERATED}/$(dirname \"$f\")\" && cp -p \"$f\" \"{GENERATED}/$f\"; done")
+                   f"mkdir -p \"{GENERATED}/$(dirname \"$f\")\" && cp -p \"$f\" \"{GENERATED}/$f\" && "
+                   f"chmod a+r \"{GENERATED}/$f\"; done")  # the sandbox's user copies it at start
 
 
 # A project pip cannot install in editable mode (its build fails): its source directory goes on the path

@@ -2,15 +2,21 @@
 installed with no network in the environment's build container.
 
     plan = plan_node(Path("repo"))                  # None: no package.json
-    fetch_node(plan, stage, machine="x86_64")       # host: Node, the package manager, every package tarball
+    release = choose_node(plan, machine="x86_64", suite="bookworm", say=print)  # the registry's, else Debian's
+    fetch_node(plan, stage, release, machine="x86_64", say=print)  # host: Node, the manager, every package tarball
     for step, command in node_steps(plan): ...      # container: offline install, lifecycle scripts included
 
 What is chosen:
-  - Node: the newest release of the npm registry's `node-linux-<arch>` package (the `node` binary alone)
-    that satisfies `.nvmrc`, else `.node-version`, else `engines.node`; the newest even (LTS) major
-    otherwise;
+  - Node (`choose_node`): the newest release of the npm registry's `node-linux-<arch>` package (the `node`
+    binary alone) that satisfies `.nvmrc`, else `.node-version`, else `engines.node`, else the versions the
+    CI's setup-node installs (`sandbox.env.nodeversion`); the newest even (LTS) major otherwise. When the
+    registry has none in the range (or does not answer for it), Debian's `nodejs` where its version
+    satisfies the range: the environment is then built on the sandbox image of a recipe with that package
+    (debootstrap offline, like the sandbox image itself);
   - the package manager: `packageManager` in package.json, else the lock file's (`pnpm-lock.yaml`: pnpm,
     `yarn.lock`: yarn 1, else npm), fetched as its registry package (each bundles its own dependencies);
+    without `packageManager`, its newest release up to the default major whose `engines.node` takes the
+    Node chosen (an old Node's CI gets npm 9, not npm 10, which needs Node 18);
   - the packages: the host runs the manager with `--ignore-scripts` into a cache of tarballs (npm's cache,
     yarn's cache folder, pnpm's store), from the lock file, or without one from package.json's ranges
     as released before the commit's date (npm's `--before`); the container installs from that cache
@@ -39,7 +45,9 @@ from pathlib import Path
 
 from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.env.pyenv import blob_id
+from m3_agent.sandbox.env import tapplugins
+from m3_agent.sandbox.env.nodeversion import LTS_RANGE, VERSION_FILES, node_choice
+from m3_agent.sandbox.env.testneeds import FolderFiles
 from m3_agent.redact import redact
 
 NODE_HOME = "/opt/m3-agent/node"  # node and the package manager
@@ -52,16 +60,15 @@ WORKSPACE = "/workspace"
 WORKSPACE_BIN = f"{WORKSPACE}/node_modules/.bin"
 
 LOCKS = {"package-lock.json": "npm", "npm-shrinkwrap.json": "npm", "pnpm-lock.yaml": "pnpm", "yarn.lock": "yarn"}
-VERSION_FILES = (".nvmrc", ".node-version")
 # What keys the environment beside every package.json (.npmrc is left out: it may hold a token).
-KEY_FILES = (*LOCKS, *VERSION_FILES, "pnpm-workspace.yaml", ".yarnrc", ".yarnrc.yml")
-# nvm's names of the LTS lines, for `.nvmrc` files that say `lts/iron`.
-LTS = {"argon": 4, "boron": 6, "carbon": 8, "dubnium": 10, "erbium": 12, "fermium": 14, "gallium": 16,
-       "hydrogen": 18, "iron": 20, "jod": 22, "krypton": 24}
+KEY_FILES = (*LOCKS, *VERSION_FILES, "pnpm-workspace.yaml", ".yarnrc", ".yarnrc.yml", ".taprc")
 DEFAULT_MANAGER = {"npm": "npm@^10", "yarn": "yarn@^1", "pnpm": "pnpm@^9"}
+MANAGER_MAJORS_BACK = 4  # how far below the default major a manager that runs on an old Node is looked for
 FETCH_TIMEOUT_S = 900.0
-BUILDER = "8"  # bump when the Node steps change what an environment holds
+BUILDER = "9"  # bump when the Node steps change what an environment holds
 DEBIAN_LIBRARIES = ("libatomic1",)
+PNPM_METADATA = "pnpm-metadata"  # pnpm's cache of the registry's metadata, in the stage beside its store
+DEBIAN_NODE = "nodejs"  # Debian's package of Node: the fallback when the registry has no release in the range
 
 
 @dataclass
@@ -120,7 +127,8 @@ def key_files(root: Path) -> dict[str, str]:
         return {}
     paths = [root / "package.json", *(root / name for name in KEY_FILES)]
     paths += [root / ws / "package.json" for ws in workspaces(root)]
-    return {p.relative_to(root).as_posix(): blob_id(p.read_bytes()) for p in paths if p.is_file()}
+    paths += [root / rel for rel in node_choice(FolderFiles(root)).files]  # the CI files that chose Node
+    return {p.relative_to(root).as_posix(): hostgit.blob_id(p.read_bytes()) for p in paths if p.is_file()}
 
 
 def wants_node_at(root: Path, commit: str) -> bool:
@@ -130,19 +138,26 @@ def wants_node_at(root: Path, commit: str) -> bool:
 
 def key_files_at(root: Path, commit: str) -> dict[str, str]:
     """`key_files` of the repository at `root` as of `commit`, from git's objects: no checkout."""
-    top = hostgit.blob_ids(root, commit, ("",))
+    with hostgit.CommitFiles(root, commit) as files:
+        return key_files_in(files)
+
+
+def key_files_in(files: hostgit.CommitFiles) -> dict[str, str]:
+    """`key_files_at` of an open commit's files (empty: the commit has no package.json, no Node side)."""
+    top = files.names("")
     if "package.json" not in top:
         return {}
-    found = {name: top[name] for name in ("package.json", *KEY_FILES) if name in top}
+    found = {name: files.blob_id(name) or "" for name in ("package.json", *KEY_FILES) if name in top}
+    found.update({rel: files.blob_id(rel) for rel in node_choice(files).files})  # the CI files that chose Node
     try:
-        manifest = json.loads(hostgit.read_blob(root, commit, "package.json") or b"{}")
+        manifest = json.loads(files.read_bytes("package.json") or b"{}")
     except ValueError:
         manifest = {}
-    pnpm = (hostgit.read_blob(root, commit, "pnpm-workspace.yaml") or b"").decode(errors="replace")
+    pnpm = (files.read_bytes("pnpm-workspace.yaml") or b"").decode(errors="replace")
     patterns = _patterns(manifest if isinstance(manifest, dict) else {}, pnpm)
-    if patterns:
-        with hostgit.repository(root) as repo:
-            listing = repo.git.ls_tree("-r", commit).splitlines()
+    if patterns:  # a monorepo: its workspaces' package.json files, from a listing of the whole tree
+        with hostgit.repository(files.root) as repo:
+            listing = repo.git.ls_tree("-r", files.commit).splitlines()
         for line in listing:  # "mode blob sha\tpath"
             meta, _, path = line.partition("\t")
             folder = path.rpartition("/")[0]
@@ -160,26 +175,10 @@ def _matches(folder: str, pattern: str) -> bool:
 
 
 def node_range(root: Path) -> tuple[str, str]:
-    """(semver range, its source) for Node: `.nvmrc`, `.node-version`, `engines.node`, else the newest LTS line."""
-    for name in VERSION_FILES:
-        path = root / name
-        if path.is_file():
-            text = next((ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()), "")
-            if text:
-                return _nvm_range(text), name
-    engines = package_json(root / "package.json").get("engines") or {}
-    if isinstance(engines, dict) and isinstance(engines.get("node"), str) and engines["node"].strip():
-        return engines["node"].strip(), "package.json engines.node"
-    return "lts", "the newest LTS line (no .nvmrc, .node-version or engines.node)"
-
-
-def _nvm_range(text: str) -> str:
-    """An .nvmrc's word as an npm range: `v20.1` -> `20.1`, `lts/iron` -> `20`, `node` -> `*`."""
-    text = text.strip().lstrip("vV")
-    if text.lower().startswith("lts/"):
-        name = text[4:].lower()
-        return str(LTS[name]) if name in LTS else "lts"
-    return "*" if text.lower() in ("node", "latest", "current", "stable") else text
+    """(semver range, its source) for Node (`sandbox.env.nodeversion`): `.nvmrc`, `.node-version`,
+    `engines.node`, the CI's setup-node, else the newest LTS line."""
+    choice = node_choice(FolderFiles(root))
+    return choice.range, choice.source
 
 
 def package_manager(root: Path) -> tuple[str, str, str | None]:
@@ -220,6 +219,89 @@ def _berry(root: Path, spec: str) -> bool:
 
 # --- on the host ---------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class NodeRelease:
+    """The Node an environment gets: its version, and where it comes from."""
+
+    version: str
+    debian: str | None = None  # the Debian release whose `nodejs` package it is; None: the npm registry's binary
+
+    def describe(self) -> str:
+        """Where this Node comes from, as `env show` and the progress say it."""
+        return f"Debian {self.debian}'s nodejs" if self.debian else "the npm registry's node-linux binary"
+
+
+def choose_node(plan: NodePlan, *, machine: str, suite: str | None, say) -> NodeRelease:
+    """The Node release for the plan's range: the npm registry's newest, else Debian `suite`'s `nodejs` when its
+    version satisfies the range (None: the registry's only); EnvironmentBuildError (one line, naming both) when
+    neither does."""
+    package, npm = node_package(machine), _host_npm()
+    try:
+        return NodeRelease(resolve_node(npm, package, plan))
+    except EnvironmentBuildError as e:
+        said = str(e).split(": ", 1)[-1]
+        unread = None if said.startswith("no Node release") else f"cannot be read ({said})"
+    registry = f"the npm registry's {package} {unread or 'has none'}"
+    debian = debian_node(suite) if suite else None
+    if suite is None:
+        raise EnvironmentBuildError(f"no Node release satisfies {plan.node_range!r} ({plan.node_source}): {registry}: "
+                                    "fix the range", step="resolve the Node version")
+    if debian is not None and satisfies(debian, plan.node_range):
+        say(f"the npm registry's {package} {unread or f'has no release in {plan.node_range!r}'}: "
+            f"using Debian {suite}'s nodejs {debian}")
+        return NodeRelease(debian, debian=suite)
+    theirs = f"Debian {suite}'s nodejs {debian}" if debian else f"Debian {suite}'s nodejs (not in this host's apt lists)"
+    raise EnvironmentBuildError(f"no Node release satisfies {plan.node_range!r} ({plan.node_source}): {registry}, "
+                                f"nor does {theirs}: fix the range", step="resolve the Node version")
+
+
+def node_package(machine: str) -> str:
+    """The npm registry's package of the `node` binary for `machine` (x86_64, aarch64)."""
+    return f"node-linux-{'arm64' if machine in ('aarch64', 'arm64') else 'x64'}"
+
+
+def satisfies(version: str, node_range: str) -> bool:
+    """`version` is in the npm semver range (LTS_RANGE, alone or in a CI matrix's `||`: any release; a range npm
+    cannot read: none)."""
+    import nodesemver
+
+    parts = [p.strip() for p in node_range.split("||") if p.strip()]
+    if LTS_RANGE in parts:  # Debian's nodejs is an LTS line
+        return True
+    try:
+        return bool(nodesemver.satisfies(version, " || ".join(parts), loose=True))
+    except (ValueError, TypeError):
+        return False
+
+
+def debian_node(suite: str) -> str | None:
+    """The upstream version of Debian `suite`'s nodejs (`18.20.4` of `18.20.4+dfsg-1~deb12u2`), from this host's
+    apt lists: the suite's own archive, which an offline image build (debootstrap) installs from; None when the
+    host has no apt or its lists do not have that suite's nodejs."""
+    exe = shutil.which("apt-cache")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "madison", DEBIAN_NODE], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = []
+    for line in out.splitlines():  # "nodejs | 18.20.4+dfsg-1~deb12u2 | http://... bookworm/main amd64 Packages"
+        parts = [p.strip() for p in line.split("|")]
+        version = re.match(r"(?:\d+:)?(\d+\.\d+\.\d+)", parts[1]) if len(parts) == 3 else None
+        if version and re.search(rf"(^|\s){re.escape(suite)}/", parts[2]):
+            found.append(version.group(1))
+    return max(found, key=lambda v: tuple(int(p) for p in v.split(".")), default=None)
+
+
+def _host_npm() -> str:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise EnvironmentBuildError("npm is not installed on the host, which fetches the packages: install "
+                                    "Node.js (apt-get install npm)", step="fetch Node")
+    return npm
+
+
 @dataclass
 class Fetched:
     """What `fetch_node` put in the stage: the versions chosen, for the build's labels and progress."""
@@ -228,22 +310,30 @@ class Fetched:
     manager: str  # name@version
     lock_written: bool  # the host resolved package.json's ranges into a lock: the container installs from it
     legacy_peers: bool = False  # npm resolved with --legacy-peer-deps: the container installs with it too
+    debian: str | None = None  # Node is Debian's nodejs of this release, in the image already (NodeRelease)
+    tap_plugins: list[str] = field(default_factory=list)  # tap plugins fetched for its config: built in
+
+    @property
+    def node_label(self) -> str:
+        """Node's line in the environment's package list: its version, and Debian's package when it is that (the
+        registry's binary is the rule)."""
+        return f"node {self.node}" + (f" ({NodeRelease(self.node, self.debian).describe()})" if self.debian else "")
 
 
-def fetch_node(plan: NodePlan, stage: Path, *, machine: str, say) -> Fetched:
-    """Fetch Node, the package manager and every package into `stage` on the host, running no script."""
-    npm = shutil.which("npm")
-    if npm is None:
-        raise EnvironmentBuildError("npm is not installed on the host, which fetches the packages: install "
-                                    "Node.js (apt-get install npm)", step="fetch Node")
+def fetch_node(plan: NodePlan, stage: Path, release: NodeRelease, *, machine: str, say) -> Fetched:
+    """Fetch Node (unless `release` is Debian's, which the image has), the package manager and every package
+    into `stage` on the host, running no script."""
+    npm = _host_npm()
     stage.mkdir(parents=True, exist_ok=True)
-    package = f"node-linux-{'arm64' if machine in ('aarch64', 'arm64') else 'x64'}"
-    version = resolve_node(npm, package, plan)
-    say(f"fetching Node {version} and {plan.manager_spec} on the host")
-    _pack(npm, f"{package}@{version}", stage / "node.tgz")
+    plan = dataclasses.replace(plan, manager_spec=manager_for(npm, plan, release.version))
+    if release.debian is None:
+        say(f"fetching Node {release.version} ({plan.node_source}) and {plan.manager_spec} on the host")
+        _pack(npm, f"{node_package(machine)}@{release.version}", stage / "node.tgz")
+        _debian_libraries(stage)
+    else:
+        say(f"fetching {plan.manager_spec} on the host (Node {release.version} is {release.describe()}, in the image)")
     _pack(npm, plan.manager_spec, stage / "manager.tgz")
     manager_version = _tar_version(stage / "manager.tgz")
-    _debian_libraries(stage)
     project = stage / "project"
     _copy_manifests(plan, project)
     say(f"fetching the packages with {plan.manager} on the host (no scripts run)")
@@ -251,10 +341,46 @@ def fetch_node(plan: NodePlan, stage: Path, *, machine: str, say) -> Fetched:
     lock_written = plan.lock is None and plan.manager == "npm"
     if lock_written:
         shutil.copy2(project / "package-lock.json", stage / "package-lock.json")
+    plugins = _fetch_tap_plugins(npm, plan, project, stage / tapplugins.STAGED, say)
     for done in (project, stage / "host-node", stage / "manager"):  # the cache holds what the container needs
         shutil.rmtree(done, ignore_errors=True)
-    return Fetched(node=version, manager=f"{plan.manager}@{manager_version}", lock_written=lock_written,
-                   legacy_peers=plan.legacy_peers)
+    return Fetched(node=release.version, manager=f"{plan.manager}@{manager_version}", lock_written=lock_written,
+                   legacy_peers=plan.legacy_peers, debian=release.debian, tap_plugins=plugins)
+
+
+def _fetch_tap_plugins(npm: str, plan: NodePlan, project: Path, dest: Path, say) -> list[str]:
+    """The tap plugins the project's tap config names and its lock lacks (`sandbox.env.tapplugins`), each at
+    the release made for the locked @tapjs/core, installed into `dest`/node_modules on the host with no
+    script run; what was fetched (name@version)."""
+    lock = next((project / name for name in LOCKS if (project / name).is_file()), None)
+    text = lock.read_text(errors="replace") if lock else ""
+    missing = tapplugins.missing_plugins(plan.root, text)
+    if not missing:
+        return []
+    core = tapplugins.locked_core(text)
+    step = "fetch tap's plugins"
+    chosen = {}
+    for plugin in missing:
+        name, wanted = tapplugins.split(plugin)
+        out = _run_host([npm, "view", f"{name}@>=0", "version", "peerDependencies", "--json"], None, step=step,
+                        quiet=True)
+        try:
+            rows = json.loads(out or "[]")
+        except ValueError:
+            rows = []
+        version = tapplugins.plugin_release([rows] if isinstance(rows, dict) else rows, core, wanted)
+        if version is None:
+            raise EnvironmentBuildError(f"the tap plugin {plugin} (.taprc or package.json tap.plugin) has no release "
+                                        f"for @tapjs/core {core} on the registry", step=step)
+        chosen[name] = version
+    specs = [f"{n}@{v}" for n, v in chosen.items()]
+    say(f"fetching the tap plugins its tap config names and its lock lacks, for @tapjs/core {core}: {', '.join(specs)}")
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "package.json").write_text(json.dumps({"private": True, "dependencies": chosen}))
+    # Their peer @tapjs/core is the project's own: tap's generator links it in, as `tap plugin add` does.
+    _run_host([npm, "install", "--prefix", str(dest), "--ignore-scripts", "--no-audit", "--no-fund",
+               "--legacy-peer-deps", "--no-package-lock"], None, step=step)
+    return specs
 
 
 def _fetch_packages(plan: NodePlan, stage: Path, project: Path, say) -> NodePlan:
@@ -282,8 +408,21 @@ def _fetch_packages(plan: NodePlan, stage: Path, project: Path, say) -> NodePlan
 
 
 def resolve_node(npm: str, package: str, plan: NodePlan) -> str:
-    """The newest release of `package` in the plan's range; EnvironmentBuildError naming the range when none."""
-    spec = ">=0" if plan.node_range == "lts" else plan.node_range
+    """The newest release of `package` in the plan's range (LTS_RANGE, alone or among a CI matrix's `||`:
+    the newest even major); EnvironmentBuildError naming the range when none."""
+    parts = [p.strip() for p in plan.node_range.split("||") if p.strip()]
+    ranges = " || ".join(p for p in parts if p != LTS_RANGE)
+    versions = _releases(npm, package, ranges) if ranges else []
+    if LTS_RANGE in parts:
+        versions += [v for v in _releases(npm, package, ">=0") if int(v.split(".")[0]) % 2 == 0]
+    if not versions:
+        raise EnvironmentBuildError(f"no Node release satisfies {plan.node_range!r} ({plan.node_source}): fix the "
+                                    "range", step="resolve the Node version")
+    return max(versions, key=_version_key)
+
+
+def _releases(npm: str, package: str, spec: str) -> list[str]:
+    """The releases (no pre-releases) of `package` in the npm range `spec`, from the registry."""
     out = _run_host([npm, "view", f"{package}@{spec}", "version", "--json"], None, step="resolve the Node version",
                     quiet=True)
     try:
@@ -291,13 +430,46 @@ def resolve_node(npm: str, package: str, plan: NodePlan) -> str:
     except ValueError:
         found = []
     found = [found] if isinstance(found, str) else found if isinstance(found, list) else []  # {"error": ...}: none
-    versions = [v for v in found if isinstance(v, str) and re.match(r"\d+\.\d+\.\d+$", v)]
-    if plan.node_range == "lts":
-        versions = [v for v in versions if int(v.split(".")[0]) % 2 == 0]
-    if not versions:
-        raise EnvironmentBuildError(f"no Node release satisfies {plan.node_range!r} ({plan.node_source}): fix the "
-                                    "range", step="resolve the Node version")
-    return max(versions, key=lambda v: tuple(int(p) for p in re.findall(r"\d+", v)[:3]))
+    return [v for v in found if isinstance(v, str) and re.match(r"\d+\.\d+\.\d+$", v)]
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def manager_for(npm: str, plan: NodePlan, node: str) -> str:
+    """What to fetch of the plan's package manager for Node `node`: the project's `packageManager` as it is;
+    else the newest release of the default's major, or of the closest major below it, whose `engines.node`
+    takes `node` (npm 10 refuses the Node 14 an old project's CI names; npm 9 runs on it)."""
+    if plan.manager_spec != DEFAULT_MANAGER[plan.manager]:
+        return plan.manager_spec
+    import nodesemver
+
+    major = int(re.findall(r"\d+", plan.manager_spec)[0])
+    for older in range(major, max(major - MANAGER_MAJORS_BACK, 0), -1):  # a major at a time: npm view lists
+        out = _run_host([npm, "view", f"{plan.manager}@^{older}", "version", "engines.node", "--json"], None,
+                        step=f"choose the {plan.manager} release for Node {node}", quiet=True)  # fields per version
+        try:
+            found = json.loads(out or "[]")
+        except ValueError:
+            found = []
+        rows = [found] if isinstance(found, (dict, str)) else found if isinstance(found, list) else []
+        rows = [row if isinstance(row, dict) else {"version": row} for row in rows]  # a bare version: no engines
+        fits = [str(row["version"]) for row in rows if re.match(r"\d+\.\d+\.\d+$", str(row.get("version")))
+                and _takes(row.get("engines.node"), node, nodesemver)]
+        if fits:
+            return f"{plan.manager}@{max(fits, key=_version_key)}"
+    return plan.manager_spec  # none fits: the default, whose own error then says why
+
+
+def _takes(engines: object, node: str, nodesemver) -> bool:
+    """A package's `engines.node` accepts `node` (no range: any Node)."""
+    if not isinstance(engines, str) or not engines.strip():
+        return True
+    try:
+        return bool(nodesemver.satisfies(node, engines, loose=True))
+    except (ValueError, TypeError):  # a range nobody can read says nothing against it
+        return True
 
 
 def _pack(npm: str, spec: str, dest: Path) -> None:
@@ -359,17 +531,27 @@ def _fetch_command(plan: NodePlan, stage: Path) -> list[str]:
     if plan.manager == "yarn":
         return [*run, "install", "--ignore-scripts", "--non-interactive", "--no-progress",
                 "--cache-folder", str(stage / "cache"), *(["--frozen-lockfile"] if plan.lock else [])]
+    # pnpm's metadata cache travels with its store: pnpm 11 checks each lock entry against the registry's
+    # metadata before installing (its release-age and trust policies), offline too
+    store = ["--store-dir", str(stage / "cache"), "--cache-dir", str(stage / PNPM_METADATA)]
     if plan.lock:  # pnpm reads only the lock: the fastest fetch there is
-        return [*run, "fetch", "--store-dir", str(stage / "cache")]
-    return [*run, "install", "--ignore-scripts", "--store-dir", str(stage / "cache")]
+        return [*run, "fetch", *store]
+    return [*run, "install", "--ignore-scripts", *store]
 
 
 _NO_RELEASE_BEFORE = re.compile(r"No versions available|No matching version|ETARGET|ENOVERSIONS")
 
 
 def _host_node(stage: Path) -> str:
-    """The fetched `node` binary, unpacked for the host."""
+    """The fetched `node` binary, unpacked for the host; the host's own `node` when Node is Debian's (the image's
+    package, not fetched)."""
     out = stage / "host-node"
+    if not (stage / "node.tgz").is_file():
+        host = shutil.which("node")
+        if host is None:
+            raise EnvironmentBuildError("node is not installed on the host, which runs the package manager to fetch "
+                                        "the packages: install Node.js (apt-get install nodejs)", step="fetch Node")
+        return host
     with tarfile.open(stage / "node.tgz") as tar:
         member = tar.getmember("package/bin/node")
         member.name = "node"
@@ -433,16 +615,20 @@ def node_steps(plan: NodePlan, fetched: Fetched) -> list[tuple[str, str]]:
         f"printf '#!/bin/sh\\nexec {NODE_BIN}/node {NODE_HOME}/lib/{fetched.manager.split('@')[0]}/{entry} \"$@\"\\n'"
         f" > {NODE_BIN}/{name} && chmod 755 {NODE_BIN}/{name} && "
         for name, entry in _entries(plan.manager))
-    toolchain = (f"{{ ls {STAGE}/debs/*.deb >/dev/null 2>&1 && dpkg -i {STAGE}/debs/*.deb >/dev/null || true; }} && "
-                 f"mkdir -p {NODE_BIN} {NODE_HOME}/lib {STAGE}/x && tar xzf {STAGE}/node.tgz -C {STAGE}/x "
-                 f"&& cp {STAGE}/x/package/bin/node {NODE_BIN}/node && rm -rf {STAGE}/x "
-                 f"&& tar xzf {STAGE}/manager.tgz -C {NODE_HOME}/lib && mv {NODE_HOME}/lib/package "
+    node = (f"mkdir -p {NODE_BIN} {NODE_HOME}/lib && ln -s /usr/bin/node {NODE_BIN}/node" if fetched.debian else
+            f"{{ ls {STAGE}/debs/*.deb >/dev/null 2>&1 && dpkg -i {STAGE}/debs/*.deb >/dev/null || true; }} && "
+            f"mkdir -p {NODE_BIN} {NODE_HOME}/lib {STAGE}/x && tar xzf {STAGE}/node.tgz -C {STAGE}/x "
+            f"&& cp {STAGE}/x/package/bin/node {NODE_BIN}/node && rm -rf {STAGE}/x")
+    toolchain = (f"{node} && tar xzf {STAGE}/manager.tgz -C {NODE_HOME}/lib && mv {NODE_HOME}/lib/package "
                  f"{NODE_HOME}/lib/{plan.manager} && {wrappers}node --version && {plan.manager} --version")
     steps = [(f"install Node {fetched.node} and {fetched.manager}", toolchain)]
     if fetched.lock_written:
         steps.append(("use the lock file resolved on the host", f"cp {STAGE}/package-lock.json {WORKSPACE}/"))
     steps.append((f"install the packages offline ({plan.manager}; their scripts run here)",
                   _install(dataclasses.replace(plan, legacy_peers=fetched.legacy_peers))))
+    if fetched.tap_plugins:
+        steps.append((f"build tap with its configured plugins ({', '.join(fetched.tap_plugins)})",
+                      f"cd {WORKSPACE} && " + tapplugins.BUILD_TAP.format(stage=f"{STAGE}/{tapplugins.STAGED}")))
     steps.append(("move node_modules out of the workspace", MOVE_NODE_MODULES))
     return steps
 
@@ -463,7 +649,8 @@ def _install(plan: NodePlan) -> str:
         command = (f"yarn install --offline --non-interactive --no-progress --cache-folder {cache}"
                    f"{' --frozen-lockfile' if plan.lock else ''}")
     else:
-        command = (f"pnpm install --offline --store-dir {cache} --package-import-method copy "
+        command = (f"pnpm install --offline --store-dir {cache} --cache-dir {STAGE}/{PNPM_METADATA} "
+                   "--package-import-method copy "
                    f"--config.confirmModulesPurge=false{' --frozen-lockfile' if plan.lock else ''}")
     return f"{WITHOUT_AUTH} && {WITH_GIT} {{ {command}; }} > {STAGE}/install.log 2>&1; {SAY_ERROR}"
 
@@ -490,6 +677,22 @@ SAY_ERROR = (f"s=$?; [ -e .git/m3-made ] && rm -rf .git; cat {STAGE}/install.log
 # and a `${NPM_TOKEN}` the container does not have would stop npm. (The copy is removed before the commit.)
 WITHOUT_AUTH = ("for f in .npmrc .yarnrc; do if [ -f $f ]; then grep -viE '_auth|_password|token' $f > $f.m3 || true; "
                 "mv $f.m3 $f; fi; done")
+
+
+# pnpm 11+ checks before `pnpm run` that node_modules matches the lock, and some releases (magic-string's
+# 11.13.1), finding each one moved out of the workspace and linked back (this environment's layout), run `pnpm
+# install`, which fails with no network (its `pnpm run build` before vitest). The image's packages are the
+# lock's, so the check is off in the image's own environment: for test_runner and for a model's `pnpm run
+# test` through bash alike.
+PNPM_SETTINGS = {"pnpm_config_verify_deps_before_run": "false", "npm_config_verify_deps_before_run": "false"}
+
+
+def image_environment(root: Path) -> dict[str, str]:
+    """The variables a Node environment's image sets for every command of its sandboxes: its package
+    manager's settings for the environment's layout ({} without a package.json)."""
+    if not wants_node(root):
+        return {}
+    return dict(PNPM_SETTINGS) if package_manager(root)[0] == "pnpm" else {}
 
 
 def node_environment() -> dict[str, str]:

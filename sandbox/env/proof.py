@@ -4,9 +4,9 @@
     proof.ok, proof.message()      # "sklearn does not import: ModuleNotFoundError: No module named ..."
 
 What is checked, on the environment's own interpreter, after the project is installed:
-  - each top-level package of the project (`top_packages`: the packages under `src/` or at the root, tests,
-    docs and the like left out) is imported in a fresh interpreter outside the repository, so what is
-    imported is what was installed (an extension that was not built fails here);
+  - each top-level package of the project (`top_packages`: the packages in setuptools' `where`, under `src/`
+    or at the root, tests, docs and the like left out) is imported in a fresh interpreter outside the
+    repository, so what is imported is what was installed (an extension that was not built fails here);
   - pytest collects the project's tests (`where_tests_are`: pytest's `testpaths`, else `tests`, `test`,
     `testing`), in the repository. It fails the proof when collection stops (a conftest that does not
     import, options of a plugin that is missing: pytest's exit 4), when nothing is collected and some file
@@ -62,10 +62,32 @@ def _pyproject(root: Path) -> dict:
         return {}
 
 
+def package_base(root: Path) -> Path:
+    """The folder the project's packages are in: the one setuptools is told to find them in (`packages.find`'s
+    `where` or `package-dir`'s root, in pyproject.toml or setup.cfg: sqlalchemy's `lib/`), else `src/` when
+    there is one, else the root."""
+    setuptools = _pyproject(root).get("tool", {}).get("setuptools", {})
+    packages = setuptools.get("packages")
+    told = [(setuptools.get("package-dir") or {}).get(""),
+            *((packages.get("find") or {}).get("where") or [] if isinstance(packages, dict) else [])]
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(root / "setup.cfg", encoding="utf-8")
+        told += parser.get("options.packages.find", "where", fallback="").split()
+        told += [line.split("=", 1)[1] for line in parser.get("options", "package_dir", fallback="").splitlines()
+                 if line.split("=", 1)[0].strip() == "" and "=" in line]
+    except (configparser.Error, UnicodeDecodeError):
+        pass
+    for folder in (str(t).strip().strip("/") for t in told if isinstance(t, str)):
+        if folder not in ("", ".") and (root / folder).is_dir():
+            return root / folder
+    return root / "src" if (root / "src").is_dir() else root
+
+
 def top_packages(root: Path) -> list[str]:
-    """The project's top-level import names: packages (a directory with `__init__.py`) under `src/` when it
-    has one, else at the root, and root modules named like the project; tests, docs and tools left out."""
-    base = root / "src" if (root / "src").is_dir() else root
+    """The project's top-level import names: packages (a directory with `__init__.py`) in `package_base`, and
+    root modules named like the project; tests, docs and tools left out."""
+    base = package_base(root)
     names = sorted(p.parent.name for p in base.glob("*/__init__.py")
                    if p.parent.name.isidentifier() and p.parent.name.lower() not in NOT_PACKAGES)
     project = str(_pyproject(root).get("project", {}).get("name", "")).replace("-", "_").lower()

@@ -22,7 +22,6 @@ The rules, in the order they apply:
 
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 from collections.abc import Iterable
@@ -38,7 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.env.testneeds import FolderFiles, TestNeeds, read_test_needs
+from m3_agent.sandbox.env.testneeds import FolderFiles, TestNeeds, read_test_needs, requirement_name
 
 try:
     import tomllib
@@ -67,7 +66,8 @@ class Target:
     def marker_environment(self) -> dict[str, str]:
         """PEP 508 marker values of the target, so markers are judged for it and not for this host."""
         return {
-            "python_version": self.short, "python_full_version": self.python, "os_name": "posix",
+            "python_version": self.short, "python_full_version": self.python, "implementation_version": self.python,
+            "os_name": "posix",
             "sys_platform": "linux", "platform_system": "Linux", "platform_machine": self.machine,
             "implementation_name": "cpython", "platform_python_implementation": "CPython",
         }
@@ -107,28 +107,40 @@ def dependency_files(root: Path, needs: TestNeeds | None = None) -> list[Path]:
     return [root / p for p in select_dependency_files(listed, needs) if files.read(p) is not None]
 
 
-def blob_id(data: bytes) -> str:
-    """git's id of a blob holding `data`: a file's key on disk is the one git gives it at a commit."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def key_files(root: Path, needs: TestNeeds | None = None) -> dict[str, str]:
     """The dependency files of `root` (relative path -> git blob id): what keys the environment."""
-    return {str(p.relative_to(root)): blob_id(p.read_bytes()) for p in dependency_files(root, needs)}
+    return {str(p.relative_to(root)): hostgit.blob_id(p.read_bytes()) for p in dependency_files(root, needs)}
 
 
 def key_files_at(root: Path, commit: str) -> dict[str, str]:
     """`key_files` of the repository at `root` as of `commit`, from git's objects: no checkout, no export."""
-    return _at(root, commit)[0]
-
-
-def _at(root: Path, commit: str) -> tuple[dict[str, str], TestNeeds]:
-    """The key files at `commit` and its test needs, read from git's objects."""
     with hostgit.CommitFiles(root, commit) as files:
-        needs = read_test_needs(files)
-        listed = [p for folder in KEY_FOLDERS for p in files.names(folder)]
-        blobs = {p: files.blob_id(p) for p in select_dependency_files(listed, needs)}
-    return {p: b for p, b in blobs.items() if b is not None}, needs
+        return declared_in(files).files
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a commit's files declare for its Python environment, read once: the files that key it (path ->
+    git blob id), what its tests need, and whether it asks for an environment at all (`wants_environment`)."""
+
+    files: dict[str, str]
+    needs: TestNeeds
+    wanted: bool
+
+
+def declared_in(files: hostgit.CommitFiles) -> Declared:
+    """`Declared` of an open commit's files: its test needs are read once, for the key and the wish alike."""
+    needs = read_test_needs(files)
+    listed = [p for folder in KEY_FOLDERS for p in files.names(folder)]
+    blobs = {p: files.blob_id(p) for p in select_dependency_files(listed, needs)}
+    keys = {p: b for p, b in blobs.items() if b is not None}
+    data = files.read_bytes("pyproject.toml") if "pyproject.toml" in keys else None
+    try:
+        pyproject = tomllib.loads(data.decode("utf-8")) if data else {}
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise EnvironmentBuildError(f"pyproject.toml cannot be read ({e}): fix it, or set [sandbox] setup",
+                                    step="read pyproject.toml") from None
+    return Declared(keys, needs, _wants(list(keys), pyproject, needs))
 
 
 def installable(root: Path) -> bool:
@@ -153,24 +165,18 @@ def _toml(path: Path, hint: str = "") -> dict:
         raise EnvironmentBuildError(f"{path.name} cannot be read ({e}){hint}", step=f"read {path.name}") from None
 
 
-def wants_environment(root: Path) -> bool:
+def wants_environment(root: Path, needs: TestNeeds | None = None) -> bool:
     """`root` declares something to install: a project pip can build, a requirements file, something its
-    tests need, or a test dependency group. Read from the files alone: the cheap check every `fix` makes first."""
-    needs = read_test_needs(root)
+    tests need, or a test dependency group. Read from the files alone: the cheap check every `fix` makes first.
+    `needs`: its test needs, when they are read already."""
+    needs = read_test_needs(root) if needs is None else needs
     return _wants([str(p.relative_to(root)) for p in dependency_files(root, needs)], _pyproject(root), needs)
 
 
 def wants_environment_at(root: Path, commit: str) -> bool:
     """`wants_environment` of the repository at `root` as of `commit`, read from git's objects."""
-    keys, needs = _at(root, commit)
-    files = list(keys)
-    data = hostgit.read_blob(root, commit, "pyproject.toml") if "pyproject.toml" in files else None
-    try:
-        pyproject = tomllib.loads(data.decode("utf-8")) if data else {}
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise EnvironmentBuildError(f"pyproject.toml cannot be read ({e}): fix it, or set [sandbox] setup",
-                                    step="read pyproject.toml") from None
-    return _wants(files, pyproject, needs)
+    with hostgit.CommitFiles(root, commit) as files:
+        return declared_in(files).wanted
 
 
 def _wants(files: list[str], pyproject: dict, needs: TestNeeds) -> bool:
@@ -199,7 +205,7 @@ def plan_environment(root: Path, target: Target, *, metadata: dict | None = None
     groups = group_requirements(_pyproject(root), env, names=needs.of("group") or None)
     # A group that names the project itself (`xarray[complete]`) asks for the project's extras, not a release;
     # so does a requirements file's `-e .[full]` (starlette).
-    group_extras = [e for line in groups if me and _name(line) == me for e in sorted(Requirement(line).extras)]
+    group_extras = [e for line in groups if me and requirement_name(line) == me for e in sorted(Requirement(line).extras)]
     group_extras += [e for f in keys if f.endswith(".txt") for e in local_extras(root, f)]
     if metadata:
         fits_python(metadata, target)
@@ -207,7 +213,7 @@ def plan_environment(root: Path, target: Target, *, metadata: dict | None = None
         plan.build_requires = build_requires(root)
         _add(plan, project_requirements(metadata, env, extras=[*group_extras, *needs.of("extra")]),
              "the project's metadata")
-    _add(plan, [line for line in groups if not me or _name(line) != me], "pyproject.toml")
+    _add(plan, [line for line in groups if not me or requirement_name(line) != me], "pyproject.toml")
     for need in needs.items:
         if need.kind == "requirement":
             _add(plan, judged([need.value], env, []), need.source)
@@ -225,14 +231,14 @@ def _add(plan: Plan, lines: list[str], source: str) -> None:
     """Add the requirements of `lines` whose names the plan does not hold yet, noting where they came from.
     One that points at a VCS checkout or a source archive (`psleak @ git+https://...`) is left out, noted:
     the host would have to build it to read it, and the offline install could not fetch it."""
-    held = {_name(x) for x in plan.requirements}
+    held = {requirement_name(x) for x in plan.requirements}
     for line in lines:
         if not host_line(line):
             plan.left_out.setdefault(line, source)
-        elif _name(line) not in held or not _name(line):
+        elif requirement_name(line) not in held or not requirement_name(line):
             plan.requirements.append(line)
             plan.sources.setdefault(line, source)
-            held.add(_name(line))
+            held.add(requirement_name(line))
 
 
 # What a build backend asks for beyond `[build-system] requires` to build a project editable (its
@@ -272,7 +278,7 @@ def project_requirements(metadata: dict, env: dict[str, str], *, extras: list[st
     wanted = test_names(metadata.get("provides_extra", []))
     me = canonicalize_name(metadata.get("name", ""))
     extras = self_extras(me, requires, wanted + [e for e in extras if e not in wanted], env)
-    return [line for line in judged(requires, env, extras) if _name(line) != me]
+    return [line for line in judged(requires, env, extras) if requirement_name(line) != me]
 
 
 class PythonMismatch(EnvironmentBuildError):
@@ -307,6 +313,38 @@ def declared_python(root: Path) -> dict:
     if not isinstance(project, dict) or "requires-python" in project.get("dynamic", []):
         return {}
     return {"name": str(project.get("name", "the project")), "requires_python": str(project.get("requires-python", ""))}
+
+
+# Build backends without PEP 517's metadata hook (`prepare_metadata_for_build_wheel`): pip builds the whole wheel
+# to read their metadata, which for a project that compiles is the whole compile once more before the real build.
+NO_METADATA_HOOK = ("mesonpy",)
+
+
+def static_metadata(root: Path) -> dict | None:
+    """The core metadata (pip's install report's fields) that pyproject.toml's `[project]` states, for a project
+    whose backend has no metadata hook (NO_METADATA_HOOK) and whose dependencies, extras and Python range are
+    not `dynamic`: PEP 621 holds the backend to them, so nothing has to build to read them. None otherwise
+    (the build container's pip prepares it)."""
+    pyproject = _pyproject(root)
+    project = pyproject.get("project")
+    if pyproject.get("build-system", {}).get("build-backend") not in NO_METADATA_HOOK or not isinstance(project, dict):
+        return None
+    if "name" not in project or {"dependencies", "optional-dependencies", "requires-python"} & set(
+            project.get("dynamic", [])):
+        return None
+    try:
+        requires = [str(Requirement(line)) for line in project.get("dependencies", [])]
+        extras = {canonicalize_name(k): [Requirement(line) for line in v]
+                  for k, v in project.get("optional-dependencies", {}).items()}
+    except (InvalidRequirement, TypeError, AttributeError):
+        return None  # pip says what is wrong with it
+    for extra, reqs in extras.items():
+        for req in reqs:
+            marker = f"({req.marker}) and " if req.marker else ""
+            req.marker = None
+            requires.append(f'{req}; {marker}extra == "{extra}"')
+    return {"name": str(project["name"]), "requires_python": str(project.get("requires-python", "")),
+            "requires_dist": requires, "provides_extra": list(extras)}
 
 
 def test_names(names: list[str]) -> list[str]:
@@ -482,13 +520,6 @@ def _holds(marker: str, env: dict[str, str]) -> bool:
         return Marker(marker).evaluate({**env, "extra": ""})
     except Exception:  # a marker packaging cannot read: keep the pin, pip judges the package itself
         return True
-
-
-def _name(line: str) -> str:
-    try:
-        return canonicalize_name(Requirement(line).name)
-    except InvalidRequirement:
-        return ""
 
 
 def scm_version(root: Path, commit: str | None = None) -> str | None:

@@ -36,14 +36,16 @@ _SECTIONS = ("global", "download", ":env:")  # pip's precedence for `pip downloa
 _SOURCE_KEYS = ("index-url", "extra-index-url", "find-links", "no-index")
 
 
-def release_cutoff(releases: Releases, *, history: tuple[Path, str] | None, files: list[str]) -> str | None:
+def release_cutoff(releases: Releases, *, history: tuple[Path, str] | None, files: list[str],
+                   changed: Callable[[list[str]], str] | None = None) -> str | None:
     """The ISO 8601 UTC date releases must predate, or None for today's.
 
     `history`: the repository and commit the tree comes from; `files`: its dependency files, whose last
-    change at that commit sets the date."""
+    change at that commit sets the date; `changed`: how that date is read when the commit is open already
+    (`hostgit.CommitFiles.last_change`), else `hostgit.last_change`."""
     if releases == "today" or history is None:
         return None
-    return hostgit.last_change(history[0], history[1], files)
+    return changed(files) if changed is not None else hostgit.last_change(history[0], history[1], files)
 
 
 def pip_configuration() -> dict[str, str]:

@@ -31,6 +31,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -161,12 +162,12 @@ def read_test_needs(source: Path | Files) -> TestNeeds:
             found.items.append(Need("file", path, path))
     for path in found.of("file"):  # their lines, so that a VCS URL or `-e .[test]` in them is read as such
         found.items += requirement_file_needs(root, path, found, seen=set())
-    known = {_name(r) for r in found.of("requirement")}
+    known = {requirement_name(r) for r in found.of("requirement")}
     used = [(plugin, c.source) for c in found.commands for plugin in plugins_of(c.words[1:])]
     for plugin, source in [*pytest_plugins(root), *used]:
-        if _name(plugin) not in known:
+        if requirement_name(plugin) not in known:
             found.items.append(Need("requirement", plugin, source))
-            known.add(_name(plugin))
+            known.add(requirement_name(plugin))
     found.items = list(dict.fromkeys(found.items))
     found.commands = list(dict.fromkeys(found.commands))
     return found
@@ -380,7 +381,7 @@ def _target_needs(arg: str, source: str, found: TestNeeds) -> list[Need]:
     if need is None:
         found.skipped.append(Need("requirement", arg, source))
         return []
-    return [] if _name(need.value) in TOOLING else [need]
+    return [] if requirement_name(need.value) in TOOLING else [need]
 
 
 def requirement_need(line: str, source: str) -> Need | None:
@@ -474,24 +475,33 @@ def _take_tox(root: Files, env: str, found: TestNeeds) -> None:
     for key in ("deps", "extras", "dependency_groups", "commands"):
         for line in _tox_lines(parser, env, key, factors):
             if key == "deps":  # one requirement a line (its marker's quotes kept), or pip's options
-                words = tuple(shlex.split(line)) if line.startswith("-") else (line,)
+                words = _words(line) if line.startswith("-") else (line,)
                 found.items += _install_needs(root, words, "", source, found)
             elif key == "extras":
                 found.items += [Need("extra", e.strip(), source) for e in line.split(",") if e.strip()]
             elif key == "dependency_groups":
                 found.items += [Need("group", g.strip(), source) for g in line.split(",") if g.strip()]
             else:
-                words = tuple(shlex.split(line.lstrip("- "), posix=True)) if line.strip() else ()
+                words = _words(line.lstrip("- "))
                 if words and is_test_command(words):
                     found.commands.append(TestCommand(runnable(words), "", source))
 
 
+def _words(line: str) -> tuple[str, ...]:
+    """A tox line's words as its shell would split them; none for a line shlex cannot read (an open quote)."""
+    try:
+        return tuple(shlex.split(line))
+    except ValueError:
+        return ()
+
+
 def _tox_lines(parser: configparser.ConfigParser, env: str, key: str, factors: set[str]) -> list[str]:
-    """The lines of `key` in `[testenv:env]` (else `[testenv]`), substitutions and factor conditions applied."""
+    """The lines of `key` in `[testenv:env]` (else `[testenv]`), continuations (a line ending in `\\`) joined,
+    substitutions and factor conditions applied."""
     section = f"testenv:{env}" if env != "testenv" and parser.has_option(f"testenv:{env}", key) else "testenv"
     raw = parser.get(section, key, fallback="")
     lines = []
-    for line in _substitute(parser, raw).splitlines():
+    for line in _substitute(parser, raw).replace("\\\n", " ").splitlines():
         line = line.split(" #")[0].strip()
         condition, sep, rest = line.partition(":")
         if sep and re.fullmatch(r"[\w.,!{}-]+", condition) and not rest.startswith("//") and " " not in condition:
@@ -523,7 +533,11 @@ def nox_sessions(root: Files, named: list[str] | None) -> list[str]:
 def _nox_calls(root: Files) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
     """Each session of noxfile.py (parsed, not run): its `session.install` / `session.run` /
     `session.run_install` calls' words, with those of the noxfile's own functions it calls."""
-    text = root.read("noxfile.py")
+    return _noxfile_calls(root.read("noxfile.py"))
+
+
+@lru_cache(maxsize=8)  # read for the session list, then once per session: parse each noxfile once (callers only read)
+def _noxfile_calls(text: str | None) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
     try:
         tree = ast.parse(text) if text else None
     except (SyntaxError, ValueError):
@@ -623,7 +637,7 @@ def _add_requirement(found: TestNeeds, line: str, source: str) -> None:
     need = requirement_need(line, source)
     if need is None:
         found.skipped.append(Need("requirement", line, source))
-    elif _name(need.value) not in TOOLING:
+    elif requirement_name(need.value) not in TOOLING:
         found.items.append(need)
 
 
@@ -732,7 +746,8 @@ def _toml(root: Files, rel: str) -> dict:
         return {}  # pyenv reads pyproject.toml too and says when it cannot
 
 
-def _name(line: str) -> str:
+def requirement_name(line: str) -> str:
+    """The canonical package name a requirement line names; "" when it is not a requirement."""
     try:
         return canonicalize_name(Requirement(line).name)
     except InvalidRequirement:

@@ -50,6 +50,8 @@ _APT = re.compile(r"\bapt(?:-get)?\s+(?:-\S+\s+)*install\s+([^\n;&|#]*)")
 _CI_GLOBS = (".github/workflows/*.yml", ".github/workflows/*.yaml", ".github/*.sh", ".ci/*.sh", "ci/*.sh",
              "tools/ci/*.sh", "scripts/ci/*.sh", ".circleci/config.yml", "azure-pipelines.yml")
 # Ubuntu's names in CI files that Debian spells otherwise.
+# A C or C++ source a setup.py names as a string ("msgpack/_cmsgpack.c"), without its suffix.
+_NAMED_SOURCE = re.compile(r"""["']([\w./-]+)\.(c|cpp)["']""")
 _DEBIAN_NAMES = {"libjpeg-turbo8-dev": "libjpeg62-turbo-dev", "libtiff5-dev": "libtiff-dev",
                  "libpng12-dev": "libpng-dev", "python3-distutils": ""}
 
@@ -132,6 +134,29 @@ def build_recipe(root: Path, suite: str) -> tuple[Recipe, list[str]]:
     return Recipe(suite, tuple(sorted({*TOOLCHAIN, *kept}))), [p for p in wanted if p not in kept]
 
 
+def cython_outputs(root: Path) -> list[tuple[str, str]]:
+    """(`.pyx`, C or C++ file) of each source the project's `setup.py` names that the tree lacks and Cython makes
+    from the `.pyx` beside it: what a project's `make cython` writes before `setup.py` runs (msgpack keeps the
+    generated C out of git and in its sdists only)."""
+    setup = _reader(root)("setup.py")
+    if setup is None or backend(root).split(".")[0] in COMPILING_BACKENDS:  # meson and CMake run Cython themselves
+        return []
+    found: list[tuple[str, str]] = []
+    for rel, suffix in _NAMED_SOURCE.findall(_COMMENT.sub("", setup.decode("utf-8", errors="replace"))):
+        pyx, out = f"{rel}.pyx", f"{rel}.{suffix}"
+        if (root / pyx).is_file() and not (root / out).exists() and (pyx, out) not in found:
+            found.append((pyx, out))
+    return found
+
+
+def cython_command(python: str, pairs: list[tuple[str, str]]) -> str:
+    """The shell command that writes each pair's C or C++ file from its `.pyx` with the environment's Cython (in
+    the repository, where the build reads it); a failure says so and leaves the compile to fail on its own."""
+    runs = " && ".join(f"{python} -m cython{' --cplus' if out.endswith('.cpp') else ''} -o {shlex.quote(out)} "
+                       f"{shlex.quote(pyx)}" for pyx, out in pairs)
+    return (f"cd {WORKSPACE} && {{ {runs} || echo 'Cython could not generate the sources setup.py names' >&2; }}")
+
+
 def editable_settings(root: Path) -> list[str]:
     """pip's `--config-settings` for an in-place editable build that stays in the image and rebuilds on import."""
     name = backend(root).split(".")[0]
@@ -140,6 +165,16 @@ def editable_settings(root: Path) -> list[str]:
     if name == "scikit_build_core":
         return [f"build-dir={BUILD_DIR}", "editable.rebuild=true", "editable.mode=redirect"]
     return []
+
+
+def build_jobs(config: str) -> str:
+    """A shell prefix that gives the in-place build every core of its container: make's and CMake's jobs, and
+    setuptools' `build --parallel` (extensions built side by side), from the config file `config`, which
+    DIST_EXTRA_CONFIG names and distutils reads after the project's own setup.cfg. `[build]`, not only
+    `[build_ext]`: an editable build reinitialises build_ext, which then takes build's."""
+    return (f'n=$(nproc) && printf "[build]\\nparallel = %s\\n[build_ext]\\nparallel = %s\\n" "$n" "$n" '
+            f'> {config} && '
+            f'export MAKEFLAGS="-j$n" CMAKE_BUILD_PARALLEL_LEVEL="$n" DIST_EXTRA_CONFIG={config} && ')
 
 
 SOURCE_SUFFIXES = (".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".pyx", ".pxd", ".pxi", ".f", ".f90", ".for",
@@ -153,7 +188,7 @@ REBUILD_HOOK = """\"\"\"m3-agent: rebuild the project's extensions in place when
 import os, subprocess, sys
 
 
-def _rebuild(workspace=WORKSPACE, sources=SOURCES, built=BUILT, suffixes=SUFFIXES, scripts=SCRIPTS):
+def _rebuild(workspace=WORKSPACE, sources=SOURCES, built=BUILT, suffixes=SUFFIXES, scripts=SCRIPTS, cython=CYTHON):
     if os.environ.get("M3_AGENT_REBUILDING"):
         return
     try:
@@ -178,11 +213,16 @@ def _rebuild(workspace=WORKSPACE, sources=SOURCES, built=BUILT, suffixes=SUFFIXE
         return
     what = os.path.relpath(changed[0], workspace) if changed else "a built extension is missing"
     print("m3-agent: rebuilding the project's extensions (" + what + ")", file=sys.stderr)
+    env = dict(os.environ, M3_AGENT_REBUILDING="1")
+    if any(p.endswith((".pyx", ".pxd", ".pxi")) for p in changed):  # the C the build compiles is made from them
+        for pyx, out in cython:
+            subprocess.run([sys.executable, "-m", "cython", *(["--cplus"] if out.endswith(".cpp") else []), "-o", out,
+                            pyx], cwd=workspace, env=env, stdout=subprocess.DEVNULL)
     setup = ["setup.py"] if os.path.isfile(os.path.join(workspace, "setup.py")) else [
         "-c", "from setuptools import setup; setup()"]
     proc = subprocess.run([sys.executable, *setup, "build_ext", "--inplace", "--build-temp", "/tmp/m3-agent-build/temp",
                            "--build-lib", "/tmp/m3-agent-build/lib"],
-                          cwd=workspace, env=dict(os.environ, M3_AGENT_REBUILDING="1"), stdout=subprocess.PIPE,
+                          cwd=workspace, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stdout.splitlines() if "error" in ln.lower()] or proc.stdout.splitlines()[-5:]
@@ -211,6 +251,8 @@ for rel in new:
     dest = os.path.join(gen, rel)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     shutil.copy2(os.path.join(ws, rel), dest, follow_symlinks=False)
+    if not os.path.islink(dest):  # the sandbox's user copies it at start: pythran writes its .cpp files 0600
+        os.chmod(dest, os.stat(dest).st_mode | 0o444)
     parts = rel.split("/")
     exclude.add("/" + parts[1] + "/" if len(parts) > 2 and parts[1] not in tops else rel[1:])
 with open(gen + ".exclude", "w") as f:
@@ -233,14 +275,48 @@ print(f"kept {len(new)} built files ({len(built)} extensions in place), {len(own
 """
 
 
-def keep_build_command(before: str, root: Path) -> str:
+# Run by the image's python3 after scikit-build-core's editable build: each extension it installed into the
+# environment becomes a link to its file in the build tree. Its import hook runs `cmake --install` into the
+# environment after every rebuild, which the sandbox's read-only root refuses; CMake copies nothing onto a file
+# no older than its source, and a link is its source.
+_LINK_INSTALLED = r"""
+import glob, os, sys
+env, build = sys.argv[1], sys.argv[2]
+built = {}
+for top, dirs, files in os.walk(build):
+    dirs[:] = [d for d in dirs if d != "CMakeFiles"]
+    for name in files:
+        built.setdefault(name, []).append(os.path.join(top, name))
+linked = []
+for site in glob.glob(env + "/lib/python3*/site-packages"):
+    for top, dirs, files in os.walk(site):
+        for name in files:
+            if name.endswith((".so", ".pyd")) and len(built.get(name, [])) == 1:
+                path = os.path.join(top, name)
+                os.remove(path)
+                os.symlink(built[name][0], path)
+                linked.append(os.path.relpath(path, site))
+print("linked to the build tree: " + (", ".join(linked) or "nothing"))
+"""
+
+
+def link_installed_command(root: Path) -> str | None:
+    """The shell command that links the extensions scikit-build-core installed into the environment to the build
+    tree (see _LINK_INSTALLED); None for another backend."""
+    if backend(root).split(".")[0] != "scikit_build_core":
+        return None
+    return (f"python3 -c {shlex.quote(_LINK_INSTALLED)} {shlex.quote(ENV_PREFIX)} "
+            f"{shlex.quote(f'{WORKSPACE}/{BUILD_DIR}')}")
+
+
+def keep_build_command(before: str, root: Path, cython: list[tuple[str, str]] | None = None) -> str:
     """The shell command that keeps `root`'s in-place build in the image (see _KEEP_BUILD); `before` lists the
-    repository's files as they were before the build."""
+    repository's files as they were before the build, `cython` the sources Cython generated for it."""
     hook = ""
     if backend(root).split(".")[0] not in COMPILING_BACKENDS:  # they rebuild on import by themselves
         hook = REBUILD_HOOK
         for name, value in (("WORKSPACE", WORKSPACE), ("SOURCES", BUILT_FROM), ("BUILT", BUILT),
-                            ("SUFFIXES", SOURCE_SUFFIXES), ("SCRIPTS", BUILD_SCRIPTS)):
+                            ("SUFFIXES", SOURCE_SUFFIXES), ("SCRIPTS", BUILD_SCRIPTS), ("CYTHON", cython or [])):
             hook = hook.replace(f"={name}", f"={value!r}", 1)
     args = [before, json.dumps(hook), WORKSPACE, GENERATED, ENV_PREFIX]
     return "python3 -c " + shlex.quote(_KEEP_BUILD) + " " + " ".join(shlex.quote(a) for a in args)

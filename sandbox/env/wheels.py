@@ -13,6 +13,7 @@ that wheel beside the others.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -103,7 +104,7 @@ def download(requirements: Requirements | Sequence[str], *, into: Path, target: 
         args.append("--no-deps")
     built: set[str] = set()
     while True:
-        proc = _pip(args, progress, sources)
+        proc = _pip(args, progress, sources, target)
         if proc.returncode == 0:
             return
         missing = missing_package(proc.stderr)
@@ -169,9 +170,25 @@ def _requirement_name(requirement: str) -> str:
         return requirement
 
 
-def _pip(args: list[str], progress: Progress | None, sources: Sources) -> subprocess.CompletedProcess:
-    """Run pip with this interpreter; its progress lines go to `progress`."""
-    cmd = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check", "--progress-bar", "off"]
+# pip judges its dependencies' markers on the interpreter it runs on, whatever --python-version says: on a host's
+# 3.11, libcst's `pyyaml-ft; python_version == "3.13"` is skipped for a 3.13 image, whose offline install then
+# lacks it. pip runs with the target's marker values instead (its own code; no package's runs).
+_PIP_FOR_TARGET = """\
+import json, sys
+from pip._vendor.packaging import markers
+wanted = {**markers.default_environment(), **json.loads(sys.argv.pop(1))}
+markers.default_environment = lambda: dict(wanted)
+from pip._internal.cli.main import main
+sys.exit(main())
+"""
+
+
+def _pip(args: list[str], progress: Progress | None, sources: Sources,
+         target: Target | None = None) -> subprocess.CompletedProcess:
+    """Run pip with this interpreter (judging markers for `target`, when given); its progress lines go to
+    `progress`."""
+    run = ["-c", _PIP_FOR_TARGET, json.dumps(target.marker_environment())] if target else ["-m", "pip"]
+    cmd = [sys.executable, *run, *args, "--disable-pip-version-check", "--progress-bar", "off"]
     out: list[str] = []
     try:
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",

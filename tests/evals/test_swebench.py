@@ -360,9 +360,10 @@ def test_the_exec_server_finds_a_python_where_the_image_keeps_one(offline):
         for _ in client.api.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, network_mode="none"):
             pass
         with Sandbox(harness.sandbox_for(SandboxConfig(), tag), repo=harness.testbed_tree(image)) as sb:
-            r = sb.exec("test -e /usr/bin/python3 || echo gone; command -v python3")
-            # the env's python3 links to the removed one: conda's base interpreter is the one left
-            assert r.stdout.split() == ["gone", "/opt/miniconda3/bin/python3"], r.stdout + r.stderr
+            r = sb.exec("test -e /usr/bin/python3 || echo gone; command -v python3; python3 -c 'print(6 * 7)'")
+            # the server answered, on conda's interpreter; the testbed env's python3 is a copy (venv --copies),
+            # so it, not conda's base one, is first on the PATH and still runs
+            assert r.stdout.split() == ["gone", "/opt/miniconda3/envs/testbed/bin/python3", "42"], r.stdout + r.stderr
             assert sb.exec("git rev-parse HEAD").stdout.strip() == offline["sympy__sympy-25431"][0].base_commit
     finally:
         client.images.remove(tag, force=True)

@@ -4,6 +4,7 @@ must not run), the command that runs a file or one test, and the runners' report
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -70,6 +71,12 @@ def test_a_file_replaces_the_scripts_own_paths_and_a_title_selects_one_test():
     assert express.endswith(" test/Router.js") and "test/acc/" not in express
     jest = run_command(script_plan({"test": "jest"}), ["src/a.test.ts"], None, "/tmp/r.json")
     assert jest == "jest --json --outputFile=/tmp/r.json src/a.test.ts" + JEST_BY_PATH
+    # A describe's test, or Jest 19's id of it (its report has no describe titles): the full name ends with it.
+    one = run_command(script_plan({"test": "jest"}), ["a.test.js"], "add > adds one", "/tmp/r.json")
+    assert "'--testNamePattern=(^| )add\\ adds\\ one$'" in one, one
+    pattern = re.compile(one.split("--testNamePattern=")[1].split("'")[0].replace("\\ ", " "))
+    assert pattern.search("add adds one") and pattern.search("math add adds one")
+    assert not pattern.search("add adds one more") and not pattern.search("subadd adds one")
     vitest = run_command(script_plan({"test": "vitest"}), [], None, "/tmp/r.json")
     assert vitest.startswith("vitest run ") and "--outputFile.json=/tmp/r.json" in vitest
     node = run_command(script_plan({"test": "tsc && node --test dist/"}), [], "a > b", "/tmp/r.xml")

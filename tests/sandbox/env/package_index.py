@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def make_wheel(folder: Path, name: str, version: str) -> Path:
-    """A pure-Python wheel of `name` whose module tells its version."""
+def make_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A pure-Python wheel of `name` whose module tells its version; `requires`: its Requires-Dist lines."""
     dist = f"{name}-{version}.dist-info"
+    needs = "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {f"{name}.py": f"VERSION = {version!r}\n",
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{needs}",
              f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     record = "".join(f"{p},sha256={_b64(hashlib.sha256(t.encode()).digest())},{len(t.encode())}\n"
                      for p, t in files.items()) + f"{dist}/RECORD,,\n"

@@ -103,6 +103,16 @@ def test_a_project_gets_its_dependencies_its_tests_extra_and_itself_editable(pro
         assert sb.exec("git status --porcelain").stdout.strip() == "M src/boxes/__init__.py"  # nothing else
 
 
+def test_the_environments_python_is_itself_by_its_real_path(project_env):
+    """psutil's old tests start `os.path.realpath(sys.executable)`: through a venv's link that was the system's
+    python, without the project or its dependencies (12 of its test_misc.py failed: No module named 'psutil')."""
+    repo, env, _ = project_env
+    with Sandbox(SandboxConfig(image=env.tag), repo=repo) as sb:
+        r = sb.exec("cd /tmp && python -c 'import os, subprocess, sys; subprocess.run([os.path.realpath(sys.executable), "
+                    "\"-c\", \"import attrs, boxes, sys; print(sys.prefix)\"], check=True)'")
+    assert r.exit_code == 0 and r.stdout.strip() == ENV_PREFIX, r.stdout + r.stderr
+
+
 def test_the_image_says_which_files_keyed_it_and_what_it_holds(project_env):
     _, env, _ = project_env
     info = next(e for e in list_environments() if e.tag == env.tag)

