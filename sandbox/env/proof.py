@@ -8,10 +8,10 @@ What is checked, on the environment's own interpreter, after the project is inst
     or at the root, tests, docs and the like left out) is imported in a fresh interpreter outside the
     repository, so what is imported is what was installed (an extension that was not built fails here);
   - pytest collects the project's tests (`where_tests_are`: pytest's `testpaths`, else `tests`, `test`,
-    `testing`), in the repository. It fails the proof when collection stops (a conftest that does not
-    import, options of a plugin that is missing: pytest's exit 4), when nothing is collected and some file
-    errors, or when a collection error is an import of the project's own package; a test file that needs
-    an optional package others do not is not a failure of the environment.
+    `testing`, else the project's packages that hold such a folder), in the repository. It fails the proof when
+    collection stops (a conftest that does not import, options of a plugin that is missing: pytest's exit 4),
+    when nothing is collected and some file errors, or when a collection error is an import of the project's own
+    package; a test file that needs an optional package others do not is not a failure of the environment.
 The first failure is kept with the module it names and the first line of its error.
 """
 
@@ -109,7 +109,15 @@ def where_tests_are(root: Path) -> list[str]:
             continue
     paths = configured.split() if isinstance(configured, str) else list(configured or [])
     found = [p for p in paths if "*" not in p and (root / p).exists()]
-    return found or [d for d in TEST_DIRS if (root / d).is_dir()][:1]
+    return found or [d for d in TEST_DIRS if (root / d).is_dir()][:1] or packages_with_tests(root)
+
+
+def packages_with_tests(root: Path) -> list[str]:
+    """The project's packages that hold their own tests (PyWavelets' `pywt/tests`, numpy's `numpy/*/tests`), for a
+    project with no test folder at its root and no `testpaths`: pytest is given the package, whose tests it finds."""
+    base = package_base(root)
+    return [(base / name).relative_to(root).as_posix() for name in top_packages(root)
+            if any(p.is_dir() for d in TEST_DIRS for p in (base / name / d, *(base / name).glob(f"*/{d}")))]
 
 
 # Run by the environment's python in the build container, cwd the repository: prints one JSON object (a Proof).

@@ -106,6 +106,20 @@ def test_the_tests_are_where_pytest_is_told_else_in_the_usual_folder(tmp_path):
     assert where_tests_are(tree(tmp_path / "none", {"pkg/__init__.py": ""})) == []
 
 
+def test_tests_inside_the_package_are_collected_from_the_package_when_nothing_else_says_where(tmp_path):
+    """PyWavelets keeps its tests in `pywt/tests` and names no `testpaths`: the check collected nothing."""
+    pywt = tree(tmp_path / "pywt", {"pytest.ini": "[pytest]\naddopts = -l\n", "pywt/__init__.py": "",
+                                    "pywt/tests/test_dwt.py": "", "pywt/_extensions/__init__.py": "",
+                                    "doc/conf.py": ""})
+    nested = tree(tmp_path / "nested", {"src/num/__init__.py": "", "src/num/linalg/__init__.py": "",
+                                        "src/num/linalg/tests/test_a.py": "", "src/other/__init__.py": ""})
+    assert where_tests_are(pywt) == ["pywt"]
+    assert where_tests_are(nested) == ["src/num"]
+    # a folder at the root still wins: the package's own tests are not collected twice
+    assert where_tests_are(tree(tmp_path / "both", {"pkg/__init__.py": "", "pkg/tests/test_a.py": "",
+                                                     "tests/test_b.py": ""})) == ["tests"]
+
+
 def test_the_proof_says_what_failed_in_one_line():
     failed = read_proof('noise\n{"ok": false, "what": "import", "module": "sk", "error": "ModuleNotFoundError: x"}\n')
     assert failed.message() == "the project's package sk does not import: ModuleNotFoundError: x"
