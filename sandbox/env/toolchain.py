@@ -9,8 +9,8 @@ Read from the repository's files on the host, no code run:
     `cythonize`, `[tool.setuptools] ext-modules`);
   - its image is the sandbox image of a recipe with `TOOLCHAIN` and the Debian packages the project's CI
     installs with `apt-get install` / `apt install` (workflows and the shell scripts beside them), kept
-    only where Debian has a package of that name; built like the sandbox image (debootstrap and
-    `docker import` offline), so no build step needs a network;
+    only where the image's Debian release has a package of that name (that release's own lists: `debian.py`);
+    built like the sandbox image (debootstrap and `docker import` offline), so no build step needs a network;
   - the build is in place and stays in the image: `EDITABLE_SETTINGS` give meson-python and
     scikit-build-core a build directory inside the repository and rebuild-on-import; setuptools builds
     its extensions into the source tree, and `REBUILD_HOOK` rebuilds them at the next interpreter start
@@ -22,12 +22,10 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
-import subprocess
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 
+from m3_agent.sandbox.env import debian
 from m3_agent.sandbox.image import BUILT, BUILT_FROM, ENV_PREFIX, GENERATED, Recipe
 
 WORKSPACE = "/workspace"
@@ -110,26 +108,12 @@ def ci_apt_packages(root: Path) -> list[str]:
     return found[:MAX_CI_PACKAGES]
 
 
-@cache
-def debian_names() -> frozenset[str] | None:
-    """Every package name this host's apt knows (its lists are the release the images are built from), or
-    None when the host has no apt or no lists."""
-    exe = shutil.which("apt-cache")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, "pkgnames"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return frozenset(out.split()) or None
-
-
 def build_recipe(root: Path, suite: str) -> tuple[Recipe, list[str]]:
     """The recipe of the image `root` is built on (TOOLCHAIN and the libraries and build tools its CI installs
-    that Debian has), and the CI's package names left out (programs the build does not need, a window manager
-    or an image viewer; names Debian does not have, or all when this host cannot tell)."""
+    that Debian `suite` has), and the CI's package names left out (programs the build does not need, a window
+    manager or an image viewer; names `suite` does not have, or all when this host cannot tell)."""
     wanted = ci_apt_packages(root)
-    names = debian_names()
+    names = debian.package_names(suite)
     kept = [p for p in wanted if names is not None and p in names and (p.endswith("-dev") or p in BUILD_TOOLS)]
     return Recipe(suite, tuple(sorted({*TOOLCHAIN, *kept}))), [p for p in wanted if p not in kept]
 
