@@ -212,24 +212,6 @@ def export_tree(root: Path, treeish: str, dest: Path, *, message: str = "m3-agen
     return dest
 
 
-def blob_ids(root: Path, commit: str, folders: tuple[str, ...]) -> dict[str, str]:
-    """path -> blob id of the files directly in each of `folders` ("" is the top) at `commit`: read from
-    git's objects alone, no checkout. A folder the commit lacks gives nothing."""
-    found: dict[str, str] = {}
-    with repository(root) as repo:
-        tree = repo.commit(commit).tree
-        for folder in folders:
-            try:
-                sub = tree[folder] if folder else tree
-            except KeyError:
-                continue
-            if sub.type != "tree":
-                continue
-            # Regular files only (mode 100644/100755): a symlink's blob is its target's name, not its bytes.
-            found.update({b.path: b.hexsha for b in sub.blobs if b.mode & 0o170000 == 0o100000})
-    return found
-
-
 class CommitFiles:
     """The files of a commit read from git's objects, no checkout: what `sandbox.env.testneeds` reads a
     commit's test needs from. Use it as a context manager (the repository stays open inside)."""

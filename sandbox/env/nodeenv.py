@@ -131,19 +131,8 @@ def key_files(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hostgit.blob_id(p.read_bytes()) for p in paths if p.is_file()}
 
 
-def wants_node_at(root: Path, commit: str) -> bool:
-    """`wants_node` of the repository at `root` as of `commit`, from git's objects."""
-    return "package.json" in hostgit.blob_ids(root, commit, ("",))
-
-
-def key_files_at(root: Path, commit: str) -> dict[str, str]:
-    """`key_files` of the repository at `root` as of `commit`, from git's objects: no checkout."""
-    with hostgit.CommitFiles(root, commit) as files:
-        return key_files_in(files)
-
-
 def key_files_in(files: hostgit.CommitFiles) -> dict[str, str]:
-    """`key_files_at` of an open commit's files (empty: the commit has no package.json, no Node side)."""
+    """`key_files` of an open commit's files (empty: the commit has no package.json, no Node side)."""
     top = files.names("")
     if "package.json" not in top:
         return {}

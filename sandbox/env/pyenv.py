@@ -112,12 +112,6 @@ def key_files(root: Path, needs: TestNeeds | None = None) -> dict[str, str]:
     return {str(p.relative_to(root)): hostgit.blob_id(p.read_bytes()) for p in dependency_files(root, needs)}
 
 
-def key_files_at(root: Path, commit: str) -> dict[str, str]:
-    """`key_files` of the repository at `root` as of `commit`, from git's objects: no checkout, no export."""
-    with hostgit.CommitFiles(root, commit) as files:
-        return declared_in(files).files
-
-
 @dataclass(frozen=True)
 class Declared:
     """What a commit's files declare for its Python environment, read once: the files that key it (path ->
@@ -171,12 +165,6 @@ def wants_environment(root: Path, needs: TestNeeds | None = None) -> bool:
     `needs`: its test needs, when they are read already."""
     needs = read_test_needs(root) if needs is None else needs
     return _wants([str(p.relative_to(root)) for p in dependency_files(root, needs)], _pyproject(root), needs)
-
-
-def wants_environment_at(root: Path, commit: str) -> bool:
-    """`wants_environment` of the repository at `root` as of `commit`, read from git's objects."""
-    with hostgit.CommitFiles(root, commit) as files:
-        return declared_in(files).wanted
 
 
 def _wants(files: list[str], pyproject: dict, needs: TestNeeds) -> bool:

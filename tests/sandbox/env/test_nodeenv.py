@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from m3_agent.errors import EnvironmentBuildError
+from m3_agent.hostgit import CommitFiles
 from m3_agent.sandbox.env import nodeenv
 from m3_agent.sandbox.env.nodeenv import key_files, masked, plan_node, resolve_node
 
@@ -100,8 +101,8 @@ def test_a_commits_node_files_key_alike_from_git_objects_and_from_a_checkout(tmp
         "packages/a/package.json": "{}", "packages/a/deep/package.json": "{}", "tools/x/y/package.json": "{}",
         "other/package.json": "{}"})
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert nodeenv.wants_node_at(repo, head)
-    assert nodeenv.key_files_at(repo, head) == key_files(repo)
+    with CommitFiles(repo, head) as files:
+        assert nodeenv.key_files_in(files) == key_files(repo)
     assert set(key_files(repo)) == {"package.json", "package-lock.json", "packages/a/package.json",
                                     "tools/x/y/package.json"}
 

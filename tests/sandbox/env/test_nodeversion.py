@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from m3_agent.hostgit import CommitFiles
 from m3_agent.sandbox import Sandbox, SandboxConfig
 from m3_agent.sandbox.env import nodeenv
 from m3_agent.sandbox.env.build import environment_for
@@ -113,7 +114,8 @@ def test_a_node_version_file_and_an_lts_alias_are_read(tmp_path):
 def test_a_commits_ci_chosen_node_keys_alike_from_git_objects_and_from_a_checkout(tmp_path):
     repo = make_git_repo(tmp_path / "r", {"package.json": "{}", ".github/workflows/main.yml": MITT_CI})
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert nodeenv.key_files_at(repo, head) == nodeenv.key_files(repo)
+    with CommitFiles(repo, head) as files:
+        assert nodeenv.key_files_in(files) == nodeenv.key_files(repo)
     assert ".github/workflows/main.yml" in nodeenv.key_files(repo)
 
 

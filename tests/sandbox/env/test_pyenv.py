@@ -8,8 +8,8 @@ import pytest
 
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox.env.pyenv import (Target, group_requirements, host_requirement_files, judged, key_files,
-                                        key_files_at, lock_pins, pip_error, plan_environment, project_requirements,
-                                        static_metadata, wants_environment, wants_environment_at)
+                                        lock_pins, pip_error, plan_environment, project_requirements,
+                                        static_metadata, wants_environment)
 from m3_agent.sandbox.env.wheels import Requirements, download, platforms, target_flags
 from tests.sandbox.env.package_index import Index, make_wheel, pip_configured
 
@@ -41,7 +41,8 @@ def test_the_key_read_from_git_objects_is_the_key_of_the_checked_out_tree(tmp_pa
     """`env build` keys from the commit without exporting it; `fix` keys from its copy: both must agree."""
     import subprocess
 
-    from m3_agent.hostgit import export_tree, repository
+    from m3_agent.hostgit import CommitFiles, export_tree, repository
+    from m3_agent.sandbox.env.pyenv import declared_in
     from tests.conftest import make_git_repo
 
     repo = make_git_repo(tmp_path / "repo", {"pyproject.toml": "[project]\nname='a'\n", "requirements.txt": "attrs\n",
@@ -54,12 +55,14 @@ def test_the_key_read_from_git_objects_is_the_key_of_the_checked_out_tree(tmp_pa
     with repository(repo) as r:
         head = r.head.commit.hexsha
     copy = export_tree(repo, head, tmp_path / "copy")
-    at_commit = key_files_at(repo, head)
-    assert list(at_commit) == ["pyproject.toml", "uv.lock", "requirements.txt", "requirements/ci.txt"]
-    assert at_commit == key_files(copy) == key_files(repo)
-    assert wants_environment_at(repo, head) is wants_environment(copy) is True
+    with CommitFiles(repo, head) as files:
+        at_commit = declared_in(files)
+    assert list(at_commit.files) == ["pyproject.toml", "uv.lock", "requirements.txt", "requirements/ci.txt"]
+    assert at_commit.files == key_files(copy) == key_files(repo)
+    assert at_commit.wanted is wants_environment(copy) is True
     (repo / "uv.lock").write_text("version = 2\n")  # the work tree moved on; the commit did not
-    assert key_files_at(repo, head) == at_commit != key_files(repo)
+    with CommitFiles(repo, head) as files:
+        assert declared_in(files).files == at_commit.files != key_files(repo)
 
 
 @pytest.mark.parametrize(("files", "wanted"), [

@@ -278,10 +278,12 @@ def test_the_tests_run_with_what_the_project_declares_where_it_does(git_repo, sa
 
 def test_a_commit_is_keyed_from_git_objects_as_its_files_are_on_disk(git_repo):
     """Warm runs key from git's objects without exporting the tree: the test needs' files key alike there."""
-    from m3_agent.sandbox.env.pyenv import key_files_at, wants_environment_at
+    from m3_agent.hostgit import CommitFiles
+    from m3_agent.sandbox.env.pyenv import declared_in
 
     repo = git_repo(MYPY_LIKE)
     on_disk = key_files(repo)
     assert ".github/workflows/test.yml" in on_disk and "test-requirements.txt" in on_disk
-    assert key_files_at(repo, "HEAD") == on_disk
-    assert wants_environment_at(repo, "HEAD")
+    with CommitFiles(repo, "HEAD") as files:
+        declared = declared_in(files)
+    assert declared.files == on_disk and declared.wanted
