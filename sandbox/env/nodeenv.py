@@ -225,11 +225,13 @@ def choose_node(plan: NodePlan, *, machine: str, suite: str | None, say) -> Node
     version satisfies the range (None: the registry's only); EnvironmentBuildError (one line, naming both) when
     neither does."""
     package, npm = node_package(machine), _host_npm()
+    unread = None
     try:
-        return NodeRelease(resolve_node(npm, package, plan))
-    except EnvironmentBuildError as e:
-        said = str(e).split(": ", 1)[-1]
-        unread = None if said.startswith("no Node release") else f"cannot be read ({said})"
+        version = resolve_node(npm, package, plan)
+    except EnvironmentBuildError as e:  # the registry did not answer
+        version, unread = None, f"cannot be read ({str(e).split(': ', 1)[-1]})"
+    if version:
+        return NodeRelease(version)
     registry = f"the npm registry's {package} {unread or 'has none'}"
     debian = debian_node(suite) if suite else None
     if suite is None:
@@ -396,18 +398,15 @@ def _fetch_packages(plan: NodePlan, stage: Path, project: Path, say) -> NodePlan
     return plan
 
 
-def resolve_node(npm: str, package: str, plan: NodePlan) -> str:
+def resolve_node(npm: str, package: str, plan: NodePlan) -> str | None:
     """The newest release of `package` in the plan's range (LTS_RANGE, alone or among a CI matrix's `||`:
-    the newest even major); EnvironmentBuildError naming the range when none."""
+    the newest even major); None when none is."""
     parts = [p.strip() for p in plan.node_range.split("||") if p.strip()]
     ranges = " || ".join(p for p in parts if p != LTS_RANGE)
     versions = _releases(npm, package, ranges) if ranges else []
     if LTS_RANGE in parts:
         versions += [v for v in _releases(npm, package, ">=0") if int(v.split(".")[0]) % 2 == 0]
-    if not versions:
-        raise EnvironmentBuildError(f"no Node release satisfies {plan.node_range!r} ({plan.node_source}): fix the "
-                                    "range", step="resolve the Node version")
-    return max(versions, key=_version_key)
+    return max(versions, key=_version_key, default=None)
 
 
 def _releases(npm: str, package: str, spec: str) -> list[str]:
