@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -13,14 +12,7 @@ from m3_agent.errors import EnvironmentBuildError
 from m3_agent.hostgit import CommitFiles
 from m3_agent.sandbox.env import nodeenv
 from m3_agent.sandbox.env.nodeenv import choose_node, key_files, masked, plan_node, resolve_node
-
-
-def write(root: Path, files: dict[str, str | dict]) -> Path:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(text) if isinstance(text, dict) else text)
-    return root
+from tests.sandbox.env.tree import write
 
 
 def test_a_repository_without_package_json_has_no_node_side(tmp_path):

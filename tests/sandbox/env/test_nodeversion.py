@@ -7,7 +7,6 @@ import dataclasses
 import json
 import subprocess
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -21,6 +20,7 @@ from m3_agent.sandbox.env.testneeds import FolderFiles
 from m3_agent.sandbox.image import DEFAULT_IMAGE
 from m3_agent.tools.test_runner import TestRunner, TestRunnerArgs
 from tests.conftest import make_git_repo
+from tests.sandbox.env.tree import write
 
 MITT_CI = """name: CI
 on: [push]
@@ -58,14 +58,6 @@ jobs:
           node-version: ${{ matrix.node-version }}
       - run: npm test
 """
-
-
-def write(root: Path, files: dict[str, str | dict]) -> Path:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(text) if isinstance(text, dict) else text)
-    return root
 
 
 def test_without_version_files_or_engines_node_comes_from_the_ci_setup_node_and_keys_the_environment(tmp_path):

@@ -12,16 +12,10 @@ from m3_agent.sandbox.env.pyenv import (Target, group_requirements, host_require
                                         static_metadata, wants_environment)
 from m3_agent.sandbox.env.wheels import Requirements, download, platforms, target_flags
 from tests.sandbox.env.package_index import Index, make_wheel, pip_configured
+from tests.sandbox.env.tree import write
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
 ENV = TARGET.marker_environment()
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
 
 
 def test_the_dependency_files_key_the_environment_and_docs_requirements_do_not(tmp_path):

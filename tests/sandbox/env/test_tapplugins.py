@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +17,7 @@ from m3_agent.sandbox.image import DEFAULT_IMAGE
 from m3_agent.tools.test_runner import TestRunner, TestRunnerArgs
 from tests.conftest import make_git_repo
 from tests.sandbox.env.test_node_environment import locked
+from tests.sandbox.env.tree import write
 
 NPM_LOCK = json.dumps({"lockfileVersion": 3, "packages": {
     "": {"devDependencies": {"tap": "^21.7.2"}}, "node_modules/tap": {"version": "21.7.2"},
@@ -26,12 +26,6 @@ RELEASES = [{"version": "3.3.4", "peerDependencies": {"@tapjs/core": "4.5.2"}},
             {"version": "3.3.10", "peerDependencies": {"@tapjs/core": "4.5.8"}},
             {"version": "3.3.11", "peerDependencies": {"@tapjs/core": "4.5.9"}},
             {"version": "3.3.12", "peerDependencies": {"@tapjs/core": "4.6.0"}}]
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        (root / rel).write_text(text)
-    return root
 
 
 def test_a_plugin_the_taprc_names_and_the_lock_lacks_is_missing(tmp_path):

@@ -4,7 +4,6 @@ and environments built from it on the real engine, with real packages of the pac
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -13,18 +12,11 @@ from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
 from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from m3_agent.sandbox.env.pyenv import Target, key_files, plan_environment
 from m3_agent.sandbox.env.testneeds import Need, TestCommand, command_lines, poetry_requirement, read_test_needs
+from tests.sandbox.env.tree import write
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
 SESSION = uuid.uuid4().hex[:12]
 SOURCE = f"testneeds-{SESSION}"
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
 
 
 # tqdm's layout: pytest-asyncio only in .meta/requirements-test.txt, tox in pyproject.toml, and
