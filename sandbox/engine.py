@@ -15,8 +15,8 @@ ENGINE_HINT = "start the Docker engine (or set DOCKER_HOST) and retry"
 def docker_client(timeout: float = 60) -> docker.DockerClient:
     """A client for the local engine; raises SandboxUnavailable when it cannot be reached."""
     try:
-        client = docker.from_env(timeout=timeout)
-        client.ping()
+        # Asking the engine its API version is the reachability check: a ping after it would be a second call.
+        client = docker.from_env(timeout=timeout, version="auto")
     except (docker.errors.DockerException, OSError) as e:  # OSError: a socket that exists but refuses us
         first_line = (str(e).strip() or type(e).__name__).splitlines()[0][:200]
         raise SandboxUnavailable(f"Docker engine unreachable ({first_line}): {ENGINE_HINT}") from None

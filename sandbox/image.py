@@ -327,10 +327,12 @@ def _verify(client: docker.DockerClient, tag: str, progress: Progress | None) ->
 
 def base_image_id(client: docker.DockerClient, base: str, progress: Progress | None) -> str:
     """The id of `base`, an image built on: the default sandbox image is built when missing, another must exist."""
-    if not image_exists(client, base):
+    try:
+        return client.images.get(base).id  # one engine call when it exists, as on every warm lookup
+    except docker.errors.ImageNotFound:
         if base != DEFAULT_IMAGE:
             raise SandboxUnavailable(f"base image {base!r} not found: build or pull it first (m3-agent sandbox build)")
-        build_image(base, progress=progress)
+    build_image(base, progress=progress)
     return client.images.get(base).id
 
 

@@ -48,6 +48,8 @@ def hook(event, args):
         events.append(["run", [os.fspath(a) for a in (args[1] or []) if isinstance(a, (str, os.PathLike))]])
     elif event == "tempfile.mkdtemp":
         events.append(["mkdtemp", str(args[0])])
+    elif event == "http.client.send" and bytes(args[1][:7]).split(b" ")[0] in (b"GET", b"POST", b"PUT", b"DELETE"):
+        events.append(["engine", bytes(args[1]).split(b"\\r\\n")[0].decode()])  # a request's line, not a body
 sys.addaudithook(hook)
 from m3_agent.cli import main
 try:
@@ -114,6 +116,11 @@ def test_a_warm_env_build_reads_the_commit_once_and_neither_copies_nor_walks_the
     # release date is one `git log`: before, every reader opened it anew (8 times on this tree).
     assert sum(c[:2] == ["rev-parse", "--git-dir"] for c in commands) <= 2, commands
     assert len(commands) <= 6, commands
+    # The engine is asked three things: its API version (which is the reachability check), the sandbox image's
+    # id (for the key), the environment's labels. Before: a ping after the version, the sandbox image twice.
+    engine = [e[1] for e in events if e[0] == "engine"]
+    assert len(engine) == 3 and len(set(engine)) == 3, engine
+    assert engine[0].startswith("GET /version") and engine[-1].split()[1].endswith(f"/images/{tag}/json"), engine
 
 
 def test_a_changed_dependency_file_gives_a_new_key_and_an_ordinary_change_the_same(warm_repo, tmp_path):
