@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -345,3 +347,19 @@ def test_setting_flags_are_typer_options_with_the_settings_type_and_description(
     for path in ("limits.max_turns", "fix.output_dir"):
         description = Settings.model_fields[path.split(".")[0]].annotation.model_fields[path.split(".")[1]].description
         assert description and description in help_text
+
+
+def test_the_settings_load_no_packer_and_the_packer_names_still_import(tmp_path):
+    # `env build` and `config` read the settings, whose agent section takes two of the packer's defaults: that must
+    # not load the packer, its cache (sqlite) and its relevance signals.
+    code = ("import sys; import m3_agent.settings; "
+            "sys.exit(1 if {'m3_agent.agent.context.pack', 'm3_agent.agent.context.cache'} & set(sys.modules) else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0
+    from m3_agent.agent.context import Packer, budget_for_window, pack_repository
+    from m3_agent.agent.context.pack import pack_repository as defined
+
+    assert pack_repository is defined and callable(budget_for_window) and Packer.__module__.endswith(".pack")
+    import m3_agent.agent.context as context
+
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        getattr(context, "nothing")
