@@ -53,8 +53,8 @@ from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, bu
 from m3_agent.sandbox.env.proof import PROOF_LABEL, Proof, proof_command, proof_of, read_proof
 from m3_agent.sandbox.env.releases import Releases, Sources, release_cutoff
 from m3_agent.sandbox.env.testneeds import read_test_needs
-from m3_agent.sandbox.env.toolchain import (TOOLCHAIN, build_jobs, build_recipe, compiles, compiles_from, cython_command,
-                                            cython_outputs, editable_settings, keep_build_command,
+from m3_agent.sandbox.env.toolchain import (OPTIMIZATION, TOOLCHAIN, build_jobs, build_recipe, compiles, compiles_from,
+                                            cython_command, cython_outputs, editable_settings, keep_build_command,
                                             link_installed_command)
 from m3_agent.sandbox.env.wheels import Requirements, SdistBuilder, download, download_step
 
@@ -214,7 +214,7 @@ def request_key(client: docker.DockerClient, request: BuildRequest, progress: Pr
     base_id = base_image_id(client, request.base, progress)
     node = [nodeenv.BUILDER] if "package.json" in read.files else []  # only Node environments change with it
     # A compiled project's image is built on a toolchain image: its packages are part of the key.
-    toolchain = [json.dumps(TOOLCHAIN)] if read.compiled else []
+    toolchain = [json.dumps(TOOLCHAIN), OPTIMIZATION] if read.compiled else []
     return digest(BUILDER, base_id, json.dumps(read.files, sort_keys=True), request.setup or "",
                   read.cutoff or "today", *node, *toolchain)[:16], read.files
 

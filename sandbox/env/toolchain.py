@@ -40,6 +40,10 @@ except ModuleNotFoundError:  # Python 3.10
 TOOLCHAIN = ("build-essential", "python3-dev", "pkg-config", "gfortran", "cmake", "ninja-build")
 COMPILING_BACKENDS = ("mesonpy", "scikit_build_core", "py_build_cmake")
 BUILD_DIR = "build/m3-agent"  # meson-python's and scikit-build-core's build tree, inside the repository
+# A test environment is not a release: meson-python's and scikit-build-core's builds compile at -O1, not their
+# release's -O3 (half the compiler's time on a Cython module of scikit-image's), asserts off as in a release.
+# The build tree keeps the setting, so every rebuild on import compiles the same way.
+OPTIMIZATION = "1"
 MAX_CI_PACKAGES = 40
 BUILD_TOOLS = {"nasm", "yasm", "swig", "bison", "flex", "gettext", "libtool", "autoconf", "automake", "patchelf"}
 _EXTENSIONS = re.compile(r"\bExtension\(|\bext_modules\b|\bcythonize\(|\bbuild_ext\b|\bPybind11Extension\b")
@@ -142,12 +146,15 @@ def cython_command(python: str, pairs: list[tuple[str, str]]) -> str:
 
 
 def editable_settings(root: Path) -> list[str]:
-    """pip's `--config-settings` for an in-place editable build that stays in the image and rebuilds on import."""
+    """pip's `--config-settings` for an in-place editable build that stays in the image and rebuilds on import, at
+    `OPTIMIZATION`."""
     name = backend(root).split(".")[0]
-    if name == "mesonpy":
-        return [f"build-dir={BUILD_DIR}"]
+    if name == "mesonpy":  # after meson-python's own -Dbuildtype=release, which they override
+        return [f"build-dir={BUILD_DIR}", f"setup-args=-Doptimization={OPTIMIZATION}", "setup-args=-Db_ndebug=true"]
     if name == "scikit_build_core":
-        return [f"build-dir={BUILD_DIR}", "editable.rebuild=true", "editable.mode=redirect"]
+        flags = f"-O{OPTIMIZATION} -DNDEBUG"  # its Release build type's flags, at our level
+        return [f"build-dir={BUILD_DIR}", "editable.rebuild=true", "editable.mode=redirect",
+                f"cmake.define.CMAKE_C_FLAGS_RELEASE={flags}", f"cmake.define.CMAKE_CXX_FLAGS_RELEASE={flags}"]
     return []
 
 

@@ -69,6 +69,8 @@ setup(ext_modules=[Extension("cext._speed", ["cext/_speed.c"])], cmdclass={"buil
                           "def test_twice_doubles():\n    assert twice(4) == 8\n",
 }
 PYTEST = "python -m pytest -q -p no:cacheprovider tests 2>&1 | grep -E 'm3-agent:|^E  |passed|failed'"
+# The optimisation and NDEBUG flags of the compile commands in meson's or CMake's build tree, each once.
+COMPILE_FLAGS = "grep -o -E -e '(^| )(-O[0-3s]|-DNDEBUG)\\b' build/m3-agent/build.ninja | sort -u"
 
 
 @pytest.fixture(scope="module")
@@ -195,10 +197,15 @@ def test_a_meson_python_project_compiles_once_in_place_and_its_tests_import_the_
     messages: list[str] = []
     try:
         env = ensure_environment(BuildRequest(repo=repo, source=SOURCE), progress=messages.append)
-        configured, out = run(repo, env.tag, f"cat {count}", PYTEST)
+        configured, out, rebuilt, flags = run(
+            repo, env.tag, f"cat {count}", PYTEST, f"sed -i 's/a - b/a + b/' mesontiny/_speed.c && {PYTEST}",
+            COMPILE_FLAGS)
         assert configured.split() == ["configured"], configured  # twice when pip built it to read its metadata
         assert any(m.startswith("read the project's dependencies from pyproject.toml") for m in messages), messages
         assert "1 passed" in out, out
+        # compiled at -O1, not meson-python's release -O3, and so again by the rebuild on import after the edit
+        assert "1 failed" in rebuilt, rebuilt  # combine() adds now
+        assert flags.split() == ["-DNDEBUG", "-O1"], flags
     finally:
         prune_environments(keep=0, source=SOURCE)
 
@@ -252,10 +259,12 @@ def test_a_scikit_build_core_project_rebuilds_an_edited_c_source_on_import_in_th
     })
     try:
         env = ensure_environment(BuildRequest(repo=repo, source=SOURCE + "-skbuild"))
-        first, after, status = run(repo, env.tag, PYTEST, f"sed -i 's/a - b/a + b/' skb/_speed.c && {PYTEST}",
-                                   "git status --short")
+        first, after, status, flags = run(repo, env.tag, PYTEST,
+                                          f"sed -i 's/a - b/a + b/' skb/_speed.c && {PYTEST}", "git status --short",
+                                          COMPILE_FLAGS)
         assert "assert -1 == 5" in first and "1 failed" in first, first
         assert "1 passed" in after, after
+        assert flags.split() == ["-DNDEBUG", "-O1"], flags  # not its Release build type's -O3
         assert status.split() == ["M", "skb/_speed.c"], status
     finally:
         prune_environments(keep=0, source=SOURCE + "-skbuild")

@@ -72,8 +72,11 @@ def test_the_recipe_keeps_the_toolchain_and_the_ci_libraries_and_build_tools_deb
 def test_meson_and_scikit_build_get_a_build_directory_in_the_repository_and_rebuild_on_import(tmp_path):
     meson = tree(tmp_path / "m", {"pyproject.toml": BACKEND.format(req="meson-python", backend="mesonpy")})
     skbuild = tree(tmp_path / "s", {"pyproject.toml": BACKEND.format(req="x", backend="scikit_build_core.build")})
-    assert editable_settings(meson) == ["build-dir=build/m3-agent"]
+    assert editable_settings(meson)[0] == "build-dir=build/m3-agent"
     assert "editable.rebuild=true" in editable_settings(skbuild)
+    # a test environment's compile is not a release's -O3 (the real builds: test_compiled.py)
+    assert "setup-args=-Doptimization=1" in editable_settings(meson)
+    assert "cmake.define.CMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" in editable_settings(skbuild)
     assert editable_settings(tree(tmp_path / "p", {"setup.py": "x"})) == []
 
 
