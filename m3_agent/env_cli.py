@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from m3_agent.errors import UsageError
-from m3_agent.hostgit import repository
+from m3_agent.hostgit import head_commit, repository
 from m3_agent.sandbox.engine import docker_client, image_exists
 from m3_agent.sandbox.env.build import (ENV_REPOSITORY, BuildRequest, ensure_environment, needs_environment,
                                         read_request, request_for, request_key)
@@ -42,9 +42,10 @@ def _head_request(repo: Path, config: Optional[Path], keep_broken: Optional[bool
     from m3_agent.settings import load_settings
 
     with repository(repo) as git_repo:
-        if git_repo.working_tree_dir is None or not git_repo.head.is_valid():
+        head = head_commit(git_repo)
+        if git_repo.working_tree_dir is None or head is None:
             raise UsageError(f"{repo} has no work tree or no commit yet: commit first")
-        root, head = Path(git_repo.working_tree_dir), git_repo.head.commit.hexsha
+        root = Path(git_repo.working_tree_dir)
     settings, _ = load_settings(root, {"--keep-broken-env": keep_broken}, config_file=config)
     return request_for(None, settings.sandbox, history=(root, head), source=root.name)
 

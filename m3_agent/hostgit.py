@@ -116,6 +116,14 @@ def has_commit(repo: git.Repo, rev: str) -> bool:
     return True
 
 
+def head_commit(repo: git.Repo) -> str | None:
+    """The commit HEAD names, read from the ref files (no git process); None before the first commit."""
+    try:
+        return git.SymbolicReference.dereference_recursive(repo, "HEAD")
+    except ValueError:  # HEAD names a branch with no commit yet
+        return None
+
+
 @contextmanager
 def temp_index(repo: git.Repo, *, from_real: bool = False) -> Iterator[dict[str, str]]:
     """An env pointing git at a throwaway index file (optionally seeded from the real one for speed)."""
@@ -212,6 +220,9 @@ def export_tree(root: Path, treeish: str, dest: Path, *, message: str = "m3-agen
     return dest
 
 
+_FULL_ID = re.compile(r"[0-9a-f]{40}")
+
+
 class CommitFiles:
     """The files of a commit read from git's objects, no checkout: what `sandbox.env.testneeds` reads a
     commit's test needs from. Use it as a context manager (the repository stays open inside)."""
@@ -227,7 +238,9 @@ class CommitFiles:
         self._repo = repository(self.root)
         repo = self._repo.__enter__()
         self._git = repo.git
-        self._tree = repo.commit(self.commit).tree
+        # A commit's id is read as it is: asking git what kind of object it names would start a second process.
+        full = _FULL_ID.fullmatch(self.commit)
+        self._tree = (git.Commit(repo, bytes.fromhex(self.commit)) if full else repo.commit(self.commit)).tree
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -104,6 +104,18 @@ def test_a_linked_worktree_exports_its_own_head(repo, tmp_path):
     assert (repo / "README.md").read_text() == "hi\n"
 
 
+def test_head_commit_is_read_from_the_refs_packed_or_not_in_a_linked_worktree_and_none_before_a_commit(repo, tmp_path):
+    sh(repo, "worktree", "add", "-q", "-b", "other", str(tmp_path / "wt"))
+    sh(tmp_path / "wt", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty", "-m", "other")
+    sh(repo, "pack-refs", "--all")
+    (tmp_path / "empty").mkdir()
+    sh(tmp_path / "empty", "init", "-q")
+    for path in (repo, tmp_path / "wt", tmp_path / "empty"):
+        with hostgit.repository(path) as r:
+            assert hostgit.head_commit(r) == (sh(path, "rev-parse", "HEAD").strip() if path.name != "empty" else None)
+    assert sh(repo, "rev-parse", "HEAD") != sh(tmp_path / "wt", "rev-parse", "HEAD")
+
+
 def test_a_working_tree_encoding_git_cannot_convert_exports_the_stored_bytes(repo, tmp_path):
     """sphinx's .gitattributes names `iso-8859`, which iconv lacks: a clone warns, an export must not fail."""
     (repo / "latin.inc").write_bytes("caf\u00e9\n".encode())  # stored as UTF-8
