@@ -353,13 +353,8 @@ def _fetch_tap_plugins(npm: str, plan: NodePlan, project: Path, dest: Path, say)
     chosen = {}
     for plugin in missing:
         name, wanted = tapplugins.split(plugin)
-        out = _run_host([npm, "view", f"{name}@>=0", "version", "peerDependencies", "--json"], None, step=step,
-                        quiet=True)
-        try:
-            rows = json.loads(out or "[]")
-        except ValueError:
-            rows = []
-        version = tapplugins.plugin_release([rows] if isinstance(rows, dict) else rows, core, wanted)
+        version = tapplugins.plugin_release(_npm_view(npm, f"{name}@>=0", ["version", "peerDependencies"], step),
+                                            core, wanted)
         if version is None:
             raise EnvironmentBuildError(f"the tap plugin {plugin} (.taprc or package.json tap.plugin) has no release "
                                         f"for @tapjs/core {core} on the registry", step=step)
@@ -411,14 +406,19 @@ def resolve_node(npm: str, package: str, plan: NodePlan) -> str | None:
 
 def _releases(npm: str, package: str, spec: str) -> list[str]:
     """The releases (no pre-releases) of `package` in the npm range `spec`, from the registry."""
-    out = _run_host([npm, "view", f"{package}@{spec}", "version", "--json"], None, step="resolve the Node version",
-                    quiet=True)
+    found = _npm_view(npm, f"{package}@{spec}", ["version"], "resolve the Node version")
+    return [v for v in found if isinstance(v, str) and re.match(r"\d+\.\d+\.\d+$", v)]  # {"error": ...}: none
+
+
+def _npm_view(npm: str, spec: str, fields: list[str], step: str) -> list:
+    """`npm view spec fields --json` as a list of rows (npm prints one row alone, not in a list); [] for a
+    package or range the registry does not have."""
+    out = _run_host([npm, "view", spec, *fields, "--json"], None, step=step, quiet=True)
     try:
         found = json.loads(out or "[]")
     except ValueError:
-        found = []
-    found = [found] if isinstance(found, str) else found if isinstance(found, list) else []  # {"error": ...}: none
-    return [v for v in found if isinstance(v, str) and re.match(r"\d+\.\d+\.\d+$", v)]
+        return []
+    return [found] if isinstance(found, (dict, str)) else found if isinstance(found, list) else []
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -435,13 +435,8 @@ def manager_for(npm: str, plan: NodePlan, node: str) -> str:
 
     major = int(re.findall(r"\d+", plan.manager_spec)[0])
     for older in range(major, max(major - MANAGER_MAJORS_BACK, 0), -1):  # a major at a time: npm view lists
-        out = _run_host([npm, "view", f"{plan.manager}@^{older}", "version", "engines.node", "--json"], None,
-                        step=f"choose the {plan.manager} release for Node {node}", quiet=True)  # fields per version
-        try:
-            found = json.loads(out or "[]")
-        except ValueError:
-            found = []
-        rows = [found] if isinstance(found, (dict, str)) else found if isinstance(found, list) else []
+        rows = _npm_view(npm, f"{plan.manager}@^{older}", ["version", "engines.node"],  # fields per version
+                         f"choose the {plan.manager} release for Node {node}")
         rows = [row if isinstance(row, dict) else {"version": row} for row in rows]  # a bare version: no engines
         fits = [str(row["version"]) for row in rows if re.match(r"\d+\.\d+\.\d+$", str(row.get("version")))
                 and _takes(row.get("engines.node"), node, nodesemver)]
