@@ -24,6 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from m3_agent.sandbox.env.testneeds import FolderFiles, pytest_ini
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -96,17 +98,9 @@ def top_packages(root: Path) -> list[str]:
 
 
 def where_tests_are(root: Path) -> list[str]:
-    """Where the project's tests are: pytest's `testpaths` from its configuration, else the usual folders."""
-    configured = _pyproject(root).get("tool", {}).get("pytest", {}).get("ini_options", {}).get("testpaths")
-    for name, section in (("pytest.ini", "pytest"), ("tox.ini", "pytest"), ("setup.cfg", "tool:pytest")):
-        if configured or not (root / name).is_file():
-            continue
-        parser = configparser.ConfigParser(interpolation=None)
-        try:
-            parser.read(root / name, encoding="utf-8")
-            configured = parser.get(section, "testpaths", fallback=None)
-        except (configparser.Error, UnicodeDecodeError):
-            continue
+    """Where the project's tests are: pytest's `testpaths` from the configuration file pytest reads
+    (`testneeds.pytest_ini`), else the usual folders."""
+    configured = pytest_ini(FolderFiles(root))[0].get("testpaths")
     paths = configured.split() if isinstance(configured, str) else list(configured or [])
     found = [p for p in paths if "*" not in p and (root / p).exists()]
     return found or [d for d in TEST_DIRS if (root / d).is_dir()][:1] or packages_with_tests(root)

@@ -106,6 +106,9 @@ def test_the_tests_are_where_pytest_is_told_else_in_the_usual_folder(tmp_path):
     assert where_tests_are(ini) == ["checks"]
     assert where_tests_are(usual) == ["test"]
     assert where_tests_are(tree(tmp_path / "none", {"pkg/__init__.py": ""})) == []
+    both = tree(tmp_path / "b", {"pytest.ini": "[pytest]\ntestpaths = checks\n", "checks/test_a.py": "",
+                                 "pyproject.toml": '[tool.pytest.ini_options]\ntestpaths = ["t1"]\n', "t1/test_b.py": ""})
+    assert where_tests_are(both) == ["checks"]  # pytest reads pytest.ini first, and then no other file
 
 
 def test_tests_inside_the_package_are_collected_from_the_package_when_nothing_else_says_where(tmp_path):
