@@ -24,12 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from m3_agent.sandbox.env.testneeds import FolderFiles, pytest_ini
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from m3_agent.sandbox.env.testneeds import FolderFiles, pyproject, pytest_ini
 
 PROOF_LABEL = "m3-agent.env.proof"
 NOT_PACKAGES = {"test", "tests", "testing", "doc", "docs", "benchmarks", "bench", "asv_bench", "examples", "example",
@@ -57,18 +52,11 @@ class Proof(BaseModel):
         return f"the tests do not collect ({self.module or 'pytest'}): {self.error}"
 
 
-def _pyproject(root: Path) -> dict:
-    try:
-        return tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return {}
-
-
 def package_base(root: Path) -> Path:
     """The folder the project's packages are in: the one setuptools is told to find them in (`packages.find`'s
     `where` or `package-dir`'s root, in pyproject.toml or setup.cfg: sqlalchemy's `lib/`), else `src/` when
     there is one, else the root."""
-    setuptools = _pyproject(root).get("tool", {}).get("setuptools", {})
+    setuptools = pyproject(FolderFiles(root)).get("tool", {}).get("setuptools", {})
     packages = setuptools.get("packages")
     told = [(setuptools.get("package-dir") or {}).get(""),
             *((packages.get("find") or {}).get("where") or [] if isinstance(packages, dict) else [])]
@@ -92,7 +80,7 @@ def top_packages(root: Path) -> list[str]:
     base = package_base(root)
     names = sorted(p.parent.name for p in base.glob("*/__init__.py")
                    if p.parent.name.isidentifier() and p.parent.name.lower() not in NOT_PACKAGES)
-    project = str(_pyproject(root).get("project", {}).get("name", "")).replace("-", "_").lower()
+    project = str(pyproject(FolderFiles(root)).get("project", {}).get("name", "")).replace("-", "_").lower()
     modules = [p.stem for p in base.glob("*.py") if p.stem.lower() == project and p.stem.isidentifier()]
     return names or modules
 

@@ -443,7 +443,7 @@ def _sync_needs(args: tuple[str, ...], source: str) -> list[Need]:
 def tox_config(root: Files) -> tuple[configparser.ConfigParser, str] | None:
     """tox's ini configuration and the file it is in: tox.ini, `[tool.tox] legacy_tox_ini`, setup.cfg."""
     parser = configparser.ConfigParser(interpolation=None, strict=False)
-    legacy = _toml(root, "pyproject.toml").get("tool", {}).get("tox", {}).get("legacy_tox_ini")
+    legacy = pyproject(root).get("tool", {}).get("tox", {}).get("legacy_tox_ini")
     for text, name in ((root.read("tox.ini"), "tox.ini"), (legacy, "pyproject.toml"), (root.read("setup.cfg"), "setup.cfg")):
         if not isinstance(text, str):
             continue
@@ -609,7 +609,7 @@ def _take_nox(root: Files, name: str, found: TestNeeds) -> None:
 
 def _take_tables(root: Files, found: TestNeeds) -> None:
     """hatch's test environment, PDM's and Poetry's test groups, environment.yml's pip section."""
-    tool = _toml(root, "pyproject.toml").get("tool", {})
+    tool = pyproject(root).get("tool", {})
     envs = tool.get("hatch", {}).get("envs", {})
     for name in ("hatch-test", "test", "tests", "default"):
         env = envs.get(name)
@@ -719,9 +719,9 @@ def pytest_ini(root: Files) -> tuple[dict[str, object], str]:
     for name, section in (("pytest.ini", "pytest"), (".pytest.ini", "pytest")):
         if root.read(name) is not None:
             return _ini_section(parser, root.read(name), section), name
-    pyproject = _toml(root, "pyproject.toml").get("tool", {}).get("pytest", {})
-    if isinstance(pyproject, dict) and pyproject:
-        table = pyproject.get("ini_options", pyproject)
+    tool = pyproject(root).get("tool", {}).get("pytest", {})
+    if isinstance(tool, dict) and tool:
+        table = tool.get("ini_options", tool)
         addopts = table.get("addopts", "")
         return {**table, "addopts": " ".join(addopts) if isinstance(addopts, list) else addopts}, "pyproject.toml"
     for name, section in (("tox.ini", "pytest"), ("setup.cfg", "tool:pytest")):
@@ -739,9 +739,10 @@ def _ini_section(parser: configparser.ConfigParser, text: str | None, section: s
     return dict(parser.items(section)) if parser.has_section(section) else {}
 
 
-def _toml(root: Files, rel: str) -> dict:
+def pyproject(root: Files) -> dict:
+    """The project's pyproject.toml, {} when there is none or it cannot be read."""
     try:
-        return tomllib.loads(root.read(rel) or "")
+        return tomllib.loads(root.read("pyproject.toml") or "")
     except tomllib.TOMLDecodeError:
         return {}  # pyenv reads pyproject.toml too and says when it cannot
 
