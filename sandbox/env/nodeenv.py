@@ -46,7 +46,7 @@ from pathlib import Path
 from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox.env import tapplugins
-from m3_agent.sandbox.env.nodeversion import LTS_RANGE, VERSION_FILES, node_choice
+from m3_agent.sandbox.env.nodeversion import LTS_RANGE, VERSION_FILES, manifest, node_choice
 from m3_agent.sandbox.env.testneeds import FolderFiles
 from m3_agent.redact import redact
 
@@ -111,10 +111,10 @@ def workspaces(root: Path) -> list[str]:
     return sorted(found - {"."})
 
 
-def _patterns(manifest: dict, pnpm_workspace: str) -> list[str]:
+def _patterns(package: dict, pnpm_workspace: str) -> list[str]:
     """The workspace globs of a package.json and a pnpm-workspace.yaml (its `packages:` list, read by lines:
     the file is that list and little else); negations are not read."""
-    spec = manifest.get("workspaces", [])
+    spec = package.get("workspaces", [])
     patterns = spec.get("packages", []) if isinstance(spec, dict) else spec
     patterns = [*(patterns if isinstance(patterns, list) else []),
                 *re.findall(r"^\s*-\s*['\"]?([^'\"#\n]+?)['\"]?\s*$", pnpm_workspace, re.M)]
@@ -138,12 +138,8 @@ def key_files_in(files: hostgit.CommitFiles) -> dict[str, str]:
         return {}
     found = {name: files.blob_id(name) or "" for name in ("package.json", *KEY_FILES) if name in top}
     found.update({rel: files.blob_id(rel) for rel in node_choice(files).files})  # the CI files that chose Node
-    try:
-        manifest = json.loads(files.read_bytes("package.json") or b"{}")
-    except ValueError:
-        manifest = {}
     pnpm = (files.read_bytes("pnpm-workspace.yaml") or b"").decode(errors="replace")
-    patterns = _patterns(manifest if isinstance(manifest, dict) else {}, pnpm)
+    patterns = _patterns(manifest(files), pnpm)
     if patterns:  # a monorepo: its workspaces' package.json files, from a listing of the whole tree
         with hostgit.repository(files.root) as repo:
             listing = repo.git.ls_tree("-r", files.commit).splitlines()

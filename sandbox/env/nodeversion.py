@@ -44,7 +44,7 @@ def node_choice(files: Files) -> NodeChoice:
         word = _first_word(files.read(name))
         if word:
             return NodeChoice(nvm_range(word), name)
-    engines = _manifest(files).get("engines")
+    engines = manifest(files).get("engines")
     if isinstance(engines, dict) and isinstance(engines.get("node"), str) and engines["node"].strip():
         return NodeChoice(engines["node"].strip(), "package.json engines.node")
     ci = ci_node(files)
@@ -156,7 +156,8 @@ def _first_word(text: str | None) -> str:
                 "")
 
 
-def _manifest(files: Files) -> dict:
+def manifest(files: Files) -> dict:
+    """The root package.json, {} when there is none or it cannot be read."""
     try:
         data = json.loads(files.read("package.json") or "{}")
     except ValueError:

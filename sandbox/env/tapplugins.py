@@ -20,6 +20,9 @@ import json
 import re
 from pathlib import Path
 
+from m3_agent.sandbox.env.nodeversion import manifest
+from m3_agent.sandbox.env.testneeds import FolderFiles
+
 CORE = "@tapjs/core"
 STAGED = "tap-plugins"  # the stage's folder with the plugins' node_modules, fetched on the host
 _NAME = re.compile(r"^(@[^./_][^/]*/[^@._/][^@]*|[^._@/][^@/]*)(?:@(.*))?$")  # tap's own pattern for a package
@@ -38,11 +41,7 @@ def configured_plugins(root: Path) -> list[str]:
         except (yaml.YAMLError, AttributeError):
             listed = None
     if listed is None:
-        try:
-            manifest = json.loads((root / "package.json").read_text(errors="replace"))
-        except (OSError, ValueError):
-            manifest = {}
-        tap = manifest.get("tap") if isinstance(manifest, dict) else None
+        tap = manifest(FolderFiles(root)).get("tap")
         listed = tap.get("plugin") if isinstance(tap, dict) else None
     names = [listed] if isinstance(listed, str) else listed if isinstance(listed, list) else []
     return [n for n in names if isinstance(n, str) and not n.startswith(("!", ".", "/")) and _NAME.match(n)]
