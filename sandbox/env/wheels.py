@@ -24,12 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox.env.pyenv import Target, missing_package, pip_error
 from m3_agent.sandbox.env.releases import Sources
+from m3_agent.sandbox.env.testneeds import requirement_name
 
 try:
     import tomllib
@@ -129,7 +127,7 @@ def fetch_sdist(requirement: str, *, into: Path, sources: Sources) -> Path | Non
     step = f"fetch the sdist of {requirement}"
     index, extras, find_links = sources.locations()
     cutoff = datetime.fromisoformat(sources.cutoff.replace("Z", "+00:00")) if sources.cutoff else None
-    name = _requirement_name(requirement)
+    name = requirement_name(requirement) or requirement
     try:
         # No index configured: unearth's default, the public index pip defaults to too; the extra ones after it.
         finder = PackageFinder(index_urls=[index] if index else [], no_binary=[name], exclude_newer_than=cutoff)
@@ -161,13 +159,6 @@ def sdist_build_requires(sdist: Path) -> list[str]:
     except (tarfile.TarError, OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return default
     return [str(r) for r in data.get("build-system", {}).get("requires", default)]
-
-
-def _requirement_name(requirement: str) -> str:
-    try:
-        return canonicalize_name(Requirement(requirement).name)
-    except InvalidRequirement:
-        return requirement
 
 
 # pip judges its dependencies' markers on the interpreter it runs on, whatever --python-version says: on a host's
