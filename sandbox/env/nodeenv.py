@@ -159,13 +159,6 @@ def _matches(folder: str, pattern: str) -> bool:
     return folder.count("/") == pattern.count("/") and fnmatch.fnmatch(folder, pattern)
 
 
-def node_range(root: Path) -> tuple[str, str]:
-    """(semver range, its source) for Node (`sandbox.env.nodeversion`): `.nvmrc`, `.node-version`,
-    `engines.node`, the CI's setup-node, else the newest LTS line."""
-    choice = node_choice(FolderFiles(root))
-    return choice.range, choice.source
-
-
 def package_manager(root: Path) -> tuple[str, str, str | None]:
     """(manager, what to fetch, lock file name) from `packageManager`, else the lock file; npm by default."""
     lock = next((name for name in LOCKS if (root / name).is_file()), None)
@@ -190,9 +183,9 @@ def plan_node(root: Path, *, before: str | None = None) -> NodePlan | None:
         raise EnvironmentBuildError(
             "Yarn 2+ (Berry, Plug'n'Play) is not supported yet: only yarn 1, npm and pnpm repositories get an "
             "environment; use [sandbox] setup or an image of your own", step="read package.json")
-    node, source = node_range(root)
-    return NodePlan(root=root, node_range=node, node_source=source, manager=manager, manager_spec=spec, lock=lock,
-                    packages=[".", *workspaces(root)], before=before)
+    node = node_choice(FolderFiles(root))  # .nvmrc, .node-version, engines.node, the CI's setup-node, else LTS
+    return NodePlan(root=root, node_range=node.range, node_source=node.source, manager=manager, manager_spec=spec,
+                    lock=lock, packages=[".", *workspaces(root)], before=before)
 
 
 def _berry(root: Path, spec: str) -> bool:
