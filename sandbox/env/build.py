@@ -53,8 +53,9 @@ from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, bu
 from m3_agent.sandbox.env.proof import PROOF_LABEL, Proof, proof_command, proof_of, read_proof
 from m3_agent.sandbox.env.releases import Releases, Sources, release_cutoff
 from m3_agent.sandbox.env.testneeds import read_test_needs
-from m3_agent.sandbox.env.toolchain import (OPTIMIZATION, TOOLCHAIN, build_jobs, build_recipe, compiles, compiles_from,
-                                            cython_command, cython_outputs, editable_settings, keep_build_command,
+from m3_agent.sandbox.env.toolchain import (OPTIMIZATION, SETUPTOOLS_CFLAGS, TOOLCHAIN, build_jobs, build_recipe,
+                                            compile_environment, compiles, compiles_from, cython_command,
+                                            cython_outputs, editable_settings, keep_build_command,
                                             link_installed_command)
 from m3_agent.sandbox.env.wheels import Requirements, SdistBuilder, download, download_step
 
@@ -214,7 +215,7 @@ def request_key(client: docker.DockerClient, request: BuildRequest, progress: Pr
     base_id = base_image_id(client, request.base, progress)
     node = [nodeenv.BUILDER] if "package.json" in read.files else []  # only Node environments change with it
     # A compiled project's image is built on a toolchain image: its packages are part of the key.
-    toolchain = [json.dumps(TOOLCHAIN), OPTIMIZATION] if read.compiled else []
+    toolchain = [json.dumps(TOOLCHAIN), OPTIMIZATION, SETUPTOOLS_CFLAGS] if read.compiled else []
     return digest(BUILDER, base_id, json.dumps(read.files, sort_keys=True), request.setup or "",
                   read.cutoff or "today", *node, *toolchain)[:16], read.files
 
@@ -557,7 +558,8 @@ def _in_place_steps(request: BuildRequest) -> list[tuple[str, str, dict[str, str
                cython_command(f"{ENV_PREFIX}/bin/python", cython), {})] * bool(cython),
             ("build the project in place (editable)",
              f"{build_jobs(f'{STAGE}/build-jobs.cfg')}{pip} --no-deps --no-build-isolation{settings} "
-             f"-e {WORKSPACE} || {_PATH_FALLBACK}", pretend_version(request.version)),
+             f"-e {WORKSPACE} || {_PATH_FALLBACK}",
+             {**pretend_version(request.version), **compile_environment(request.repo)}),
             *[("link the installed extensions to the build tree", link or "", {})] * bool(link),
             ("keep the build in the image", keep_build_command(f"{STAGE}/before", request.repo, cython), {})]
 

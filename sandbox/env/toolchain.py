@@ -44,6 +44,8 @@ BUILD_DIR = "build/m3-agent"  # meson-python's and scikit-build-core's build tre
 # release's -O3 (half the compiler's time on a Cython module of scikit-image's), asserts off as in a release.
 # The build tree keeps the setting, so every rebuild on import compiles the same way.
 OPTIMIZATION = "1"
+# A setuptools build's flags come from Python's sysconfig (Debian's: `-g -O2`); CFLAGS are added after them.
+SETUPTOOLS_CFLAGS = f"-O{OPTIMIZATION} -g0"
 MAX_CI_PACKAGES = 40
 BUILD_TOOLS = {"nasm", "yasm", "swig", "bison", "flex", "gettext", "libtool", "autoconf", "automake", "patchelf"}
 _EXTENSIONS = re.compile(r"\bExtension\(|\bext_modules\b|\bcythonize\(|\bbuild_ext\b|\bPybind11Extension\b")
@@ -158,6 +160,13 @@ def editable_settings(root: Path) -> list[str]:
     return []
 
 
+def compile_environment(root: Path) -> dict[str, str]:
+    """The environment of a setuptools project's in-place build, which its rebuilds take too (`REBUILD_HOOK`):
+    CFLAGS at `OPTIMIZATION`, without debug information; meson-python's and scikit-build-core's build trees
+    keep their own setting (`editable_settings`)."""
+    return {} if backend(root).split(".")[0] in COMPILING_BACKENDS else {"CFLAGS": SETUPTOOLS_CFLAGS}
+
+
 def build_jobs(config: str) -> str:
     """A shell prefix that gives the in-place build every core of its container: make's and CMake's jobs, and
     setuptools' `build --parallel` (extensions built side by side), from the config file `config`, which
@@ -179,7 +188,8 @@ REBUILD_HOOK = """\"\"\"m3-agent: rebuild the project's extensions in place when
 import os, subprocess, sys
 
 
-def _rebuild(workspace=WORKSPACE, sources=SOURCES, built=BUILT, suffixes=SUFFIXES, scripts=SCRIPTS, cython=CYTHON):
+def _rebuild(workspace=WORKSPACE, sources=SOURCES, built=BUILT, suffixes=SUFFIXES, scripts=SCRIPTS, cython=CYTHON,
+             cflags=CFLAGS):
     if os.environ.get("M3_AGENT_REBUILDING"):
         return
     try:
@@ -204,7 +214,7 @@ def _rebuild(workspace=WORKSPACE, sources=SOURCES, built=BUILT, suffixes=SUFFIXE
         return
     what = os.path.relpath(changed[0], workspace) if changed else "a built extension is missing"
     print("m3-agent: rebuilding the project's extensions (" + what + ")", file=sys.stderr)
-    env = dict(os.environ, M3_AGENT_REBUILDING="1")
+    env = dict(os.environ, M3_AGENT_REBUILDING="1", CFLAGS=(cflags + " " + os.environ.get("CFLAGS", "")).strip())
     if any(p.endswith((".pyx", ".pxd", ".pxi")) for p in changed):  # the C the build compiles is made from them
         for pyx, out in cython:
             subprocess.run([sys.executable, "-m", "cython", *(["--cplus"] if out.endswith(".cpp") else []), "-o", out,
@@ -307,7 +317,8 @@ def keep_build_command(before: str, root: Path, cython: list[tuple[str, str]] | 
     if backend(root).split(".")[0] not in COMPILING_BACKENDS:  # they rebuild on import by themselves
         hook = REBUILD_HOOK
         for name, value in (("WORKSPACE", WORKSPACE), ("SOURCES", BUILT_FROM), ("BUILT", BUILT),
-                            ("SUFFIXES", SOURCE_SUFFIXES), ("SCRIPTS", BUILD_SCRIPTS), ("CYTHON", cython or [])):
+                            ("SUFFIXES", SOURCE_SUFFIXES), ("SCRIPTS", BUILD_SCRIPTS), ("CYTHON", cython or []),
+                            ("CFLAGS", SETUPTOOLS_CFLAGS)):
             hook = hook.replace(f"={name}", f"={value!r}", 1)
     args = [before, json.dumps(hook), WORKSPACE, GENERATED, ENV_PREFIX]
     return "python3 -c " + shlex.quote(_KEEP_BUILD) + " " + " ".join(shlex.quote(a) for a in args)

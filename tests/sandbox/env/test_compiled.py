@@ -3,6 +3,7 @@ when a source changes whichever command starts Python, and found again at once w
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from pathlib import Path
@@ -57,6 +58,8 @@ class JobsNoted(build_ext):
         # how many extensions may build at once; owner-only, as pythran writes its .cpp files
         with open(os.open("build-jobs.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(str(self.parallel))
+        with open("build-flags.txt", "w") as f:  # the compiler's command, Python's flags and CFLAGS
+            f.write(" ".join(self.compiler.compiler_so))
         super().build_extensions()
 
 
@@ -160,6 +163,19 @@ def test_the_extensions_build_with_every_core_of_the_build_container(compiled):
         client.close()
     jobs, cores = out.split()
     assert jobs == cores, out
+
+
+def test_the_extensions_compile_at_o1_without_debug_information_and_so_does_the_rebuild(compiled):
+    """Python's own flags (Debian's `-g -O2`) built them: a test environment needs no release's optimisation or a
+    debugger's information, and the compiler's time is most of a large project's cold build."""
+    repo, env, _ = compiled
+    built, rebuilt = run(repo, env.tag, "cat build-flags.txt",
+                         f"sed -i 's/a - b/a + b/' cext/_speed.c && python -c 'import cext' 2>&1 && echo && cat build-flags.txt")
+    for flags in (built, rebuilt.split("\n")[-1]):
+        last = {kind: [f for f in flags.split() if re.fullmatch(pattern, f)][-1:]
+                for kind, pattern in (("-O", r"-O[0-3s]?"), ("-g", r"-g\d?"))}
+        assert last == {"-O": ["-O1"], "-g": ["-g0"]}, flags
+    assert "m3-agent: rebuilding" in rebuilt, rebuilt
 
 
 def test_a_compile_error_fails_the_build_at_the_check_naming_the_package(tmp_path, sandbox_image):
