@@ -33,7 +33,7 @@ from pydantic.fields import FieldInfo
 
 from m3_agent.agent.config import MOVED_TO_EVAL, AgentConfig
 from m3_agent.agent.model import NO_KEY
-from m3_agent.errors import UsageError
+from m3_agent.errors import UsageError, first_validation_error
 from m3_agent.redact import mask
 from m3_agent.agent.access import ApiKey
 
@@ -319,11 +319,10 @@ def _validated(layered: dict[str, tuple[Any, str]]) -> Settings:
     try:
         return Settings.model_validate(_nested({path: value for path, (value, _) in layered.items()}))
     except ValidationError as e:
-        first = e.errors()[0]
-        path = ".".join(str(part) for part in first["loc"]) or "?"
+        path, message = first_validation_error(e, top="?")
         known = [p for p in layered if path == p or path.startswith(p + ".")]
         where = layered[known[0]][1] if known else "default"
-        raise UsageError(f"{where}: {path}: {first['msg']}") from None
+        raise UsageError(f"{where}: {path}: {message}") from None
 
 
 def load_settings(

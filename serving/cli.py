@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from m3_agent.errors import EndpointError, UsageError
+from m3_agent.errors import EndpointError, UsageError, first_validation_error
 from m3_agent.serving import launcher, llamacpp
 from m3_agent.agent.access import ENGINE_CAVEATS, KEY_ENV, LOOPBACK, ApiKey, choose_key, describe_access, key_value
 from m3_agent.serving.bench import run_bench, table
@@ -278,8 +278,7 @@ def _plan(req: dict) -> Plan:
     try:
         return plan(PlanRequest(**req))
     except ValidationError as e:
-        first = e.errors()[0]
-        raise UsageError(f"bad plan input: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise UsageError("bad plan input: {}: {}".format(*first_validation_error(e))) from None
     except ValueError as e:
         raise UsageError(f"bad plan input: {e}".splitlines()[0]) from None
 
