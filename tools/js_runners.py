@@ -392,7 +392,7 @@ def tap_cases(text: str) -> list[JUnitCase]:
             points.append((len(m.group(1)), m.group(2).lower() == "ok", m.group(3).strip(), m.group(4), []))
         elif points and line.strip() and not line.strip().startswith(("TAP version", "1..", "# Subtest", "---", "...")):
             points[-1][4].append(line.strip())  # a point's YAML diagnostics follow it
-    cases, pending = [], []  # pending: (indent, case) of points not yet claimed by an enclosing point
+    pending: list[tuple[int, JUnitCase]] = []  # (indent, case) of points not yet claimed by an enclosing point
     for indent, ok, name, directive, lines in points:
         children = [c for i, c in pending if i > indent]
         pending = [(i, c) for i, c in pending if i <= indent]
