@@ -37,7 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.env.testneeds import FolderFiles, TestNeeds, read_test_needs, requirement_name
+from m3_agent.sandbox.env.testneeds import FolderFiles, TestNeeds, parse_toml, read_test_needs, requirement_name
 
 try:
     import tomllib
@@ -130,7 +130,7 @@ def declared_in(files: hostgit.CommitFiles) -> Declared:
     keys = {p: b for p, b in blobs.items() if b is not None}
     data = files.read_bytes("pyproject.toml") if "pyproject.toml" in keys else None
     try:
-        pyproject = tomllib.loads(data.decode("utf-8")) if data else {}
+        pyproject = parse_toml(data.decode("utf-8")) if data else {}  # parsed already for its test needs
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise EnvironmentBuildError(f"pyproject.toml cannot be read ({e}): fix it, or set [sandbox] setup",
                                     step="read pyproject.toml") from None

@@ -742,9 +742,16 @@ def _ini_section(parser: configparser.ConfigParser, text: str | None, section: s
 def pyproject(root: Files) -> dict:
     """The project's pyproject.toml, {} when there is none or it cannot be read."""
     try:
-        return tomllib.loads(root.read("pyproject.toml") or "")
+        return parse_toml(root.read("pyproject.toml") or "")
     except tomllib.TOMLDecodeError:
         return {}  # pyenv reads pyproject.toml too and says when it cannot
+
+
+@lru_cache(maxsize=16)
+def parse_toml(text: str) -> dict:
+    """`text` parsed as TOML once, however many rules read it (pyproject.toml: five readers on one lookup). The
+    result is shared: read it, never change it. tomllib's TOMLDecodeError when it is not TOML."""
+    return tomllib.loads(text)
 
 
 def requirement_name(line: str) -> str:

@@ -279,3 +279,25 @@ def test_a_commit_is_keyed_from_git_objects_as_its_files_are_on_disk(git_repo):
     with CommitFiles(repo, "HEAD") as files:
         declared = declared_in(files)
     assert declared.files == on_disk and declared.wanted
+
+
+def test_pyproject_is_parsed_once_for_every_rule_that_reads_it(tmp_path, monkeypatch):
+    """tox's legacy table, the tool tables, pytest's options and the wish for an environment all read
+    pyproject.toml: one lookup parsed it five times (sqlalchemy's 10 kB: 2 ms each)."""
+    import tomllib
+
+    from m3_agent import hostgit
+    from m3_agent.sandbox.env import testneeds
+    from m3_agent.sandbox.env.pyenv import declared_in
+    from tests.conftest import make_git_repo
+
+    pyproject = TQDM_LIKE["pyproject.toml"] + '\n[tool.tox]\nlegacy_tox_ini = "[testenv]\\ndeps = pytest-timeout"\n'
+    repo = make_git_repo(tmp_path / "r", {"pyproject.toml": pyproject, "spinner/__init__.py": ""})
+    parsed: list[str] = []
+    loads = tomllib.loads
+    monkeypatch.setattr(testneeds.tomllib, "loads", lambda text: parsed.append(text) or loads(text))
+    testneeds.parse_toml.cache_clear()
+    with hostgit.CommitFiles(repo, "HEAD") as files:
+        declared = declared_in(files)
+    assert "pytest-timeout" in [n.value for n in declared.needs.items] and declared.wanted
+    assert parsed == [pyproject]
