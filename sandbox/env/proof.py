@@ -8,10 +8,13 @@ What is checked, on the environment's own interpreter, after the project is inst
     or at the root, tests, docs and the like left out) is imported in a fresh interpreter outside the
     repository, so what is imported is what was installed (an extension that was not built fails here);
   - pytest collects the project's tests (`where_tests_are`: pytest's `testpaths`, else `tests`, `test`,
-    `testing`, else the project's packages that hold such a folder), in the repository. It fails the proof when
-    collection stops (a conftest that does not import, options of a plugin that is missing: pytest's exit 4),
-    when nothing is collected and some file errors, or when a collection error is an import of the project's own
-    package; a test file that needs an optional package others do not is not a failure of the environment.
+    `testing`, else the project's packages that hold such a folder), in the repository, one process per core
+    (each test folder's entries dealt out by the Python files below them, each process told to `--ignore` the
+    others' share: pytest's own rules decide what is collected, and each test is collected once). It fails
+    the proof when collection stops (a conftest that does not import, options of a plugin that is missing:
+    pytest's exit 4), when nothing is collected and some file errors, or when a collection error is an import
+    of the project's own package; a test file that needs an optional package others do not is not a failure
+    of the environment.
 The first failure is kept with the module it names and the first line of its error.
 """
 
@@ -104,7 +107,7 @@ def packages_with_tests(root: Path) -> list[str]:
 
 # Run by the environment's python in the build container, cwd the repository: prints one JSON object (a Proof).
 _SCRIPT = r'''
-import json, re, subprocess, sys
+import json, os, re, subprocess, sys, tempfile, time
 packages, paths, limits = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 def first_error(text):
     lines = [l.strip() for l in text.splitlines() if l.strip()]
@@ -125,20 +128,47 @@ for name in packages:
         done(ok=False, what="import", module=name, error=first_error(r.stderr))
 if not paths:
     done(ok=True)
+def shares(paths, n):
+    """One argument list per process: the test folders' entries dealt out by the files below them, each process
+    told to --ignore the others' (pytest's own rules decide what is collected); other paths in the first."""
+    units = []
+    for path in paths:
+        if os.path.isdir(path):
+            units += [os.path.join(path, e) for e in sorted(os.listdir(path))  # conftests load in every process
+                      if e not in ("__pycache__", "conftest.py", "__init__.py") and not e.startswith(".")]
+    weight = lambda u: 1 + (sum(f.endswith(".py") for _, _, fs in os.walk(u) for f in fs) if os.path.isdir(u) else 0)
+    groups = [[] for _ in range(n)]
+    for unit in sorted(units, key=weight, reverse=True):
+        min(groups, key=lambda g: sum(map(weight, g))).append(unit)
+    groups = [g for g in groups if g]
+    if len(groups) < 2:
+        return [list(paths)]
+    folders = [p for p in paths if os.path.isdir(p)]
+    return [[*folders, *([p for p in paths if p not in folders] if i == 0 else []),
+             *("--ignore=" + u for other in groups if other is not g for u in other)] for i, g in enumerate(groups)]
+cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+parts = shares(paths, cores)
+logs = [tempfile.TemporaryFile("w+") for _ in parts]  # a pipe would stall a process that fills it
+procs = [subprocess.Popen([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                          stdout=log, stderr=subprocess.STDOUT, text=True) for args, log in zip(parts, logs)]
+deadline = time.monotonic() + limits[1]
 try:
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *paths],
-                       capture_output=True, text=True, timeout=limits[1])
+    codes = [proc.wait(timeout=max(0, deadline - time.monotonic())) for proc in procs]
 except subprocess.TimeoutExpired:
+    for proc in procs:
+        proc.kill()
     done(ok=False, what="collect", error="collecting the tests took over %d s" % limits[1])
-out = r.stdout + "\n" + r.stderr
-counted = re.findall(r"(\d+) tests? collected", out)
-collected = int(counted[-1]) if counted else 0
-if r.returncode in (0, 5):
+outs = [log.seek(0) or log.read() for log in logs]
+out = "\n".join(outs)
+collected = sum(int(c[-1]) for c in (re.findall(r"(\d+) tests? collected", o) for o in outs) if c)
+failed = [c for c in codes if c not in (0, 5)]
+returncode = next((c for c in failed if c in (3, 4)), failed[0] if failed else 0)
+if returncode in (0, 5):
     done(ok=True, collected=collected)
 blocks = re.split(r"^_+ ERROR collecting (\S+) _+$", out, flags=re.M)
 errors = [(blocks[i], blocks[i + 1]) for i in range(1, len(blocks) - 1, 2)]
 own = [(f, b) for f, b in errors if re.search(r"(ModuleNotFound|Import)Error.*\b(%s)\b" % "|".join(map(re.escape, packages or ["\0"])), b)]
-if r.returncode in (3, 4) or own or (errors and not collected) or not errors:
+if returncode in (3, 4) or own or (errors and not collected) or not errors:
     conftest = re.search(r"while loading conftest '([^']+)'", out)
     module, text = (own or errors or [(conftest.group(1) if conftest else "", out)])[0]
     done(ok=False, what="collect", module=module, error=first_error(text), collected=collected)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import uuid
 
+import docker
 import pytest
 
 from m3_agent.errors import EnvironmentBuildError
@@ -55,6 +56,26 @@ def test_tests_that_do_not_collect_stop_the_build_naming_the_conftest(tmp_path, 
     with pytest.raises(EnvironmentBuildError) as e:
         ensure_environment(BuildRequest(repo=repo, source=source))
     assert "the tests do not collect" in str(e.value) and "no_such_plugin_m3_agent" in str(e.value), str(e.value)
+
+
+def test_the_tests_collect_in_one_process_per_core_each_test_once(tmp_path, source):
+    """scikit-image's check spent 32 s of its 308 s cold build in one pytest collecting 18,000 tests on one core."""
+    pids = f"/var/tmp/m3-agent-collectors-{source}"  # each collecting process loads the conftest once
+    files = project("", conftest=f"import os\n\nwith open({pids!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n")
+    for folder, count in (("alpha", 3), ("beta", 4), ("gamma", 5)):
+        files[f"tests/{folder}/test_{folder}.py"] = "".join(f"def test_{i}():\n    pass\n\n\n" for i in range(count))
+    messages: list[str] = []
+    env = ensure_environment(BuildRequest(repo=make_git_repo(tmp_path / source, files), source=source),
+                             progress=messages.append)
+    assert "check: the project imports; 13 tests collect" in messages, messages  # 1 + 3 + 4 + 5, each once
+    client = docker.from_env()
+    try:
+        out = client.containers.run(env.tag, ["sh", "-c", f"cat {pids}; echo; nproc"], remove=True,
+                                    network_mode="none").decode()
+    finally:
+        client.close()
+    *collectors, cores = out.split()
+    assert len(set(collectors)) == len(collectors) == min(int(cores), 4), out  # 4 entries in tests/ to deal out
 
 
 def test_a_broken_environment_kept_on_request_carries_its_notice_everywhere(tmp_path, source, cli_main):
