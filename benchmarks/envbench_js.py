@@ -44,7 +44,8 @@ import docker.errors
 from m3_agent.errors import M3AgentError
 from m3_agent.sandbox import DEFAULT_IMAGE, Sandbox, SandboxConfig
 from m3_agent.sandbox.engine import docker_client
-from m3_agent.sandbox.env.build import ENV_REPOSITORY, build_environment, ensure_environment, request_for, request_key
+from m3_agent.sandbox.env.build import (ENV_REPOSITORY, build_environment, ensure_environment, read_request, request_for,
+                                        request_key)
 from m3_agent.sandbox.env.catalogue import prune_environments
 from m3_agent.tools.test_runner import TestRunner, TestRunnerArgs
 
@@ -87,11 +88,12 @@ def build(repo: Path, name: str) -> dict:
     t0 = time.monotonic()
     try:
         with closing(docker_client()) as client:
-            key, _ = request_key(client, request)
+            read = read_request(request)
+            key, _ = request_key(client, request, read=read)
             tag = f"{ENV_REPOSITORY}:{key}"
             with contextlib.suppress(docker.errors.ImageNotFound):
                 client.images.remove(tag)  # cold: this key's image goes first
-            build_environment(client, request, tag, key, None)
+            build_environment(client, request, tag, key, None, read)
             cold_s = time.monotonic() - t0
             size = client.images.get(tag).attrs.get("Size", 0) / 1e6
     except M3AgentError as e:

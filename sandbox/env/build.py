@@ -120,7 +120,7 @@ def ensure_environment(request: BuildRequest, *, progress: Progress | None = Non
         if built:
             with build_lock(progress, key), _checked_out(request) as request:
                 if not image_exists(client, tag):  # another process may have built it while we waited
-                    build_environment(client, request, tag, key, progress)
+                    build_environment(client, request, tag, key, progress, read)
             labels = _labels(client, tag) or {}
         return EnvImage(tag, key, built, time.monotonic() - t0, notice=_checked(labels, tag, request))
 
@@ -185,7 +185,8 @@ def read_request(request: BuildRequest) -> RequestFiles:
         needs = read_test_needs(request.repo)  # once, for the key and the wish alike
         files = {**key_files(request.repo, needs), **nodeenv.key_files(request.repo)}
         wanted = wants_environment(request.repo, needs) or nodeenv.wants_node(request.repo)
-        return RequestFiles(files, wanted, _compiled(request), request_cutoff(request, files))
+        compiled = request.base == DEFAULT_IMAGE and compiles(request.repo)
+        return RequestFiles(files, wanted, compiled, request_cutoff(request, files))
     root, commit = _history(request)
     with hostgit.CommitFiles(root, commit) as tree:
         python, node = declared_in(tree), nodeenv.key_files_in(tree)
@@ -218,14 +219,6 @@ def request_key(client: docker.DockerClient, request: BuildRequest, progress: Pr
     toolchain = [json.dumps(TOOLCHAIN), OPTIMIZATION, SETUPTOOLS_CFLAGS] if read.compiled else []
     return digest(BUILDER, base_id, json.dumps(read.files, sort_keys=True), request.setup or "",
                   read.cutoff or "today", *node, *toolchain)[:16], read.files
-
-
-def _compiled(request: BuildRequest) -> bool:
-    """The derived environment of a project that compiles its own extensions, on the default image (read from
-    the copy on disk)."""
-    if not request.derive or request.base != DEFAULT_IMAGE or request.repo is None:
-        return False
-    return compiles(request.repo)
 
 
 def request_cutoff(request: BuildRequest, files: dict[str, str]) -> str | None:
@@ -268,8 +261,9 @@ def request_for(repo: Path | None, config: SandboxConfig, *, history: tuple[Path
 
 
 def build_environment(client: docker.DockerClient, request: BuildRequest, tag: str, key: str,
-                      progress: Progress | None) -> None:
-    """Build `tag` from `request` (the steps in the module's docstring); nothing is left when it fails.
+                      progress: Progress | None, read: RequestFiles) -> None:
+    """Build `tag` from `request` and what `read_request` read of it (the steps in the module's docstring);
+    nothing is left when it fails.
 
     A project whose Python range excludes the default image's is built on the sandbox image of the first
     Debian release whose Python fits (`SUITE_PYTHON`: trixie's 3.13 for a `>=3.12` project).
@@ -279,7 +273,7 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
         request = dataclasses.replace(request, version=scm_version(*request.history))
     request = _with_node(request, SUITE, say)
     try:
-        _build_on(client, _base(request, SUITE, progress), request, tag, key, say)
+        _build_on(client, _base(request, read.compiled, SUITE, progress), request, read, tag, key, say)
     except PythonMismatch as e:
         suite = next((s for s, py in SUITE_PYTHON.items() if s != SUITE and e.accepts(py)), None)
         if request.base != DEFAULT_IMAGE or suite is None:
@@ -287,7 +281,7 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
         say(f"{e.project} requires Python {e.requires}: building on Debian {suite} (Python {SUITE_PYTHON[suite]})")
         if request.node is not None and request.node.debian:  # that release's nodejs, if its version fits
             request = _with_node(dataclasses.replace(request, node=None), suite, say)
-        _build_on(client, _base(request, suite, progress), request, tag, key, say)
+        _build_on(client, _base(request, read.compiled, suite, progress), request, read, tag, key, say)
 
 
 def _with_node(request: BuildRequest, suite: str, say: Progress) -> BuildRequest:
@@ -306,13 +300,13 @@ def _with_node(request: BuildRequest, suite: str, say: Progress) -> BuildRequest
     return dataclasses.replace(request, node=release)
 
 
-def _base(request: BuildRequest, suite: str, progress: Progress | None) -> str:
-    """The image the environment is built on: the request's, or for a compiled project the sandbox image of
+def _base(request: BuildRequest, compiled: bool, suite: str, progress: Progress | None) -> str:
+    """The image the environment is built on: the request's, or for a `compiled` project the sandbox image of
     `suite` with a toolchain and the Debian packages its CI installs, and with Debian's nodejs when the
     request's Node is that (each built once, offline like the default)."""
     say = progress or (lambda _: None)
     node = (nodeenv.DEBIAN_NODE,) if request.node is not None and request.node.debian else ()
-    if not _compiled(request):
+    if not compiled:
         if node:
             say(f"building on the {suite} image with Debian's nodejs")
             return build_image(Recipe(suite, node).image, recipe=Recipe(suite, node), progress=progress)
@@ -327,7 +321,7 @@ def _base(request: BuildRequest, suite: str, progress: Progress | None) -> str:
     return build_image(recipe.image, recipe=recipe, progress=progress)
 
 
-def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag: str, key: str,
+def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, read: RequestFiles, tag: str, key: str,
               say: Progress) -> None:
     """The steps of `build_environment` in a container from `base`."""
     with BuildContainer(client, base, say) as box, tempfile.TemporaryDirectory(prefix="m3-agent-env-") as tmp:
@@ -335,11 +329,10 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
         stage = Path(tmp)
         node_files = nodeenv.key_files(request.repo) if request.derive else {}
         python = not node_files or wants_environment(request.repo)  # a Node-only repository gets no venv
-        cutoff = request_cutoff(request, {**(key_files(request.repo) if request.derive else {}), **node_files})
-        fetch = Fetch(stage / "wheels", target, Sources.for_cutoff(cutoff), box.build_wheel)
+        fetch = Fetch(stage / "wheels", target, Sources.for_cutoff(read.cutoff), box.build_wheel)
         box.put(request.repo, WORKSPACE)
         plan = _plan(box, request, fetch, say) if python else None
-        compiled = plan is not None and plan.editable and _compiled(request)
+        compiled = plan is not None and plan.editable and read.compiled
         if compiled:  # its build runs again in the sandbox: the backend and its needs live in the environment
             plan.requirements += [r for r in plan.build_requires if r not in plan.requirements]
             plan.requirements += ["cython"] * bool(cython_outputs(request.repo))  # to generate what the tree lacks
@@ -348,7 +341,7 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
                  else [("run the setup command", request.setup, {})] * bool(request.setup))
         if python:
             _download(plan, stage, fetch, say)
-        packages, optional, node_sources = (_stage_node(request, stage, target, cutoff, steps, say,
+        packages, optional, node_sources = (_stage_node(request, stage, target, read.cutoff, steps, say,
                                                         optional=python) if node_files else ([], set(), {}))
         say("copying the fetched files into the build container")
         box.put(stage, STAGE)
@@ -360,7 +353,7 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, tag
         box.run("remove the build files", f"rm -rf {STAGE} && find {WORKSPACE} -mindepth 1 -delete")
         labels = {**env_labels("project", client.images.get(base).id, request.source or request.repo.name),
                   RECIPE_LABEL: key, FILES_LABEL: json.dumps(files), PACKAGES_LABEL: json.dumps(packages),
-                  RELEASES_LABEL: cutoff or "today",
+                  RELEASES_LABEL: read.cutoff or "today",
                   SOURCES_LABEL: json.dumps({**(plan.sources if plan else {}), **node_sources}),
                   **({PROOF_LABEL: proof.model_dump_json()} if proof else {})}
         say(f"committing {tag}")
