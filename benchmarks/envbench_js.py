@@ -89,7 +89,7 @@ def build(repo: Path, name: str) -> dict:
     try:
         with closing(docker_client()) as client:
             read = read_request(request)
-            key, _ = request_key(client, request, read=read)
+            key, _ = request_key(client, request, read)
             tag = f"{ENV_REPOSITORY}:{key}"
             with contextlib.suppress(docker.errors.ImageNotFound):
                 client.images.remove(tag)  # cold: this key's image goes first

@@ -131,7 +131,7 @@ def _describe(request: BuildRequest) -> dict:
     if not needs_environment(request, read):
         return info
     with contextlib.closing(docker_client()) as client:
-        key, info["files"] = request_key(client, request, read=read)
+        key, info["files"] = request_key(client, request, read)
         info["releases"] = read.cutoff or "today"
         info["tag"] = f"{ENV_REPOSITORY}:{key}"
         info["built"] = image_exists(client, info["tag"])

@@ -113,7 +113,7 @@ def ensure_environment(request: BuildRequest, *, progress: Progress | None = Non
     if not needs_environment(request, read):
         return None
     with closing(docker_client()) as client:
-        key, _ = request_key(client, request, progress, read)
+        key, _ = request_key(client, request, read, progress)
         tag = f"{ENV_REPOSITORY}:{key}"
         labels = _labels(client, tag)
         built = labels is None
@@ -167,11 +167,13 @@ def _history(request: BuildRequest) -> tuple[Path, str]:
 
 @dataclass(frozen=True)
 class RequestFiles:
-    """What a request's repository declares, read once per lookup: the files that key its environment (path
-    -> git blob id), whether they ask for an environment, whether the project compiles, the release date."""
+    """What a request's repository declares, read once per lookup and build: the files that key its environment
+    (path -> git blob id; `node`: its Node side's), whether its Python side asks for an environment, whether the
+    project compiles, the release date."""
 
     files: dict[str, str]
-    wanted: bool
+    node: dict[str, str]
+    python: bool
     compiled: bool
     cutoff: str | None
 
@@ -180,13 +182,14 @@ def read_request(request: BuildRequest) -> RequestFiles:
     """`RequestFiles` of `request`: from its copy on disk, or from git's objects at the history's commit
     through one open repository (no checkout, no export, no walk of the tree: the files the key names)."""
     if not request.derive:  # only the setup command: no file of the repository is read
-        return RequestFiles({}, False, False, request_cutoff(request, {}) if request.setup else None)
+        return RequestFiles({}, {}, False, False, request_cutoff(request, {}) if request.setup else None)
     if request.repo is not None:
         needs = read_test_needs(request.repo)  # once, for the key and the wish alike
-        files = {**key_files(request.repo, needs), **nodeenv.key_files(request.repo)}
-        wanted = wants_environment(request.repo, needs) or nodeenv.wants_node(request.repo)
+        node = nodeenv.key_files(request.repo)
+        files = {**key_files(request.repo, needs), **node}
         compiled = request.base == DEFAULT_IMAGE and compiles(request.repo)
-        return RequestFiles(files, wanted, compiled, request_cutoff(request, files))
+        return RequestFiles(files, node, wants_environment(request.repo, needs), compiled,
+                            request_cutoff(request, files))
     root, commit = _history(request)
     with hostgit.CommitFiles(root, commit) as tree:
         python, node = declared_in(tree), nodeenv.key_files_in(tree)
@@ -194,25 +197,20 @@ def read_request(request: BuildRequest) -> RequestFiles:
         compiled = request.base == DEFAULT_IMAGE and compiles_from(tree.read_bytes)
         cutoff = release_cutoff(request.releases, history=request.history, files=list(files),
                                 changed=tree.last_change)
-    return RequestFiles(files, python.wanted or bool(node), compiled, cutoff)
+    return RequestFiles(files, node, python.wanted, compiled, cutoff)
 
 
-def needs_environment(request: BuildRequest, read: RequestFiles | None = None) -> bool:
-    """A setup command is given, or the repository's files declare something to install (`read`: what
-    `read_request` gave, when it was read already)."""
-    if request.setup:
-        return True
-    if not request.derive:
-        return False
-    return (read_request(request) if read is None else read).wanted
+def needs_environment(request: BuildRequest, read: RequestFiles) -> bool:
+    """A setup command is given, or the repository's files (`read_request`'s `read`) declare something to
+    install."""
+    return bool(request.setup) or read.python or bool(read.node)
 
 
-def request_key(client: docker.DockerClient, request: BuildRequest, progress: Progress | None = None,
-                read: RequestFiles | None = None) -> tuple[str, dict[str, str]]:
+def request_key(client: docker.DockerClient, request: BuildRequest, read: RequestFiles,
+                progress: Progress | None = None) -> tuple[str, dict[str, str]]:
     """The request's cache key and the files (path -> git blob id) that went into it: a hash of the base
-    image's id, the dependency files' blob ids, the release date and the setup command (`read`: what
-    `read_request` gave, when it was read already)."""
-    read = read_request(request) if read is None else read
+    image's id, the dependency files' blob ids (`read_request`'s `read`), the release date and the setup
+    command."""
     base_id = base_image_id(client, request.base, progress)
     node = [nodeenv.BUILDER] if "package.json" in read.files else []  # only Node environments change with it
     # A compiled project's image is built on a toolchain image: its packages are part of the key.
@@ -271,7 +269,7 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
     say = progress or (lambda _: None)
     if request.history is not None and request.version is None:  # only a build needs it: git describe is slow
         request = dataclasses.replace(request, version=scm_version(*request.history))
-    request = _with_node(request, SUITE, say)
+    request = _with_node(request, read, SUITE, say)
     try:
         _build_on(client, _base(request, read.compiled, SUITE, progress), request, read, tag, key, say)
     except PythonMismatch as e:
@@ -280,21 +278,21 @@ def build_environment(client: docker.DockerClient, request: BuildRequest, tag: s
             raise
         say(f"{e.project} requires Python {e.requires}: building on Debian {suite} (Python {SUITE_PYTHON[suite]})")
         if request.node is not None and request.node.debian:  # that release's nodejs, if its version fits
-            request = _with_node(dataclasses.replace(request, node=None), suite, say)
+            request = _with_node(dataclasses.replace(request, node=None), read, suite, say)
         _build_on(client, _base(request, read.compiled, suite, progress), request, read, tag, key, say)
 
 
-def _with_node(request: BuildRequest, suite: str, say: Progress) -> BuildRequest:
+def _with_node(request: BuildRequest, read: RequestFiles, suite: str, say: Progress) -> BuildRequest:
     """`request` with the Node release its package.json's range takes (`nodeenv.choose_node`): the npm
     registry's, else Debian `suite`'s nodejs, which the image the build starts from must then hold. A Python
     project whose range nothing satisfies keeps `node` None: its Node side is left out with the reason."""
-    if not request.derive or not nodeenv.wants_node(request.repo):
+    if not read.node:
         return request
     plan = nodeenv.plan_node(request.repo)
     try:
         release = nodeenv.choose_node(plan, machine=platform.machine(), suite=suite, say=say)
     except EnvironmentBuildError:
-        if wants_environment(request.repo):
+        if read.python:
             return request
         raise
     return dataclasses.replace(request, node=release)
@@ -327,8 +325,7 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, rea
     with BuildContainer(client, base, say) as box, tempfile.TemporaryDirectory(prefix="m3-agent-env-") as tmp:
         target = box.target()
         stage = Path(tmp)
-        node_files = nodeenv.key_files(request.repo) if request.derive else {}
-        python = not node_files or wants_environment(request.repo)  # a Node-only repository gets no venv
+        python = not read.node or read.python  # a Node-only repository gets no venv
         fetch = Fetch(stage / "wheels", target, Sources.for_cutoff(read.cutoff), box.build_wheel)
         box.put(request.repo, WORKSPACE)
         plan = _plan(box, request, fetch, say) if python else None
@@ -336,13 +333,13 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, rea
         if compiled:  # its build runs again in the sandbox: the backend and its needs live in the environment
             plan.requirements += [r for r in plan.build_requires if r not in plan.requirements]
             plan.requirements += ["cython"] * bool(cython_outputs(request.repo))  # to generate what the tree lacks
-        files = {**(plan.key_files if plan else {}), **node_files}
+        files = {**(plan.key_files if plan else {}), **read.node}
         steps = (install_steps(plan, request, compiled=compiled) if python
                  else [("run the setup command", request.setup, {})] * bool(request.setup))
         if python:
             _download(plan, stage, fetch, say)
         packages, optional, node_sources = (_stage_node(request, stage, target, read.cutoff, steps, say,
-                                                        optional=python) if node_files else ([], set(), {}))
+                                                        optional=python) if read.node else ([], set(), {}))
         say("copying the fetched files into the build container")
         box.put(stage, STAGE)
         packages = _run_steps(box, steps, optional, say) or packages  # a note replaces what was left out
@@ -361,7 +358,7 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, rea
                    Env=[f"VIRTUAL_ENV={ENV_PREFIX}", f"PATH={ENV_PATH}", "HOME=/home/sandbox",
                         "LANG=C.UTF-8", "LC_ALL=C.UTF-8",
                         *(f"{k}={v}" for k, v in
-                          (nodeenv.image_environment(request.repo) if node_files else {}).items())])
+                          (nodeenv.image_environment(request.repo) if read.node else {}).items())])
 
 
 def _prove(box: BuildContainer, plan: Plan | None, request: BuildRequest, say: Progress) -> Proof | None:

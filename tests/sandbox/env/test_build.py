@@ -15,8 +15,8 @@ import pytest
 
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox import Sandbox, SandboxConfig
-from m3_agent.sandbox.env.build import (ENV_REPOSITORY, BuildRequest, ensure_environment, environment_for, request_for,
-                                        request_key)
+from m3_agent.sandbox.env.build import (ENV_REPOSITORY, BuildRequest, ensure_environment, environment_for, read_request,
+                                        request_for, request_key)
 from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from m3_agent.sandbox.image import ENV_PREFIX
 from tests.conftest import wait_for
@@ -66,7 +66,7 @@ def left_of(request: BuildRequest) -> tuple[list[str], list]:
     other test runs on the same engine may build meanwhile."""
     client = docker.from_env()
     try:
-        key, _ = request_key(client, request)
+        key, _ = request_key(client, request, read_request(request))
     finally:
         client.close()
     return tags_of(key), [c for c in env_builds() if c.labels.get("m3-agent.owner-pid") == str(os.getpid())]
@@ -337,7 +337,8 @@ def test_ctrl_c_during_a_build_leaves_no_container_and_no_image(git_repo, sandbo
     repo = git_repo({"app.py": "x = 1\n", "m3-agent.toml": f"[sandbox]\nsetup = \"{setup}\"\n"})
     client = docker.from_env()
     try:  # the tag this build would make (other runs on the same engine may add their own meanwhile)
-        key, _ = request_key(client, request_for(repo, SandboxConfig(setup=setup)))
+        request = request_for(repo, SandboxConfig(setup=setup))
+        key, _ = request_key(client, request, read_request(request))
     finally:
         client.close()
     proc = subprocess.Popen([sys.executable, "-m", "m3_agent.cli", "env", "build", "--repo", str(repo)],

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from m3_agent.sandbox.engine import docker_client
-from m3_agent.sandbox.env.build import request_for, request_key
+from m3_agent.sandbox.env.build import read_request, request_for, request_key
 from m3_agent.sandbox.env.catalogue import prune_environments
 from m3_agent.sandbox.config import SandboxConfig
 from tests.conftest import make_git_repo
@@ -135,7 +135,7 @@ def test_a_changed_dependency_file_gives_a_new_key_and_an_ordinary_change_the_sa
         request = request_for(None, SandboxConfig(), history=(clone, git(clone, "rev-parse", "HEAD")),
                               source=repo.name)
         with closing(docker_client()) as client:
-            found, files = request_key(client, request)
+            found, files = request_key(client, request, read_request(request))
         return f"m3-agent-env:{found}", files
 
     assert key()[0] == tag
