@@ -122,7 +122,7 @@ def ensure_environment(request: BuildRequest, *, progress: Progress | None = Non
                 if not image_exists(client, tag):  # another process may have built it while we waited
                     build_environment(client, request, tag, key, progress, read)
             labels = _labels(client, tag) or {}
-        return EnvImage(tag, key, built, time.monotonic() - t0, notice=_checked(labels, tag, request))
+        return EnvImage(tag, key, built, time.monotonic() - t0, notice=_checked(proof_of(labels), tag, request))
 
 
 def _labels(client: docker.DockerClient, tag: str) -> dict[str, str] | None:
@@ -135,10 +135,9 @@ def _labels(client: docker.DockerClient, tag: str) -> dict[str, str] | None:
         raise SandboxUnavailable(f"cannot inspect {tag}: {e}") from None
 
 
-def _checked(labels: dict[str, str], tag: str, request: BuildRequest) -> str | None:
+def _checked(proof: Proof | None, tag: str, request: BuildRequest) -> str | None:
     """The notice of an environment whose own check failed, kept at the user's request; EnvironmentBuildError
     (exit 7) when the user did not ask to keep it (an image kept by an earlier run stays broken)."""
-    proof = proof_of(labels)
     if proof is None or proof.ok:
         return None
     if not request.keep_broken:
@@ -344,6 +343,7 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, rea
         box.put(stage, STAGE)
         packages = _run_steps(box, steps, optional, say) or packages  # a note replaces what was left out
         proof = _prove(box, plan, request, say)
+        _checked(proof, tag, request)  # a failed check ends the build, unless the user keeps such environments
         if python:
             packages += box.run("list the installed packages",
                                 f"{ENV_PREFIX}/bin/python -m pip freeze --all").splitlines()
@@ -362,16 +362,12 @@ def _build_on(client: docker.DockerClient, base: str, request: BuildRequest, rea
 
 
 def _prove(box: BuildContainer, plan: Plan | None, request: BuildRequest, say: Progress) -> Proof | None:
-    """The build's own check (sandbox.env.proof) of an installed project; EnvironmentBuildError when it fails
-    and the user did not ask to keep such an environment."""
+    """The build's own check (sandbox.env.proof) of an installed project."""
     if plan is None or not plan.editable:
         return None
     say("check that the project imports and its tests collect")
     proof = read_proof(box.run("check the project", proof_command(request.repo, f"{ENV_PREFIX}/bin/python")))
     say(f"check: {proof.message()}")
-    if not proof.ok and not request.keep_broken:
-        raise EnvironmentBuildError(f"{proof.message()} (keep it anyway: --keep-broken-env, or [sandbox] "
-                                    "keep_broken_env = true)", step="check the project")
     return proof
 
 
