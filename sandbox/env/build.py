@@ -47,12 +47,11 @@ from m3_agent.sandbox.env.recipe import build_env_image
 from m3_agent.sandbox.image import (DEFAULT_IMAGE, ENV_PREFIX, GENERATED, IMAGE_LABEL, RECIPE_LABEL, SANDBOX_UID, SUITE,
                                     SUITE_PYTHON, SYSTEM_PATH, Recipe, base_image_id, build_image, build_lock, digest)
 from m3_agent.sandbox.env.pyenv import (ALWAYS, Plan, PythonMismatch, Target, build_requires, declared_in,
-                                        declared_python, fits_python, host_requirement_files, installable, key_files,
-                                        pip_error, plan_environment, pretend_version, scm_version, static_metadata,
-                                        wants_environment)
+                                        declared_python, fits_python, host_requirement_files, installable,
+                                        pip_error, plan_environment, pretend_version, scm_version, static_metadata)
 from m3_agent.sandbox.env.proof import PROOF_LABEL, Proof, proof_command, proof_of, read_proof
 from m3_agent.sandbox.env.releases import Releases, Sources, release_cutoff
-from m3_agent.sandbox.env.testneeds import read_test_needs
+from m3_agent.sandbox.env.testneeds import FolderFiles
 from m3_agent.sandbox.env.toolchain import (OPTIMIZATION, SETUPTOOLS_CFLAGS, TOOLCHAIN, build_jobs, build_recipe,
                                             compile_environment, compiles, compiles_from, cython_command,
                                             cython_outputs, editable_settings, keep_build_command,
@@ -183,12 +182,10 @@ def read_request(request: BuildRequest) -> RequestFiles:
     if not request.derive:  # only the setup command: no file of the repository is read
         return RequestFiles({}, {}, False, False, request_cutoff(request, {}) if request.setup else None)
     if request.repo is not None:
-        needs = read_test_needs(request.repo)  # once, for the key and the wish alike
-        node = nodeenv.key_files(request.repo)
-        files = {**key_files(request.repo, needs), **node}
+        python, node = declared_in(FolderFiles(request.repo)), nodeenv.key_files(request.repo)
+        files = {**python.files, **node}
         compiled = request.base == DEFAULT_IMAGE and compiles(request.repo)
-        return RequestFiles(files, node, wants_environment(request.repo, needs), compiled,
-                            request_cutoff(request, files))
+        return RequestFiles(files, node, python.wanted, compiled, request_cutoff(request, files))
     root, commit = _history(request)
     with hostgit.CommitFiles(root, commit) as tree:
         python, node = declared_in(tree), nodeenv.key_files_in(tree)

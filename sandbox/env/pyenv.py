@@ -98,32 +98,20 @@ def select_dependency_files(paths: Iterable[str], needs: TestNeeds) -> list[str]
     return list(dict.fromkeys(found))
 
 
-def dependency_files(root: Path, needs: TestNeeds | None = None) -> list[Path]:
-    """The dependency files of `root`, in key order (`select_dependency_files`)."""
-    files = FolderFiles(root)
-    needs = read_test_needs(files) if needs is None else needs
-    # Regular files only, as git's side (`hostgit.CommitFiles`) lists them: the two must key alike.
-    listed = [p for folder in KEY_FOLDERS for p in files.names(folder)]
-    return [root / p for p in select_dependency_files(listed, needs) if files.read(p) is not None]
-
-
-def key_files(root: Path, needs: TestNeeds | None = None) -> dict[str, str]:
-    """The dependency files of `root` (relative path -> git blob id): what keys the environment."""
-    return {str(p.relative_to(root)): hostgit.blob_id(p.read_bytes()) for p in dependency_files(root, needs)}
-
-
 @dataclass(frozen=True)
 class Declared:
-    """What a commit's files declare for its Python environment, read once: the files that key it (path ->
-    git blob id), what its tests need, and whether it asks for an environment at all (`wants_environment`)."""
+    """What a repository's files declare for its Python environment, read once: the files that key it (path ->
+    git blob id), what its tests need, and whether it asks for an environment at all: a project pip can build, a
+    requirements file, something its tests need, or a test dependency group."""
 
     files: dict[str, str]
     needs: TestNeeds
     wanted: bool
 
 
-def declared_in(files: hostgit.CommitFiles) -> Declared:
-    """`Declared` of an open commit's files: its test needs are read once, for the key and the wish alike."""
+def declared_in(files: FolderFiles | hostgit.CommitFiles) -> Declared:
+    """`Declared` of a folder's or an open commit's files: the test needs are read once, for the key and the wish
+    alike; both sides key regular files only, so that a commit and its checkout key alike."""
     needs = read_test_needs(files)
     listed = [p for folder in KEY_FOLDERS for p in files.names(folder)]
     blobs = {p: files.blob_id(p) for p in select_dependency_files(listed, needs)}
@@ -159,14 +147,6 @@ def _toml(path: Path, hint: str = "") -> dict:
         raise EnvironmentBuildError(f"{path.name} cannot be read ({e}){hint}", step=f"read {path.name}") from None
 
 
-def wants_environment(root: Path, needs: TestNeeds | None = None) -> bool:
-    """`root` declares something to install: a project pip can build, a requirements file, something its
-    tests need, or a test dependency group. Read from the files alone: the cheap check every `fix` makes first.
-    `needs`: its test needs, when they are read already."""
-    needs = read_test_needs(root) if needs is None else needs
-    return _wants([str(p.relative_to(root)) for p in dependency_files(root, needs)], _pyproject(root), needs)
-
-
 def _wants(files: list[str], pyproject: dict, needs: TestNeeds) -> bool:
     if "setup.py" in files or "project" in pyproject or "build-system" in pyproject:
         return True
@@ -182,8 +162,8 @@ def plan_environment(root: Path, target: Target, *, metadata: dict | None = None
     for an `installable` project; prepared in a build container from the downloaded build backend
     (`sandbox.env.build`), since preparing it runs the project's code.
     """
-    needs = read_test_needs(root)
-    keys = key_files(root, needs)
+    declared = declared_in(FolderFiles(root))
+    needs, keys = declared.needs, declared.files
     if not keys:
         return None
     plan = Plan(root=root, key_files=keys)

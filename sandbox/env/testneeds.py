@@ -38,6 +38,8 @@ from typing import Literal, Protocol
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from m3_agent import hostgit
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -99,6 +101,15 @@ class FolderFiles:
         path = self.root / folder
         found = path.iterdir() if path.is_dir() and not path.is_symlink() else []
         return sorted(str(p.relative_to(self.root)) for p in found if p.is_file() and not p.is_symlink())
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        """The bytes of the regular file `rel` that `read` reads as text, None when it reads none."""
+        return (self.root / rel).read_bytes() if self.read(rel) is not None else None
+
+    def blob_id(self, rel: str) -> str | None:
+        """git's id of the bytes of `read_bytes`, as `hostgit.CommitFiles` gives a commit's."""
+        data = self.read_bytes(rel)
+        return hostgit.blob_id(data) if data is not None else None
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from m3_agent.errors import EnvironmentBuildError
-from m3_agent.sandbox.env.pyenv import (Target, group_requirements, host_requirement_files, judged, key_files,
+from m3_agent.sandbox.env.pyenv import (Target, declared_in, group_requirements, host_requirement_files, judged,
                                         lock_pins, pip_error, plan_environment, project_requirements,
-                                        static_metadata, wants_environment)
+                                        static_metadata)
+from m3_agent.sandbox.env.testneeds import FolderFiles
 from m3_agent.sandbox.env.wheels import Requirements, download, platforms, target_flags
 from tests.sandbox.env.package_index import Index, make_wheel, pip_configured
 from tests.sandbox.env.tree import write
@@ -22,13 +23,13 @@ def test_the_dependency_files_key_the_environment_and_docs_requirements_do_not(t
     write(tmp_path, {"pyproject.toml": "[project]\nname='a'\n", "requirements.txt": "attrs\n",
                      "requirements-test.txt": "pytest\n", "requirements/ci.txt": "six\n",
                      "requirements-docs.txt": "sphinx\n", "uv.lock": "version = 1\n", "src/a.py": ""})
-    assert sorted(key_files(tmp_path)) == ["pyproject.toml", "requirements-test.txt", "requirements.txt",
-                                           "requirements/ci.txt", "uv.lock"]
-    before = key_files(tmp_path)
+    before = declared_in(FolderFiles(tmp_path)).files
+    assert sorted(before) == ["pyproject.toml", "requirements-test.txt", "requirements.txt", "requirements/ci.txt",
+                              "uv.lock"]
     (tmp_path / "src/a.py").write_text("x = 1\n")  # the code is not a dependency file
-    assert key_files(tmp_path) == before
+    assert declared_in(FolderFiles(tmp_path)).files == before
     (tmp_path / "uv.lock").write_text("version = 2\n")
-    assert key_files(tmp_path)["uv.lock"] != before["uv.lock"]
+    assert declared_in(FolderFiles(tmp_path)).files["uv.lock"] != before["uv.lock"]
 
 
 def test_the_key_read_from_git_objects_is_the_key_of_the_checked_out_tree(tmp_path):
@@ -36,7 +37,6 @@ def test_the_key_read_from_git_objects_is_the_key_of_the_checked_out_tree(tmp_pa
     import subprocess
 
     from m3_agent.hostgit import CommitFiles, export_tree, repository
-    from m3_agent.sandbox.env.pyenv import declared_in
     from tests.conftest import make_git_repo
 
     repo = make_git_repo(tmp_path / "repo", {"pyproject.toml": "[project]\nname='a'\n", "requirements.txt": "attrs\n",
@@ -52,11 +52,11 @@ def test_the_key_read_from_git_objects_is_the_key_of_the_checked_out_tree(tmp_pa
     with CommitFiles(repo, head) as files:
         at_commit = declared_in(files)
     assert list(at_commit.files) == ["pyproject.toml", "uv.lock", "requirements.txt", "requirements/ci.txt"]
-    assert at_commit.files == key_files(copy) == key_files(repo)
-    assert at_commit.wanted is wants_environment(copy) is True
+    assert at_commit.files == declared_in(FolderFiles(copy)).files == declared_in(FolderFiles(repo)).files
+    assert at_commit.wanted is declared_in(FolderFiles(copy)).wanted is True
     (repo / "uv.lock").write_text("version = 2\n")  # the work tree moved on; the commit did not
     with CommitFiles(repo, head) as files:
-        assert declared_in(files).files == at_commit.files != key_files(repo)
+        assert declared_in(files).files == at_commit.files != declared_in(FolderFiles(repo)).files
 
 
 @pytest.mark.parametrize(("files", "wanted"), [
@@ -69,7 +69,7 @@ def test_the_key_read_from_git_objects_is_the_key_of_the_checked_out_tree(tmp_pa
     ({}, False),
 ])
 def test_only_a_repository_that_declares_something_wants_an_environment(tmp_path, files, wanted):
-    assert wants_environment(write(tmp_path, files)) is wanted
+    assert declared_in(FolderFiles(write(tmp_path, files))).wanted is wanted
 
 
 def test_markers_are_judged_for_the_image_python_not_this_host():
@@ -149,7 +149,7 @@ def test_an_unreadable_lock_or_pyproject_is_one_error_naming_the_file(tmp_path):
     assert e.value.exit_code == 7
     write(tmp_path, {"pyproject.toml": "[project\n"})
     with pytest.raises(EnvironmentBuildError, match="pyproject.toml cannot be read"):
-        wants_environment(tmp_path)
+        declared_in(FolderFiles(tmp_path)).wanted
 
 
 def test_wheels_are_chosen_for_the_image_glibc_and_python():

@@ -10,8 +10,9 @@ import pytest
 from m3_agent.sandbox import Sandbox, SandboxConfig
 from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
 from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
-from m3_agent.sandbox.env.pyenv import Target, key_files, plan_environment
-from m3_agent.sandbox.env.testneeds import Need, TestCommand, command_lines, poetry_requirement, read_test_needs
+from m3_agent.sandbox.env.pyenv import Target, declared_in, plan_environment
+from m3_agent.sandbox.env.testneeds import (FolderFiles, Need, TestCommand, command_lines, poetry_requirement,
+                                            read_test_needs)
 from tests.sandbox.env.tree import write
 
 TARGET = Target("3.11.2", "x86_64", "2.36")
@@ -131,8 +132,8 @@ def test_mypy_like_test_needs_follow_the_ci_into_tox_and_skip_lint(tmp_path):
     assert [n.source for n in needs.items if n.kind == "file"] == ["tox.ini"]
     assert 'orjson; python_version == "3.12"' in needs.of("requirement")
     assert "ruff" not in needs.of("requirement") and "tox" not in needs.of("requirement")
-    assert sorted(key_files(root)) == [".github/workflows/test.yml", "pyproject.toml", "test-requirements.txt",
-                                       "tox.ini"]  # not the pre-commit file: it is read no more
+    assert sorted(declared_in(FolderFiles(root)).files) == [".github/workflows/test.yml", "pyproject.toml",
+                                                            "test-requirements.txt", "tox.ini"]  # not the pre-commit file: it is read no more
 
 
 def test_ci_installs_extras_groups_and_files_from_their_working_directory(tmp_path):
@@ -271,10 +272,9 @@ def test_the_tests_run_with_what_the_project_declares_where_it_does(git_repo, sa
 def test_a_commit_is_keyed_from_git_objects_as_its_files_are_on_disk(git_repo):
     """Warm runs key from git's objects without exporting the tree: the test needs' files key alike there."""
     from m3_agent.hostgit import CommitFiles
-    from m3_agent.sandbox.env.pyenv import declared_in
 
     repo = git_repo(MYPY_LIKE)
-    on_disk = key_files(repo)
+    on_disk = declared_in(FolderFiles(repo)).files
     assert ".github/workflows/test.yml" in on_disk and "test-requirements.txt" in on_disk
     with CommitFiles(repo, "HEAD") as files:
         declared = declared_in(files)
