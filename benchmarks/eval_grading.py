@@ -149,11 +149,11 @@ SWEBENCH_TASKS = ROOT / "tests" / "evals" / "data" / "swebench" / "tasks.jsonl"
 
 def swebench_ours(tasks, work: Path) -> dict:
     """gold and empty predictions of the offline SWE-bench tasks, graded through the harness by our runner."""
-    from m3_agent.evals.testbed import NAMESPACE
+    from m3_agent.evals.harness import OFFLINE_NAMESPACE
 
     out = {}
     for kind in ("gold", "empty"):
-        config = EvalConfig(output_dir=work / f"sb-ours-{kind}", image_namespace=NAMESPACE)
+        config = EvalConfig(output_dir=work / f"sb-ours-{kind}", image_namespace=OFFLINE_NAMESPACE)
         start = time.monotonic()
         results = run_eval(tasks, load_predictions(kind, tasks), config, RunOptions(workers=2))
         out[kind] = {"resolved": sum(r.report.resolved for r in results), "wall_s": round(time.monotonic() - start, 3),
@@ -164,14 +164,13 @@ def swebench_ours(tasks, work: Path) -> dict:
 def swebench_peer(tasks, work: Path) -> dict:
     """The official harness (`python -m swebench.harness.run_evaluation`) on the same images and tasks."""
     from m3_agent.evals import harness
-    from m3_agent.evals.testbed import NAMESPACE
 
     dataset = work / "sb-dataset.jsonl"
     rows = []
     for t in tasks:  # the dataset in the harness's v5 schema: the image and eval script per instance
         row = t.model_dump(exclude_none=True)
         row.pop("testbed", None)
-        row.update(image=harness.instance_image_name(t.instance_id, namespace=NAMESPACE),
+        row.update(image=harness.instance_image_name(t.instance_id, namespace=harness.OFFLINE_NAMESPACE),
                    eval_script=harness.compose_eval_script(t), eval_type="pass_and_fail")
         rows.append(json.dumps(row))
     dataset.write_text("\n".join(rows) + "\n")
@@ -197,11 +196,11 @@ def swebench_peer(tasks, work: Path) -> dict:
 
 def swebench_section(work: Path, skip_peer: bool) -> dict:
     """The offline SWE-bench tasks (sympy, sphinx): ours and the official harness in the same run."""
-    from m3_agent.evals.testbed import NAMESPACE, build_testbed_image
+    from m3_agent.evals.harness import offline_image
 
     tasks = load_tasks(SWEBENCH_TASKS)
     for t in tasks:
-        build_testbed_image(t, namespace=NAMESPACE)
+        offline_image(t)
     section = {"instances": len(tasks), "ours": swebench_ours(tasks, work)}
     print(f"m3-agent on SWE-bench tasks: {section['ours']}", file=sys.stderr)
     if not skip_peer:

@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from m3_agent.evals.harness import grade_with_harness  # noqa: E402
+from m3_agent.evals.harness import grade_with_harness, offline_image, testbed_sdists  # noqa: E402
 from m3_agent.evals.tasks import Task  # noqa: E402
-from m3_agent.evals.testbed import NAMESPACE, TestbedRecipe, build_testbed_image, make_testbed_tree  # noqa: E402
 from m3_agent.sandbox import SandboxConfig  # noqa: E402
+from m3_agent.sandbox.env.testbed import TestbedRecipe, make_testbed_tree  # noqa: E402
 
 OUT = ROOT / "tests" / "evals" / "data" / "swebench" / "tasks.jsonl"
 
@@ -81,7 +81,7 @@ def draft_task(src: dict, clone: Path) -> Task:
     message = git(clone, "show", "-s", "--format=%B", src["fix"]).strip()
     created = git(clone, "show", "-s", "--format=%aI", src["fix"]).strip()
     with tempfile.TemporaryDirectory() as tmp:
-        base_commit = make_testbed_tree(src["instance_id"], recipe, Path(tmp) / "testbed")
+        base_commit = make_testbed_tree(src["instance_id"], recipe, Path(tmp) / "testbed", sdists=testbed_sdists())
     return Task(instance_id=src["instance_id"], repo=src["repo"], version=src["version"], base_commit=base_commit,
                 patch=patch, test_patch=test_patch, created_at=created, test_cmd=src["test_cmd"],
                 log_parser=src["log_parser"], problem_statement=f"{message}\n\n(upstream fix: {src['fix']})\n",
@@ -89,7 +89,7 @@ def draft_task(src: dict, clone: Path) -> Task:
 
 
 def compute_tests(task: Task) -> Task:
-    image = build_testbed_image(task, namespace=NAMESPACE)
+    image = offline_image(task)
     config = SandboxConfig()
     empty = grade_with_harness(task, "", image=image, sandbox=config)
     gold = grade_with_harness(task, task.patch, image=image, sandbox=config)

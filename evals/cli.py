@@ -302,12 +302,12 @@ def images_command(
     instance_ids: Optional[list[str]] = typer.Option(None, "--instance-ids", "-i", help="Only these ids."),
 ) -> None:
     """Build SWE-bench-layout instance images offline (no registry): one name per line on stdout."""
-    from m3_agent.evals.testbed import build_testbed_image
+    from m3_agent.evals.harness import offline_image
 
     console = Console(stderr=True)
     for task in load_tasks(tasks, instance_ids=_ids(instance_ids), split=split):
-        print(build_testbed_image(task, namespace=image_namespace or None,
-                                  progress=lambda line: console.print(escape(line), highlight=False)))
+        print(offline_image(task, namespace=image_namespace or None,
+                            progress=lambda line: console.print(escape(line), highlight=False)))
 
 
 def _write_out(path: Path, text: str) -> None:

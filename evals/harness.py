@@ -3,6 +3,7 @@
     report = grade_with_harness(task, patch, image=instance_image(task, "swebench", "latest"), sandbox=...)
     workspace = HarnessGrader().prepare(task, eval_config, scratch)   # as an eval run does (evals.instance):
     report = HarnessGrader().grade(task, patch, workspace)            # the `Grader` of harness tasks
+    image = offline_image(task)   # no registry: the instance image built here from the task's `testbed` recipe
 
 What comes from the harness (swebench >= 5): `make_test_spec` turns the instance into a TestSpec
 (its eval script, with the test command's exit code recorded), `PARSER_REGISTRY` names the log
@@ -21,13 +22,19 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from m3_agent.errors import SandboxUnavailable, UsageError
+from pydantic import ValidationError
+
+from m3_agent.errors import SandboxUnavailable, UsageError, first_validation_error
 from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.grading import (EVAL_DIR, InstanceReport, Outcome, TestsStatus, Workspace, apply_step,
                                     grading_report, grading_sandbox, note_environment_error, patch_files)
 from m3_agent.evals.tasks import Task, cache_dir
 from m3_agent.sandbox import Sandbox, SandboxConfig
+
+if TYPE_CHECKING:
+    from m3_agent.sandbox.env.testbed import TestbedRecipe
 
 TESTBED = "/testbed"
 ENV_BIN = "/opt/miniconda3/envs/testbed/bin"
@@ -35,6 +42,7 @@ EVAL_SCRIPT = f"{EVAL_DIR}/eval.sh"
 HEREDOC = "EOF_M3_AGENT_TEST_PATCH"
 NON_TEST_SUFFIXES = (".json", ".png", ".csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 ENV_PATH = f"{ENV_BIN}:/opt/miniconda3/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+OFFLINE_NAMESPACE = "m3-agent-offline"  # offline images: named as the harness names them, in a namespace of their own
 _OFFICIAL_NAME = re.compile(r"(?:.+/)?sweb\.eval\.[^./]+\.[^/:]+(?::[^/]+)?")
 
 
@@ -98,7 +106,38 @@ def ensure_image(name: str) -> str:
         client.close()
     raise SandboxUnavailable(f"instance image {name} is not here and could not be pulled: `docker pull {name}` "
                              "where a registry answers, or build it here with `m3-agent eval images --tasks FILE` "
-                             "and pass --image-namespace m3-agent-offline (docs/evals.md, 'offline images')")
+                             f"and pass --image-namespace {OFFLINE_NAMESPACE} (docs/evals.md, 'offline images')")
+
+
+def offline_image(task: Task, *, namespace: str | None = OFFLINE_NAMESPACE, tag: str = "latest",
+                  progress=None) -> str:
+    """Build (or reuse) the task's offline instance image from its `testbed` recipe, named as the harness
+    names it (`sandbox.env.testbed` builds it); returns the name."""
+    from m3_agent.sandbox.env.testbed import build_testbed_image
+
+    recipe = testbed_recipe(task)
+    name = instance_image_name(task.instance_id, namespace=namespace, tag=tag)
+    return build_testbed_image(name, task.instance_id, task.base_commit, recipe, sdists=testbed_sdists(),
+                               progress=progress)
+
+
+def testbed_recipe(task: Task) -> TestbedRecipe:
+    """The task's offline recipe (its extension `testbed`); a one-line error when it has none."""
+    from m3_agent.sandbox.env.testbed import TestbedRecipe
+
+    raw = (task.model_extra or {}).get("testbed")
+    if raw is None:
+        raise UsageError(f"{task.instance_id}: no `testbed` recipe: an offline image cannot be built for it")
+    try:  # datasets on the hub hold nested records as JSON strings
+        return TestbedRecipe.model_validate_json(raw) if isinstance(raw, str) else TestbedRecipe.model_validate(raw)
+    except ValueError as e:
+        where, why = first_validation_error(e) if isinstance(e, ValidationError) else ("", str(e))
+        raise UsageError(f"{task.instance_id}: bad `testbed` recipe{f' ({where})' if where else ''}: {why}") from None
+
+
+def testbed_sdists() -> Path:
+    """Where the offline images' release sdists are kept, in the evals cache."""
+    return cache_dir() / "testbed" / "sdists"
 
 
 def sandbox_for(base: SandboxConfig, image: str) -> SandboxConfig:

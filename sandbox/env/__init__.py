@@ -13,7 +13,9 @@
     build.py      the build container, the image committed once per dependency state, and `image_for`: the
                   builder a task's image comes from (its recipe, else what its repository declares)
     recipe.py     a task's environment recipe (Debian packages, root commands) as a `docker build`
+    testbed.py    an offline SWE-bench instance image (/testbed from a release sdist, a `testbed` venv, conda's
+                  activate as a shim), built in the same build container
     catalogue.py  the one label scheme every builder's image carries, read to list and prune them
 
-`fix`, `eval run` / `grade` and the SWE-bench testbed (`evals/testbed.py`) all build through this package.
+`fix`, `eval run` / `grade` and `eval images` (the SWE-bench testbed) all build through this package.
 """

@@ -1,6 +1,6 @@
 """The environment images on this engine, whichever builder made them: one label scheme, read to list and prune.
 
-The builders (`build.py`: a repository's, `recipe.py`: a task's recipe, `evals/testbed.py`: an offline
+The builders (`build.py`: a repository's, `recipe.py`: a task's recipe, `testbed.py`: an offline
 SWE-bench testbed) label what they make with `env_labels`; `env show --all`, `env prune` and
 `sandbox prune --images` read the labels back here.
 """

@@ -25,7 +25,6 @@ from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import build_report
 from m3_agent.evals.runner import RunOptions, run_eval
 from m3_agent.evals.tasks import Task, load_tasks
-from m3_agent.evals.testbed import NAMESPACE, build_testbed_image, recipe_of
 from m3_agent.sandbox import Sandbox, SandboxConfig
 
 TASKS = Path(__file__).parent / "data" / "swebench" / "tasks.jsonl"
@@ -194,10 +193,11 @@ def test_a_dataset_folder_in_the_hubs_layout_loads_by_split(tmp_path, monkeypatc
     tasks = load_tasks(str(folder), split="test")
     assert [t.instance_id for t in tasks] == [r["instance_id"] for r in rows]
     assert tasks[0].FAIL_TO_PASS == json.loads(rows[0]["FAIL_TO_PASS"])
-    assert recipe_of(tasks[0]).sdist == json.loads(rows[0]["testbed"])["sdist"]  # nested records as JSON strings
+    # nested records as JSON strings
+    assert harness.testbed_recipe(tasks[0]).sdist == json.loads(rows[0]["testbed"])["sdist"]
     bad = tasks[0].model_copy(update={"testbed": '{"sdist": "x"}'})
     with pytest.raises(UsageError, match=r"bad `testbed` recipe \(upstream\): Field required"):
-        recipe_of(bad)
+        harness.testbed_recipe(bad)
     assert [t.instance_id for t in load_tasks(str(folder), split="dev")] == [rows[0]["instance_id"]]
     assert len(load_tasks(str(folder / "data" / "test-00000-of-00001.parquet"))) == 2
     with pytest.raises(UsageError, match=r"cannot load .*split 'nope'"):
@@ -227,7 +227,7 @@ def test_a_missing_instance_image_says_what_to_pull(docker_ready):
 def offline(sandbox_image):
     """The offline instance images of the tasks (built once per recipe) and the tasks."""
     tasks = load_tasks(TASKS)
-    return {t.instance_id: (t, build_testbed_image(t, namespace=NAMESPACE)) for t in tasks}
+    return {t.instance_id: (t, harness.offline_image(t)) for t in tasks}
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +236,7 @@ def graded(offline, tmp_path_factory):
     tasks = [t for t, _ in offline.values()]
     out = {}
     for kind in ("gold", "empty"):
-        config = EvalConfig(output_dir=tmp_path_factory.mktemp(kind), image_namespace=NAMESPACE)
+        config = EvalConfig(output_dir=tmp_path_factory.mktemp(kind), image_namespace=harness.OFFLINE_NAMESPACE)
         results = run_eval(tasks, load_predictions(kind, tasks), config, RunOptions(workers=2))
         out[kind] = ({r.instance_id: r for r in results}, config.output_dir)
     return out
@@ -312,8 +312,8 @@ def test_eval_run_resolves_the_tasks_with_the_standin_replaying_the_gold_patch(o
     tasks = [t for t, _ in offline.values()]
     out = tmp_path / "run"
     with StandinServer(patch_standin_script(tasks)) as srv:
-        r = m3("eval", "run", "--tasks", str(TASKS), "--image-namespace", NAMESPACE, "--base-url", srv.base_url,
-               "--workers", "2", "--output", str(out), "--json", "-q", cwd=tmp_path)
+        r = m3("eval", "run", "--tasks", str(TASKS), "--image-namespace", harness.OFFLINE_NAMESPACE,
+               "--base-url", srv.base_url, "--workers", "2", "--output", str(out), "--json", "-q", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert srv.requests
     summary = json.loads(r.stdout.strip().splitlines()[-1])

@@ -12,14 +12,15 @@ import uuid
 import docker
 import pytest
 
+from m3_agent.evals.harness import testbed_sdists
 from m3_agent.evals.tasks import Task
-from m3_agent.evals.testbed import make_testbed_tree
 from m3_agent.sandbox import build_env_image
 from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
 from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
+from m3_agent.sandbox.env.testbed import make_testbed_tree
 from m3_agent.standin.server import StandinServer
 from tests.conftest import make_git_repo
-from tests.evals.test_testbed import RECIPE
+from tests.sandbox.env.test_testbed import RECIPE
 from tests.fix.test_fix_sources import cli_main  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.docker
@@ -109,7 +110,7 @@ def built_by_eval_grade(tmp_path, cli_main, source: str, base: str) -> None:
 
 def built_by_eval_images(tmp_path, cli_main, instance_id: str) -> str:
     """`m3-agent eval images` of a task with a testbed recipe; returns the image's name."""
-    commit = make_testbed_tree(instance_id, RECIPE, tmp_path / "testbed-tree")
+    commit = make_testbed_tree(instance_id, RECIPE, tmp_path / "testbed-tree", sdists=testbed_sdists())
     task = Task(instance_id=instance_id, repo="pytest-dev/pluggy", base_commit=commit, testbed=RECIPE.model_dump())
     (tmp_path / "testbed.jsonl").write_text(task.model_dump_json(exclude_none=True) + "\n")
     code, out, err = cli_main("eval", "images", "--tasks", str(tmp_path / "testbed.jsonl"))

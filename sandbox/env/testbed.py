@@ -1,23 +1,27 @@
 """Offline SWE-bench-layout instance images, for machines that cannot pull the official ones.
 
-    image = build_testbed_image(task, namespace="m3-agent-offline")   # tagged as the harness names it
+    commit = make_testbed_tree(instance_id, recipe, tree, sdists=cache)        # /testbed's tree, reproducibly
+    image = build_testbed_image(name, instance_id, commit, recipe, sdists=cache)  # built once per recipe
+
+The caller names the image and keeps the sdists: `eval images` (`evals/harness.py`: `offline_image`) names
+it as the SWE-bench harness names the instance's image and reads the recipe from the task.
 
 What such an image holds, as the official ones do:
-  - `/testbed`: the repository at `task.base_commit`. Here that tree is a release sdist from the
+  - `/testbed`: the repository at the instance's base commit. Here that tree is a release sdist from the
     package index (release sdists carry the tests), plus any files the recipe restores from the
     upstream tag (e.g. sympy's `bin/test`), committed with a fixed identity and date, so the commit
-    id is reproducible and must equal the task's `base_commit`;
+    id is reproducible and must equal the base commit asked for;
   - a `testbed` environment with the repository's dependencies, installed at build time from wheels
     downloaded on the host (the build itself has no network), and the repository on its path;
   - `/opt/miniconda3/bin/activate`: a small shim, not conda, so the official eval script's
     `source /opt/miniconda3/bin/activate && conda activate testbed` works unchanged.
 
-The image is built by the same machinery as a repository's environment (`sandbox.env.build`'s
-BuildContainer, `sandbox.env.wheels.download`): a container from the offline sandbox base (debootstrap,
-see sandbox/image.py) installs the wheels with pip, so the environment has its console scripts and
-`pytest -rA` after `conda activate testbed` is the environment's pytest; nothing is committed unless
-every step passed. It is tagged with the name the official harness gives the instance's image; a
-label carries the hash of its recipe, so an unchanged recipe is never rebuilt and a changed one is.
+The image is built by the same machinery as a repository's environment (`build.py`'s BuildContainer,
+`wheels.download`): a container from the offline sandbox base (debootstrap, see sandbox/image.py)
+installs the wheels with pip, so the environment has its console scripts and `pytest -rA` after
+`conda activate testbed` is the environment's pytest; nothing is committed unless every step passed.
+It carries the catalogue's labels (builder `testbed`, source the instance id), and a label with the hash
+of its recipe, so an unchanged recipe is never rebuilt and a changed one is.
 """
 
 from __future__ import annotations
@@ -29,12 +33,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from m3_agent import hostgit
-from m3_agent.errors import EnvironmentBuildError, SandboxUnavailable, UsageError, first_validation_error
-from m3_agent.evals.harness import instance_image_name
-from m3_agent.evals.tasks import Task, cache_dir
+from m3_agent.errors import EnvironmentBuildError, SandboxUnavailable, UsageError
 from m3_agent.sandbox.engine import docker_client, image_exists
 from m3_agent.sandbox.env.build import BUILDER, STAGE, BuildContainer, create_venv, pip_install
 from m3_agent.sandbox.env.catalogue import BUILDER_LABEL, env_labels
@@ -43,7 +45,6 @@ from m3_agent.sandbox.env.wheels import download, fetch_sdist
 from m3_agent.sandbox.image import BASE_IMAGE, IMAGE_LABEL, RECIPE_LABEL, SYSTEM_PATH, build_image
 
 ENV_PREFIX = "/opt/miniconda3/envs/testbed"
-NAMESPACE = "m3-agent-offline"  # offline images are named as the harness names them, in a namespace of their own
 
 ACTIVATE_SHIM = """\
 # m3-agent offline testbed: a shim for conda's activate script (there is no conda in this image).
@@ -60,6 +61,7 @@ conda() {
 }
 """
 
+
 class TestbedRecipe(BaseModel):
     """How to make an instance's /testbed and environment offline (task extension `testbed`)."""
 
@@ -75,31 +77,16 @@ class TestbedRecipe(BaseModel):
     path_entry: str = Field("/testbed", description="the directory put on the environment's sys.path")
 
 
-def recipe_of(task: Task) -> TestbedRecipe:
-    """The task's offline recipe; a one-line error when it has none."""
-    raw = (task.model_extra or {}).get("testbed")
-    if raw is None:
-        raise UsageError(f"{task.instance_id}: no `testbed` recipe: an offline image cannot be built for it")
-    try:  # datasets on the hub hold nested records as JSON strings
-        return TestbedRecipe.model_validate_json(raw) if isinstance(raw, str) else TestbedRecipe.model_validate(raw)
-    except ValueError as e:
-        where, why = first_validation_error(e) if isinstance(e, ValidationError) else ("", str(e))
-        raise UsageError(f"{task.instance_id}: bad `testbed` recipe{f' ({where})' if where else ''}: {why}") from None
-
-
-def build_testbed_image(task: Task, *, namespace: str | None = NAMESPACE, tag: str = "latest",
+def build_testbed_image(name: str, instance_id: str, base_commit: str, recipe: TestbedRecipe, *, sdists: Path,
                         progress=None) -> str:
-    """Build (or reuse) the offline instance image of `task`; returns its name (the harness's naming)."""
-    recipe = recipe_of(task)
-    name = instance_image_name(task.instance_id, namespace=namespace, tag=tag)
-    # The cache key of the image: what goes into it and the steps that put it there.
-    text = json.dumps([recipe.model_dump(), task.base_commit, ACTIVATE_SHIM, BUILDER, ENV_PREFIX], sort_keys=True)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    """Build (or reuse) the offline image `name` of an instance at `base_commit`; returns `name`. Release
+    sdists are kept under `sdists` (a pinned release never changes)."""
+    key = testbed_key(recipe, base_commit)
     client = docker_client()
     try:
         if image_exists(client, name):
             labels = client.images.get(name).labels or {}
-            if labels.get(RECIPE_LABEL) == digest:
+            if labels.get(RECIPE_LABEL) == key:
                 return name
             if labels.get(BUILDER_LABEL) != "testbed" and labels.get(IMAGE_LABEL) != "testbed":
                 raise SandboxUnavailable(f"{name} exists and was not built by m3-agent (a pulled official image?): "
@@ -107,19 +94,24 @@ def build_testbed_image(task: Task, *, namespace: str | None = NAMESPACE, tag: s
         build_image()  # the sandbox image, and with it the offline base
         with tempfile.TemporaryDirectory(prefix="m3-testbed-") as tmp:
             tree = Path(tmp) / "testbed"
-            commit = make_testbed_tree(task.instance_id, recipe, tree)
-            if commit != task.base_commit:
-                raise UsageError(f"{task.instance_id}: the sdist of {recipe.sdist} commits as {commit}, not the "
-                                 f"task's base_commit {task.base_commit}: the recipe or the release changed")
+            commit = make_testbed_tree(instance_id, recipe, tree, sdists=sdists)
+            if commit != base_commit:
+                raise UsageError(f"{instance_id}: the sdist of {recipe.sdist} commits as {commit}, not the "
+                                 f"task's base_commit {base_commit}: the recipe or the release changed")
             with BuildContainer(client, BASE_IMAGE, progress or (lambda _: None)) as box:
                 _install(box, recipe, tree, Path(tmp) / "stage")
-                labels = {**env_labels("testbed", client.images.get(BASE_IMAGE).id, task.instance_id),
-                          RECIPE_LABEL: digest}
+                labels = {**env_labels("testbed", client.images.get(BASE_IMAGE).id, instance_id), RECIPE_LABEL: key}
                 box.commit(name, labels, User="0:0", WorkingDir="/testbed",
                            Env=[f"PATH={SYSTEM_PATH}", "LANG=C.UTF-8"])
         return name
     finally:
         client.close()
+
+
+def testbed_key(recipe: TestbedRecipe, base_commit: str) -> str:
+    """The image's cache key (its RECIPE_LABEL): what goes into it and the steps that put it there."""
+    text = json.dumps([recipe.model_dump(), base_commit, ACTIVATE_SHIM, BUILDER, ENV_PREFIX], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _install(box: BuildContainer, recipe: TestbedRecipe, tree: Path, stage: Path) -> None:
@@ -142,9 +134,10 @@ def _install(box: BuildContainer, recipe: TestbedRecipe, tree: Path, stage: Path
         box.run(step, command, {})
 
 
-def make_testbed_tree(instance_id: str, recipe: TestbedRecipe, dest: Path) -> str:
-    """The sdist unpacked into `dest` plus the restored files, committed reproducibly; returns the commit id."""
-    _unpack_sdist(_download_sdist(recipe.sdist), dest)
+def make_testbed_tree(instance_id: str, recipe: TestbedRecipe, dest: Path, *, sdists: Path) -> str:
+    """The sdist (kept under `sdists`) unpacked into `dest` plus the restored files, committed reproducibly;
+    returns the commit id."""
+    _unpack_sdist(_download_sdist(recipe.sdist, sdists), dest)
     for rel, text in recipe.restore_files.items():
         path = dest / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,10 +147,10 @@ def make_testbed_tree(instance_id: str, recipe: TestbedRecipe, dest: Path) -> st
     return hostgit.commit_all(dest, f"{instance_id}: {recipe.sdist} ({recipe.upstream})")
 
 
-def _download_sdist(requirement: str) -> Path:
-    """The release sdist from the package index, kept in the cache (a pinned release never changes). Fetched
+def _download_sdist(requirement: str, sdists: Path) -> Path:
+    """The release sdist from the package index, kept under `sdists` (a pinned release never changes). Fetched
     as a file: nothing of it runs on the host (its build backend runs in the build container, if at all)."""
-    where = cache_dir() / "testbed" / "sdists" / requirement.replace("=", "_")
+    where = sdists / requirement.replace("=", "_")
     found = sorted(where.glob("*.tar.gz")) if where.is_dir() else []
     if not found:
         try:
