@@ -40,7 +40,7 @@ class Step(BaseModel):
     command: str
 
 
-def ray_tensor_parallel(profile: Profile, nodes: int, *, gpus_per_node: int | None = None, head: str = "<HEAD_IP>",
+def ray_tensor_parallel(profile: Profile, nodes: int, *, head: str = "<HEAD_IP>",
                         overrides: Overrides | None = None) -> list[Step]:
     """One model replica split by tensor parallelism over `nodes` nodes, coordinated by Ray."""
     if profile.engine != "vllm":
@@ -49,8 +49,7 @@ def ray_tensor_parallel(profile: Profile, nodes: int, *, gpus_per_node: int | No
         raise UsageError(f"{profile.name} is data parallel: scale it with --replicas, not --nodes")
     if nodes < 2:
         raise UsageError("--nodes needs at least 2 nodes")
-    per_node = gpus_per_node or profile.gpus
-    o = keyed(overrides).model_copy(update={"tensor_parallel_size": per_node * nodes})
+    o = keyed(overrides).model_copy(update={"tensor_parallel_size": profile.gpus * nodes})
     cmd = build_command(profile, "native", o)
     argv = list(cmd.argv)
     set_flag(argv, "--distributed-executor-backend", "ray")
@@ -66,15 +65,11 @@ def ray_tensor_parallel(profile: Profile, nodes: int, *, gpus_per_node: int | No
     return steps
 
 
-def replicas_behind_router(
-    profile: Profile, replicas: int, *, hosts: list[str] | None = None, overrides: Overrides | None = None
-) -> list[Step]:
+def replicas_behind_router(profile: Profile, replicas: int, *, overrides: Overrides | None = None) -> list[Step]:
     """`replicas` independent single-node servers and one router spreading requests over them."""
     if replicas < 2:
         raise UsageError("--replicas needs at least 2 replicas")
-    hosts = hosts or [f"<NODE_{i}_IP>" for i in range(1, replicas + 1)]
-    if len(hosts) != replicas:
-        raise UsageError(f"--hosts names {len(hosts)} hosts for {replicas} replicas")
+    hosts = [f"<NODE_{i}_IP>" for i in range(1, replicas + 1)]
     o = keyed(overrides, replica_host(overrides))
     cmd = build_command(profile, "native", o)
     steps = [Step(where=f"node {h}", command=cmd.shell()) for h in hosts]
@@ -85,10 +80,9 @@ def replicas_behind_router(
     return [*steps, Step(where="router host (pip install sglang-router)", command=router)]
 
 
-def eval_pool_step(profile: Profile, replicas: int, *, hosts: list[str] | None = None,
-                   overrides: Overrides | None = None) -> Step:
+def eval_pool_step(profile: Profile, replicas: int, *, overrides: Overrides | None = None) -> Step:
     """The `eval run` that uses the same replicas as an endpoint pool (sticky per instance, no router needed)."""
-    hosts = hosts or [f"<NODE_{i}_IP>" for i in range(1, replicas + 1)]
+    hosts = [f"<NODE_{i}_IP>" for i in range(1, replicas + 1)]
     o = keyed(overrides, ALL_INTERFACES)
     port = build_command(profile, "native", o).port
     urls = " ".join(f"--base-url http://{h}:{port}/v1" for h in hosts)
