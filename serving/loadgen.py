@@ -66,17 +66,6 @@ class BenchResult(BaseModel):
     first_error: str = ""
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile with linear interpolation between ranks (numpy's default)."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def _words(rng: random.Random, n: int) -> str:
     return " ".join("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(n))
 
@@ -200,9 +189,11 @@ def summarize(samples: list[_Sample], duration: float, tool: str) -> BenchResult
     d = max(duration, 1e-9)
     stats: dict[str, float] = {}
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
-        stats[f"mean_{name}_ms"] = statistics.fmean(xs) if xs else 0.0
-        stats[f"median_{name}_ms"] = statistics.median(xs) if xs else 0.0
-        stats[f"p99_{name}_ms"] = percentile(xs, 99)
+        xs = xs or [0.0]
+        stats[f"mean_{name}_ms"] = statistics.fmean(xs)
+        stats[f"median_{name}_ms"] = statistics.median(xs)
+        # numpy's default percentile, linear between ranks; `quantiles` wants two points
+        stats[f"p99_{name}_ms"] = statistics.quantiles(xs, n=100, method="inclusive")[98] if xs[1:] else xs[0]
     return BenchResult(
         tool=tool,
         completed=len(ok),

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from m3_agent.serving.bench import SEED_B200, from_vllm_result, run_bench, vllm_bench_argv
 from m3_agent.serving.cli import app
-from m3_agent.serving.loadgen import LoadConfig, _Sample, percentile, run_load, summarize
+from m3_agent.serving.loadgen import LoadConfig, _Sample, run_load, summarize
 from m3_agent.standin.server import StandinServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -81,7 +81,8 @@ def test_metrics_follow_vllm_bench_definitions():
     assert r.mean_tpot_ms == pytest.approx(100)  # (1.1 - 0.1) / (11 - 1); b has one token: no TPOT
     assert r.mean_itl_ms == pytest.approx(250)
     assert r.output_throughput == pytest.approx(6) and r.total_token_throughput == pytest.approx(16)
-    assert percentile([1, 2, 3, 4], 99) == pytest.approx(3.97)
+    assert r.p99_itl_ms == pytest.approx(299) and r.p99_tpot_ms == pytest.approx(100)  # numpy's p99 of 2 and 1 values
+    assert summarize([b], duration=1.0, tool="t").p99_tpot_ms == 0.0
 
 
 FAKE_VLLM_BENCH = """#!{python}
