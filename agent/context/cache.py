@@ -127,12 +127,8 @@ class PackCache:
         except (sqlite3.Error, ValueError, EOFError, TypeError):
             return None
 
-    def put_scores(self, key: str, value) -> None:
-        """Store relevance scores (lists, ints and floats) under `key`."""
-        self._write("INSERT OR REPLACE INTO scores VALUES (?, ?)", [(key, marshal.dumps(value))])
-
-    def put_many_scores(self, items: dict[str, object]) -> None:
-        """Store several values at once, in one transaction: a reader sees all of them or none."""
+    def put_scores(self, items: dict[str, object]) -> None:
+        """Store values (lists, ints and floats) under their keys, in one transaction: all of them or none."""
         self._write("INSERT OR REPLACE INTO scores VALUES (?, ?)", [(k, marshal.dumps(v)) for k, v in items.items()])
 
     def get_counts(self, counter_id: str, blobs: list[str]) -> dict[str, int]:

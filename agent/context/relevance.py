@@ -359,7 +359,7 @@ def content(issue: _Issue, weight: float) -> Scores:
     if found is None:
         found = _bm25_scores(issue, scored)
         if key:
-            issue.cache.put_scores(key, found)
+            issue.cache.put_scores({key: found})
     best, shares = found  # positions in `scored`, which the key fixes: the entries around them may differ
     issue.content_best = [scored[j] for j in best]
     for j, share in shares:

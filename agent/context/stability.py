@@ -87,7 +87,7 @@ class StableOrder:
             ordered = sorted(paths, key=lambda p: (changes[p], sort_key(p)))
             known = {p: i for i, p in enumerate(ordered)}
             if self.store is not None and ordered:
-                self.store.put_scores(order_key(self.history), ordered)
+                self.store.put_scores({order_key(self.history): ordered})
         last = len(known)
         return lambda path: (known.get(path, last), sort_key(path))
 

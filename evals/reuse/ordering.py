@@ -131,7 +131,7 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
         for commit in commits[start:end]:
             records[_key(history, batch, commit)] = (key, commits[middle], commits[root])
     records.update(_shared_records(history, batch, commits, files))
-    store.put_many_scores(records)
+    store.put_scores(records)
     return Ordered(batch, len(runs))
 
 
