@@ -8,7 +8,7 @@
     tapplugins.py  tap 18+'s plugins its tap config names and its lock lacks: fetched and built into tap
     wheels.py     the wheels for the image's Python, downloaded on the host (sdists are built in the container)
     toolchain.py  a project that compiles: its toolchain image and its in-place build
-    debian.py     the package names of the image's Debian release (its own lists, fetched by the host's apt)
+    debian.py     what the image's Debian release has: its own apt lists, fetched by the host's apt
     proof.py      the build's own check: the project imports, its tests collect
     build.py      the build container, the image committed once per dependency state, and `image_for`: the
                   builder a task's image comes from (its recipe, else what its repository declares)

@@ -1,12 +1,13 @@
 """The package lists of a Debian release, as the host's apt reads them: what an image of that release can install.
 
     names = package_names("trixie")   # every package name of trixie's main archive; None when the host cannot tell
+    apt_cache("trixie", "madison", "nodejs")   # apt-cache on trixie's lists alone
 
 The host's own release is read from the host's lists, with no network. Another release's lists (the trixie
 image on a bookworm host) are fetched by the host's apt into the cache: `apt-get update` with a sources list
 of that release alone, its signature checked against the host's keys, from `M3_AGENT_DEBIAN_MIRROR` (as
-debootstrap's offline build uses it) or else the Debian archive the host's apt reads. Once per process; a
-fetch that fails leaves the lists of the last one that worked.
+debootstrap's offline build uses it) or else the Debian archive the host's apt reads; a fetch that fails
+leaves the lists of the last one that worked.
 """
 
 from __future__ import annotations
@@ -23,15 +24,21 @@ MIRROR_ENV = "M3_AGENT_DEBIAN_MIRROR"
 @cache
 def package_names(suite: str) -> frozenset[str] | None:
     """Every package name of Debian `suite`, or None when this host has no apt or no lists of that release."""
+    out = apt_cache(suite, "pkgnames")
+    return (frozenset(out.split()) or None) if out else None
+
+
+def apt_cache(suite: str, *args: str) -> str | None:
+    """What `apt-cache ARGS` prints reading Debian `suite`'s lists alone (another release's fetched first), or
+    None when this host has no apt or no lists of that release."""
     exe = shutil.which("apt-cache")
     options = [] if suite == host_suite() else _lists_of(suite)
     if exe is None or options is None:
         return None
     try:
-        out = subprocess.run([exe, *options, "pkgnames"], capture_output=True, text=True, timeout=60).stdout
+        return subprocess.run([exe, *options, *args], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return frozenset(out.split()) or None
 
 
 def host_suite() -> str | None:

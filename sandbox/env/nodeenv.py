@@ -46,6 +46,7 @@ from pathlib import Path
 from m3_agent import hostgit
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox.env import tapplugins
+from m3_agent.sandbox.env.debian import apt_cache
 from m3_agent.sandbox.env.nodeversion import LTS_RANGE, VERSION_FILES, manifest, node_choice
 from m3_agent.sandbox.env.testneeds import FolderFiles
 from m3_agent.redact import redact
@@ -230,7 +231,7 @@ def choose_node(plan: NodePlan, *, machine: str, suite: str | None, say) -> Node
         say(f"the npm registry's {package} {unread or f'has no release in {plan.node_range!r}'}: "
             f"using Debian {suite}'s nodejs {debian}")
         return NodeRelease(debian, debian=suite)
-    theirs = f"Debian {suite}'s nodejs {debian}" if debian else f"Debian {suite}'s nodejs (not in this host's apt lists)"
+    theirs = f"Debian {suite}'s nodejs {debian}" if debian else f"Debian {suite}'s nodejs (not in its apt lists)"
     raise EnvironmentBuildError(f"no Node release satisfies {plan.node_range!r} ({plan.node_source}): {registry}, "
                                 f"nor does {theirs}: fix the range", step="resolve the Node version")
 
@@ -255,16 +256,10 @@ def satisfies(version: str, node_range: str) -> bool:
 
 
 def debian_node(suite: str) -> str | None:
-    """The upstream version of Debian `suite`'s nodejs (`18.20.4` of `18.20.4+dfsg-1~deb12u2`), from this host's
-    apt lists: the suite's own archive, which an offline image build (debootstrap) installs from; None when the
-    host has no apt or its lists do not have that suite's nodejs."""
-    exe = shutil.which("apt-cache")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, "madison", DEBIAN_NODE], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    """The upstream version of Debian `suite`'s nodejs (`18.20.4` of `18.20.4+dfsg-1~deb12u2`), from that release's
+    own apt lists (`debian.py`: the archive an offline image build, debootstrap, installs from); None when the host
+    has no apt or those lists have no nodejs."""
+    out = apt_cache(suite, "madison", DEBIAN_NODE) or ""
     found = []
     for line in out.splitlines():  # "nodejs | 18.20.4+dfsg-1~deb12u2 | http://... bookworm/main amd64 Packages"
         parts = [p.strip() for p in line.split("|")]

