@@ -297,11 +297,6 @@ class Sandbox:
             if self._channel is not None:
                 self._channel.close()
 
-    @property
-    def alive(self) -> bool:
-        """False once the container has died or been closed."""
-        return self.id is not None and not self._closed and self._dead is None
-
     # commands and files
 
     def exec(self, cmd: str, timeout: float | None = None, cwd: str | None = None,
@@ -361,13 +356,6 @@ class Sandbox:
         return r.stdout
 
     # recovery
-
-    def ping(self) -> bool:
-        """True when the server answers; False once the container is dead or closed."""
-        try:
-            return bool(self._request({"op": "ping"}, answer_timeout=10)[0].get("ok"))
-        except SandboxUnavailable:
-            return False
 
     def restore(self, patch: str) -> None:
         """Make /workspace the base commit plus `patch` (a `diff()`), as in a sandbox that died.

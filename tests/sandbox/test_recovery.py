@@ -43,12 +43,14 @@ def test_a_dead_container_raises_sandbox_died_and_recreate_restores_the_workspac
         with pytest.raises(SandboxDied, match="is dead") as died:
             sb.exec("echo hi")
         assert isinstance(died.value, SandboxUnavailable) and died.value.exit_code == 4
-        assert not sb.alive and not sb.ping() and "is dead" in sb.death
+        with pytest.raises(SandboxDied):  # and stays dead
+            sb.read_file("a.txt")
+        assert "is dead" in sb.death
         fresh = sb.recreate(patch)
     finally:
         sb.close()
     with fresh:
-        assert fresh.id != old_id and fresh.alive and fresh.ping()
+        assert fresh.id != old_id
         assert fresh.diff() == patch
         r = fresh.exec("cat a.txt new/b.py untracked.txt; od -c new/blob | head -1; test -e gone.txt || echo no-gone")
         assert r.stdout.splitlines()[:4] == ["one", "uncommitted on the host", "changed", "fresh"]
@@ -72,7 +74,7 @@ def test_a_patch_that_does_not_apply_is_a_git_error(no_leftovers, git_repo):
         bad = "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-not there\n+x\n"
         with pytest.raises(GitError, match="cannot restore the workspace"):
             sb.restore(bad)
-        assert sb.ping()
+        assert sb.exec("true").exit_code == 0
 
 
 def test_recreate_without_a_repository_and_restore_is_copy_mode_only(no_leftovers, git_repo):
@@ -80,7 +82,8 @@ def test_recreate_without_a_repository_and_restore_is_copy_mode_only(no_leftover
     sb.write_file("notes.md", "kept\n")
     patch = sb.diff()
     with sb.recreate(patch) as fresh:
-        assert not sb.alive  # the old one is closed by recreate
+        with pytest.raises(SandboxUnavailable, match="closed"):  # the old one is closed by recreate
+            sb.exec("true")
         assert fresh.read_file("notes.md") == b"kept\n"
     repo = git_repo({"a.txt": "one\n"})
     repo.chmod(0o777)  # the sandbox user writes the bind-mounted directory whoever owns it
