@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 from m3_agent.evals.predictions import load_predictions  # noqa: E402
 from m3_agent.evals.config import EvalConfig  # noqa: E402
 from m3_agent.evals.runner import RunOptions, run_eval  # noqa: E402
-from m3_agent.evals.tasks import cache_dir, checkout, load_tasks  # noqa: E402
+from m3_agent.agent.context.cache import cache_dir  # noqa: E402
+from m3_agent.evals.tasks import checkout, load_tasks  # noqa: E402
 from m3_agent.sandbox import DEFAULT_IMAGE, build_image  # noqa: E402
 
 PEER_SPEC = "swebench==5.0.2"

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from m3_agent.agent.context.cache import cache_dir
 from m3_agent.errors import SandboxUnavailable, UsageError, first_validation_error
 from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.grading import (EVAL_DIR, InstanceReport, Outcome, TestsStatus, Workspace, apply_step,
                                     grading_report, grading_sandbox, note_environment_error, patch_files)
-from m3_agent.evals.tasks import Task, cache_dir
+from m3_agent.evals.tasks import Task
 from m3_agent.sandbox import Sandbox, SandboxConfig
 
 if TYPE_CHECKING:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,6 +21,7 @@ import git
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from m3_agent import hostgit
+from m3_agent.agent.context.cache import cache_dir
 from m3_agent.errors import UsageError
 from m3_agent.evals.records import validate_record
 
@@ -136,13 +136,6 @@ def builtin_task(name: str) -> Task:
         test_patch=(src / "test.patch").read_text(),
         repo_source=str(repo),
     )
-
-
-def cache_dir() -> Path:
-    """Where evals keep materialised repositories: $M3_AGENT_CACHE_DIR, else the XDG cache."""
-    root = os.environ.get("M3_AGENT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "m3-agent")
-    return Path(root)
 
 
 def _materialise_suite_repo(files: Path) -> tuple[Path, str]:
