@@ -233,6 +233,7 @@ class CommitFiles:
         self._git: git.Git | None = None
         self._tree: git.Tree | None = None
         self._read: dict[str, str | None] = {}  # the rules read some files more than once
+        self._bytes: dict[str, bytes | None] = {}  # and some as bytes: pyproject.toml three times, setup.py twice
 
     def __enter__(self) -> CommitFiles:
         self._repo = repository(self.root)
@@ -267,9 +268,11 @@ class CommitFiles:
         return self._read[rel]
 
     def read_bytes(self, rel: str) -> bytes | None:
-        """The bytes of the regular file `rel`, None when there is none."""
-        blob = self._blob(rel)
-        return blob.data_stream.read() if blob is not None else None
+        """The bytes of the regular file `rel`, None when there is none (each file asked of git once)."""
+        if rel not in self._bytes:
+            blob = self._blob(rel)
+            self._bytes[rel] = blob.data_stream.read() if blob is not None else None
+        return self._bytes[rel]
 
     def names(self, folder: str) -> list[str]:
         """The regular files directly in `folder` ("" is the top), sorted."""

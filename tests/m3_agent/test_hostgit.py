@@ -154,3 +154,18 @@ def test_a_copy_holds_the_bytes_git_stores_whatever_the_users_autocrlf(git_repo,
     dest = hostgit.export_tree(repo, "HEAD", tmp_path / "copy")
     assert (dest / "win.txt").read_bytes() == b"a\nb\n"
     assert sh(dest, "rev-parse", "HEAD:win.txt") == sh(repo, "rev-parse", "HEAD:win.txt")
+
+
+def test_commit_files_asks_git_for_each_file_once_as_text_or_bytes(repo, monkeypatch):
+    """The key's readers read pyproject.toml as text (test needs) and as bytes (the wish, the toolchain): each a
+    round trip to git's cat-file before."""
+    import git
+
+    asked: list[str] = []
+    stream = git.Blob.data_stream.fget
+    monkeypatch.setattr(git.Blob, "data_stream", property(lambda blob: asked.append(blob.path) or stream(blob)))
+    with hostgit.CommitFiles(repo, sh(repo, "rev-parse", "HEAD").strip()) as files:
+        assert files.read("README.md") == "hi\n" and files.read_bytes("README.md") == b"hi\n"
+        assert files.read_bytes("README.md") == b"hi\n" and files.read_bytes("pkg/a.py") == b"X = 1\n"
+        assert files.read_bytes("missing.txt") is None and files.read("missing.txt") is None
+    assert asked == ["README.md", "pkg/a.py"]
