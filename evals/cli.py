@@ -236,19 +236,14 @@ def run_command(
 def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quiet: bool) -> tuple[str, Any, Any]:
     """The settings, the endpoint they name (checked: exit 3 or 8 now, not one error per instance) and the
     agent config with its URL and key."""
-    from m3_agent.agent.access import plain_http_warning, resolve_endpoint
     from m3_agent.serving.endpoint import Served
     from m3_agent.settings import load_settings
 
     settings, _ = load_settings(".", flags, config_file=config_file)
-    resolved = resolve_endpoint(settings.model.base_url, key=settings.model_key(), serving=Served(
-        settings.serve, None if quiet else lambda msg: typer.echo(msg, err=True)))
-    resolved.check()
-    if settings.model.warn_plain_http and (warning := plain_http_warning(resolved.base_url)):
-        typer.echo(f"m3-agent: warning: {warning}", err=True)  # once for the run, not per instance
-    agent = settings.agent_config(base_url=resolved.base_url, api_key=resolved.key_secret,
-                                  context_window=resolved.window)
-    return resolved.base_url, agent, settings
+    serving = Served(settings.serve, None if quiet else lambda msg: typer.echo(msg, err=True))
+    # the plain-http warning once for the run, not per instance
+    agent = settings.resolved_agent_config(serving, warn=lambda w: typer.echo(f"m3-agent: warning: {w}", err=True))
+    return agent.model.base_url, agent, settings
 
 
 def _kv_admission(tasks: list[Task], endpoint: str, settings, workers: int, repos: Optional[Path],

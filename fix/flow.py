@@ -40,7 +40,6 @@ from m3_agent.fix.result import EXIT_CODES, FixResult, FixStatus
 from m3_agent.hostgit import export_tree, submodules
 from m3_agent.sandbox.cleanup import claim, prune_scratch
 from m3_agent.sandbox.env.build import environment_for
-from m3_agent.agent.access import plain_http_warning, resolve_endpoint
 from m3_agent.serving.endpoint import Served
 from m3_agent.settings import Settings, load_settings
 from m3_agent.tools import Tool
@@ -257,13 +256,8 @@ def _prepare(issue: str | Issue, repo: Path | str, settings: Settings | None, op
         the_issue, client = resolve_issue(issue, root, settings)
     # Before the run: a missing token or remote must not cost a whole run to find out.
     publisher = Publisher.prepare(root, settings.fix, the_issue, client, into=state.branch)
-    serving = Served(settings.serve, notice)
-    endpoint = resolve_endpoint(settings.model.base_url, key=settings.model_key(), serving=serving)
-    endpoint.check()  # a refused key: exit 8 before any work
-    if settings.model.warn_plain_http and (warning := plain_http_warning(endpoint.base_url)):
-        notice(f"warning: {warning}")
-    config = settings.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret,
-                                   context_window=endpoint.window)
+    # checked: a refused key is exit 8 before any work
+    config = settings.resolved_agent_config(Served(settings.serve, notice), warn=lambda w: notice(f"warning: {w}"))
 
     out_dir = settings.fix.output_dir if settings.fix.output_dir.is_absolute() else root / settings.fix.output_dir
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from m3_agent.agent.access import resolve_endpoint
 from m3_agent.agent.config import AgentConfig, ContextConfig, LimitsConfig, ModelConfig, StallConfig, ThinkingConfig
 from m3_agent.errors import (EndpointAuthError, EndpointError, GitError, GitHubRateLimited, GitHubTokenMissing,
                              GitHubTokenScope, Interrupted, M3AgentError, PullRequestExists, PushRejected,
@@ -78,9 +77,7 @@ __all__ = [
 
 def config_from_settings(settings: Settings) -> AgentConfig:
     """The AgentConfig for `settings` (`model.base_url`, or the endpoint `serve` brings up, with its key)."""
-    endpoint = resolve_endpoint(settings.model.base_url, key=settings.model_key(), serving=Served(settings.serve))
-    return settings.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret,
-                                 context_window=endpoint.window)
+    return settings.resolved_agent_config(Served(settings.serve), check=False)
 
 
 def build_agent(

@@ -35,7 +35,7 @@ from m3_agent.agent.config import MOVED_TO_EVAL, AgentConfig
 from m3_agent.agent.model import NO_KEY
 from m3_agent.errors import UsageError, first_validation_error
 from m3_agent.redact import mask
-from m3_agent.agent.access import ApiKey
+from m3_agent.agent.access import ApiKey, Launcher, plain_http_warning, resolve_endpoint
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -162,6 +162,17 @@ class Settings(AgentConfig):
         if api_key is not None:
             values["model"]["api_key"] = api_key
         return AgentConfig.model_validate(values)
+
+    def resolved_agent_config(self, serving: Launcher, *, check: bool = True,
+                              warn: Callable[[str], None] | None = None) -> AgentConfig:
+        """`agent_config` for the endpoint `model.base_url` names or `serving` brings up, with its key and window;
+        `check`: fail now on one that does not answer or refuses the key; `warn`: told of plain http."""
+        endpoint = resolve_endpoint(self.model.base_url, key=self.model_key(), serving=serving)
+        if check:
+            endpoint.check()
+        if warn and self.model.warn_plain_http and (warning := plain_http_warning(endpoint.base_url)):
+            warn(warning)
+        return self.agent_config(base_url=endpoint.base_url, api_key=endpoint.key_secret, context_window=endpoint.window)
 
 
 def setting_paths(model: type[BaseModel] = Settings, prefix: str = "") -> dict[str, FieldInfo]:
