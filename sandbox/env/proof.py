@@ -136,10 +136,13 @@ def shares(paths, n):
         if os.path.isdir(path):
             units += [os.path.join(path, e) for e in sorted(os.listdir(path))  # conftests load in every process
                       if e not in ("__pycache__", "conftest.py", "__init__.py") and not e.startswith(".")]
-    weight = lambda u: 1 + (sum(f.endswith(".py") for _, _, fs in os.walk(u) for f in fs) if os.path.isdir(u) else 0)
-    groups = [[] for _ in range(n)]
-    for unit in sorted(units, key=weight, reverse=True):
-        min(groups, key=lambda g: sum(map(weight, g))).append(unit)
+    weight = {u: 1 + (sum(f.endswith(".py") for _, _, fs in os.walk(u) for f in fs) if os.path.isdir(u) else 0)
+              for u in units}  # each folder walked once
+    groups, loads = [[] for _ in range(n)], [0] * n
+    for unit in sorted(units, key=weight.get, reverse=True):
+        i = loads.index(min(loads))
+        groups[i].append(unit)
+        loads[i] += weight[unit]
     groups = [g for g in groups if g]
     if len(groups) < 2:
         return [list(paths)]
