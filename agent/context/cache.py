@@ -13,6 +13,7 @@ import contextlib
 import marshal
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 from m3_agent.agent.context.selection import Facts
@@ -56,7 +57,7 @@ class PackCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            _wal(self._db)
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error):
@@ -159,6 +160,21 @@ class PackCache:
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
+
+
+def _wal(db: sqlite3.Connection, wait_s: float = 5.0) -> None:
+    """Put `db` in WAL mode. SQLite answers "database is locked" at once, without its busy handler, when
+    another connection is setting up the same new file: two eval workers opening a fresh cache at the same
+    moment disabled one worker's cache one time in eight. Asked again until `wait_s` has passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _facts_rows(items: dict[str, Facts]) -> list[tuple]:

@@ -126,3 +126,27 @@ def test_a_warm_pack_reads_the_facts_of_the_whole_index_in_one_snapshot(repo, pr
     third = pack_repository(root)
     assert lookups == []
     assert "V = 'changed'" in third.text and "NEW = 1" in third.text
+
+
+def test_workers_opening_a_new_cache_at_the_same_moment_all_get_it(tmp_path):
+    """SQLite refuses the switch to WAL at once, without waiting, while another connection sets up the same
+    new file: one eval worker in eight silently ran without the cache (and its batch's stored order)."""
+    import threading
+
+    disabled = 0
+    for n in range(60):
+        barrier, opened = threading.Barrier(3), []
+
+        def open_it(folder=tmp_path / f"fresh-{n}"):
+            barrier.wait()
+            with PackCache(folder) as store:
+                store.put_scores({"k": [1]})
+                opened.append(store.get_scores("k") == [1])
+
+        threads = [threading.Thread(target=open_it) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        disabled += opened.count(False)
+    assert disabled == 0
