@@ -12,7 +12,7 @@ import uuid
 import docker
 import pytest
 
-from m3_agent.evals.harness import testbed_sdists
+from m3_agent.evals import harness
 from m3_agent.evals.tasks import Task
 from m3_agent.sandbox import build_env_image
 from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
@@ -110,7 +110,7 @@ def built_by_eval_grade(tmp_path, cli_main, source: str, base: str) -> None:
 
 def built_by_eval_images(tmp_path, cli_main, instance_id: str) -> str:
     """`m3-agent eval images` of a task with a testbed recipe; returns the image's name."""
-    commit = make_testbed_tree(instance_id, RECIPE, tmp_path / "testbed-tree", sdists=testbed_sdists())
+    commit = make_testbed_tree(instance_id, RECIPE, tmp_path / "testbed-tree", sdists=harness.testbed_sdists())
     task = Task(instance_id=instance_id, repo="pytest-dev/pluggy", base_commit=commit, testbed=RECIPE.model_dump())
     (tmp_path / "testbed.jsonl").write_text(task.model_dump_json(exclude_none=True) + "\n")
     code, out, err = cli_main("eval", "images", "--tasks", str(tmp_path / "testbed.jsonl"))
