@@ -8,7 +8,6 @@ import time
 import uuid
 from pathlib import Path
 
-import docker
 import pytest
 
 from m3_agent.sandbox import Sandbox, SandboxConfig
@@ -16,6 +15,7 @@ from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
 from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from m3_agent.sandbox.image import BUILT, GENERATED
 from tests.conftest import make_git_repo
+from tests.sandbox.env.tree import in_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]  # builds on one host wait for each other
 
@@ -142,12 +142,7 @@ def test_a_commit_with_the_same_dependency_files_and_another_c_source_is_rebuilt
 
 def test_the_build_tree_is_kept_in_the_image(compiled):
     _, env, _ = compiled
-    client = docker.from_env()
-    try:
-        out = client.containers.run(env.tag, ["sh", "-c", f"ls {GENERATED}/cext; cat {GENERATED}.exclude"],
-                                    remove=True, network_mode="none").decode()
-    finally:
-        client.close()
+    out = in_image(env.tag, f"ls {GENERATED}/cext; cat {GENERATED}.exclude")
     assert "_speed.cpython-311-x86_64-linux-gnu.so" in out and "/cext/_speed.cpython-311-x86_64-linux-gnu.so" in out
 
 
@@ -155,12 +150,7 @@ def test_the_extensions_build_with_every_core_of_the_build_container(compiled):
     """The in-place build ran with make's -j2 only, which setuptools' build_ext never reads: one extension at a
     time (`parallel` None); scikit-image, pillow and sqlalchemy build many."""
     _, env, _ = compiled
-    client = docker.from_env()
-    try:
-        out = client.containers.run(env.tag, ["sh", "-c", f"cat {GENERATED}/build-jobs.txt; echo; nproc"],
-                                    remove=True, network_mode="none").decode()
-    finally:
-        client.close()
+    out = in_image(env.tag, f"cat {GENERATED}/build-jobs.txt; echo; nproc")
     jobs, cores = out.split()
     assert jobs == cores, out
 

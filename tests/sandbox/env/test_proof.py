@@ -6,13 +6,13 @@ from __future__ import annotations
 import subprocess
 import uuid
 
-import docker
 import pytest
 
 from m3_agent.errors import EnvironmentBuildError
 from m3_agent.sandbox.env.build import BuildRequest, ensure_environment
 from m3_agent.sandbox.env.catalogue import list_environments, prune_environments
 from tests.conftest import make_git_repo
+from tests.sandbox.env.tree import in_image
 from tests.fix.test_fix_environment import env_builds
 from tests.fix.test_fix_sources import assert_one_line_error, cli_main  # noqa: F401 - a fixture
 
@@ -68,12 +68,7 @@ def test_the_tests_collect_in_one_process_per_core_each_test_once(tmp_path, sour
     env = ensure_environment(BuildRequest(repo=make_git_repo(tmp_path / source, files), source=source),
                              progress=messages.append)
     assert "check: the project imports; 13 tests collect" in messages, messages  # 1 + 3 + 4 + 5, each once
-    client = docker.from_env()
-    try:
-        out = client.containers.run(env.tag, ["sh", "-c", f"cat {pids}; echo; nproc"], remove=True,
-                                    network_mode="none").decode()
-    finally:
-        client.close()
+    out = in_image(env.tag, f"cat {pids}; echo; nproc")
     *collectors, cores = out.split()
     assert len(set(collectors)) == len(collectors) == min(int(cores), 4), out  # 4 entries in tests/ to deal out
 
