@@ -27,6 +27,7 @@ import docker
 import docker.errors
 
 from m3_agent.errors import SandboxUnavailable
+from m3_agent.sandbox.env import debian
 from m3_agent.sandbox.engine import docker_client, image_exists
 
 Progress = Callable[[str], None]
@@ -250,9 +251,9 @@ def _debootstrap_base(client: docker.DockerClient, progress: Progress | None, re
         )
     if os.geteuid() != 0:
         raise SandboxUnavailable("the offline image build runs debootstrap, which needs root: run it with sudo")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "m3-agent" / "debootstrap"
+    cache = debian.cache_folder("debootstrap")
     cache.mkdir(parents=True, exist_ok=True)
-    mirror = os.environ.get("M3_AGENT_DEBIAN_MIRROR")  # optional local mirror; debootstrap's default otherwise
+    mirror = os.environ.get(debian.MIRROR_ENV)  # optional local mirror; debootstrap's default otherwise
     with tempfile.TemporaryDirectory(prefix="m3-agent-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         cmd = [exe, "--variant=minbase", f"--include={','.join(recipe.packages)}", f"--cache-dir={cache}", recipe.suite,

@@ -51,10 +51,14 @@ def host_suite() -> str | None:
     return fields.get("VERSION_CODENAME", "").strip('"') or None
 
 
+def cache_folder(name: str) -> Path:
+    """Where m3-agent keeps what it fetched from Debian under `name`: debootstrap's downloads, a release's lists."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "m3-agent" / name
+
+
 def lists_dir(suite: str) -> Path:
     """Where the fetched lists of `suite` are kept."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "m3-agent" / "debian-lists" / suite
+    return cache_folder("debian-lists") / suite
 
 
 def _lists_of(suite: str) -> list[str] | None:
