@@ -6,8 +6,8 @@
 The host's own release is read from the host's lists, with no network. Another release's lists (the trixie
 image on a bookworm host) are fetched by the host's apt into the cache: `apt-get update` with a sources list
 of that release alone, its signature checked against the host's keys, from `M3_AGENT_DEBIAN_MIRROR` (as
-debootstrap's offline build uses it) or else the Debian archive the host's apt reads; a fetch that fails
-leaves the lists of the last one that worked.
+debootstrap's offline build uses it) or else the Debian archive the host's apt reads, once per process; a
+fetch that fails leaves the lists of the last one that worked.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def apt_cache(suite: str, *args: str) -> str | None:
     """What `apt-cache ARGS` prints reading Debian `suite`'s lists alone (another release's fetched first), or
     None when this host has no apt or no lists of that release."""
     exe = shutil.which("apt-cache")
-    options = [] if suite == host_suite() else _lists_of(suite)
+    options = () if suite == host_suite() else _lists_of(suite)
     if exe is None or options is None:
         return None
     try:
@@ -61,7 +61,8 @@ def lists_dir(suite: str) -> Path:
     return cache_folder("debian-lists") / suite
 
 
-def _lists_of(suite: str) -> list[str] | None:
+@cache  # `package_names` and `apt_cache("madison", ...)` both ask: the lists are fetched once
+def _lists_of(suite: str) -> tuple[str, ...] | None:
     """apt's options that make it read `suite`'s own lists (and nothing of the host's), fetched first; None when
     there are none."""
     apt_get, mirror = shutil.which("apt-get"), os.environ.get(MIRROR_ENV) or _host_archive()
@@ -72,10 +73,10 @@ def _lists_of(suite: str) -> list[str] | None:
         (root / folder).mkdir(parents=True, exist_ok=True)
     (root / "sources.list").write_text(f"deb {mirror} {suite} main\n")
     (root / "status").touch()  # no installed packages: the names are the archive's alone
-    options = ["-o", f"Dir::Etc::sourcelist={root / 'sources.list'}", "-o", f"Dir::Etc::sourceparts={root / 'parts'}",
+    options = ("-o", f"Dir::Etc::sourcelist={root / 'sources.list'}", "-o", f"Dir::Etc::sourceparts={root / 'parts'}",
                "-o", f"Dir::State::Lists={root / 'lists'}", "-o", f"Dir::State::status={root / 'status'}",
                "-o", f"Dir::Cache={root / 'cache'}", "-o", "Acquire::Languages=none",
-               "-o", "APT::Sandbox::User=root"]  # the cache may be where apt's own user cannot write
+               "-o", "APT::Sandbox::User=root")  # the cache may be where apt's own user cannot write
     try:  # a failure keeps what an earlier fetch left
         subprocess.run([apt_get, *options, "-qq", "update"], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired):

@@ -19,8 +19,10 @@ def fresh_lists(tmp_path, monkeypatch):
     """An empty cache, so another release's lists are fetched in the test; the names read again."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     debian.package_names.cache_clear()
+    debian._lists_of.cache_clear()
     yield tmp_path / "cache"
     debian.package_names.cache_clear()
+    debian._lists_of.cache_clear()
 
 
 def test_a_trixie_build_keeps_the_ci_packages_trixie_has_not_those_of_the_hosts_release(tmp_path, fresh_lists):
@@ -38,7 +40,8 @@ def test_a_trixie_build_keeps_the_ci_packages_trixie_has_not_those_of_the_hosts_
         assert left_out == ["libpython3.13-dev"]
 
 
-def test_a_mirror_that_has_no_such_release_leaves_every_ci_package_out(tmp_path, fresh_lists, monkeypatch):
+def test_a_mirror_that_has_no_such_release_leaves_every_ci_package_out_asked_once(tmp_path, fresh_lists, monkeypatch):
+    """Debian's nodejs is asked of the same lists after the package names: the archive is not asked again."""
     asked: list[str] = []
 
     class NoArchive(http.server.BaseHTTPRequestHandler):
@@ -56,6 +59,9 @@ def test_a_mirror_that_has_no_such_release_leaves_every_ci_package_out(tmp_path,
         assert debian.package_names("trixie") is None
         root = tree(tmp_path / "repo", {"ci/install.sh": "apt-get install -y libzmq3-dev\n"})
         assert build_recipe(root, "trixie") == (Recipe("trixie", tuple(sorted(TOOLCHAIN))), ["libzmq3-dev"])
+        fetched = len(asked)
+        assert debian.apt_cache("trixie", "madison", "nodejs") is None
+        assert len(asked) == fetched
     finally:
         server.shutdown()
         server.server_close()
