@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.estimate import EstimatedFile, estimate_tokens
-from m3_agent.agent.context.tokens import CHARS_PER_TOKEN, OUTPUT_RESERVE  # the pack's estimate and reserve
+from m3_agent.agent.context.tokens import CHARS_PER_TOKEN, OUTPUT_RESERVE, ServerCounter  # the pack's estimate and reserve
 from m3_agent.agent.endpoint import EndpointClient
 from m3_agent.evals.reuse import delta
 from m3_agent.evals.reuse.ordering import Run, diff_bytes, stored_run
@@ -141,8 +141,6 @@ def bytes_per_token(base_url: str, task: Task, repos: Path | None, *, api_key: s
     weighted as the tree is. Falls back to the pack's estimate when the server has no /tokenize
     (SGLang) or the tree cannot be read.
     """
-    from m3_agent.agent.context.tokens import ServerCounter
-
     try:
         source = repo_source(task, repos)
         blobs = _files(source, task.base_commit)
@@ -171,8 +169,6 @@ def diff_bytes_per_token(base_url: str, task: Task, repos: Path | None, *, api_k
     line, hunk headers carry numbers): on pytest, 2.6 bytes per token where its files take 3.2.
     Falls back to `bytes_per_token` when the server has no /tokenize or the history cannot be read.
     """
-    from m3_agent.agent.context.tokens import ServerCounter
-
     text = ""
     try:
         source = repo_source(task, repos)

@@ -18,12 +18,12 @@ from m3_agent.errors import EvalFailed, M3AgentError, SandboxUnavailable, UsageE
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import CostModel, Report, build_report, print_table, report_from_dir, to_html, to_json, to_markdown, write_reports
 from m3_agent.evals.config import EvalConfig
-from m3_agent.evals.harness import image_here
+from m3_agent.evals.harness import image_here, offline_image
 from m3_agent.evals.instance import InstanceResult, grader_for
 from m3_agent.evals.runner import Executor, RunOptions, run_eval
-from m3_agent.evals.tasks import Task, load_tasks
+from m3_agent.evals.tasks import Task, builtin_names, builtin_standin_script, load_tasks
 from m3_agent.sandbox import DEFAULT_IMAGE, SandboxConfig
-from m3_agent.settings import setting_flags
+from m3_agent.settings import load_settings, setting_flags
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -237,7 +237,6 @@ def _endpoint_and_agent(flags: dict[str, Any], config_file: Optional[Path], quie
     """The settings, the endpoint they name (checked: exit 3 or 8 now, not one error per instance) and the
     agent config with its URL and key."""
     from m3_agent.serving.endpoint import Served
-    from m3_agent.settings import load_settings
 
     settings, _ = load_settings(".", flags, config_file=config_file)
     serving = Served(settings.serve, None if quiet else lambda msg: typer.echo(msg, err=True))
@@ -297,8 +296,6 @@ def images_command(
     instance_ids: Optional[list[str]] = typer.Option(None, "--instance-ids", "-i", help="Only these ids."),
 ) -> None:
     """Build SWE-bench-layout instance images offline (no registry): one name per line on stdout."""
-    from m3_agent.evals.harness import offline_image
-
     console = Console(stderr=True)
     for task in load_tasks(tasks, instance_ids=_ids(instance_ids), split=split):
         print(offline_image(task, namespace=image_namespace or None,
@@ -323,8 +320,6 @@ def standin_script_command(
 
     A TEST DOUBLE: with it `eval run --tasks builtin` exercises the machinery without a model.
     """
-    from m3_agent.evals.tasks import builtin_names, builtin_standin_script
-
     names = [i.removeprefix("m3-agent__").removesuffix("-1") for i in _ids(instance_ids) or []]
     unknown = sorted(set(names) - set(builtin_names()))
     if unknown:
