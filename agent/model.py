@@ -257,14 +257,10 @@ class ModelClient:
         retrying = Retrying(retry=retry_if_exception(_retryable),
                             wait=wait_random_exponential(multiplier=c.retry_initial_s, max=c.retry_max_wait_s),
                             stop=stop_after_attempt(c.retry_attempts) | stop_after_delay(c.retry_max_s), reraise=False)
-        attempts = 0
         try:
-            for attempt in retrying:
-                with attempt:
-                    attempts += 1
-                    return fn(), attempts
+            return retrying(fn), retrying.statistics["attempt_number"]
         except RetryError as e:
-            last = e.last_attempt.exception()
+            attempts, last = e.last_attempt.attempt_number, e.last_attempt.exception()  # retried on exceptions only
             raise EndpointError(
                 f"{what} failed after {attempts} attempts at {self.config.base_url}: {_describe(last)}. "
                 "Check that the M3 server is up (GET /health) and the --base-url is right."
@@ -284,7 +280,6 @@ class ModelClient:
             ) from None
         except openai.APIStatusError as e:
             raise EndpointError(f"{what} failed ({e.status_code}): {_error_message(e)}") from None
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _models(self) -> list[ServedModel]:
         if self._served is None:
@@ -401,11 +396,9 @@ def _error_message(e: Any) -> str:
     return str(e.message)
 
 
-def _describe(exc: BaseException | None) -> str:
+def _describe(exc: BaseException) -> str:
     import openai
 
-    if exc is None:
-        return "unknown error"
     if isinstance(exc, openai.APIStatusError):
         return f"HTTP {exc.status_code}: {_error_message(exc)}"
     if isinstance(exc, openai.APIConnectionError):
