@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import shutil
@@ -42,7 +43,6 @@ class Closable(Protocol):
 
 _live: set[Closable] = set()
 _lock = threading.RLock()  # re-entrant: a signal handler may run while the main thread holds it
-_on_signals = False
 
 
 def process_stat(pid: int) -> tuple[str, str]:
@@ -89,21 +89,17 @@ def owner_alive(labels: dict[str, str]) -> bool:
 
 
 def track(sb: Closable) -> None:
-    """Register a live sandbox so exit and signals close it."""
+    """Register a live sandbox so exit and signals close it (inside `signals_held`, which sets the handlers)."""
     with _lock:
         _live.add(sb)
-        _install()
 
 
+@functools.cache  # once: a second chain would wrap our own handler
 def _install() -> None:
-    """Close live sandboxes on SIGINT / SIGTERM (set once, and only from the main thread; exit: see below)."""
-    global _on_signals
-    with _lock:
-        # signal handlers can only be set from the main thread: the first sandbox made there sets them
-        if not _on_signals and threading.current_thread() is threading.main_thread():
-            _on_signals = True
-            for sig in SIGNALS:
-                _chain(sig)
+    """Close live sandboxes on SIGINT / SIGTERM (called from the main thread only: there alone can signal
+    handlers be set; exit: see below)."""
+    for sig in SIGNALS:
+        _chain(sig)
 
 
 @contextlib.contextmanager
