@@ -152,7 +152,7 @@ class Sandbox:
         self._client: docker.DockerClient | None = None
         self._channel: Channel | None = None
         self._lock = threading.Lock()
-        self._dead: str | None = None
+        self.death: str | None = None  # why the container is dead (None while it is not known to be)
         self._closed = False
         uid, _, gid = self.config.user.partition(":")
         self._ids = f"uid={uid},gid={gid or uid}"  # the command user, as tmpfs options
@@ -384,11 +384,6 @@ class Sandbox:
             raise
         return fresh
 
-    @property
-    def death(self) -> str | None:
-        """Why the container is dead (None while it is not known to be)."""
-        return self._dead
-
     # plumbing
 
     def _request(self, req: dict, chunks: list[bytes] | Iterator[bytes] | None = None,
@@ -396,16 +391,16 @@ class Sandbox:
         with self._lock:
             if self._closed or self._channel is None:
                 raise SandboxUnavailable("the sandbox is closed: start a new one")
-            if self._dead is not None:
-                raise SandboxDied(self._dead)
+            if self.death is not None:
+                raise SandboxDied(self.death)
             try:
                 self._channel.send(req, chunks)
                 return self._channel.receive(answer_timeout)
             except ChannelClosed as e:
-                self._dead = self._death_note(str(e))
-                raise SandboxDied(self._dead) from None
+                self.death = self._death_note(str(e))
+                raise SandboxDied(self.death) from None
             except BaseException:  # half a request sent or half an answer read: the stream is out of step
-                self._dead = f"sandbox {str(self.id)[:12]} is unusable: a request was interrupted; start a new sandbox"
+                self.death = f"sandbox {str(self.id)[:12]} is unusable: a request was interrupted; start a new sandbox"
                 raise
 
     def _death_note(self, why: str) -> str:
