@@ -272,16 +272,13 @@ class Sandbox:
     def close(self) -> None:
         """Stop and remove the container (idempotent)."""
         cleanup.untrack(self)
-        self._remove(self._client)
+        self.kill(self._client)
         if self._client is not None:
             self._client.close()
 
-    def kill(self) -> None:
-        """Remove the container now, from a signal handler or at exit: uses its own engine connection."""
-        self._remove(None)
-
-    def _remove(self, client: docker.DockerClient | None) -> None:
-        """Remove the container (once) through `client`, or a new connection when None; close the channel."""
+    def kill(self, client: docker.DockerClient | None = None) -> None:
+        """Remove the container (once) through `client`, or a connection of its own when None (from a signal
+        handler or at exit); close the channel."""
         if self._closed:
             return
         self._closed = True
