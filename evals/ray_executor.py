@@ -393,8 +393,6 @@ class RayExecutor:
 
     def _cancel(self, ray, running: dict) -> None:
         """Stop what still runs: KeyboardInterrupt in each task (its sandbox closes), then kill the stragglers."""
-        if not running:
-            return
         # Ray's core worker aborts when a cancel crosses the reply of a task just ending ("Tried to
         # complete task that was not pending"): let replies in flight land, cancel only the rest.
         _, refs = ray.wait(list(running), num_returns=len(running), timeout=CANCEL_SETTLE_S)
