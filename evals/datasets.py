@@ -44,18 +44,16 @@ def dataset_rows(spec: str, split: str = "test") -> list[dict[str, Any]]:
     if path.suffix in LOCAL_SUFFIXES or (path.is_file() and path.suffix != ".parquet"):
         return read_records(path, "tasks")
     datasets = _datasets()
+    if not (path.is_file() or path.is_dir() or is_dataset_name(spec)):
+        raise UsageError(f"tasks not found: {spec} (give a .json / .jsonl / .parquet file, a dataset folder, "
+                         "a hub dataset id like princeton-nlp/SWE-bench_Verified, or `builtin`)")
     try:
         if path.is_file() and path.suffix == ".parquet":
             data = datasets.load_dataset("parquet", data_files=str(path), split="train")
         elif path.is_dir():
             data = datasets.load_dataset(str(path), split=split)
-        elif is_dataset_name(spec):
-            data = datasets.load_dataset(spec, split=split)
         else:
-            raise UsageError(f"tasks not found: {spec} (give a .json / .jsonl / .parquet file, a dataset folder, "
-                             "a hub dataset id like princeton-nlp/SWE-bench_Verified, or `builtin`)")
-    except UsageError:
-        raise
+            data = datasets.load_dataset(spec, split=split)
     except ValueError as e:  # an unknown split, among others
         raise UsageError(f"cannot load {spec} (split {split!r}): {str(e).splitlines()[0][:300]}") from None
     except Exception as e:  # the hub unreachable, a missing dataset, a corrupt file: the library's many kinds
