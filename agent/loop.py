@@ -503,7 +503,7 @@ class _Run:
                                   repairs=[call.repair] if call.repair else None)
             # A test run's workspace decides the verdict; any other is kept only for a restart.
             if watched.touched and (self.recovery.limit or result.tests is not None):
-                self.recovery.saw(self.env.diff())
+                self.recovery.last_diff = self.env.diff()
             return result
         except SandboxDied as died:
             return self._restart(died)
@@ -585,7 +585,7 @@ class _Run:
             try:
                 return decide(self.tests, patch, self.env, self.tools, self.cfg.test_cmd)
             except SandboxDied as died:
-                self.recovery.saw(patch)  # the final workspace is the state to restore
+                self.recovery.last_diff = patch  # the final workspace is the state to restore
                 try:
                     self._restart(died)
                 except SandboxLost as lost:

@@ -2,7 +2,7 @@
 
     recovery = Recovery(limit=2)
     watched = Watched(env)                         # what the tools get: notes commands and writes
-    recovery.saw(env.diff())                       # after a tool call that ran a command or wrote a file
+    recovery.last_diff = env.diff()                # after a tool call that ran a command or wrote a file
     fresh = recovery.replace(env, reason_of(env, died), factory, repo)   # on SandboxDied
 
 A Docker sandbox can die whatever it runs (OOM kill of the container, an engine restart, `docker rm`
@@ -29,17 +29,13 @@ class Recovery:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.restarts = 0
-        self.last_diff = ""  # the base commit's workspace: nothing changed yet
+        self.last_diff = ""  # the workspace after the last completed tool call ("": the base commit)
         self.lost = False  # the environment died once more than the limit allows: nothing left to ask
 
     @property
     def kept(self) -> str:
         """The patch a run keeps when no environment is left: the last diff, when one is taken per call."""
         return self.last_diff if self.limit else ""
-
-    def saw(self, diff: str) -> None:
-        """Record the workspace's diff after a tool call that completed."""
-        self.last_diff = diff
 
     def replace(self, env: Environment, reason: str, factory: EnvironmentFactory, repo: Path) -> Environment:
         """A fresh, started environment with the last known workspace; SandboxLostError past the limit."""
