@@ -267,8 +267,8 @@ class _Run:
                 self.conversation.start(self._packed(self.budget, packing.result()).text,
                                         repository_note(Path(self.repo)))  # a JavaScript repository's runner
                 end = self.loop()
-                try:
-                    self.result.patch = self._final_patch()
+                try:  # a run that lost its environment keeps the last diff it took
+                    self.result.patch = self.recovery.kept if isinstance(end, SandboxLost) else self._final_patch()
                 except SandboxLost as lost:
                     end, self.result.patch = lost, self.recovery.kept
                 self._verify(end)
@@ -510,8 +510,6 @@ class _Run:
 
     def _final_patch(self) -> str:
         """The final workspace's diff; a sandbox that died after the last tool call is replaced first."""
-        if self.recovery.lost:
-            return self.recovery.kept
         try:
             return self.env.diff()
         except SandboxDied as died:

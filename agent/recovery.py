@@ -30,7 +30,6 @@ class Recovery:
         self.limit = limit
         self.restarts = 0
         self.last_diff = ""  # the workspace after the last completed tool call ("": the base commit)
-        self.lost = False  # the environment died once more than the limit allows: nothing left to ask
 
     @property
     def kept(self) -> str:
@@ -40,7 +39,6 @@ class Recovery:
     def replace(self, env: Environment, reason: str, factory: EnvironmentFactory, repo: Path) -> Environment:
         """A fresh, started environment with the last known workspace; SandboxLostError past the limit."""
         if self.restarts >= self.limit:
-            self.lost = True
             env.close()
             raise SandboxLostError(
                 f"the sandbox died again after {self.restarts} restart(s) (limits.max_sandbox_restarts="
