@@ -404,8 +404,7 @@ class StandinState:
         self.started_at = time.monotonic()
         self._top = _cursor(script.turns)
         self._convs = [(c.match, _cursor(c.turns)) for c in script.conversations]
-        self._vocab: dict[str, int] = {}
-        self._pieces: list[str] = []
+        self._vocab: dict[str, int] = {}  # piece -> id, in order of first sight: id i is the i-th key
         self._memo: OrderedDict[bytes, array] = OrderedDict()  # long prompt segment -> its ids
         self._chains: OrderedDict[tuple[int, bytes], list[bytes]] = OrderedDict()  # prompt blocks -> chain hashes
         self.engine: InstantEngine | KVSimulator = InstantEngine(script.block_size)
@@ -441,23 +440,17 @@ class StandinState:
             return ids
 
     def _encode_segment(self, text: str) -> list[int]:
-        ids = []
-        for piece in toy_pieces(text):
-            tid = self._vocab.get(piece)
-            if tid is None:
-                tid = len(self._pieces)
-                self._vocab[piece] = tid
-                self._pieces.append(piece)
-            ids.append(tid)
-        return ids
+        vocab = self._vocab
+        return [vocab.setdefault(piece, len(vocab)) for piece in toy_pieces(text)]
 
     def decode(self, ids: list[int]) -> str:
         """Inverse of `encode` for ids this server has given out."""
         with self.lock:
-            bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < len(self._pieces)]
+            pieces = list(self._vocab)
+            bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < len(pieces)]
             if bad:
                 raise StandinError(400, f"Token id {bad[0]} is out of vocabulary (stand-in: ids are given out by /tokenize)")
-            return "".join(self._pieces[i] for i in ids)
+            return "".join(pieces[i] for i in ids)
 
     # prefix cache -----------------------------------------------------------------------------------
     def block_hashes(self, ids: list[int]) -> list[bytes]:
