@@ -148,7 +148,7 @@ def _parse_params(body: str) -> list[tuple[str, Any]]:
         pos = element[2]
 
 
-def _types(schema: Any) -> set[str]:
+def schema_types(schema: Any) -> set[str]:
     """Every type a schema admits (type, enum values, anyOf/oneOf/allOf); {"string"} if none."""
     if not isinstance(schema, dict):
         return {"string"}
@@ -161,7 +161,7 @@ def _types(schema: Any) -> set[str]:
     for key in ("anyOf", "oneOf", "allOf"):
         choices = schema.get(key)
         for choice in choices if isinstance(choices, list) else []:
-            found |= _types(choice)
+            found |= schema_types(choice)
     return found or {"string"}
 
 
@@ -234,7 +234,7 @@ def _convert(value: Any, schema: Any) -> Any:
     if isinstance(value, str):
         if schema is None:
             return value
-        types = _types(schema)
+        types = schema_types(schema)
         if box is not None and "string" not in types and not value.strip():
             return [] if box[0] == "array" else {}  # an empty list or dict renders as an empty element
         return coerce(value, types)

@@ -74,7 +74,7 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from m3_agent.errors import UsageError, first_validation_error
-from m3_agent.standin.m3_output import parse_output, split_reasoning, tool_properties
+from m3_agent.standin.m3_output import parse_output, schema_types, split_reasoning, tool_properties
 
 if TYPE_CHECKING:  # the performance model is imported only by a script that has one (`StandinState`)
     from m3_agent.standin.kvsim import KVSimulator
@@ -558,13 +558,7 @@ class StandinState:
 
 def _nullable_params(tools: list[dict[str, Any]] | None, name: str) -> list[str]:
     """Names of the parameters of tool `name` whose JSON schema admits null."""
-    out = []
-    for pname, schema in tool_properties(tools, name).items():
-        types = schema.get("type")
-        options = [s.get("type") for s in schema.get("anyOf", []) + schema.get("oneOf", []) if isinstance(s, dict)]
-        if types == "null" or (isinstance(types, list) and "null" in types) or "null" in options:
-            out.append(pname)
-    return out
+    return [pname for pname, schema in tool_properties(tools, name).items() if "null" in schema_types(schema)]
 
 
 def _cut_at_parameter_close(value: Any) -> Any:
