@@ -168,16 +168,11 @@ def testbed_tree(image: str) -> Path:
         stream, _ = container.get_archive(TESTBED)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=image_id + ".", dir=dest.parent))
-        (tmp / "testbed").mkdir()
         with tempfile.TemporaryFile() as buf:
             buf.writelines(stream)
             buf.seek(0)
             with tarfile.open(fileobj=buf) as tar:
-                for member in tar.getmembers():
-                    parts = Path(member.name).parts[1:]  # drop the leading "testbed/"
-                    if parts:
-                        member.name = str(Path(*parts))
-                        tar.extract(member, tmp / "testbed", filter="data")
+                tar.extractall(tmp, filter="data")  # the archive holds one folder, `testbed`
     except docker.errors.DockerException as e:
         raise SandboxUnavailable(f"cannot {doing}: {e}") from None
     finally:
