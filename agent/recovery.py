@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from m3_agent.errors import SandboxDied, SandboxUnavailable
-from m3_agent.sandbox.environment import Environment, EnvironmentFactory, Recoverable
+from m3_agent.sandbox.environment import Environment, EnvironmentFactory, Recoverable, Restorable
 
 
 class Recovery:
@@ -87,11 +87,10 @@ def fresh_environment(env: Environment, factory: EnvironmentFactory, repo: Path,
     fresh = factory(repo).__enter__()
     try:
         if patch:
-            restore = getattr(fresh, "restore", None)
-            if restore is None:
+            if not isinstance(fresh, Restorable):
                 raise SandboxUnavailable(f"the {fresh.kind} environment died and cannot restore a workspace "
                                          "(it has neither recreate() nor restore())")
-            restore(patch)
+            fresh.restore(patch)
     except BaseException:
         fresh.close()
         raise
