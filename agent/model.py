@@ -377,10 +377,8 @@ def _reply_from(resp: Any, *, latency_s: float, attempts: int) -> ModelReply:
     if u is not None:
         usage.prompt_tokens = u.prompt_tokens or 0
         usage.completion_tokens = u.completion_tokens or 0
-        details = getattr(u, "prompt_tokens_details", None)
-        usage.cached_tokens = (getattr(details, "cached_tokens", None) or 0) if details else 0
-        cdetails = getattr(u, "completion_tokens_details", None)
-        usage.reasoning_tokens = (getattr(cdetails, "reasoning_tokens", None) or 0) if cdetails else 0
+        usage.cached_tokens = getattr(u.prompt_tokens_details, "cached_tokens", None) or 0
+        usage.reasoning_tokens = getattr(u.completion_tokens_details, "reasoning_tokens", None) or 0
     return ModelReply(content=content, reasoning=reasoning, tool_calls=calls, finish_reason=choice.finish_reason,
                       usage=usage, latency_s=latency_s, attempts=attempts)
 
