@@ -444,13 +444,10 @@ class _TarStream:
 
     def close(self) -> None:
         """Stop tar if the copy was abandoned."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-        while self._thread.is_alive():  # unblock a reader waiting on a full queue
-            try:
-                self._chunks.get_nowait()
-            except queue.Empty:
-                self._thread.join(0.05)
-        self._proc.wait()
-        self._proc.stdout.close()
-        self._proc.stderr.close()
+        with self._proc:  # then its pipes are closed and it is reaped
+            self._proc.kill()  # nothing when it has ended
+            while self._thread.is_alive():  # unblock a reader waiting on a full queue
+                try:
+                    self._chunks.get_nowait()
+                except queue.Empty:
+                    self._thread.join(0.05)

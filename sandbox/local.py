@@ -208,8 +208,5 @@ def _kill_group(proc: subprocess.Popen) -> tuple[bytes, bytes]:
     try:
         return proc.communicate(timeout=DRAIN_S)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        for stream in (proc.stdout, proc.stderr):
-            stream.close()
-        proc.wait()
-        return b"", b""
+        with proc:  # the shell is killed already: its pipes are closed unread and it is reaped
+            return b"", b""
