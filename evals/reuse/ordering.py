@@ -88,7 +88,7 @@ def batch_ids(tasks: Iterable, *, delta: bool = False, cuts: Cuts = Cuts()) -> d
     return {repo: batch_id(found, delta=delta, cuts=cuts) for repo, found in commits.items()}
 
 
-def order_for_commits(history: str, commits: Iterable[str], store: PackCache | None, *, delta: bool = False,
+def order_for_commits(history: str, commits: Iterable[str], store: PackCache, *, delta: bool = False,
                       cuts: Cuts = Cuts()) -> Ordered:
     """Store file orders for a batch of `history`'s commits (an eval run's base commits), under the
     batch's id (`batch_id`); a pack of one of them follows its order (`stored_run`).
@@ -108,7 +108,7 @@ def order_for_commits(history: str, commits: Iterable[str], store: PackCache | N
     `_shared_records`). Everything is written in one transaction."""
     commits = list(commits)
     batch = batch_id(commits, delta=delta, cuts=cuts)
-    if store is None or not commits:
+    if not commits:
         return Ordered(batch, 0)
     try:  # oldest first: in the order of the history (commit dates can tie, or lie)
         wanted = set(commits)
@@ -166,12 +166,10 @@ def _shared_records(history: str, batch: str, commits: list[str], files: _Batch)
     return records
 
 
-def shared_files(history: str, batch: str, commit: str, store: PackCache | None) -> list[list[str]] | None:
+def shared_files(history: str, batch: str, commit: str, store: PackCache) -> list[list[str]] | None:
     """The files a budgeted pack of `commit` may share with the other packs of its group in `batch`,
     one list per group it is in (the lowest threshold's, usually the longest group, first), each in
     the order the files go (stored by `order_for_commits`; None when it stored none)."""
-    if store is None:
-        return None
     keys = store.get_scores(_key(history, batch, "shared:" + commit))
     if not isinstance(keys, list):
         return None
@@ -331,9 +329,9 @@ class Run(NamedTuple):
     root: str
 
 
-def stored_run(history: str, batch: str, commit: str, store: PackCache | None) -> Run | None:
+def stored_run(history: str, batch: str, commit: str, store: PackCache) -> Run | None:
     """What `order_for_commits` stored for one of `history`'s commits in `batch` (None: none stored)."""
-    found = store.get_scores(_key(history, batch, commit)) if store is not None else None
+    found = store.get_scores(_key(history, batch, commit))
     if not (isinstance(found, tuple) and len(found) == 3 and all(isinstance(c, str) for c in found[1:])):
         return None
     order = store.get_scores(found[0])  # a commit points at its run's order
