@@ -190,8 +190,8 @@ class Agent:
         repo = Path(repo)
         if not repo.is_dir():
             raise UsageError(f"repository path {repo} does not exist or is not a directory")
-        writer = TrajectoryWriter(trajectory_path)
-        events = EventStream([writer, *self.callbacks] if trajectory_path is not None else self.callbacks)
+        writer = TrajectoryWriter(trajectory_path) if trajectory_path is not None else None
+        events = EventStream([writer, *self.callbacks] if writer else self.callbacks)
         run = _Run(self, repo, issue, events, trajectory_path)
         try:
             return run.execute()
@@ -203,7 +203,8 @@ class Agent:
             raise
         finally:
             run.close()
-            writer.close()
+            if writer:
+                writer.close()
 
 
 def _in_thread(fn: Callable[..., Any], *args: Any) -> Future:

@@ -24,27 +24,22 @@ from m3_agent.errors import UsageError
 class TrajectoryWriter:
     """Appends events to a JSONL file; safe to read while it is written. Subscribe it to an EventStream."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self._fh = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(path, "a", encoding="utf-8")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(path, "a", encoding="utf-8")
 
     def __call__(self, event: AgentEvent) -> None:
         """Append one event of the stream, its fields flat beside kind, t and turn, and flush it to the OS."""
-        if self._fh is None:
-            return
         record = {"kind": event.kind, "t": event.t, "turn": event.turn, **event.data}
         self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
         self._fh.flush()
 
     def close(self) -> None:
-        if self._fh is not None:
+        if not self._fh.closed:
             self._fh.flush()
             os.fsync(self._fh.fileno())
             self._fh.close()
-            self._fh = None
 
 
 def read_trajectory(path: Path) -> list[dict[str, Any]]:
