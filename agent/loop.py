@@ -422,12 +422,11 @@ class _Run:
         new_budget = int(max(target, 0) * 0.8)
         if new_budget <= 0:
             return False
+        self.budget = new_budget
         try:
             packed = self._packed(new_budget)
         except UsageError:  # the packer: not even the repository's header and tree fit that budget
-            self.budget = new_budget
             return False
-        self.budget = new_budget
         self.conversation.repack(packed.text, new_budget)
         return True
 
