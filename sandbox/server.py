@@ -396,13 +396,10 @@ class Spawner:
         return True
 
     def _fork(self):
-        """Start the spawner (first use, or after it died); False where it cannot run (no pidfd, old Python)."""
-        if not (self.usable and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
-                and hasattr(os, "posix_spawn")):
-            return False
+        """Start the spawner (first use, or after it died); False where it cannot run (no pidfd)."""
         try:
-            os.close(os.pidfd_open(os.getpid()))  # the kernel has pidfds (Linux >= 5.3)
-        except OSError:
+            os.close(os.pidfd_open(os.getpid()))  # the kernel (Linux >= 5.3) and this Python's build have pidfds
+        except (AttributeError, OSError):
             self.usable = False
             return False
         try:
