@@ -63,8 +63,7 @@ class Channel:
     def __init__(self, attach: socket.socket, direct: socket.socket | None = None) -> None:
         self._attach = attach
         self._sock = direct or attach
-        self._direct = direct is not None
-        self.transport = "direct" if self._direct else "attach"  # the shared Unix socket, or the engine's stream
+        self.transport = "attach" if direct is None else "direct"  # the engine's stream, or the shared Unix socket
         self._raw = bytearray()  # undemultiplexed bytes from the attach stream
         self._out = bytearray()  # the server's answers, not yet consumed
         self._diag = bytearray()  # the server's stderr, last DIAG_MAX bytes
@@ -104,7 +103,7 @@ class Channel:
     @property
     def diagnostics(self) -> str:
         """The tail of what the server wrote to stderr (a traceback when it crashed)."""
-        if self._direct:  # the attach stream is not read in direct mode: take what is there now
+        if self.transport == "direct":  # the attach stream is not read in direct mode: take what is there now
             with contextlib.suppress(OSError):
                 self._attach.settimeout(0.2)
                 while self._drain_attach():
@@ -152,7 +151,7 @@ class Channel:
     def _pump(self) -> None:
         """Read from the socket once: answers straight from the shared socket, or demultiplexed."""
         try:
-            if self._direct:
+            if self.transport == "direct":
                 chunk = self._sock.recv(RECV)
                 if chunk:
                     self._out += chunk
