@@ -39,7 +39,6 @@ SANDBOX_UID = 1000
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what every image's PATH holds
 ENV_PREFIX = "/opt/m3-agent/env"  # a repository's environment (sandbox.env.build), first on every command's PATH
 GENERATED = "/opt/m3-agent/generated"  # files its build wrote into the repository (a setuptools_scm _version.py)
-GENERATED_EXCLUDE = GENERATED + ".exclude"  # their git exclude lines, where a whole build tree is one line
 BUILT_FROM = GENERATED + ".sources"  # a compiled project's files at its build: `sha256sum` lines (sandbox.env.toolchain)
 BUILT = GENERATED + ".built"  # the extensions a setuptools build put into the repository, one path a line
 IMAGE_LABEL = "m3-agent.image"
