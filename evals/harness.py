@@ -57,11 +57,6 @@ def swebench():
     return grading, log_parsers, utils, image_spec
 
 
-def uses_harness(task: Task) -> bool:
-    """True when the task is graded by the harness: it has the dataset's eval_script or names a log parser."""
-    return bool(task.eval_script or task.log_parser)
-
-
 # --- images ------------------------------------------------------------------------------------------
 
 def instance_image_name(instance_id: str, *, namespace: str | None = "swebench", tag: str = "latest") -> str:
@@ -188,8 +183,8 @@ def testbed_tree(image: str) -> Path:
 
 
 class HarnessGrader:
-    """SWE-bench instances (`uses_harness`): the instance image holds the repository at /testbed and its
-    environment; the harness's eval script runs the tests and its report decides."""
+    """SWE-bench instances (`evals.instance.grader_for`): the instance image holds the repository at
+    /testbed and its environment; the harness's eval script runs the tests and its report decides."""
 
     checks_out = False
     preload = ("swebench.harness",)

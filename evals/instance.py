@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from m3_agent.errors import Interrupted, M3AgentError, SandboxUnavailable, UsageError
 from m3_agent.evals.config import EvalConfig, trajectory_folder
 from m3_agent.evals.grading import Grader, InstanceReport, JUnitGrader, Workspace
-from m3_agent.evals.harness import HarnessGrader, uses_harness
+from m3_agent.evals.harness import HarnessGrader
 from m3_agent.evals.predictions import Prediction
 from m3_agent.evals.tasks import Task
 from m3_agent.sandbox.cleanup import claim
@@ -87,8 +87,8 @@ JUNIT, HARNESS = JUnitGrader(), HarnessGrader()
 
 def grader_for(task: Task) -> Grader:
     """The one place a task's grader is chosen: the SWE-bench harness for a task that carries its
-    eval_script or names a log parser (`evals.harness.uses_harness`), else its JUnit report."""
-    return HARNESS if uses_harness(task) else JUNIT
+    eval_script or names a log parser, else its JUnit report."""
+    return HARNESS if task.eval_script or task.log_parser else JUNIT
 
 
 def evaluate_instance(task: Task, prediction: Prediction | None, config: EvalConfig) -> InstanceResult:

@@ -20,7 +20,7 @@ from m3_agent.errors import SandboxUnavailable, UsageError
 from m3_agent.evals import harness
 from m3_agent.evals.config import EvalConfig
 from m3_agent.evals.grading import InstanceReport, grade
-from m3_agent.evals.instance import InstanceResult
+from m3_agent.evals.instance import InstanceResult, grader_for
 from m3_agent.evals.predictions import load_predictions
 from m3_agent.evals.report import build_report
 from m3_agent.evals.runner import RunOptions, run_eval
@@ -84,7 +84,7 @@ def test_the_offline_tasks_are_real_instances_graded_by_different_harness_parser
     assert tasks["sympy__sympy-25431"].log_parser == "parse_log_sympy"
     assert tasks["sphinx-doc__sphinx-10781"].log_parser == "parse_log_sphinx"
     for t in tasks.values():
-        assert harness.uses_harness(t)
+        assert isinstance(grader_for(t), harness.HarnessGrader)
         assert t.FAIL_TO_PASS and t.PASS_TO_PASS and not set(t.FAIL_TO_PASS) & set(t.PASS_TO_PASS)
         assert t.patch.startswith("diff --git") and t.test_patch.startswith("diff --git")
         assert "tests/" not in t.patch and "tests/" in t.test_patch
