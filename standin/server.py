@@ -308,13 +308,14 @@ def render_prompt(
 class StandinError(Exception):
     """A request the stand-in answers with a vLLM-style error body."""
 
-    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None):
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None,
+                 *, flat: bool = False):
         super().__init__(message)
         self.status = status
         self.message = message
         self.err_type = err_type
         self.param = param
-        self.flat = False  # SGLang's shape: the ErrorResponse itself, not under "error"
+        self.flat = flat  # SGLang's shape: the ErrorResponse itself, not under "error"
 
     def body(self) -> dict[str, Any]:
         """vLLM's ErrorResponse shape (SGLang's when `flat`)."""
@@ -872,18 +873,14 @@ def _overflow(server: str, n: int, max_out: int, window: int, *, out_field: str 
                                 f"Please reduce the length of the input prompt. (parameter=input_tokens, value={n})",
                                 param="input_tokens")
     elif server == "sglang":
-        error = None
         if n >= window or forced:
-            error = StandinError(400, f"The input ({n} tokens) is longer than the model's context length ({window} "
-                                 "tokens).")
-        elif n + max_out > window:
-            error = StandinError(400, f"Requested token count exceeds the model's maximum context length of {window} "
-                                 f"tokens. You requested a total of {n + max_out} tokens: {n} tokens from the input "
-                                 f"messages and {max_out} tokens for the completion. Please reduce the number of "
-                                 "tokens in the input messages or the completion to fit within the limit.")
-        if error is not None:
-            error.flat = True
-        return error
+            return StandinError(400, f"The input ({n} tokens) is longer than the model's context length ({window} "
+                                "tokens).", flat=True)
+        if n + max_out > window:
+            return StandinError(400, f"Requested token count exceeds the model's maximum context length of {window} "
+                                f"tokens. You requested a total of {n + max_out} tokens: {n} tokens from the input "
+                                f"messages and {max_out} tokens for the completion. Please reduce the number of "
+                                "tokens in the input messages or the completion to fit within the limit.", flat=True)
     elif n >= window or forced:  # llama_cpp
         return StandinError(400, f"This model's maximum context length is {window} tokens. However, you requested "
                             f"{n + max_out} tokens ({n} in the messages, {max_out} in the completion). Please reduce "
