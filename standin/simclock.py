@@ -40,10 +40,6 @@ class ScaledClock:
         if wait > 0:
             time.sleep(wait)
 
-    def sleep(self, seconds: float) -> None:
-        """Let `seconds` of simulated time pass."""
-        self.sleep_until(self.now() + seconds)
-
     def park(self) -> None:
         """A participant starts waiting for another one (nothing to do in real time)."""
 
