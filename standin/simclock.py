@@ -98,10 +98,8 @@ class VirtualClock:
             self._rest()
             self._cv.wait_for(lambda: entry not in self._sleepers)
 
-    def park(self) -> None:
-        """This participant waits for another one (which calls `unpark`); it stops being busy."""
-        with self._cv:
-            self._rest()
+    # a participant waiting for another one (which calls `unpark`) stops being busy, as one that leaves
+    park = leave
 
     def unpark(self, n: int) -> None:
         """`n` parked participants are about to wake: they count as busy from now on."""
