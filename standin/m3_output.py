@@ -165,14 +165,12 @@ def schema_types(schema: Any) -> set[str]:
     return found or {"string"}
 
 
-def _finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, list):
-        return all(_finite(v) for v in value)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    return True
+def _finite_float(text: str) -> float:
+    """float(text), refusing NaN and the infinities (ValueError): coercion never yields them."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text!r} is not a finite number")
+    return number
 
 
 def coerce(value: str, types: set[str]) -> Any:
@@ -190,25 +188,21 @@ def coerce(value: str, types: set[str]) -> Any:
                 pass
         if kind == "number":
             try:
-                number = float(value)
+                number = _finite_float(value)
             except ValueError:
                 continue
-            if math.isfinite(number):
-                return number if number != int(number) else int(number)
+            return number if number != int(number) else int(number)
         if kind == "boolean" and value.lower().strip() in ("true", "1", "false", "0"):
             return value.lower().strip() in ("true", "1")
         if kind in ("object", "array"):
             try:
-                parsed = json.loads(value)
+                return json.loads(value, parse_float=_finite_float, parse_constant=_finite_float)
             except ValueError:
-                continue
-            if _finite(parsed):
-                return parsed
+                pass
     try:
-        parsed = json.loads(value)
+        return json.loads(value, parse_float=_finite_float, parse_constant=_finite_float)
     except ValueError:
         return value
-    return parsed if _finite(parsed) else value
 
 
 def _container(schema: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
