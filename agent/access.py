@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import secrets
 import urllib.parse
-from collections.abc import Mapping
 from typing import Protocol
 
 from pydantic import BaseModel, Field, FieldSerializationInfo, SecretStr, field_serializer
@@ -54,9 +53,7 @@ class ApiKey(BaseModel):
         return f"{mask(self.value.get_secret_value())} ({self.source})"
 
 
-def choose_key(
-    host: str, api_key: str | None = None, *, shared: bool = False, environ: Mapping[str, str] | None = None
-) -> ApiKey | None:
+def choose_key(host: str, api_key: str | None = None, *, shared: bool = False) -> ApiKey | None:
     """The key a launch on `host` requires: None on loopback unless one is given; else given, from
     M3_AGENT_MODEL__API_KEY, or new. `shared`: a multi-node plan, reachable whatever the host."""
     if api_key is not None:
@@ -65,8 +62,7 @@ def choose_key(
         return ApiKey(value=SecretStr(api_key), source="flag --api-key")
     if is_loopback(host) and not shared:
         return None
-    env = os.environ if environ is None else environ
-    from_env = env.get(KEY_ENV, "")
+    from_env = os.environ.get(KEY_ENV, "")
     if from_env.strip() and from_env != NO_KEY:
         return ApiKey(value=SecretStr(from_env), source=f"env {KEY_ENV}")
     # a fresh key: 256 random bits, URL-safe, with a prefix that says what it is for

@@ -24,17 +24,20 @@ def test_hosts_other_machines_may_reach(host):
     assert not is_loopback(host)
 
 
-def test_a_key_is_chosen_only_where_others_can_reach_and_from_where_the_user_says():
-    assert choose_key("127.0.0.1", environ={"M3_AGENT_MODEL__API_KEY": KEY}) is None
-    given = choose_key("127.0.0.1", KEY, environ={})
+def test_a_key_is_chosen_only_where_others_can_reach_and_from_where_the_user_says(monkeypatch):
+    monkeypatch.setenv("M3_AGENT_MODEL__API_KEY", KEY)
+    assert choose_key("127.0.0.1") is None
+    given = choose_key("127.0.0.1", KEY)
     assert given.value.get_secret_value() == KEY and given.source == "flag --api-key"
-    from_env = choose_key("0.0.0.0", environ={"M3_AGENT_MODEL__API_KEY": KEY})
+    from_env = choose_key("0.0.0.0")
     assert from_env.value.get_secret_value() == KEY and from_env.source == "env M3_AGENT_MODEL__API_KEY"
-    made = [choose_key("10.1.2.3", environ={"M3_AGENT_MODEL__API_KEY": "EMPTY"}) for _ in range(2)]
+    monkeypatch.setenv("M3_AGENT_MODEL__API_KEY", "EMPTY")
+    made = [choose_key("10.1.2.3") for _ in range(2)]
     assert {k.source for k in made} == {"generated"}
     assert made[0].value.get_secret_value() != made[1].value.get_secret_value()
     assert len(made[0].value.get_secret_value()) >= 40
-    assert choose_key("127.0.0.1", shared=True, environ={}).source == "generated"  # a multi-node plan
+    monkeypatch.delenv("M3_AGENT_MODEL__API_KEY")
+    assert choose_key("127.0.0.1", shared=True).source == "generated"  # a multi-node plan
     with pytest.raises(UsageError, match="is not a key"):
         choose_key("0.0.0.0", "EMPTY")
 
