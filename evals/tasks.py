@@ -150,10 +150,8 @@ def _materialise_suite_repo(files: Path) -> tuple[Path, str]:
             return dest, repo.head.commit.hexsha
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    for p in entries:
-        target = tmp / p.relative_to(files)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(p.read_bytes())
+    shutil.copytree(files, tmp, ignore=shutil.ignore_patterns("__pycache__"), copy_function=shutil.copyfile,
+                    dirs_exist_ok=True)
     # Fixed identity and date: the same files always give the same base commit.
     commit = hostgit.commit_all(tmp, f"{files.parent.name}: base")
     try:
