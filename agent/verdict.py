@@ -108,18 +108,16 @@ def decide(watch: TestWatch, final_diff: str, env: Environment, tools: list[Tool
             return Verdict(source="test_cmd", passed=suite_passed(tests), tests=tests, command=test_cmd,
                            after_last_change=True, reason="the agent ran no tests: ran the configured test_cmd")
         return unverified("no test ran on the final workspace and no test command is known (set test_cmd)")
-    if watch.tests is not None and watch.diff == final_diff:
+    if watch.diff == final_diff:  # a watch with a name has seen a test run: saw() records both at once
         verdict = Verdict(source="agent", passed=suite_passed(watch.tests), tests=watch.tests, command=watch.arguments,
                           test_turn=watch.turn, after_last_change=True,
                           reason=f"the agent's test run at turn {watch.turn} saw the final workspace")
     else:
-        stale = watch.turn if watch.tests is not None else None
         result = execute_call(watch.name, watch.arguments, tools, env)
-        why = (f"the agent changed the workspace after its last test run (turn {stale}): re-ran that test call"
-               if stale is not None else "re-ran the agent's last test call")
+        why = f"the agent changed the workspace after its last test run (turn {watch.turn}): re-ran that test call"
         tests = tests_of(result)
         verdict = Verdict(source="rerun", passed=suite_passed(tests), tests=tests,
-                          command=watch.arguments, after_last_change=True, stale_turn=stale, reason=why)
+                          command=watch.arguments, after_last_change=True, stale_turn=watch.turn, reason=why)
     return against_base(verdict, watch.name, final_diff, env, tools)
 
 
