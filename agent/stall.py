@@ -70,7 +70,7 @@ class Step:
 
     turn: int
     tool: str | None
-    args: dict | None
+    args: dict | None  # the call's JSON arguments, decoded
     output: str
     error: bool = False
     exit_code: int | None = None
@@ -143,10 +143,7 @@ def normalize(text: str) -> str:
 
 
 def _action_key(step: Step) -> str:
-    try:
-        args = json.dumps(step.args or {}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError):  # a non-JSON value in the arguments: compare its repr instead
-        args = repr(sorted((step.args or {}).items(), key=lambda kv: str(kv[0])))
+    args = json.dumps(step.args or {}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return f"{step.tool}\x00{args}"
 
 
