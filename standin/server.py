@@ -1038,7 +1038,6 @@ class StandinServer:
             self._httpd = _Server((self.host, self.port), handler)
         except OSError as e:
             raise UsageError(f"stand-in cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
-        self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._state.started_at = time.monotonic()
         # a short poll interval keeps stop() quick (serve_forever checks for shutdown between polls)
