@@ -650,12 +650,14 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: tests and the CLI print what matters themselves."""
 
     # plumbing ---------------------------------------------------------------------------------------
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
+    def _head(self, status: int, headers: dict[str, str]) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header(STANDIN_HEADER, STANDIN_HEADER_VALUE)
+        for name, value in {**headers, STANDIN_HEADER: STANDIN_HEADER_VALUE}.items():
+            self.send_header(name, value)
         self.end_headers()
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self._head(status, {"Content-Type": content_type, "Content-Length": str(len(body))})
         self.wfile.write(body)
 
     def _json(self, status: int, obj: Any) -> None:
@@ -838,12 +840,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, _completion_body(reply, script))
 
     def _stream(self, reply: _Reply, include_usage: bool) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.send_header(STANDIN_HEADER, STANDIN_HEADER_VALUE)
-        self.end_headers()
+        self._head(200, {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+                         "Transfer-Encoding": "chunked"})
         for event in _stream_events(reply, self.state.script, include_usage):
             data = f"data: {event}\n\n".encode()
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
