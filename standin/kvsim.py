@@ -52,7 +52,7 @@ class Performance(BaseModel):
 
 
 class PrefixCache:
-    """Block-granular prefix cache with vLLM's eviction order; `capacity` None is unbounded.
+    """Block-granular prefix cache of `capacity` blocks with vLLM's eviction order.
 
     Keys are chain hashes of full prompt blocks, each with a reference count (running requests that
     use it). Blocks of running requests are pinned; a free block stays cached until space is needed,
@@ -62,7 +62,7 @@ class PrefixCache:
     generated tokens).
     """
 
-    def __init__(self, capacity: int | None = None) -> None:
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.blocks: OrderedDict[bytes, int] = OrderedDict()  # hash -> refs; first = next to evict
         self.anonymous = 0
@@ -86,13 +86,12 @@ class PrefixCache:
         """Pin the cached prefix, evict what must go, add the rest; the hit count, or None if it cannot fit now."""
         hit = self.hits(hashes)
         new = len(hashes) - hit + extra
-        if self.capacity is not None:
-            reused_free = sum(1 for h in hashes[:hit] if not self.blocks[h])
-            if self.pinned + reused_free + new > self.capacity:
-                return None
+        reused_free = sum(1 for h in hashes[:hit] if not self.blocks[h])
+        if self.pinned + reused_free + new > self.capacity:
+            return None
         for h in hashes[:hit]:
             self.blocks[h] += 1
-        while self.capacity is not None and self.used + new > self.capacity:
+        while self.used + new > self.capacity:
             del self.blocks[next(h for h, refs in self.blocks.items() if not refs)]  # the least recently freed
             self.evicted += 1
         for h in hashes[hit:]:

@@ -72,14 +72,6 @@ def test_pinned_blocks_are_never_evicted_and_a_full_cache_refuses():
     assert cache.allocate([h(5)], 0) == 0 and cache.used == 4  # a free block was evicted for it
 
 
-def test_unbounded_cache_never_evicts():
-    cache = PrefixCache()
-    for i in range(1000):
-        cache.allocate([h(i)], 3)
-        cache.free([h(i)], 3)
-    assert cache.used == 1000 and cache.evicted == 0 and cache.anonymous == 0
-
-
 # --- the model over HTTP --------------------------------------------------------------------------
 
 def test_b200_calibration_comes_from_seed_000_and_the_planner():
