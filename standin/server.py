@@ -312,14 +312,13 @@ class StandinError(Exception):
                  *, flat: bool = False):
         super().__init__(message)
         self.status = status
-        self.message = message
         self.err_type = err_type
         self.param = param
         self.flat = flat  # SGLang's shape: the ErrorResponse itself, not under "error"
 
     def body(self) -> dict[str, Any]:
         """vLLM's ErrorResponse shape (SGLang's when `flat`)."""
-        error = {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}
+        error = {"message": str(self), "type": self.err_type, "param": self.param, "code": self.status}
         return {"object": "error", **error} if self.flat else {"error": error}
 
 
