@@ -132,7 +132,6 @@ def _agent_patch(task: Task, workspace: Workspace) -> tuple[str, AgentStats]:
 
     tree, config = workspace.tree, workspace.config
     trajectory = trajectory_folder(config) / f"{task.instance_id}.jsonl"
-    trajectory.parent.mkdir(parents=True, exist_ok=True)
     # The files are ordered by the history of the grader's choosing (prefix reuse across tasks).
     source = workspace.history
     from m3_agent.evals.reuse.packer import BatchPacker
