@@ -105,9 +105,7 @@ def render(events: list[dict[str, Any]], console: Console) -> None:
 
     Files written before a reply's text and a tool's output lived only in `message` events (their
     `reply` has `content`, their `tool_result` an `output`) render as they did."""
-    table = Table(title="trajectory", show_lines=False)
-    for col in ("t (s)", "turn", "kind", "detail"):
-        table.add_column(col)
+    table = Table("t (s)", "turn", "kind", "detail", title="trajectory", show_lines=False)
     legacy = any("content" in e for e in events if e.get("kind") == "reply")
     said = [e.get("message") or {} for e in events if e.get("kind") == "message"]
     outputs = {m.get("tool_call_id"): m.get("content") for m in said if m.get("role") == "tool"}
