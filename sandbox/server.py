@@ -663,14 +663,12 @@ def put_tar(req):
     except (OSError, ValueError) as e:  # every error is an answer: an exception here would end the sandbox
         drain_chunks(lambda chunk: None)
         return send({"ok": False, "error": "%s: %s" % (dest, e)})
-    broken = []
 
     def sink(chunk):
-        if not broken:
-            try:
-                proc.stdin.write(chunk)
-            except BrokenPipeError:
-                broken.append(True)
+        try:
+            proc.stdin.write(chunk)
+        except BrokenPipeError:
+            pass  # tar stopped reading (its error is the answer): the rest is drained unread
 
     drain_chunks(sink)
     with contextlib.suppress(BrokenPipeError):
