@@ -445,9 +445,8 @@ def spawner_main(sock):
         os.setsid()
         os.setresuid(CMD_UID, CMD_UID, CMD_UID)
         fd = sock.detach()
-        if fd != 3:
-            os.dup2(fd, 3)
-        os.set_inheritable(3, False)
+        if fd != 3:  # a socket's fd is not inheritable; its copy as 3 must not be either
+            os.dup2(fd, 3, inheritable=False)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
