@@ -181,9 +181,7 @@ def build_lock(progress: Progress | None, key: str | None = None) -> Iterator[No
     opened read-only, which flock allows, so a file another user created serves as well.
     """
     name = f"env-{key}" if key else "image"
-    held = getattr(_lock_held, "names", None)
-    if held is None:
-        held = _lock_held.names = set()
+    held = vars(_lock_held).setdefault("names", set())  # this thread's own
     if name in held:  # held already: a second flock on a new descriptor would wait for itself
         yield
         return
