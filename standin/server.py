@@ -239,12 +239,7 @@ def load_script(source: Script | dict | list | str | Path) -> Script:
 
 # Toy tokenizer and prompt rendering --------------------------------------------------------------
 
-TOKEN_RE = re.compile(r"\w+|[^\w\s]|\s+")
-
-
-def toy_pieces(text: str) -> list[str]:
-    """Cut text into toy tokens: word runs, single punctuation marks, whitespace runs."""
-    return TOKEN_RE.findall(text)
+TOKEN_RE = re.compile(r"\w+|[^\w\s]|\s+")  # toy tokens: word runs, single punctuation marks, whitespace runs
 
 
 def _text_of(content: Any) -> str:
@@ -441,7 +436,7 @@ class StandinState:
 
     def _encode_segment(self, text: str) -> list[int]:
         vocab = self._vocab
-        return [vocab.setdefault(piece, len(vocab)) for piece in toy_pieces(text)]
+        return [vocab.setdefault(piece, len(vocab)) for piece in TOKEN_RE.findall(text)]
 
     def decode(self, ids: list[int]) -> str:
         """Inverse of `encode` for ids this server has given out."""
@@ -628,7 +623,7 @@ def _completion_tokens(reply: _Reply) -> int:
     parts = [reply.reasoning or "", reply.content or ""]
     for call in reply.tool_calls:
         parts += [call["function"]["name"], call["function"]["arguments"]]
-    return sum(len(toy_pieces(p)) for p in parts)
+    return sum(len(TOKEN_RE.findall(p)) for p in parts)
 
 
 # HTTP ---------------------------------------------------------------------------------------------
@@ -936,7 +931,7 @@ def _completion_body(reply: _Reply, script: Script) -> dict[str, Any]:
 
 def _pieces_of(text: str, per_chunk: int = 3) -> Iterator[str]:
     """Split text into streaming pieces of a few toy tokens each."""
-    pieces = toy_pieces(text)
+    pieces = TOKEN_RE.findall(text)
     for i in range(0, len(pieces), per_chunk):
         yield "".join(pieces[i : i + per_chunk])
 

@@ -29,7 +29,7 @@ from m3_agent.evals.runner import EvalConfig, RunOptions, run_eval
 from m3_agent.evals.tasks import Task
 from m3_agent.serving.planner import GB, plan
 from m3_agent.standin.kvsim import B200X8_KV_TOKENS
-from m3_agent.standin.server import StandinServer, toy_pieces
+from m3_agent.standin.server import TOKEN_RE, StandinServer
 
 
 def _task(iid: str, repo: str = "o/r", created_at: str = "", base_commit: str = "0" * 40, **kw) -> Task:
@@ -234,7 +234,7 @@ def test_the_runner_tells_the_gate_what_each_finished_instance_grew_to(tmp_path)
 def test_the_endpoint_tokenizes_a_sample_to_give_its_bytes_per_token(tmp_path, one_commit):
     with StandinServer([]) as srv:
         ratio = bytes_per_token(srv.base_url, one_commit, tmp_path)
-    assert ratio == pytest.approx(96_000 / len(toy_pieces("x = 1\n" * 16_000)))  # the stand-in's toy tokens
+    assert ratio == pytest.approx(96_000 / len(TOKEN_RE.findall("x = 1\n" * 16_000)))  # the stand-in's toy tokens
     assert bytes_per_token("http://127.0.0.1:9/v1", one_commit, tmp_path) == CHARS_PER_TOKEN  # no server: the estimate
 
 
@@ -249,7 +249,7 @@ def test_the_endpoint_tokenizes_the_repositorys_own_patches_to_give_its_bytes_pe
                            capture_output=True, text=True, check=True).stdout
     with StandinServer([]) as srv:
         files, diffs = bytes_per_token(srv.base_url, task, tmp_path), diff_bytes_per_token(srv.base_url, task, tmp_path)
-    assert diffs == pytest.approx(len(patch.encode()) / len(toy_pieces(patch)))  # both commits' patches, as sent
+    assert diffs == pytest.approx(len(patch.encode()) / len(TOKEN_RE.findall(patch)))  # both commits' patches, as sent
     assert diffs < files  # each line's mark is a token more
     # no server: the files' figure, which falls back to the documented estimate
     assert diff_bytes_per_token("http://127.0.0.1:9/v1", task, tmp_path) == CHARS_PER_TOKEN

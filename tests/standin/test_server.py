@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from m3_agent.errors import UsageError
-from m3_agent.standin.server import EXHAUSTED_TEXT, STANDIN_HEADER, Script, StandinServer, load_script, toy_pieces
+from m3_agent.standin.server import EXHAUSTED_TEXT, STANDIN_HEADER, TOKEN_RE, Script, StandinServer, load_script
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
@@ -141,7 +141,7 @@ def test_raw_body_keys_and_test_double_header():
     assert choice["stop_reason"] is None and choice["finish_reason"] == "stop" and choice["logprobs"] is None
     assert "tool_calls" not in choice["message"]  # vLLM drops an empty tool_calls list
     assert choice["message"]["content"] == "Hello." and choice["message"]["reasoning"] is None
-    assert body["usage"]["completion_tokens"] == len(toy_pieces("Hello."))
+    assert body["usage"]["completion_tokens"] == len(TOKEN_RE.findall("Hello."))
 
 
 def test_reasoning_content_alias_is_opt_in():
@@ -243,7 +243,7 @@ def test_stream_through_the_sdk_accumulates_the_same_reply():
                 finish = ch.finish_reason or finish
     assert reasoning == "plan" and name == "edit" and finish == "tool_calls"
     assert json.loads(arguments) == {"path": "a.py", "text": "x = 1\n"}
-    assert usage.completion_tokens == sum(len(toy_pieces(part)) for part in ("plan", "edit", arguments))
+    assert usage.completion_tokens == sum(len(TOKEN_RE.findall(part)) for part in ("plan", "edit", arguments))
 
 
 # an API key, as vLLM's --api-key / VLLM_API_KEY ---------------------------------------------------
@@ -481,7 +481,7 @@ def test_tokenize_prompt_and_detokenize_round_trip():
         tok = post(srv.root_url + "/tokenize", json={"prompt": "def f(x):\n    return x  # ok"}).json()
         back = post(srv.root_url + "/detokenize", json={"tokens": tok["tokens"]})
         bad = post(srv.root_url + "/detokenize", json={"tokens": [10**9]})
-    assert tok["count"] == len(toy_pieces("def f(x):\n    return x  # ok"))
+    assert tok["count"] == len(TOKEN_RE.findall("def f(x):\n    return x  # ok"))
     assert back.json() == {"prompt": "def f(x):\n    return x  # ok"}
     assert bad.status_code == 400 and bad.json()["error"]["code"] == 400
 

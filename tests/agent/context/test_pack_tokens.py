@@ -14,7 +14,7 @@ from m3_agent.agent.context import (
     budget_for_window,
 )
 from m3_agent.errors import EndpointError, UsageError
-from m3_agent.standin.server import StandinServer, toy_pieces
+from m3_agent.standin.server import TOKEN_RE, StandinServer
 
 TEXTS = ["def f(x):\n    return x + 1\n", "", "日本語のテキスト ✓\n", "a" * 50, "x = [1, 2, 3]  # list\n" * 30]
 
@@ -28,9 +28,9 @@ def server():
 def test_server_counter_counts_through_tokenize_over_http(server):
     counter = ServerCounter(server.base_url)  # base_url ends in /v1; /tokenize is at the root
     assert counter.kind == "server" and counter.model == "MiniMaxAI/MiniMax-M3"
-    assert counter.count_many(TEXTS) == [len(toy_pieces(t)) for t in TEXTS]
+    assert counter.count_many(TEXTS) == [len(TOKEN_RE.findall(t)) for t in TEXTS]
     assert counter.count("hello world") == 3
-    assert ServerCounter(server.root_url, model="MiniMaxAI/MiniMax-M3").count_many(TEXTS[:1]) == [len(toy_pieces(TEXTS[0]))]
+    assert ServerCounter(server.root_url, model="MiniMaxAI/MiniMax-M3").count_many(TEXTS[:1]) == [len(TOKEN_RE.findall(TEXTS[0]))]
 
 
 def test_server_counter_splits_huge_texts_into_requests(server, monkeypatch):
@@ -41,9 +41,9 @@ def test_server_counter_splits_huge_texts_into_requests(server, monkeypatch):
     # Cut at line ends the pieces count exactly what the whole counts here; a cut inside a line can
     # only split a token, so the sum stays an upper bound.
     lines = "line of text\n" * 100
-    assert counter.count(lines) == len(toy_pieces(lines))
+    assert counter.count(lines) == len(TOKEN_RE.findall(lines))
     one_line = "wordy " * 500
-    assert counter.count(one_line) >= len(toy_pieces(one_line))
+    assert counter.count(one_line) >= len(TOKEN_RE.findall(one_line))
 
 
 def test_server_counter_raises_endpoint_error_when_nothing_listens():
