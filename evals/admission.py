@@ -49,7 +49,6 @@ class KvCapacity(BaseModel):
     """How many tokens of KV cache the endpoint has, and where the figure came from."""
 
     tokens: int
-    block_size: int
     source: str
 
 
@@ -73,7 +72,7 @@ def parse_capacity(metrics_text: str, source: str = "/metrics") -> KvCapacity | 
                 size = int(sample.labels["block_size"])
             except (KeyError, ValueError):
                 return None
-    return KvCapacity(tokens=blocks * size, block_size=size, source=source) if blocks else None
+    return KvCapacity(tokens=blocks * size, source=source) if blocks else None
 
 
 def capacity_from_metrics(base_url: str, *, timeout: float = 10.0) -> KvCapacity | None:
@@ -92,7 +91,7 @@ def capacity_from_profile(profile: str) -> KvCapacity:
     p = get_profile(profile)
     result = plan(plan_request(p, build_command(p, "native"), p.gpus, gpu_memory_for(p.gpu)))
     tokens = int(result.kv_pool_gb * GB / result.kv_bytes_per_token) // BLOCK * BLOCK
-    return KvCapacity(tokens=tokens, block_size=BLOCK, source=f"serve plan --profile {profile}")
+    return KvCapacity(tokens=tokens, source=f"serve plan --profile {profile}")
 
 
 def order_for_reuse(tasks: Sequence[Task]) -> list[Task]:

@@ -39,7 +39,7 @@ def _task(iid: str, repo: str = "o/r", created_at: str = "", base_commit: str = 
 def test_capacity_comes_from_the_cache_config_info_of_metrics():
     with StandinServer({"performance": {}}) as srv:
         cap = capacity_from_metrics(srv.base_url)
-    assert cap is not None and cap.block_size == 128
+    assert cap is not None
     assert cap.tokens == B200X8_KV_TOKENS // 128 * 128 and cap.source.endswith("/metrics")
 
 
@@ -134,7 +134,7 @@ def test_admission_learns_how_far_sessions_grow_from_the_finished_ones(tmp_path,
     second = one_commit.model_copy(update={"instance_id": "r-2", "repo": "o/other"})  # nothing shared
     (tmp_path / "o__other").symlink_to(tmp_path / "o__r")
     # room for two packs with 5,000 tokens of growth each, not for two with the prior's growth
-    admit = KvAdmit(KvCapacity(tokens=2 * (pack + 5_000), block_size=16, source="test"), 4, repos=tmp_path,
+    admit = KvAdmit(KvCapacity(tokens=2 * (pack + 5_000), source="test"), 4, repos=tmp_path,
                      window=1_048_576)
     assert admit.growth is None and not admit(second, [one_commit])
     for grown in range(LEARN_AFTER - 1):
@@ -163,7 +163,7 @@ def test_before_any_finished_the_gate_projects_the_running_sessions_growth_from_
         (tmp_path / t.repo.replace("/", "__")).symlink_to(tmp_path / "o__r")
     running, candidate = [one_commit, *others[:2]], others[2]
     # room for four packs with 6,000 tokens of growth each, not for four with the prior's
-    admit = KvAdmit(KvCapacity(tokens=4 * (pack + 6_000), block_size=16, source="test"), 8, repos=tmp_path,
+    admit = KvAdmit(KvCapacity(tokens=4 * (pack + 6_000), source="test"), 8, repos=tmp_path,
                      window=1_048_576, max_turns=40)
     folder = tmp_path / "trajectories"
     folder.mkdir()
@@ -306,7 +306,7 @@ def _two_contexts_do_not_fit(tmp_path, commits):
 
     first, second = (_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits[:2]))
     alone = expected_context(first, tmp_path, 1_048_576)
-    return first, second, KvCapacity(tokens=alone + alone * 6 // 10, block_size=16, source="test")
+    return first, second, KvCapacity(tokens=alone + alone * 6 // 10, source="test")
 
 
 def _reuse(commits: list[str], *, delta: bool = False, share: float = 0.0, per_diff: dict | None = None) -> Reuse:
@@ -361,7 +361,7 @@ def test_a_repository_larger_than_the_window_is_credited_no_more_than_its_shared
     window = OUTPUT_RESERVE + 8_000  # the tree (about 96 kB) is far over the 8,000 tokens a pack may hold
     first, second = (_task(f"r-{n}", base_commit=c) for n, c in enumerate(commits[:2]))
     alone = expected_context(first, tmp_path, window)
-    capacity = KvCapacity(tokens=2 * alone - 2_000, block_size=16, source="test")  # short of two by 2,000 tokens
+    capacity = KvCapacity(tokens=2 * alone - 2_000, source="test")  # short of two by 2,000 tokens
     with PackCache() as store:
         order_for_commits(str(repo), commits, store, delta=True)
     # budgeted packs are never delta packs: the base is not credited, only the shared part when there is one

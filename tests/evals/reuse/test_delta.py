@@ -266,7 +266,7 @@ def test_diffs_from_the_root_too_large_fall_back_to_the_runs_own_base(repo, git,
 
 def _admission_layouts(source, commits, batch) -> list:
     """The delta pack sizes admission reckons with for tasks at `commits` (`KvAdmit.delta_size`)."""
-    admit = KvAdmit(KvCapacity(tokens=10**7, block_size=16, source="test"), 4, repos=None, window=1_048_576,
+    admit = KvAdmit(KvCapacity(tokens=10**7, source="test"), 4, repos=None, window=1_048_576,
                     reuse=Reuse(True, 0.0, {"o/r": batch}, {}))
     return [admit.delta_size(str(source), Task(instance_id=f"o__r-{n}", repo="o/r", base_commit=c, repo_source=str(source)))
             for n, c in enumerate(commits)]
