@@ -48,8 +48,7 @@ _lock = threading.RLock()  # re-entrant: a signal handler may run while the main
 def process_stat(pid: int) -> tuple[str, str]:
     """The state and start time (clock ticks since boot) of `pid`, from /proc ("", "" where not available)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return "", ""
     fields = stat.rsplit(")", 1)[1].split()
