@@ -50,7 +50,6 @@ APT_INSTALL = """RUN apt-get update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {packages} \\
  && rm -rf /var/lib/apt/lists/*
 """
-PULL_RECIPE_OF = "FROM {pull_base}\n" + APT_INSTALL
 
 GITCONFIG = (
     "[safe]\\n\\tdirectory = *\\n"
@@ -113,7 +112,7 @@ class Recipe:
 
     @property
     def pull_recipe(self) -> str:
-        return PULL_RECIPE_OF.format(pull_base=self.pull_base, packages=" ".join(self.packages))
+        return f"FROM {self.pull_base}\n" + APT_INSTALL.format(packages=" ".join(self.packages))
 
     @property
     def base_hash(self) -> str:
