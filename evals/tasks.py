@@ -194,8 +194,7 @@ def source_repository(task: Task, repos: Path | None = None) -> Path:
             raise UsageError(f"repository not found: {path}")
         return path
     mirror = cache_dir() / "mirrors" / hashlib.sha256(source.encode()).hexdigest()[:16]
-    if not mirror.exists():
-        mirror.parent.mkdir(parents=True, exist_ok=True)
+    if not mirror.exists():  # (git clone makes the folders above it)
         with hostgit.git_errors(f"cannot mirror {source}"):
             git.Repo.clone_from(source, mirror, mirror=True).close()
     else:
