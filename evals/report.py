@@ -307,14 +307,6 @@ def middle_cut(text: str, limit: int = _LABEL_MAX) -> str:
     return f"{text[:head]}\u2026{text[len(text) - (limit - 1 - head):]}"
 
 
-def _counted(one: str, many: str | None = None) -> Callable[[float], str]:
-    """A formatter printing a count as an integer: "12,382 tok", "1 turn", "4 turns"."""
-    def fmt(v: float) -> str:
-        n = round(v)
-        return f"{n:,} {one if n == 1 else many or one}"
-    return fmt
-
-
 def _bars(title: str, rows: list[InstanceRow], values: list[float], fmt: Callable[[float], str]) -> str:
     """One horizontal bar chart as inline SVG: a bar per instance, coloured by outcome."""
     label_w = round(max((len(middle_cut(r.instance_id)) for r in rows), default=0) * _CHAR_PX) + 12
@@ -345,8 +337,9 @@ def to_html(report: Report) -> str:
     plots = [
         _bars("wall time per instance", rows, [r.wall_s for r in rows], lambda v: f"{v:,.1f} s"),
         _bars("tokens per instance (in + out)", rows,
-              [_agent(r).prompt_tokens + _agent(r).completion_tokens for r in rows], _counted("tok")),
-        _bars("turns per instance", rows, [_agent(r).turns for r in rows], _counted("turn", "turns")),
+              [_agent(r).prompt_tokens + _agent(r).completion_tokens for r in rows], lambda v: f"{round(v):,} tok"),
+        _bars("turns per instance", rows, [_agent(r).turns for r in rows],
+              lambda v: f"{round(v):,} turn{'' if round(v) == 1 else 's'}"),
     ]
     legend = " ".join(f'<span style="color:{c}">&#9632; {k}</span>' for k, c in _COLOURS.items())
     head = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in _headline(s))
