@@ -34,15 +34,14 @@ SERVER_SOURCE = Path(server.__file__).read_text()
 # and no command line in the container says "python": `pkill -f python` in a command does not take
 # the sandbox down with it. -I -S: no site import and no PYTHON* variables, for a quick start.
 # The first python3 found runs the server, whatever its version (>= 3.6): an instance image's own
-# environments may be old. M3_AGENT_SETUP, when set, runs first, as root (see IMAGE_SETUP).
-SERVER_COMMAND = ["bash", "-c", 'if [ -n "${M3_AGENT_SETUP:-}" ]; then eval "$M3_AGENT_SETUP" || exit 125; fi; '
+# environments may be old. M3_AGENT_WORKDIR, when set, is linked as /workspace first, as root:
+# mount="image", where the repository is copied into an in-memory `workdir` (SWE-bench's /testbed, where
+# the image's environment expects it) and /workspace points there, so the tools' paths hold.
+SERVER_COMMAND = ["bash", "-c", 'if [ -n "${M3_AGENT_WORKDIR:-}" ]; then { [ -L /workspace ] || rmdir /workspace '
+                  '2>/dev/null || [ ! -e /workspace ]; } && ln -sfn "$M3_AGENT_WORKDIR" /workspace || exit 125; fi; '
                   'for p in $M3_AGENT_PY; do if command -v "$p" >/dev/null; then '
                   'exec -a m3-agent-server "$p" -I -S -c "$M3_AGENT_BOOT"; fi; done; '
                   'echo "m3-agent: tried $M3_AGENT_PY: not found" >&2; exit 127']
-# mount="image": the repository is copied into an in-memory `workdir` (SWE-bench's /testbed, where the
-# image's environment expects it) and /workspace points there, so the tools' paths hold.
-IMAGE_SETUP = ('{ [ -L /workspace ] || rmdir /workspace 2>/dev/null || [ ! -e /workspace ]; } '
-               '&& ln -sfn "$M3_AGENT_WORKDIR" /workspace')
 SERVER_ENV = {
     "M3_AGENT_PY": "/usr/bin/python3 /usr/local/bin/python3 /opt/miniconda3/bin/python3 python3",
     "M3_AGENT_BOOT": 'import os; exec(compile(os.environ.pop("M3_AGENT_SERVER"), "m3-agent-server", "exec"))',
@@ -218,8 +217,8 @@ class Sandbox:
     def _create(self, client: docker.DockerClient, shared: SharedSocket | None) -> str:
         """Create (not start) the container; its id."""
         cfg = self.config
-        # mount='image': the root setup step that links /workspace to the image's workdir (see IMAGE_SETUP)
-        setup = {"M3_AGENT_SETUP": IMAGE_SETUP, "M3_AGENT_WORKDIR": cfg.workdir} if cfg.mount == "image" else {}
+        # mount='image': SERVER_COMMAND links /workspace to the image's workdir, as root, before the server starts
+        setup = {"M3_AGENT_WORKDIR": cfg.workdir} if cfg.mount == "image" else {}
         return client.api.create_container(
             cfg.image,
             command=SERVER_COMMAND,

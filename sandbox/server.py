@@ -791,7 +791,7 @@ def connect():
     """Use the host's socket when one is shared with us (fewer hops than the engine's attach stream);
     else stdin/stdout. The first answer says which: the host's token on the socket, a hello on stdout."""
     global SOCK
-    for name in ("M3_AGENT_PY", "M3_AGENT_BOOT", "M3_AGENT_SETUP", "M3_AGENT_WORKDIR"):
+    for name in ("M3_AGENT_PY", "M3_AGENT_BOOT", "M3_AGENT_WORKDIR"):
         os.environ.pop(name, None)  # how we were started: nothing a command needs
     path = os.environ.pop("M3_AGENT_SOCKET", "")
     token = os.environ.pop("M3_AGENT_TOKEN", "")  # popped: commands never see it
