@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+WORKSPACE = "/workspace"  # where an environment's repository is, as commands and the tools' paths name it
 _SIZE = re.compile(r"^\d+([kmg]b?)?$", re.IGNORECASE)
 _USER = re.compile(r"^(\d+)(:\d+)?$")
 

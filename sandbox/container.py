@@ -22,12 +22,11 @@ import docker.errors
 from m3_agent.errors import GitError, SandboxDied, SandboxUnavailable, UsageError
 from m3_agent.sandbox import cleanup, server
 from m3_agent.sandbox.channel import MOUNT_POINT, Channel, ChannelClosed, SharedSocket
-from m3_agent.sandbox.config import ExecResult, SandboxConfig
+from m3_agent.sandbox.config import WORKSPACE, ExecResult, SandboxConfig
 from m3_agent.sandbox.engine import docker_client, image_exists, remove_container
 from m3_agent.sandbox.image import ENV_PREFIX, GENERATED, SYSTEM_PATH
 from m3_agent.sandbox.env.nodeenv import NODE_BIN, NODE_MODULES, WORKSPACE_BIN
 
-WORKSPACE = "/workspace"
 HOME = "/home/sandbox"
 SERVER_SOURCE = Path(server.__file__).read_text()
 # The server's source travels in its environment (popped at once), its argv[0] is a name of its own,

@@ -29,10 +29,9 @@ from pathlib import Path
 
 from m3_agent import hostgit
 from m3_agent.errors import GitError, UsageError
-from m3_agent.sandbox.config import ExecResult
+from m3_agent.sandbox.config import WORKSPACE, ExecResult
 from m3_agent.sandbox.output import head_tail
 
-WORKSPACE = "/workspace"
 TIMEOUT_EXIT = 124  # what the Docker sandbox and coreutils' `timeout` report for a command stopped by its timeout
 DRAIN_S = 5.0  # how long to wait for output after a timed-out command's group was killed
 GIT_IDENTITY = ["-c", "user.name=m3-agent", "-c", "user.email=m3-agent@localhost", "-c", "commit.gpgsign=false"]
