@@ -32,7 +32,7 @@ SERVER_SOURCE = Path(server.__file__).read_text()
 # The server's source travels in its environment (popped at once), its argv[0] is a name of its own,
 # and no command line in the container says "python": `pkill -f python` in a command does not take
 # the sandbox down with it. -I -S: no site import and no PYTHON* variables, for a quick start.
-# The first python3 found runs the server, whatever its version (>= 3.6): an instance image's own
+# The first python3 found runs the server, whatever its version (>= 3.9, see server.py): an instance image's own
 # environments may be old. M3_AGENT_WORKDIR, when set, is linked as /workspace first, as root:
 # mount="image", where the repository is copied into an in-memory `workdir` (SWE-bench's /testbed, where
 # the image's environment expects it) and /workspace points there, so the tools' paths hold.
