@@ -70,8 +70,7 @@ def read_jsonl_tolerant(path: Path) -> list[dict[str, Any]]:
 def append_record(path: Path, row: dict[str, Any]) -> None:
     """Append one JSON line and fsync it; a line cut short by an earlier crash is closed off first."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab+") as f:
-        f.seek(0, os.SEEK_END)
+    with open(path, "ab+") as f:  # opened at its end
         if f.tell():
             f.seek(-1, os.SEEK_END)
             if f.read(1) != b"\n":
