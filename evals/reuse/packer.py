@@ -9,6 +9,7 @@ delta pack when the instance's run has another root and the whole repository fit
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
 
 from m3_agent.agent.config import AgentConfig
@@ -31,17 +32,14 @@ class BatchPacker:
         self.agent, self.history, self.commit, self.batch = agent, history, commit, batch
         self.reuse = reuse or ReuseConfig()
         self.counter = counter
-        self._core: Packer | None = None
 
-    @property
+    @functools.cached_property
     def core(self) -> Packer:
         """The core packer with the agent's `[context]` rules."""
-        if self._core is None:
-            if self.counter is None:
-                with contextlib.closing(ModelClient(self.agent.model)) as client:
-                    self.counter = client.token_counter()
-            self._core = Packer.from_config(self.agent.context, counter=self.counter)
-        return self._core
+        if self.counter is None:
+            with contextlib.closing(ModelClient(self.agent.model)) as client:
+                self.counter = client.token_counter()
+        return Packer.from_config(self.agent.context, counter=self.counter)
 
     def order(self, commit: str, run: Run | None, store: PackCache) -> StableOrder:
         """The order of a pack of `commit`: its run's, with the files its groups have alike for the shared part."""
