@@ -21,6 +21,7 @@ the issue and the plain pack stands.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -145,12 +146,9 @@ def from_run(plain, run, *, history: str, commit: str, pack_at, budget: int | No
     out by `choose_layout`: the root's sections and the diffs to the run's base and on to `commit`;
     else the base's sections and one diff; else `plain`. `pack_at(c)` packs a tree as the task at
     commit `c` packs its own."""
-    shown: dict[str, tuple[list[bytes], set[str]] | None] = {}  # commit -> its pack's sections and paths
-
-    def sections(c: str) -> tuple[list[bytes], set[str]] | None:
-        if c not in shown:
-            shown[c] = base_sections(history, c, pack_at(c))
-        return shown[c]
+    @functools.cache
+    def sections(c: str) -> tuple[list[bytes], set[str]] | None:  # commit -> its pack's sections and paths
+        return base_sections(history, c, pack_at(c))
 
     def lay(chain: list[str]):
         if len(chain) == 1:
