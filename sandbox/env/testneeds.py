@@ -65,6 +65,8 @@ TEST_FILE_GLOBS = (  # (folder, file name pattern)
     ("requirements", "dev*.txt"), ("requirements", "ci*.txt"), (".meta", "requirements-test*.txt"),
     ("ci", "requirements*.txt"), ("tests", "requirements*.txt"), ("test", "requirements*.txt"),
 )
+# A requirement file for the docs: util/readthedocs/requirements.txt, doc/requirements.txt, requirements-docs.txt
+DOCS_PATH = re.compile(r"(^|[/_.-])(docs?|documentation|sphinx|readthedocs|rtd)([/_.-]|$)", re.I)
 NOT_TEST_FILE = re.compile(r"lint|doc|pre[-_]?commit|typ(e|ing)|mypy|style|format|release|build|bench", re.I)
 RUNNERS = ("pytest", "py.test", "unittest", "runtests.py", "runtests")
 
@@ -362,7 +364,7 @@ def _install_needs(root: Files, args: tuple[str, ...], cwd: str, source: str, fo
             path = arg.partition("=")[2] or value
             i += 1 if "=" in arg else 2
             rel = _relative(root, cwd, path)
-            if rel is not None:
+            if rel is not None and not DOCS_PATH.search(rel):  # a step's docs branch (PyWavelets'): not for tests
                 needs.append(Need("file", rel, source))
             continue
         if arg in ("--group",) or arg.startswith("--group="):

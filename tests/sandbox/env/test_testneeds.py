@@ -162,6 +162,33 @@ jobs:
                                           ".github/workflows/ci.yml")]
 
 
+def test_a_docs_requirements_file_in_a_test_step_is_not_a_test_need(tmp_path):
+    """PyWavelets' test step installs its docs' requirements in the branch that builds the docs: the file is
+    neither installed nor part of the key (a docs-only change would build the environment anew)."""
+    root = write(tmp_path, {
+        "pyproject.toml": "[project]\nname = 'app'\nversion = '1'\n",
+        "util/readthedocs/requirements.txt": "sphinx\n",
+        "doc/requirements.txt": "numpydoc\n",
+        "requirements/test.txt": "pytest\n",
+        ".github/workflows/tests.yml": """\
+jobs:
+  test:
+    steps:
+      - run: |
+          pip install -r requirements/test.txt
+          if [ "$REFGUIDE_CHECK" == "1" ]; then
+              pip install -r util/readthedocs/requirements.txt -r doc/requirements.txt
+              sphinx-build -b html doc/source doc/build
+          else
+              pytest --pyargs app
+          fi
+""",
+    })
+    assert read_test_needs(root).of("file") == ["requirements/test.txt"]
+    assert sorted(declared_in(FolderFiles(root)).files) == [".github/workflows/tests.yml", "pyproject.toml",
+                                                            "requirements/test.txt"]
+
+
 def test_nox_sessions_are_read_without_running_the_noxfile(tmp_path):
     root = write(tmp_path, {"noxfile.py": """\
 import nox
