@@ -174,9 +174,12 @@ def count(runner: str, output: str, exit_code: int) -> dict:
     summary = [ln for ln in output.splitlines() if re.search(r"\d+ (passed|failed|errors?)\b.* in [\d.]+s", ln)]
     got = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|errors?)\b", summary[-1] if summary else
                                              _pretty_summary(output))}
-    network = sum(1 for ln in output.splitlines() if ln.startswith(("FAILED ", "ERROR ")) and NETWORK.search(ln))
-    return {"passed": got.get("passed", 0), "failed": got.get("failed", 0),
-            "errors": got.get("error", 0) + got.get("errors", 0), "network": network}
+    short = sum(1 for ln in output.splitlines() if ln.startswith(("FAILED ", "ERROR ")) and NETWORK.search(ln))
+    # A short summary line may carry no reason (scikit-image's has none): the failure's own section tells.
+    sections = re.split(r"^_{3,} .+ _{3,}$", output.split("short test summary info")[0], flags=re.M)[1:]
+    failed, errors = got.get("failed", 0), got.get("error", 0) + got.get("errors", 0)
+    network = max(short, sum(1 for section in sections if NETWORK.search(section)))
+    return {"passed": got.get("passed", 0), "failed": failed, "errors": errors, "network": min(network, failed + errors)}
 
 
 def _pretty_summary(output: str) -> str:

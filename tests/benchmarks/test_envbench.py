@@ -43,6 +43,17 @@ def test_pytest_prettys_summary_counts_when_stderr_follows_it():
     assert envbench.count("pytest", out, 1) == {"passed": 315, "failed": 1, "errors": 30, "network": 0}
 
 
+def test_pytest_network_failures_are_read_from_their_sections_when_the_summary_gives_no_reason():
+    """scikit-image's short summary names its 31 failing tests without a reason; the sections above say each
+    download failed to resolve its host (the sandbox has no network)."""
+    section = "_____ ERROR at setup of test_cube[{0}] _____\n\n>   sock = create_connection()\nE   socket.gaierror: " \
+              "[Errno -3] Temporary failure in name resolution\n"
+    out = ("= ERRORS =\n" + "".join(section.format(i) for i in range(2)) + "= FAILURES =\n"
+           "_____ test_math _____\n\nE   assert 1 == 2\n= short test summary info =\nFAILED t.py::test_math\n"
+           "ERROR t.py::test_cube[0]\nERROR t.py::test_cube[1]\n= 1 failed, 5 passed, 2 errors in 1.0s =\n")
+    assert envbench.count("pytest", out, 1) == {"passed": 5, "failed": 1, "errors": 2, "network": 2}
+
+
 def test_unittest_summary_counts_failures_errors_and_skips():
     out = "...\n" + "=" * 70 + "\nFAIL: test_x (m.T)\n" + "-" * 70 + "\nAssertionError\n\nRan 12 tests in 0.1s\n\n" \
           "FAILED (failures=1, errors=2, skipped=3)\n"
