@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from m3_agent.agent.context.cache import PackCache
 from m3_agent.agent.context.estimate import EstimatedFile, estimate_tokens
-from m3_agent.agent.context.tokens import CHARS_PER_TOKEN, OUTPUT_RESERVE, ServerCounter  # the pack's estimate and reserve
+from m3_agent.agent.context.tokens import CHARS_PER_TOKEN, OUTPUT_RESERVE, ServerCounter  # as the pack counts
 from m3_agent.agent.endpoint import EndpointClient
 from m3_agent.evals.reuse import delta
 from m3_agent.evals.reuse.ordering import Run, diff_bytes, stored_run
