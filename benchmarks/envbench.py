@@ -179,7 +179,8 @@ def count(runner: str, output: str, exit_code: int) -> dict:
     sections = re.split(r"^_{3,} .+ _{3,}$", output.split("short test summary info")[0], flags=re.M)[1:]
     failed, errors = got.get("failed", 0), got.get("error", 0) + got.get("errors", 0)
     network = max(short, sum(1 for section in sections if NETWORK.search(section)))
-    return {"passed": got.get("passed", 0), "failed": failed, "errors": errors, "network": min(network, failed + errors)}
+    return {"passed": got.get("passed", 0), "failed": failed, "errors": errors,
+            "network": min(network, failed + errors)}
 
 
 def _pretty_summary(output: str) -> str:
